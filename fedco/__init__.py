@@ -1,0 +1,33 @@
+"""fedco: federated compositional optimization in JAX.
+
+Algorithms are optax-style transformations with a communication plan and a server
+transform; the runtime simulates many clients in one jitted program.
+"""
+
+from fedco import algorithms, data, estimators, problems, runtime
+from fedco.algorithms import (Algorithm, CommPlan, comfedl, ds_feddro, fedavg, fedavg_co,
+                              feddro, local_scgd, local_scgdm, mbsgd)
+from fedco.data import FederatedData
+from fedco.problems import Problem, global_inner, local_inner, plain
+from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
+
+__version__ = "0.1.0"
+
+ALGORITHMS = {
+    "comfedl": comfedl,
+    "local_scgd": local_scgd,
+    "local_scgdm": local_scgdm,
+    "fedavg": fedavg,
+    "fedavg_co": fedavg_co,
+    "mbsgd": mbsgd,
+    "feddro": feddro,
+    "ds_feddro": ds_feddro,
+}
+
+__all__ = [
+    "algorithms", "data", "estimators", "problems", "runtime",
+    "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
+    "local_scgd", "local_scgdm", "mbsgd", "FederatedData", "Problem", "global_inner",
+    "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args", "simulate",
+    "ALGORITHMS",
+]

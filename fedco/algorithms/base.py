@@ -1,0 +1,142 @@
+"""The algorithm contract: an optax-style client transform, a communication plan, a server.
+
+Every fedco algorithm is an :class:`Algorithm`, a ``NamedTuple`` whose first two fields are
+the optax pair, so it drops into a user's own loop like any optax optimizer::
+
+    opt = fedco.local_scgdm(learning_rate=1.0, beta=0.01, alpha=0.8, gamma=0.7)
+    state = opt.init(params, inner_value=g(params, batch0))
+    updates, state = opt.update(grad_h, state, params,
+                                inner_fn=lambda x: g(x, batch),
+                                outer_fn=lambda y: f(y, batch_f))
+    params = optax.apply_updates(params, updates)
+
+``update(updates, state, params, *, inner_fn, outer_fn, next_inner_fn, **unused)``:
+
+* ``updates`` is the gradient of the non-compositional term ``grad h(x; xi)`` (or ``None``
+  when there is none); plain FedAvg steps on it alone.
+* ``inner_fn(x)`` evaluates ``g(x; zeta)`` on this step's inner sample ``zeta`` at any point
+  ``x``; the algorithm differentiates it with one ``jax.vjp``.
+* ``outer_fn(y)`` evaluates ``f(y; xi)``; the algorithm takes its gradient.
+* ``next_inner_fn(x)`` evaluates ``g(x; zeta')`` on an independent sample, used to refresh
+  trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
+* Unknown keyword arguments are accepted and ignored (optax's extra-args contract).
+
+``init(params, *, inner_value=None)`` is optax's ``init`` plus the first inner sample
+``g(x_0; zeta_0)``: trackers need its pytree structure and value. It is the one departure
+from optax's signature; algorithms without trackers ignore it.
+
+The *communication plan* tells the federated runtime what to average and when; the
+*server* is an optax transformation applied to pseudo-gradients
+``server_value - mean_k client_value`` of the parameters and the round-synchronised state,
+so plain averaging is ``optax.sgd(1.0)`` and DS-FedDRO's two-sided rates are server SGD.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedco import _validate
+
+PyTree = Any
+
+
+class CommPlan(NamedTuple):
+  """What the runtime communicates, and when.
+
+  Attributes:
+    local_steps: steps per round (``I``, ``tau`` or ``p`` in the papers); the parameters and
+      the ``every_round`` state fields are aggregated after every ``local_steps`` steps.
+    every_step: state fields averaged over the round's clients after every step (FedDRO's
+      ``y``). The mean is plain, never passed through the server transform.
+    every_round: state fields aggregated with the parameters at the end of every round,
+      through the server transform (Local-SCGDM's ``u`` and ``m``, DS-FedDRO's ``y``).
+    at_init: state fields averaged over all clients once, after ``init`` (every client starts
+      from the same ``y_bar_0``). ``None`` means ``every_step + every_round``.
+    weighting: ``"uniform"`` (each client counts equally) or ``"samples"`` (weights
+      proportional to client data sizes; FedAvg's default).
+  """
+  local_steps: int
+  every_step: Tuple[str, ...] = ()
+  every_round: Tuple[str, ...] = ()
+  at_init: Optional[Tuple[str, ...]] = None
+  weighting: str = "uniform"
+
+  @property
+  def init_fields(self) -> Tuple[str, ...]:
+    if self.at_init is not None:
+      return tuple(self.at_init)
+    return tuple(self.every_step) + tuple(self.every_round)
+
+
+class Algorithm(NamedTuple):
+  """An optax-style client transform plus what the federated runtime needs.
+
+  Attributes:
+    init: ``(params, *, inner_value=None) -> state``.
+    update: ``(updates, state, params=None, **extra_args) -> (updates, state)``.
+    plan: the :class:`CommPlan`.
+    server: an optax transformation on pseudo-gradient dicts ``{"params": ..., field: ...}``.
+    name: a short label for logs and metrics.
+    problem_kind: the problem class it solves: ``"local"``, ``"global"`` or ``"plain"``.
+  """
+  init: Callable[..., Any]
+  update: Callable[..., Tuple[PyTree, Any]]
+  plan: CommPlan
+  server: optax.GradientTransformation
+  name: str
+  problem_kind: str
+
+
+def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
+              weighting="uniform") -> CommPlan:
+  """A validated :class:`CommPlan`."""
+  _validate.positive_int("local_steps", local_steps)
+  _validate.one_of("weighting", weighting, ("uniform", "samples"))
+  return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
+                  None if at_init is None else tuple(at_init), weighting)
+
+
+def averaging_server() -> optax.GradientTransformation:
+  """Plain model averaging: ``server = server - 1.0 * (server - mean_k client)``."""
+  return optax.sgd(1.0)
+
+
+def param_optimizer(learning_rate, optimizer: Optional[optax.GradientTransformation]):
+  """The parameter step: the given optax transform, or the paper's SGD with this rate."""
+  if optimizer is not None:
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+      raise ValueError(f"optimizer must be an optax GradientTransformation, got {optimizer!r}")
+    return optimizer
+  _validate.positive("learning_rate", learning_rate)
+  return optax.sgd(learning_rate)
+
+
+def require(name: str, value, algorithm: str):
+  """Raise a clear error when a compositional algorithm is called without its oracle."""
+  if value is None:
+    raise ValueError(
+        f"{algorithm}.update needs the keyword argument {name}; pass a callable "
+        f"(see fedco.oracle_args), got None")
+  return value
+
+
+def add_grads(z: PyTree, grad_h: Optional[PyTree]) -> PyTree:
+  """``z + grad h`` where ``grad h`` may be ``None`` (no non-compositional term)."""
+  return z if grad_h is None else jax.tree.map(jnp.add, z, grad_h)
+
+
+def select(pred, on_true: PyTree, on_false: PyTree) -> PyTree:
+  """Leafwise ``jnp.where(pred, on_true, on_false)``."""
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def require_inner_value(inner_value, algorithm: str):
+  if inner_value is None:
+    raise ValueError(
+        f"{algorithm}.init needs inner_value=g(params, batch): its trackers take that "
+        "pytree's structure and first value")
+  return jax.tree.map(jnp.asarray, inner_value)

@@ -1,0 +1,128 @@
+"""FedAvg: plain (for ordinary problems) and for compositional problems (paper 004, Alg. 1).
+
+Plain FedAvg runs local SGD on the client loss ``h_k`` and the server averages the models,
+weighted by sample counts (``weighting="samples"``) or uniformly.
+
+FedAvg for compositional problems (the failing baseline of paper 004): each client keeps
+``x_k`` and a local inner value ``y_k = g_k(x_k)`` and steps::
+
+    x_k = x_k - eta (J_{g_k}(x_k)^T grad f(y_k) + grad h_k(x_k)),    y_k = g_k(x_k)
+
+(the new ``y_k`` is evaluated on an independent sample ``zeta'`` at the new iterate). All
+clients start from ``(x_bar_0, y_bar_0)``. Every ``I`` steps the models are averaged and
+
+* Case I:   ``y_k = g_k(x_bar)`` (recomputed on the next step's sample, at ``x_bar``);
+* Case II:  ``y_k = y_bar = mean_k y_k``;
+* modified (Theorem 4.2): ``y_k = y_bar`` after *every* step.
+
+Theorem 4.1: Cases I and II do not converge to a stationary point of ``Phi`` for ``I > 1``.
+Minibatch SGD for CO (MBSGD, SPEC 2.7) is the modified case with one step per round.
+
+References:
+  McMahan et al. 2017 (FedAvg); paper 004, Algorithm 1 and Theorems 4.1-4.2.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from fedco import _validate, estimators
+from fedco.algorithms import base
+
+_CASES = ("I", "II", "modified")
+
+
+class FedAvgState(NamedTuple):
+  count: jnp.ndarray
+  opt_state: optax.OptState
+
+
+class FedAvgCOState(NamedTuple):
+  count: jnp.ndarray
+  y: Any
+  opt_state: optax.OptState
+
+
+def fedavg(learning_rate=0.01, local_steps: int = 5, *, weighting: str = "samples",
+           optimizer=None) -> base.Algorithm:
+  """Plain FedAvg on a non-compositional problem (steps on ``updates = grad h``).
+
+  Args:
+    learning_rate: local SGD rate ``> 0``.
+    local_steps: local steps per round.
+    weighting: ``"samples"`` (server mean weighted by client data sizes) or ``"uniform"``.
+    optimizer: optional optax transform for the local step.
+  """
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(local_steps, weighting=weighting)
+
+  def init(params, *, inner_value=None):
+    del inner_value
+    return FedAvgState(jnp.zeros([], jnp.int32), opt.init(params))
+
+  def update(updates, state, params=None, **unused):
+    del unused
+    base.require("updates (the gradient of the client loss)", updates, "fedavg")
+    step, opt_state = opt.update(updates, state.opt_state, params)
+    return step, FedAvgState(state.count + 1, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), "fedavg", "plain")
+
+
+def fedavg_co(learning_rate=0.05, local_steps: int = 5, *, case: str = "II",
+              optimizer=None) -> base.Algorithm:
+  """FedAvg for global-inner compositional problems, Cases I, II and modified (paper 004).
+
+  Args:
+    learning_rate: ``eta > 0``.
+    local_steps: ``I``.
+    case: ``"I"``, ``"II"`` or ``"modified"`` (see the module docstring).
+    optimizer: optional optax transform for the parameter step.
+  """
+  _validate.one_of("case", case, _CASES)
+  opt = base.param_optimizer(learning_rate, optimizer)
+  period = _validate.positive_int("local_steps", local_steps)
+  if case == "I":
+    plan = base.make_plan(period, at_init=("y",))
+  elif case == "II":
+    plan = base.make_plan(period, every_round=("y",))
+  else:
+    plan = base.make_plan(period, every_step=("y",))
+  name = {"I": "fedavg_co_case1", "II": "fedavg_co_case2", "modified": "fedavg_co_modified"}[case]
+
+  def init(params, *, inner_value=None):
+    y = base.require_inner_value(inner_value, name)
+    return FedAvgCOState(jnp.zeros([], jnp.int32), y, opt.init(params))
+
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
+             **unused):
+    del unused
+    base.require("inner_fn", inner_fn, name)
+    base.require("outer_fn", outer_fn, name)
+    next_inner_fn = inner_fn if next_inner_fn is None else next_inner_fn
+    sample, pullback = estimators.inner_vjp(inner_fn, params)
+    y = state.y
+    if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
+      refresh = (state.count > 0) & (state.count % period == 0)
+      y = base.select(refresh, sample, y)
+    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, y), updates)
+    step, opt_state = opt.update(z, state.opt_state, params)
+    y_new = next_inner_fn(optax.apply_updates(params, step))
+    return step, FedAvgCOState(state.count + 1, y_new, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), name, "global")
+
+
+def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
+  """Minibatch SGD for CO (SPEC 2.7): every step the server averages ``g_k`` into ``y_bar``,
+  clients compute ``z`` with ``y_bar``, the server averages ``z`` and steps.
+
+  Implemented exactly as modified FedAvg-CO with one local step per round: averaging the
+  one-step models ``x - eta z_k`` is ``x - eta z_bar``, and the ``y`` shared after the step,
+  ``mean_k g_k(x_new)``, is the ``y_bar`` the next step uses.
+  """
+  alg = fedavg_co(learning_rate, 1, case="modified", optimizer=optimizer)
+  return alg._replace(name="mbsgd")

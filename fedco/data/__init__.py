@@ -1,0 +1,5 @@
+"""Federated data: the index-table container (loaders and partitioners build on it)."""
+
+from fedco.data.federated import FederatedData
+
+__all__ = ["FederatedData"]

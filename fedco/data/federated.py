@@ -1,0 +1,107 @@
+"""The federated dataset: one on-device array of examples and per-client index tables.
+
+Clients of very different sizes (5000 and 20 examples, say) are not padded copies of their
+data. Every client is a row of an ``int32 [K, max_n]`` index table into one array of examples
+plus a count; batches are gathered by index inside the jitted program. Exact evaluation uses
+the flat list of ``(row, owner)`` pairs, so its cost is ``sum_k n_k``, not ``K * max_n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+class FederatedData(NamedTuple):
+  """Examples plus per-client index tables (a pytree; pass it to jitted code as is).
+
+  Attributes:
+    examples: pytree of arrays with a shared leading axis ``N``.
+    index: ``int32 [K, max_n]``; row ``k``'s first ``counts[k]`` entries are client ``k``'s
+      examples, the rest repeat its first example (never read with non-zero weight).
+    counts: ``int32 [K]``, examples per client (each ``>= 1``).
+    flat_rows: ``int32 [M]`` with ``M = sum_k counts[k]``: every (client, example) pair's row.
+    flat_owner: ``int32 [M]``: the client of each pair.
+  """
+  examples: PyTree
+  index: jax.Array
+  counts: jax.Array
+  flat_rows: jax.Array
+  flat_owner: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.index.shape[0])
+
+  @property
+  def max_count(self) -> int:
+    return int(self.index.shape[1])
+
+  @property
+  def num_examples(self) -> int:
+    return int(jax.tree.leaves(self.examples)[0].shape[0])
+
+  @classmethod
+  def from_index_lists(cls, examples: PyTree, client_indices: Sequence[Any]) -> "FederatedData":
+    """Clients given as lists of row indices into ``examples`` (rows may be shared).
+
+    Raises:
+      ValueError: no clients, an empty client, an index out of range, or example leaves
+        with different leading sizes.
+    """
+    leaves = jax.tree.leaves(examples)
+    if not leaves:
+      raise ValueError("examples must be a non-empty pytree of arrays")
+    n = int(np.shape(leaves[0])[0])
+    for leaf in leaves:
+      if np.ndim(leaf) == 0 or np.shape(leaf)[0] != n:
+        raise ValueError(
+            "every examples leaf needs the same leading (example) axis; got shapes "
+            f"{[np.shape(l) for l in leaves]}")
+    if len(client_indices) == 0:
+      raise ValueError("client_indices must name at least one client, got none")
+    rows = [np.asarray(ix, dtype=np.int64).reshape(-1) for ix in client_indices]
+    for k, ix in enumerate(rows):
+      if ix.size == 0:
+        raise ValueError(f"client {k} has no examples; every client needs at least one")
+      if ix.min() < 0 or ix.max() >= n:
+        raise ValueError(f"client {k} has indices outside [0, {n}): min {ix.min()}, "
+                         f"max {ix.max()}")
+    counts = np.array([ix.size for ix in rows], np.int32)
+    table = np.stack([np.concatenate([ix, np.full(counts.max() - ix.size, ix[0])])
+                      for ix in rows]).astype(np.int32)
+    flat_rows = np.concatenate(rows).astype(np.int32)
+    flat_owner = np.repeat(np.arange(len(rows)), counts).astype(np.int32)
+    return cls(jax.tree.map(jnp.asarray, examples), jnp.asarray(table), jnp.asarray(counts),
+               jnp.asarray(flat_rows), jnp.asarray(flat_owner))
+
+  @classmethod
+  def from_clients(cls, client_examples: Sequence[PyTree]) -> "FederatedData":
+    """Clients given as separate pytrees of arrays; they are concatenated once."""
+    if len(client_examples) == 0:
+      raise ValueError("client_examples must hold at least one client, got none")
+    structure = jax.tree.structure(client_examples[0])
+    for k, ex in enumerate(client_examples):
+      if jax.tree.structure(ex) != structure:
+        raise ValueError(f"client {k}'s examples have structure {jax.tree.structure(ex)}, "
+                         f"expected {structure}")
+    sizes = [int(np.shape(jax.tree.leaves(ex)[0])[0]) for ex in client_examples]
+    examples = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+                            *client_examples)
+    starts = np.cumsum([0] + sizes)
+    return cls.from_index_lists(
+        examples, [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))])
+
+  def client(self, k: int) -> PyTree:
+    """Client ``k``'s examples (host-side convenience; not for the hot path)."""
+    rows = np.asarray(self.index[k, : int(self.counts[k])])
+    return jax.tree.map(lambda a: a[rows], self.examples)
+
+  def flat_weights(self) -> jax.Array:
+    """Weights of the flat pairs, ``1/n_owner``: summed per owner they give client means."""
+    return 1.0 / self.counts[self.flat_owner].astype(jnp.float32)

@@ -1,0 +1,418 @@
+"""The one-program federated simulator.
+
+Clients are stacked on a leading axis and ``vmap``-ed; the local steps of a round are a
+``lax.scan``; a chunk of rounds is a ``lax.scan`` over rounds inside one ``jax.jit``. The
+runtime contains no algorithm math: it reads the algorithm's :class:`CommPlan`, draws
+batches, calls ``update``, averages what the plan says and hands pseudo-gradients to the
+algorithm's server transform.
+
+Randomness is explicit: the round key is folded with each client's *id* and then with the
+step index, so a client's batches do not depend on which other clients were sampled or on
+how clients are laid out over devices. One seed gives one result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Dict, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedco import _validate
+from fedco.algorithms.base import Algorithm
+from fedco.data.federated import FederatedData
+from fedco.problems.base import Problem
+from fedco.runtime import progress as progress_lib
+
+PyTree = Any
+
+
+class SimState(NamedTuple):
+  """Everything the simulation carries between rounds (a pytree).
+
+  Attributes:
+    round: rounds completed so far.
+    key: the PRNG key for the next round.
+    server: ``{"params": x, field: value}`` for the round-synchronised state fields.
+    server_opt_state: the server transform's state.
+    shared: ``{field: mean}`` for the every-step fields (FedDRO's ``y_bar``).
+    clients: every client's algorithm state, stacked on a leading ``[K]`` axis.
+    random_params: the averaged model of a uniformly random completed round (reservoir
+      sampling), the iterate the FedDRO/DS-FedDRO theorems return.
+  """
+  round: jax.Array
+  key: jax.Array
+  server: Dict[str, PyTree]
+  server_opt_state: Any
+  shared: Dict[str, PyTree]
+  clients: Any
+  random_params: PyTree
+
+
+class Ledger(NamedTuple):
+  """Floats each participating client sends (up) and receives (down) per round, by item."""
+  up: Dict[str, int]
+  down: Dict[str, int]
+  clients_per_round: int
+
+  def per_round(self) -> Dict[str, int]:
+    """Total floats over all participating clients in one round, both directions."""
+    return {"up": self.clients_per_round * sum(self.up.values()),
+            "down": self.clients_per_round * sum(self.down.values())}
+
+  def as_dict(self, rounds: int) -> Dict[str, Any]:
+    totals = self.per_round()
+    return {"up_per_client_per_round": dict(self.up),
+            "down_per_client_per_round": dict(self.down),
+            "clients_per_round": self.clients_per_round,
+            "rounds": rounds,
+            "total_up": totals["up"] * rounds,
+            "total_down": totals["down"] * rounds}
+
+
+def draw_batch(key, index_row, count, examples, batch_size: Optional[int]):
+  """One client's batch: rows gathered by index, and their weights (summing to 1).
+
+  ``batch_size=None`` takes the client's whole data (deterministic; padding rows weigh 0).
+  Otherwise ``batch_size`` positions are drawn uniformly with replacement from the client's
+  ``count`` examples.
+  """
+  if batch_size is None:
+    rows = index_row
+    weights = (jnp.arange(index_row.shape[0]) < count).astype(jnp.float32) / count
+  else:
+    pos = jax.random.randint(key, (batch_size,), 0, count)
+    rows = index_row[pos]
+    weights = jnp.full((batch_size,), 1.0 / batch_size, jnp.float32)
+  return jax.tree.map(lambda a: a[rows], examples), weights
+
+
+def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=None,
+                weights=(None, None, None)):
+  """The keyword arguments an algorithm's ``update`` takes, bound to the given batches.
+
+  Returns ``(grad_h_fn, kwargs)``: ``grad_h_fn(params)`` is ``grad h(x; outer_batch)`` (or
+  ``None`` without an extra term), and ``kwargs`` holds ``inner_fn``, ``outer_fn`` and
+  ``next_inner_fn`` for compositional problems. Weights default to uniform means.
+  """
+
+  def _w(batch, w):
+    if w is not None:
+      return w
+    n = jax.tree.leaves(batch)[0].shape[0]
+    return jnp.full((n,), 1.0 / n, jnp.float32)
+
+  next_inner_batch = inner_batch if next_inner_batch is None else next_inner_batch
+  wg, wf, wn = (_w(b, w) for b, w in zip((inner_batch, outer_batch, next_inner_batch), weights))
+  kwargs = {}
+  if problem.compositional:
+    kwargs = dict(
+        inner_fn=lambda x: problem.inner_value(x, inner_batch, wg),
+        outer_fn=lambda y: problem.outer_value(y, outer_batch, wf),
+        next_inner_fn=lambda x: problem.inner_value(x, next_inner_batch, wn))
+  grad_h = None
+  if problem.extra is not None:
+    grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)
+  return grad_h, kwargs
+
+
+def _tree_size(tree) -> int:
+  return int(sum(np.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree)))
+
+
+def _mean(tree, w):
+  return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
+
+
+def _broadcast(tree, m):
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), tree)
+
+
+@dataclasses.dataclass
+class SimulationResult:
+  """What :func:`simulate` returns.
+
+  Attributes:
+    params: the server model after the last round.
+    random_params: the server model of a uniformly random round.
+    state: the final :class:`SimState` (resume with ``Simulator.run``).
+    metrics: per-round host arrays: ``objective``, ``client_losses`` ``[R, K]``,
+      ``grad_norm`` (if asked), ``clients`` (sampled ids ``[R, m]``) and user metrics.
+    ledger: communication per client per round and in total.
+    seconds: wall time of the rounds (compilation included).
+  """
+  params: PyTree
+  random_params: PyTree
+  state: SimState
+  metrics: Dict[str, np.ndarray]
+  ledger: Dict[str, Any]
+  seconds: float
+
+
+class Simulator:
+  """Runs an algorithm on a problem over federated data, a chunk of rounds per jit call.
+
+  Args:
+    problem: the :class:`~fedco.problems.Problem`.
+    algorithm: the :class:`~fedco.algorithms.Algorithm`.
+    data: the :class:`~fedco.data.FederatedData`.
+    clients_per_round: ``m`` clients sampled without replacement each round; ``None``
+      means all ``K``.
+    batch_size: examples per inner (and next-inner) batch per step; ``None`` is each
+      client's whole data (deterministic).
+    outer_batch_size: examples per outer / extra batch (``b1``); defaults to ``batch_size``.
+    evaluate: compute the exact objective and per-client losses every round.
+    exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
+    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model each round.
+  """
+
+  def __init__(self, problem: Problem, algorithm: Algorithm, data: FederatedData, *,
+               clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
+               outer_batch_size: Optional[int] = -1, evaluate: bool = True,
+               exact_grad_norm: bool = False,
+               metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None):
+    if not isinstance(problem, Problem):
+      raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
+    if not isinstance(algorithm, Algorithm):
+      raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}")
+    if not isinstance(data, FederatedData):
+      raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
+    _check_kinds(problem, algorithm)
+    n = data.num_clients
+    m = n if clients_per_round is None else clients_per_round
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
+      raise ValueError(f"clients_per_round must be an integer in [1, {n}] (the number of "
+                       f"clients), got {clients_per_round!r}")
+    if batch_size is not None:
+      _validate.positive_int("batch_size", batch_size)
+    if outer_batch_size == -1:
+      outer_batch_size = batch_size
+    if outer_batch_size is not None:
+      _validate.positive_int("outer_batch_size", outer_batch_size)
+    self.problem, self.algorithm, self.data = problem, algorithm, data
+    self.num_clients, self.clients_per_round = n, m
+    self.batch_size, self.outer_batch_size = batch_size, outer_batch_size
+    self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
+    self.plan = algorithm.plan
+    self._run = jax.jit(self._run_rounds, static_argnames="rounds")
+
+  # ---- pieces ------------------------------------------------------------------------
+
+  def _client_weights(self, counts):
+    if self.plan.weighting == "samples":
+      c = counts.astype(jnp.float32)
+      return c / jnp.sum(c)
+    return jnp.full(counts.shape, 1.0 / counts.shape[0], jnp.float32)
+
+  def _client_step(self, examples, params, cstate, key, index_row, count):
+    kg, kf, kn = jax.random.split(key, 3)
+    bg, wg = draw_batch(kg, index_row, count, examples, self.batch_size)
+    bf, wf = draw_batch(kf, index_row, count, examples, self.outer_batch_size)
+    bn, wn = draw_batch(kn, index_row, count, examples, self.batch_size)
+    grad_h_fn, kwargs = oracle_args(self.problem, bg, bf, bn, (wg, wf, wn))
+    grad_h = None if grad_h_fn is None else grad_h_fn(params)
+    return self.algorithm.update(grad_h, cstate, params, **kwargs)
+
+  def init(self, params: PyTree, seed=0) -> SimState:
+    """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
+    init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
+    key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
+    params = jax.tree.map(jnp.asarray, params)
+    return self._init(params, key, self.data)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _init(self, params, key, data):
+    key, k_init = jax.random.split(key)
+    n = self.num_clients
+    ids = jnp.arange(n)
+
+    def client_init(k, index_row, count):
+      inner_value = None
+      if self.problem.compositional:
+        batch, w = draw_batch(jax.random.fold_in(k_init, k), index_row, count, data.examples,
+                              self.batch_size)
+        inner_value = self.problem.inner_value(params, batch, w)
+      return self.algorithm.init(params, inner_value=inner_value)
+
+    clients = jax.vmap(client_init)(ids, data.index, data.counts)
+    w = self._client_weights(data.counts)
+    means = {f: _mean(getattr(clients, f), w) for f in self.plan.init_fields}
+    clients = clients._replace(**{f: _broadcast(v, n) for f, v in means.items()})
+    server = {"params": params}
+    for f in self.plan.every_round:
+      server[f] = _mean(getattr(clients, f), w)
+    shared = {f: _mean(getattr(clients, f), w) for f in self.plan.every_step}
+    return SimState(jnp.zeros([], jnp.int32), key, server, self.algorithm.server.init(server),
+                    shared, clients, params)
+
+  def _sample(self, key):
+    n, m = self.num_clients, self.clients_per_round
+    if m == n:
+      return jnp.arange(n)
+    return jnp.sort(jax.random.permutation(key, n)[:m])
+
+  def _round(self, data, flat_examples, state: SimState, _):
+    plan, m = self.plan, self.clients_per_round
+    key, k_sample, k_round, k_res = jax.random.split(state.key, 4)
+    ids = self._sample(k_sample)
+    full = m == self.num_clients
+    cst = state.clients if full else jax.tree.map(lambda a: a[ids], state.clients)
+    cst = cst._replace(**{f: _broadcast(state.server[f], m) for f in plan.every_round},
+                       **{f: _broadcast(state.shared[f], m) for f in plan.every_step})
+    params = _broadcast(state.server["params"], m)
+    index, counts = data.index[ids], data.counts[ids]
+    w = self._client_weights(counts)
+    ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
+    step_fn = jax.vmap(self._client_step, in_axes=(None, 0, 0, 0, 0, 0))
+
+    def local_step(carry, t):
+      params, cst = carry
+      skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
+      updates, cst = step_fn(data.examples, params, cst, skeys, index, counts)
+      params = optax.apply_updates(params, updates)
+      if plan.every_step:
+        cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), m)
+                              for f in plan.every_step})
+      return (params, cst), None
+
+    (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
+    shared = {f: _mean(getattr(cst, f), w) for f in plan.every_step}
+    client_values = {"params": params, **{f: getattr(cst, f) for f in plan.every_round}}
+    means = {k: _mean(v, w) for k, v in client_values.items()}
+    pseudo_grad = jax.tree.map(jnp.subtract, state.server, means)
+    upd, server_opt_state = self.algorithm.server.update(
+        pseudo_grad, state.server_opt_state, state.server)
+    server = optax.apply_updates(state.server, upd)
+    cst = cst._replace(**{f: _broadcast(server[f], m) for f in plan.every_round})
+    clients = cst if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients, cst)
+    completed = state.round + 1
+    take = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
+    random_params = jax.tree.map(lambda a, b: jnp.where(take, a, b), server["params"],
+                                 state.random_params)
+    new_state = SimState(completed, key, server, server_opt_state, shared, clients,
+                         random_params)
+    metrics = self._metrics(server["params"], data, flat_examples)
+    metrics["clients"] = ids
+    return new_state, metrics
+
+  def _metrics(self, params, data, flat_examples):
+    out = {}
+    if self.evaluate:
+      weights = data.flat_weights()
+
+      def objective(p):
+        return self.problem.evaluate(p, flat_examples, data.flat_owner, weights,
+                                     self.num_clients)
+
+      if self.exact_grad_norm:
+        (obj, losses), grad = jax.value_and_grad(objective, has_aux=True)(params)
+        out["grad_norm"] = optax.global_norm(grad)
+      else:
+        obj, losses = objective(params)
+      out["objective"], out["client_losses"] = obj, losses
+    if self.metrics_fn is not None:
+      out.update(self.metrics_fn(params))
+    return out
+
+  def _run_rounds(self, state, data, rounds: int):
+    flat_examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
+    return jax.lax.scan(lambda s, x: self._round(data, flat_examples, s, x), state, None,
+                        length=rounds)
+
+  # ---- public ------------------------------------------------------------------------
+
+  def run(self, state: SimState, rounds: int):
+    """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``."""
+    _validate.positive_int("rounds", rounds)
+    return self._run(state, self.data, rounds=rounds)
+
+  def ledger(self, state: SimState) -> Ledger:
+    """Floats per participating client per round, split by what was sent."""
+    n, steps = self.num_clients, self.plan.local_steps
+    d = _tree_size(state.server["params"])
+    up = {"params": d}
+    for f in self.plan.every_round:
+      up[f] = _tree_size(getattr(state.clients, f)) // n
+    for f in self.plan.every_step:
+      up[f] = steps * (_tree_size(getattr(state.clients, f)) // n)
+    return Ledger(up, dict(up), self.clients_per_round)
+
+
+def _check_kinds(problem: Problem, algorithm: Algorithm):
+  kind = algorithm.problem_kind
+  if kind == "plain":
+    if problem.extra is None:
+      raise ValueError(f"{algorithm.name} trains on the extra (non-compositional) term, but "
+                       f"problem {problem.name!r} has none; use fedco.problems.plain(loss)")
+    return
+  if not problem.compositional:
+    raise ValueError(f"{algorithm.name} needs a compositional problem (inner and outer), got "
+                     f"the plain problem {problem.name!r}")
+  if problem.kind != kind:
+    raise ValueError(f"{algorithm.name} solves {kind}-inner problems, but problem "
+                     f"{problem.name!r} is {problem.kind}-inner")
+
+
+def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params: PyTree, *,
+             rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
+             check_finite: bool = True, **simulator_kwargs) -> SimulationResult:
+  """Run ``rounds`` rounds and collect the per-round metrics on the host.
+
+  Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
+  one jitted ``lax.scan``, and the host logs and checks between chunks.
+
+  Args:
+    problem, algorithm, data: see :class:`Simulator`.
+    params: the initial model ``x_bar_0``.
+    rounds: number of rounds ``>= 1``.
+    seed: an int or a PRNG key.
+    chunk_rounds: rounds per jitted call.
+    progress: print a progress line with rounds per second and the objective.
+    check_finite: stop with ``FloatingPointError`` naming the round when the objective or the
+      server model stops being finite.
+    **simulator_kwargs: forwarded to :class:`Simulator`.
+  """
+  rounds = _validate.positive_int("rounds", rounds)
+  chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
+      "chunk_rounds", chunk_rounds)
+  sim = Simulator(problem, algorithm, data, **simulator_kwargs)
+  state = sim.init(params, seed)
+  bar = progress_lib.Progress(rounds, label=algorithm.name, enabled=progress)
+  collected = []
+  start = time.perf_counter()
+  done = 0
+  while done < rounds:
+    size = min(chunk, rounds - done)
+    state, metrics = sim.run(state, size)
+    metrics = jax.device_get(metrics)
+    if check_finite:
+      _check_finite(metrics, state, done)
+    collected.append(metrics)
+    done += size
+    last = {k: float(v[-1]) for k, v in metrics.items() if np.ndim(v) == 1}
+    bar.update(done, last.get("objective"))
+  seconds = time.perf_counter() - start
+  bar.close()
+  stacked = {k: np.concatenate([c[k] for c in collected]) for k in collected[0]}
+  return SimulationResult(state.server["params"], state.random_params, state, stacked,
+                          sim.ledger(state).as_dict(rounds), seconds)
+
+
+def _check_finite(metrics, state, rounds_before):
+  if "objective" in metrics:
+    bad = np.flatnonzero(~np.isfinite(np.asarray(metrics["objective"])))
+    if bad.size:
+      r = rounds_before + int(bad[0]) + 1
+      raise FloatingPointError(
+          f"round {r}: the objective is {metrics['objective'][bad[0]]}; the last finite "
+          f"round is {r - 1}. Lower the learning rate or check the problem's exp/log terms.")
+  leaves = jax.tree.leaves(state.server["params"])
+  if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
+    raise FloatingPointError(
+        f"round {rounds_before + 1}-{int(state.round)}: the server model has non-finite "
+        "values")
