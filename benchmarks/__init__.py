@@ -1,0 +1,1 @@
+"""Benchmarks for fedco (run as modules, e.g. ``python -m benchmarks.logistic_loop``)."""

@@ -1,0 +1,337 @@
+r"""Rounds per second: fedco's one-program simulator against a per-client Python loop.
+
+Workload (the issue's target: fedco >= 10x the rounds/s of the loop):
+
+* 10 clients, 5 local steps per round, batch 32 per client per step;
+* multinomial logistic regression 784 -> 10, params ``{"w": [784, 10], "b": [10]}``;
+* synthetic MNIST-shaped data: float32 features uniform in [0, 1], uniform random labels,
+  600 examples per client (nothing is downloaded).
+
+Algorithms (same fedco ``update`` on both sides, so the arithmetic per step is the same):
+
+* ``fedavg``: plain FedAvg on ``fedco.problems.plain(cross_entropy)``;
+* ``comfedl``: ComFedL on client-level KL-DRO ``fedco.problems.client_kl_dro(ce, gamma=0.2)``
+  (local-inner, exp outer);
+* ``feddro``: FedDRO on sample-level KL-DRO as a global-inner problem
+  ``fedco.global_inner(lambda p, e: exp(ce(p, e) / lam), lambda y: lam * log(y))``.
+
+The two sides:
+
+1. fedco: ``Simulator(problem, algorithm, data, batch_size=32, evaluate=False)``; ``init``
+   once, one warm-up ``run`` (compilation), then ``--repeats`` timed ``run(state, rounds)``
+   calls, each ended by ``block_until_ready``; the median is reported.
+2. the reference loop, written the way papers' code is: for each round, for each client and
+   local step (Python loops), draw a batch with NumPy indices on the host (like a
+   DataLoader), call ONE ``jax.jit``-ed single-client step (the same fedco ``update`` fed by
+   ``fedco.oracle_args``), and average the client models with ``jnp`` after the round.
+   FedDRO's tracker ``y`` is averaged after every step, as the algorithm requires, so its loop
+   runs steps outside and clients inside. The step is compiled and warmed up before timing.
+
+Each side draws the batches its algorithm actually consumes (the simulator draws inner, outer
+and next-inner batches and XLA drops the unused gathers; the loop draws one batch per step
+for FedAvg and ComFedL and two, ``zeta`` and ``zeta'``, for FedDRO).
+
+Run::
+
+    python -m benchmarks.logistic_loop --out=benchmarks/results/logistic_loop.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+from absl import app, flags
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import fedco
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rounds", 50, "Timed rounds per fedco repeat (one jitted run call).")
+flags.DEFINE_integer("loop_rounds", 10,
+                     "Timed rounds per repeat of the per-client loop (normalised to rounds/s).")
+flags.DEFINE_integer("repeats", 5, "Timed repeats per side; the median is reported.")
+flags.DEFINE_string("out", "benchmarks/results/logistic_loop.json", "Where to write the JSON.")
+flags.DEFINE_list("algorithms", ["fedavg", "comfedl", "feddro"],
+                  "Comma list of algorithms: fedavg, comfedl, feddro.")
+flags.DEFINE_integer("clients", 10, "Number of clients (all participate every round).")
+flags.DEFINE_integer("local_steps", 5, "Local steps per round.")
+flags.DEFINE_integer("batch_size", 32, "Examples per client per step.")
+flags.DEFINE_integer("examples_per_client", 600, "Synthetic examples per client.")
+flags.DEFINE_integer("seed", 0, "Seed for data, params and batches.")
+
+IN_DIM, NUM_CLASSES = 784, 10
+GAMMA = 0.2  # client-level KL-DRO regularisation (ComFedL)
+LAM = 1.0  # sample-level KL-DRO temperature (FedDRO)
+TARGET = 10.0
+
+
+# ---- the model and problems -----------------------------------------------------------
+
+def cross_entropy(params, example):
+  """Per-example multinomial logistic loss."""
+  logits = example["x"] @ params["w"] + params["b"]
+  return jax.nn.logsumexp(logits) - logits[example["y"]]
+
+
+def make_problem_and_algorithm(name: str, local_steps: int):
+  """Returns ``(problem, algorithm, batch_roles)``.
+
+  ``batch_roles`` says which of the loop's per-step batches feed ``oracle_args``' inner,
+  outer and next-inner slots (``0`` = first batch, ``1`` = second batch).
+  """
+  if name == "fedavg":
+    return (fedco.problems.plain(cross_entropy),
+            fedco.fedavg(learning_rate=0.05, local_steps=local_steps), (0, 0, 0))
+  if name == "comfedl":
+    # The step is exp(l / 0.2) / 0.2 * grad l ~ 5e5 * grad l at l ~ 2.3 and it feeds back
+    # (a loss rise of 0.5 multiplies it by e^2.5), so the rate is tiny: 1e-7 diverges to NaN
+    # within one round on this data, 5e-9 stays finite and decreases the loss.
+    return (fedco.problems.client_kl_dro(cross_entropy, gamma=GAMMA),
+            fedco.comfedl(learning_rate=5e-9, local_steps=local_steps), (0, 0, 0))
+  if name == "feddro":
+    problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / LAM),
+                                 lambda y: LAM * jnp.log(y), name="sample_kl_dro")
+    return problem, fedco.feddro(learning_rate=0.01, beta=0.5, local_steps=local_steps), (0, 0, 1)
+  raise app.UsageError(f"unknown algorithm {name!r}; choose from fedavg, comfedl, feddro")
+
+
+def make_data(clients: int, per_client: int, seed: int):
+  rng = np.random.default_rng(seed)
+  n = clients * per_client
+  x = rng.random((n, IN_DIM), dtype=np.float32)
+  y = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
+  rows = [np.arange(k * per_client, (k + 1) * per_client) for k in range(clients)]
+  return {"x": x, "y": y}, rows
+
+
+def init_params(seed: int):
+  k = jax.random.PRNGKey(seed)
+  return {"w": 0.01 * jax.random.normal(k, (IN_DIM, NUM_CLASSES), jnp.float32),
+          "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
+
+
+@jax.jit
+def mean_loss(params, examples):
+  return jnp.mean(jax.vmap(cross_entropy, in_axes=(None, 0))(params, examples))
+
+
+def _finite(tree) -> bool:
+  return all(bool(np.all(np.isfinite(np.asarray(l)))) for l in jax.tree.leaves(tree))
+
+
+# ---- (1) fedco --------------------------------------------------------------------------
+
+def bench_fedco(problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
+                repeats, seed) -> Dict[str, Any]:
+  data = fedco.FederatedData.from_index_lists(host_examples, rows)
+  sim = fedco.Simulator(problem, algorithm, data, batch_size=batch_size, evaluate=False)
+  state = sim.init(params, seed)
+  t0 = time.perf_counter()
+  state, metrics = sim.run(state, rounds)  # compile + warm up
+  jax.block_until_ready((state, metrics))
+  compile_s = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    state, metrics = sim.run(state, rounds)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - t0)
+  med = statistics.median(times)
+  final = state.server["params"]
+  return {"rounds_per_repeat": rounds, "seconds": times, "median_seconds": med,
+          "rounds_per_s": rounds / med, "first_call_seconds": compile_s,
+          "final_params_finite": _finite(final),
+          "final_mean_loss": float(mean_loss(final, data.examples)),
+          "rounds_run": int(state.round)}
+
+
+# ---- (2) the per-client Python loop ------------------------------------------------------
+
+def make_step(problem, algorithm, roles) -> Callable:
+  """ONE client's step, jitted: the fedco update on batches passed from the host."""
+
+  def step(params, cstate, batches):
+    inner, outer, nxt = (batches[r] for r in roles)
+    grad_h_fn, kwargs = fedco.oracle_args(problem, inner, outer, nxt)
+    grad_h = None if grad_h_fn is None else grad_h_fn(params)
+    updates, cstate = algorithm.update(grad_h, cstate, params, **kwargs)
+    return optax.apply_updates(params, updates), cstate
+
+  return jax.jit(step)
+
+
+def _average(trees: List[Any]):
+  return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *trees)
+
+
+class Loop:
+  """A per-client federated loop as papers' code writes it."""
+
+  def __init__(self, name, problem, algorithm, roles, host_examples, rows, params, *,
+               batch_size, seed):
+    self.name, self.problem, self.alg = name, problem, algorithm
+    self.x, self.y = host_examples["x"], host_examples["y"]
+    self.rows, self.batch_size = rows, batch_size
+    self.steps = algorithm.plan.local_steps
+    self.num_batches = max(roles) + 1
+    self.rng = np.random.default_rng(seed + 1)
+    self.step = make_step(problem, algorithm, roles)
+    self.server = params
+    k = len(rows)
+    if problem.compositional:
+      inner = jax.jit(problem.inner_value)
+      w = jnp.full((batch_size,), 1.0 / batch_size, jnp.float32)
+      inner_values = [inner(params, self._batch(c), w) for c in range(k)]
+      y0 = _average(inner_values)  # every client starts from y_bar_0 (FedDRO's init)
+      self.cstates = [algorithm.init(params, inner_value=y0) for _ in range(k)]
+    else:
+      self.cstates = [algorithm.init(params) for _ in range(k)]
+
+  def _batch(self, client):
+    rows = self.rows[client]
+    idx = rows[self.rng.integers(0, rows.size, self.batch_size)]
+    return {"x": self.x[idx], "y": self.y[idx]}
+
+  def _batches(self, client):
+    return tuple(self._batch(client) for _ in range(self.num_batches))
+
+  def round(self):
+    k = len(self.rows)
+    if self.alg.plan.every_step:  # FedDRO: y_bar is averaged after every step
+      params = [self.server] * k
+      for _ in range(self.steps):
+        for c in range(k):
+          params[c], self.cstates[c] = self.step(params[c], self.cstates[c], self._batches(c))
+        y_bar = _average([s.y for s in self.cstates])
+        self.cstates = [s._replace(y=y_bar) for s in self.cstates]
+    else:
+      params = []
+      for c in range(k):
+        p = self.server
+        for _ in range(self.steps):
+          p, self.cstates[c] = self.step(p, self.cstates[c], self._batches(c))
+        params.append(p)
+    self.server = _average(params)
+
+
+def bench_loop(name, problem, algorithm, roles, host_examples, rows, params, *, batch_size,
+               rounds, repeats, seed) -> Dict[str, Any]:
+  loop = Loop(name, problem, algorithm, roles, host_examples, rows, params,
+              batch_size=batch_size, seed=seed)
+  t0 = time.perf_counter()
+  for _ in range(2):  # compile the step and the averaging ops, warm up
+    loop.round()
+  jax.block_until_ready(loop.server)
+  warm_s = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+      loop.round()
+    jax.block_until_ready(loop.server)
+    times.append(time.perf_counter() - t0)
+  med = statistics.median(times)
+  return {"rounds_per_repeat": rounds, "seconds": times, "median_seconds": med,
+          "rounds_per_s": rounds / med, "first_call_seconds": warm_s,
+          "final_params_finite": _finite(loop.server),
+          "final_mean_loss": float(mean_loss(loop.server, host_examples)),
+          "rounds_run": 2 + rounds * repeats}
+
+
+# ---- reporting ----------------------------------------------------------------------------
+
+def machine_info() -> Dict[str, Any]:
+  import jaxlib
+  return {"platform": platform.platform(), "processor": platform.processor(),
+          "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+          "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+          "default_backend": jax.default_backend()}
+
+
+def write_json_atomic(path: str, obj) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=2)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def markdown_table(results: Dict[str, Any]) -> str:
+  lines = ["| algorithm | fedco rounds/s | loop rounds/s | fedco / loop | >= 10x |",
+           "|---|---:|---:|---:|:---:|"]
+  for name, r in results.items():
+    lines.append(f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['loop']['rounds_per_s']:.1f} "
+                 f"| {r['speedup']:.1f}x | {'yes' if r['speedup'] >= TARGET else 'no'} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  for name, value in (("rounds", FLAGS.rounds), ("loop_rounds", FLAGS.loop_rounds),
+                      ("repeats", FLAGS.repeats)):
+    if value < 1:
+      raise app.UsageError(f"--{name} must be >= 1, got {value}")
+  host_examples, rows = make_data(FLAGS.clients, FLAGS.examples_per_client, FLAGS.seed)
+  params = init_params(FLAGS.seed)
+  machine = machine_info()
+  print(f"machine: {machine['platform']} | {machine['cpu_count']} CPUs | jax {machine['jax']} "
+        f"| {machine['default_backend']} {machine['devices']}", flush=True)
+  results = {}
+  for name in FLAGS.algorithms:
+    problem, algorithm, roles = make_problem_and_algorithm(name, FLAGS.local_steps)
+    fed = bench_fedco(problem, algorithm, host_examples, rows, params,
+                      batch_size=FLAGS.batch_size, rounds=FLAGS.rounds, repeats=FLAGS.repeats,
+                      seed=FLAGS.seed)
+    loop = bench_loop(name, problem, algorithm, roles, host_examples, rows, params,
+                      batch_size=FLAGS.batch_size, rounds=FLAGS.loop_rounds,
+                      repeats=FLAGS.repeats, seed=FLAGS.seed)
+    speedup = fed["rounds_per_s"] / loop["rounds_per_s"]
+    results[name] = {"problem": problem.name, "algorithm": algorithm.name, "fedco": fed,
+                     "loop": loop, "speedup": speedup, "meets_target": speedup >= TARGET}
+    print(f"{name}: fedco {fed['rounds_per_s']:.1f} rounds/s, loop {loop['rounds_per_s']:.1f} "
+          f"rounds/s, {speedup:.1f}x", flush=True)
+  out = {
+      "benchmark": "logistic_loop",
+      "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "config": {"clients": FLAGS.clients, "clients_per_round": FLAGS.clients,
+                 "local_steps": FLAGS.local_steps, "batch_size": FLAGS.batch_size,
+                 "examples_per_client": FLAGS.examples_per_client,
+                 "model": {"w": [IN_DIM, NUM_CLASSES], "b": [NUM_CLASSES]},
+                 "fedco_rounds_per_repeat": FLAGS.rounds,
+                 "loop_rounds_per_repeat": FLAGS.loop_rounds, "repeats": FLAGS.repeats,
+                 "statistic": "median over repeats", "evaluate": False,
+                 "comfedl_gamma": GAMMA, "feddro_lambda": LAM, "seed": FLAGS.seed,
+                 "target_speedup": TARGET},
+      "machine": machine,
+      "results": results,
+  }
+  write_json_atomic(FLAGS.out, out)
+  print()
+  print(markdown_table(results))
+  print(f"\nwrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

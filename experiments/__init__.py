@@ -1,0 +1,1 @@
+"""Flag-driven binaries that reproduce the papers' experiments (``python -m experiments.<name>``)."""

@@ -1,0 +1,211 @@
+"""The output contract shared by every experiment binary.
+
+A run writes into ``--workdir``:
+
+* ``config.json``: the flag values of the run;
+* ``metrics.jsonl``: one JSON object per line (one per round and algorithm, say);
+* ``summary.json``: the final numbers, written last, so its presence marks a finished run;
+* a PNG plot (rendered with Agg; no display and no pyplot global state);
+
+and prints a plain-text table at the end. Every file is written atomically: the bytes go to
+a hidden temporary file in the same directory, which is then ``os.replace``-d onto the final
+name, so a killed process leaves either the previous complete file or the new one, never a
+half-written file. ``metrics.jsonl`` is kept in memory and rewritten whole on each append.
+
+Values are converted to JSON-friendly Python: numpy / JAX scalars and arrays become
+``int``/``float``/``bool``/lists; non-finite floats become ``null`` (strict JSON).
+
+Example::
+
+    wd = Workdir(FLAGS.workdir)
+    wd.write_config({"learning_rate": 0.02, "rounds": 400})
+    wd.append_metrics([{"round": 1, "loss": np.float32(0.3)}])
+    fig = figure(); ax = fig.add_subplot(); ax.plot(...)
+    wd.save_figure(fig, "loss.png")
+    wd.write_summary({"final_loss": 0.01})
+    print(format_table([{"algorithm": "feddro", "loss": 0.01}]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+import tempfile
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
+_TMP_PREFIX = ".tmp-"
+
+
+# ---- JSON conversion ---------------------------------------------------------------------
+
+def to_jsonable(value: Any) -> Any:
+  """``value`` as plain JSON types: numpy/JAX scalars and arrays, tuples, paths, dataclasses.
+
+  Non-finite floats become ``None``. Raises ``TypeError`` naming the type of anything else.
+  """
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, numbers.Integral):
+    return int(value)
+  if isinstance(value, numbers.Real):
+    value = float(value)
+    return value if math.isfinite(value) else None
+  if isinstance(value, Mapping):
+    return {str(k): to_jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple, set, frozenset)):
+    return [to_jsonable(v) for v in value]
+  if isinstance(value, os.PathLike):
+    return os.fspath(value)
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return to_jsonable(dataclasses.asdict(value))
+  if isinstance(value, np.generic) or hasattr(value, "__array__"):  # numpy, JAX
+    array = np.asarray(value)
+    if array.dtype == object:
+      return [to_jsonable(v) for v in array.tolist()]
+    if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
+      return to_jsonable(array.tolist())  # per element, so non-finite entries become null
+    return array.tolist()
+  raise TypeError(f"cannot write a {type(value).__name__} to JSON: {value!r}")
+
+
+def dumps(value: Any, **kwargs) -> str:
+  """Strict JSON (no NaN) of ``to_jsonable(value)``."""
+  return json.dumps(to_jsonable(value), allow_nan=False, **kwargs)
+
+
+# ---- atomic writes -----------------------------------------------------------------------
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+def atomic_write(path, data, *, mode: str = "w") -> None:
+  """Write ``data`` (str, or bytes with ``mode="wb"``) to ``path`` atomically."""
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX + os.path.basename(path) + ".",
+                             dir=directory)
+  try:
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
+    with os.fdopen(fd, mode) as f:
+      if callable(data):
+        data(f)
+      else:
+        f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+# ---- the workdir -------------------------------------------------------------------------
+
+def check_workdir(workdir, flag: str = "workdir") -> str:
+  """``workdir`` as a string, or ``ValueError`` naming ``--flag`` when it is not a path."""
+  if isinstance(workdir, os.PathLike):
+    workdir = os.fspath(workdir)
+  if not isinstance(workdir, str) or not workdir.strip():
+    raise ValueError(f"--{flag} must be a non-empty path string, got {workdir!r}")
+  return workdir
+
+
+class Workdir:
+  """One run's output directory (created if missing).
+
+  Creating it removes the previous run's ``config.json``, ``metrics.jsonl`` and
+  ``summary.json`` (and stray temporary files), so a directory never mixes two runs.
+
+  Args:
+    path: the directory (``--workdir``).
+    flag: the flag name used in error messages.
+  """
+
+  def __init__(self, path, *, flag: str = "workdir"):
+    self.path = os.path.abspath(check_workdir(path, flag))
+    try:
+      os.makedirs(self.path, exist_ok=True)
+    except OSError as e:
+      raise ValueError(f"--{flag}={path!r} cannot be used as a directory: {e}") from None
+    self._metrics: List[str] = []
+    for name in os.listdir(self.path):
+      if name in (CONFIG, METRICS, SUMMARY) or name.startswith(_TMP_PREFIX):
+        os.remove(os.path.join(self.path, name))
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  def write_json(self, name: str, value: Any) -> str:
+    path = self.file(name)
+    atomic_write(path, dumps(value, indent=2) + "\n")
+    return path
+
+  def write_config(self, config: Mapping[str, Any]) -> str:
+    """``config.json``: the run's flag values."""
+    return self.write_json(CONFIG, dict(config))
+
+  def write_summary(self, summary: Mapping[str, Any]) -> str:
+    """``summary.json``: write it last."""
+    return self.write_json(SUMMARY, dict(summary))
+
+  def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> str:
+    """Add records to ``metrics.jsonl`` (one JSON object per line), rewriting it atomically."""
+    self._metrics.extend(dumps(dict(r)) for r in records)
+    path = self.file(METRICS)
+    atomic_write(path, "".join(line + "\n" for line in self._metrics))
+    return path
+
+  def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
+    """Save a matplotlib figure as PNG, atomically."""
+    path = self.file(name)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
+                 mode="wb")
+    return path
+
+
+def read_jsonl(path) -> List[Dict[str, Any]]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+# ---- plots and tables --------------------------------------------------------------------
+
+def figure(**kwargs):
+  """A matplotlib ``Figure`` on the Agg canvas (no pyplot, no display, no global state)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  fig = Figure(**kwargs)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def _cell(value) -> str:
+  value = to_jsonable(value)
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  if value is None:
+    return "-"
+  return str(value)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]],
+                 columns: Optional[Sequence[str]] = None) -> str:
+  """Rows of dicts as an aligned plain-text table (floats to 4 significant digits)."""
+  if columns is None:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+  cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+  widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+  line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+  out = [line(columns), line("-" * w for w in widths)]
+  out += [line(row) for row in cells]
+  return "\n".join(out)

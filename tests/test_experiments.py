@@ -1,0 +1,121 @@
+"""Experiment binaries: the shared output contract and E7 (the FedAvg counterexample)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
+  sys.path.insert(0, REPO)
+
+from experiments import common  # pylint: disable=g-import-not-at-top
+from experiments import fedavg_counterexample as e7  # pylint: disable=g-import-not-at-top
+
+OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", "distance.png")
+
+
+@pytest.fixture(scope="module")
+def e7_default(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("e7")
+  summary = e7.run(str(workdir), verbose=False)
+  return workdir, summary
+
+
+def test_e7_writes_all_outputs(e7_default):
+  workdir, summary = e7_default
+  for name in OUTPUTS:
+    assert (workdir / name).is_file(), name
+  assert not [n for n in os.listdir(workdir) if n.startswith(".tmp-")]
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["learning_rate"] == 0.02 and config["local_steps"] == 5
+  assert config["rounds"] == 400 and config["algorithms"] == list(e7.ALGORITHMS)
+  assert json.loads((workdir / "summary.json").read_text()) == summary
+  records = common.read_jsonl(workdir / "metrics.jsonl")
+  assert len(records) == 400 * len(e7.ALGORITHMS)
+  assert set(records[0]) == {"round", "step", "algorithm", "distance", "grad_norm"}
+  assert [r["step"] for r in records[:3]] == [5, 10, 15]
+  assert (workdir / "distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_e7_feddro_and_modified_converge_cases_i_ii_do_not(e7_default):
+  _, summary = e7_default
+  d = summary["final_distance"]
+  assert summary["x_star"] == 1.0
+  assert d["feddro"] < 1e-3 and d["fedavg_co_modified"] < 1e-3
+  assert d["fedavg_co_case1"] > 0.05 and d["fedavg_co_case2"] > 0.05
+  assert summary["converged"] == {"fedavg_co_case1": False, "fedavg_co_case2": False,
+                                  "fedavg_co_modified": True, "feddro": True}
+  # |Phi'(x)| = 4 |x - 1| on this instance: the recorded gradient norm agrees.
+  for name, dist in d.items():
+    np.testing.assert_allclose(summary["final_grad_norm"][name], 4 * dist, rtol=1e-3,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"learning_rate": 0.0}, "learning_rate"),
+    ({"local_steps": 0}, "local_steps"),
+    ({"rounds": 0}, "rounds"),
+    ({"beta": 1.5}, "beta"),
+    ({"algorithms": "feddro,fedprox"}, "algorithms"),
+])
+def test_e7_bad_flags_raise_before_writing(tmp_path, kwargs, flag):
+  workdir = tmp_path / "out"
+  with pytest.raises(ValueError, match=flag):
+    e7.run(str(workdir), verbose=False, **kwargs)
+  assert not workdir.exists()
+
+
+def test_e7_unknown_algorithm_lists_allowed_values(tmp_path):
+  with pytest.raises(ValueError, match="feddro") as info:
+    e7.run(str(tmp_path), algorithms=["fedprox"], verbose=False)
+  assert "algorithms" in str(info.value) and "fedavg_co_case1" in str(info.value)
+
+
+@pytest.mark.parametrize("workdir", ["", "   ", None, 3])
+def test_workdir_must_be_a_path(workdir):
+  with pytest.raises(ValueError, match="--workdir"):
+    common.Workdir(workdir)
+
+
+def test_workdir_contract(tmp_path):
+  wd = common.Workdir(tmp_path / "run")
+  wd.write_config({"lr": np.float32(0.5), "steps": np.int64(3), "on": np.bool_(True)})
+  wd.append_metrics([{"x": np.arange(3, dtype=np.float32)}])
+  wd.append_metrics([{"x": np.float64("nan")}])
+  wd.write_summary({"best": np.array(2.0)})
+  assert json.loads((tmp_path / "run" / "config.json").read_text()) == {
+      "lr": 0.5, "steps": 3, "on": True}
+  assert common.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [
+      {"x": [0.0, 1.0, 2.0]}, {"x": None}]
+  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
+  with pytest.raises(TypeError, match="object"):
+    wd.write_summary({"bad": object()})
+  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
+  assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "metrics.jsonl",
+                                                  "summary.json"]
+  table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
+  assert table.splitlines()[2].split() == ["x", "0.1235"]
+
+
+def test_e7_binary_runs(tmp_path):
+  workdir = tmp_path / "e7"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={workdir}",
+       "--rounds=50", "--noprogress"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["rounds"] == 50 and summary["steps"] == 250
+  assert "feddro" in proc.stdout
+
+
+def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={tmp_path}",
+       "--beta=2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "--beta" in proc.stderr and "Traceback" not in proc.stderr
