@@ -47,6 +47,8 @@ def _step_fn(opt, problem, examples):
       x, examples, jnp.full((examples["r"].shape[0],), 1.0 / examples["r"].shape[0])), None, None)
 
   def step(params, state, **extra):
+    for field in opt.plan.round_start:  # the caller plays the server (MBSGD's y_bar)
+      state = state._replace(**{field: kwargs["inner_fn"](params)})
     grads = jax.grad(phi)(params) if opt.problem_kind == "plain" else None
     updates, state = opt.update(grads, state, params, **kwargs, **extra)
     return optax.apply_updates(params, updates), state

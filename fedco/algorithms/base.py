@@ -56,6 +56,9 @@ class CommPlan(NamedTuple):
       through the server transform (Local-SCGDM's ``u`` and ``m``, DS-FedDRO's ``y``).
     at_init: state fields averaged over all clients once, after ``init`` (every client starts
       from the same ``y_bar_0``). ``None`` means ``every_step + every_round``.
+    round_start: state fields that hold an inner value and are recomputed at the start of
+      every round: each of the round's clients evaluates ``g_k(x_bar; zeta)`` at the server
+      model on a fresh batch and the field becomes their mean (MBSGD's ``y_bar``).
     weighting: ``"uniform"`` (each client counts equally) or ``"samples"`` (weights
       proportional to client data sizes; FedAvg's default).
   """
@@ -64,6 +67,7 @@ class CommPlan(NamedTuple):
   every_round: Tuple[str, ...] = ()
   at_init: Optional[Tuple[str, ...]] = None
   weighting: str = "uniform"
+  round_start: Tuple[str, ...] = ()
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
@@ -92,12 +96,12 @@ class Algorithm(NamedTuple):
 
 
 def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
-              weighting="uniform") -> CommPlan:
+              weighting="uniform", round_start=()) -> CommPlan:
   """A validated :class:`CommPlan`."""
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
-                  None if at_init is None else tuple(at_init), weighting)
+                  None if at_init is None else tuple(at_init), weighting, tuple(round_start))
 
 
 def averaging_server() -> optax.GradientTransformation:

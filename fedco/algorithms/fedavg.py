@@ -16,7 +16,7 @@ clients start from ``(x_bar_0, y_bar_0)``. Every ``I`` steps the models are aver
 * modified (Theorem 4.2): ``y_k = y_bar`` after *every* step.
 
 Theorem 4.1: Cases I and II do not converge to a stationary point of ``Phi`` for ``I > 1``.
-Minibatch SGD for CO (MBSGD, SPEC 2.7) is the modified case with one step per round.
+Minibatch SGD for CO (MBSGD, SPEC 2.7) syncs ``y_bar = mean_k g_k(x)`` before every step.
 
 References:
   McMahan et al. 2017 (FedAvg); paper 004, Algorithm 1 and Theorems 4.1-4.2.
@@ -116,13 +116,39 @@ def fedavg_co(learning_rate=0.05, local_steps: int = 5, *, case: str = "II",
   return base.Algorithm(init, update, plan, base.averaging_server(), name, "global")
 
 
-def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
-  """Minibatch SGD for CO (SPEC 2.7): every step the server averages ``g_k`` into ``y_bar``,
-  clients compute ``z`` with ``y_bar``, the server averages ``z`` and steps.
+class MBSGDState(NamedTuple):
+  count: jnp.ndarray
+  y: Any
+  opt_state: optax.OptState
 
-  Implemented exactly as modified FedAvg-CO with one local step per round: averaging the
-  one-step models ``x - eta z_k`` is ``x - eta z_bar``, and the ``y`` shared after the step,
-  ``mean_k g_k(x_new)``, is the ``y_bar`` the next step uses.
+
+def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
+  """Minibatch SGD for CO (SPEC 2.7), one step per round::
+
+      y_bar = mean_k g_k(x; zeta_k)                   (clients evaluate, server averages)
+      z_k = J_{g_k}(x; zeta_k')^T grad f(y_bar) + grad h_k(x)
+      x = x - eta mean_k z_k                          (server averages)
+
+  ``y`` is a ``round_start`` field of the plan: at the start of every round the runtime has
+  each client evaluate ``g_k`` at the server model and sets ``y`` to the mean, before the
+  step. Averaging the one-step models ``x - eta z_k`` is ``x - eta z_bar``. This is FedDRO
+  with ``I = 1`` and a fresh ``y``. In a user's own loop the caller plays the server: set
+  ``state = state._replace(y=y_bar)`` (e.g. ``inner_fn(params)``) before each ``update``.
   """
-  alg = fedavg_co(learning_rate, 1, case="modified", optimizer=optimizer)
-  return alg._replace(name="mbsgd")
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(1, round_start=("y",), at_init=("y",))
+
+  def init(params, *, inner_value=None):
+    y = base.require_inner_value(inner_value, "mbsgd")
+    return MBSGDState(jnp.zeros([], jnp.int32), y, opt.init(params))
+
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
+    del unused
+    base.require("inner_fn", inner_fn, "mbsgd")
+    base.require("outer_fn", outer_fn, "mbsgd")
+    _, pullback = estimators.inner_vjp(inner_fn, params)
+    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
+    step, opt_state = opt.update(z, state.opt_state, params)
+    return step, MBSGDState(state.count + 1, state.y, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), "mbsgd", "global")

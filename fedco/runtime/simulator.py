@@ -256,6 +256,18 @@ class Simulator:
       return jnp.arange(n)
     return jnp.sort(jax.random.permutation(key, n)[:m])
 
+  def _refresh_inner(self, data, cst, params, ckeys, index, counts, w):
+    """``round_start`` fields = mean over the round's clients of ``g_k(x_bar)``."""
+    keys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, self.plan.local_steps)
+
+    def inner_at_server(key, index_row, count):
+      batch, weights = draw_batch(key, index_row, count, data.examples, self.batch_size)
+      return self.problem.inner_value(params, batch, weights)
+
+    mean = _mean(jax.vmap(inner_at_server)(keys, index, counts), w)
+    m = self.clients_per_round
+    return cst._replace(**{f: _broadcast(mean, m) for f in self.plan.round_start})
+
   def _round(self, data, flat_examples, state: SimState, _):
     plan, m = self.plan, self.clients_per_round
     key, k_sample, k_round, k_res = jax.random.split(state.key, 4)
@@ -268,6 +280,8 @@ class Simulator:
     index, counts = data.index[ids], data.counts[ids]
     w = self._client_weights(counts)
     ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
+    if plan.round_start:
+      cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w)
     step_fn = jax.vmap(self._client_step, in_axes=(None, 0, 0, 0, 0, 0))
 
     def local_step(carry, t):
@@ -340,6 +354,8 @@ class Simulator:
       up[f] = _tree_size(getattr(state.clients, f)) // n
     for f in self.plan.every_step:
       up[f] = steps * (_tree_size(getattr(state.clients, f)) // n)
+    for f in self.plan.round_start:
+      up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
     return Ledger(up, dict(up), self.clients_per_round)
 
 
