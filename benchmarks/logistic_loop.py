@@ -27,6 +27,9 @@ The two sides:
    FedDRO's tracker ``y`` is averaged after every step, as the algorithm requires, so its loop
    runs steps outside and clients inside. The step is compiled and warmed up before timing.
 
+Both sides are warmed up first; their timed repeats then alternate (fedco, loop, fedco, ...)
+so machine noise hits both alike, and each side's median is reported.
+
 Each side draws the batches its algorithm actually consumes (the simulator draws inner, outer
 and next-inner batches and XLA drops the unused gathers; the loop draws one batch per step
 for FedAvg and ComFedL and two, ``zeta`` and ``zeta'``, for FedDRO).
@@ -59,9 +62,9 @@ import fedco
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 50, "Timed rounds per fedco repeat (one jitted run call).")
-flags.DEFINE_integer("loop_rounds", 10,
+flags.DEFINE_integer("loop_rounds", 20,
                      "Timed rounds per repeat of the per-client loop (normalised to rounds/s).")
-flags.DEFINE_integer("repeats", 5, "Timed repeats per side; the median is reported.")
+flags.DEFINE_integer("repeats", 9, "Timed repeats per side; the median is reported.")
 flags.DEFINE_string("out", "benchmarks/results/logistic_loop.json", "Where to write the JSON.")
 flags.DEFINE_list("algorithms", ["fedavg", "comfedl", "feddro"],
                   "Comma list of algorithms: fedavg, comfedl, feddro.")
@@ -70,8 +73,11 @@ flags.DEFINE_integer("local_steps", 5, "Local steps per round.")
 flags.DEFINE_integer("batch_size", 32, "Examples per client per step.")
 flags.DEFINE_integer("examples_per_client", 600, "Synthetic examples per client.")
 flags.DEFINE_integer("seed", 0, "Seed for data, params and batches.")
+flags.DEFINE_integer("in_dim", 784,
+                     "Input features (784 is the benchmark; smaller values show the "
+                     "dispatch-bound regime).")
 
-IN_DIM, NUM_CLASSES = 784, 10
+NUM_CLASSES = 10
 GAMMA = 0.2  # client-level KL-DRO regularisation (ComFedL)
 LAM = 1.0  # sample-level KL-DRO temperature (FedDRO)
 TARGET = 10.0
@@ -103,22 +109,23 @@ def make_problem_and_algorithm(name: str, local_steps: int):
   if name == "feddro":
     problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / LAM),
                                  lambda y: LAM * jnp.log(y), name="sample_kl_dro")
-    return problem, fedco.feddro(learning_rate=0.01, beta=0.5, local_steps=local_steps), (0, 0, 1)
+    algorithm = fedco.feddro(learning_rate=0.01, beta=0.5, local_steps=local_steps)
+    return problem, algorithm, (0, 0, 1)
   raise app.UsageError(f"unknown algorithm {name!r}; choose from fedavg, comfedl, feddro")
 
 
-def make_data(clients: int, per_client: int, seed: int):
+def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):
   rng = np.random.default_rng(seed)
   n = clients * per_client
-  x = rng.random((n, IN_DIM), dtype=np.float32)
+  x = rng.random((n, in_dim), dtype=np.float32)
   y = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
   rows = [np.arange(k * per_client, (k + 1) * per_client) for k in range(clients)]
   return {"x": x, "y": y}, rows
 
 
-def init_params(seed: int):
+def init_params(seed: int, in_dim: int = 784):
   k = jax.random.PRNGKey(seed)
-  return {"w": 0.01 * jax.random.normal(k, (IN_DIM, NUM_CLASSES), jnp.float32),
+  return {"w": 0.01 * jax.random.normal(k, (in_dim, NUM_CLASSES), jnp.float32),
           "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
 
 
@@ -131,30 +138,42 @@ def _finite(tree) -> bool:
   return all(bool(np.all(np.isfinite(np.asarray(l)))) for l in jax.tree.leaves(tree))
 
 
+class CompileCounter:
+  """Counts XLA backend compilations (a recompiling hot loop would show up here)."""
+
+  def __init__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+
+COMPILES = CompileCounter()
+
+
 # ---- (1) fedco --------------------------------------------------------------------------
 
-def bench_fedco(problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
-                repeats, seed) -> Dict[str, Any]:
-  data = fedco.FederatedData.from_index_lists(host_examples, rows)
-  sim = fedco.Simulator(problem, algorithm, data, batch_size=batch_size, evaluate=False)
-  state = sim.init(params, seed)
-  t0 = time.perf_counter()
-  state, metrics = sim.run(state, rounds)  # compile + warm up
-  jax.block_until_ready((state, metrics))
-  compile_s = time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    state, metrics = sim.run(state, rounds)
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - t0)
-  med = statistics.median(times)
-  final = state.server["params"]
-  return {"rounds_per_repeat": rounds, "seconds": times, "median_seconds": med,
-          "rounds_per_s": rounds / med, "first_call_seconds": compile_s,
-          "final_params_finite": _finite(final),
-          "final_mean_loss": float(mean_loss(final, data.examples)),
-          "rounds_run": int(state.round)}
+class FedcoSide:
+  """fedco's simulator: all clients vmapped, steps and rounds scanned, one jit per ``run``."""
+
+  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
+               seed):
+    self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
+    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
+                               evaluate=False)
+    self.rounds = rounds
+    self.state = self.sim.init(params, seed)
+
+  def run(self):
+    self.state, metrics = self.sim.run(self.state, self.rounds)
+    jax.block_until_ready((self.state, metrics))
+
+  def final(self):
+    params = self.state.server["params"]
+    return params, self.data.examples, int(self.state.round)
 
 
 # ---- (2) the per-client Python loop ------------------------------------------------------
@@ -176,30 +195,32 @@ def _average(trees: List[Any]):
   return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs), axis=0), *trees)
 
 
-class Loop:
+class LoopSide:
   """A per-client federated loop as papers' code writes it."""
 
-  def __init__(self, name, problem, algorithm, roles, host_examples, rows, params, *,
-               batch_size, seed):
-    self.name, self.problem, self.alg = name, problem, algorithm
+  def __init__(self, problem, algorithm, roles, host_examples, rows, params, *, batch_size,
+               rounds, seed):
+    self.host_examples = host_examples
     self.x, self.y = host_examples["x"], host_examples["y"]
-    self.rows, self.batch_size = rows, batch_size
-    self.steps = algorithm.plan.local_steps
+    self.rows, self.batch_size, self.rounds = rows, batch_size, rounds
+    self.plan = algorithm.plan
     self.num_batches = max(roles) + 1
     self.rng = np.random.default_rng(seed + 1)
     self.step = make_step(problem, algorithm, roles)
     self.server = params
+    self.rounds_done = 0
     k = len(rows)
     if problem.compositional:
       inner = jax.jit(problem.inner_value)
       w = jnp.full((batch_size,), 1.0 / batch_size, jnp.float32)
-      inner_values = [inner(params, self._batch(c), w) for c in range(k)]
-      y0 = _average(inner_values)  # every client starts from y_bar_0 (FedDRO's init)
+      y0 = _average([inner(params, self._batch(c), w) for c in range(k)])
+      # every client starts from y_bar_0, the mean of one mini-batch g_k(x_0) per client
       self.cstates = [algorithm.init(params, inner_value=y0) for _ in range(k)]
     else:
       self.cstates = [algorithm.init(params) for _ in range(k)]
 
   def _batch(self, client):
+    """A DataLoader-style batch: NumPy indices and rows on the host."""
     rows = self.rows[client]
     idx = rows[self.rng.integers(0, rows.size, self.batch_size)]
     return {"x": self.x[idx], "y": self.y[idx]}
@@ -209,9 +230,9 @@ class Loop:
 
   def round(self):
     k = len(self.rows)
-    if self.alg.plan.every_step:  # FedDRO: y_bar is averaged after every step
+    if self.plan.every_step:  # FedDRO: y_bar is averaged after every step
       params = [self.server] * k
-      for _ in range(self.steps):
+      for _ in range(self.plan.local_steps):
         for c in range(k):
           params[c], self.cstates[c] = self.step(params[c], self.cstates[c], self._batches(c))
         y_bar = _average([s.y for s in self.cstates])
@@ -220,52 +241,87 @@ class Loop:
       params = []
       for c in range(k):
         p = self.server
-        for _ in range(self.steps):
+        for _ in range(self.plan.local_steps):
           p, self.cstates[c] = self.step(p, self.cstates[c], self._batches(c))
         params.append(p)
-    self.server = _average(params)
+    self.server = _average(params)  # plain model averaging (equal client sizes here)
+    self.rounds_done += 1
+
+  def run(self):
+    for _ in range(self.rounds):
+      self.round()
+    jax.block_until_ready(self.server)
+
+  def final(self):
+    return self.server, self.host_examples, self.rounds_done
 
 
-def bench_loop(name, problem, algorithm, roles, host_examples, rows, params, *, batch_size,
-               rounds, repeats, seed) -> Dict[str, Any]:
-  loop = Loop(name, problem, algorithm, roles, host_examples, rows, params,
-              batch_size=batch_size, seed=seed)
-  t0 = time.perf_counter()
-  for _ in range(2):  # compile the step and the averaging ops, warm up
-    loop.round()
-  jax.block_until_ready(loop.server)
-  warm_s = time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
+# ---- timing -------------------------------------------------------------------------------
+
+def bench_pair(sides: Dict[str, Any], repeats: int) -> Dict[str, Dict[str, Any]]:
+  """Warms both sides up, then alternates their timed repeats so drift hits both alike."""
+  first = {}
+  for label, side in sides.items():
     t0 = time.perf_counter()
-    for _ in range(rounds):
-      loop.round()
-    jax.block_until_ready(loop.server)
-    times.append(time.perf_counter() - t0)
-  med = statistics.median(times)
-  return {"rounds_per_repeat": rounds, "seconds": times, "median_seconds": med,
-          "rounds_per_s": rounds / med, "first_call_seconds": warm_s,
-          "final_params_finite": _finite(loop.server),
-          "final_mean_loss": float(mean_loss(loop.server, host_examples)),
-          "rounds_run": 2 + rounds * repeats}
+    side.run()  # compile + warm up (fedco: the run program; loop: the step and averaging)
+    first[label] = time.perf_counter() - t0
+  times = {label: [] for label in sides}
+  compiles = {label: 0 for label in sides}
+  for _ in range(repeats):
+    for label, side in sides.items():
+      before = COMPILES.count
+      t0 = time.perf_counter()
+      side.run()
+      times[label].append(time.perf_counter() - t0)
+      compiles[label] += COMPILES.count - before
+  out = {}
+  for label, side in sides.items():
+    med = statistics.median(times[label])
+    params, examples, rounds_done = side.final()
+    out[label] = {"rounds_per_repeat": side.rounds, "seconds": times[label],
+                  "median_seconds": med, "rounds_per_s": side.rounds / med,
+                  "ms_per_round": 1e3 * med / side.rounds,
+                  "first_call_seconds": first[label],
+                  "compiles_while_timed": compiles[label],
+                  "rounds_run": rounds_done, "final_params_finite": _finite(params),
+                  "final_mean_loss": float(mean_loss(params, examples))}
+  return out
 
 
 # ---- reporting ----------------------------------------------------------------------------
 
+def _cpu_model() -> str:
+  """The CPU's model name (``platform.processor()`` is often empty on Linux)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
 def machine_info() -> Dict[str, Any]:
   import jaxlib
   return {"platform": platform.platform(), "processor": platform.processor(),
+          "cpu_model": _cpu_model(),
           "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
           "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
-          "default_backend": jax.default_backend()}
+          "default_backend": jax.default_backend(),
+          # other load on the machine skews the timings; 1-minute load average at start
+          "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def write_json_atomic(path: str, obj) -> None:
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
+  umask = os.umask(0)
+  os.umask(umask)
   try:
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
     with os.fdopen(fd, "w") as f:
       json.dump(obj, f, indent=2)
       f.write("\n")
@@ -293,20 +349,24 @@ def main(argv):
                       ("repeats", FLAGS.repeats)):
     if value < 1:
       raise app.UsageError(f"--{name} must be >= 1, got {value}")
-  host_examples, rows = make_data(FLAGS.clients, FLAGS.examples_per_client, FLAGS.seed)
-  params = init_params(FLAGS.seed)
+  host_examples, rows = make_data(FLAGS.clients, FLAGS.examples_per_client, FLAGS.seed,
+                                  FLAGS.in_dim)
+  params = init_params(FLAGS.seed, FLAGS.in_dim)
   machine = machine_info()
   print(f"machine: {machine['platform']} | {machine['cpu_count']} CPUs | jax {machine['jax']} "
         f"| {machine['default_backend']} {machine['devices']}", flush=True)
   results = {}
   for name in FLAGS.algorithms:
     problem, algorithm, roles = make_problem_and_algorithm(name, FLAGS.local_steps)
-    fed = bench_fedco(problem, algorithm, host_examples, rows, params,
-                      batch_size=FLAGS.batch_size, rounds=FLAGS.rounds, repeats=FLAGS.repeats,
-                      seed=FLAGS.seed)
-    loop = bench_loop(name, problem, algorithm, roles, host_examples, rows, params,
-                      batch_size=FLAGS.batch_size, rounds=FLAGS.loop_rounds,
-                      repeats=FLAGS.repeats, seed=FLAGS.seed)
+    sides = {
+        "fedco": FedcoSide(problem, algorithm, host_examples, rows, params,
+                           batch_size=FLAGS.batch_size, rounds=FLAGS.rounds, seed=FLAGS.seed),
+        "loop": LoopSide(problem, algorithm, roles, host_examples, rows, params,
+                         batch_size=FLAGS.batch_size, rounds=FLAGS.loop_rounds,
+                         seed=FLAGS.seed),
+    }
+    timed = bench_pair(sides, FLAGS.repeats)
+    fed, loop = timed["fedco"], timed["loop"]
     speedup = fed["rounds_per_s"] / loop["rounds_per_s"]
     results[name] = {"problem": problem.name, "algorithm": algorithm.name, "fedco": fed,
                      "loop": loop, "speedup": speedup, "meets_target": speedup >= TARGET}
@@ -318,10 +378,11 @@ def main(argv):
       "config": {"clients": FLAGS.clients, "clients_per_round": FLAGS.clients,
                  "local_steps": FLAGS.local_steps, "batch_size": FLAGS.batch_size,
                  "examples_per_client": FLAGS.examples_per_client,
-                 "model": {"w": [IN_DIM, NUM_CLASSES], "b": [NUM_CLASSES]},
+                 "model": {"w": [FLAGS.in_dim, NUM_CLASSES], "b": [NUM_CLASSES]},
                  "fedco_rounds_per_repeat": FLAGS.rounds,
                  "loop_rounds_per_repeat": FLAGS.loop_rounds, "repeats": FLAGS.repeats,
-                 "statistic": "median over repeats", "evaluate": False,
+                 "statistic": "median over repeats; fedco and loop repeats alternate",
+                 "evaluate": False,
                  "comfedl_gamma": GAMMA, "feddro_lambda": LAM, "seed": FLAGS.seed,
                  "target_speedup": TARGET},
       "machine": machine,

@@ -186,3 +186,17 @@ def test_simulator_rejects_bad_input(make, match):
 def test_data_rejects_bad_input(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_eval_every_skips_rounds_but_keeps_the_trajectory():
+  data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+  run = lambda every: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data,
+                                     jnp.zeros(3), rounds=7, batch_size=4, eval_every=every)
+  dense, sparse = run(1), run(3)
+  np.testing.assert_array_equal(sparse.metrics["evaluated"],
+                                [True, False, True, False, False, True, False])
+  mask = sparse.metrics["evaluated"]
+  np.testing.assert_allclose(sparse.metrics["objective"][mask], dense.metrics["objective"][mask],
+                             rtol=1e-6)
+  assert np.all(np.isnan(sparse.metrics["objective"][~mask]))
+  np.testing.assert_allclose(np.asarray(sparse.params), np.asarray(dense.params), rtol=1e-6)

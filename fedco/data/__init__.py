@@ -1,5 +1,24 @@
-"""Federated data: the index-table container (loaders and partitioners build on it)."""
+"""Federated data: the index-table container, loaders, partitioners and the federated set.
 
+* :class:`FederatedData`: one examples pytree plus ``[K, max_n]`` client index tables.
+* Sources (host NumPy ``{"x": float32, "y": int32}``): :func:`load`, :func:`load_tfds`
+  (``tfds.data_source``, no TensorFlow), :func:`load_digits` (scikit-learn, offline).
+* Partitioners (seeded, one index array per client): :func:`iid`, :func:`quantity_skew`,
+  :func:`dirichlet_label_skew`, :func:`dominant_class`, :func:`matched_validation`.
+* :class:`FederatedDataset` and :func:`make_federated`: training and validation clients
+  plus the central test split.
+"""
+
+from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data.federated import FederatedData
+from fedco.data.partition import (dirichlet_label_skew, dominant_class, dominant_class_counts,
+                                  iid, matched_validation, quantity_skew)
+from fedco.data.sources import (DATASETS, NUM_CLASSES, Splits, load, load_digits, load_tfds,
+                                num_classes)
 
-__all__ = ["FederatedData"]
+__all__ = [
+    "FederatedData", "FederatedDataset", "make_federated",
+    "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
+    "matched_validation",
+    "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_tfds", "num_classes",
+]

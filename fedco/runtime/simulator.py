@@ -142,7 +142,8 @@ class SimulationResult:
     random_params: the server model of a uniformly random round.
     state: the final :class:`SimState` (resume with ``Simulator.run``).
     metrics: per-round host arrays: ``objective``, ``client_losses`` ``[R, K]``,
-      ``grad_norm`` (if asked), ``clients`` (sampled ids ``[R, m]``) and user metrics.
+      ``grad_norm`` (if asked), user metrics, ``evaluated`` (which rounds were evaluated;
+      the others hold NaN) and ``clients`` (sampled ids ``[R, m]``).
     ledger: communication per client per round and in total.
     seconds: wall time of the rounds (compilation included).
   """
@@ -166,16 +167,20 @@ class Simulator:
     batch_size: examples per inner (and next-inner) batch per step; ``None`` is each
       client's whole data (deterministic).
     outer_batch_size: examples per outer / extra batch (``b1``); defaults to ``batch_size``.
-    evaluate: compute the exact objective and per-client losses every round.
+    evaluate: compute the exact objective and per-client losses.
     exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
-    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model each round.
+    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model.
+    eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round
+      and after round 1; other rounds skip the work (``lax.cond``) and hold NaN, and
+      ``metrics["evaluated"]`` marks the evaluated rounds.
   """
 
   def __init__(self, problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
                outer_batch_size: Optional[int] = -1, evaluate: bool = True,
                exact_grad_norm: bool = False,
-               metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None):
+               metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
+               eval_every: int = 1):
     if not isinstance(problem, Problem):
       raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
     if not isinstance(algorithm, Algorithm):
@@ -198,6 +203,7 @@ class Simulator:
     self.num_clients, self.clients_per_round = n, m
     self.batch_size, self.outer_batch_size = batch_size, outer_batch_size
     self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
+    self.eval_every = _validate.positive_int("eval_every", eval_every)
     self.plan = algorithm.plan
     self._run = jax.jit(self._run_rounds, static_argnames="rounds")
 
@@ -310,9 +316,25 @@ class Simulator:
                                  state.random_params)
     new_state = SimState(completed, key, server, server_opt_state, shared, clients,
                          random_params)
-    metrics = self._metrics(server["params"], data, flat_examples)
+    metrics = self._maybe_metrics(completed, server["params"], data, flat_examples)
     metrics["clients"] = ids
     return new_state, metrics
+
+  def _maybe_metrics(self, completed, params, data, flat_examples):
+    """Metrics after round ``completed``, or NaN placeholders on rounds that skip them."""
+    compute = lambda p: self._metrics(p, data, flat_examples)
+    if self.eval_every == 1:
+      out = compute(params)
+      return {**out, "evaluated": jnp.ones([], bool)} if out else {}
+    shapes = jax.eval_shape(compute, params)
+    if not shapes:
+      return {}
+    skip = lambda p: jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype)
+                                  if jnp.issubdtype(s.dtype, jnp.inexact)
+                                  else jnp.zeros(s.shape, s.dtype), shapes)
+    due = (completed == 1) | (completed % self.eval_every == 0)
+    out = jax.lax.cond(due, compute, skip, params)
+    return {**out, "evaluated": due}
 
   def _metrics(self, params, data, flat_examples):
     out = {}
@@ -410,8 +432,10 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       _check_finite(metrics, state, done)
     collected.append(metrics)
     done += size
-    last = {k: float(v[-1]) for k, v in metrics.items() if np.ndim(v) == 1}
-    bar.update(done, last.get("objective"))
+    objective = None
+    if "objective" in metrics and np.any(metrics["evaluated"]):
+      objective = float(np.asarray(metrics["objective"])[np.asarray(metrics["evaluated"])][-1])
+    bar.update(done, objective)
   seconds = time.perf_counter() - start
   bar.close()
   stacked = {k: np.concatenate([c[k] for c in collected]) for k in collected[0]}
@@ -421,7 +445,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
 
 def _check_finite(metrics, state, rounds_before):
   if "objective" in metrics:
-    bad = np.flatnonzero(~np.isfinite(np.asarray(metrics["objective"])))
+    evaluated = np.asarray(metrics["evaluated"], bool)
+    bad = np.flatnonzero(evaluated & ~np.isfinite(np.asarray(metrics["objective"])))
     if bad.size:
       r = rounds_before + int(bad[0]) + 1
       raise FloatingPointError(
