@@ -5,8 +5,8 @@ transform; the runtime simulates many clients in one jitted program.
 """
 
 from fedco import algorithms, data, estimators, problems, runtime
-from fedco.algorithms import (Algorithm, CommPlan, comfedl, ds_feddro, fedavg, fedavg_co,
-                              feddro, local_scgd, local_scgdm, mbsgd)
+from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg,
+                              fedavg_co, feddro, local_scgd, local_scgdm, mbsgd, qfedavg)
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
 from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
@@ -22,12 +22,15 @@ ALGORITHMS = {
     "mbsgd": mbsgd,
     "feddro": feddro,
     "ds_feddro": ds_feddro,
+    "qfedavg": qfedavg,
+    "drfa": drfa,
+    "afl": afl,
 }
 
 __all__ = [
     "algorithms", "data", "estimators", "problems", "runtime",
     "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
-    "local_scgd", "local_scgdm", "mbsgd", "FederatedData", "Problem", "global_inner",
+    "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem", "global_inner",
     "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args", "simulate",
     "ALGORITHMS",
 ]

@@ -27,9 +27,12 @@ REGISTRY = {
     "mbsgd": lambda: fedco.mbsgd(0.1),
     "feddro": lambda: fedco.feddro(0.1, 0.5, 5),
     "ds_feddro": lambda: fedco.ds_feddro(0.1, 0.5, 5),
+    "qfedavg": lambda: fedco.qfedavg(0.1, 5, q=0.2),
+    "drfa": lambda: fedco.drfa(0.1, 5),
+    "afl": lambda: fedco.afl(0.1),
 }
 
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 10
+assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 13
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,7 @@ def _step_fn(opt, problem, examples):
     for field in opt.plan.round_start:  # the caller plays the server (MBSGD's y_bar)
       state = state._replace(**{field: kwargs["inner_fn"](params)})
     grads = jax.grad(phi)(params) if opt.problem_kind == "plain" else None
+    extra.setdefault("round_key", jax.random.PRNGKey(0))  # DRFA's shared round key
     updates, state = opt.update(grads, state, params, **kwargs, **extra)
     return optax.apply_updates(params, updates), state
 

@@ -31,7 +31,7 @@ def _loop_reference(problem, alg, data, params, rounds, seed, batch_size):
   server = params
   update = alg.update
   for _ in range(rounds):
-    key, _, k_round, _ = jax.random.split(key, 4)
+    key, _, k_round, _, _ = jax.random.split(key, 5)
     xs = [server] * n
     for t in range(plan.local_steps):
       for k in range(n):
@@ -41,7 +41,7 @@ def _loop_reference(problem, alg, data, params, rounds, seed, batch_size):
                  for kk in (kg, kf, kn)]
         _, kwargs = oracle_args(problem, draws[0][0], draws[1][0], draws[2][0],
                                 (draws[0][1], draws[1][1], draws[2][1]))
-        upd, states[k] = update(None, states[k], xs[k], **kwargs)
+        upd, states[k] = update(None, states[k], xs[k], round_key=k_round, **kwargs)
         xs[k] = optax.apply_updates(xs[k], upd)
       for f in plan.every_step:
         mean = jax.tree.map(lambda *v: sum(v) / n, *[getattr(s, f) for s in states])

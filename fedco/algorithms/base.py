@@ -19,6 +19,8 @@ the optax pair, so it drops into a user's own loop like any optax optimizer::
 * ``outer_fn(y)`` evaluates ``f(y; xi)``; the algorithm takes its gradient.
 * ``next_inner_fn(x)`` evaluates ``g(x; zeta')`` on an independent sample, used to refresh
   trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
+* ``extra_fn(x)`` evaluates ``h(x; xi)`` (the loss value plain baselines report).
+* ``round_key`` is a PRNG key shared by all clients of the round (DRFA's snapshot step).
 * Unknown keyword arguments are accepted and ignored (optax's extra-args contract).
 
 ``init(params, *, inner_value=None)`` is optax's ``init`` plus the first inner sample
@@ -59,6 +61,10 @@ class CommPlan(NamedTuple):
     round_start: state fields that hold an inner value and are recomputed at the start of
       every round: each of the round's clients evaluates ``g_k(x_bar; zeta)`` at the server
       model on a fresh batch and the field becomes their mean (MBSGD's ``y_bar``).
+    round_start_loss: state fields set, at the start of every round, to each client's own
+      exact loss (whole training data) at the server model (q-FedAvg's and AFL's ``F_k``).
+    report: state fields each client sends up at the end of a round for the server's
+      aggregator to read (not broadcast back): DRFA's snapshot model, q-FedAvg's ``F_k``.
     weighting: ``"uniform"`` (each client counts equally) or ``"samples"`` (weights
       proportional to client data sizes; FedAvg's default).
   """
@@ -68,6 +74,8 @@ class CommPlan(NamedTuple):
   at_init: Optional[Tuple[str, ...]] = None
   weighting: str = "uniform"
   round_start: Tuple[str, ...] = ()
+  round_start_loss: Tuple[str, ...] = ()
+  report: Tuple[str, ...] = ()
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
@@ -83,25 +91,100 @@ class Algorithm(NamedTuple):
     init: ``(params, *, inner_value=None) -> state``.
     update: ``(updates, state, params=None, **extra_args) -> (updates, state)``.
     plan: the :class:`CommPlan`.
-    server: an optax transformation on pseudo-gradient dicts ``{"params": ..., field: ...}``.
+    server: an optax transformation on pseudo-gradient dicts ``{"params": ..., field: ...}``,
+      or a :class:`ServerAggregator` for servers that need every client's values.
     name: a short label for logs and metrics.
     problem_kind: the problem class it solves: ``"local"``, ``"global"`` or ``"plain"``.
   """
   init: Callable[..., Any]
   update: Callable[..., Tuple[PyTree, Any]]
   plan: CommPlan
-  server: optax.GradientTransformation
+  server: Any
   name: str
   problem_kind: str
 
 
 def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
-              weighting="uniform", round_start=()) -> CommPlan:
+              weighting="uniform", round_start=(), round_start_loss=(), report=()) -> CommPlan:
   """A validated :class:`CommPlan`."""
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
-                  None if at_init is None else tuple(at_init), weighting, tuple(round_start))
+                  None if at_init is None else tuple(at_init), weighting, tuple(round_start),
+                  tuple(round_start_loss), tuple(report))
+
+
+class RoundInfo(NamedTuple):
+  """What a server aggregator may read about the round that just ended.
+
+  Attributes:
+    ids: ``int32 [m]``, the round's clients (sorted).
+    weights: ``[m]``, the plan's averaging weights for them (uniform or by data size).
+    counts: ``int32 [m]``, their data sizes.
+    num_clients: ``K``, all clients.
+    key: a PRNG key for the server's own randomness.
+    client_losses: ``(params, ids, key) -> [len(ids)]``: each listed client's loss of
+      ``params`` on one fresh mini-batch of its data (DRFA's loss queries).
+  """
+  ids: jax.Array
+  weights: jax.Array
+  counts: jax.Array
+  num_clients: int
+  key: jax.Array
+  client_losses: Callable[..., jax.Array]
+
+
+class ServerAggregator(NamedTuple):
+  """A server that sees every client's values, not only their mean.
+
+  Attributes:
+    init: ``(server_values, counts[K]) -> state``; ``server_values`` is
+      ``{"params": x, field: ...}`` for the plan's ``every_round`` fields.
+    update: ``(server_values, state, client_values, info: RoundInfo) ->
+      (server_values, state)``; ``client_values`` holds the round's clients' ``params``,
+      ``every_round`` and ``report`` fields, stacked on a leading ``[m]`` axis.
+  """
+  init: Callable[..., Any]
+  update: Callable[..., Tuple[Any, Any]]
+
+
+def weighted_client_mean(tree: PyTree, weights: jax.Array) -> PyTree:
+  """``sum_i w_i v_i`` over the leading clients axis."""
+  return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), tree)
+
+
+def optax_aggregator(tx: optax.GradientTransformation) -> ServerAggregator:
+  """The usual server: ``tx`` applied to ``server - weighted mean of the clients``."""
+
+  def init(server, counts):
+    del counts
+    return tx.init(server)
+
+  def update(server, state, client_values, info):
+    means = weighted_client_mean({k: client_values[k] for k in server}, info.weights)
+    pseudo_grad = jax.tree.map(jnp.subtract, server, means)
+    updates, state = tx.update(pseudo_grad, state, server)
+    return optax.apply_updates(server, updates), state
+
+  return ServerAggregator(init, update)
+
+
+def as_aggregator(server) -> ServerAggregator:
+  """An :class:`Algorithm`'s ``server`` as an aggregator (optax transforms are wrapped)."""
+  if isinstance(server, ServerAggregator):
+    return server
+  return optax_aggregator(server)
+
+
+def project_simplex(v: jax.Array) -> jax.Array:
+  """Euclidean projection onto the probability simplex (sort-based; Duchi et al. 2008)."""
+  n = v.shape[-1]
+  u = jnp.sort(v)[::-1]
+  css = jnp.cumsum(u) - 1.0
+  ks = jnp.arange(1, n + 1, dtype=v.dtype)
+  rho = jnp.max(jnp.where(u - css / ks > 0, ks, 0.0))
+  theta = jnp.take(css, rho.astype(jnp.int32) - 1) / rho
+  return jnp.maximum(v - theta, 0.0)
 
 
 def averaging_server() -> optax.GradientTransformation:

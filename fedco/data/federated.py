@@ -97,6 +97,28 @@ class FederatedData(NamedTuple):
     return cls.from_index_lists(
         examples, [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))])
 
+  def with_owner(self, key: str = "client") -> "FederatedData":
+    """A copy whose examples carry their client's index under ``key`` (``int32``).
+
+    Client-level objectives whose inner map depends on the owner (the client-level KL-DRO log
+    form) read it. Rows must belong to exactly one client.
+
+    Raises:
+      ValueError: ``key`` already names an example field, or a row is shared by clients.
+    """
+    if not isinstance(self.examples, dict):
+      raise ValueError("with_owner needs examples to be a dict of arrays, got "
+                       f"{type(self.examples).__name__}")
+    if key in self.examples:
+      raise ValueError(f"key {key!r} already names an example field; pick another key")
+    rows = np.asarray(self.flat_rows)
+    if np.unique(rows).size != rows.size:
+      raise ValueError("with_owner needs every row to belong to exactly one client; some rows "
+                       "are shared")
+    owner = np.zeros((self.num_examples,), np.int32)
+    owner[rows] = np.asarray(self.flat_owner)
+    return self._replace(examples={**self.examples, key: jnp.asarray(owner)})
+
   def client(self, k: int) -> PyTree:
     """Client ``k``'s examples (host-side convenience; not for the hot path)."""
     rows = np.asarray(self.index[k, : int(self.counts[k])])

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from fedco import _validate
-from fedco.algorithms.base import Algorithm
+from fedco.algorithms.base import Algorithm, RoundInfo, as_aggregator
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import progress as progress_lib
@@ -98,7 +98,8 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
 
   Returns ``(grad_h_fn, kwargs)``: ``grad_h_fn(params)`` is ``grad h(x; outer_batch)`` (or
   ``None`` without an extra term), and ``kwargs`` holds ``inner_fn``, ``outer_fn`` and
-  ``next_inner_fn`` for compositional problems. Weights default to uniform means.
+  ``next_inner_fn`` for compositional problems and ``extra_fn`` (the value of ``h``) when
+  there is an extra term. Weights default to uniform means.
   """
 
   def _w(batch, w):
@@ -118,6 +119,7 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
   grad_h = None
   if problem.extra is not None:
     grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)
+    kwargs["extra_fn"] = lambda x: problem.extra_value(x, outer_batch, wf)
   return grad_h, kwargs
 
 
@@ -205,6 +207,7 @@ class Simulator:
     self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
     self.eval_every = _validate.positive_int("eval_every", eval_every)
     self.plan = algorithm.plan
+    self.aggregator = as_aggregator(algorithm.server)
     self._run = jax.jit(self._run_rounds, static_argnames="rounds")
 
   # ---- pieces ------------------------------------------------------------------------
@@ -215,14 +218,14 @@ class Simulator:
       return c / jnp.sum(c)
     return jnp.full(counts.shape, 1.0 / counts.shape[0], jnp.float32)
 
-  def _client_step(self, examples, params, cstate, key, index_row, count):
+  def _client_step(self, examples, round_key, params, cstate, key, index_row, count):
     kg, kf, kn = jax.random.split(key, 3)
     bg, wg = draw_batch(kg, index_row, count, examples, self.batch_size)
     bf, wf = draw_batch(kf, index_row, count, examples, self.outer_batch_size)
     bn, wn = draw_batch(kn, index_row, count, examples, self.batch_size)
     grad_h_fn, kwargs = oracle_args(self.problem, bg, bf, bn, (wg, wf, wn))
     grad_h = None if grad_h_fn is None else grad_h_fn(params)
-    return self.algorithm.update(grad_h, cstate, params, **kwargs)
+    return self.algorithm.update(grad_h, cstate, params, round_key=round_key, **kwargs)
 
   def init(self, params: PyTree, seed=0) -> SimState:
     """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
@@ -253,14 +256,24 @@ class Simulator:
     for f in self.plan.every_round:
       server[f] = _mean(getattr(clients, f), w)
     shared = {f: _mean(getattr(clients, f), w) for f in self.plan.every_step}
-    return SimState(jnp.zeros([], jnp.int32), key, server, self.algorithm.server.init(server),
-                    shared, clients, params)
+    return SimState(jnp.zeros([], jnp.int32), key, server,
+                    self.aggregator.init(server, data.counts), shared, clients, params)
 
   def _sample(self, key):
     n, m = self.num_clients, self.clients_per_round
     if m == n:
       return jnp.arange(n)
     return jnp.sort(jax.random.permutation(key, n)[:m])
+
+  def _client_losses(self, data, params, ids, key):
+    """Each listed client's loss of ``params`` on one fresh mini-batch (server queries)."""
+
+    def one(k):
+      batch, weights = draw_batch(jax.random.fold_in(key, k), data.index[k], data.counts[k],
+                                  data.examples, self.outer_batch_size)
+      return self.problem.client_objective(params, batch, weights)
+
+    return jax.vmap(one)(ids)
 
   def _refresh_inner(self, data, cst, params, ckeys, index, counts, w):
     """``round_start`` fields = mean over the round's clients of ``g_k(x_bar)``."""
@@ -276,7 +289,7 @@ class Simulator:
 
   def _round(self, data, flat_examples, state: SimState, _):
     plan, m = self.plan, self.clients_per_round
-    key, k_sample, k_round, k_res = jax.random.split(state.key, 4)
+    key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
     ids = self._sample(k_sample)
     full = m == self.num_clients
     cst = state.clients if full else jax.tree.map(lambda a: a[ids], state.clients)
@@ -288,12 +301,16 @@ class Simulator:
     ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
     if plan.round_start:
       cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w)
-    step_fn = jax.vmap(self._client_step, in_axes=(None, 0, 0, 0, 0, 0))
+    if plan.round_start_loss:
+      _, losses = self.problem.evaluate(state.server["params"], flat_examples, data.flat_owner,
+                                        data.flat_weights(), self.num_clients)
+      cst = cst._replace(**{f: losses[ids] for f in plan.round_start_loss})
+    step_fn = jax.vmap(self._client_step, in_axes=(None, None, 0, 0, 0, 0, 0))
 
     def local_step(carry, t):
       params, cst = carry
       skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
-      updates, cst = step_fn(data.examples, params, cst, skeys, index, counts)
+      updates, cst = step_fn(data.examples, k_round, params, cst, skeys, index, counts)
       params = optax.apply_updates(params, updates)
       if plan.every_step:
         cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), m)
@@ -302,12 +319,12 @@ class Simulator:
 
     (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
     shared = {f: _mean(getattr(cst, f), w) for f in plan.every_step}
-    client_values = {"params": params, **{f: getattr(cst, f) for f in plan.every_round}}
-    means = {k: _mean(v, w) for k, v in client_values.items()}
-    pseudo_grad = jax.tree.map(jnp.subtract, state.server, means)
-    upd, server_opt_state = self.algorithm.server.update(
-        pseudo_grad, state.server_opt_state, state.server)
-    server = optax.apply_updates(state.server, upd)
+    client_values = {"params": params,
+                     **{f: getattr(cst, f) for f in plan.every_round + plan.report}}
+    info = RoundInfo(ids, w, counts, self.num_clients, k_agg,
+                     functools.partial(self._client_losses, data))
+    server, server_opt_state = self.aggregator.update(
+        state.server, state.server_opt_state, client_values, info)
     cst = cst._replace(**{f: _broadcast(server[f], m) for f in plan.every_round})
     clients = cst if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients, cst)
     completed = state.round + 1
@@ -378,7 +395,10 @@ class Simulator:
       up[f] = steps * (_tree_size(getattr(state.clients, f)) // n)
     for f in self.plan.round_start:
       up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
-    return Ledger(up, dict(up), self.clients_per_round)
+    down = dict(up)
+    for f in self.plan.report:  # sent up only
+      up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
+    return Ledger(up, down, self.clients_per_round)
 
 
 def _check_kinds(problem: Problem, algorithm: Algorithm):
