@@ -109,6 +109,47 @@ def atomic_write(path, data, *, mode: str = "w") -> None:
     raise
 
 
+# ---- flag checks -------------------------------------------------------------------------
+
+def check_real(name, value, *, low=None, high=None, low_open=True, high_open=False) -> float:
+  """A finite number in the given interval, or ``ValueError`` naming ``--name``."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    raise ValueError(f"--{name} must be a finite number, got {value!r}")
+  ok = ((low is None or (value > low if low_open else value >= low)) and
+        (high is None or (value < high if high_open else value <= high)))
+  if not ok:
+    lo = "-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
+    hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
+    raise ValueError(f"--{name} must lie in {lo}, {hi}, got {value!r}")
+  return float(value)
+
+
+def check_positive(name, value, *, allow_zero: bool = False) -> float:
+  """A finite number ``> 0`` (``>= 0`` with ``allow_zero``)."""
+  return check_real(name, value, low=0.0, low_open=not allow_zero)
+
+
+def check_int(name, value, minimum) -> int:
+  """An integer ``>= minimum``, or ``ValueError`` naming ``--name``."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    raise ValueError(f"--{name} must be an integer >= {minimum}, got {value!r}")
+  return int(value)
+
+
+def check_names(name, value, allowed) -> tuple:
+  """A non-empty comma list (or sequence) of distinct names from ``allowed``."""
+  names = value.split(",") if isinstance(value, str) else list(value)
+  names = [str(n).strip() for n in names if str(n).strip()]
+  if not names:
+    raise ValueError(f"--{name} must name at least one of {', '.join(allowed)}, got {value!r}")
+  unknown = [n for n in names if n not in allowed]
+  if unknown:
+    raise ValueError(f"--{name}: unknown {unknown}; allowed values are {', '.join(allowed)}")
+  if len(set(names)) != len(names):
+    raise ValueError(f"--{name} lists a value twice: {names}")
+  return tuple(names)
+
+
 # ---- the workdir -------------------------------------------------------------------------
 
 def check_workdir(workdir, flag: str = "workdir") -> str:

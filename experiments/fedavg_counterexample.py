@@ -86,50 +86,17 @@ def make_algorithm(name: str, learning_rate: float, local_steps: int, beta: floa
   return fedco.fedavg_co(learning_rate, local_steps, case=case[name])
 
 
-def _real(name, value, *, low=None, high=None, low_open=True, high_open=False) -> float:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise ValueError(f"--{name} must be a finite number, got {value!r}")
-  ok = ((low is None or (value > low if low_open else value >= low)) and
-        (high is None or (value < high if high_open else value <= high)))
-  if not ok:
-    lo = "-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
-    hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
-    raise ValueError(f"--{name} must lie in {lo}, {hi}, got {value!r}")
-  return float(value)
-
-
-def _int(name, value, minimum) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    raise ValueError(f"--{name} must be an integer >= {minimum}, got {value!r}")
-  return int(value)
-
-
-def _algorithms(value) -> tuple:
-  names = value.split(",") if isinstance(value, str) else list(value)
-  names = [str(n).strip() for n in names if str(n).strip()]
-  if not names:
-    raise ValueError(f"--algorithms must name at least one of {', '.join(ALGORITHMS)}, "
-                     f"got {value!r}")
-  unknown = [n for n in names if n not in ALGORITHMS]
-  if unknown:
-    raise ValueError(f"--algorithms: unknown {unknown}; allowed values are "
-                     f"{', '.join(ALGORITHMS)}")
-  if len(set(names)) != len(names):
-    raise ValueError(f"--algorithms lists an algorithm twice: {names}")
-  return tuple(names)
-
-
 def validate(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5, x0=0.0,
              algorithms: Union[str, Sequence[str]] = ALGORITHMS) -> Dict[str, Any]:
   """The checked configuration, or ``ValueError`` naming the bad flag."""
   return {
       "workdir": common.check_workdir(workdir),
-      "learning_rate": _real("learning_rate", learning_rate, low=0.0),
-      "local_steps": _int("local_steps", local_steps, 1),
-      "rounds": _int("rounds", rounds, 1),
-      "beta": _real("beta", beta, low=0.0, high=1.0),
-      "x0": _real("x0", x0),
-      "algorithms": list(_algorithms(algorithms)),
+      "learning_rate": common.check_real("learning_rate", learning_rate, low=0.0),
+      "local_steps": common.check_int("local_steps", local_steps, 1),
+      "rounds": common.check_int("rounds", rounds, 1),
+      "beta": common.check_real("beta", beta, low=0.0, high=1.0),
+      "x0": common.check_real("x0", x0),
+      "algorithms": list(common.check_names("algorithms", algorithms, ALGORITHMS)),
   }
 
 

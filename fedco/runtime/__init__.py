@@ -1,7 +1,7 @@
 """The federated simulator: vmapped clients, scanned steps and rounds, one jit per chunk."""
 
-from fedco.runtime.simulator import (Ledger, SimState, SimulationResult, Simulator, draw_batch,
-                                     oracle_args, simulate)
+from fedco.runtime.simulator import (Ledger, NonFiniteError, SimState, SimulationResult,
+                                     Simulator, draw_batch, oracle_args, simulate)
 
-__all__ = ["Ledger", "SimState", "SimulationResult", "Simulator", "draw_batch", "oracle_args",
+__all__ = ["Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch", "oracle_args",
            "simulate"]

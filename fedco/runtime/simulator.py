@@ -135,6 +135,19 @@ def _broadcast(tree, m):
   return jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), tree)
 
 
+class NonFiniteError(FloatingPointError):
+  """A run produced a non-finite value.
+
+  Attributes:
+    round: the first evaluated round with a non-finite metric (or the chunk's last round).
+    metrics: host metrics of every round up to and including the failing chunk.
+  """
+
+  def __init__(self, message, round_, metrics):
+    super().__init__(message)
+    self.round, self.metrics = round_, metrics
+
+
 @dataclasses.dataclass
 class SimulationResult:
   """What :func:`simulate` returns.
@@ -431,8 +444,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     seed: an int or a PRNG key.
     chunk_rounds: rounds per jitted call.
     progress: print a progress line with rounds per second and the objective.
-    check_finite: stop with ``FloatingPointError`` naming the round when the objective or the
-      server model stops being finite.
+    check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
+      first evaluated round whose metrics, or the server model, stop being finite; it
+      carries the metrics collected so far.
     **simulator_kwargs: forwarded to :class:`Simulator`.
   """
   rounds = _validate.positive_int("rounds", rounds)
@@ -448,9 +462,13 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     size = min(chunk, rounds - done)
     state, metrics = sim.run(state, size)
     metrics = jax.device_get(metrics)
-    if check_finite:
-      _check_finite(metrics, state, done)
     collected.append(metrics)
+    if check_finite:
+      try:
+        _check_finite(metrics, state, done)
+      except NonFiniteError as err:
+        err.metrics = _stack(collected)
+        raise
     done += size
     objective = None
     if "objective" in metrics and np.any(metrics["evaluated"]):
@@ -458,22 +476,35 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     bar.update(done, objective)
   seconds = time.perf_counter() - start
   bar.close()
-  stacked = {k: np.concatenate([c[k] for c in collected]) for k in collected[0]}
-  return SimulationResult(state.server["params"], state.random_params, state, stacked,
+  return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
                           sim.ledger(state).as_dict(rounds), seconds)
 
 
+def _stack(chunks):
+  return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
 def _check_finite(metrics, state, rounds_before):
-  if "objective" in metrics:
-    evaluated = np.asarray(metrics["evaluated"], bool)
-    bad = np.flatnonzero(evaluated & ~np.isfinite(np.asarray(metrics["objective"])))
-    if bad.size:
-      r = rounds_before + int(bad[0]) + 1
-      raise FloatingPointError(
-          f"round {r}: the objective is {metrics['objective'][bad[0]]}; the last finite "
-          f"round is {r - 1}. Lower the learning rate or check the problem's exp/log terms.")
+  """Stop at the first evaluated round whose metrics (objective first) are not finite."""
+  evaluated = np.asarray(metrics.get("evaluated", []), bool)
+  names = sorted((k for k, v in metrics.items()
+                  if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
+                                                                      np.floating)),
+                 key=lambda k: k != "objective")
+  first = None
+  for name in names:
+    values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)
+    bad = np.flatnonzero(evaluated & ~np.all(np.isfinite(values), axis=1))
+    if bad.size and (first is None or bad[0] < first[0]):
+      first = (int(bad[0]), name, values[bad[0]])
+  if first is not None:
+    r = rounds_before + first[0] + 1
+    shown = first[2][0] if first[2].size == 1 else first[2]
+    raise NonFiniteError(
+        f"round {r}: {first[1]} is {shown}; the last evaluated round before it was finite. "
+        "Lower the learning rate or check the problem's exp/log terms.", r, None)
   leaves = jax.tree.leaves(state.server["params"])
   if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
-    raise FloatingPointError(
-        f"round {rounds_before + 1}-{int(state.round)}: the server model has non-finite "
-        "values")
+    raise NonFiniteError(
+        f"rounds {rounds_before + 1}-{int(state.round)}: the server model has non-finite "
+        "values", int(state.round), None)

@@ -1,0 +1,30 @@
+"""Per-client metrics over a :class:`~fedco.data.FederatedData`, for ``metrics_fn``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from fedco.data.federated import FederatedData
+
+
+def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
+  """``fn(params, example)`` averaged over each client's examples: leaves of shape ``[K]``.
+
+  Runs over the flat ``(row, owner)`` list, so the cost is ``sum_k n_k`` evaluations.
+  """
+  examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
+  values = jax.vmap(fn, in_axes=(None, 0))(params, examples)
+  weights = data.flat_weights()
+  return jax.tree.map(
+      lambda v: jax.ops.segment_sum(
+          weights.reshape(weights.shape + (1,) * (v.ndim - 1)).astype(v.dtype) * v,
+          data.flat_owner, num_segments=data.num_clients), values)
+
+
+def summarize(per_client: jax.Array, *, worst: str = "min"):
+  """``(mean over clients, worst client)``; ``worst`` is ``"min"`` (accuracy) or ``"max"``."""
+  pick = jnp.min if worst == "min" else jnp.max
+  return jnp.mean(per_client), pick(per_client)

@@ -1,0 +1,90 @@
+"""E1 (experiments.dro_fl): offline digits, MNIST under tfds.testing.mock_data, bad flags."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from experiments import common, dro_fl
+
+FAST = dict(rounds=6, eval_every=3, seeds=(0,), progress=False)
+
+
+def _outputs(workdir):
+  for name in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  return summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_digits_runs_every_algorithm_and_writes_the_contract(tmp_path):
+  summary, records = _outputs_of(tmp_path, dataset="digits", comfedl_lr=1e-6)
+  assert set(summary["algorithms"]) == set(dro_fl.ALGORITHMS)
+  assert {r["round"] for r in records} == {1, 3, 6}
+  first = records[0]
+  for key in ("train_acc_avg", "train_acc_worst", "val_acc_avg", "val_acc_worst",
+              "train_loss_avg", "train_loss_worst", "val_loss_avg", "val_loss_worst"):
+    assert key in first
+  for r in records:
+    assert 0.0 <= r["val_acc_worst"] <= r["val_acc_avg"] <= 1.0
+  weights = [r["client_weights"] for r in records if r["algorithm"] == "comfedl"]
+  assert weights and np.allclose(np.sum(weights[-1]), 1.0, atol=1e-5)
+  fedavg = summary["algorithms"]["fedavg"]
+  assert fedavg["val_acc_avg"]["mean"] > 0.3  # six rounds already learn the digits
+  assert "comfedl_worst_val_at_least_fedavg" in summary
+
+
+def _outputs_of(tmp_path, **kwargs):
+  dro_fl.run(str(tmp_path), **{**FAST, **kwargs})
+  return _outputs(str(tmp_path))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_paper_defaults_report_comfedl_divergence_instead_of_crashing(tmp_path):
+  summary, records = _outputs_of(tmp_path, dataset="digits", algorithms=("comfedl",))
+  assert summary["algorithms"]["comfedl"]["diverged_seeds"] == [0]
+  per_seed = summary["algorithms"]["comfedl"]["per_seed"]["0"]
+  assert per_seed["diverged"].startswith(f"round {per_seed['diverged_round']}:")
+  assert all(r["round"] < per_seed["diverged_round"] for r in records)  # finite rounds only
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_mnist_end_to_end_under_mock_data(tmp_path):
+  with tfds.testing.mock_data(num_examples=400):
+    summary, records = _outputs_of(tmp_path, dataset="mnist", big=100, small=5,
+                                   comfedl_lr=1e-6)
+  assert summary["dataset"] == "mnist"
+  assert set(summary["algorithms"]) == set(dro_fl.ALGORITHMS)
+  assert all(np.isfinite(r["val_acc_avg"]) for r in records)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gamma_sweep_runs_comfedl_variants(tmp_path):
+  summary, _ = _outputs_of(tmp_path, dataset="digits", sweep="gamma", sweep_values=("2", "5"),
+                           rounds=3, eval_every=3, comfedl_lr=1e-3)
+  assert set(summary["algorithms"]) == {"comfedl_gamma=2", "comfedl_gamma=5"}
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(dataset="cifar7"), "--dataset"),
+    (dict(algorithms=("comfedl", "sgd")), "--algorithms"),
+    (dict(rounds=0), "--rounds"),
+    (dict(learning_rate=-0.1), "--learning_rate"),
+    (dict(q=-1.0), "--q"),
+    (dict(tau=1), "--tau"),
+    (dict(seeds=("a",)), "--seeds"),
+    (dict(sweep="lr"), "--sweep"),
+    (dict(sweep="tau", sweep_values=("0",)), "--sweep_values"),
+])
+def test_bad_flags_name_the_flag(tmp_path, kwargs, flag):
+  with pytest.raises(ValueError, match=flag):
+    dro_fl.validate(str(tmp_path), **kwargs)
+
+
+def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="mnist"):
+    dro_fl.run(str(tmp_path / "out"), dataset="mnist", data_dir=str(tmp_path / "empty"), **FAST)
