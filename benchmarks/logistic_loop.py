@@ -47,7 +47,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Dict, List
 
@@ -59,6 +58,7 @@ import numpy as np
 import optax
 
 import fedco
+import fedco.io
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 50, "Timed rounds per fedco repeat (one jitted run call).")
@@ -314,26 +314,6 @@ def machine_info() -> Dict[str, Any]:
           "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
-def write_json_atomic(path: str, obj) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
-  umask = os.umask(0)
-  os.umask(umask)
-  try:
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=2)
-      f.write("\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def markdown_table(results: Dict[str, Any]) -> str:
   lines = ["| algorithm | fedco rounds/s | loop rounds/s | fedco / loop | >= 10x |",
            "|---|---:|---:|---:|:---:|"]
@@ -388,7 +368,8 @@ def main(argv):
       "machine": machine,
       "results": results,
   }
-  write_json_atomic(FLAGS.out, out)
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+  fedco.io.atomic_write_json(FLAGS.out, out)
   print()
   print(markdown_table(results))
   print(f"\nwrote {FLAGS.out}")

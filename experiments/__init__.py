@@ -1,1 +1,4 @@
-"""Flag-driven binaries that reproduce the papers' experiments (``python -m experiments.<name>``)."""
+"""Flag-driven binaries that reproduce the papers' experiments.
+
+Run one as ``python -m experiments.<name> --workdir=...``.
+"""

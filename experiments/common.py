@@ -33,13 +33,12 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
-_TMP_PREFIX = ".tmp-"
+from fedco.io import TMP_PREFIX as _TMP_PREFIX, atomic_write  # noqa: F401 (re-exported)
 
 
 # ---- JSON conversion ---------------------------------------------------------------------
@@ -80,34 +79,6 @@ def dumps(value: Any, **kwargs) -> str:
 
 
 # ---- atomic writes -----------------------------------------------------------------------
-
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
-def atomic_write(path, data, *, mode: str = "w") -> None:
-  """Write ``data`` (str, or bytes with ``mode="wb"``) to ``path`` atomically."""
-  path = os.fspath(path)
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX + os.path.basename(path) + ".",
-                             dir=directory)
-  try:
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-    with os.fdopen(fd, mode) as f:
-      if callable(data):
-        data(f)
-      else:
-        f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
 
 # ---- flag checks -------------------------------------------------------------------------
 

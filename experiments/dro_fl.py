@@ -78,7 +78,8 @@ def define_flags():
 
 
 def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS, rounds=300,
-             tau=5, learning_rate=0.01, comfedl_lr=None, gamma=0.2, drfl_rate=0.08, q=0.2, batch_size=32,
+             tau=5, learning_rate=0.01, comfedl_lr=None, gamma=0.2, drfl_rate=0.08, q=0.2,
+             batch_size=32,
              num_clients=10, big=None, small=None, eval_every=5, seeds=(0, 1, 2),
              sweep="none", sweep_values=(), progress=True) -> Dict[str, Any]:
   """Checks every setting and returns the run's config; raises ``ValueError`` naming the flag."""
@@ -121,7 +122,8 @@ def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS,
         common.check_positive("sweep_values", v)
   return {"workdir": common.check_workdir(workdir), "dataset": dataset, "data_dir": data_dir,
           "algorithms": algorithms, "rounds": rounds, "tau": tau,
-          "learning_rate": learning_rate, "comfedl_lr": comfedl_lr, "gamma": gamma, "drfl_rate": drfl_rate, "q": q,
+          "learning_rate": learning_rate, "comfedl_lr": comfedl_lr, "gamma": gamma,
+          "drfl_rate": drfl_rate, "q": q,
           "batch_size": batch_size, "num_clients": num_clients, "big": big, "small": small,
           "eval_every": eval_every, "seeds": seeds, "sweep": sweep, "sweep_values": values,
           "progress": progress}
@@ -192,7 +194,8 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       out = {}
       for split, data in (("train", fed.train), ("val", fed.val)):
         losses, accs = metrics_lib.per_client_mean(stats, p, data)
-        out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs, worst="min")
+        out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs,
+                                                                                  worst="min")
         out[f"{split}_loss_avg"], out[f"{split}_loss_worst"] = metrics_lib.summarize(losses,
                                                                                     worst="max")
         if split == "train" and gamma is not None:
@@ -292,7 +295,8 @@ def main(argv):
   try:
     run(FLAGS.workdir, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
         algorithms=FLAGS.algorithms, rounds=FLAGS.rounds, tau=FLAGS.tau,
-        learning_rate=FLAGS.learning_rate, comfedl_lr=FLAGS.comfedl_lr, gamma=FLAGS.gamma, drfl_rate=FLAGS.drfl_rate,
+        learning_rate=FLAGS.learning_rate, comfedl_lr=FLAGS.comfedl_lr, gamma=FLAGS.gamma,
+        drfl_rate=FLAGS.drfl_rate,
         q=FLAGS.q, batch_size=FLAGS.batch_size, num_clients=FLAGS.num_clients, big=FLAGS.big,
         small=FLAGS.small, eval_every=FLAGS.eval_every, seeds=FLAGS.seeds, sweep=FLAGS.sweep,
         sweep_values=FLAGS.sweep_values, progress=FLAGS.progress)

@@ -28,9 +28,9 @@ ALGORITHMS = {
 }
 
 __all__ = [
-    "algorithms", "data", "estimators", "problems", "runtime",
-    "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
-    "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem", "global_inner",
+    "algorithms", "data", "estimators", "problems", "runtime", "Algorithm", "CommPlan",
+    "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro", "local_scgd", "local_scgdm",
+    "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem", "global_inner",
     "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args", "simulate",
     "ALGORITHMS",
 ]

@@ -10,5 +10,6 @@ from fedco.algorithms.scgd import local_scgd, local_scgdm
 
 __all__ = [
     "Algorithm", "CommPlan", "RoundInfo", "ServerAggregator", "averaging_server", "make_plan",
-    "project_simplex", "afl", "drfa", "qfedavg", "comfedl", "fedavg", "fedavg_co", "mbsgd", "ds_feddro", "feddro", "local_scgd", "local_scgdm",
+    "project_simplex", "afl", "drfa", "qfedavg", "comfedl", "fedavg", "fedavg_co", "mbsgd",
+    "ds_feddro", "feddro", "local_scgd", "local_scgdm",
 ]

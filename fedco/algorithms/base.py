@@ -211,6 +211,14 @@ def require(name: str, value, algorithm: str):
   return value
 
 
+def oracles(name: str, inner_fn, outer_fn, next_inner_fn=None):
+  """The checked ``(inner_fn, outer_fn, next_inner_fn)``; ``next_inner_fn`` defaults to
+  ``inner_fn`` (one sample for everything)."""
+  require("inner_fn", inner_fn, name)
+  require("outer_fn", outer_fn, name)
+  return inner_fn, outer_fn, inner_fn if next_inner_fn is None else next_inner_fn
+
+
 def add_grads(z: PyTree, grad_h: Optional[PyTree]) -> PyTree:
   """``z + grad h`` where ``grad h`` may be ``None`` (no non-compositional term)."""
   return z if grad_h is None else jax.tree.map(jnp.add, z, grad_h)

@@ -52,8 +52,7 @@ def comfedl(learning_rate=0.01, local_steps: int = 5, *, optimizer=None) -> base
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    base.require("inner_fn", inner_fn, "comfedl")
-    base.require("outer_fn", outer_fn, "comfedl")
+    inner_fn, outer_fn, _ = base.oracles("comfedl", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, sample), updates)
     step, opt_state = opt.update(z, state.opt_state, params)

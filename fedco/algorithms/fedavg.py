@@ -100,9 +100,7 @@ def fedavg_co(learning_rate=0.05, local_steps: int = 5, *, case: str = "II",
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
              **unused):
     del unused
-    base.require("inner_fn", inner_fn, name)
-    base.require("outer_fn", outer_fn, name)
-    next_inner_fn = inner_fn if next_inner_fn is None else next_inner_fn
+    inner_fn, outer_fn, next_inner_fn = base.oracles(name, inner_fn, outer_fn, next_inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     y = state.y
     if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
@@ -144,8 +142,7 @@ def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    base.require("inner_fn", inner_fn, "mbsgd")
-    base.require("outer_fn", outer_fn, "mbsgd")
+    inner_fn, outer_fn, _ = base.oracles("mbsgd", inner_fn, outer_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)

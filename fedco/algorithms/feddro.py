@@ -73,9 +73,7 @@ def feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *,
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
              **unused):
     del unused
-    base.require("inner_fn", inner_fn, "feddro")
-    base.require("outer_fn", outer_fn, "feddro")
-    next_inner_fn = inner_fn if next_inner_fn is None else next_inner_fn
+    inner_fn, outer_fn, next_inner_fn = base.oracles("feddro", inner_fn, outer_fn, next_inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
@@ -116,9 +114,8 @@ def ds_feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *, server_lr_x
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
              **unused):
     del unused
-    base.require("inner_fn", inner_fn, "ds_feddro")
-    base.require("outer_fn", outer_fn, "ds_feddro")
-    next_inner_fn = inner_fn if next_inner_fn is None else next_inner_fn
+    inner_fn, outer_fn, next_inner_fn = base.oracles("ds_feddro", inner_fn, outer_fn,
+                                                     next_inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)

@@ -67,8 +67,7 @@ def local_scgd(learning_rate=0.01, gamma=0.9, local_steps: int = 5, *,
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    base.require("inner_fn", inner_fn, "local_scgd")
-    base.require("outer_fn", outer_fn, "local_scgd")
+    inner_fn, outer_fn, _ = base.oracles("local_scgd", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = tracker.update(state.u, sample, None)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
@@ -112,8 +111,7 @@ def local_scgdm(learning_rate=1.0, beta=0.01, alpha=0.8, gamma=0.7, local_steps:
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    base.require("inner_fn", inner_fn, "local_scgdm")
-    base.require("outer_fn", outer_fn, "local_scgdm")
+    inner_fn, outer_fn, _ = base.oracles("local_scgdm", inner_fn, outer_fn)
     first = state.count == 0
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = base.select(first, sample, estimators.moving_average(g_rate).update(state.u, sample))

@@ -3,5 +3,7 @@
 from fedco.runtime.simulator import (Ledger, NonFiniteError, SimState, SimulationResult,
                                      Simulator, draw_batch, oracle_args, simulate)
 
-__all__ = ["Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch", "oracle_args",
-           "simulate"]
+__all__ = [
+    "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch",
+    "oracle_args", "simulate",
+]
