@@ -1,9 +1,9 @@
 """The federated simulator: vmapped clients, scanned steps and rounds, one jit per chunk."""
 
-from fedco.runtime.simulator import (Ledger, NonFiniteError, SimState, SimulationResult,
+from fedco.runtime.simulator import (client_mesh, Ledger, NonFiniteError, SimState, SimulationResult,
                                      Simulator, draw_batch, oracle_args, simulate)
 
 __all__ = [
-    "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch",
+    "client_mesh",     "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch",
     "oracle_args", "simulate",
 ]

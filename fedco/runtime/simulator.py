@@ -30,6 +30,17 @@ from fedco.problems.base import Problem
 from fedco.runtime import progress as progress_lib
 
 PyTree = Any
+CLIENTS = "clients"
+
+
+def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
+  """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices (default all)."""
+  available = jax.device_count()
+  num = available if num_devices is None else num_devices
+  if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= available:
+    raise ValueError(f"num_devices must be an integer in [1, {available}] (the devices "
+                     f"present), got {num_devices!r}")
+  return jax.sharding.Mesh(np.array(jax.devices()[:num]), (CLIENTS,))
 
 
 class SimState(NamedTuple):
@@ -185,6 +196,10 @@ class Simulator:
     evaluate: compute the exact objective and per-client losses.
     exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
     metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model.
+    mesh: a ``jax.sharding.Mesh`` with a ``"clients"`` axis (see :func:`client_mesh`); each
+      round's clients are laid along it (``vmap`` with ``spmd_axis_name`` plus sharding
+      constraints). A round's client count that the axis does not divide is padded with
+      masked clients that neither train nor count. ``None``: one device.
     eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round
       and after round 1; other rounds skip the work (``lax.cond``) and hold NaN, and
       ``metrics["evaluated"]`` marks the evaluated rounds.
@@ -195,7 +210,7 @@ class Simulator:
                outer_batch_size: Optional[int] = -1, evaluate: bool = True,
                exact_grad_norm: bool = False,
                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
-               eval_every: int = 1):
+               eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None):
     if not isinstance(problem, Problem):
       raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
     if not isinstance(algorithm, Algorithm):
@@ -219,17 +234,24 @@ class Simulator:
     self.batch_size, self.outer_batch_size = batch_size, outer_batch_size
     self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
     self.eval_every = _validate.positive_int("eval_every", eval_every)
+    if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh)
+                             or CLIENTS not in mesh.axis_names):
+      raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
+                       f"fedco.runtime.client_mesh), got {mesh!r}")
+    self.mesh = mesh
     self.plan = algorithm.plan
     self.aggregator = as_aggregator(algorithm.server)
     self._run = jax.jit(self._run_rounds, static_argnames="rounds")
 
   # ---- pieces ------------------------------------------------------------------------
 
-  def _client_weights(self, counts):
-    if self.plan.weighting == "samples":
-      c = counts.astype(jnp.float32)
-      return c / jnp.sum(c)
-    return jnp.full(counts.shape, 1.0 / counts.shape[0], jnp.float32)
+  def _client_weights(self, counts, mask=None):
+    """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
+    mask = jnp.ones(counts.shape, bool) if mask is None else mask
+    c = counts.astype(jnp.float32) if self.plan.weighting == "samples" else jnp.ones(
+        counts.shape, jnp.float32)
+    c = jnp.where(mask, c, 0.0)
+    return c / jnp.sum(c)
 
   def _client_step(self, examples, round_key, params, cstate, key, index_row, count):
     kg, kf, kn = jax.random.split(key, 3)
@@ -297,28 +319,52 @@ class Simulator:
       return self.problem.inner_value(params, batch, weights)
 
     mean = _mean(jax.vmap(inner_at_server)(keys, index, counts), w)
+    slots = ckeys.shape[0]
+    return cst._replace(**{f: _broadcast(mean, slots) for f in self.plan.round_start})
+
+  def _slots(self):
+    """Client slots per round: ``m`` rounded up to a multiple of the mesh's clients axis."""
     m = self.clients_per_round
-    return cst._replace(**{f: _broadcast(mean, m) for f in self.plan.round_start})
+    if self.mesh is None:
+      return m
+    d = self.mesh.shape[CLIENTS]
+    return -(-m // d) * d
+
+  def _place(self, tree):
+    """Lay the leading (client-slot) axis of every leaf along the mesh's clients axis."""
+    if self.mesh is None:
+      return tree
+    sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(CLIENTS))
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, sharding), tree)
 
   def _round(self, data, flat_examples, state: SimState, _):
-    plan, m = self.plan, self.clients_per_round
+    plan, m, n = self.plan, self.clients_per_round, self.num_clients
+    slots = self._slots()
     key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
-    ids = self._sample(k_sample)
-    full = m == self.num_clients
-    cst = state.clients if full else jax.tree.map(lambda a: a[ids], state.clients)
-    cst = cst._replace(**{f: _broadcast(state.server[f], m) for f in plan.every_round},
-                       **{f: _broadcast(state.shared[f], m) for f in plan.every_step})
-    params = _broadcast(state.server["params"], m)
-    index, counts = data.index[ids], data.counts[ids]
-    w = self._client_weights(counts)
+    real = self._sample(k_sample)
+    # Padding slots carry the out-of-range id n: they gather a clipped (real) client's data,
+    # weigh 0 in every average, are hidden from the aggregator and their writes are dropped.
+    ids = jnp.concatenate([real, jnp.full((slots - m,), n, real.dtype)])
+    mask = jnp.arange(slots) < m
+    direct = slots == n and m == n
+    take = lambda a: a if direct else jnp.take(a, ids, axis=0, mode="clip")
+    cst = jax.tree.map(take, state.clients)
+    cst = cst._replace(**{f: _broadcast(state.server[f], slots) for f in plan.every_round},
+                       **{f: _broadcast(state.shared[f], slots) for f in plan.every_step})
+    params = _broadcast(state.server["params"], slots)
+    index, counts = take(data.index), take(data.counts)
+    w = self._client_weights(counts, mask)
     ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
     if plan.round_start:
       cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w)
     if plan.round_start_loss:
       _, losses = self.problem.evaluate(state.server["params"], flat_examples, data.flat_owner,
-                                        data.flat_weights(), self.num_clients)
-      cst = cst._replace(**{f: losses[ids] for f in plan.round_start_loss})
-    step_fn = jax.vmap(self._client_step, in_axes=(None, None, 0, 0, 0, 0, 0))
+                                        data.flat_weights(), n)
+      cst = cst._replace(**{f: jnp.take(losses, ids, mode="clip")
+                            for f in plan.round_start_loss})
+    params, cst, index, counts, ckeys = self._place((params, cst, index, counts, ckeys))
+    step_fn = jax.vmap(self._client_step, in_axes=(None, None, 0, 0, 0, 0, 0),
+                       spmd_axis_name=None if self.mesh is None else CLIENTS)
 
     def local_step(carry, t):
       params, cst = carry
@@ -326,28 +372,30 @@ class Simulator:
       updates, cst = step_fn(data.examples, k_round, params, cst, skeys, index, counts)
       params = optax.apply_updates(params, updates)
       if plan.every_step:
-        cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), m)
+        cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), slots)
                               for f in plan.every_step})
-      return (params, cst), None
+      return self._place((params, cst)), None
 
     (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
     shared = {f: _mean(getattr(cst, f), w) for f in plan.every_step}
-    client_values = {"params": params,
-                     **{f: getattr(cst, f) for f in plan.every_round + plan.report}}
-    info = RoundInfo(ids, w, counts, self.num_clients, k_agg,
+    first_m = lambda a: a[:m]
+    client_values = jax.tree.map(first_m, {
+        "params": params, **{f: getattr(cst, f) for f in plan.every_round + plan.report}})
+    info = RoundInfo(real, w[:m], counts[:m], n, k_agg,
                      functools.partial(self._client_losses, data))
     server, server_opt_state = self.aggregator.update(
         state.server, state.server_opt_state, client_values, info)
-    cst = cst._replace(**{f: _broadcast(server[f], m) for f in plan.every_round})
-    clients = cst if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients, cst)
+    cst = cst._replace(**{f: _broadcast(server[f], slots) for f in plan.every_round})
+    clients = cst if direct else jax.tree.map(
+        lambda a, b: a.at[ids].set(b, mode="drop"), state.clients, cst)
     completed = state.round + 1
-    take = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
-    random_params = jax.tree.map(lambda a, b: jnp.where(take, a, b), server["params"],
+    keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
+    random_params = jax.tree.map(lambda a, b: jnp.where(keep, a, b), server["params"],
                                  state.random_params)
     new_state = SimState(completed, key, server, server_opt_state, shared, clients,
                          random_params)
     metrics = self._maybe_metrics(completed, server["params"], data, flat_examples)
-    metrics["clients"] = ids
+    metrics["clients"] = real
     return new_state, metrics
 
   def _maybe_metrics(self, completed, params, data, flat_examples):

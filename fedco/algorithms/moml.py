@@ -1,0 +1,132 @@
+r"""Local-MOML: memory-based MAML (Wang et al. 2021) with local steps (SPEC 3, E3 baseline).
+
+One memory ``u_i`` per task, kept on the client that owns the task. Each step, for the tasks
+``i`` of the sampled meta-batch::
+
+    u_i = (1 - beta) u_i + beta (w - a grad L_i(w; train))       (memory of adapted params)
+    w   = w - eta * mean_i grad_u L_i(u_i; val)                  (first-order through u)
+
+and every ``local_steps`` steps the server averages ``w`` (plain averaging; memories are never
+sent, so a round costs ``d`` floats each way per client).
+
+fedco form: on :mod:`fedco.problems.maml` problems the inner value ``g(w; e)`` is the table of
+adapted parameters over the client's task slots (leaves ``[T, *param_shape]``), so the state's
+``u`` (same structure) *is* the per-client table of task memories, and the outer is
+``f(y; e) = sum_t w_t L_t(y[t]; val_t)`` with ``w_t = 0`` for tasks outside the meta-batch.
+
+* **Which tasks were sampled.** ``update`` only sees the oracles, so a slot counts as
+  sampled when the outer sample depends on it: ``grad f(u_old; xi)`` is non-zero on that
+  slot. Slots the outer batch does not weigh have an exactly zero gradient and keep their
+  memory. (A sampled task whose query gradient is exactly zero would keep its memory too; it
+  contributes nothing to the step either way.)
+* **Direction.** ``first_order=True`` (SPEC 3): ``z = sum_t grad_y f(u)[t]``
+  ``= sum_t w_t grad L_t(u_t; val)``; this needs the inner value to have the parameters'
+  structure, with or without the leading slot axis. ``first_order=False`` is MOML's
+  second-order direction ``J_g(w)^T grad f(u)`` (``sum_t (I - a H_t) grad L_t(u_t)``, a
+  Hessian-vector product through the inner sample) and works on any local-inner problem.
+* **Initial memory**: the runtime's first inner sample ``g(x_0; zeta_0)`` of each client (not
+  averaged over clients: the plan communicates no state).
+
+References:
+  Wang, Yuan, Wu, Ji, Yang, "Memory-based optimization methods for model-agnostic
+  meta-learning" (2021), the Local-MOML baseline of paper 003 Sec. 5.1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedco import _validate, estimators
+from fedco.algorithms import base
+
+
+class MOMLState(NamedTuple):
+  count: jnp.ndarray
+  u: Any
+  opt_state: optax.OptState
+
+
+def _layout(u, params) -> str:
+  """``"table"`` (leaves ``[T, *param_shape]``), ``"params"`` (param-shaped) or ``"other"``."""
+  if jax.tree.structure(u) != jax.tree.structure(params):
+    return "other"
+  pairs = list(zip(jax.tree.leaves(u), jax.tree.leaves(params)))
+  if all(jnp.shape(a) == jnp.shape(p) for a, p in pairs):
+    return "params"
+  lead = {jnp.shape(a)[0] for a, _ in pairs if jnp.ndim(a) >= 1}
+  if (all(jnp.ndim(a) == jnp.ndim(p) + 1 and jnp.shape(a)[1:] == jnp.shape(p)
+          for a, p in pairs) and len(lead) == 1):
+    return "table"
+  return "other"
+
+
+def _slot_mask(grad_u, layout):
+  """Per slot (``[T]``), or one scalar: does the outer sample depend on the slot."""
+  if layout == "table":
+    per_leaf = [jnp.any(g.reshape(g.shape[0], -1) != 0, axis=1) for g in jax.tree.leaves(grad_u)]
+  else:
+    per_leaf = [jnp.any(g != 0) for g in jax.tree.leaves(grad_u)]
+  return jnp.any(jnp.stack(per_leaf), axis=0)
+
+
+def local_moml(learning_rate=0.01, beta=0.7, local_steps: int = 5, *, first_order: bool = True,
+               optimizer=None) -> base.Algorithm:
+  """Local-MOML.
+
+  Args:
+    learning_rate: meta step ``eta > 0`` (paper 003 sinusoid: 0.01).
+    beta: memory rate in ``(0, 1]`` (paper 003 sinusoid: 0.7).
+    local_steps: steps between model averaging.
+    first_order: the SPEC's first-order direction ``grad_u L(u; val)`` (default), or
+      MOML's ``J_g^T grad_u L(u; val)``.
+    optimizer: optional optax transform for the parameter step (default ``sgd(eta)``).
+
+  Returns:
+    An :class:`~fedco.algorithms.base.Algorithm` (local-inner); the plan averages only the
+    parameters.
+  """
+  _validate.open_unit("beta", beta, closed_right=True)
+  if not isinstance(first_order, bool):
+    raise ValueError(f"first_order must be a bool, got {first_order!r}")
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(local_steps)
+
+  def init(params, *, inner_value=None):
+    u = base.require_inner_value(inner_value, "local_moml")
+    if first_order and _layout(u, params) == "other":
+      raise ValueError(
+          "local_moml(first_order=True) needs an inner value shaped like the parameters, "
+          "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
+          f"{jax.tree.map(jnp.shape, u)} for parameters {jax.tree.map(jnp.shape, params)}. "
+          "Use first_order=False for other inner maps.")
+    return MOMLState(jnp.zeros([], jnp.int32), u, opt.init(params))
+
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
+    del unused
+    inner_fn, outer_fn, _ = base.oracles("local_moml", inner_fn, outer_fn)
+    layout = _layout(state.u, params)
+    sample, pullback = estimators.inner_vjp(inner_fn, params)
+    grad_f = jax.grad(outer_fn)
+    sampled = _slot_mask(grad_f(state.u), layout)
+
+    def refresh(old, new):
+      mask = sampled.reshape(sampled.shape + (1,) * (old.ndim - sampled.ndim))
+      return jnp.where(mask, (1 - beta) * old + beta * new, old)
+
+    u = jax.tree.map(refresh, state.u, sample)
+    v = grad_f(u)
+    if not first_order:
+      z = pullback(v)
+    elif layout == "table":
+      z = jax.tree.map(lambda a: jnp.sum(a, axis=0), v)
+    else:
+      z = v
+    z = base.add_grads(z, updates)
+    step, opt_state = opt.update(z, state.opt_state, params)
+    return step, MOMLState(state.count + 1, u, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), "local_moml", "local")

@@ -1,0 +1,164 @@
+r"""Fair classification with noisy protected groups (SPEC 4.6; paper 004 Sec. 6, GCIVR setup).
+
+Logistic regression ``z = w^T x + b`` with per-example loss ``l = BCE(z, y) =
+softplus(z) - y z``. For each *proxy* group ``k`` of ``G`` an equal-opportunity constraint
+
+    c_k(w) = BCE(positive rows of proxy group k) - BCE(all rows) - eps          (eps = 0.01)
+
+enters through the smooth penalty (alpha = 0.1, gamma = 0.1)
+
+    P(w) = sum_k 1/(G+1) (1/G + exp(alpha c_k(w) / gamma)),
+
+and the objective is ``Phi(w) = BCE(w) + log P(w)``.
+
+**As a global-inner fedco problem.** fedco forms every inner value as a mean over examples,
+but ``BCE(positive rows of group k)`` is a *ratio* of two means. With ``p_i = y_i`` and
+``o_ik = 1[proxy_i = k]``, over any (weighted) set of rows ``E``
+
+    BCE(pos rows of group k) = E[p o_k l] / E[p o_k],      BCE(all rows) = E[l],
+
+so the per-example inner map is the vector (``p = 2G + 1`` entries)
+
+    g(w; i) = ( p_i o_i1 l_i, ..., p_i o_iG l_i,   p_i o_i1, ..., p_i o_iG,   l_i )
+              \______________ a (G) ______________/ \______ n (G) _______/   m
+
+whose mean ``(a, n, m)`` holds every average the penalty needs (``n`` does not depend on
+``w``), and the nonlinear parts sit in the outer function
+
+    c_k = a_k / n_k - m - eps,    s_k = alpha c_k / gamma,
+    f(a, n, m) = log P = -log(G + 1) + logsumexp(0, s_1, ..., s_G)
+
+(using ``sum_k 1/G = 1``, so ``P = (1 + sum_k exp(s_k)) / (G + 1)``; the log-sum-exp form
+never overflows). The non-compositional term is ``h(w; i) = l_i``. Then
+``Phi(w) = h(w) + f(g(w))`` exactly, with ``g`` and ``h`` means over all rows, and a
+mini-batch gives ``f`` of the batch means, i.e. the batch's own objective. Gradient:
+``grad Phi = grad h + J_g^T grad f`` with
+
+    df/da_k = pi_k (alpha/gamma) / n_k,   df/dn_k = -pi_k (alpha/gamma) a_k / n_k^2,
+    df/dm = -(alpha/gamma) sum_k pi_k,    pi_k = exp(s_k) / (1 + sum_j exp(s_j)).
+
+A group with no positive row in the estimate (``n_k <= 0``, possible in a small mini-batch)
+is given the neutral value ``c_k = -eps`` (its group loss is taken to equal the overall
+loss), with zero gradient through ``a_k`` and ``n_k``.
+
+**Metrics** use the TRUE groups (race): the true positive rate ``TPR(S)`` is the fraction
+of positive rows of ``S`` predicted positive (``z > 0``), and
+
+    max group violation = max_k [TPR(all) - TPR(true group k) - eps]
+
+(GCIVR's ``violation``; an empty group has TPR 0 there and here).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+
+from fedco import _validate
+from fedco.problems.base import Problem, global_inner, plain
+
+EPS, ALPHA, GAMMA = 0.01, 0.1, 0.1
+
+
+def init_params(num_features: int) -> Dict[str, jax.Array]:
+  """Zero logistic-regression parameters ``{"w": [d], "b": []}``."""
+  num_features = _validate.positive_int("num_features", num_features)
+  return {"w": jnp.zeros((num_features,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+
+def logit(params, x):
+  """``w^T x + b`` for one example (or a batch: ``x`` of shape ``[..., d]``)."""
+  return x @ params["w"] + params["b"]
+
+
+def bce(z, y):
+  """Binary cross-entropy with logits, ``softplus(z) - y z`` (stable for any ``z``)."""
+  return jax.nn.softplus(z) - y * z
+
+
+def example_loss(params, example):
+  """``h(w; i) = BCE`` of one example ``{"x", "y", ...}``."""
+  return bce(logit(params, example["x"]), example["y"])
+
+
+def _check(num_groups, eps, alpha, gamma):
+  num_groups = _validate.positive_int("num_groups", num_groups)
+  _validate.positive("eps", eps, allow_zero=True)
+  _validate.positive("alpha", alpha)
+  _validate.positive("gamma", gamma)
+  return num_groups
+
+
+def inner_map(num_groups: int):
+  """``(params, example) -> [2G + 1]`` vector ``(p o l, p o, l)`` (module docstring)."""
+
+  def inner(params, example):
+    l = example_loss(params, example)
+    pos_in_group = example["y"] * jax.nn.one_hot(example["proxy"], num_groups)
+    return jnp.concatenate([pos_in_group * l, pos_in_group, l[None]])
+
+  return inner
+
+
+def outer_map(num_groups: int, eps=EPS, alpha=ALPHA, gamma=GAMMA):
+  """``[2G + 1] -> log P``: ratios, exponentials and the log (module docstring)."""
+  G = num_groups
+
+  def outer(v):
+    a, n, m = v[:G], v[G:2 * G], v[2 * G]
+    present = n > 0
+    ratio = jnp.where(present, a / jnp.where(present, n, 1.0), m)
+    s = alpha * (ratio - m - eps) / gamma
+    return jax.nn.logsumexp(jnp.concatenate([jnp.zeros((1,), s.dtype), s])) - jnp.log(G + 1.0)
+
+  return outer
+
+
+def fairness(num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA) -> Problem:
+  """SPEC 4.6 as a global-inner problem ``BCE(w) + log P(w)`` (module docstring).
+
+  Examples are dicts ``{"x": float [d], "y": float 0/1, "proxy": int}``; parameters are
+  :func:`init_params`'s ``{"w", "b"}``.
+  """
+  G = _check(num_groups, eps, alpha, gamma)
+  return global_inner(inner_map(G), outer_map(G, eps, alpha, gamma), example_loss,
+                      name="fair_logistic")
+
+
+def unconstrained() -> Problem:
+  """The plain BCE problem (the unconstrained parallel-SGD baseline)."""
+  return plain(example_loss, name="bce")
+
+
+def objective(params, x, y, proxy, num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA):
+  """``Phi(w)`` on a set of rows, written directly from SPEC 4.6 (no composition): mean BCE
+  plus the log of the penalty over proxy groups. Used to check the composition."""
+  l = bce(logit(params, x), y)
+  overall = jnp.mean(l)
+  penalty = 0.0
+  for k in range(num_groups):
+    mask = (y > 0) & (proxy == k)
+    group = jnp.sum(jnp.where(mask, l, 0.0)) / jnp.sum(mask)
+    penalty = penalty + (1.0 / num_groups + jnp.exp(alpha * (group - overall - eps) / gamma))
+  return overall + jnp.log(penalty / (num_groups + 1))
+
+
+def group_metrics(params, x, y, groups, num_groups: int = 3, eps=EPS):
+  """Accuracy, TPRs and equal-opportunity violations on the given groups.
+
+  Returns:
+    ``{"acc", "tpr", "group_tpr" [G], "violations" [G], "max_violation"}`` with
+    ``violations[k] = TPR(all) - TPR(group k) - eps``; a group without positive rows has
+    TPR 0 (as in GCIVR's evaluation).
+  """
+  pred = (logit(params, x) > 0).astype(jnp.float32)
+  pos = (y > 0).astype(jnp.float32)
+  acc = jnp.mean((pred == pos).astype(jnp.float32))
+  tpr = jnp.sum(pred * pos) / jnp.maximum(jnp.sum(pos), 1.0)
+  member = jax.nn.one_hot(groups, num_groups) * pos[:, None]
+  group_tpr = (pred @ member) / jnp.maximum(jnp.sum(member, axis=0), 1.0)
+  violations = tpr - group_tpr - eps
+  return {"acc": acc, "tpr": tpr, "group_tpr": group_tpr, "violations": violations,
+          "max_violation": jnp.max(violations)}

@@ -1,0 +1,57 @@
+"""Every algorithm gives the same numbers on one device and on an 8-device clients mesh."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fedco
+from fedco.problems import portfolio
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mesh_results():
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_check.py")], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
+  names = {r["algorithm"] for r in mesh_results}
+  assert len(names) == 13 and len(mesh_results) == 13 + 4
+  assert {r["algorithm"] for r in mesh_results if r["clients_per_round"] == 3} == {
+      "comfedl", "feddro", "mbsgd", "drfa"}
+  for r in mesh_results:
+    label = f"{r['algorithm']} (clients_per_round={r['clients_per_round']})"
+    assert r["moved"] > 1e-2, label
+    assert r["same_clients"], label
+    assert r["params"] < 1e-5, label
+    assert r["objective"] < 1e-5, label
+
+
+def test_mesh_argument_is_checked():
+  data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+  with pytest.raises(ValueError, match="mesh"):
+    fedco.Simulator(portfolio(1.0), fedco.feddro(), data, mesh="gpu")
+  with pytest.raises(ValueError, match="num_devices"):
+    fedco.runtime.client_mesh(jax.device_count() + 1)
+
+
+def test_padding_on_a_one_device_mesh_changes_nothing():
+  """A mesh of one device has no padding; the program still agrees with no mesh."""
+  data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+  run = lambda mesh: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data,
+                                    jnp.zeros(3), rounds=3, batch_size=4, mesh=mesh)
+  a, b = run(None), run(fedco.runtime.client_mesh(1))
+  assert float(jnp.max(jnp.abs(a.params - b.params))) < 1e-6
