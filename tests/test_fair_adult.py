@@ -290,11 +290,16 @@ def test_gcivr_update_matches_numpy_with_changing_batches():
   problem = fair.fairness()
   lr, q, steps = 0.05, 3, 7
   rng = np.random.default_rng(5)
-  batches = [(rng.choice(30, 12), rng.choice(30, 12)) for _ in range(steps)]  # (next, outer)
+  pos = [np.flatnonzero((ex["y"] == 1) & (ex["proxy"] == k)) for k in range(G)]
+
+  def draw():  # 12 rows, with a positive row of every group (so no ratio is 0/0)
+    return np.concatenate([[rng.choice(p) for p in pos], rng.choice(30, 9)])
+
+  batches = [(draw(), draw()) for _ in range(steps)]  # (next-inner, outer)
   sub = lambda rows: {k: v[rows] for k, v in ex.items()}
   params = {"w": jnp.asarray(0.1 * rng.normal(size=4), jnp.float32), "b": jnp.float32(0.2)}
   x0 = _flat(params)
-  init_rows = rng.choice(30, 12)
+  init_rows = draw()
   alg = gcivr(lr, q)
   state = alg.init(params, inner_value=problem.inner_value(
       params, sub(init_rows), jnp.full((12,), 1 / 12)))

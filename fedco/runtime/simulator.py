@@ -479,11 +479,13 @@ def _check_kinds(problem: Problem, algorithm: Algorithm):
 
 def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params: PyTree, *,
              rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
-             check_finite: bool = True, **simulator_kwargs) -> SimulationResult:
+             check_finite: bool = True, checkpoint_dir=None,
+             checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
+             **simulator_kwargs) -> SimulationResult:
   """Run ``rounds`` rounds and collect the per-round metrics on the host.
 
   Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
-  one jitted ``lax.scan``, and the host logs and checks between chunks.
+  one jitted ``lax.scan``, and the host logs, checks and checkpoints between chunks.
 
   Args:
     problem, algorithm, data: see :class:`Simulator`.
@@ -494,7 +496,13 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     progress: print a progress line with rounds per second and the objective.
     check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
       first evaluated round whose metrics, or the server model, stop being finite; it
-      carries the metrics collected so far.
+      carries the metrics collected so far. With checkpointing, the last good state (the
+      start of the failing chunk) is saved first.
+    checkpoint_dir: save the whole simulation state and the metrics so far there (see
+      :mod:`fedco.checkpoint`); if it already holds a checkpoint, the run resumes from the
+      newest one and ends bit-identical to an uninterrupted run.
+    checkpoint_every: rounds between checkpoints (default: every chunk).
+    keep_checkpoints: how many checkpoints to keep.
     **simulator_kwargs: forwarded to :class:`Simulator`.
   """
   rounds = _validate.positive_int("rounds", rounds)
@@ -502,12 +510,25 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       "chunk_rounds", chunk_rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   state = sim.init(params, seed)
+  collected, done, ckpt = [], 0, None
+  if checkpoint_dir is not None:
+    from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
+    every = chunk if checkpoint_every is None else _validate.positive_int(
+        "checkpoint_every", checkpoint_every)
+    ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
+    if ckpt.latest_round() is not None:
+      done, state, history = ckpt.restore(state)
+      if done > rounds:
+        raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
+                         "another checkpoint_dir or more rounds")
+      collected = [history] if history else []
   bar = progress_lib.Progress(rounds, label=algorithm.name, enabled=progress)
-  collected = []
   start = time.perf_counter()
-  done = 0
   while done < rounds:
     size = min(chunk, rounds - done)
+    if ckpt is not None:
+      size = min(size, every - done % every)
+    last_good = state
     state, metrics = sim.run(state, size)
     metrics = jax.device_get(metrics)
     collected.append(metrics)
@@ -515,15 +536,21 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       try:
         _check_finite(metrics, state, done)
       except NonFiniteError as err:
+        if ckpt is not None and collected[:-1]:
+          ckpt.save(done, last_good, _stack(collected[:-1]))
         err.metrics = _stack(collected)
         raise
     done += size
+    if ckpt is not None and (done % every == 0 or done == rounds):
+      ckpt.save(done, state, _stack(collected))
     objective = None
     if "objective" in metrics and np.any(metrics["evaluated"]):
       objective = float(np.asarray(metrics["objective"])[np.asarray(metrics["evaluated"])][-1])
     bar.update(done, objective)
   seconds = time.perf_counter() - start
   bar.close()
+  if ckpt is not None:
+    ckpt.close()
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
                           sim.ledger(state).as_dict(rounds), seconds)
 

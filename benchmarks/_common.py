@@ -1,0 +1,214 @@
+"""Shared pieces of the benchmark programs (no flags are defined here).
+
+The logistic workload of ``benchmarks.logistic_loop`` (E1-shaped: multinomial logistic
+regression 784 -> 10 on synthetic MNIST-shaped data), its problems and algorithms, machine
+information for the JSON, a compilation counter and the timing helpers.
+
+``benchmarks.logistic_loop`` keeps its own copies (it defines absl flags at import time, so
+other programs cannot import it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedco
+
+NUM_CLASSES = 10
+GAMMA = 0.2  # client-level KL-DRO regularisation (ComFedL, Local-SCGDM)
+LAM = 1.0  # sample-level KL-DRO temperature (FedDRO)
+
+# Hyperparameters of the E1 logistic workload, per algorithm. The exp-form step of ComFedL
+# and Local-SCGDM is exp(l/0.2)/0.2 * grad l ~ 5e5 grad l at l ~ log 10, so their rates are
+# tiny (see benchmarks/README.md, logistic_loop): 5e-9 stays finite and lowers the loss.
+HYPER = {
+    "fedavg": {"learning_rate": 0.05},
+    "comfedl": {"learning_rate": 5e-9, "gamma": GAMMA},
+    "local_scgdm": {"learning_rate": 1.0, "beta": 5e-9, "alpha": 0.8, "gamma_tracker": 0.7,
+                    "gamma": GAMMA},
+    "feddro": {"learning_rate": 0.01, "beta": 0.5, "lam": LAM},
+}
+ALGORITHM_NAMES = tuple(HYPER)
+
+
+def cross_entropy(params, example):
+  """Per-example multinomial logistic loss."""
+  logits = example["x"] @ params["w"] + params["b"]
+  return jax.nn.logsumexp(logits) - logits[example["y"]]
+
+
+def make_problem_and_algorithm(name: str, local_steps: int):
+  """``(problem, algorithm)`` of the logistic workload for ``name``."""
+  h = HYPER[name]
+  if name == "fedavg":
+    return (fedco.problems.plain(cross_entropy),
+            fedco.fedavg(learning_rate=h["learning_rate"], local_steps=local_steps))
+  if name == "comfedl":
+    return (fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"]),
+            fedco.comfedl(learning_rate=h["learning_rate"], local_steps=local_steps))
+  if name == "local_scgdm":
+    return (fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"]),
+            fedco.local_scgdm(learning_rate=h["learning_rate"], beta=h["beta"],
+                              alpha=h["alpha"], gamma=h["gamma_tracker"],
+                              local_steps=local_steps))
+  if name == "feddro":
+    lam = h["lam"]
+    problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / lam),
+                                 lambda y: lam * jnp.log(y), name="sample_kl_dro")
+    return problem, fedco.feddro(learning_rate=h["learning_rate"], beta=h["beta"],
+                                 local_steps=local_steps)
+  raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHM_NAMES)}")
+
+
+def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):
+  """Synthetic MNIST-shaped data: features uniform in [0, 1], uniform labels."""
+  rng = np.random.default_rng(seed)
+  n = clients * per_client
+  x = rng.random((n, in_dim), dtype=np.float32)
+  y = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
+  rows = [np.arange(k * per_client, (k + 1) * per_client) for k in range(clients)]
+  return {"x": x, "y": y}, rows
+
+
+def init_params(seed: int, in_dim: int = 784):
+  k = jax.random.PRNGKey(seed)
+  return {"w": 0.01 * jax.random.normal(k, (in_dim, NUM_CLASSES), jnp.float32),
+          "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
+
+
+@jax.jit
+def mean_loss(params, examples):
+  return jnp.mean(jax.vmap(cross_entropy, in_axes=(None, 0))(params, examples))
+
+
+def finite(tree) -> bool:
+  return all(bool(np.all(np.isfinite(np.asarray(l)))) for l in jax.tree.leaves(tree))
+
+
+def max_abs_diff(a, b) -> float:
+  """Largest absolute difference over matching leaves of two pytrees (NumPy-able)."""
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb), (len(la), len(lb))
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(la, lb))
+
+
+def max_abs(a) -> float:
+  return max(float(np.max(np.abs(np.asarray(x, np.float64)))) for x in jax.tree.leaves(a))
+
+
+class CompileCounter:
+  """Counts XLA backend compilations and sums their seconds."""
+
+  def __init__(self):
+    self.count = 0
+    self.seconds = 0.0
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, event, duration, **kwargs):
+    del kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+      self.seconds += float(duration)
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
+def _mem_total_gib() -> Optional[float]:
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return round(int(line.split()[1]) / 2**20, 2)
+  except OSError:
+    pass
+  return None
+
+
+def machine_info(torch_module=None) -> Dict[str, Any]:
+  import jaxlib
+  info = {"platform": platform.platform(), "processor": platform.processor(),
+          "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+          "mem_total_gib": _mem_total_gib(), "python": sys.version.split()[0],
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+          "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+          "default_backend": jax.default_backend(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          # other load on the shared machine skews timings; (1, 5, 15)-minute averages
+          "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+          # the session's `device` tool reported no accelerator lent for this task
+          "gpu_lent": False}
+  if torch_module is not None:
+    info["torch"] = torch_module.__version__
+    info["torch_num_threads"] = torch_module.get_num_threads()
+  return info
+
+
+def load_average() -> Optional[List[float]]:
+  return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def timestamp() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def maxrss_bytes() -> int:
+  """Peak resident set size of this process (Linux reports KiB)."""
+  return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def live_array_bytes() -> Optional[int]:
+  try:
+    return int(sum(a.nbytes for a in jax.live_arrays()))
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def alternate(sides: Dict[str, Callable[[], Any]], repeats: int,
+              counter: Optional[CompileCounter] = None) -> Dict[str, Dict[str, Any]]:
+  """Warm every side up once (timed as ``first_call_seconds``), then time ``repeats`` rounds
+  of calls that alternate between the sides, so drift on a shared machine hits all alike."""
+  first = {}
+  for label, fn in sides.items():
+    t0 = time.perf_counter()
+    fn()
+    first[label] = time.perf_counter() - t0
+  times = {label: [] for label in sides}
+  compiles = {label: 0 for label in sides}
+  for _ in range(repeats):
+    for label, fn in sides.items():
+      before = counter.count if counter else 0
+      t0 = time.perf_counter()
+      fn()
+      times[label].append(time.perf_counter() - t0)
+      if counter:
+        compiles[label] += counter.count - before
+  return {label: {"seconds": times[label], "median_seconds": statistics.median(times[label]),
+                  "first_call_seconds": first[label],
+                  "compiles_while_timed": compiles[label]} for label in sides}
+
+
+def write_json(path: str, value: Dict[str, Any]) -> None:
+  import fedco.io
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fedco.io.atomic_write_json(path, value)

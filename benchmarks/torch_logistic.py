@@ -1,0 +1,509 @@
+r"""Rounds per second on the E1 logistic workload: fedco, a PyTorch per-client loop, and one
+centralized jitted step.
+
+Workload: 10 clients (all in every round), ``tau = 5`` local steps per round, batch 32 per
+client per step, multinomial logistic regression 784 -> 10 (``w [784, 10]``, ``b [10]``),
+synthetic MNIST-shaped data (features uniform in [0, 1], random labels, 600 per client;
+nothing is downloaded). Algorithms (hyperparameters in ``benchmarks/_common.py``):
+
+* ``fedavg``: FedAvg on the cross-entropy (lr 0.05);
+* ``comfedl``: ComFedL on client-level KL-DRO, exp form, ``gamma = 0.2`` (lr 5e-9: the step
+  is about ``5e5 grad l``, a larger rate reaches NaN within a round);
+* ``local_scgdm``: Local-SCGDM on the same problem (``eta = 1``, ``beta = 5e-9``,
+  ``alpha = 0.8``, ``gamma = 0.7``; ``u`` and ``m`` averaged with the model every round);
+* ``feddro``: FedDRO on sample-level KL-DRO ``log mean exp(l / 1)`` as a global-inner
+  problem (lr 0.01, ``beta = 0.5``; ``y_bar`` averaged after every step).
+
+Three sides, timed in one process with their repeats alternating (medians reported):
+
+1. ``fedco``: ``fedco.Simulator(..., batch_size=32, evaluate=False)``; each repeat is one
+   ``run(state, --rounds)`` call (one jitted ``lax.scan``).
+2. ``torch``: a PyTorch loop written the way the papers' code is. One ``nn.Module`` copy per
+   client with its own ``torch.optim.SGD``; every round each client loads the server
+   weights; for every step a host batch is drawn with NumPy indices and wrapped with
+   ``torch.from_numpy`` (a cheap stand-in for a ``DataLoader``; the JSON records what a real
+   ``DataLoader`` costs per batch); the trackers (``u``, ``m``, ``y_bar``) are tensors;
+   rounds, clients and steps are Python loops (FedDRO: steps outside, clients inside, since
+   ``y_bar`` is averaged every step). The compositional steps use
+   ``torch.autograd.grad(g_value, params, grad_outputs=v)`` with ``v = grad f(y)``, which is
+   fedco's ``J_g^T grad f(y)``. The server averages the client models (and Local-SCGDM's
+   ``u``, ``m``) after each round.
+3. ``central``: the same per-step arithmetic on ONE model with the pooled batch ``K * b =
+   320``, as one jitted ``lax.scan`` of ``tau`` steps per round-equivalent (``K tau b``
+   examples). For FedAvg this is plain minibatch SGD; for the others it is the algorithm's
+   own ``update`` (``fedco.oracle_args`` on the pooled batch), i.e. the algorithm run with
+   one client. Batches are drawn on device (``randint`` + gather), as fedco does.
+
+Ratios reported: ``fedco rounds/s / torch rounds/s`` (target >= 30) and ``fedco seconds per
+round / central seconds per round-equivalent`` (target <= 1.5).
+
+Correctness: before timing, each algorithm runs ONE round on both fedco and torch from the
+same parameters on identical batches (each client holds 32 examples and both sides use a
+client's whole data as every batch: fedco's ``batch_size=None``), and the JSON records the
+largest absolute difference of the server parameters, of the parameter update, and of the
+trackers.
+
+Torch threads: ``torch.set_num_threads(os.cpu_count())`` (2 here; also torch's default).
+
+Run::
+
+    python -m benchmarks.torch_logistic --out=benchmarks/results/torch_logistic.json
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List
+
+from absl import app, flags
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+import torch.nn.functional as F
+
+import fedco
+from benchmarks import _common as C
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rounds", 50, "Rounds per fedco repeat (and per central repeat).")
+flags.DEFINE_integer("torch_rounds", 10, "Rounds per repeat of the PyTorch loop.")
+flags.DEFINE_integer("repeats", 7, "Timed repeats per side; the median is reported.")
+flags.DEFINE_string("out", "benchmarks/results/torch_logistic.json", "Where to write the JSON.")
+flags.DEFINE_list("algorithms", list(C.ALGORITHM_NAMES),
+                  "Comma list from fedavg, comfedl, local_scgdm, feddro.")
+flags.DEFINE_integer("clients", 10, "Clients (all participate every round).")
+flags.DEFINE_integer("local_steps", 5, "Local steps per round (tau).")
+flags.DEFINE_integer("batch_size", 32, "Examples per client per step (b).")
+flags.DEFINE_integer("examples_per_client", 600, "Synthetic examples per client.")
+flags.DEFINE_integer("check_examples", 32,
+                     "Examples per client in the one-round correctness check (whole-data "
+                     "batches on both sides).")
+flags.DEFINE_integer("seed", 0, "Seed for data, parameters and batches.")
+
+TARGET_VS_TORCH = 30.0
+TARGET_VS_CENTRAL = 1.5
+COMPILES = C.CompileCounter()
+
+
+# ---- (1) fedco ----------------------------------------------------------------------------
+
+class FedcoSide:
+
+  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
+               seed):
+    self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
+    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
+                               evaluate=False)
+    self.rounds = rounds
+    self.state = self.sim.init(params, seed)
+
+  def run(self):
+    self.state, metrics = self.sim.run(self.state, self.rounds)
+    jax.block_until_ready((self.state, metrics))
+
+  def params(self):
+    return self.state.server["params"]
+
+
+# ---- (2) the PyTorch per-client loop --------------------------------------------------------
+
+class TorchLogistic(torch.nn.Module):
+  """``logits = x @ w + b`` with fedco's parameter layout (``w [in, 10]``)."""
+
+  def __init__(self, params):
+    super().__init__()
+    self.w = torch.nn.Parameter(torch.tensor(np.asarray(params["w"])))
+    self.b = torch.nn.Parameter(torch.tensor(np.asarray(params["b"])))
+
+  def forward(self, x):
+    return x @ self.w + self.b
+
+
+class HostLoader:
+  """Per-step host batches: NumPy indices drawn with replacement, then ``torch.from_numpy``
+  (what a ``DataLoader`` with a replacement sampler yields, minus its per-item collation)."""
+
+  def __init__(self, host_examples, rows, batch_size, seed):
+    self.x = host_examples["x"]
+    self.y = host_examples["y"].astype(np.int64)  # torch's cross_entropy wants int64 labels
+    self.rows, self.batch_size = rows, batch_size
+    self.rng = np.random.default_rng(seed)
+
+  def draw(self, client):
+    rows = self.rows[client]
+    idx = rows[self.rng.integers(0, rows.size, self.batch_size)]
+    return torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx])
+
+
+class WholeDataLoader(HostLoader):
+  """Every batch is the client's whole data (fedco's ``batch_size=None``): the check."""
+
+  def draw(self, client):
+    idx = self.rows[client]
+    return torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx])
+
+
+class TorchFederated:
+  """One algorithm's federated loop in PyTorch, written per client as papers' code is."""
+
+  def __init__(self, name, params, loader, num_clients, local_steps):
+    self.name, self.loader = name, loader
+    self.k, self.tau = num_clients, local_steps
+    self.h = C.HYPER[name]
+    lr = self.h["beta"] * self.h["learning_rate"] if name == "local_scgdm" else \
+        self.h["learning_rate"]
+    self.server = TorchLogistic(params)
+    self.models = [TorchLogistic(params) for _ in range(num_clients)]
+    self.opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in self.models]
+    self.rounds_done = 0
+    if name in ("comfedl", "local_scgdm", "feddro"):
+      # init sync: y_bar_0 = mean over clients of one mini-batch g_k(x_0)
+      with torch.no_grad():
+        y0 = torch.stack([self.inner(self.server, *loader.draw(c))
+                          for c in range(num_clients)]).mean(0)
+      if name == "feddro":
+        self.y_bar = y0
+      if name == "local_scgdm":
+        self.count = 0
+        self.u = [y0.clone() for _ in range(num_clients)]
+        self.m = [[torch.zeros_like(p) for p in self.server.parameters()]
+                  for _ in range(num_clients)]
+
+  # the problem
+  def inner(self, model, x, y):
+    if self.name == "feddro":  # g(x; B) = mean_i exp(l_i / lam)
+      return torch.exp(F.cross_entropy(model(x), y, reduction="none") / self.h["lam"]).mean()
+    return F.cross_entropy(model(x), y)  # g_k(x; B) = client mean loss
+
+  def outer(self, y):
+    if self.name == "feddro":
+      return self.h["lam"] * torch.log(y)
+    return torch.exp(y / self.h["gamma"])
+
+  def outer_grad(self, y):
+    leaf = y.detach().clone().requires_grad_(True)
+    return torch.autograd.grad(self.outer(leaf), leaf)[0]
+
+  def compositional_grad(self, model, x, y, tracked=None):
+    """``(g(x; B), J_g^T grad f(y))`` with ``y`` the tracked value (default: the sample)."""
+    params = list(model.parameters())
+    g = self.inner(model, x, y)
+    v = self.outer_grad(g if tracked is None else tracked)
+    return g.detach(), torch.autograd.grad(g, params, grad_outputs=v)
+
+  # one round
+  def _load_server(self):
+    with torch.no_grad():
+      for model in self.models:
+        for p, s in zip(model.parameters(), self.server.parameters()):
+          p.copy_(s)
+
+  def _average_models(self):
+    with torch.no_grad():
+      for i, s in enumerate(self.server.parameters()):
+        s.copy_(torch.stack([list(m.parameters())[i] for m in self.models]).mean(0))
+
+  def round(self):
+    self._load_server()
+    getattr(self, "_round_" + self.name)()
+    self._average_models()
+    self.rounds_done += 1
+
+  def _round_fedavg(self):
+    for c in range(self.k):
+      model, opt = self.models[c], self.opts[c]
+      for _ in range(self.tau):
+        x, y = self.loader.draw(c)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+  def _round_comfedl(self):
+    for c in range(self.k):
+      model, opt = self.models[c], self.opts[c]
+      for _ in range(self.tau):
+        x, y = self.loader.draw(c)
+        _, z = self.compositional_grad(model, x, y)  # fresh y = g_k(x; B)
+        for p, zi in zip(model.parameters(), z):
+          p.grad = zi
+        opt.step()
+
+  def _round_local_scgdm(self):
+    g_rate = self.h["gamma_tracker"] * self.h["learning_rate"]
+    a_rate = self.h["alpha"] * self.h["learning_rate"]
+    count0 = self.count
+    for c in range(self.k):
+      model, opt = self.models[c], self.opts[c]
+      for t in range(self.tau):
+        first = count0 + t == 0
+        x, y = self.loader.draw(c)
+        params = list(model.parameters())
+        g = self.inner(model, x, y)
+        sample = g.detach()
+        self.u[c] = sample if first else (1 - g_rate) * self.u[c] + g_rate * sample
+        z = torch.autograd.grad(g, params, grad_outputs=self.outer_grad(self.u[c]))
+        self.m[c] = list(z) if first else [(1 - a_rate) * mi + a_rate * zi
+                                           for mi, zi in zip(self.m[c], z)]
+        for p, mi in zip(params, self.m[c]):
+          p.grad = mi
+        opt.step()  # x = x - beta eta m
+    self.count = count0 + self.tau
+    with torch.no_grad():  # u and m are averaged with the model every round
+      u = torch.stack(self.u).mean(0)
+      m = [torch.stack([mc[i] for mc in self.m]).mean(0) for i in range(len(self.m[0]))]
+    self.u = [u.clone() for _ in range(self.k)]
+    self.m = [[mi.clone() for mi in m] for _ in range(self.k)]
+
+  def _round_feddro(self):
+    beta = self.h["beta"]
+    for _ in range(self.tau):  # y_bar is averaged after every step: steps outside
+      ys = []
+      for c in range(self.k):
+        model, opt = self.models[c], self.opts[c]
+        x, y = self.loader.draw(c)  # zeta
+        x2, y2 = self.loader.draw(c)  # zeta'
+        _, z = self.compositional_grad(model, x, y, tracked=self.y_bar)
+        with torch.no_grad():
+          g_old = self.inner(model, x2, y2)
+        for p, zi in zip(model.parameters(), z):
+          p.grad = zi
+        opt.step()
+        with torch.no_grad():
+          g_new = self.inner(model, x2, y2)
+        ys.append((1 - beta) * (self.y_bar - g_old) + g_new)  # hybrid (STORM) tracker
+      self.y_bar = torch.stack(ys).mean(0)
+
+  def params(self):
+    return {"w": self.server.w.detach().numpy().copy(), "b": self.server.b.detach().numpy().copy()}
+
+
+class TorchSide:
+
+  def __init__(self, fed: TorchFederated, rounds: int):
+    self.fed, self.rounds = fed, rounds
+
+  def run(self):
+    for _ in range(self.rounds):
+      self.fed.round()
+
+
+# ---- (3) one centralized jitted step ---------------------------------------------------------
+
+class CentralSide:
+  """The algorithm's step on one model with the pooled batch ``K * b`` (``tau`` per round)."""
+
+  def __init__(self, name, problem, algorithm, host_examples, params, *, batch, local_steps,
+               rounds, seed):
+    examples = jax.tree.map(jnp.asarray, host_examples)
+    n = int(examples["x"].shape[0])
+    two_batches = name == "feddro"  # zeta and zeta' (the others use one batch per step)
+    gather = lambda key: jax.tree.map(
+        lambda a: a[jax.random.randint(key, (batch,), 0, n)], examples)
+
+    def step(carry, _):
+      params, st, key = carry
+      key, k1, k2 = jax.random.split(key, 3)
+      b1 = gather(k1)
+      b2 = gather(k2) if two_batches else b1
+      grad_h_fn, kwargs = fedco.oracle_args(problem, b1, b1, b2)
+      grad_h = None if grad_h_fn is None else grad_h_fn(params)
+      updates, st = algorithm.update(grad_h, st, params, **kwargs)
+      return (optax.apply_updates(params, updates), st, key), None
+
+    @jax.jit
+    def run(params, st, key):
+      (params, st, key), _ = jax.lax.scan(step, (params, st, key), None,
+                                          length=rounds * local_steps)
+      return params, st, key
+
+    key = jax.random.PRNGKey(seed + 2)
+    if problem.compositional:
+      key, k0 = jax.random.split(key)
+      b0 = gather(k0)
+      y0 = problem.inner_value(params, b0, jnp.full((batch,), 1.0 / batch, jnp.float32))
+      st = algorithm.init(params, inner_value=y0)
+    else:
+      st = algorithm.init(params)
+    self._run, self.rounds = run, rounds
+    self.carry = (params, st, key)
+
+  def run(self):
+    self.carry = jax.block_until_ready(self._run(*self.carry))
+
+  def params(self):
+    return self.carry[0]
+
+
+# ---- correctness: one round on identical batches --------------------------------------------
+
+def check_one_round(name, params, *, clients, per_client, local_steps, seed) -> Dict[str, Any]:
+  """fedco (``batch_size=None``) against the torch loop (whole-data batches): one round."""
+  problem, algorithm = C.make_problem_and_algorithm(name, local_steps)
+  host, rows = C.make_data(clients, per_client, seed + 7)
+  data = fedco.FederatedData.from_index_lists(host, rows)
+  sim = fedco.Simulator(problem, algorithm, data, batch_size=None, evaluate=False)
+  state, _ = sim.run(sim.init(params, seed), 1)
+  fed_params = jax.device_get(state.server["params"])
+  tfed = TorchFederated(name, params, WholeDataLoader(host, rows, None, seed), clients,
+                        local_steps)
+  tfed.round()
+  t_params = tfed.params()
+  p0 = jax.device_get(params)
+  delta_f = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, fed_params, p0)
+  delta_t = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, t_params, p0)
+  out = {"examples_per_client": per_client, "rounds": 1,
+         "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
+         "max_abs_params": C.max_abs(fed_params),
+         "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
+         "max_abs_update": C.max_abs(delta_f)}
+  out["relative_diff_update"] = out["max_abs_diff_update"] / max(out["max_abs_update"], 1e-30)
+  if name == "feddro":
+    out["max_abs_diff_tracker_y_bar"] = C.max_abs_diff(state.shared["y"], tfed.y_bar.numpy())
+    out["tracker_y_bar"] = float(state.shared["y"])
+  if name == "local_scgdm":
+    out["max_abs_diff_tracker_u"] = C.max_abs_diff(state.server["u"], tfed.u[0].numpy())
+    m_t = {"w": tfed.m[0][0].numpy(), "b": tfed.m[0][1].numpy()}
+    out["max_abs_diff_tracker_m"] = C.max_abs_diff(state.server["m"], m_t)
+    out["max_abs_tracker_m"] = C.max_abs(state.server["m"])
+  return out
+
+
+# ---- what a real DataLoader costs per batch -----------------------------------------------
+
+def dataloader_cost(host, rows, batch_size, seed, batches=300) -> Dict[str, float]:
+  """Microseconds per batch: the loop's NumPy draw vs ``torch.utils.data.DataLoader``."""
+  loader = HostLoader(host, rows, batch_size, seed)
+  t0 = time.perf_counter()
+  for _ in range(batches):
+    loader.draw(0)
+  numpy_us = 1e6 * (time.perf_counter() - t0) / batches
+  idx = rows[0]
+  ds = torch.utils.data.TensorDataset(torch.from_numpy(host["x"][idx]),
+                                      torch.from_numpy(host["y"][idx].astype(np.int64)))
+  sampler = torch.utils.data.RandomSampler(ds, replacement=True,
+                                           num_samples=batch_size * batches)
+  dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler)
+  t0 = time.perf_counter()
+  for _ in dl:
+    pass
+  dl_us = 1e6 * (time.perf_counter() - t0) / batches
+  return {"numpy_index_draw_us": numpy_us, "torch_dataloader_us": dl_us}
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+def markdown_tables(results, checks) -> str:
+  lines = ["| algorithm | fedco rounds/s | torch rounds/s | central round-eq/s | fedco / torch "
+           f"| >= {TARGET_VS_TORCH:g}x | fedco time / central time | <= {TARGET_VS_CENTRAL:g}x |",
+           "|---|---:|---:|---:|---:|:---:|---:|:---:|"]
+  for name, r in results.items():
+    lines.append(
+        f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['torch']['rounds_per_s']:.1f} "
+        f"| {r['central']['rounds_per_s']:.1f} | {r['fedco_over_torch']:.1f}x "
+        f"| {'yes' if r['meets_torch_target'] else 'no'} | {r['fedco_time_over_central']:.2f}x "
+        f"| {'yes' if r['meets_central_target'] else 'no'} |")
+  lines += ["", "| algorithm | max abs diff params | max abs update | rel. diff of update "
+            "| tracker diff |", "|---|---:|---:|---:|---:|"]
+  for name, c in checks.items():
+    tracker = c.get("max_abs_diff_tracker_y_bar", c.get("max_abs_diff_tracker_m"))
+    lines.append(f"| {name} | {c['max_abs_diff_params']:.2e} | {c['max_abs_update']:.2e} "
+                 f"| {c['relative_diff_update']:.2e} "
+                 f"| {'-' if tracker is None else f'{tracker:.2e}'} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  for name in FLAGS.algorithms:
+    if name not in C.ALGORITHM_NAMES:
+      raise app.UsageError(f"unknown algorithm {name!r}; choose from {C.ALGORITHM_NAMES}")
+  for flag in ("rounds", "torch_rounds", "repeats", "clients", "local_steps", "batch_size",
+               "examples_per_client", "check_examples"):
+    if getattr(FLAGS, flag) < 1:
+      raise app.UsageError(f"--{flag} must be >= 1, got {getattr(FLAGS, flag)}")
+  torch.set_num_threads(os.cpu_count())
+  torch.manual_seed(FLAGS.seed)
+  machine = C.machine_info(torch)
+  print(f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
+        f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
+        f"threads) | load {machine['load_average_start']}", flush=True)
+  k, tau, b = FLAGS.clients, FLAGS.local_steps, FLAGS.batch_size
+  host, rows = C.make_data(k, FLAGS.examples_per_client, FLAGS.seed)
+  params = C.init_params(FLAGS.seed)
+
+  checks = {}
+  for name in FLAGS.algorithms:
+    checks[name] = check_one_round(name, params, clients=k, per_client=FLAGS.check_examples,
+                                   local_steps=tau, seed=FLAGS.seed)
+    print(f"check {name}: max |params diff| {checks[name]['max_abs_diff_params']:.2e}, "
+          f"relative update diff {checks[name]['relative_diff_update']:.2e}", flush=True)
+
+  results = {}
+  for name in FLAGS.algorithms:
+    problem, algorithm = C.make_problem_and_algorithm(name, tau)
+    fed = FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
+                    seed=FLAGS.seed)
+    tfed = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
+    tside = TorchSide(tfed, FLAGS.torch_rounds)
+    central = CentralSide(name, problem, algorithm, host, params, batch=k * b, local_steps=tau,
+                          rounds=FLAGS.rounds, seed=FLAGS.seed)
+    load_before = C.load_average()
+    timed = C.alternate({"fedco": fed.run, "torch": tside.run, "central": central.run},
+                        FLAGS.repeats, COMPILES)
+    sides = {"fedco": (fed, FLAGS.rounds, fed.params()),
+             "torch": (tside, FLAGS.torch_rounds, tfed.params()),
+             "central": (central, FLAGS.rounds, central.params())}
+    rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before}
+    for label, (_, rounds, p) in sides.items():
+      t = timed[label]
+      t["rounds_per_repeat"] = rounds
+      t["rounds_per_s"] = rounds / t["median_seconds"]
+      t["ms_per_round"] = 1e3 * t["median_seconds"] / rounds
+      t["final_params_finite"] = C.finite(p)
+      t["final_mean_loss"] = float(C.mean_loss(jax.tree.map(jnp.asarray, p), host))
+      rec[label] = t
+    rec["torch"]["rounds_run"] = tfed.rounds_done
+    rec["fedco"]["rounds_run"] = int(fed.state.round)
+    rec["fedco_over_torch"] = rec["fedco"]["rounds_per_s"] / rec["torch"]["rounds_per_s"]
+    rec["fedco_time_over_central"] = rec["fedco"]["ms_per_round"] / rec["central"]["ms_per_round"]
+    rec["meets_torch_target"] = rec["fedco_over_torch"] >= TARGET_VS_TORCH
+    rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
+    results[name] = rec
+    print(f"{name}: fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
+          f"{rec['torch']['rounds_per_s']:.1f} r/s, central {rec['central']['rounds_per_s']:.1f}"
+          f" r/s | fedco/torch {rec['fedco_over_torch']:.1f}x, fedco/central time "
+          f"{rec['fedco_time_over_central']:.2f}x", flush=True)
+
+  out = {
+      "benchmark": "torch_logistic",
+      "timestamp": C.timestamp(),
+      "config": {"clients": k, "clients_per_round": k, "local_steps": tau, "batch_size": b,
+                 "central_batch_size": k * b, "examples_per_client": FLAGS.examples_per_client,
+                 "model": {"w": [784, C.NUM_CLASSES], "b": [C.NUM_CLASSES]},
+                 "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
+                 "fedco_rounds_per_repeat": FLAGS.rounds,
+                 "central_rounds_per_repeat": FLAGS.rounds,
+                 "torch_rounds_per_repeat": FLAGS.torch_rounds, "repeats": FLAGS.repeats,
+                 "statistic": "median over repeats; fedco, torch and central repeats alternate",
+                 "evaluate": False, "seed": FLAGS.seed,
+                 "torch_threads": "torch.set_num_threads(os.cpu_count())",
+                 "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH,
+                             "fedco_time_over_central_at_most": TARGET_VS_CENTRAL}},
+      "machine": machine,
+      "load_average_end": C.load_average(),
+      "host_batch_cost": dataloader_cost(host, rows, b, FLAGS.seed),
+      "check_one_round": checks,
+      "results": results,
+  }
+  C.write_json(FLAGS.out, out)
+  print()
+  print(markdown_tables(results, checks))
+  print(f"\nwrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,43 @@
+"""A checkpointed run for tests/test_checkpoint.py: ``resume_run.py ALGORITHM DIR OUT.npz``.
+
+Runs 1500 rounds with a checkpoint every 50 and saves the final model and metrics to
+``OUT.npz``. Run it twice on one DIR (killed the first time) to test resumption.
+"""
+
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+import fedco
+from fedco.problems import portfolio
+
+ROUNDS, EVERY = 1500, 50
+
+
+def setup(name):
+  rng = np.random.default_rng(0)
+  clients = [{"r": rng.normal(0.2 * (k + 1), 1.0, size=(20 + 7 * k, 3)).astype(np.float32)}
+             for k in range(4)]
+  data = fedco.FederatedData.from_clients(clients)
+  algorithms = {
+      "comfedl": (portfolio(1.0, kind="local"), fedco.comfedl(0.01, 3)),
+      "local_scgdm": (portfolio(1.0, kind="local"), fedco.local_scgdm(1.0, 0.01, 0.8, 0.7, 3)),
+      "feddro": (portfolio(1.0), fedco.feddro(0.01, 0.5, 3)),
+  }
+  problem, alg = algorithms[name]
+  return problem, alg, data
+
+
+def main(name, directory, out, checkpoint=True):
+  problem, alg, data = setup(name)
+  result = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=ROUNDS, seed=5,
+                          batch_size=4, clients_per_round=3, chunk_rounds=EVERY,
+                          checkpoint_dir=directory if checkpoint else None,
+                          checkpoint_every=EVERY)
+  np.savez(out, params=np.asarray(result.params), objective=result.metrics["objective"],
+           clients=result.metrics["clients"])
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2], sys.argv[3], checkpoint=sys.argv[2] != "-")
