@@ -37,13 +37,16 @@ Three sides, timed in one process with their repeats alternating (medians report
 Ratios reported: ``fedco rounds/s / torch rounds/s`` (target >= 30) and ``fedco seconds per
 round / central seconds per round-equivalent`` (target <= 1.5).
 
+Torch threads: the ``torch`` side uses ``torch.set_num_threads(os.cpu_count())`` (2 here;
+also torch's default). A second side, ``torch_1t``, runs the same loop with one thread:
+on a shared 2-core machine the two OpenMP threads oversubscribe the cores and a 32 x 784
+step becomes up to 10x slower, so the 30x target is judged against the faster torch side.
+
 Correctness: before timing, each algorithm runs ONE round on both fedco and torch from the
 same parameters on identical batches (each client holds 32 examples and both sides use a
 client's whole data as every batch: fedco's ``batch_size=None``), and the JSON records the
 largest absolute difference of the server parameters, of the parameter update, and of the
 trackers.
-
-Torch threads: ``torch.set_num_threads(os.cpu_count())`` (2 here; also torch's default).
 
 Run::
 
@@ -70,8 +73,13 @@ from benchmarks import _common as C
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 50, "Rounds per fedco repeat (and per central repeat).")
-flags.DEFINE_integer("torch_rounds", 10, "Rounds per repeat of the PyTorch loop.")
-flags.DEFINE_integer("repeats", 7, "Timed repeats per side; the median is reported.")
+flags.DEFINE_integer("torch_rounds", 2, "Rounds per repeat of the PyTorch loop.")
+flags.DEFINE_integer("repeats", 5, "Timed repeats per side; the median is reported.")
+flags.DEFINE_boolean("torch_one_thread", True,
+                     "Also time the PyTorch loop with torch.set_num_threads(1) (side "
+                     "'torch_1t'). On a loaded 2-core machine torch's 2 OpenMP threads "
+                     "oversubscribe the cores and run up to 10x slower than 1 thread; the "
+                     "targets are judged against the faster torch side.")
 flags.DEFINE_string("out", "benchmarks/results/torch_logistic.json", "Where to write the JSON.")
 flags.DEFINE_list("algorithms", list(C.ALGORITHM_NAMES),
                   "Comma list from fedavg, comfedl, local_scgdm, feddro.")
@@ -282,11 +290,14 @@ class TorchFederated:
 
 
 class TorchSide:
+  """Times ``rounds`` rounds of a :class:`TorchFederated` with ``threads`` intra-op threads
+  (set before every repeat: the setting is process-wide and the sides alternate)."""
 
-  def __init__(self, fed: TorchFederated, rounds: int):
-    self.fed, self.rounds = fed, rounds
+  def __init__(self, fed: TorchFederated, rounds: int, threads: int):
+    self.fed, self.rounds, self.threads = fed, rounds, threads
 
   def run(self):
+    torch.set_num_threads(self.threads)
     for _ in range(self.rounds):
       self.fed.round()
 
@@ -369,6 +380,7 @@ def check_one_round(name, params, *, clients, per_client, local_steps, seed) -> 
     m_t = {"w": tfed.m[0][0].numpy(), "b": tfed.m[0][1].numpy()}
     out["max_abs_diff_tracker_m"] = C.max_abs_diff(state.server["m"], m_t)
     out["max_abs_tracker_m"] = C.max_abs(state.server["m"])
+    out["relative_diff_tracker_m"] = out["max_abs_diff_tracker_m"] / out["max_abs_tracker_m"]
   return out
 
 
@@ -397,22 +409,29 @@ def dataloader_cost(host, rows, batch_size, seed, batches=300) -> Dict[str, floa
 # ---- main -------------------------------------------------------------------------------------
 
 def markdown_tables(results, checks) -> str:
-  lines = ["| algorithm | fedco rounds/s | torch rounds/s | central round-eq/s | fedco / torch "
-           f"| >= {TARGET_VS_TORCH:g}x | fedco time / central time | <= {TARGET_VS_CENTRAL:g}x |",
+  lines = ["| algorithm | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
+           f"| fedco / faster torch | >= {TARGET_VS_TORCH:g}x | fedco time / central time "
+           f"| <= {TARGET_VS_CENTRAL:g}x |",
            "|---|---:|---:|---:|---:|:---:|---:|:---:|"]
   for name, r in results.items():
+    t1 = f"{r['torch_1t']['rounds_per_s']:.2f}" if "torch_1t" in r else "-"
     lines.append(
-        f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['torch']['rounds_per_s']:.1f} "
-        f"| {r['central']['rounds_per_s']:.1f} | {r['fedco_over_torch']:.1f}x "
+        f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['torch']['rounds_per_s']:.2f} / {t1} "
+        f"| {r['central']['rounds_per_s']:.1f} | {r['fedco_over_torch_best']:.1f}x "
         f"| {'yes' if r['meets_torch_target'] else 'no'} | {r['fedco_time_over_central']:.2f}x "
         f"| {'yes' if r['meets_central_target'] else 'no'} |")
   lines += ["", "| algorithm | max abs diff params | max abs update | rel. diff of update "
             "| tracker diff |", "|---|---:|---:|---:|---:|"]
   for name, c in checks.items():
-    tracker = c.get("max_abs_diff_tracker_y_bar", c.get("max_abs_diff_tracker_m"))
+    if "max_abs_diff_tracker_y_bar" in c:
+      tracker = f"y_bar {c['max_abs_diff_tracker_y_bar']:.1e} (of {c['tracker_y_bar']:.3g})"
+    elif "max_abs_diff_tracker_m" in c:
+      tracker = (f"u {c['max_abs_diff_tracker_u']:.1e}; m {c['max_abs_diff_tracker_m']:.1e} "
+                 f"(rel. {c['relative_diff_tracker_m']:.1e})")
+    else:
+      tracker = "-"
     lines.append(f"| {name} | {c['max_abs_diff_params']:.2e} | {c['max_abs_update']:.2e} "
-                 f"| {c['relative_diff_update']:.2e} "
-                 f"| {'-' if tracker is None else f'{tracker:.2e}'} |")
+                 f"| {c['relative_diff_update']:.2e} | {tracker} |")
   return "\n".join(lines)
 
 
@@ -448,17 +467,22 @@ def main(argv):
     fed = FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
                     seed=FLAGS.seed)
     tfed = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
-    tside = TorchSide(tfed, FLAGS.torch_rounds)
+    torch_sides = {"torch": (tfed, TorchSide(tfed, FLAGS.torch_rounds, os.cpu_count()))}
+    if FLAGS.torch_one_thread:
+      tfed1 = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
+      torch_sides["torch_1t"] = (tfed1, TorchSide(tfed1, FLAGS.torch_rounds, 1))
     central = CentralSide(name, problem, algorithm, host, params, batch=k * b, local_steps=tau,
                           rounds=FLAGS.rounds, seed=FLAGS.seed)
     load_before = C.load_average()
-    timed = C.alternate({"fedco": fed.run, "torch": tside.run, "central": central.run},
-                        FLAGS.repeats, COMPILES)
-    sides = {"fedco": (fed, FLAGS.rounds, fed.params()),
-             "torch": (tside, FLAGS.torch_rounds, tfed.params()),
-             "central": (central, FLAGS.rounds, central.params())}
+    runs = {"fedco": fed.run, **{label: side.run for label, (_, side) in torch_sides.items()},
+            "central": central.run}
+    timed = C.alternate(runs, FLAGS.repeats, COMPILES)
+    torch.set_num_threads(os.cpu_count())
+    sides = {"fedco": (FLAGS.rounds, fed.params()),
+             **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
+             "central": (FLAGS.rounds, central.params())}
     rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before}
-    for label, (_, rounds, p) in sides.items():
+    for label, (rounds, p) in sides.items():
       t = timed[label]
       t["rounds_per_repeat"] = rounds
       t["rounds_per_s"] = rounds / t["median_seconds"]
@@ -466,16 +490,22 @@ def main(argv):
       t["final_params_finite"] = C.finite(p)
       t["final_mean_loss"] = float(C.mean_loss(jax.tree.map(jnp.asarray, p), host))
       rec[label] = t
-    rec["torch"]["rounds_run"] = tfed.rounds_done
+    for label, (tf, side) in torch_sides.items():
+      rec[label]["rounds_run"] = tf.rounds_done
+      rec[label]["threads"] = side.threads
+      rec[f"fedco_over_{label}"] = rec["fedco"]["rounds_per_s"] / rec[label]["rounds_per_s"]
     rec["fedco"]["rounds_run"] = int(fed.state.round)
-    rec["fedco_over_torch"] = rec["fedco"]["rounds_per_s"] / rec["torch"]["rounds_per_s"]
+    best = max(torch_sides, key=lambda label: rec[label]["rounds_per_s"])
+    rec["faster_torch_side"] = best
+    rec["fedco_over_torch_best"] = rec["fedco"]["rounds_per_s"] / rec[best]["rounds_per_s"]
     rec["fedco_time_over_central"] = rec["fedco"]["ms_per_round"] / rec["central"]["ms_per_round"]
-    rec["meets_torch_target"] = rec["fedco_over_torch"] >= TARGET_VS_TORCH
+    rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
     rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
     results[name] = rec
     print(f"{name}: fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
-          f"{rec['torch']['rounds_per_s']:.1f} r/s, central {rec['central']['rounds_per_s']:.1f}"
-          f" r/s | fedco/torch {rec['fedco_over_torch']:.1f}x, fedco/central time "
+          + ", ".join(f"{label} {rec[label]['rounds_per_s']:.2f}" for label in torch_sides)
+          + f" r/s, central {rec['central']['rounds_per_s']:.1f}"
+          f" r/s | fedco/best torch {rec['fedco_over_torch_best']:.1f}x, fedco/central time "
           f"{rec['fedco_time_over_central']:.2f}x", flush=True)
 
   out = {
@@ -490,7 +520,9 @@ def main(argv):
                  "torch_rounds_per_repeat": FLAGS.torch_rounds, "repeats": FLAGS.repeats,
                  "statistic": "median over repeats; fedco, torch and central repeats alternate",
                  "evaluate": False, "seed": FLAGS.seed,
-                 "torch_threads": "torch.set_num_threads(os.cpu_count())",
+                 "torch_threads": {"torch": "torch.set_num_threads(os.cpu_count())",
+                                   "torch_1t": "torch.set_num_threads(1)"
+                                   if FLAGS.torch_one_thread else None},
                  "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH,
                              "fedco_time_over_central_at_most": TARGET_VS_CENTRAL}},
       "machine": machine,

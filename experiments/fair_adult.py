@@ -165,7 +165,7 @@ def make(spec, config):
   name, steps, lr = spec["algorithm"], spec["local_steps"], config["learning_rate"]
   if name == "sgd":
     return fair.unconstrained(), fedco.fedavg(lr, 1)
-  problem = fair.fairness(adult.NUM_GROUPS, config["eps"], config["alpha"], config["gamma"])
+  problem = fair.fairness_problem(adult.NUM_GROUPS, config["eps"], config["alpha"], config["gamma"])
   if name == "feddro":
     return problem, fedco.feddro(lr, config["beta"], steps)
   if name == "ds_feddro":

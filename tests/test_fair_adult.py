@@ -166,7 +166,7 @@ def _np_objective(params, batch, eps=0.01, alpha=0.1, gamma=0.1):
 
 def test_objective_matches_numpy_on_a_batch(real):
   batch, params = _small_batch(real)
-  problem = fair.fairness()
+  problem = fair.fairness_problem()
   n = batch["y"].size
   w = jnp.full((n,), 1.0 / n)
   value = problem.client_objective(params, batch, w)
@@ -178,7 +178,7 @@ def test_objective_matches_numpy_on_a_batch(real):
 
 def test_composition_gradient_matches_grad_of_the_direct_formula(real):
   batch, params = _small_batch(real, seed=1)
-  problem = fair.fairness()
+  problem = fair.fairness_problem()
   grad_h, kwargs = fedco.oracle_args(problem, batch, batch, batch)
   _, z = estimators.value_and_compositional_grad(kwargs["inner_fn"], kwargs["outer_fn"], params)
   z = jax.tree.map(jnp.add, z, grad_h(params))
@@ -287,7 +287,7 @@ def _flat(params):
 
 def test_gcivr_update_matches_numpy_with_changing_batches():
   (ex,) = _tiny_clients(sizes=(30,), seed=3)
-  problem = fair.fairness()
+  problem = fair.fairness_problem()
   lr, q, steps = 0.05, 3, 7
   rng = np.random.default_rng(5)
   pos = [np.flatnonzero((ex["y"] == 1) & (ex["proxy"] == k)) for k in range(G)]
@@ -318,7 +318,7 @@ def test_gcivr_update_matches_numpy_with_changing_batches():
 def test_gcivr_in_the_runtime_matches_the_parallel_transcription():
   clients = _tiny_clients()
   data = fedco.FederatedData.from_clients(clients)
-  problem = fair.fairness()
+  problem = fair.fairness_problem()
   lr, q, rounds = 0.05, 2, 6
   params = {"w": jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32), "b": jnp.float32(-0.1)}
   res = fedco.simulate(problem, gcivr(lr, q), data, params, rounds=rounds, batch_size=None)

@@ -49,7 +49,19 @@ def net():
 
 def _hessian(meta, params, x, y):
   flat, unravel = ravel_pytree(params)
-  return np.asarray(jax.hessian(lambda f: meta.task_loss(unravel(f), x, y))(flat), np.float64)
+  hess = jax.jit(jax.hessian(lambda f, x, y: meta.task_loss(unravel(f), x, y)))
+  return np.asarray(hess(flat, x, y), np.float64)
+
+
+def _inner_vjp(meta, params, ep, cotangent):
+  """``(g(w; ep), J_g^T cotangent)`` through fedco's oracle, jitted."""
+
+  @jax.jit
+  def run(params, ep, cotangent):
+    sample, pullback = estimators.inner_vjp(lambda w: meta.inner(w, ep), params)
+    return sample, pullback(cotangent)
+
+  return run(params, ep, cotangent)
 
 
 def _flat(tree):
@@ -62,11 +74,11 @@ def test_inner_vjp_is_the_exact_hessian_vector_product(activation):
   params = init_mlp(model, 1, seed=3)
   meta = MAML(model.apply, A)
   ep = _episode(np.random.default_rng(0), tasks=1)
-  sample, pullback = estimators.inner_vjp(lambda w: meta.inner(w, ep), params)
   flat, unravel = ravel_pytree(params)
   v = np.asarray(jax.random.normal(jax.random.PRNGKey(1), flat.shape), np.float32)
   table_v = jax.tree.map(lambda a: a[None], unravel(jnp.asarray(v)))
-  got = _flat(pullback(table_v))
+  sample, got = _inner_vjp(meta, params, ep, table_v)
+  got = _flat(got)
   H = _hessian(meta, params, ep["support_x"][0], ep["support_y"][0])
   hv = A * H @ v
   assert np.linalg.norm(hv) > 0.05 * np.linalg.norm(v)  # the term is there to be missed
@@ -82,13 +94,13 @@ def test_table_vjp_sums_each_tasks_product(net):
   model, params = net
   meta = MAML(model.apply, A)
   ep = _episode(np.random.default_rng(1), tasks=3)
-  _, pullback = estimators.inner_vjp(lambda w: meta.inner(w, ep), params)
   flat, unravel = ravel_pytree(params)
   vs = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (3,) + flat.shape), np.float32)
   table_v = jax.vmap(unravel)(jnp.asarray(vs))
+  _, got = _inner_vjp(meta, params, ep, table_v)
   expected = sum(vs[t] - A * _hessian(meta, params, ep["support_x"][t],
                                       ep["support_y"][t]) @ vs[t] for t in range(3))
-  np.testing.assert_allclose(_flat(pullback(table_v)), expected, rtol=1e-4,
+  np.testing.assert_allclose(_flat(got), expected, rtol=1e-4,
                              atol=2e-5 * np.abs(vs).max())
 
 
@@ -96,13 +108,13 @@ def test_first_order_drops_the_hessian_term(net):
   model, params = net
   second, first = MAML(model.apply, A), MAML(model.apply, A, first_order=True)
   ep = _episode(np.random.default_rng(2), tasks=2)
-  s2, _ = estimators.inner_vjp(lambda w: second.inner(w, ep), params)
-  s1, pull1 = estimators.inner_vjp(lambda w: first.inner(w, ep), params)
-  np.testing.assert_allclose(_flat(s1), _flat(s2), rtol=1e-6)  # same forward value
   flat, unravel = ravel_pytree(params)
   vs = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2,) + flat.shape), np.float32)
-  np.testing.assert_allclose(_flat(pull1(jax.vmap(unravel)(jnp.asarray(vs)))), vs.sum(0),
-                             rtol=1e-6, atol=1e-6)
+  table_v = jax.vmap(unravel)(jnp.asarray(vs))
+  s2, _ = _inner_vjp(second, params, ep, table_v)
+  s1, got = _inner_vjp(first, params, ep, table_v)
+  np.testing.assert_allclose(_flat(s1), _flat(s2), rtol=1e-6)  # same forward value
+  np.testing.assert_allclose(_flat(got), vs.sum(0), rtol=1e-6, atol=1e-6)
 
 
 def test_multi_step_equals_unrolled_chain_of_hessians(net):
@@ -113,18 +125,19 @@ def test_multi_step_equals_unrolled_chain_of_hessians(net):
   ep = _episode(np.random.default_rng(3), tasks=1)
   x, y = ep["support_x"][0], ep["support_y"][0]
   iterates = [params]
+  step = jax.jit(lambda w: one.adapt(w, x, y))
   for _ in range(steps):
-    iterates.append(one.adapt(iterates[-1], x, y))
-  sample, pullback = estimators.inner_vjp(lambda w: meta.inner(w, ep), params)
-  np.testing.assert_allclose(_flat(jax.tree.map(lambda a: a[0], sample)), _flat(iterates[-1]),
-                             rtol=1e-5, atol=1e-6)
+    iterates.append(step(iterates[-1]))
   flat, unravel = ravel_pytree(params)
   v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), flat.shape), np.float64)
+  sample, got = _inner_vjp(meta, params, ep,
+                           jax.tree.map(lambda a: a[None], unravel(jnp.asarray(v, jnp.float32))))
+  np.testing.assert_allclose(_flat(jax.tree.map(lambda a: a[0], sample)), _flat(iterates[-1]),
+                             rtol=1e-5, atol=1e-6)
   expected = v.copy()  # J^T v = (I - aH(w_0))(I - aH(w_1))(I - aH(w_2)) v
   for w in iterates[-2::-1]:
     expected = expected - A * _hessian(one, w, x, y) @ expected
-  got = _flat(pullback(jax.tree.map(lambda a: a[None], unravel(jnp.asarray(v, jnp.float32)))))
-  np.testing.assert_allclose(got, expected, rtol=2e-4, atol=5e-5 * np.abs(v).max())
+  np.testing.assert_allclose(_flat(got), expected, rtol=2e-4, atol=5e-5 * np.abs(v).max())
 
 
 def _hand_written_maml_loss(apply_fn, a, params, ep):
@@ -141,25 +154,33 @@ def _hand_written_maml_loss(apply_fn, a, params, ep):
   return total
 
 
+def _problem_grad(problem, params, ep):
+  """``(f(g(w; ep); ep), J_g^T grad f)`` through the Problem's batch means, jitted."""
+
+  @jax.jit
+  def run(params, ep):
+    batch, w1 = jax.tree.map(lambda a: a[None], ep), jnp.ones((1,), jnp.float32)
+    _, z = estimators.value_and_compositional_grad(
+        lambda w: problem.inner_value(w, batch, w1),
+        lambda y: problem.outer_value(y, batch, w1), params)
+    return problem.client_objective(params, batch, w1), z
+
+  return run(params, ep)
+
+
 def test_compositional_gradient_equals_grad_of_the_direct_maml_loss(net):
   model, params = net
-  problem = maml(model.apply, A)
   ep = _episode(np.random.default_rng(4), tasks=4, weights=[0.5, 0.0, 0.3, 0.2])
-  batch = jax.tree.map(lambda a: a[None], ep)
-  w1 = jnp.ones((1,), jnp.float32)
-  _, z = estimators.value_and_compositional_grad(
-      lambda w: problem.inner_value(w, batch, w1),
-      lambda y: problem.outer_value(y, batch, w1), params)
-  direct = jax.grad(_hand_written_maml_loss, argnums=2)(model.apply, A, params, ep)
+  value, z = _problem_grad(maml(model.apply, A), params, ep)
+  direct_value, direct = jax.jit(jax.value_and_grad(
+      lambda w, ep: _hand_written_maml_loss(model.apply, A, w, ep)))(params, ep)
   np.testing.assert_allclose(_flat(z), _flat(direct), rtol=2e-4, atol=1e-5)
-  np.testing.assert_allclose(
-      float(problem.client_objective(params, batch, w1)),
-      float(_hand_written_maml_loss(model.apply, A, params, ep)), rtol=1e-5)
+  np.testing.assert_allclose(float(value), float(direct_value), rtol=1e-5)
   # the task-averaged composition f(mean_t g_t) is a different objective
   meta = MAML(model.apply, A)
-  naive = lambda w: meta.outer(jax.tree.map(
-      lambda a: jnp.broadcast_to(jnp.mean(a, 0), a.shape), meta.inner(w, ep)), ep)
-  assert np.linalg.norm(_flat(jax.grad(naive)(params)) - _flat(direct)) > \
+  naive = jax.jit(jax.grad(lambda w, ep: meta.outer(jax.tree.map(
+      lambda a: jnp.broadcast_to(jnp.mean(a, 0), a.shape), meta.inner(w, ep)), ep)))
+  assert np.linalg.norm(_flat(naive(params, ep)) - _flat(direct)) > \
       1e-2 * np.linalg.norm(_flat(direct))
 
 
@@ -167,27 +188,20 @@ def test_da_maml_outer_is_the_weighted_exp_mean_and_stable(net):
   model, params = net
   meta = MAML(model.apply, A)
   ep = _episode(np.random.default_rng(5), tasks=3, weights=[0.2, 0.5, 0.3])
-  losses = meta.query_losses(meta.inner(params, ep), ep)
+  losses_fn = jax.jit(lambda w, ep: meta.query_losses(meta.inner(w, ep), ep))
+  losses = losses_fn(params, ep)
   gamma = 0.5
-  problem = da_maml(model.apply, A, gamma)
-  batch, w1 = jax.tree.map(lambda a: a[None], ep), jnp.ones((1,), jnp.float32)
-  value = problem.client_objective(params, batch, w1)
+  value, z = _problem_grad(da_maml(model.apply, A, gamma), params, ep)
   np.testing.assert_allclose(float(value), float(jnp.sum(ep["task_weight"]
                                                          * jnp.exp(losses / gamma))), rtol=1e-5)
-  _, z = estimators.value_and_compositional_grad(
-      lambda w: problem.inner_value(w, batch, w1),
-      lambda y: problem.outer_value(y, batch, w1), params)
-  direct = jax.grad(lambda w: jnp.sum(ep["task_weight"] * jnp.exp(
-      meta.query_losses(meta.inner(w, ep), ep) / gamma)))(params)
+  direct = jax.jit(jax.grad(lambda w, ep: jnp.sum(ep["task_weight"] * jnp.exp(
+      losses_fn(w, ep) / gamma))))(params, ep)
   np.testing.assert_allclose(_flat(z), _flat(direct), rtol=2e-4, atol=1e-5)
   # tiny gamma: L/gamma far beyond float32's exp range; a shift keeps value and step finite
   tiny = float(jnp.min(losses)) / 1e3
   shift = float(jnp.max(losses))
-  shifted = da_maml(model.apply, A, tiny, shift=shift)
-  v = shifted.client_objective(params, batch, w1)
-  _, z = estimators.value_and_compositional_grad(
-      lambda w: shifted.inner_value(w, batch, w1),
-      lambda y: shifted.outer_value(y, batch, w1), params)
+  v, z = _problem_grad(da_maml(model.apply, A, tiny, shift=shift), params, ep)
+  assert float(jnp.max(losses)) / tiny > 500  # exp(L / gamma) alone would overflow
   assert np.isfinite(float(v)) and np.all(np.isfinite(_flat(z)))
   ref = da_maml_value(losses, tiny, ep["task_weight"])  # gamma log sum w exp(L / gamma)
   assert np.isfinite(float(ref)) and float(ref) > 0

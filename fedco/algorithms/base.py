@@ -125,6 +125,8 @@ class RoundInfo(NamedTuple):
     key: a PRNG key for the server's own randomness.
     client_losses: ``(params, ids, key) -> [len(ids)]``: each listed client's loss of
       ``params`` on one fresh mini-batch of its data (DRFA's loss queries).
+    alive: ``bool [m]``: which of them survived the round (client dropout); dropped
+      clients' values must not count. Their ``weights`` are already 0.
   """
   ids: jax.Array
   weights: jax.Array
@@ -132,6 +134,11 @@ class RoundInfo(NamedTuple):
   num_clients: int
   key: jax.Array
   client_losses: Callable[..., jax.Array]
+  alive: Optional[jax.Array] = None
+
+  @property
+  def alive_mask(self) -> jax.Array:
+    return jnp.ones(self.ids.shape, bool) if self.alive is None else self.alive
 
 
 class ServerAggregator(NamedTuple):

@@ -97,14 +97,15 @@ def qfedavg(learning_rate=0.01, local_steps: int = 5, *, q: float = 0.2) -> base
     return optax.EmptyState()
 
   def server_update(server, state, client_values, info):
-    del info
+    alive = info.alive_mask.astype(jnp.float32)
     x = server["params"]
     losses = jnp.maximum(client_values["loss"], 1e-10)  # F^(q-1) needs F > 0
     dw = jax.tree.map(lambda a, b: (a[None] - b) / lr, x, client_values["params"])
     sq_norm = sum(jnp.sum(l.reshape(l.shape[0], -1) ** 2, axis=1) for l in jax.tree.leaves(dw))
-    fq = losses ** q
+    fq = alive * losses ** q
     delta = jax.tree.map(lambda d: jnp.tensordot(fq.astype(d.dtype), d, axes=1), dw)
-    h = jnp.sum(q * losses ** (q - 1.0) * sq_norm + fq / lr)
+    h = jnp.sum(alive * (q * losses ** (q - 1.0) * sq_norm) + fq / lr)
+    h = jnp.where(h > 0, h, 1.0)  # nobody survived: delta is 0 and x stays
     return {**server, "params": jax.tree.map(lambda a, d: a - d / h, x, delta)}, state
 
   return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
@@ -147,8 +148,11 @@ def drfa(learning_rate=0.01, local_steps: int = 5, *, weights_lr: float = 0.08
   def server_update(server, state, client_values, info):
     n, m = info.num_clients, info.ids.shape[0]
     lam = state.weights
-    x_new = _weighted_step(server["params"], client_values["params"], (n / m) * lam[info.ids])
-    snapshot = base.weighted_client_mean(client_values["snapshot"], jnp.full((m,), 1.0 / m))
+    alive = info.alive_mask
+    x_new = _weighted_step(server["params"], client_values["params"],
+                           (n / m) * lam[info.ids] * alive)
+    survivors = jnp.maximum(jnp.sum(alive), 1)
+    snapshot = base.weighted_client_mean(client_values["snapshot"], alive / survivors)
     k_ids, k_loss = jax.random.split(info.key)
     queried = jnp.sort(jax.random.permutation(k_ids, n)[:m])
     losses = info.client_losses(snapshot, queried, k_loss)
@@ -179,8 +183,10 @@ def afl(learning_rate=0.01, *, weights_lr: float = 0.1) -> base.Algorithm:
   def server_update(server, state, client_values, info):
     n, m = info.num_clients, info.ids.shape[0]
     lam = state.weights
-    x_new = _weighted_step(server["params"], client_values["params"], (n / m) * lam[info.ids])
-    losses = jnp.zeros((n,), lam.dtype).at[info.ids].set(client_values["loss"])
+    alive = info.alive_mask
+    x_new = _weighted_step(server["params"], client_values["params"],
+                           (n / m) * lam[info.ids] * alive)
+    losses = jnp.zeros((n,), lam.dtype).at[info.ids].set(client_values["loss"] * alive)
     return {**server, "params": x_new}, WeightsState(base.project_simplex(lam + eta * losses))
 
   return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),

@@ -35,7 +35,8 @@ uniformly among the other ``G - 1``; train and test draw from independent seeded
 Each split is a dict of host NumPy arrays ``{"x": float32 [N, d], "y": float32 [N] (0/1),
 "group": int32 [N], "proxy": int32 [N]}``. :func:`federated_adult` splits the training rows
 IID over ``K`` clients (``fedco.data.partition.iid``, seeded) into a
-:class:`~fedco.data.FederatedData`.
+:class:`~fedco.data.FederatedData`; :func:`resample_proxies` redraws the proxies for another
+seed without re-reading the files.
 """
 
 from __future__ import annotations

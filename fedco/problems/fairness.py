@@ -116,7 +116,7 @@ def outer_map(num_groups: int, eps=EPS, alpha=ALPHA, gamma=GAMMA):
   return outer
 
 
-def fairness(num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA) -> Problem:
+def fairness_problem(num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA) -> Problem:
   """SPEC 4.6 as a global-inner problem ``BCE(w) + log P(w)`` (module docstring).
 
   Examples are dicts ``{"x": float [d], "y": float 0/1, "proxy": int}``; parameters are

@@ -200,6 +200,12 @@ class Simulator:
       round's clients are laid along it (``vmap`` with ``spmd_axis_name`` plus sharding
       constraints). A round's client count that the axis does not divide is padded with
       masked clients that neither train nor count. ``None``: one device.
+    participation: the probability that each of a round's clients survives the round
+      (client dropout); a dropped client neither trains nor counts in any average, and a
+      round whose clients all drop leaves the server as it was.
+    straggler_prob: the probability that a surviving client is a straggler this round and
+      does only a uniform number of local steps in ``{1, ..., I - 1}``; a straggler counts
+      in the averages with the work it did.
     eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round
       and after round 1; other rounds skip the work (``lax.cond``) and hold NaN, and
       ``metrics["evaluated"]`` marks the evaluated rounds.
@@ -210,7 +216,8 @@ class Simulator:
                outer_batch_size: Optional[int] = -1, evaluate: bool = True,
                exact_grad_norm: bool = False,
                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
-               eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None):
+               eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
+               participation: float = 1.0, straggler_prob: float = 0.0):
     if not isinstance(problem, Problem):
       raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
     if not isinstance(algorithm, Algorithm):
@@ -239,6 +246,11 @@ class Simulator:
       raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
                        f"fedco.runtime.client_mesh), got {mesh!r}")
     self.mesh = mesh
+    _validate.open_unit("participation", participation, closed_right=True)
+    if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
+      raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
+    self.participation, self.straggler_prob = participation, straggler_prob
+    self.faults = participation < 1 or straggler_prob > 0
     self.plan = algorithm.plan
     self.aggregator = as_aggregator(algorithm.server)
     self._run = jax.jit(self._run_rounds, static_argnames="rounds")
@@ -251,7 +263,8 @@ class Simulator:
     c = counts.astype(jnp.float32) if self.plan.weighting == "samples" else jnp.ones(
         counts.shape, jnp.float32)
     c = jnp.where(mask, c, 0.0)
-    return c / jnp.sum(c)
+    total = jnp.sum(c)
+    return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
   def _client_step(self, examples, round_key, params, cstate, key, index_row, count):
     kg, kf, kn = jax.random.split(key, 3)
@@ -265,9 +278,37 @@ class Simulator:
   def init(self, params: PyTree, seed=0) -> SimState:
     """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
     init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
+    if isinstance(seed, (bool, float, str)) or seed is None:
+      raise ValueError(f"seed must be an int or a PRNG key, got {seed!r}")
     key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
     params = jax.tree.map(jnp.asarray, params)
+    _check_dtypes(params, self.data.examples)
+    self._check_shapes(params)
     return self._init(params, key, self.data)
+
+  def _check_shapes(self, params):
+    """Trace the problem on one example so shape mismatches surface as a clear ValueError."""
+    example = jax.tree.map(lambda a: a[0], self.data.examples)
+    problem = self.problem
+
+    def trace():
+      if problem.extra is not None:
+        _scalar("extra", jax.eval_shape(problem.extra, params, example))
+      if problem.compositional:
+        y = jax.eval_shape(problem.inner, params, example)
+        if problem.outer_uses_data:
+          _scalar("outer", jax.eval_shape(problem.outer, y, example))
+        else:
+          _scalar("outer", jax.eval_shape(problem.outer, y))
+
+    try:
+      trace()
+    except (TypeError, ValueError, IndexError, KeyError) as err:
+      shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
+      raise ValueError(
+          f"params and data do not fit problem {problem.name!r}: params shapes "
+          f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
+          f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}") from None
 
   @functools.partial(jax.jit, static_argnums=0)
   def _init(self, params, key, data):
@@ -353,7 +394,8 @@ class Simulator:
                        **{f: _broadcast(state.shared[f], slots) for f in plan.every_step})
     params = _broadcast(state.server["params"], slots)
     index, counts = take(data.index), take(data.counts)
-    w = self._client_weights(counts, mask)
+    alive, steps = self._faults(k_sample, ids, mask)
+    w = self._client_weights(counts, alive)
     ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
     if plan.round_start:
       cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w)
@@ -369,8 +411,15 @@ class Simulator:
     def local_step(carry, t):
       params, cst = carry
       skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
-      updates, cst = step_fn(data.examples, k_round, params, cst, skeys, index, counts)
-      params = optax.apply_updates(params, updates)
+      updates, new_cst = step_fn(data.examples, k_round, params, cst, skeys, index, counts)
+      new_params = optax.apply_updates(params, updates)
+      if self.faults:  # dropped clients and finished stragglers keep what they had
+        active = alive & (t < steps)
+        keep = lambda new, old: jnp.where(
+            active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
+        new_params = jax.tree.map(keep, new_params, params)
+        new_cst = jax.tree.map(keep, new_cst, cst)
+      params, cst = new_params, new_cst
       if plan.every_step:
         cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), slots)
                               for f in plan.every_step})
@@ -382,9 +431,14 @@ class Simulator:
     client_values = jax.tree.map(first_m, {
         "params": params, **{f: getattr(cst, f) for f in plan.every_round + plan.report}})
     info = RoundInfo(real, w[:m], counts[:m], n, k_agg,
-                     functools.partial(self._client_losses, data))
+                     functools.partial(self._client_losses, data), alive[:m])
     server, server_opt_state = self.aggregator.update(
         state.server, state.server_opt_state, client_values, info)
+    if self.faults:  # a round nobody survived changes nothing on the server
+      anyone = jnp.any(alive)
+      server, server_opt_state, shared = jax.tree.map(
+          lambda new, old: jnp.where(anyone, new, old), (server, server_opt_state, shared),
+          (state.server, state.server_opt_state, state.shared))
     cst = cst._replace(**{f: _broadcast(server[f], slots) for f in plan.every_round})
     clients = cst if direct else jax.tree.map(
         lambda a, b: a.at[ids].set(b, mode="drop"), state.clients, cst)
@@ -396,7 +450,28 @@ class Simulator:
                          random_params)
     metrics = self._maybe_metrics(completed, server["params"], data, flat_examples)
     metrics["clients"] = real
+    if self.faults:
+      metrics["survivors"] = alive[:m]
+      metrics["local_steps"] = jnp.where(alive, steps, 0)[:m]
     return new_state, metrics
+
+  def _faults(self, key, ids, mask):
+    """Which slots survive the round, and how many local steps each does."""
+    steps_all = jnp.full(ids.shape, self.plan.local_steps, jnp.int32)
+    if not self.faults:
+      return mask, steps_all
+    per_client = jax.vmap(jax.random.fold_in, (None, 0))
+
+    def draw(k):
+      k_drop, k_strag, k_steps = jax.random.split(k, 3)
+      survives = jax.random.bernoulli(k_drop, self.participation)
+      straggles = jax.random.bernoulli(k_strag, self.straggler_prob)
+      few = jax.random.randint(k_steps, (), 1, max(self.plan.local_steps, 2))
+      return survives, jnp.where(straggles & (self.plan.local_steps > 1), few,
+                                 self.plan.local_steps)
+
+    survives, steps = jax.vmap(draw)(per_client(jax.random.fold_in(key, 1), ids))
+    return mask & survives, steps.astype(jnp.int32)
 
   def _maybe_metrics(self, completed, params, data, flat_examples):
     """Metrics after round ``completed``, or NaN placeholders on rounds that skip them."""
@@ -460,6 +535,26 @@ class Simulator:
     for f in self.plan.report:  # sent up only
       up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
     return Ledger(up, down, self.clients_per_round)
+
+
+def _scalar(name, shape_dtype):
+  if tuple(shape_dtype.shape) != ():
+    raise ValueError(f"the problem's {name} function must return a scalar, got shape "
+                     f"{tuple(shape_dtype.shape)}")
+
+
+_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
+
+
+def _check_dtypes(params, examples):
+  """fedco computes in float32 (or float64): refuse half precision clearly."""
+  for what, tree in (("params", params), ("data.examples", examples)):
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      if jnp.asarray(leaf).dtype in _LOW_PRECISION:
+        raise ValueError(
+            f"{what}{jax.tree_util.keystr(path)} has dtype {jnp.asarray(leaf).dtype}; fedco's "
+            "trackers and averages need float32 or float64. Cast first, e.g. "
+            "jax.tree.map(lambda a: a.astype(jnp.float32), tree)")
 
 
 def _check_kinds(problem: Problem, algorithm: Algorithm):

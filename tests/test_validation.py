@@ -1,0 +1,119 @@
+"""Bad input anywhere in the public API gets a ValueError that names the argument.
+
+Every case also checks that the error is raised by fedco's own code (the innermost frame of
+its traceback is not inside jax), so no traceback from jax's internals reaches the user.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fedco
+from experiments import dro_fl, fedavg_counterexample
+from fedco.data import partition
+from fedco.problems import (client_kl_dro, client_kl_dro_log, portfolio, sample_chi2_dro,
+                            sample_kl_dro)
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LOSS = lambda p, e: jnp.sum(p)
+LABELS = np.repeat(np.arange(4), 25)
+
+
+def _data():
+  return fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+
+
+def _sim(**kwargs):
+  return fedco.Simulator(portfolio(1.0), fedco.feddro(), _data(), **kwargs)
+
+
+CASES = {
+    # algorithms
+    "comfedl lr": (lambda: fedco.comfedl(learning_rate=-0.1), "learning_rate"),
+    "comfedl steps": (lambda: fedco.comfedl(local_steps=0), "local_steps"),
+    "comfedl optimizer": (lambda: fedco.comfedl(optimizer="adam"), "optimizer"),
+    "scgd gamma": (lambda: fedco.local_scgd(gamma=1.5), "gamma"),
+    "scgdm alpha": (lambda: fedco.local_scgdm(1.0, alpha=2.0), r"alpha \* learning_rate"),
+    "scgdm gamma": (lambda: fedco.local_scgdm(1.0, gamma=1.0), r"gamma \* learning_rate"),
+    "scgdm beta": (lambda: fedco.local_scgdm(beta=0.0), "beta"),
+    "scgdm eta": (lambda: fedco.local_scgdm(learning_rate=0.0), "learning_rate"),
+    "feddro beta 0": (lambda: fedco.feddro(beta=0.0), "beta"),
+    "feddro beta >1": (lambda: fedco.feddro(beta=1.5), "beta"),
+    "ds server x": (lambda: fedco.ds_feddro(server_lr_x=-1.0), "server_lr_x"),
+    "ds server y": (lambda: fedco.ds_feddro(server_lr_y=0.0), "server_lr_y"),
+    "fedavg weighting": (lambda: fedco.fedavg(weighting="size"), "weighting"),
+    "fedavg_co case": (lambda: fedco.fedavg_co(case="III"), "case"),
+    "mbsgd lr type": (lambda: fedco.mbsgd(learning_rate="0.1"), "learning_rate"),
+    "qfedavg q": (lambda: fedco.qfedavg(q=-1.0), "q"),
+    "drfa tau": (lambda: fedco.drfa(local_steps=1), "local_steps"),
+    "drfa rate": (lambda: fedco.drfa(weights_lr=0.0), "weights_lr"),
+    "afl rate": (lambda: fedco.afl(weights_lr=-1.0), "weights_lr"),
+    # problems
+    "portfolio lam": (lambda: portfolio(lam=0.0), "lam"),
+    "portfolio kind": (lambda: portfolio(kind="middle"), "kind"),
+    "kl gamma": (lambda: client_kl_dro(LOSS, 0.0), "gamma"),
+    "kl log clients": (lambda: client_kl_dro_log(LOSS, 1.0, 0), "num_clients"),
+    "sample kl lam": (lambda: sample_kl_dro(LOSS, -1.0), "lam"),
+    "chi2 lam": (lambda: sample_chi2_dro(LOSS, 0.0), "lam"),
+    "half problem": (lambda: fedco.Problem(LOSS, None), "inner and outer"),
+    # data
+    "no clients": (lambda: fedco.FederatedData.from_clients([]), "at least one"),
+    "index range": (lambda: fedco.FederatedData.from_index_lists({"x": np.zeros((3, 1))},
+                                                                 [[0, 5]]), "outside"),
+    "quantity skew": (lambda: partition.quantity_skew(LABELS, 4, 90, 20, 0), "big"),
+    "dirichlet alpha": (lambda: partition.dirichlet_label_skew(LABELS, 4, 0.0, 0), "alpha"),
+    "dominant rho": (lambda: partition.dominant_class(LABELS, 4, 1.5, 10, 0), "rho"),
+    "unknown dataset": (lambda: fedco.data.load("imagenet"), "name"),
+    # simulator
+    "clients_per_round": (lambda: _sim(clients_per_round=0), "clients_per_round"),
+    "batch_size": (lambda: _sim(batch_size=-1), "batch_size"),
+    "eval_every": (lambda: _sim(eval_every=0), "eval_every"),
+    "mesh": (lambda: _sim(mesh="gpu"), "mesh"),
+    "participation": (lambda: _sim(participation=0.0), "participation"),
+    "rounds": (lambda: fedco.simulate(portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3),
+                                      rounds=0), "rounds"),
+    "seed": (lambda: _sim().init(jnp.zeros(3), seed="a"), "seed"),
+    "shape mismatch": (lambda: _sim().init(jnp.zeros(5)), "do not fit"),
+    "bfloat16": (lambda: _sim().init(jnp.zeros(3, jnp.bfloat16)), "bfloat16"),
+    "kind mismatch": (lambda: fedco.Simulator(portfolio(1.0), fedco.comfedl(), _data()),
+                      "local-inner"),
+    "checkpoint_every": (lambda: fedco.simulate(
+        portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=2,
+        checkpoint_dir="/tmp/fedco-validation-ck", checkpoint_every=0), "checkpoint_every"),
+    # binaries
+    "e1 lr": (lambda: dro_fl.validate("w", learning_rate=-1.0), "--learning_rate"),
+    "e1 algorithms": (lambda: dro_fl.validate("w", algorithms=("sgd",)), "--algorithms"),
+    "e1 workdir": (lambda: dro_fl.validate(""), "--workdir"),
+    "e7 beta": (lambda: fedavg_counterexample.validate("w", beta=2.0), "--beta"),
+    "e7 rounds": (lambda: fedavg_counterexample.validate("w", rounds=0), "--rounds"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_a_clear_value_error(name):
+  make, match = CASES[name]
+  with pytest.raises(ValueError, match=match) as err:
+    make()
+  innermost = traceback.extract_tb(err.value.__traceback__)[-1].filename
+  assert f"{os.sep}jax{os.sep}" not in innermost, f"raised inside jax: {innermost}"
+  assert len(str(err.value)) > 15
+
+
+def test_there_are_at_least_thirty_cases():
+  assert len(CASES) >= 30
+
+
+def test_binary_reports_bad_flags_without_a_traceback():
+  out = subprocess.run([sys.executable, "-m", "experiments.dro_fl", "--workdir=/tmp/x",
+                        "--learning_rate=-1"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+  assert out.returncode == 1
+  assert "error: --learning_rate" in out.stderr and "Traceback" not in out.stderr
