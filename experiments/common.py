@@ -28,7 +28,10 @@ Example::
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import hashlib
+import io
 import json
 import math
 import numbers
@@ -38,6 +41,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import numpy as np
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
+METRICS_CSV = "metrics.csv"
+CHECKPOINTS = "checkpoints"
 from fedco.io import TMP_PREFIX as _TMP_PREFIX, atomic_write  # noqa: F401 (re-exported)
 
 
@@ -150,8 +155,9 @@ class Workdir:
     except OSError as e:
       raise ValueError(f"--{flag}={path!r} cannot be used as a directory: {e}") from None
     self._metrics: List[str] = []
+    self._rows: List[Dict[str, Any]] = []
     for name in os.listdir(self.path):
-      if name in (CONFIG, METRICS, SUMMARY) or name.startswith(_TMP_PREFIX):
+      if name in (CONFIG, METRICS, METRICS_CSV, SUMMARY) or name.startswith(_TMP_PREFIX):
         os.remove(os.path.join(self.path, name))
 
   def file(self, name: str) -> str:
@@ -171,18 +177,52 @@ class Workdir:
     return self.write_json(SUMMARY, dict(summary))
 
   def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> str:
-    """Add records to ``metrics.jsonl`` (one JSON object per line), rewriting it atomically."""
-    self._metrics.extend(dumps(dict(r)) for r in records)
+    """Add records to ``metrics.jsonl`` (one JSON object per line) and ``metrics.csv`` (one
+    row per record; list values as JSON), rewriting both atomically."""
+    records = [to_jsonable(dict(r)) for r in records]
+    self._metrics.extend(dumps(r) for r in records)
+    self._rows.extend(records)
     path = self.file(METRICS)
     atomic_write(path, "".join(line + "\n" for line in self._metrics))
+    atomic_write(self.file(METRICS_CSV), _csv(self._rows))
     return path
 
   def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
     """Save a matplotlib figure as PNG, atomically."""
-    path = self.file(name)
+    return self.save_figure_to(self.path, fig, name, dpi=dpi)
+
+  @staticmethod
+  def save_figure_to(directory, fig, name: str, *, dpi: int = 120) -> str:
+    """Save ``fig`` as ``directory/name`` (PNG) atomically, without claiming the directory."""
+    path = os.path.join(directory, name)
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
                  mode="wb")
     return path
+
+
+def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+  """Rows as CSV text: the union of their keys as columns, list values as JSON."""
+  columns: List[str] = []
+  for row in rows:
+    columns.extend(k for k in row if k not in columns)
+  buf = io.StringIO()
+  writer = csv.writer(buf)
+  writer.writerow(columns)
+  for row in rows:
+    writer.writerow([json.dumps(row[c]) if isinstance(row.get(c), (list, dict))
+                     else ("" if row.get(c) is None else row[c]) for c in columns])
+  return buf.getvalue()
+
+
+def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) -> str:
+  """``workdir/checkpoints/<label>-<hash of settings>``: one run's checkpoints.
+
+  The hash covers every setting that shapes the run, so rerunning with the same flags
+  resumes it and a changed setting starts afresh instead of resuming a different run.
+  """
+  digest = hashlib.sha256(dumps(dict(settings), sort_keys=True).encode()).hexdigest()[:12]
+  safe = "".join(c if c.isalnum() or c in "-_=." else "_" for c in label)
+  return os.path.join(workdir, CHECKPOINTS, f"{safe}-{digest}")
 
 
 def read_jsonl(path) -> List[Dict[str, Any]]:

@@ -26,6 +26,7 @@ two panels: average and worst validation accuracy against rounds).
 
 from __future__ import annotations
 
+import shutil
 import sys
 from typing import Any, Dict, List, Sequence
 
@@ -75,13 +76,17 @@ def define_flags():
   flags.DEFINE_enum("sweep", "none", list(SWEEPS), "Run ComFedL's tau or gamma ablation.")
   flags.DEFINE_list("sweep_values", [], "Values for --sweep (default: the paper's).")
   flags.DEFINE_bool("progress", True, "Print a progress line per run.")
+  flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
+  flags.DEFINE_bool("resume", True, "Resume runs from checkpoints in --workdir (rerunning "
+                    "continues); --noresume deletes them and starts over.")
 
 
 def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS, rounds=300,
              tau=5, learning_rate=0.01, comfedl_lr=None, gamma=0.2, drfl_rate=0.08, q=0.2,
              batch_size=32,
              num_clients=10, big=None, small=None, eval_every=5, seeds=(0, 1, 2),
-             sweep="none", sweep_values=(), progress=True) -> Dict[str, Any]:
+             sweep="none", sweep_values=(), progress=True, checkpoint_every=50,
+             resume=True) -> Dict[str, Any]:
   """Checks every setting and returns the run's config; raises ``ValueError`` naming the flag."""
   if dataset not in DATASETS:
     raise ValueError(f"--dataset must be one of {DATASETS}, got {dataset!r}")
@@ -126,7 +131,9 @@ def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS,
           "drfl_rate": drfl_rate, "q": q,
           "batch_size": batch_size, "num_clients": num_clients, "big": big, "small": small,
           "eval_every": eval_every, "seeds": seeds, "sweep": sweep, "sweep_values": values,
-          "progress": progress}
+          "progress": progress,
+          "checkpoint_every": common.check_int("checkpoint_every", checkpoint_every, 1),
+          "resume": bool(resume)}
 
 
 def build_data(splits, config, seed: int):
@@ -176,6 +183,8 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   splits = fedco.data.load(config["dataset"], config["data_dir"])
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
+  if not config["resume"]:
+    shutil.rmtree(wd.file(common.CHECKPOINTS), ignore_errors=True)
   model = models.LogisticRegression(num_classes=10)
 
   def loss(params, example):
@@ -205,12 +214,18 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
     for spec in runs(config):
       problem, algorithm = make(spec, config, loss)
       gamma = spec["gamma"] if spec["algorithm"] == "comfedl" else None
+      settings = {k: v for k, v in config.items()
+                  if k not in ("workdir", "progress", "resume", "algorithms", "seeds", "sweep",
+                               "sweep_values")}
+      ckpt_dir = common.run_checkpoint_dir(config["workdir"], f"{spec['label']}-seed{seed}",
+                                           {**settings, **spec, "seed": seed})
       try:
         result = fedco.simulate(
             problem, algorithm, fed.train, params, rounds=config["rounds"], seed=seed,
             batch_size=config["batch_size"], evaluate=False, eval_every=config["eval_every"],
             metrics_fn=lambda p, gamma=gamma: metrics_fn(p, gamma=gamma),
-            progress=config["progress"])
+            progress=config["progress"], progress_metric="val_acc_worst",
+            checkpoint_dir=ckpt_dir, checkpoint_every=config["checkpoint_every"])
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
@@ -299,7 +314,8 @@ def main(argv):
         drfl_rate=FLAGS.drfl_rate,
         q=FLAGS.q, batch_size=FLAGS.batch_size, num_clients=FLAGS.num_clients, big=FLAGS.big,
         small=FLAGS.small, eval_every=FLAGS.eval_every, seeds=FLAGS.seeds, sweep=FLAGS.sweep,
-        sweep_values=FLAGS.sweep_values, progress=FLAGS.progress)
+        sweep_values=FLAGS.sweep_values, progress=FLAGS.progress,
+        checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume)
   except (ValueError, FileNotFoundError, ImportError) as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)

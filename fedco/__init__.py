@@ -5,7 +5,7 @@ transform; the runtime simulates many clients in one jitted program.
 """
 
 from fedco import algorithms, data, estimators, problems, runtime
-from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg,
+from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg, gcivr,
                               fedavg_co, feddro, local_scgd, local_scgdm, mbsgd, qfedavg)
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
@@ -25,12 +25,13 @@ ALGORITHMS = {
     "qfedavg": qfedavg,
     "drfa": drfa,
     "afl": afl,
+    "gcivr": gcivr,
 }
 
 __all__ = [
-    "algorithms", "data", "estimators", "problems", "runtime", "Algorithm", "CommPlan",
-    "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro", "local_scgd", "local_scgdm",
-    "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem", "global_inner",
-    "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args", "simulate",
-    "ALGORITHMS",
+    "gcivr", "algorithms", "data", "estimators", "problems", "runtime", "Algorithm",
+    "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro", "local_scgd",
+    "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem",
+    "global_inner", "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args",
+    "simulate", "ALGORITHMS",
 ]

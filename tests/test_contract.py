@@ -30,9 +30,10 @@ REGISTRY = {
     "qfedavg": lambda: fedco.qfedavg(0.1, 5, q=0.2),
     "drfa": lambda: fedco.drfa(0.1, 5),
     "afl": lambda: fedco.afl(0.1),
+    "gcivr": lambda: fedco.gcivr(0.1, refresh_every=5),
 }
 
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 13
+assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 14
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,24 @@ def test_bad_flags_name_the_flag(tmp_path, kwargs, flag):
 def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="mnist"):
     dro_fl.run(str(tmp_path / "out"), dataset="mnist", data_dir=str(tmp_path / "empty"), **FAST)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path):
+  from experiments import plot
+  args = dict(dataset="digits", algorithms=("fedavg", "drfl"), checkpoint_every=3, **FAST)
+  first = dro_fl.run(str(tmp_path), **args)
+  runs = os.listdir(tmp_path / "checkpoints")
+  assert len(runs) == 2 and all(os.listdir(tmp_path / "checkpoints" / r) for r in runs)
+  second = dro_fl.run(str(tmp_path), **args)  # restores the finished runs
+  assert first["algorithms"] == second["algorithms"]
+  changed = dro_fl.run(str(tmp_path), **{**args, "learning_rate": 0.02})  # new hash
+  assert len(os.listdir(tmp_path / "checkpoints")) == 4
+  assert changed["algorithms"]["fedavg"] != first["algorithms"]["fedavg"]
+  with open(tmp_path / "metrics.csv") as f:
+    header = f.readline().strip().split(",")
+  assert {"round", "algorithm", "seed", "val_acc_worst"} <= set(header)
+  out = plot.plot(str(tmp_path), ["val_acc_worst"], out="again.png")
+  assert os.path.getsize(out) > 0
+  with pytest.raises(ValueError, match="--metrics"):
+    plot.plot(str(tmp_path), ["nope"])

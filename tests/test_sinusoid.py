@@ -93,14 +93,17 @@ def _outputs(workdir):
 
 
 def test_e3_end_to_end_with_tiny_settings(tmp_path):
-  summary = sinusoid.run(str(tmp_path), **TINY)
+  # two algorithms keep the test fast (each is one XLA compilation); the other two run under
+  # fedco.simulate in tests/test_maml.py and are built below
+  algorithms = ("local_scgdm", "local_bsgd")
+  summary = sinusoid.run(str(tmp_path), **TINY, algorithms=algorithms)
   written, records = _outputs(str(tmp_path))
-  assert set(written["algorithms"]) == set(sinusoid.ALGORITHMS)
+  assert set(written["algorithms"]) == set(algorithms)
   assert {r["iteration"] for r in records} == {5, 10}
   for r in records:
     for key in ("train_mse", "val_mse", "val_mse_before"):
       assert np.isfinite(r[key]) and r[key] > 0
-  for label in sinusoid.ALGORITHMS:
+  for label in algorithms:
     entry = written["algorithms"][label]
     assert entry["val_mse"]["mean"] == pytest.approx(entry["per_seed"]["0"]["val_mse"])
     assert entry["diverged_seeds"] == []
@@ -108,6 +111,23 @@ def test_e3_end_to_end_with_tiny_settings(tmp_path):
   assert summary["wall_seconds"] > 0
   with open(os.path.join(str(tmp_path), "config.json")) as f:
     assert json.load(f)["inner_lr"] == 0.001
+
+
+def test_e3_builds_each_algorithm_with_the_paper_settings(tmp_path):
+  config = sinusoid.validate(str(tmp_path))
+  specs = {s["algorithm"]: s for s in sinusoid.runs(config)}
+  assert set(specs) == set(sinusoid.ALGORITHMS)
+  names = {"local_scgdm": "local_scgdm", "local_bsgd": "comfedl", "local_scgd": "local_scgd",
+           "local_moml": "local_moml"}
+  for label, spec in specs.items():
+    alg = sinusoid.make_algorithm(spec, config)
+    assert alg.name == names[label] and alg.plan.local_steps == 5
+  assert sinusoid.make_algorithm(specs["local_scgdm"], config).plan.every_round == ("u", "m")
+  assert sinusoid.make_algorithm(specs["local_moml"], config).plan.every_round == ()
+  for sweep, key in (("gamma", "gamma"), ("alpha", "alpha"), ("p", "p")):
+    specs = sinusoid.runs(sinusoid.validate(str(tmp_path), sweep=sweep))
+    assert [s[key] for s in specs] == list(sinusoid.SWEEP_DEFAULTS[sweep])
+    assert all(s["algorithm"] == "local_scgdm" for s in specs)
 
 
 def test_e3_p_sweep_keeps_the_iterations(tmp_path):

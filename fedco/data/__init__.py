@@ -7,8 +7,11 @@
   :func:`dirichlet_label_skew`, :func:`dominant_class`, :func:`matched_validation`.
 * :class:`FederatedDataset` and :func:`make_federated`: training and validation clients
   plus the central test split.
+* UCI Adult for the fairness experiment: :func:`load_adult`, :func:`federated_adult`.
 """
 
+from fedco.data.adult import (AdultData, federated_adult, load_adult, proxy_groups,
+                              resample_proxies)
 from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data.federated import FederatedData
 from fedco.data.partition import (dirichlet_label_skew, dominant_class, dominant_class_counts,
@@ -21,4 +24,5 @@ __all__ = [
     "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
     "matched_validation",
     "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_tfds", "num_classes",
+    "AdultData", "federated_adult", "load_adult", "proxy_groups", "resample_proxies",
 ]

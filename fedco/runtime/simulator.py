@@ -576,7 +576,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
              rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
              check_finite: bool = True, checkpoint_dir=None,
              checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
-             **simulator_kwargs) -> SimulationResult:
+             progress_metric: str = "objective", **simulator_kwargs) -> SimulationResult:
   """Run ``rounds`` rounds and collect the per-round metrics on the host.
 
   Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
@@ -588,7 +588,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     rounds: number of rounds ``>= 1``.
     seed: an int or a PRNG key.
     chunk_rounds: rounds per jitted call.
-    progress: print a progress line with rounds per second and the objective.
+    progress: print a progress line with rounds per second and ``progress_metric``.
+    progress_metric: the scalar metric the progress line shows (``"objective"`` or one of
+      ``metrics_fn``'s).
     check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
       first evaluated round whose metrics, or the server model, stop being finite; it
       carries the metrics collected so far. With checkpointing, the last good state (the
@@ -638,10 +640,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     done += size
     if ckpt is not None and (done % every == 0 or done == rounds):
       ckpt.save(done, state, _stack(collected))
-    objective = None
-    if "objective" in metrics and np.any(metrics["evaluated"]):
-      objective = float(np.asarray(metrics["objective"])[np.asarray(metrics["evaluated"])][-1])
-    bar.update(done, objective)
+    shown = None
+    if progress_metric in metrics and np.any(metrics["evaluated"]):
+      values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
+      shown = float(values[-1]) if values.ndim == 1 else None
+    bar.update(done, shown, progress_metric)
   seconds = time.perf_counter() - start
   bar.close()
   if ckpt is not None:
