@@ -1,17 +1,9 @@
 """The federated simulator: vmapped clients, scanned steps and rounds, one jit per chunk."""
 
-from fedco.runtime.simulator import (
-    client_mesh,
-    Ledger,
-    NonFiniteError,
-    SimState,
-    SimulationResult,
-    Simulator,
-    draw_batch,
-    oracle_args,
-    simulate)
+from fedco.runtime.simulator import (Ledger, NonFiniteError, SimState, SimulationResult, Simulator,
+                                     client_mesh, draw_batch, oracle_args, simulate)
 
 __all__ = [
-    "client_mesh",     "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "draw_batch",
-    "oracle_args", "simulate",
+    "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "client_mesh",
+    "draw_batch", "oracle_args", "simulate",
 ]
