@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import fedco
 
@@ -185,11 +186,16 @@ def live_array_bytes() -> Optional[int]:
 
 
 def alternate(sides: Dict[str, Callable[[], Any]], repeats: int,
-              counter: Optional[CompileCounter] = None) -> Dict[str, Dict[str, Any]]:
-  """Warm every side up once (timed as ``first_call_seconds``), then time ``repeats`` rounds
-  of calls that alternate between the sides, so drift on a shared machine hits all alike."""
+              counter: Optional[CompileCounter] = None,
+              warm: tuple = ()) -> Dict[str, Dict[str, Any]]:
+  """Warm every side up once (timed as ``first_call_seconds``; sides named in ``warm`` are
+  already warm and skip it), then time ``repeats`` rounds of calls that alternate between the
+  sides, so drift on a shared machine hits all alike."""
   first = {}
   for label, fn in sides.items():
+    if label in warm:
+      first[label] = None
+      continue
     t0 = time.perf_counter()
     fn()
     first[label] = time.perf_counter() - t0
@@ -212,3 +218,48 @@ def write_json(path: str, value: Dict[str, Any]) -> None:
   import fedco.io
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fedco.io.atomic_write_json(path, value)
+
+
+class CentralSide:
+  """The algorithm's step on one model with the pooled batch ``K * b`` (``tau`` per round)."""
+
+  def __init__(self, name, problem, algorithm, host_examples, params, *, batch, local_steps,
+               rounds, seed):
+    examples = jax.tree.map(jnp.asarray, host_examples)
+    n = int(examples["x"].shape[0])
+    two_batches = name == "feddro"  # zeta and zeta' (the others use one batch per step)
+    gather = lambda key: jax.tree.map(
+        lambda a: a[jax.random.randint(key, (batch,), 0, n)], examples)
+
+    def step(carry, _):
+      params, st, key = carry
+      key, k1, k2 = jax.random.split(key, 3)
+      b1 = gather(k1)
+      b2 = gather(k2) if two_batches else b1
+      grad_h_fn, kwargs = fedco.oracle_args(problem, b1, b1, b2)
+      grad_h = None if grad_h_fn is None else grad_h_fn(params)
+      updates, st = algorithm.update(grad_h, st, params, **kwargs)
+      return (optax.apply_updates(params, updates), st, key), None
+
+    @jax.jit
+    def run(params, st, key):
+      (params, st, key), _ = jax.lax.scan(step, (params, st, key), None,
+                                          length=rounds * local_steps)
+      return params, st, key
+
+    key = jax.random.PRNGKey(seed + 2)
+    if problem.compositional:
+      key, k0 = jax.random.split(key)
+      b0 = gather(k0)
+      y0 = problem.inner_value(params, b0, jnp.full((batch,), 1.0 / batch, jnp.float32))
+      st = algorithm.init(params, inner_value=y0)
+    else:
+      st = algorithm.init(params)
+    self._run, self.rounds = run, rounds
+    self.carry = (params, st, key)
+
+  def run(self):
+    self.carry = jax.block_until_ready(self._run(*self.carry))
+
+  def params(self):
+    return self.carry[0]

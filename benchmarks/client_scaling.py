@@ -11,15 +11,21 @@ lr 0.01, ``beta = 0.5``; ``y_bar`` is averaged after every step).
 
 Each (size, algorithm) pair runs in a fresh subprocess (``--worker``), so the peak memory is
 that size's own. The worker builds the data, ``fedco.Simulator(..., evaluate=False)``,
-``init``, then one untimed-for-throughput first ``run`` call (compilation + one chunk) and
-``--repeats`` timed calls of the same length. It records:
+``init``, then one first ``run`` call (compilation + one chunk) with fedco alone in the
+process, after which it reads the peak memory. Then the centralized baseline (the same
+algorithm step on one model with the pooled batch ``K * b``, ``tau`` steps per
+round-equivalent, one jitted ``lax.scan``; see ``benchmarks/_common.py``) is built and
+warmed up, and ``--repeats`` timed calls of fedco and of the baseline alternate. It records:
 
 * client-steps per second: ``K * tau * rounds / median seconds``, and rounds per second;
+* ``fedco_time_over_central``: fedco's median seconds over the baseline's, the same
+  examples processed (``K * tau * b`` per round);
 * compile time: first call minus the steady median, and the sum of JAX's
   ``/jax/core/compile/*`` event durations (tracing, lowering, XLA compilation);
 * peak memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after each phase (data, init,
-  first run, timed runs), and the bytes of live JAX arrays (``jax.live_arrays()``) after
-  the runs (``memory_stats()`` is ``None`` on CPU, so there is no device peak);
+  fedco's first run, the timed runs with the baseline present); the reported peak is the
+  one after fedco's first run. Also the bytes of live JAX arrays (``jax.live_arrays()``)
+  after that run (``memory_stats()`` is ``None`` on CPU, so there is no device peak);
 * whether the final server parameters are finite.
 
 Run::
@@ -46,7 +52,11 @@ flags.DEFINE_list("examples_per_client", ["600", "200", "60", "20"],
 flags.DEFINE_list("rounds", ["50", "5", "1", "1"],
                   "Rounds per timed run call, one per size.")
 flags.DEFINE_list("algorithms", ["fedavg", "feddro"], "Algorithms (fedavg, feddro).")
-flags.DEFINE_integer("repeats", 3, "Timed run calls per size; the median is reported.")
+flags.DEFINE_list("repeats", ["5", "5", "3", "2"],
+                  "Timed run calls per size (one per size); the median is reported.")
+flags.DEFINE_boolean("central", True,
+                     "Also time one centralized jitted step with batch K * b (tau steps per "
+                     "round-equivalent), alternating with fedco's timed calls.")
 flags.DEFINE_integer("local_steps", 5, "Local steps per round.")
 flags.DEFINE_integer("batch_size", 32, "Examples per client per step.")
 flags.DEFINE_integer("seed", 0, "Seed.")
@@ -58,6 +68,7 @@ flags.DEFINE_integer("per_client", 600, "Internal (worker): examples per client.
 flags.DEFINE_string("algorithm", "fedavg", "Internal (worker): the algorithm.")
 flags.DEFINE_integer("worker_rounds", 1, "Internal (worker): rounds per run call.")
 flags.DEFINE_string("result_file", "", "Internal (worker): where to write its JSON.")
+flags.DEFINE_integer("worker_repeats", 3, "Internal (worker): timed run calls.")
 
 
 def worker():
@@ -102,56 +113,82 @@ def worker():
     state, metrics = sim.run(state, rounds)
     jax.block_until_ready((state, metrics))
 
+  # Phase 1, fedco alone: the first call compiles; the peak RSS after it is fedco's peak
+  # (later calls of the same program allocate the same buffers).
   compile_before = dict(events)
   t0 = time.perf_counter()
   run()
   first = time.perf_counter() - t0
   compile_events = {e: v - compile_before.get(e, 0.0) for e, v in events.items()}
   rss["after_first_run"] = C.maxrss_bytes()
-  times = []
-  for _ in range(FLAGS.repeats):
-    t0 = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - t0)
-  rss["after_timed_runs"] = C.maxrss_bytes()
-  med = statistics.median(times)
   live = C.live_array_bytes()
+  # Phase 2: the centralized step (batch K * b, tau steps per round-equivalent) joins, and
+  # the two sides' timed calls alternate.
+  central = None
+  if FLAGS.central:
+    central = C.CentralSide(name, problem, algorithm, data.examples, C.init_params(FLAGS.seed),
+                            batch=k * FLAGS.batch_size, local_steps=tau, rounds=rounds,
+                            seed=FLAGS.seed)
+  sides = {"fedco": run, **({"central": central.run} if central else {})}
+  timed = C.alternate(sides, FLAGS.worker_repeats, warm=("fedco",)) if central else None
+  if timed is None:
+    times = []
+    for _ in range(FLAGS.worker_repeats):
+      t0 = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - t0)
+  else:
+    times = timed["fedco"]["seconds"]
+  rss["after_timed_runs_with_central"] = C.maxrss_bytes()
+  med = statistics.median(times)
   params = state.server["params"]
   result = {
       "clients": k, "examples_per_client": n, "total_examples": k * n, "algorithm": name,
-      "rounds_per_call": rounds, "repeats": FLAGS.repeats, "seconds": times,
+      "rounds_per_call": rounds, "repeats": FLAGS.worker_repeats, "seconds": times,
       "median_seconds": med, "rounds_per_s": rounds / med, "ms_per_round": 1e3 * med / rounds,
       "client_steps_per_s": k * tau * rounds / med,
       "us_per_client_step": 1e6 * med / (k * tau * rounds),
       "first_call_seconds": first, "compile_seconds_first_minus_steady": first - med,
+      "compile_seconds_jax_events": sum(compile_events.values()),
       "compile_event_seconds": compile_events, "init_seconds": init_seconds,
       "data_build_seconds": data_seconds, "maxrss_bytes": rss,
-      "peak_rss_gib": rss["after_timed_runs"] / 2**30,
-      "live_array_bytes_after_runs": live, "federated_data_bytes": data_bytes,
+      "peak_rss_gib": rss["after_first_run"] / 2**30,
+      "live_array_bytes_after_first_run": live, "federated_data_bytes": data_bytes,
       "sim_state_bytes": state_bytes,
       "rounds_run": int(state.round), "final_params_finite": C.finite(params),
       "final_mean_loss_first_10000": float(C.mean_loss(params, jax.tree.map(jnp.asarray,
                                                                              eval_examples))),
       "load_average_end": C.load_average(),
   }
+  if central is not None:
+    c = timed["central"]
+    result["central"] = {
+        "batch_size": k * FLAGS.batch_size, "seconds": c["seconds"],
+        "median_seconds": c["median_seconds"], "first_call_seconds": c["first_call_seconds"],
+        "ms_per_round_equivalent": 1e3 * c["median_seconds"] / rounds,
+        "examples_per_s": k * tau * FLAGS.batch_size * rounds / c["median_seconds"],
+        "final_params_finite": C.finite(central.params())}
+    result["fedco_time_over_central"] = med / c["median_seconds"]
   with open(FLAGS.result_file, "w") as f:
     json.dump(result, f)
 
 
 def markdown_table(rows) -> str:
   lines = ["| K | examples/client | algorithm | rounds/s | client-steps/s | us/client-step "
-           "| compile s (first - steady) | peak RSS GiB | live arrays MiB | finite |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|:---:|"]
+           "| fedco time / central | compile s | peak RSS GiB | live arrays MiB | finite |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
   for r in rows:
     if "error" in r:
       lines.append(f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
-                   f"| failed: {r['error'][:60]} | | | | | | |")
+                   f"| failed: {r['error'][:60]} | | | | | | | |")
       continue
-    live = r["live_array_bytes_after_runs"]
+    live = r["live_array_bytes_after_first_run"]
+    ratio = r.get("fedco_time_over_central")
     lines.append(
         f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
         f"| {r['rounds_per_s']:.2f} | {r['client_steps_per_s']:,.0f} "
-        f"| {r['us_per_client_step']:.1f} | {r['compile_seconds_first_minus_steady']:.2f} "
+        f"| {r['us_per_client_step']:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} "
+        f"| {r['compile_seconds_jax_events']:.2f} "
         f"| {r['peak_rss_gib']:.2f} | {'-' if live is None else f'{live / 2**20:.0f}'} "
         f"| {'yes' if r['final_params_finite'] else 'NO'} |")
   return "\n".join(lines)
@@ -166,8 +203,10 @@ def main(argv):
   sizes = [int(s) for s in FLAGS.sizes]
   per = [int(s) for s in FLAGS.examples_per_client]
   rounds = [int(s) for s in FLAGS.rounds]
-  if not len(sizes) == len(per) == len(rounds):
-    raise app.UsageError("--sizes, --examples_per_client and --rounds need one entry each")
+  repeats = [int(s) for s in FLAGS.repeats]
+  if not len(sizes) == len(per) == len(rounds) == len(repeats):
+    raise app.UsageError("--sizes, --examples_per_client, --rounds and --repeats need one "
+                         "entry each")
   for name in FLAGS.algorithms:
     if name not in ("fedavg", "feddro"):
       raise app.UsageError(f"unknown algorithm {name!r}; choose fedavg or feddro")
@@ -176,13 +215,14 @@ def main(argv):
         f"{machine['mem_total_gib']} GiB | jax {machine['jax']} | load "
         f"{machine['load_average_start']}", flush=True)
   rows = []
-  for k, n, r in zip(sizes, per, rounds):
+  for k, n, r, rep in zip(sizes, per, rounds, repeats):
     for name in FLAGS.algorithms:
       with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "benchmarks.client_scaling", "--worker",
                f"--clients={k}", f"--per_client={n}", f"--algorithm={name}",
-               f"--worker_rounds={r}", f"--repeats={FLAGS.repeats}",
+               f"--worker_rounds={r}", f"--worker_repeats={rep}",
+               f"--central={FLAGS.central}",
                f"--local_steps={FLAGS.local_steps}", f"--batch_size={FLAGS.batch_size}",
                f"--seed={FLAGS.seed}", f"--result_file={path}"]
         load = C.load_average()
@@ -204,8 +244,9 @@ def main(argv):
         rows.append(row)
         if ok:
           print(f"K={k} {name}: {row['client_steps_per_s']:,.0f} client-steps/s, "
-                f"{row['rounds_per_s']:.2f} rounds/s, compile "
-                f"{row['compile_seconds_first_minus_steady']:.2f} s, peak RSS "
+                f"{row['rounds_per_s']:.2f} rounds/s, fedco/central time "
+                f"{row.get('fedco_time_over_central', float('nan')):.2f}x, compile "
+                f"{row['compile_seconds_jax_events']:.2f} s, peak RSS "
                 f"{row['peak_rss_gib']:.2f} GiB ({wall:.0f} s)", flush=True)
         else:
           print(f"K={k} {name}: FAILED {err[-500:]}", flush=True)
@@ -214,13 +255,19 @@ def main(argv):
       "timestamp": C.timestamp(),
       "config": {"sizes": sizes, "examples_per_client": per, "rounds_per_call": rounds,
                  "clients_per_round": "all", "local_steps": FLAGS.local_steps,
-                 "batch_size": FLAGS.batch_size, "repeats": FLAGS.repeats,
+                 "batch_size": FLAGS.batch_size, "repeats": repeats,
                  "algorithms": list(FLAGS.algorithms),
                  "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
                  "model": {"w": [784, C.NUM_CLASSES], "b": [C.NUM_CLASSES]},
                  "evaluate": False, "seed": FLAGS.seed,
                  "isolation": "one fresh subprocess per (size, algorithm)",
-                 "statistic": "median over repeats within each subprocess"},
+                 "statistic": "median over repeats within each subprocess; fedco's and the "
+                              "centralized step's timed calls alternate",
+                 "compile_time": "sum of JAX's /jax/core/compile/* event durations during "
+                                 "the first run call (tracing, lowering, XLA compilation); "
+                                 "first call minus steady median is also recorded",
+                 "peak_memory": "ru_maxrss after fedco's first run call, before the "
+                                "centralized baseline is built"},
       "machine": machine,
       "load_average_end": C.load_average(),
       "results": rows,

@@ -95,8 +95,10 @@ def test_workdir_contract(tmp_path):
   with pytest.raises(TypeError, match="object"):
     wd.write_summary({"bad": object()})
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
-  assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "metrics.jsonl",
-                                                  "summary.json"]
+  assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "metrics.csv",
+                                                  "metrics.jsonl", "summary.json"]
+  assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == [
+      "x", '"[0.0, 1.0, 2.0]"', '""']  # a lone empty field is quoted
   table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
   assert table.splitlines()[2].split() == ["x", "0.1235"]
 

@@ -11,6 +11,8 @@
   two clients, four rounds), first- and second-order.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,21 +49,36 @@ def net():
   return model, init_mlp(model, 1, seed=3)
 
 
+@functools.lru_cache(maxsize=None)
+def _hessian_fn(meta):
+  """``(params, x, y) -> Hessian of the task loss`` over the flattened parameters (jitted)."""
+
+  @jax.jit
+  def hess(params, x, y):
+    flat, unravel = ravel_pytree(params)
+    return jax.hessian(lambda f: meta.task_loss(unravel(f), x, y))(flat)
+
+  return hess
+
+
 def _hessian(meta, params, x, y):
-  flat, unravel = ravel_pytree(params)
-  hess = jax.jit(jax.hessian(lambda f, x, y: meta.task_loss(unravel(f), x, y)))
-  return np.asarray(hess(flat, x, y), np.float64)
+  return np.asarray(_hessian_fn(meta)(params, x, y), np.float64)
 
 
-def _inner_vjp(meta, params, ep, cotangent):
-  """``(g(w; ep), J_g^T cotangent)`` through fedco's oracle, jitted."""
+@functools.lru_cache(maxsize=None)
+def _inner_vjp_fn(meta):
 
   @jax.jit
   def run(params, ep, cotangent):
     sample, pullback = estimators.inner_vjp(lambda w: meta.inner(w, ep), params)
     return sample, pullback(cotangent)
 
-  return run(params, ep, cotangent)
+  return run
+
+
+def _inner_vjp(meta, params, ep, cotangent):
+  """``(g(w; ep), J_g^T cotangent)`` through fedco's oracle, jitted."""
+  return _inner_vjp_fn(meta)(params, ep, cotangent)
 
 
 def _flat(tree):

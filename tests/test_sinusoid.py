@@ -70,14 +70,15 @@ def test_mlp_takes_one_example_or_a_batch():
   model = MLP()
   params = init_mlp(model, 1, seed=0)
   assert sum(x.size for x in jax.tree.leaves(params)) == 1 * 40 + 40 + 40 * 40 + 40 + 40 + 1
-  assert model.apply(params, jnp.ones((1,))).shape == (1,)
-  assert model.apply(params, jnp.asarray(0.5)).shape == (1,)
+  apply = jax.jit(model.apply)
+  assert apply(params, jnp.ones((1,))).shape == (1,)
+  assert apply(params, jnp.asarray(0.5)).shape == (1,)
   batch = jnp.linspace(-5, 5, 7)[:, None]
-  out = model.apply(params, batch)
+  out = apply(params, batch)
   assert out.shape == (7, 1)
-  np.testing.assert_allclose(out[3], model.apply(params, batch[3]), rtol=1e-6)
+  np.testing.assert_allclose(out[3], apply(params, batch[3]), rtol=1e-6)
   wide = MLP(hidden=(3, 4, 5), out=2)
-  assert wide.apply(init_mlp(wide, 2), jnp.ones((2,))).shape == (2,)
+  assert jax.eval_shape(wide.apply, init_mlp(wide, 2), jnp.ones((2,))).shape == (2,)
 
 
 TINY = dict(iterations=10, p=5, eval_every=1, seeds=(0,), test_tasks=16,

@@ -39,5 +39,5 @@ class MLP(nn.Module):
 
 def init_mlp(model: MLP, in_features: int = 1, seed: int = 0):
   """Parameters of ``model`` for inputs with ``in_features`` features."""
-  return model.init(jax.random.PRNGKey(seed), jnp.zeros((in_features,), jnp.float32))
+  return jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((in_features,), jnp.float32))
 
