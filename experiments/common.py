@@ -36,6 +36,7 @@ import json
 import math
 import numbers
 import os
+import shutil
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -212,6 +213,39 @@ def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
     writer.writerow([json.dumps(row[c]) if isinstance(row.get(c), (list, dict))
                      else ("" if row.get(c) is None else row[c]) for c in columns])
   return buf.getvalue()
+
+
+# Config keys that do not change a run's numbers (left out of its checkpoint hash).
+PRESENTATION_KEYS = ("workdir", "progress", "resume", "algorithms", "seeds", "sweep",
+                     "sweep_values", "checkpoint_every")
+
+
+def define_checkpoint_flags(every: int) -> None:
+  """``--checkpoint_every`` and ``--resume`` for an experiment binary."""
+  from absl import flags
+  flags.DEFINE_integer("checkpoint_every", every, "Rounds between checkpoints of each run.")
+  flags.DEFINE_bool("resume", True, "Resume runs from checkpoints in --workdir (rerunning "
+                    "continues); --noresume deletes them and starts over.")
+
+
+def checkpoint_config(checkpoint_every, resume) -> Dict[str, Any]:
+  """The validated checkpoint settings of a config."""
+  return {"checkpoint_every": check_int("checkpoint_every", checkpoint_every, 1),
+          "resume": bool(resume)}
+
+
+def start_checkpoints(wd: "Workdir", config: Mapping[str, Any]) -> None:
+  """With ``--noresume``, delete the workdir's checkpoints so every run starts over."""
+  if not config["resume"]:
+    shutil.rmtree(wd.file(CHECKPOINTS), ignore_errors=True)
+
+
+def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict[str, Any]:
+  """``simulate``'s checkpoint keyword arguments for one run (``run``: its own settings)."""
+  settings = {k: v for k, v in config.items() if k not in PRESENTATION_KEYS}
+  return {"checkpoint_dir": run_checkpoint_dir(config["workdir"], run_label,
+                                               {**settings, **run}),
+          "checkpoint_every": config["checkpoint_every"]}
 
 
 def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) -> str:

@@ -26,7 +26,6 @@ two panels: average and worst validation accuracy against rounds).
 
 from __future__ import annotations
 
-import shutil
 import sys
 from typing import Any, Dict, List, Sequence
 
@@ -76,9 +75,7 @@ def define_flags():
   flags.DEFINE_enum("sweep", "none", list(SWEEPS), "Run ComFedL's tau or gamma ablation.")
   flags.DEFINE_list("sweep_values", [], "Values for --sweep (default: the paper's).")
   flags.DEFINE_bool("progress", True, "Print a progress line per run.")
-  flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
-  flags.DEFINE_bool("resume", True, "Resume runs from checkpoints in --workdir (rerunning "
-                    "continues); --noresume deletes them and starts over.")
+  common.define_checkpoint_flags(50)
 
 
 def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS, rounds=300,
@@ -131,9 +128,7 @@ def validate(workdir, *, dataset="digits", data_dir=None, algorithms=ALGORITHMS,
           "drfl_rate": drfl_rate, "q": q,
           "batch_size": batch_size, "num_clients": num_clients, "big": big, "small": small,
           "eval_every": eval_every, "seeds": seeds, "sweep": sweep, "sweep_values": values,
-          "progress": progress,
-          "checkpoint_every": common.check_int("checkpoint_every", checkpoint_every, 1),
-          "resume": bool(resume)}
+          "progress": progress, **common.checkpoint_config(checkpoint_every, resume)}
 
 
 def build_data(splits, config, seed: int):
@@ -183,8 +178,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   splits = fedco.data.load(config["dataset"], config["data_dir"])
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
-  if not config["resume"]:
-    shutil.rmtree(wd.file(common.CHECKPOINTS), ignore_errors=True)
+  common.start_checkpoints(wd, config)
   model = models.LogisticRegression(num_classes=10)
 
   def loss(params, example):
@@ -214,18 +208,13 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
     for spec in runs(config):
       problem, algorithm = make(spec, config, loss)
       gamma = spec["gamma"] if spec["algorithm"] == "comfedl" else None
-      settings = {k: v for k, v in config.items()
-                  if k not in ("workdir", "progress", "resume", "algorithms", "seeds", "sweep",
-                               "sweep_values")}
-      ckpt_dir = common.run_checkpoint_dir(config["workdir"], f"{spec['label']}-seed{seed}",
-                                           {**settings, **spec, "seed": seed})
       try:
         result = fedco.simulate(
             problem, algorithm, fed.train, params, rounds=config["rounds"], seed=seed,
             batch_size=config["batch_size"], evaluate=False, eval_every=config["eval_every"],
             metrics_fn=lambda p, gamma=gamma: metrics_fn(p, gamma=gamma),
             progress=config["progress"], progress_metric="val_acc_worst",
-            checkpoint_dir=ckpt_dir, checkpoint_every=config["checkpoint_every"])
+            **common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec, seed=seed))
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}

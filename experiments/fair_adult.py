@@ -87,6 +87,7 @@ def define_flags():
   flags.DEFINE_integer("eval_every", 50, "Evaluate every this many rounds (and round 1).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Comma list of integer seeds.")
   flags.DEFINE_bool("progress", True, "Print a progress line per run and the final table.")
+  common.define_checkpoint_flags(250)
 
 
 def _int_list(name, values, minimum):
@@ -108,7 +109,7 @@ def validate(workdir, *, data_dir=None, algorithms=ALGORITHMS, num_clients=8, ro
              learning_rate=0.1, gcivr_lr=0.01, beta=0.5, server_lr_x=1.3, server_lr_y=1.4,
              refresh_every=10, eps=fair.EPS, alpha=fair.ALPHA, gamma=fair.GAMMA,
              proxy_noise=0.3, eval_every=50, seeds=(0, 1, 2),
-             progress=True) -> Dict[str, Any]:
+             progress=True, checkpoint_every=250, resume=True) -> Dict[str, Any]:
   """Checks every setting and returns the run's config; raises ``ValueError`` naming the flag."""
   algorithms = common.check_names("algorithms", algorithms, ALGORITHMS)
   if sweep not in SWEEPS:
@@ -143,7 +144,7 @@ def validate(workdir, *, data_dir=None, algorithms=ALGORITHMS, num_clients=8, ro
           "server_lr_x": server_lr_x, "server_lr_y": server_lr_y,
           "refresh_every": refresh_every, "eps": eps, "alpha": alpha, "gamma": gamma,
           "proxy_noise": proxy_noise, "eval_every": eval_every, "seeds": seeds,
-          "progress": progress}
+          "progress": progress, **common.checkpoint_config(checkpoint_every, resume)}
 
 
 def runs(config) -> List[Dict[str, Any]]:
@@ -207,6 +208,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   base = adult.load_adult(config["data_dir"], proxy_noise=config["proxy_noise"], seed=0)
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
+  common.start_checkpoints(wd, config)
   records, finals = [], {}
   for seed in config["seeds"]:
     data = adult.resample_proxies(base, proxy_noise=config["proxy_noise"], seed=seed)
@@ -219,7 +221,8 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
         result = fedco.simulate(
             problem, algorithm, fed, params, rounds=config["rounds"], seed=seed,
             batch_size=config["batch_size"], evaluate=False, eval_every=config["eval_every"],
-            metrics_fn=metrics_fn, progress=config["progress"])
+            metrics_fn=metrics_fn, progress=config["progress"],
+            **common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec, seed=seed))
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
@@ -323,7 +326,8 @@ def main(argv):
         server_lr_x=FLAGS.server_lr_x, server_lr_y=FLAGS.server_lr_y,
         refresh_every=FLAGS.refresh_every, eps=FLAGS.eps, alpha=FLAGS.alpha,
         gamma=FLAGS.gamma, proxy_noise=FLAGS.proxy_noise, eval_every=FLAGS.eval_every,
-        seeds=FLAGS.seeds, progress=FLAGS.progress)
+        seeds=FLAGS.seeds, progress=FLAGS.progress, checkpoint_every=FLAGS.checkpoint_every,
+        resume=FLAGS.resume)
   except (ValueError, FileNotFoundError) as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)

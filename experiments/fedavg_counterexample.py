@@ -65,6 +65,7 @@ def define_flags():
   flags.DEFINE_list("algorithms", list(ALGORITHMS),
                     f"Comma list from {', '.join(ALGORITHMS)}.")
   flags.DEFINE_bool("progress", True, "Print a progress line per algorithm.")
+  common.define_checkpoint_flags(100)
 
 
 def problem() -> fedco.Problem:
@@ -102,7 +103,8 @@ def validate(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5
 
 def run(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5, x0=0.0,
         algorithms: Union[str, Sequence[str]] = ALGORITHMS, progress: bool = False,
-        verbose: bool = True) -> Dict[str, Any]:
+        verbose: bool = True, checkpoint_every: int = 100, resume: bool = True
+        ) -> Dict[str, Any]:
   """Run E7 and write its outputs into ``workdir``; returns the summary dict.
 
   Raises:
@@ -111,8 +113,10 @@ def run(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5, x0=
   """
   config = validate(workdir, learning_rate=learning_rate, local_steps=local_steps,
                     rounds=rounds, beta=beta, x0=x0, algorithms=algorithms)
+  config.update(common.checkpoint_config(checkpoint_every, resume))
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
+  common.start_checkpoints(wd, config)
   prob, fed = problem(), data()
   steps = np.arange(1, config["rounds"] + 1) * config["local_steps"]
   curves, finals = {}, {}
@@ -121,7 +125,8 @@ def run(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5, x0=
     try:
       result = fedco.simulate(prob, alg, fed, jnp.asarray(config["x0"], jnp.float32),
                               rounds=config["rounds"], batch_size=None, exact_grad_norm=True,
-                              metrics_fn=lambda x: {"x": x}, progress=progress)
+                              metrics_fn=lambda x: {"x": x}, progress=progress,
+                              **common.checkpoint_args(config, name, algorithm=name))
     except FloatingPointError as e:
       raise FloatingPointError(f"{name} diverged: {e}") from None
     x = np.asarray(result.metrics["x"], np.float64)
@@ -178,7 +183,7 @@ def main(argv):
   try:
     run(FLAGS.workdir, learning_rate=FLAGS.learning_rate, local_steps=FLAGS.local_steps,
         rounds=FLAGS.rounds, beta=FLAGS.beta, x0=FLAGS.x0, algorithms=FLAGS.algorithms,
-        progress=FLAGS.progress)
+        progress=FLAGS.progress, checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume)
   except (ValueError, FloatingPointError) as e:
     sys.exit(f"error: {e}")
 

@@ -200,3 +200,14 @@ def test_eval_every_skips_rounds_but_keeps_the_trajectory():
                              rtol=1e-6)
   assert np.all(np.isnan(sparse.metrics["objective"][~mask]))
   np.testing.assert_allclose(np.asarray(sparse.params), np.asarray(dense.params), rtol=1e-6)
+
+
+def test_non_finite_per_client_metric_names_the_client():
+  """A per-client metric that is infinite for client 1 only (the model stays finite)."""
+  data = fedco.FederatedData.from_clients([{"t": np.ones((2, 1), np.float32)}] * 2)
+  problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["t"]) ** 2))
+  per_client = lambda p: {"loss_by_client": jnp.stack([p[0], 1.0 / (p[0] - p[0])])}
+  with pytest.raises(FloatingPointError, match=r"round 1: loss_by_client is not finite for "
+                                              r"client\(s\) \[1\]"):
+    fedco.simulate(problem, fedco.fedavg(0.1, 1), data, jnp.zeros(1), rounds=2,
+                   batch_size=None, evaluate=False, metrics_fn=per_client)

@@ -672,9 +672,15 @@ def _check_finite(metrics, state, rounds_before):
       first = (int(bad[0]), name, values[bad[0]])
   if first is not None:
     r = rounds_before + first[0] + 1
-    shown = first[2][0] if first[2].size == 1 else first[2]
+    values = first[2]
+    if values.size == 1:
+      what = f"{first[1]} is {values[0]}"
+    else:  # a per-client metric: name the clients
+      bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
+      what = (f"{first[1]} is not finite for client(s) {bad_clients} "
+              f"(values {values[bad_clients].tolist()})")
     raise NonFiniteError(
-        f"round {r}: {first[1]} is {shown}; the last evaluated round before it was finite. "
+        f"round {r}: {what}; the last evaluated round before it was finite. "
         "Lower the learning rate or check the problem's exp/log terms.", r, None)
   leaves = jax.tree.leaves(state.server["params"])
   if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
