@@ -4,9 +4,10 @@ Algorithms are optax-style transformations with a communication plan and a serve
 transform; the runtime simulates many clients in one jitted program.
 """
 
-from fedco import algorithms, data, estimators, problems, runtime
-from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg, gcivr,
-                              fedavg_co, feddro, local_scgd, local_scgdm, mbsgd, qfedavg)
+from fedco import algorithms, data, estimators, metrics, models, problems, runtime
+from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg,
+                              fedavg_co, feddro, gcivr, local_moml, local_scgd, local_scgdm,
+                              mbsgd, qfedavg)
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
 from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
@@ -26,12 +27,13 @@ ALGORITHMS = {
     "drfa": drfa,
     "afl": afl,
     "gcivr": gcivr,
+    "local_moml": local_moml,
 }
 
 __all__ = [
-    "gcivr", "algorithms", "data", "estimators", "problems", "runtime", "Algorithm",
-    "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro", "local_scgd",
-    "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData", "Problem",
-    "global_inner", "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args",
-    "simulate", "ALGORITHMS",
+    "local_moml", "gcivr", "algorithms", "data", "estimators", "problems", "runtime",
+    "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
+    "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData",
+    "Problem", "global_inner", "local_inner", "plain", "Simulator", "SimulationResult",
+    "oracle_args", "simulate", "ALGORITHMS",
 ]

@@ -31,9 +31,11 @@ REGISTRY = {
     "drfa": lambda: fedco.drfa(0.1, 5),
     "afl": lambda: fedco.afl(0.1),
     "gcivr": lambda: fedco.gcivr(0.1, refresh_every=5),
+    # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
+    "local_moml": lambda: fedco.local_moml(0.1, 0.7, 5, first_order=False),
 }
 
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 14
+assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 15
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,12 @@ from fedco.algorithms.comfedl import comfedl
 from fedco.algorithms.fedavg import fedavg, fedavg_co, mbsgd
 from fedco.algorithms.feddro import ds_feddro, feddro
 from fedco.algorithms.gcivr import gcivr
+from fedco.algorithms.moml import local_moml
 from fedco.algorithms.robust import afl, drfa, qfedavg
 from fedco.algorithms.scgd import local_scgd, local_scgdm
 
 __all__ = [
-    "gcivr", "Algorithm", "CommPlan", "RoundInfo", "ServerAggregator", "averaging_server",
-    "make_plan", "project_simplex", "afl", "drfa", "qfedavg", "comfedl", "fedavg",
-    "fedavg_co", "mbsgd", "ds_feddro", "feddro", "local_scgd", "local_scgdm",
+    "local_moml", "gcivr", "Algorithm", "CommPlan", "RoundInfo", "ServerAggregator",
+    "averaging_server", "make_plan", "project_simplex", "afl", "drfa", "qfedavg", "comfedl",
+    "fedavg", "fedavg_co", "mbsgd", "ds_feddro", "feddro", "local_scgd", "local_scgdm",
 ]

@@ -13,6 +13,7 @@
 from fedco.data.adult import (AdultData, federated_adult, load_adult, proxy_groups,
                               resample_proxies)
 from fedco.data.datasets import FederatedDataset, make_federated
+from fedco.data import sinusoid
 from fedco.data.federated import FederatedData
 from fedco.data.partition import (dirichlet_label_skew, dominant_class, dominant_class_counts,
                                   iid, matched_validation, quantity_skew)
@@ -24,5 +25,5 @@ __all__ = [
     "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
     "matched_validation",
     "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_tfds", "num_classes",
-    "AdultData", "federated_adult", "load_adult", "proxy_groups", "resample_proxies",
+    "sinusoid", "AdultData", "federated_adult", "load_adult", "proxy_groups", "resample_proxies",
 ]

@@ -2,7 +2,7 @@ r"""MAML and DA-MAML as local-inner compositional problems (SPEC 4.4, 4.5).
 
 MAML (paper 001 eq. 7, paper 003 eq. 8) on client ``k`` with tasks ``t``::
 
-    F_k(w) = E_t  L_t( g_t(w); D_t^val ),    g_t(w) = E_xi [ w - a grad L_t(w; xi) ],  xi ~ D_t^train
+    F_k(w) = E_t L_t( g_t(w); D_t^val ),    g_t(w) = E_xi [ w - a grad L_t(w; xi) ],  xi ~ D_t^train
 
 and DA-MAML (paper 001 eq. 10) replaces the outer by ``exp(L_t(.; D_t^val) / gamma)``.
 
@@ -58,6 +58,7 @@ any pytree; the pointwise loss defaults to the squared error.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Callable, Optional
 
 import jax
@@ -167,7 +168,7 @@ class MAML:
 
   def da_problem(self, gamma: float, shift: float = 0.0, name: str = "da_maml") -> base.Problem:
     _validate.positive("gamma", gamma)
-    if isinstance(shift, bool) or not isinstance(shift, (int, float)):
+    if isinstance(shift, bool) or not isinstance(shift, numbers.Real):
       raise ValueError(f"shift must be a number, got {shift!r}")
     return base.local_inner(self.inner, self.da_outer(gamma, shift), outer_uses_data=True,
                             name=name)
