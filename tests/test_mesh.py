@@ -55,3 +55,14 @@ def test_padding_on_a_one_device_mesh_changes_nothing():
                                     jnp.zeros(3), rounds=3, batch_size=4, mesh=mesh)
   a, b = run(None), run(fedco.runtime.client_mesh(1))
   assert float(jnp.max(jnp.abs(a.params - b.params))) < 1e-6
+
+
+def test_a_mesh_run_compiles_once():
+  """init's and run's outputs carry the same shardings, so run never compiles twice."""
+  data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data, batch_size=4,
+                        mesh=fedco.runtime.client_mesh(1))
+  state = sim.init(jnp.zeros(3), 0)
+  for _ in range(3):
+    state, _ = sim.run(state, 2)
+  assert sim._run._cache_size() == 1

@@ -236,16 +236,20 @@ class Simulator:
       outer_batch_size = batch_size
     if outer_batch_size is not None:
       _validate.positive_int("outer_batch_size", outer_batch_size)
-    self.problem, self.algorithm, self.data = problem, algorithm, data
+    self.problem, self.algorithm = problem, algorithm
     self.num_clients, self.clients_per_round = n, m
     self.batch_size, self.outer_batch_size = batch_size, outer_batch_size
     self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
     self.eval_every = _validate.positive_int("eval_every", eval_every)
+    self.data = data
     if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh)
                              or CLIENTS not in mesh.axis_names):
       raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
                        f"fedco.runtime.client_mesh), got {mesh!r}")
     self.mesh = mesh
+    if mesh is not None:
+      self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      data = jax.device_put(data, self._replicated)
     _validate.open_unit("participation", participation, closed_right=True)
     if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
       raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
@@ -284,6 +288,8 @@ class Simulator:
     params = jax.tree.map(jnp.asarray, params)
     _check_dtypes(params, self.data.examples)
     self._check_shapes(params)
+    if self.mesh is not None:
+      params, key = jax.device_put((params, key), self._replicated)
     return self._init(params, key, self.data)
 
   def _check_shapes(self, params):
@@ -518,6 +524,8 @@ class Simulator:
   def run(self, state: SimState, rounds: int):
     """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``."""
     _validate.positive_int("rounds", rounds)
+    if self.mesh is not None:  # same input shardings every call: no second compilation
+      state = jax.device_put(state, self._replicated)
     return self._run(state, self.data, rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
