@@ -248,6 +248,37 @@ def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict
           "checkpoint_every": config["checkpoint_every"]}
 
 
+def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
+                    keys: Sequence[str], *, std_in_table: Sequence[str] = ()):
+  """Per-run mean and standard deviation over the seeds that did not diverge.
+
+  Args:
+    finals: ``{label: {seed: final values, or {"diverged": message, ...}}}``.
+    keys: the final values to summarise.
+    std_in_table: keys whose standard deviation also gets a table column ``<key>_std``.
+
+  Returns:
+    ``(per_run, table)``: ``per_run[label]`` holds ``per_seed``, ``diverged_seeds`` and, per
+    key, ``{"mean", "std"}`` (``None`` when every seed diverged); ``table`` has one row per
+    run for :func:`format_table`.
+  """
+  per_run, table = {}, []
+  for label, by_seed in finals.items():
+    ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
+    entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
+    row = {"algorithm": label, "diverged": len(entry["diverged_seeds"])}
+    for k in keys:
+      vals = [f[k] for f in ok.values()]
+      entry[k] = {"mean": float(np.mean(vals)) if vals else None,
+                  "std": float(np.std(vals)) if vals else None}
+      row[k] = entry[k]["mean"]
+      if k in std_in_table:
+        row[f"{k}_std"] = entry[k]["std"]
+    per_run[label] = entry
+    table.append(row)
+  return per_run, table
+
+
 def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) -> str:
   """``workdir/checkpoints/<label>-<hash of settings>``: one run's checkpoints.
 

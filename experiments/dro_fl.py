@@ -250,19 +250,8 @@ def _records(m, label, seed, *, finite_only=False):
 
 
 def summarize(finals, config) -> Dict[str, Any]:
-  keys = ("val_acc_avg", "val_acc_worst", "train_acc_avg", "train_acc_worst")
-  table, per_algorithm = [], {}
-  for label, by_seed in finals.items():
-    ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
-    entry = {"per_seed": by_seed, "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {"algorithm": label, "diverged": len(entry["diverged_seeds"])}
-    for k in keys:
-      vals = [f[k] for f in ok.values()]
-      entry[k] = {"mean": float(np.mean(vals)) if vals else None,
-                  "std": float(np.std(vals)) if vals else None}
-      row[k] = entry[k]["mean"]
-    per_algorithm[label] = entry
-    table.append(row)
+  per_algorithm, table = common.seed_statistics(
+      finals, ("val_acc_avg", "val_acc_worst", "train_acc_avg", "train_acc_worst"))
   summary = {"dataset": config["dataset"], "rounds": config["rounds"],
              "seeds": list(config["seeds"]), "algorithms": per_algorithm, "table": table}
   if {"comfedl", "fedavg"} <= set(finals):

@@ -259,20 +259,7 @@ def _records(m, spec, seed, *, finite_only=False):
 
 
 def summarize(finals, config, seconds) -> Dict[str, Any]:
-  table, per_algorithm = [], {}
-  for label, by_seed in finals.items():
-    ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
-    entry = {"per_seed": by_seed, "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {"algorithm": label}
-    for k in FINAL_KEYS:
-      vals = [f[k] for f in ok.values()]
-      entry[k] = {"mean": float(np.mean(vals)) if vals else None,
-                  "std": float(np.std(vals)) if vals else None}
-      row[k] = entry[k]["mean"]
-      row[f"{k}_std"] = entry[k]["std"]
-    row["diverged"] = len(entry["diverged_seeds"])
-    per_algorithm[label] = entry
-    table.append(row)
+  per_algorithm, table = common.seed_statistics(finals, FINAL_KEYS, std_in_table=FINAL_KEYS)
   summary = {"rounds": config["rounds"], "num_clients": config["num_clients"],
              "seeds": list(config["seeds"]), "algorithms": per_algorithm, "table": table,
              "seconds": seconds}

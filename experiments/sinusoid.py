@@ -302,21 +302,9 @@ def _records(m, spec, seed, *, finite_only=False):
 
 
 def summarize(finals, config) -> Dict[str, Any]:
-  keys = ("val_mse", "train_mse", "val_mse_tail", "val_mse_before")
-  table, per_algorithm = [], {}
-  for label, by_seed in finals.items():
-    ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
-    entry = {"per_seed": by_seed, "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {"algorithm": label, "diverged": len(entry["diverged_seeds"])}
-    for k in keys:
-      vals = [f[k] for f in ok.values()]
-      entry[k] = {"mean": float(np.mean(vals)) if vals else None,
-                  "std": float(np.std(vals)) if vals else None}
-      row[k] = entry[k]["mean"]
-      if k == "val_mse":
-        row["val_mse_std"] = entry[k]["std"]
-    per_algorithm[label] = entry
-    table.append(row)
+  per_algorithm, table = common.seed_statistics(
+      finals, ("val_mse", "train_mse", "val_mse_tail", "val_mse_before"),
+      std_in_table=("val_mse",))
   summary = {"sweep": config["sweep"], "iterations": config["iterations"],
              "seeds": list(config["seeds"]), "algorithms": per_algorithm, "table": table}
   if "local_scgdm" in finals:

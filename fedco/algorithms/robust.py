@@ -58,10 +58,11 @@ class WeightsState(NamedTuple):
   weights: jnp.ndarray
 
 
-def _weighted_step(x, client_params, coef):
-  """``x - sum_i coef_i (x - x_i)`` over the round's clients."""
+def _lambda_step(server, lam, client_values, info):
+  """``x - sum_{i in S} (N/m) lambda_i (x - x_i)`` over the round's surviving clients."""
+  coef = (info.num_clients / info.ids.shape[0]) * lam[info.ids] * info.alive_mask
   return jax.tree.map(lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
-                      x, client_params)
+                      server["params"], client_values["params"])
 
 
 def _local_sgd_with_loss(opt, name):
@@ -147,10 +148,8 @@ def drfa(learning_rate=0.01, local_steps: int = 5, *, weights_lr: float = 0.08
 
   def server_update(server, state, client_values, info):
     n, m = info.num_clients, info.ids.shape[0]
-    lam = state.weights
-    alive = info.alive_mask
-    x_new = _weighted_step(server["params"], client_values["params"],
-                           (n / m) * lam[info.ids] * alive)
+    lam, alive = state.weights, info.alive_mask
+    x_new = _lambda_step(server, lam, client_values, info)
     survivors = jnp.maximum(jnp.sum(alive), 1)
     snapshot = base.weighted_client_mean(client_values["snapshot"], alive / survivors)
     k_ids, k_loss = jax.random.split(info.key)
@@ -181,12 +180,10 @@ def afl(learning_rate=0.01, *, weights_lr: float = 0.1) -> base.Algorithm:
     return WeightsState(jnp.full(counts.shape, 1.0 / counts.shape[0], jnp.float32))
 
   def server_update(server, state, client_values, info):
-    n, m = info.num_clients, info.ids.shape[0]
-    lam = state.weights
-    alive = info.alive_mask
-    x_new = _weighted_step(server["params"], client_values["params"],
-                           (n / m) * lam[info.ids] * alive)
-    losses = jnp.zeros((n,), lam.dtype).at[info.ids].set(client_values["loss"] * alive)
+    lam, alive = state.weights, info.alive_mask
+    x_new = _lambda_step(server, lam, client_values, info)
+    losses = jnp.zeros((info.num_clients,), lam.dtype).at[info.ids].set(
+        client_values["loss"] * alive)
     return {**server, "params": x_new}, WeightsState(base.project_simplex(lam + eta * losses))
 
   return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
