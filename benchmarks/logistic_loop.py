@@ -59,6 +59,8 @@ import optax
 
 import fedco
 import fedco.io
+from benchmarks._common import (GAMMA, LAM, NUM_CLASSES, CompileCounter, finite, init_params,
+                                machine_info, make_data, make_problem_and_algorithm, mean_loss)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 50, "Timed rounds per fedco repeat (one jitted run call).")
@@ -77,81 +79,14 @@ flags.DEFINE_integer("in_dim", 784,
                      "Input features (784 is the benchmark; smaller values show the "
                      "dispatch-bound regime).")
 
-NUM_CLASSES = 10
-GAMMA = 0.2  # client-level KL-DRO regularisation (ComFedL)
-LAM = 1.0  # sample-level KL-DRO temperature (FedDRO)
 TARGET = 10.0
 
 
-# ---- the model and problems -----------------------------------------------------------
-
-def cross_entropy(params, example):
-  """Per-example multinomial logistic loss."""
-  logits = example["x"] @ params["w"] + params["b"]
-  return jax.nn.logsumexp(logits) - logits[example["y"]]
-
-
-def make_problem_and_algorithm(name: str, local_steps: int):
-  """Returns ``(problem, algorithm, batch_roles)``.
-
-  ``batch_roles`` says which of the loop's per-step batches feed ``oracle_args``' inner,
-  outer and next-inner slots (``0`` = first batch, ``1`` = second batch).
-  """
-  if name == "fedavg":
-    return (fedco.problems.plain(cross_entropy),
-            fedco.fedavg(learning_rate=0.05, local_steps=local_steps), (0, 0, 0))
-  if name == "comfedl":
-    # The step is exp(l / 0.2) / 0.2 * grad l ~ 5e5 * grad l at l ~ 2.3 and it feeds back
-    # (a loss rise of 0.5 multiplies it by e^2.5), so the rate is tiny: 1e-7 diverges to NaN
-    # within one round on this data, 5e-9 stays finite and decreases the loss.
-    return (fedco.problems.client_kl_dro(cross_entropy, gamma=GAMMA),
-            fedco.comfedl(learning_rate=5e-9, local_steps=local_steps), (0, 0, 0))
-  if name == "feddro":
-    problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / LAM),
-                                 lambda y: LAM * jnp.log(y), name="sample_kl_dro")
-    algorithm = fedco.feddro(learning_rate=0.01, beta=0.5, local_steps=local_steps)
-    return problem, algorithm, (0, 0, 1)
-  raise app.UsageError(f"unknown algorithm {name!r}; choose from fedavg, comfedl, feddro")
-
-
-def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):
-  rng = np.random.default_rng(seed)
-  n = clients * per_client
-  x = rng.random((n, in_dim), dtype=np.float32)
-  y = rng.integers(0, NUM_CLASSES, size=n).astype(np.int32)
-  rows = [np.arange(k * per_client, (k + 1) * per_client) for k in range(clients)]
-  return {"x": x, "y": y}, rows
-
-
-def init_params(seed: int, in_dim: int = 784):
-  k = jax.random.PRNGKey(seed)
-  return {"w": 0.01 * jax.random.normal(k, (in_dim, NUM_CLASSES), jnp.float32),
-          "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
-
-
-@jax.jit
-def mean_loss(params, examples):
-  return jnp.mean(jax.vmap(cross_entropy, in_axes=(None, 0))(params, examples))
-
-
-def _finite(tree) -> bool:
-  return all(bool(np.all(np.isfinite(np.asarray(l)))) for l in jax.tree.leaves(tree))
-
-
-class CompileCounter:
-  """Counts XLA backend compilations (a recompiling hot loop would show up here)."""
-
-  def __init__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-  def _on_event(self, event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      self.count += 1
-
-
 COMPILES = CompileCounter()
+# Which of the loop's per-step batches feed oracle_args' inner, outer and next-inner slots
+# (0 = the first batch, 1 = the second); FedDRO's tracker refresh uses a second sample.
+BATCH_ROLES = {"fedavg": (0, 0, 0), "comfedl": (0, 0, 0), "local_scgdm": (0, 0, 0),
+               "feddro": (0, 0, 1)}
 
 
 # ---- (1) fedco --------------------------------------------------------------------------
@@ -283,36 +218,12 @@ def bench_pair(sides: Dict[str, Any], repeats: int) -> Dict[str, Dict[str, Any]]
                   "ms_per_round": 1e3 * med / side.rounds,
                   "first_call_seconds": first[label],
                   "compiles_while_timed": compiles[label],
-                  "rounds_run": rounds_done, "final_params_finite": _finite(params),
+                  "rounds_run": rounds_done, "final_params_finite": finite(params),
                   "final_mean_loss": float(mean_loss(params, examples))}
   return out
 
 
 # ---- reporting ----------------------------------------------------------------------------
-
-def _cpu_model() -> str:
-  """The CPU's model name (``platform.processor()`` is often empty on Linux)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor()
-
-
-def machine_info() -> Dict[str, Any]:
-  import jaxlib
-  return {"platform": platform.platform(), "processor": platform.processor(),
-          "cpu_model": _cpu_model(),
-          "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
-          "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
-          "default_backend": jax.default_backend(),
-          # other load on the machine skews the timings; 1-minute load average at start
-          "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
-
 
 def markdown_table(results: Dict[str, Any]) -> str:
   lines = ["| algorithm | fedco rounds/s | loop rounds/s | fedco / loop | >= 10x |",
@@ -337,7 +248,8 @@ def main(argv):
         f"| {machine['default_backend']} {machine['devices']}", flush=True)
   results = {}
   for name in FLAGS.algorithms:
-    problem, algorithm, roles = make_problem_and_algorithm(name, FLAGS.local_steps)
+    problem, algorithm = make_problem_and_algorithm(name, FLAGS.local_steps)
+    roles = BATCH_ROLES[name]
     sides = {
         "fedco": FedcoSide(problem, algorithm, host_examples, rows, params,
                            batch_size=FLAGS.batch_size, rounds=FLAGS.rounds, seed=FLAGS.seed),
