@@ -43,6 +43,8 @@ import numpy as np
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 METRICS_CSV = "metrics.csv"
+TENSORBOARD = "tensorboard"
+_STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
 from fedco.io import TMP_PREFIX as _TMP_PREFIX, atomic_write  # noqa: F401 (re-exported)
 
@@ -160,6 +162,7 @@ class Workdir:
     for name in os.listdir(self.path):
       if name in (CONFIG, METRICS, METRICS_CSV, SUMMARY) or name.startswith(_TMP_PREFIX):
         os.remove(os.path.join(self.path, name))
+    shutil.rmtree(self.file(TENSORBOARD), ignore_errors=True)
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
@@ -186,6 +189,7 @@ class Workdir:
     path = self.file(METRICS)
     atomic_write(path, "".join(line + "\n" for line in self._metrics))
     atomic_write(self.file(METRICS_CSV), _csv(self._rows))
+    _write_scalars(self.file(TENSORBOARD), records)
     return path
 
   def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
@@ -199,6 +203,29 @@ class Workdir:
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
                  mode="wb")
     return path
+
+
+def _write_scalars(logdir: str, records: Sequence[Mapping[str, Any]]) -> None:
+  """TensorBoard scalars ``<algorithm>/seed<seed>/<metric>`` at step ``round`` (or ``step``),
+  when tensorboardX is installed.
+
+  Each call writes (and closes: tensorboardX's ``flush`` is asynchronous) one event file.
+  Event files are append-only logs, not atomic files; ``metrics.jsonl`` stays the record.
+  """
+  try:
+    from tensorboardX import SummaryWriter
+  except ImportError:
+    return
+  writer = SummaryWriter(logdir=logdir)
+  for r in records:
+    step = next((r[k] for k in ("round", "step", "iteration") if isinstance(r.get(k), int)), 0)
+    prefix = "/".join(str(p) for p in (r.get("algorithm"),
+                                       f"seed{r['seed']}" if "seed" in r else None) if p)
+    for key, value in r.items():
+      if key in _STEP_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+        continue
+      writer.add_scalar(f"{prefix}/{key}" if prefix else key, value, step)
+  writer.close()
 
 
 def _csv(rows: Sequence[Mapping[str, Any]]) -> str:

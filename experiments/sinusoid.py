@@ -97,6 +97,7 @@ def define_flags():
   flags.DEFINE_list("sweep_values", [], "Values for --sweep (default: a grid around the "
                     "paper's setting).")
   flags.DEFINE_bool("progress", True, "Print a progress line per run.")
+  common.define_checkpoint_flags(100)
 
 
 def _int_list(name, values, minimum):
@@ -116,7 +117,8 @@ def validate(workdir, *, algorithms=ALGORITHMS, iterations=3000, p=5, eta=1.0, b
              moml_beta=0.7, inner_lr=0.001, inner_steps=1, first_order=False,
              hidden=(40, 40), num_clients=5, tasks_per_step=3, shots=10, query_shots=10,
              test_tasks=600, episodes_per_client=1000, eval_every=25, seeds=(0, 1, 2),
-             sweep="none", sweep_values=(), progress=True) -> Dict[str, Any]:
+             sweep="none", sweep_values=(), progress=True, checkpoint_every=100,
+             resume=True) -> Dict[str, Any]:
   """Checks every setting and returns the run's config; raises ``ValueError`` naming the flag."""
   algorithms = common.check_names("algorithms", algorithms, ALGORITHMS)
   if sweep not in SWEEPS:
@@ -181,7 +183,8 @@ def validate(workdir, *, algorithms=ALGORITHMS, iterations=3000, p=5, eta=1.0, b
           "num_clients": num_clients, "tasks_per_step": tasks_per_step, "shots": shots,
           "query_shots": query_shots, "test_tasks": test_tasks,
           "episodes_per_client": episodes_per_client, "eval_every": eval_every,
-          "seeds": seeds, "sweep": sweep, "sweep_values": values, "progress": progress}
+          "seeds": seeds, "sweep": sweep, "sweep_values": values, "progress": progress,
+          **common.checkpoint_config(checkpoint_every, resume)}
 
 
 def _check_rate(name, value, eta):
@@ -221,6 +224,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   config = validate(workdir, **kwargs)
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
+  common.start_checkpoints(wd, config)
   model = MLP(hidden=config["hidden"], out=1)
   meta = MAML(model.apply, config["inner_lr"], config["inner_steps"], config["first_order"])
   problem = meta.problem("sinusoid_maml")
@@ -251,7 +255,9 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       try:
         result = fedco.simulate(problem, algorithm, fed, params, rounds=rounds, seed=seed,
                                 batch_size=1, evaluate=False, eval_every=eval_every,
-                                metrics_fn=metrics_fn, progress=config["progress"])
+                                metrics_fn=metrics_fn, progress=config["progress"],
+                                **common.checkpoint_args(config, f"{spec['label']}-seed{seed}",
+                                                         **spec, seed=seed))
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
@@ -385,7 +391,8 @@ def main(argv):
         shots=FLAGS.shots, query_shots=FLAGS.query_shots, test_tasks=FLAGS.test_tasks,
         episodes_per_client=FLAGS.episodes_per_client, eval_every=FLAGS.eval_every,
         seeds=FLAGS.seeds, sweep=FLAGS.sweep, sweep_values=FLAGS.sweep_values,
-        progress=FLAGS.progress)
+        progress=FLAGS.progress,
+        checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume)
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)

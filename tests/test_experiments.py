@@ -96,7 +96,8 @@ def test_workdir_contract(tmp_path):
     wd.write_summary({"bad": object()})
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
   assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "metrics.csv",
-                                                  "metrics.jsonl", "summary.json"]
+                                                  "metrics.jsonl", "summary.json",
+                                                  "tensorboard"]
   assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == [
       "x", '"[0.0, 1.0, 2.0]"', '""']  # a lone empty field is quoted
   table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
@@ -121,3 +122,13 @@ def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
        "--beta=2"], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
   assert "--beta" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tensorboard_scalars_mirror_the_metrics(tmp_path):
+  wd = common.Workdir(tmp_path / "tb")
+  wd.append_metrics([{"round": 3, "algorithm": "feddro", "seed": 1, "loss": 0.25,
+                      "weights": [0.5, 0.5]}])
+  events = [f for f in os.listdir(tmp_path / "tb" / "tensorboard") if "tfevents" in f]
+  assert len(events) == 1
+  content = (tmp_path / "tb" / "tensorboard" / events[0]).read_bytes()
+  assert b"feddro/seed1/loss" in content and b"weights" not in content
