@@ -220,6 +220,29 @@ def write_json(path: str, value: Dict[str, Any]) -> None:
   fedco.io.atomic_write_json(path, value)
 
 
+class FedcoSide:
+  """fedco's simulator: all clients vmapped, steps and rounds scanned, one jit per ``run``."""
+
+  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
+               seed):
+    self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
+    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
+                               evaluate=False)
+    self.rounds = rounds
+    self.state = self.sim.init(params, seed)
+
+  def run(self):
+    self.state, metrics = self.sim.run(self.state, self.rounds)
+    jax.block_until_ready((self.state, metrics))
+
+  def params(self):
+    return self.state.server["params"]
+
+  def final(self):
+    """``(params, examples, rounds done)``."""
+    return self.params(), self.data.examples, int(self.state.round)
+
+
 class CentralSide:
   """The algorithm's step on one model with the pooled batch ``K * b`` (``tau`` per round)."""
 

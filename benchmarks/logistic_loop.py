@@ -59,7 +59,8 @@ import optax
 
 import fedco
 import fedco.io
-from benchmarks._common import (GAMMA, LAM, NUM_CLASSES, CompileCounter, finite, init_params,
+from benchmarks._common import (GAMMA, LAM, NUM_CLASSES, CompileCounter, FedcoSide, finite,
+                                init_params,
                                 machine_info, make_data, make_problem_and_algorithm, mean_loss)
 
 FLAGS = flags.FLAGS
@@ -90,26 +91,6 @@ BATCH_ROLES = {"fedavg": (0, 0, 0), "comfedl": (0, 0, 0), "local_scgdm": (0, 0, 
 
 
 # ---- (1) fedco --------------------------------------------------------------------------
-
-class FedcoSide:
-  """fedco's simulator: all clients vmapped, steps and rounds scanned, one jit per ``run``."""
-
-  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
-               seed):
-    self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
-    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
-                               evaluate=False)
-    self.rounds = rounds
-    self.state = self.sim.init(params, seed)
-
-  def run(self):
-    self.state, metrics = self.sim.run(self.state, self.rounds)
-    jax.block_until_ready((self.state, metrics))
-
-  def final(self):
-    params = self.state.server["params"]
-    return params, self.data.examples, int(self.state.round)
-
 
 # ---- (2) the per-client Python loop ------------------------------------------------------
 

@@ -103,24 +103,6 @@ COMPILES = C.CompileCounter()
 
 # ---- (1) fedco ----------------------------------------------------------------------------
 
-class FedcoSide:
-
-  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
-               seed):
-    self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
-    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
-                               evaluate=False)
-    self.rounds = rounds
-    self.state = self.sim.init(params, seed)
-
-  def run(self):
-    self.state, metrics = self.sim.run(self.state, self.rounds)
-    jax.block_until_ready((self.state, metrics))
-
-  def params(self):
-    return self.state.server["params"]
-
-
 # ---- (2) the PyTorch per-client loop --------------------------------------------------------
 
 class TorchLogistic(torch.nn.Module):
@@ -427,8 +409,8 @@ def main(argv):
   results = {}
   for name in FLAGS.algorithms:
     problem, algorithm = C.make_problem_and_algorithm(name, tau)
-    fed = FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
-                    seed=FLAGS.seed)
+    fed = C.FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
+                      seed=FLAGS.seed)
     tfed = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
     torch_sides = {"torch": (tfed, TorchSide(tfed, FLAGS.torch_rounds, os.cpu_count()))}
     if FLAGS.torch_one_thread:

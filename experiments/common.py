@@ -115,6 +115,21 @@ def check_int(name, value, minimum) -> int:
   return int(value)
 
 
+def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
+  """A non-empty comma list (or sequence) of integers ``>= minimum`` (distinct if asked)."""
+  try:
+    out = tuple(int(v) for v in values)
+  except (TypeError, ValueError):
+    raise ValueError(f"--{name} must be a comma list of integers, got {values!r}") from None
+  if not out:
+    raise ValueError(f"--{name} must name at least one value")
+  for v in out:
+    check_int(name, v, minimum)
+  if distinct and len(set(out)) != len(out):
+    raise ValueError(f"--{name} lists a value twice: {list(out)}")
+  return out
+
+
 def check_names(name, value, allowed) -> tuple:
   """A non-empty comma list (or sequence) of distinct names from ``allowed``."""
   names = value.split(",") if isinstance(value, str) else list(value)

@@ -90,20 +90,6 @@ def define_flags():
   common.define_checkpoint_flags(250)
 
 
-def _int_list(name, values, minimum):
-  try:
-    out = tuple(int(v) for v in values)
-  except (TypeError, ValueError):
-    raise ValueError(f"--{name} must be a comma list of integers, got {values!r}") from None
-  if not out:
-    raise ValueError(f"--{name} must name at least one value")
-  for v in out:
-    common.check_int(name, v, minimum)
-  if len(set(out)) != len(out):
-    raise ValueError(f"--{name} lists a value twice: {list(out)}")
-  return out
-
-
 def validate(workdir, *, data_dir=None, algorithms=ALGORITHMS, num_clients=8, rounds=1000,
              local_steps=(1,), sweep="none", sweep_values=(), batch_size=16,
              learning_rate=0.1, gcivr_lr=0.01, beta=0.5, server_lr_x=1.3, server_lr_y=1.4,
@@ -125,15 +111,16 @@ def validate(workdir, *, data_dir=None, algorithms=ALGORITHMS, num_clients=8, ro
   common.check_real("beta", beta, low=0.0, high=1.0)
   common.check_positive("eps", eps, allow_zero=True)
   common.check_real("proxy_noise", proxy_noise, low=0.0, high=1.0, low_open=False)
-  local_steps = _int_list("local_steps", local_steps, 1)
+  local_steps = common.check_int_list("local_steps", local_steps, 1, distinct=True)
   if sweep == "I":
-    local_steps = _int_list("sweep_values", sweep_values or SWEEP_DEFAULT, 1)
+    local_steps = common.check_int_list("sweep_values", sweep_values or SWEEP_DEFAULT, 1,
+                                        distinct=True)
     algorithms = tuple(a for a in algorithms if a in LOCAL)
     if not algorithms:
       raise ValueError("--sweep=I needs feddro or ds_feddro in --algorithms")
   elif sweep_values:
     raise ValueError("--sweep_values needs --sweep=I")
-  seeds = _int_list("seeds", seeds, 0)
+  seeds = common.check_int_list("seeds", seeds, 0, distinct=True)
   if data_dir is not None and (not isinstance(data_dir, str) or not data_dir.strip()):
     raise ValueError(f"--data_dir must be a folder path, got {data_dir!r}")
   return {"workdir": common.check_workdir(workdir),

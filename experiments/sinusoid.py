@@ -100,18 +100,6 @@ def define_flags():
   common.define_checkpoint_flags(100)
 
 
-def _int_list(name, values, minimum):
-  try:
-    out = tuple(int(v) for v in values)
-  except (TypeError, ValueError):
-    raise ValueError(f"--{name} must be a comma list of integers, got {values!r}") from None
-  if not out:
-    raise ValueError(f"--{name} must name at least one value")
-  for v in out:
-    common.check_int(name, v, minimum)
-  return out
-
-
 def validate(workdir, *, algorithms=ALGORITHMS, iterations=3000, p=5, eta=1.0, beta=0.01,
              alpha=0.8, gamma=0.7, bsgd_lr=0.01, scgd_lr=0.01, scgd_gamma=0.9, moml_lr=0.01,
              moml_beta=0.7, inner_lr=0.001, inner_steps=1, first_order=False,
@@ -140,7 +128,7 @@ def validate(workdir, *, algorithms=ALGORITHMS, iterations=3000, p=5, eta=1.0, b
   common.check_real("moml_beta", moml_beta, low=0.0, high=1.0)
   if not isinstance(first_order, bool):
     raise ValueError(f"--first_order must be a bool, got {first_order!r}")
-  hidden = _int_list("hidden", hidden, 1)
+  hidden = common.check_int_list("hidden", hidden, 1)
   if NUM_TRAIN_TASKS % num_clients:
     raise ValueError(f"--num_clients must divide the {NUM_TRAIN_TASKS} training tasks "
                      f"evenly (1, 5 or 25), got {num_clients}")
@@ -150,7 +138,7 @@ def validate(workdir, *, algorithms=ALGORITHMS, iterations=3000, p=5, eta=1.0, b
                      f"got {tasks_per_step}")
   if iterations % p:
     raise ValueError(f"--iterations must be a multiple of --p={p}, got {iterations}")
-  seeds = _int_list("seeds", seeds, 0)
+  seeds = common.check_int_list("seeds", seeds, 0)
   if len(set(seeds)) != len(seeds):
     raise ValueError(f"--seeds lists a seed twice: {seeds}")
   values = ()
