@@ -262,6 +262,16 @@ PRESENTATION_KEYS = ("workdir", "progress", "resume", "algorithms", "seeds", "sw
                      "sweep_values", "checkpoint_every")
 
 
+def quiet_logs() -> None:
+  """Show absl/orbax logs from WARNING up unless the user passed ``--verbosity``.
+
+  Called at the start of each binary's ``main``: orbax logs every checkpoint at INFO.
+  """
+  from absl import flags, logging
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
 def define_checkpoint_flags(every: int) -> None:
   """``--checkpoint_every`` and ``--resume`` for an experiment binary."""
   from absl import flags

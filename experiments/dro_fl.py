@@ -285,6 +285,7 @@ def plot(wd, records, config):
 
 def main(argv):
   del argv
+  common.quiet_logs()
   try:
     run(FLAGS.workdir, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
         algorithms=FLAGS.algorithms, rounds=FLAGS.rounds, tau=FLAGS.tau,

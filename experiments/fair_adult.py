@@ -292,6 +292,7 @@ def plot(wd, records, config):
 
 def main(argv):
   del argv
+  common.quiet_logs()
   try:
     run(FLAGS.workdir, data_dir=FLAGS.data_dir, algorithms=FLAGS.algorithms,
         num_clients=FLAGS.num_clients, rounds=FLAGS.rounds, local_steps=FLAGS.local_steps,

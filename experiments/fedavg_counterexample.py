@@ -180,6 +180,7 @@ def run(workdir, *, learning_rate=0.02, local_steps=5, rounds=400, beta=0.5, x0=
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"error: unexpected arguments {argv[1:]}")
+  common.quiet_logs()
   try:
     run(FLAGS.workdir, learning_rate=FLAGS.learning_rate, local_steps=FLAGS.local_steps,
         rounds=FLAGS.rounds, beta=FLAGS.beta, x0=FLAGS.x0, algorithms=FLAGS.algorithms,

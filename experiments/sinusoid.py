@@ -369,6 +369,7 @@ def plot_fit(wd, fitted, meta, config):
 
 def main(argv):
   del argv
+  common.quiet_logs()
   try:
     run(FLAGS.workdir, algorithms=FLAGS.algorithms, iterations=FLAGS.iterations, p=FLAGS.p,
         eta=FLAGS.eta, beta=FLAGS.beta, alpha=FLAGS.alpha, gamma=FLAGS.gamma,
