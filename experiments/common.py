@@ -300,6 +300,35 @@ def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict
           "checkpoint_every": config["checkpoint_every"]}
 
 
+def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
+                      keys: Optional[Sequence[str]] = None,
+                      finite_keys: Optional[Sequence[str]] = None,
+                      finite_only: bool = False) -> List[Dict[str, Any]]:
+  """One ``metrics.jsonl`` record per evaluated round of a ``simulate`` result.
+
+  Args:
+    metrics: ``result.metrics`` (or a ``NonFiniteError``'s ``metrics``).
+    fields: ``round -> dict`` of the run's own fields (algorithm, seed, ...), placed after
+      ``round``.
+    keys: the metrics to copy (default: every one except ``evaluated`` and ``clients`` whose
+      per-round value is a scalar or a vector).
+    finite_keys: the metrics that must be finite when ``finite_only`` (default: ``keys``).
+    finite_only: stop at the first round where one of them is not finite (a diverged run).
+  """
+  out = []
+  for r in np.flatnonzero(metrics["evaluated"]):
+    chosen = keys if keys is not None else [
+        k for k, v in metrics.items()
+        if k not in ("evaluated", "clients") and np.ndim(v[r]) <= 1]
+    rec = {"round": int(r) + 1, **fields(int(r) + 1)}
+    rec.update({k: metrics[k][r] for k in chosen})
+    checked = chosen if finite_keys is None else finite_keys
+    if finite_only and not all(np.all(np.isfinite(rec[k])) for k in checked):
+      break
+    out.append(rec)
+  return out
+
+
 def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
                     keys: Sequence[str], *, std_in_table: Sequence[str] = ()):
   """Per-run mean and standard deviation over the seeds that did not diverge.

@@ -218,10 +218,13 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
-        records.extend(_records(err.metrics, spec["label"], seed, finite_only=True))
+        records.extend(common.evaluated_records(
+            err.metrics, lambda _, s=spec: {"algorithm": s["label"], "seed": seed},
+            finite_only=True))
         continue
       m = result.metrics
-      records.extend(_records(m, spec["label"], seed))
+      records.extend(common.evaluated_records(
+          m, lambda _, s=spec: {"algorithm": s["label"], "seed": seed}))
       final = {k: float(v[-1]) for k, v in m.items() if np.ndim(v) == 1 and k != "evaluated"}
       if not all(np.isfinite(list(final.values()))):
         final["diverged"] = "non-finite final metrics"
@@ -233,20 +236,6 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   if config["progress"]:
     print(common.format_table(summary["table"]))
   return summary
-
-
-def _records(m, label, seed, *, finite_only=False):
-  """One metrics.jsonl record per evaluated round (up to the last finite one if asked)."""
-  out = []
-  for r in np.flatnonzero(m["evaluated"]):
-    rec = {"round": int(r) + 1, "algorithm": label, "seed": seed}
-    rec.update({k: v[r] for k, v in m.items()
-                if k not in ("evaluated", "clients") and np.ndim(v[r]) <= 1})
-    if finite_only and not all(np.all(np.isfinite(v)) for k, v in rec.items()
-                               if k not in ("algorithm",)):
-      break
-    out.append(rec)
-  return out
 
 
 def summarize(finals, config) -> Dict[str, Any]:

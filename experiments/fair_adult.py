@@ -213,10 +213,11 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
-        records.extend(_records(err.metrics, spec, seed, finite_only=True))
+        records.extend(common.evaluated_records(err.metrics, _fields(spec, seed),
+                                                finite_only=True))
         continue
       m = result.metrics
-      records.extend(_records(m, spec, seed))
+      records.extend(common.evaluated_records(m, _fields(spec, seed)))
       final = {k: float(v[-1]) for k, v in m.items()
                if np.ndim(v) == 1 and k not in ("evaluated",)}
       final["seconds"] = result.seconds
@@ -231,18 +232,9 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   return summary
 
 
-def _records(m, spec, seed, *, finite_only=False):
-  """One metrics.jsonl record per evaluated round (up to the last finite one if asked)."""
-  out = []
-  for r in np.flatnonzero(m["evaluated"]):
-    rec = {"round": int(r) + 1, "algorithm": spec["label"], "seed": seed,
-           "local_steps": spec["local_steps"]}
-    rec.update({k: v[r] for k, v in m.items() if k not in ("evaluated", "clients")})
-    if finite_only and not all(np.all(np.isfinite(rec[k])) for k in m
-                               if k not in ("evaluated", "clients")):
-      break
-    out.append(rec)
-  return out
+def _fields(spec, seed):
+  return lambda _: {"algorithm": spec["label"], "seed": seed,
+                    "local_steps": spec["local_steps"]}
 
 
 def summarize(finals, config, seconds) -> Dict[str, Any]:

@@ -249,10 +249,10 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
         finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
                                                       "diverged_round": err.round}
-        records.extend(_records(err.metrics, spec, seed, finite_only=True))
+        records.extend(_records(err.metrics, spec, seed, True))
         continue
       m = result.metrics
-      recs = _records(m, spec, seed)
+      recs = _records(m, spec, seed, False)
       if not m["evaluated"][-1]:  # always report the last round
         last = jax.device_get(jax.jit(metrics_fn)(result.params))
         recs.append({"round": rounds, "iteration": rounds * spec["p"],
@@ -282,17 +282,14 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   return summary
 
 
-def _records(m, spec, seed, *, finite_only=False):
-  """One metrics.jsonl record per evaluated round (up to the last finite one if asked)."""
-  out = []
-  for r in np.flatnonzero(m["evaluated"]):
-    rec = {"round": int(r) + 1, "iteration": (int(r) + 1) * spec["p"],
-           "algorithm": spec["label"], "seed": seed}
-    rec.update({k: float(m[k][r]) for k in ("train_mse", "val_mse", "val_mse_before")})
-    if finite_only and not all(np.isfinite(rec[k]) for k in ("train_mse", "val_mse")):
-      break
-    out.append(rec)
-  return out
+def _records(metrics, spec, seed, finite_only):
+  """MSE records per evaluated round; a run counts as diverged once train or val MSE is not
+  finite."""
+  return common.evaluated_records(
+      metrics, lambda rnd: {"iteration": rnd * spec["p"], "algorithm": spec["label"],
+                            "seed": seed},
+      keys=("train_mse", "val_mse", "val_mse_before"), finite_keys=("train_mse", "val_mse"),
+      finite_only=finite_only)
 
 
 def summarize(finals, config) -> Dict[str, Any]:
