@@ -21,6 +21,11 @@ the optax pair, so it drops into a user's own loop like any optax optimizer::
   trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
 * ``extra_fn(x)`` evaluates ``h(x; xi)`` (the loss value plain baselines report).
 * ``round_key`` is a PRNG key shared by all clients of the round (DRFA's snapshot step).
+* ``local_step`` is the step's index within the round, ``0 .. local_steps - 1`` (Ditto
+  anchors its personal model to the model the round started from at step 0).
+* ``example_losses_fn(x)`` gives the per-example values ``h(x; xi_i)`` of the outer batch
+  and ``example_weights`` their batch weights; ``example_rows`` are the outer batch's
+  global example ids (sample-reweighting baselines: FastDRO, primal-dual DRO).
 * Unknown keyword arguments are accepted and ignored (optax's extra-args contract).
 
 ``init(params, *, inner_value=None)`` is optax's ``init`` plus the first inner sample

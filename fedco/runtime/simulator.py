@@ -86,12 +86,14 @@ class Ledger(NamedTuple):
             "total_down": totals["down"] * rounds}
 
 
-def draw_batch(key, index_row, count, examples, batch_size: Optional[int]):
+def draw_batch(key, index_row, count, examples, batch_size: Optional[int], *,
+               return_rows: bool = False):
   """One client's batch: rows gathered by index, and their weights (summing to 1).
 
   ``batch_size=None`` takes the client's whole data (deterministic; padding rows weigh 0).
   Otherwise ``batch_size`` positions are drawn uniformly with replacement from the client's
-  ``count`` examples.
+  ``count`` examples. ``return_rows=True`` also returns the drawn rows of ``examples``
+  (``int32 [b]``), the examples' global ids (primal-dual DRO keeps one weight per row).
   """
   if batch_size is None:
     rows = index_row
@@ -100,7 +102,8 @@ def draw_batch(key, index_row, count, examples, batch_size: Optional[int]):
     pos = jax.random.randint(key, (batch_size,), 0, count)
     rows = index_row[pos]
     weights = jnp.full((batch_size,), 1.0 / batch_size, jnp.float32)
-  return jax.tree.map(lambda a: a[rows], examples), weights
+  batch = jax.tree.map(lambda a: a[rows], examples)
+  return (batch, weights, rows) if return_rows else (batch, weights)
 
 
 def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=None,
@@ -109,8 +112,11 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
 
   Returns ``(grad_h_fn, kwargs)``: ``grad_h_fn(params)`` is ``grad h(x; outer_batch)`` (or
   ``None`` without an extra term), and ``kwargs`` holds ``inner_fn``, ``outer_fn`` and
-  ``next_inner_fn`` for compositional problems and ``extra_fn`` (the value of ``h``) when
-  there is an extra term. Weights default to uniform means.
+  ``next_inner_fn`` for compositional problems and, when there is an extra term,
+  ``extra_fn`` (the value of ``h``), ``example_losses_fn`` (``x -> [b]``, the per-example
+  values ``h(x; xi_i)`` of the outer batch, for sample-reweighting baselines such as
+  FastDRO) and ``example_weights`` (``[b]``, the outer batch's weights; 0 on padding).
+  Weights default to uniform means.
   """
 
   def _w(batch, w):
@@ -131,6 +137,9 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
   if problem.extra is not None:
     grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)
     kwargs["extra_fn"] = lambda x: problem.extra_value(x, outer_batch, wf)
+    kwargs["example_losses_fn"] = lambda x: jax.vmap(problem.extra, in_axes=(None, 0))(
+        x, outer_batch)
+    kwargs["example_weights"] = wf
   return grad_h, kwargs
 
 
@@ -270,14 +279,17 @@ class Simulator:
     total = jnp.sum(c)
     return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
-  def _client_step(self, examples, round_key, params, cstate, key, index_row, count):
+  def _client_step(self, examples, round_key, local_step, params, cstate, key, index_row,
+                   count):
     kg, kf, kn = jax.random.split(key, 3)
     bg, wg = draw_batch(kg, index_row, count, examples, self.batch_size)
-    bf, wf = draw_batch(kf, index_row, count, examples, self.outer_batch_size)
+    bf, wf, rows = draw_batch(kf, index_row, count, examples, self.outer_batch_size,
+                              return_rows=True)
     bn, wn = draw_batch(kn, index_row, count, examples, self.batch_size)
     grad_h_fn, kwargs = oracle_args(self.problem, bg, bf, bn, (wg, wf, wn))
     grad_h = None if grad_h_fn is None else grad_h_fn(params)
-    return self.algorithm.update(grad_h, cstate, params, round_key=round_key, **kwargs)
+    return self.algorithm.update(grad_h, cstate, params, round_key=round_key,
+                                 local_step=local_step, example_rows=rows, **kwargs)
 
   def init(self, params: PyTree, seed=0) -> SimState:
     """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
@@ -411,13 +423,13 @@ class Simulator:
       cst = cst._replace(**{f: jnp.take(losses, ids, mode="clip")
                             for f in plan.round_start_loss})
     params, cst, index, counts, ckeys = self._place((params, cst, index, counts, ckeys))
-    step_fn = jax.vmap(self._client_step, in_axes=(None, None, 0, 0, 0, 0, 0),
+    step_fn = jax.vmap(self._client_step, in_axes=(None, None, None, 0, 0, 0, 0, 0),
                        spmd_axis_name=None if self.mesh is None else CLIENTS)
 
     def local_step(carry, t):
       params, cst = carry
       skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
-      updates, new_cst = step_fn(data.examples, k_round, params, cst, skeys, index, counts)
+      updates, new_cst = step_fn(data.examples, k_round, t, params, cst, skeys, index, counts)
       new_params = optax.apply_updates(params, updates)
       if self.faults:  # dropped clients and finished stragglers keep what they had
         active = alive & (t < steps)
