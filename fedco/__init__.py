@@ -7,7 +7,8 @@ transform; the runtime simulates many clients in one jitted program.
 from fedco import algorithms, data, estimators, metrics, models, problems, runtime
 from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg,
                               fedavg_co, feddro, gcivr, local_moml, local_scgd, local_scgdm,
-                              mbsgd, qfedavg)
+                              mbsgd, qfedavg, fastdro, primal_dual_dro)
+from fedco.algorithms import ditto, fedmaml, per_fedavg, tr_maml
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
 from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
@@ -28,9 +29,17 @@ ALGORITHMS = {
     "afl": afl,
     "gcivr": gcivr,
     "local_moml": local_moml,
+    "fastdro": fastdro,
+    "primal_dual_dro": primal_dual_dro,
+    "per_fedavg": per_fedavg,
+    "fedmaml": fedmaml,
+    "tr_maml": tr_maml,
+    "ditto": ditto,
 }
 
 __all__ = [
+    "per_fedavg", "fedmaml", "tr_maml", "ditto",
+    "fastdro", "primal_dual_dro",
     "local_moml", "gcivr", "algorithms", "data", "estimators", "problems", "runtime",
     "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
     "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData",

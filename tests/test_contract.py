@@ -33,9 +33,12 @@ REGISTRY = {
     "gcivr": lambda: fedco.gcivr(0.1, refresh_every=5),
     # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
     "local_moml": lambda: fedco.local_moml(0.1, 0.7, 5, first_order=False),
+    # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
+    "fastdro": lambda: fedco.fastdro(0.1, geometry="cvar", size=0.5),
+    "primal_dual_dro": lambda: fedco.primal_dual_dro(0.1, 1, weights_lr=0.1),
 }
 
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 15
+assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 17
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,12 @@ def _step_fn(opt, problem, examples):
   def step(params, state, **extra):
     for field in opt.plan.round_start:  # the caller plays the server (MBSGD's y_bar)
       state = state._replace(**{field: kwargs["inner_fn"](params)})
-    grads = jax.grad(phi)(params) if opt.problem_kind == "plain" else None
+    grads = None
+    if opt.problem_kind == "plain":  # the plain oracles, on the single loss Phi
+      grads = jax.grad(phi)(params)
+      extra = {"extra_fn": phi, "example_losses_fn": lambda x: phi(x)[None],
+               "example_weights": jnp.ones(1), "example_rows": jnp.zeros(1, jnp.int32),
+               **extra}
     extra.setdefault("round_key", jax.random.PRNGKey(0))  # DRFA's shared round key
     updates, state = opt.update(grads, state, params, **kwargs, **extra)
     return optax.apply_updates(params, updates), state

@@ -1,0 +1,120 @@
+"""ResNet-20 for CIFAR (He et al. 2016, Sec. 4.2) with per-example normalization.
+
+Layout (``width = 16`` gives the paper's 16/32/64 channels):
+
+    conv 3x3 (width) -> norm -> ReLU
+    stage 1: 3 basic blocks, width channels,      stride 1
+    stage 2: 3 basic blocks, 2 * width channels,  stride 2 in the first block
+    stage 3: 3 basic blocks, 4 * width channels,  stride 2 in the first block
+    global average pool -> Dense(num_classes)
+
+A basic block is ``relu(norm(conv3x3(relu(norm(conv3x3_s(x))))) + shortcut(x))`` with the
+identity shortcut, or, where the shape changes (first block of stages 2 and 3), a projection
+``norm(conv1x1_s(x))`` (He et al.'s option B, not option A's zero-padded identity). 3x3
+convolutions pad one pixel on each side (PyTorch's ``padding=1``, so a stride-2 layer keeps
+pixels 0, 2, 4, ... like the 1x1 projection). Convolution kernels use He initialization.
+With ``num_classes=10`` and ``norm="group"`` the model has 272,474 parameters (0.27M, the
+paper's count; the two projections add 2,752 to the 269,722 of option A).
+
+Normalization (``norm``):
+
+* ``"group"`` (default): ``nn.GroupNorm`` with ``group_count(channels)`` = ``gcd(channels,
+  8)`` groups, i.e. 8 groups at 16, 32 and 64 channels (2, 4 and 8 channels per group). Its
+  statistics are over one image's pixels and the channels of a group, so an image's output
+  does not depend on the batch: the model takes ONE image ``[H, W, C]`` -> ``[num_classes]``
+  (what fedco's per-example problems vmap over) or a batch ``[n, H, W, C]`` ->
+  ``[n, num_classes]``, the two agreeing. Its learnable scale and bias have exactly batch
+  norm's parameter count, so the 0.27M total is unchanged.
+* ``"none"``: no normalization; convolutions carry a bias, and the last convolution of each
+  residual branch starts at zero, so every block starts as the identity (the SkipInit/Fixup
+  remedy, De & Smith 2020, Zhang et al. 2019, for the variance growth of un-normalized
+  residual nets).
+
+Why not BatchNorm: fedco's problems are per-example functions, vmapped over single images,
+where batch statistics do not exist (a batch of one would normalize every activation to the
+bias); mini-batch statistics would also make an example's loss depend on the other examples
+sampled with it. Batch norm is also known to hurt federated training on non-iid clients,
+whose batch statistics differ, and GroupNorm recovers most of the loss (Hsieh et al. 2020,
+"The Non-IID Data Quagmire of Decentralized Machine Learning").
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedco import _validate
+from fedco.models.cnn import NORMS, _image_batch, group_count
+
+_PAD1 = ((1, 1), (1, 1))
+
+
+class _BasicBlock(nn.Module):
+  """Two 3x3 convolutions and a shortcut (identity, or 1x1 projection on a shape change)."""
+  channels: int
+  stride: int
+  norm: str
+
+  def _norm(self, name: str) -> Callable[[jax.Array], jax.Array]:
+    if self.norm == "group":
+      return nn.GroupNorm(num_groups=group_count(self.channels), epsilon=1e-5, name=name)
+    return lambda h: h
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    bias = self.norm == "none"
+    strides = (self.stride, self.stride)
+    last_init = nn.initializers.zeros if bias else nn.initializers.he_normal()
+    y = nn.Conv(self.channels, (3, 3), strides=strides, padding=_PAD1, use_bias=bias,
+                kernel_init=nn.initializers.he_normal(), name="conv_0")(x)
+    y = nn.relu(self._norm("norm_0")(y))
+    y = nn.Conv(self.channels, (3, 3), padding=_PAD1, use_bias=bias, kernel_init=last_init,
+                name="conv_1")(y)
+    y = self._norm("norm_1")(y)
+    shortcut = x
+    if self.stride != 1 or x.shape[-1] != self.channels:
+      shortcut = nn.Conv(self.channels, (1, 1), strides=strides, padding="VALID",
+                         use_bias=bias, kernel_init=nn.initializers.he_normal(),
+                         name="proj_conv")(x)
+      shortcut = self._norm("proj_norm")(shortcut)
+    return nn.relu(y + shortcut)
+
+
+class ResNet20(nn.Module):
+  """CIFAR ResNet-20 (He et al. 2016) with GroupNorm or no normalization; see the module.
+
+  Attributes:
+    num_classes: number of logits.
+    norm: ``"group"`` (GroupNorm, 8 groups at the default width) or ``"none"``.
+    width: channels of stage 1 (16 in the paper); stages 2 and 3 have 2x and 4x.
+  """
+  num_classes: int = 10
+  norm: str = "group"
+  width: int = 16
+
+  def __post_init__(self):
+    _validate.positive_int("num_classes", self.num_classes)
+    _validate.one_of("norm", self.norm, NORMS)
+    _validate.positive_int("width", self.width)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x) -> jax.Array:
+    x, single = _image_batch(x, "ResNet20")
+    bias = self.norm == "none"
+    x = nn.Conv(self.width, (3, 3), padding=_PAD1, use_bias=bias,
+                kernel_init=nn.initializers.he_normal(), name="stem_conv")(x)
+    if self.norm == "group":
+      x = nn.GroupNorm(num_groups=group_count(self.width), epsilon=1e-5, name="stem_norm")(x)
+    x = nn.relu(x)
+    for stage in range(3):
+      for block in range(3):
+        stride = 2 if stage > 0 and block == 0 else 1
+        x = _BasicBlock(self.width * 2**stage, stride, self.norm,
+                        name=f"stage{stage + 1}_block{block}")(x)
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dense(self.num_classes, name="logits")(x)
+    return x[0] if single else x
