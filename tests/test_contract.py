@@ -36,9 +36,13 @@ REGISTRY = {
     # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
     "fastdro": lambda: fedco.fastdro(0.1, geometry="cvar", size=0.5),
     "primal_dual_dro": lambda: fedco.primal_dual_dro(0.1, 1, weights_lr=0.1),
+    "per_fedavg": lambda: fedco.per_fedavg(0.1, 5),
+    "fedmaml": lambda: fedco.fedmaml(0.1, 5),
+    "tr_maml": lambda: fedco.tr_maml(0.1, 0.08, 5),
+    "ditto": lambda: fedco.ditto(0.1, 0.1, 5),
 }
 
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 17
+assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 21
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,389 @@
+r"""Meta-learning and personalisation baselines (SPEC 3): Per-FedAvg / FedMAML, TR-MAML, Ditto.
+
+All three are baselines of paper 001's personalised-FL experiment (E2). The first two run on
+:mod:`fedco.problems.maml` problems (local-inner): one example is an *episode* holding all of
+a client's task slots, the inner value ``g(w; e)`` is the **table** of adapted parameters
+(leaves ``[T, *param_shape]``, slot ``t`` = ``w - a grad L_t(w; support_t)``) and the outer is
+``f(y; e) = sum_t w_t L_t(y[t]; query_t)``. Ditto runs on a plain problem.
+
+Per-FedAvg / FedMAML (Fallah et al. 2020; Chen et al. 2018)
+-----------------------------------------------------------
+SPEC 3, one local step on three independent batches ``D``, ``D'``, ``D''``::
+
+    w~ = w - a grad f(w; D)                       (adaptation, the inner step)
+    g  = grad f(w~; D')                           (query gradient at the adapted point)
+    w  = w - b (I - a Hess f(w; D'')) g           (meta step)
+
+and every ``local_steps`` steps the server averages ``w`` (plain averaging, uniform weights).
+In fedco terms, with the runtime's three independently drawn batches (``inner_fn`` = ``D``,
+``outer_fn`` = ``D'``, ``next_inner_fn`` = ``D''``):
+
+1. ``y = inner_fn(w)``: the table of adapted parameters on ``D``'s support sets.
+2. ``G = grad outer_fn(y)``: the table of query gradients, ``G[t] = w_t grad L_t(y[t]; D')``
+   (the outer weights ``w_t`` are already inside ``G``; unweighted slots are exactly 0).
+3. The direction ``z``, by ``variant``:
+
+   * ``"exact"``: ``z = J_{g}(w; D'')^T G = sum_t (I - a H_t(w; D'')) G[t]``, one
+     ``jax.vjp`` of ``next_inner_fn`` at ``w`` (a Hessian-vector product per slot through a
+     function that calls ``jax.grad``; the Hessian is never formed). This works on any
+     local-inner problem; on a MAML problem with ``inner_steps > 1`` it is the chained
+     product of the steps' factors, i.e. the exact MAML gradient.
+   * ``"first_order"``: drop the Hessian, ``z = sum_t G[t]`` (the table summed over its slot
+     axis; an inner value shaped like the parameters, without a slot axis, is used as is).
+   * ``"hessian_free"``: ``(I - a H_t) v ~= (g_t(w + delta v; D'') - g_t(w - delta v; D''))
+     / (2 delta)`` with ``v = G[t]`` and ``g_t`` slot ``t`` of ``next_inner_fn``, summed over
+     ``t``. For one-step MAML, ``g_t(w) = w - a grad L_t(w)``, this is exactly Per-FedAvg's
+     Hessian-free estimate ``v - a (grad L_t(w + delta v) - grad L_t(w - delta v))/(2 delta)``
+     (the ``w`` terms cancel). It is a *directional* derivative ``J_{g_t} v``, which equals
+     the needed ``J_{g_t}^T v`` because ``I - a H_t`` is symmetric; with ``inner_steps > 1``
+     the Jacobian is a product of non-commuting factors and the estimate is ``J v``, not
+     ``J^T v``. **Cost**: ``next_inner_fn`` adapts every slot of the table, and slot ``t``
+     needs its own perturbation, so a table of ``T`` slots costs ``2 T`` evaluations of
+     ``next_inner_fn`` (``vmap``-ed; ``2 T^2`` task adaptations, first-order only) where the
+     exact variant costs one forward and one backward pass (``T`` adaptations plus ``T``
+     Hessian-vector products). Its error is ``O(delta^2)`` plus float32 rounding of about
+     ``1e-7 |w| / delta`` per entry.
+
+4. ``w = w - b (z + grad h(w))`` (``b = learning_rate``, or any optax ``optimizer``).
+
+The inner step ``a`` is the problem's ``inner_lr`` (``fedco.problems.maml(apply_fn,
+inner_lr)``); the algorithm never needs it, so it takes no ``inner_lr`` argument. **Choice**:
+SPEC 3 names FedMAML and Per-FedAvg as one algorithm; :func:`fedmaml` is :func:`per_fedavg`
+with the label ``"fedmaml"`` (paper 001's E2 setting "FedMAML 0.1/0.1" is
+``fedmaml(learning_rate=0.1)`` on ``maml(apply_fn, inner_lr=0.1)``).
+
+TR-MAML (Collins et al. 2020), federated: task = client
+-------------------------------------------------------
+Task-robust MAML minimises ``max_{p in simplex} sum_k p_k F_k(w)`` with ``F_k`` client
+``k``'s MAML loss. A round, with ``m`` of the ``K`` clients sampled into ``S``:
+
+1. every client in ``S`` starts from the server model ``x`` and runs ``local_steps`` steps
+   ``w = w - b (J_g(w; D)^T grad f(g(w; D); D') + grad h(w))`` (ComFedL-MAML / Local-BSGD's
+   step: the VJP of ``inner_fn``, the same batch for the value and the Jacobian);
+2. at its first step (``local_step == 0``, so at ``x``) it records its adapted loss
+   ``e_k = f(g(x; D); D') (+ h(x; D'))`` on that step's batches, and sends ``e_k`` with its
+   model ``x_k`` (the plan's ``report``);
+3. the server steps ``x = x - sum_{k in S} (K/m) p_k (x - x_k)`` (DRFA's form; with
+   ``m = K`` this is the ``p``-weighted average ``sum_k p_k x_k``), and
+   ``p = Proj_simplex(p + weight_lr * v)`` with ``v_k = (K/m) e_k`` for ``k in S``, 0 for the
+   others (an unbiased estimate of the full loss vector).
+
+``p`` starts uniform over all ``K`` clients and lives in the aggregator state
+(``result.state.server_opt_state.p``). Clients that drop out of a round
+(``RoundInfo.alive``) count neither in the model step nor in ``v``.
+
+Ditto (Li, Hu, Beirami, Smith 2021)
+-----------------------------------
+On a plain problem (``updates = grad h_k(x)``, the client loss gradient). The global model is
+plain FedAvg: ``x = x - eta grad h_k(x; xi)`` per local step and server averaging. Every
+client also keeps a personal model ``v_k`` (initialised to the initial parameters), and every
+step::
+
+    anchor = x                      at the round's first step (the model the round started from)
+    v_k = v_k - eta_p (grad F_k(v_k; xi) + lam (v_k - anchor))
+
+with ``grad F_k(v_k; xi) = jax.grad(extra_fn)(v_k)``, the client loss on this step's batch
+(the batch ``updates`` was computed on). Personal models are never sent (the plan
+communicates only the parameters); they persist across rounds on the client, also through
+rounds the client is not sampled in, and are read from ``result.state.clients.personal``.
+**Choice**: the server mean is weighted by client sample counts (``weighting="samples"``,
+the default of :func:`fedco.fedavg`, SPEC 3's "plain FedAvg"; Ditto leaves the global
+solver's aggregation to FedAvg); ``weighting="uniform"`` is offered. ``personal_lr`` defaults to ``learning_rate``
+(paper 001: 0.2 for both). The optax ``optimizer``, when given, replaces the *global* SGD
+step only; the personal step is the SPEC's SGD.
+
+References:
+  Fallah, Mokhtari, Ozdaglar, "Personalized federated learning with theoretical guarantees:
+  a model-agnostic meta-learning approach" (NeurIPS 2020). Chen, Luo, Dong, Li, He,
+  "Federated meta-learning with fast convergence and efficient communication" (2018).
+  Collins, Mokhtari, Shakkottai, "Task-robust model-agnostic meta-learning" (NeurIPS 2020).
+  Li, Hu, Beirami, Smith, "Ditto: fair and robust federated learning through
+  personalization" (ICML 2021).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedco import _validate, estimators
+from fedco.algorithms import base
+from fedco.algorithms.moml import _layout
+
+VARIANTS = ("exact", "first_order", "hessian_free")
+
+
+# ---- Per-FedAvg / FedMAML ----------------------------------------------------------------
+
+
+class PerFedAvgState(NamedTuple):
+  count: jnp.ndarray
+  opt_state: optax.OptState
+
+
+def _check_layout(y, params, variant):
+  """The first-order and Hessian-free directions need a parameter-shaped (or table) inner."""
+  layout = _layout(y, params)
+  if variant != "exact" and layout == "other":
+    raise ValueError(
+        f"per_fedavg(variant={variant!r}) needs an inner value shaped like the parameters, "
+        "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
+        f"{jax.tree.map(jnp.shape, y)} for parameters {jax.tree.map(jnp.shape, params)}. "
+        "Use variant='exact' for other inner maps.")
+  return layout
+
+
+def _axpy(params, scale, v):
+  """``params + scale * v`` leafwise."""
+  return jax.tree.map(lambda p, d: p + scale * d, params, v)
+
+
+def _hessian_free(next_inner_fn, params, cotangent, layout, delta):
+  """``sum_t (g_t(w + delta v_t) - g_t(w - delta v_t)) / (2 delta)``, ``v_t = cotangent[t]``."""
+  if layout == "params":
+    plus = next_inner_fn(_axpy(params, delta, cotangent))
+    minus = next_inner_fn(_axpy(params, -delta, cotangent))
+    return jax.tree.map(lambda a, b: (a - b) / (2 * delta), plus, minus)
+  # table: slot t's perturbation is G[t]; evaluate all T perturbations at once (leaves
+  # [T, T, ...]: perturbation, slot) and keep slot t of the t-th evaluation
+  plus = jax.vmap(lambda v: next_inner_fn(_axpy(params, delta, v)))(cotangent)
+  minus = jax.vmap(lambda v: next_inner_fn(_axpy(params, -delta, v)))(cotangent)
+
+  def diagonal_sum(a, b):
+    idx = jnp.arange(a.shape[0])
+    return jnp.sum(a[idx, idx] - b[idx, idx], axis=0) / (2 * delta)
+
+  return jax.tree.map(diagonal_sum, plus, minus)
+
+
+def per_fedavg(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact",
+               delta: float = 1e-3, optimizer=None) -> base.Algorithm:
+  """Per-FedAvg (= FedMAML in SPEC 3) on a local-inner (MAML) problem.
+
+  Per step, on the runtime's three independent batches (see the module docstring)::
+
+      y = g(w; D)                        inner_fn: the table of adapted parameters
+      G = grad_y f(y; D')                outer_fn: the table of weighted query gradients
+      z = J_g(w; D'')^T G                "exact" (jax.vjp of next_inner_fn)
+        = sum_t G[t]                     "first_order"
+        ~ sum_t (g_t(w + delta G[t]; D'') - g_t(w - delta G[t]; D'')) / (2 delta)
+                                         "hessian_free"
+      w = w - b (z + grad h(w))
+
+  The server averages the models uniformly every ``local_steps`` steps. The inner step ``a``
+  is the problem's (``fedco.problems.maml(..., inner_lr=a)``).
+
+  Args:
+    learning_rate: the meta step ``b > 0`` (ignored when ``optimizer`` is given).
+    local_steps: local steps per round.
+    variant: ``"exact"`` (second order, any local-inner problem), ``"first_order"`` or
+      ``"hessian_free"`` (these two need an inner value shaped like the parameters,
+      optionally with a leading task-slot axis).
+    delta: the finite-difference step of ``"hessian_free"`` (``> 0``; SPEC: ``1e-3``).
+    optimizer: optional optax transform for the parameter step (default ``sgd(b)``).
+
+  Returns:
+    An :class:`~fedco.algorithms.base.Algorithm` (local-inner; sends ``d`` floats up and down
+    per sampled client per round).
+  """
+  _validate.one_of("variant", variant, VARIANTS)
+  delta = _validate.positive("delta", delta)
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(local_steps)
+
+  def init(params, *, inner_value=None):
+    if inner_value is not None:
+      _check_layout(inner_value, params, variant)
+    return PerFedAvgState(jnp.zeros([], jnp.int32), opt.init(params))
+
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
+             **unused):
+    del unused
+    inner_fn, outer_fn, next_inner_fn = base.oracles("per_fedavg", inner_fn, outer_fn,
+                                                     next_inner_fn)
+    y = inner_fn(params)                           # w~ = w - a grad f(w; D), every slot
+    layout = _check_layout(y, params, variant)
+    grad_y = jax.grad(outer_fn)(y)                 # G = grad f(w~; D')
+    if variant == "exact":                         # (I - a Hess f(w; D'')) G
+      _, pullback = estimators.inner_vjp(next_inner_fn, params)
+      z = pullback(grad_y)
+    elif variant == "first_order":
+      z = grad_y if layout == "params" else jax.tree.map(lambda a: jnp.sum(a, axis=0), grad_y)
+    else:
+      z = _hessian_free(next_inner_fn, params, grad_y, layout, delta)
+    z = base.add_grads(z, updates)
+    step, opt_state = opt.update(z, state.opt_state, params)
+    return step, PerFedAvgState(state.count + 1, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), "per_fedavg", "local")
+
+
+def fedmaml(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact",
+            delta: float = 1e-3, optimizer=None) -> base.Algorithm:
+  """FedMAML: :func:`per_fedavg` under the label ``"fedmaml"`` (SPEC 3 treats them as one).
+
+  Paper 001's E2 uses inner and outer rates 0.1: ``fedmaml(0.1)`` on
+  ``fedco.problems.maml(apply_fn, inner_lr=0.1)``. Arguments as :func:`per_fedavg`.
+  """
+  alg = per_fedavg(learning_rate, local_steps, variant=variant, delta=delta,
+                   optimizer=optimizer)
+  return alg._replace(name="fedmaml")
+
+
+# ---- TR-MAML -----------------------------------------------------------------------------
+
+
+class TRMAMLState(NamedTuple):
+  """Client state: step counter, the adapted loss ``e_k`` at the round's model, optimizer."""
+  count: jnp.ndarray
+  loss: jnp.ndarray
+  opt_state: optax.OptState
+
+
+class TRMAMLServerState(NamedTuple):
+  """The server's task (client) weights ``p`` on the simplex over all ``K`` clients."""
+  p: jnp.ndarray
+
+
+def _round_start(local_step, count, local_steps):
+  """Whether this is the round's first step: ``local_step == 0`` when the runtime gives it,
+  else (a user's own loop) ``count % local_steps == 0``."""
+  if local_step is None:
+    return count % local_steps == 0
+  return jnp.asarray(local_step) == 0
+
+
+def tr_maml(learning_rate=0.1, weight_lr=0.08, local_steps: int = 5, *,
+            optimizer=None) -> base.Algorithm:
+  """TR-MAML in federated form (task = client), on a local-inner (MAML) problem.
+
+  Client step (ComFedL-MAML's)::
+
+      w = w - b (J_g(w; D)^T grad f(g(w; D); D') + grad h(w))
+      e_k = f(g(x; D); D') + h(x; D')     recorded at the round's first step (w = x)
+
+  Server, with ``S`` the round's ``m`` sampled clients (a client that drops out of the round
+  contributes nothing to either sum)::
+
+      x = x - sum_{k in S} (K/m) p_k (x - x_k)
+      p = Proj_simplex(p + weight_lr * v),   v_k = (K/m) e_k (k in S), 0 otherwise
+
+  Args:
+    learning_rate: the client's meta step ``b > 0`` (paper 001 E2: 0.1, inner lr 0.05 in
+      the problem).
+    weight_lr: the step of the weights ``p`` (``> 0``; paper 001 E2: 0.08).
+    local_steps: local steps per round.
+    optimizer: optional optax transform for the client's parameter step.
+
+  Returns:
+    An :class:`~fedco.algorithms.base.Algorithm` (local-inner) whose server is a
+    :class:`~fedco.algorithms.base.ServerAggregator`; ``p`` is
+    ``result.state.server_opt_state.p``. Each sampled client sends ``d + 1`` floats up
+    (model and ``e_k``) and receives ``d``.
+  """
+  eta_p = _validate.positive("weight_lr", weight_lr)
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(local_steps, report=("loss",))
+  steps = plan.local_steps
+
+  def init(params, *, inner_value=None):
+    del inner_value
+    return TRMAMLState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.float32), opt.init(params))
+
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, extra_fn=None,
+             local_step=None, **unused):
+    del unused
+    inner_fn, outer_fn, _ = base.oracles("tr_maml", inner_fn, outer_fn)
+    sample, pullback = estimators.inner_vjp(inner_fn, params)
+    value, grad_y = jax.value_and_grad(outer_fn)(sample)
+    if extra_fn is not None:
+      value = value + extra_fn(params)
+    z = base.add_grads(pullback(grad_y), updates)
+    step, opt_state = opt.update(z, state.opt_state, params)
+    start = _round_start(local_step, state.count, steps)
+    loss = jnp.where(start, jnp.asarray(value, state.loss.dtype), state.loss)
+    return step, TRMAMLState(state.count + 1, loss, opt_state)
+
+  def server_init(server, counts):
+    del server
+    k = counts.shape[0]
+    return TRMAMLServerState(jnp.full((k,), 1.0 / k, jnp.float32))
+
+  def server_update(server, state, client_values, info):
+    n, m = info.num_clients, info.ids.shape[0]
+    p, alive = state.p, info.alive_mask
+    coef = (n / m) * p[info.ids] * alive
+    x = jax.tree.map(
+        lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
+        server["params"], client_values["params"])
+    e = jnp.where(alive, client_values["loss"], 0.0).astype(p.dtype)
+    v = jnp.zeros((n,), p.dtype).at[info.ids].set((n / m) * e)
+    return {**server, "params": x}, TRMAMLServerState(base.project_simplex(p + eta_p * v))
+
+  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
+                        "tr_maml", "local")
+
+
+# ---- Ditto -------------------------------------------------------------------------------
+
+
+class DittoState(NamedTuple):
+  """Client state: the personal model ``v_k``, the round's global model ``anchor``."""
+  count: jnp.ndarray
+  personal: Any
+  anchor: Any
+  opt_state: optax.OptState
+
+
+def ditto(learning_rate=0.2, lam=0.1, local_steps: int = 5, *, personal_lr=None,
+          weighting: str = "samples", optimizer=None) -> base.Algorithm:
+  """Ditto on a plain problem: FedAvg for the global model plus a personal model per client.
+
+  Per step, with ``updates = grad h_k(x; xi)`` and ``extra_fn = h_k(.; xi)`` on one batch::
+
+      anchor = x                                        if this is the round's first step
+      v = v - eta_p (grad h_k(v; xi) + lam (v - anchor))
+      x = x - eta grad h_k(x; xi)
+
+  and the server averages ``x`` every ``local_steps`` steps; ``v`` is never sent.
+
+  Args:
+    learning_rate: the global model's local SGD rate ``eta > 0`` (paper 001 E2: 0.2).
+    lam: the proximal weight ``lam >= 0`` (paper 001 E2: 0.1; 0 makes ``v`` plain local SGD
+      on the client's own loss).
+    local_steps: local steps per round.
+    personal_lr: the personal step ``eta_p > 0``; default ``learning_rate``.
+    weighting: the server mean, ``"samples"`` (FedAvg's, default) or ``"uniform"``.
+    optimizer: optional optax transform replacing the global model's SGD step.
+
+  Returns:
+    An :class:`~fedco.algorithms.base.Algorithm` (plain); personal models are
+    ``result.state.clients.personal`` (leaves ``[K, ...]``).
+  """
+  _validate.positive("lam", lam, allow_zero=True)
+  eta_p = _validate.positive(
+      "learning_rate" if personal_lr is None else "personal_lr",
+      learning_rate if personal_lr is None else personal_lr)
+  opt = base.param_optimizer(learning_rate, optimizer)
+  plan = base.make_plan(local_steps, weighting=weighting)
+  steps = plan.local_steps
+
+  def init(params, *, inner_value=None):
+    del inner_value
+    return DittoState(jnp.zeros([], jnp.int32), params, params, opt.init(params))
+
+  def update(updates, state, params=None, *, extra_fn=None, local_step=None, **unused):
+    del unused
+    base.require("updates (the gradient of the client loss)", updates, "ditto")
+    base.require("extra_fn", extra_fn, "ditto")
+    anchor = base.select(_round_start(local_step, state.count, steps), params, state.anchor)
+    v = state.personal
+    grad_v = jax.grad(extra_fn)(v)
+    personal = jax.tree.map(lambda p, g, a: p - eta_p * (g + lam * (p - a)), v, grad_v, anchor)
+    step, opt_state = opt.update(updates, state.opt_state, params)
+    return step, DittoState(state.count + 1, personal, anchor, opt_state)
+
+  return base.Algorithm(init, update, plan, base.averaging_server(), "ditto", "plain")
