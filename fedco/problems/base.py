@@ -6,6 +6,10 @@ A problem is three pure functions of *one example* (SPEC section 0):
 * ``outer(y) -> scalar`` or ``outer(y, example) -> scalar``: the outer function
   ``f(y; xi)``. ``outer_uses_data`` says which signature it has.
 * ``extra(params, example) -> scalar`` (optional): the non-compositional term ``h(x; xi)``.
+* ``outer_link(v) -> scalar`` (optional, with a data-dependent outer): applied to the
+  *mean* of the per-example outer values, ``f(y; B) = link(sum_i w_i outer(y; xi_i))``, for
+  outers that are a function of an expected loss, such as DA-MAML's ``exp(L(y)/gamma)``
+  on a task whose examples are single points (the batch gives the plug-in estimate).
 
 fedco forms every mini-batch value as a weighted mean over examples,
 ``g(x; B) = sum_i w_i g(x; zeta_i)`` with ``sum_i w_i = 1``. Weights let one code path serve
@@ -56,6 +60,8 @@ class Problem:
     kind: ``"local"`` (local-inner) or ``"global"`` (global-inner).
     outer_uses_data: whether ``outer`` takes an example (``f_k(y; xi)``).
     name: a label used in metrics and logs.
+    outer_link: optional scalar function applied to the (weighted) mean of the outer's
+      values; ``None`` is the identity.
   """
 
   inner: Optional[Callable[..., PyTree]]
@@ -64,6 +70,7 @@ class Problem:
   kind: str = "local"
   outer_uses_data: bool = False
   name: str = "problem"
+  outer_link: Optional[Callable[[jax.Array], jax.Array]] = None
 
   def __post_init__(self):
     if self.kind not in _KINDS:
@@ -74,7 +81,9 @@ class Problem:
           f"(a plain problem); got inner={self.inner!r}, outer={self.outer!r}")
     if self.inner is None and self.extra is None:
       raise ValueError("a problem needs an inner/outer pair, an extra term, or both")
-    for field in ("inner", "outer", "extra"):
+    if self.outer_link is not None and self.outer is None:
+      raise ValueError("outer_link needs an outer function (a compositional problem)")
+    for field in ("inner", "outer", "extra", "outer_link"):
       fn = getattr(self, field)
       if fn is not None and not callable(fn):
         raise ValueError(f"{field} must be callable or None, got {fn!r}")
@@ -92,8 +101,12 @@ class Problem:
   def outer_value(self, y: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
     """``f(y; B)``; deterministic outer functions ignore the batch."""
     if not self.outer_uses_data:
-      return self.outer(y)
-    return weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch), weights)
+      return self._link(self.outer(y))
+    return self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch),
+                                    weights))
+
+  def _link(self, value):
+    return value if self.outer_link is None else self.outer_link(value)
 
   def extra_value(self, params: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
     """``h(x; B)``, or 0 when the problem has no extra term."""
@@ -146,24 +159,25 @@ class Problem:
     g_k = per_client(jax.vmap(self.inner, in_axes=(None, 0))(params, examples))
     if self.outer_uses_data:
       y_owner = jax.tree.map(lambda a: a[owner], g_k)
-      f_k = per_client(jax.vmap(self.outer)(y_owner, examples))
+      f_k = jax.vmap(self._link)(per_client(jax.vmap(self.outer)(y_owner, examples)))
     else:
-      f_k = jax.vmap(self.outer)(g_k)
+      f_k = jax.vmap(lambda y: self._link(self.outer(y)))(g_k)
     client_losses = losses + f_k
     if self.kind == "local":
       return jnp.mean(client_losses), client_losses
     g = jax.tree.map(lambda a: jnp.mean(a, axis=0), g_k)
     if self.outer_uses_data:
-      f = weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(g, examples),
-                        weights / num_clients)
+      f = self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(g, examples),
+                                   weights / num_clients))
     else:
-      f = self.outer(g)
+      f = self._link(self.outer(g))
     return jnp.mean(losses) + f, client_losses
 
 
-def local_inner(inner, outer, extra=None, *, outer_uses_data=False, name="local_inner"):
+def local_inner(inner, outer, extra=None, *, outer_uses_data=False, name="local_inner",
+                outer_link=None):
   """A local-inner problem ``1/K sum_k f_k(g_k(x)) + h_k(x)`` (ComFedL, SCGD(M), MAML)."""
-  return Problem(inner, outer, extra, "local", outer_uses_data, name)
+  return Problem(inner, outer, extra, "local", outer_uses_data, name, outer_link)
 
 
 def global_inner(inner, outer, extra=None, *, outer_uses_data=False, name="global_inner"):
