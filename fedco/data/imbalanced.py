@@ -1,0 +1,81 @@
+"""Step-imbalanced data sets: CIFAR10-ST and CIFAR100-ST (Qi et al. 2020; SPEC E5).
+
+The ``-ST`` version of a data set keeps, for every class in the *first half* of the classes
+(``c < C/2``), only the **last** ``keep_fraction`` (2%) of that class's training images in
+record order: 100 of 5000 per class for CIFAR-10 and 10 of 500 for CIFAR-100. The other
+classes and the test split are unchanged. ``digits-ST`` (scikit-learn's digits, bundled) is
+the offline stand-in used in tests and examples; its first five classes keep 2% of about
+140 images, rounded, at least one.
+
+    train, test = fedco.data.load_st("cifar10", data_dir=...)
+    parts = fedco.data.iid(len(train["y"]), 8, seed)         # SPEC E5: equal random split
+    fed = fedco.FederatedData.from_index_lists(train, parts)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import numpy as np
+
+from fedco.data import sources
+
+ST_DATASETS = ("cifar10", "cifar100", "digits")
+
+
+def step_imbalance(labels, num_classes: int, keep_fraction: float = 0.02) -> np.ndarray:
+  """Indices (sorted) of the rows a step-imbalanced split keeps.
+
+  Args:
+    labels: ``int [N]`` class labels in ``[0, num_classes)``.
+    num_classes: ``C >= 2``; classes ``0 .. C//2 - 1`` are the minority half.
+    keep_fraction: fraction in ``(0, 1]`` of each minority class kept (its last rows);
+      ``round(keep_fraction * n_c)``, at least 1.
+
+  Raises:
+    ValueError: labels out of range, ``num_classes < 2`` or ``keep_fraction`` outside
+      ``(0, 1]``.
+  """
+  labels = np.asarray(labels)
+  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
+      or num_classes < 2:
+    raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape "
+                     f"{labels.shape}")
+  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+    raise ValueError(f"labels must lie in [0, num_classes={num_classes}), got min "
+                     f"{labels.min()}, max {labels.max()}")
+  if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)) \
+      or not 0 < keep_fraction <= 1:
+    raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction!r}")
+  keep = np.ones(labels.shape, bool)
+  for c in range(num_classes // 2):
+    rows = np.flatnonzero(labels == c)
+    if rows.size == 0:
+      continue
+    kept = max(1, int(round(keep_fraction * rows.size)))
+    keep[rows[:rows.size - kept]] = False
+  return np.flatnonzero(keep)
+
+
+def load_st(name: str = "cifar10", data_dir: Union[str, os.PathLike, None] = None, *,
+            keep_fraction: float = 0.02) -> sources.Splits:
+  """The step-imbalanced training split and the unchanged test split of ``name``.
+
+  Args:
+    name: ``cifar10``, ``cifar100`` (TFDS, read with ``data_source``; see
+      :mod:`fedco.data.sources` for preparing them) or ``digits`` (offline).
+    data_dir: TFDS data directory.
+    keep_fraction: see :func:`step_imbalance`.
+
+  Raises:
+    ValueError: an unknown ``name`` or a bad ``keep_fraction``.
+    FileNotFoundError: the TFDS data set is not prepared under ``data_dir``.
+  """
+  if name not in ST_DATASETS:
+    raise ValueError(f"name must be one of {ST_DATASETS}, got {name!r}")
+  train, test = sources.load(name, data_dir)
+  rows = step_imbalance(train["y"], sources.num_classes(name), keep_fraction)
+  return sources.Splits({k: v[rows] for k, v in train.items()}, test)
