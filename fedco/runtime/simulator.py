@@ -202,6 +202,11 @@ class Simulator:
     batch_size: examples per inner (and next-inner) batch per step; ``None`` is each
       client's whole data (deterministic).
     outer_batch_size: examples per outer / extra batch (``b1``); defaults to ``batch_size``.
+    paired_batches: the outer (and extra) batch of a step is its inner batch, the same rows,
+      instead of an independent draw (needs ``outer_batch_size == batch_size``). For
+      problems whose outer data must belong to the inner sample, e.g. MAML over episodes of
+      random tasks (E4, :mod:`fedco.data.omniglot`): an episode's query sets score the
+      parameters adapted on its own support sets. The next-inner batch stays independent.
     evaluate: compute the exact objective and per-client losses.
     exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
     metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model.
@@ -222,7 +227,8 @@ class Simulator:
 
   def __init__(self, problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
-               outer_batch_size: Optional[int] = -1, evaluate: bool = True,
+               outer_batch_size: Optional[int] = -1, paired_batches: bool = False,
+               evaluate: bool = True,
                exact_grad_norm: bool = False,
                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
                eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
@@ -247,6 +253,13 @@ class Simulator:
       _validate.positive_int("outer_batch_size", outer_batch_size)
     self.problem, self.algorithm = problem, algorithm
     self.num_clients, self.clients_per_round = n, m
+    if not isinstance(paired_batches, bool):
+      raise ValueError(f"paired_batches must be a bool, got {paired_batches!r}")
+    if paired_batches and outer_batch_size != batch_size:
+      raise ValueError(f"paired_batches=True draws the outer batch as the inner one, so "
+                       f"outer_batch_size must equal batch_size={batch_size!r}, got "
+                       f"{outer_batch_size!r}")
+    self.paired_batches = paired_batches
     self.batch_size, self.outer_batch_size = batch_size, outer_batch_size
     self.evaluate, self.exact_grad_norm, self.metrics_fn = evaluate, exact_grad_norm, metrics_fn
     self.eval_every = _validate.positive_int("eval_every", eval_every)
@@ -282,6 +295,8 @@ class Simulator:
   def _client_step(self, examples, round_key, local_step, params, cstate, key, index_row,
                    count):
     kg, kf, kn = jax.random.split(key, 3)
+    if self.paired_batches:  # same key and size: the outer batch is the inner batch's rows
+      kf = kg
     bg, wg = draw_batch(kg, index_row, count, examples, self.batch_size)
     bf, wf, rows = draw_batch(kf, index_row, count, examples, self.outer_batch_size,
                               return_rows=True)

@@ -1,0 +1,435 @@
+r"""Few-shot Omniglot (paper 003 Sec. 5.2, SPEC E4) as federated MAML episodes.
+
+Data
+----
+:func:`load_omniglot` reads TFDS ``omniglot`` (1623 characters of 50 alphabets, 20 drawings
+each) from BOTH its ``train`` split (``images_background``, 30 alphabets, 964 characters) and
+its ``test`` split (``images_evaluation``, 20 alphabets, 659 characters) through
+``tfds.data_source(..., download=False)``, like :mod:`fedco.data.sources` (no TensorFlow at
+run time; a missing or ``tfrecord``-only data set is a ``FileNotFoundError`` that says how to
+prepare it: ``tfds build omniglot --file_format=array_record``). Each 105x105 image (black
+strokes on white, stored as RGB) is reduced to its first channel, resized to 28x28 with
+PIL's Lanczos filter (as MAML's reference code does) and inverted, so strokes are 1 and the
+background 0. Characters are numbered ``0..C-1`` over both splits by their ``(alphabet,
+label)`` pair (TFDS's ``label`` is already unique over the 1623 characters; the pair also
+keeps mock data, whose labels and alphabets are drawn independently, consistent).
+
+Alphabet split (:func:`split_alphabets`)
+----------------------------------------
+* ``"vinyals"`` (the default, SPEC E4 "33 train / 5 val / 12 test alphabets, Vinyals
+  split"): the alphabet-level reading of Vinyals et al. (2016)'s character split as
+  distributed with the prototypical-networks code: validation = the 5 background alphabets
+  Armenian, Bengali, Early_Aramaic, Hebrew and Mkhedruli_(Georgian) (172 characters); test =
+  the 12 evaluation alphabets Kannada, Keble, Malayalam, Manipuri, Mongolian,
+  Old_Church_Slavonic_(Cyrillic), Oriya, Sylheti, Syriac_(Serto), Tengwar, Tibetan and ULOG;
+  training = the other 33 (25 background alphabets and the evaluation alphabets Angelic,
+  Atemayar_Qelisayer, Atlantean, Aurek-Besh, Avesta, Ge_ez, Glagolitic and Gurmukhi).
+  Vinyals' character split puts four Gurmukhi characters in its test set; at the alphabet
+  level (one client per alphabet) Gurmukhi is wholly a training alphabet, which gives
+  paper 003's 33/5/12. Alphabets are identified by name through TFDS's ``alphabet``
+  ClassLabel, whose ids are the 50 names sorted (:data:`ALPHABETS`); data sets without real
+  names (mock data) use those ids.
+* ``"random"``: a seeded permutation of the alphabet ids present in the data, cut into
+  ``sizes = (train, val, test)`` (alphabets beyond their sum are unused). Tests use it with
+  small sizes.
+
+Both raise ``ValueError`` naming the counts when the data has too few alphabets.
+
+Tasks and episodes
+------------------
+A class is a ``(character, rotation)`` pair, the rotation a multiple of 90 degrees
+(``rotations=True``, paper 003: "we augment the characters by performing rotation
+operations"), so an alphabet of ``c`` usable characters has ``4c`` classes. A character is
+usable when it has at least ``shots + query`` drawings (every real character has 20, so
+``shots + query <= 20``: 5-shot with 15 queries uses all of them); others are skipped. An
+``N``-way ``K``-shot task draws ``N`` distinct classes of ONE alphabet, uniformly, in a random
+order that is also the label assignment (labels ``0..N-1`` are shuffled per task), and for
+each class ``K + Q`` distinct drawings of its character, rotated: ``K`` support and ``Q``
+query images. An alphabet with fewer than ``N`` classes raises ``ValueError`` naming it
+(the experiment has one client per training alphabet, so dropping one would silently
+change the federation; real Omniglot's smallest alphabets have 14 characters, 56 classes).
+
+An **episode** (the example of :mod:`fedco.problems.maml`) holds ``T = tasks_per_episode``
+tasks: ``support_x uint8 [T, N*K, 28, 28, 1]``, ``support_y int32 [T, N*K]``,
+``query_x uint8 [T, N*Q, 28, 28, 1]``, ``query_y int32 [T, N*Q]`` (images ordered by label)
+and ``task_weight float32 [T] = 1/T``. Unlike the sinusoid tasks (:mod:`fedco.data.sinusoid`),
+whose slots are fixed task identities, the ``T`` slots of an Omniglot episode are ``T``
+independent random tasks of the client's alphabet: the episode IS one meta-batch, so a step
+uses one episode (``batch_size=1``), its support sets for the inner map and ITS OWN query
+sets for the outer, which needs ``simulate(..., paired_batches=True)`` (otherwise the
+runtime draws the outer episode independently and would score the adapted parameters of one
+task on the query set of another). Local-SCGD(M)'s tracker ``u`` then keeps one memory per
+slot, each averaging adapted parameters over random tasks: paper 003's single inner state
+per client ("MOML is ignored due to its requirement of keeping an inner state for each
+task"), ``T`` times over.
+
+Images are stored as ``uint8`` (255 = stroke): episodes hold many images (33 clients x 256
+episodes x 80 images is 0.5 GB at 5-way 1-shot, 2.7 GB at 20-way 5-shot; four times that in
+float32), and fedco refuses float16. The model wrapper divides by 255 (see
+``experiments/omniglot.py``).
+
+Clients have a finite pool of ``episodes_per_client`` pre-drawn episodes (the runtime
+gathers rows by index); everything is a function of ``seed``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from fedco.data.federated import FederatedData
+
+NAME = "omniglot"
+IMAGE_SIZE = 28
+ROTATIONS = 4  # multiples of 90 degrees
+SPLITS = ("vinyals", "random")
+
+BACKGROUND_ALPHABETS = (
+    "Alphabet_of_the_Magi", "Anglo-Saxon_Futhorc", "Arcadian", "Armenian",
+    "Asomtavruli_(Georgian)", "Balinese", "Bengali", "Blackfoot_(Canadian_Aboriginal_Syllabics)",
+    "Braille", "Burmese_(Myanmar)", "Cyrillic", "Early_Aramaic", "Futurama", "Grantha", "Greek",
+    "Gujarati", "Hebrew", "Inuktitut_(Canadian_Aboriginal_Syllabics)", "Japanese_(hiragana)",
+    "Japanese_(katakana)", "Korean", "Latin", "Malay_(Jawi_-_Arabic)", "Mkhedruli_(Georgian)",
+    "N_Ko", "Ojibwe_(Canadian_Aboriginal_Syllabics)", "Sanskrit", "Syriac_(Estrangelo)",
+    "Tagalog", "Tifinagh")
+EVALUATION_ALPHABETS = (
+    "Angelic", "Atemayar_Qelisayer", "Atlantean", "Aurek-Besh", "Avesta", "Ge_ez",
+    "Glagolitic", "Gurmukhi", "Kannada", "Keble", "Malayalam", "Manipuri", "Mongolian",
+    "Old_Church_Slavonic_(Cyrillic)", "Oriya", "Sylheti", "Syriac_(Serto)", "Tengwar",
+    "Tibetan", "ULOG")
+# TFDS's ``alphabet`` ClassLabel: the 50 directory names, sorted.
+ALPHABETS = tuple(sorted(BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS))
+VINYALS_VAL = ("Armenian", "Bengali", "Early_Aramaic", "Hebrew", "Mkhedruli_(Georgian)")
+VINYALS_TEST = ("Kannada", "Keble", "Malayalam", "Manipuri", "Mongolian",
+                "Old_Church_Slavonic_(Cyrillic)", "Oriya", "Sylheti", "Syriac_(Serto)",
+                "Tengwar", "Tibetan", "ULOG")
+VINYALS_TRAIN = tuple(a for a in ALPHABETS if a not in VINYALS_VAL + VINYALS_TEST)
+VINYALS_SIZES = (len(VINYALS_TRAIN), len(VINYALS_VAL), len(VINYALS_TEST))  # (33, 5, 12)
+
+_CHUNK = 2048
+
+
+class OmniglotData(NamedTuple):
+  """All of Omniglot as host arrays (row ``i`` is one drawing).
+
+  Attributes:
+    images: ``float32 [n, 28, 28, 1]`` in [0, 1], strokes 1.
+    character: ``int32 [n]``, ``0..C-1``, unique over both TFDS splits.
+    alphabet: ``int32 [n]``, TFDS's alphabet id in ``0..49`` (an index of ``alphabet_names``).
+    background: ``bool [n]``, the drawing comes from the ``train`` (background) split.
+    alphabet_names: the names of the alphabet ids (:data:`ALPHABETS` unless the data set's
+      metadata says otherwise).
+  """
+  images: np.ndarray
+  character: np.ndarray
+  alphabet: np.ndarray
+  background: np.ndarray
+  alphabet_names: Tuple[str, ...]
+
+
+class AlphabetSplit(NamedTuple):
+  """Alphabet ids of the training (one client each), validation and test alphabets."""
+  train: Tuple[int, ...]
+  val: Tuple[int, ...]
+  test: Tuple[int, ...]
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+def _to_28(image: np.ndarray, size: int) -> np.ndarray:
+  """One TFDS drawing (``[105, 105, 3]`` uint8, black on white) -> ``uint8 [size, size]``,
+  strokes 255."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  gray = np.asarray(image)
+  if gray.ndim == 3:
+    gray = gray[..., 0]
+  small = Image.fromarray(np.ascontiguousarray(gray, dtype=np.uint8)).resize(
+      (size, size), Image.LANCZOS)
+  return 255 - np.asarray(small, np.uint8)
+
+
+def _read_split(source, size: int):
+  """``(images uint8 [n, size, size], label int64 [n], alphabet int64 [n])`` of one split.
+
+  Reads in chunks with ``__getitems__`` and falls back to ``source[i]`` when the batched
+  read raises ``TypeError`` on the first chunk (``tfds.testing.mock_data``'s source does,
+  and a plain list has none), like :func:`fedco.data.sources._read_records`; images are
+  reduced as they are read (the raw 105x105x3 images of one split would take 0.7 GB).
+  """
+  n = len(source)
+  if n == 0:
+    raise ValueError(f"data source {source!r} is empty")
+  images = np.empty((n, size, size), np.uint8)
+  labels = np.empty((n,), np.int64)
+  alphabets = np.empty((n,), np.int64)
+  batched = callable(getattr(source, "__getitems__", None))
+  for start in range(0, n, _CHUNK):
+    keys = list(range(start, min(n, start + _CHUNK)))
+    records = None
+    if batched:
+      try:
+        records = source.__getitems__(keys)
+      except TypeError:
+        if start:
+          raise
+        batched = False
+    if records is None:
+      records = [source[i] for i in keys]
+    for offset, record in enumerate(records):
+      images[start + offset] = _to_28(record["image"], size)
+      labels[start + offset] = record["label"]
+      alphabets[start + offset] = record["alphabet"]
+  return images, labels, alphabets
+
+
+def _alphabet_names(source) -> Optional[Tuple[str, ...]]:
+  """The alphabet ClassLabel's names, or ``None`` when the source has no real names (a plain
+  list, or mock data without metadata, whose names are ``'0'..'49'``)."""
+  try:
+    names = tuple(source.dataset_info.features["alphabet"].names)
+  except (AttributeError, KeyError, TypeError):
+    return None
+  if not names or names == tuple(str(i) for i in range(len(names))):
+    return None
+  return names
+
+
+def load_omniglot(data_dir: Union[str, os.PathLike, None] = None, *,
+                  image_size: int = IMAGE_SIZE) -> OmniglotData:
+  """Both TFDS splits of ``omniglot``, as 28x28 float images with strokes 1.
+
+  Args:
+    data_dir: the TFDS data directory holding ``omniglot`` prepared as ``array_record``;
+      ``None`` uses ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
+    image_size: side of the resized images (28, as in MAML).
+
+  Returns:
+    :class:`OmniglotData` (rows of the ``train`` split first, then ``test``).
+
+  Raises:
+    FileNotFoundError: the data set is not prepared in ``array_record`` format under
+      ``data_dir``; the message says how to prepare it.
+    ValueError: a bad ``image_size``.
+  """
+  if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or \
+      image_size < 4:
+    raise ValueError(f"image_size must be an integer >= 4, got {image_size!r}")
+  data_dir = None if data_dir is None else os.fspath(data_dir)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from fedco.data.sources import _open_source  # pylint: disable=g-import-not-at-top
+  parts, names = [], None
+  for split in ("train", "test"):
+    source = _open_source(tfds, NAME, split, data_dir)
+    names = names or _alphabet_names(source)
+    parts.append(_read_split(source, int(image_size)))
+  images = np.concatenate([p[0] for p in parts])
+  labels = np.concatenate([p[1] for p in parts])
+  alphabets = np.concatenate([p[2] for p in parts]).astype(np.int32)
+  background = np.repeat([True, False], [len(parts[0][1]), len(parts[1][1])])
+  pairs = np.stack([alphabets.astype(np.int64), labels], 1)
+  _, character = np.unique(pairs, axis=0, return_inverse=True)
+  names = names or ALPHABETS
+  if alphabets.min() < 0 or alphabets.max() >= len(names):
+    raise ValueError(f"alphabet ids must lie in [0, {len(names)}), got "
+                     f"[{alphabets.min()}, {alphabets.max()}]")
+  return OmniglotData(np.multiply(images, 1.0 / 255.0, dtype=np.float32)[..., None],
+                      character.reshape(-1).astype(np.int32), alphabets, background,
+                      tuple(names))
+
+
+# ---- the alphabet split ------------------------------------------------------------------
+
+def _check_count(name, value, minimum):
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+  return int(value)
+
+
+def split_alphabets(data: OmniglotData, split: str = "vinyals", *,
+                    sizes: Sequence[int] = VINYALS_SIZES, seed: int = 0) -> AlphabetSplit:
+  """Training, validation and test alphabets (see the module docstring for the rules).
+
+  Args:
+    data: from :func:`load_omniglot`.
+    split: ``"vinyals"`` (fixed names, 33/5/12) or ``"random"`` (seeded, ``sizes``).
+    sizes: ``(train, val, test)`` alphabet counts for ``"random"`` (train >= 1, val >= 1,
+      test >= 0); ``"vinyals"`` accepts only its own ``(33, 5, 12)``.
+    seed: the ``"random"`` permutation's seed.
+
+  Raises:
+    ValueError: unknown ``split``, bad ``sizes``, or the data lacks the alphabets the split
+      needs (the message names the counts or the missing alphabets).
+  """
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  try:
+    sizes = tuple(int(s) for s in sizes)
+  except (TypeError, ValueError):
+    raise ValueError(f"sizes must be three integers (train, val, test), got {sizes!r}") from None
+  if len(sizes) != 3:
+    raise ValueError(f"sizes must be three integers (train, val, test), got {sizes!r}")
+  for name, value, low in zip(("train", "val", "test"), sizes, (1, 1, 0)):
+    _check_count(f"sizes[{name}]", value, low)
+  present = np.unique(np.asarray(data.alphabet))
+  if split == "vinyals":
+    if sizes != VINYALS_SIZES:
+      raise ValueError(f"the vinyals split has sizes {VINYALS_SIZES}, got sizes={sizes}; use "
+                       f"split='random' for other sizes")
+    index = {name: i for i, name in enumerate(data.alphabet_names)}
+    groups = (VINYALS_TRAIN, VINYALS_VAL, VINYALS_TEST)
+    missing = [a for g in groups for a in g if a not in index or index[a] not in present]
+    if missing:
+      raise ValueError(f"the vinyals split needs all {sum(VINYALS_SIZES)} alphabets; the data "
+                       f"has {present.size} ({len(missing)} missing: {missing[:5]}"
+                       f"{' ...' if len(missing) > 5 else ''})")
+    return AlphabetSplit(*(tuple(sorted(index[a] for a in g)) for g in groups))
+  need = sum(sizes)
+  if present.size < need:
+    raise ValueError(f"a random split into {sizes[0]} train / {sizes[1]} val / {sizes[2]} test "
+                     f"alphabets needs {need} alphabets; the data has {present.size}")
+  order = present[np.random.default_rng([seed, 11]).permutation(present.size)]
+  a, b = sizes[0], sizes[0] + sizes[1]
+  return AlphabetSplit(*(tuple(sorted(int(i) for i in part))
+                         for part in (order[:a], order[a:b], order[b:need])))
+
+
+# ---- classes, tasks and episodes ---------------------------------------------------------
+
+class _Bank(NamedTuple):
+  """Images in every rotation and each character's rows."""
+  rotated: np.ndarray                 # uint8 [n, R, H, W, 1]
+  rows: Dict[int, np.ndarray]         # character -> rows of its drawings
+  alphabet_chars: Dict[int, np.ndarray]  # alphabet -> its characters (sorted)
+
+
+def _bank(data: OmniglotData, rotations: bool) -> _Bank:
+  images = np.round(np.asarray(data.images) * 255.0).astype(np.uint8)
+  rotated = np.stack([np.rot90(images, k, axes=(1, 2)) for k in range(
+      ROTATIONS if rotations else 1)], axis=1)
+  character = np.asarray(data.character)
+  order = np.argsort(character, kind="stable")
+  chars, starts = np.unique(character[order], return_index=True)
+  rows = dict(zip(chars.tolist(), np.split(order, starts[1:])))
+  alphabet_of = {int(c): int(data.alphabet[r[0]]) for c, r in rows.items()}
+  per_alphabet: Dict[int, List[int]] = {}
+  for c in sorted(rows):
+    per_alphabet.setdefault(alphabet_of[c], []).append(c)
+  return _Bank(rotated, rows, {a: np.asarray(c) for a, c in per_alphabet.items()})
+
+
+def alphabet_classes(data_or_bank, alphabet: int, *, shots: int, query: int,
+                     rotations: bool = True) -> np.ndarray:
+  """``int [c, 2]``: the ``(character, rotation)`` classes of one alphabet whose characters
+  have at least ``shots + query`` drawings (rotation ``r`` is ``r * 90`` degrees)."""
+  bank = data_or_bank if isinstance(data_or_bank, _Bank) else _bank(data_or_bank, rotations)
+  chars = bank.alphabet_chars.get(int(alphabet), np.zeros((0,), np.int64))
+  usable = [c for c in chars.tolist() if bank.rows[c].size >= shots + query]
+  r = bank.rotated.shape[1]
+  return np.asarray([(c, k) for c in usable for k in range(r)], np.int64).reshape(-1, 2)
+
+
+def _draw_tasks(rng: np.random.Generator, bank: _Bank, classes: np.ndarray, count: int, *,
+                ways: int, shots: int, query: int):
+  """``count`` tasks of one class table: uint8 support/query images and int32 labels."""
+  h, w = bank.rotated.shape[2:4]
+  sx = np.empty((count, ways * shots, h, w, 1), np.uint8)
+  qx = np.empty((count, ways * query, h, w, 1), np.uint8)
+  sy = np.repeat(np.arange(ways, dtype=np.int32), shots)
+  qy = np.repeat(np.arange(ways, dtype=np.int32), query)
+  for t in range(count):
+    picked = classes[rng.choice(len(classes), ways, replace=False)]  # order = labels
+    for label, (char, rot) in enumerate(picked.tolist()):
+      rows = rng.choice(bank.rows[char], shots + query, replace=False)
+      imgs = bank.rotated[rows, rot]
+      sx[t, label * shots:(label + 1) * shots] = imgs[:shots]
+      qx[t, label * query:(label + 1) * query] = imgs[shots:]
+  return sx, np.broadcast_to(sy, (count, sy.size)).copy(), qx, np.broadcast_to(
+      qy, (count, qy.size)).copy()
+
+
+def _check_task_args(ways, shots, query, tasks):
+  for name, value in (("ways", ways), ("shots", shots), ("query", query),
+                      ("tasks_per_episode", tasks)):
+    _check_count(name, value, 1)
+  if ways < 2:
+    raise ValueError(f"ways must be an integer >= 2, got {ways!r}")
+
+
+def _class_tables(bank, data, alphabets, *, ways, shots, query, rotations):
+  tables = []
+  for a in alphabets:
+    table = alphabet_classes(bank, a, shots=shots, query=query, rotations=rotations)
+    if len(table) < ways:
+      chars = bank.alphabet_chars.get(int(a), np.zeros(0))
+      raise ValueError(
+          f"alphabet {data.alphabet_names[a]!r} (id {a}) has {len(table)} classes with at "
+          f"least shots + query = {shots + query} drawings ({len(chars)} characters"
+          f"{' x 4 rotations' if rotations else ''}); a {ways}-way task needs {ways}")
+    tables.append(table)
+  return tables
+
+
+def client_episodes(rng: np.random.Generator, bank: _Bank, classes: np.ndarray, count: int, *,
+                    ways: int, shots: int, query: int, tasks_per_episode: int
+                    ) -> Dict[str, np.ndarray]:
+  """``count`` episodes of ``tasks_per_episode`` independent tasks of one class table."""
+  t = tasks_per_episode
+  sx, sy, qx, qy = _draw_tasks(rng, bank, classes, count * t, ways=ways, shots=shots,
+                               query=query)
+  split = lambda a: a.reshape((count, t) + a.shape[1:])
+  return {"support_x": split(sx), "support_y": split(sy), "query_x": split(qx),
+          "query_y": split(qy), "task_weight": np.full((count, t), 1.0 / t, np.float32)}
+
+
+def federated(data: OmniglotData, alphabets: Sequence[int], seed: int = 0, *, ways: int = 5,
+              shots: int = 1, query: int = 15, tasks_per_episode: int = 1,
+              episodes_per_client: int = 256, rotations: bool = True) -> FederatedData:
+  """One client per alphabet in ``alphabets``, each with ``episodes_per_client`` episodes.
+
+  Raises:
+    ValueError: bad sizes, or an alphabet with fewer than ``ways`` usable classes.
+  """
+  _check_task_args(ways, shots, query, tasks_per_episode)
+  _check_count("episodes_per_client", episodes_per_client, 1)
+  if len(alphabets) == 0:
+    raise ValueError("alphabets must name at least one training alphabet")
+  bank = _bank(data, rotations)
+  tables = _class_tables(bank, data, alphabets, ways=ways, shots=shots, query=query,
+                         rotations=rotations)
+  rng = np.random.default_rng([seed, 12])
+  clients = [client_episodes(rng, bank, table, episodes_per_client, ways=ways, shots=shots,
+                             query=query, tasks_per_episode=tasks_per_episode)
+             for table in tables]
+  return FederatedData.from_clients(clients)
+
+
+def evaluation_episode(data: OmniglotData, alphabets: Sequence[int], seed: int = 0, *,
+                       num_tasks: int = 100, ways: int = 5, shots: int = 1, query: int = 15,
+                       rotations: bool = True, stream: int = 0) -> Dict[str, np.ndarray]:
+  """``num_tasks`` fresh tasks as ONE episode (slots = tasks, uniform weights): each task
+  picks one of ``alphabets`` uniformly, then ``ways`` of its classes. Also returns
+  ``alphabet int32 [num_tasks]``. ``stream`` separates the draws of different sets (say
+  validation 1, test 2) made with one ``seed``."""
+  _check_task_args(ways, shots, query, 1)
+  _check_count("num_tasks", num_tasks, 1)
+  if len(alphabets) == 0:
+    raise ValueError("alphabets must name at least one alphabet")
+  bank = _bank(data, rotations)
+  tables = _class_tables(bank, data, alphabets, ways=ways, shots=shots, query=query,
+                         rotations=rotations)
+  rng = np.random.default_rng([seed, 13, stream])
+  which = rng.integers(0, len(tables), num_tasks)
+  h, w = bank.rotated.shape[2:4]
+  out = {"support_x": np.empty((num_tasks, ways * shots, h, w, 1), np.uint8),
+         "support_y": np.empty((num_tasks, ways * shots), np.int32),
+         "query_x": np.empty((num_tasks, ways * query, h, w, 1), np.uint8),
+         "query_y": np.empty((num_tasks, ways * query), np.int32)}
+  for i, a in enumerate(which.tolist()):
+    parts = _draw_tasks(rng, bank, tables[a], 1, ways=ways, shots=shots, query=query)
+    for key, part in zip(("support_x", "support_y", "query_x", "query_y"), parts):
+      out[key][i] = part[0]
+  out["task_weight"] = np.full((num_tasks,), 1.0 / num_tasks, np.float32)
+  out["alphabet"] = np.asarray(alphabets, np.int32)[which]
+  return out
