@@ -28,6 +28,7 @@ from fedco.algorithms.base import Algorithm, RoundInfo, as_aggregator
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import progress as progress_lib
+from fedco.runtime.distributed import ClientBlockData, fetch
 
 PyTree = Any
 CLIENTS = "clients"
@@ -213,7 +214,11 @@ class Simulator:
     mesh: a ``jax.sharding.Mesh`` with a ``"clients"`` axis (see :func:`client_mesh`); each
       round's clients are laid along it (``vmap`` with ``spmd_axis_name`` plus sharding
       constraints). A round's client count that the axis does not divide is padded with
-      masked clients that neither train nor count. ``None``: one device.
+      masked clients that neither train nor count. ``None``: one device. With a
+      :class:`~fedco.runtime.distributed.ClientBlockData` (multi-process data from
+      :func:`fedco.runtime.distributed.global_data`) the examples stay sharded where they are
+      and every round has one slot per client block: each client trains on the device
+      holding its data, and unsampled clients are masked instead of moved.
     participation: the probability that each of a round's clients survives the round
       (client dropout); a dropped client neither trains nor counts in any average, and a
       round whose clients all drop leaves the server as it was.
@@ -269,9 +274,21 @@ class Simulator:
       raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
                        f"fedco.runtime.client_mesh), got {mesh!r}")
     self.mesh = mesh
+    # Client-block data (fedco.runtime.distributed) is resident: slot i is client i's block.
+    self.resident = isinstance(data, ClientBlockData)
+    if self.resident and mesh is not None and data.num_blocks % mesh.shape[CLIENTS]:
+      raise ValueError(f"data has {data.num_blocks} client blocks, not a multiple of the "
+                       f"mesh's {mesh.shape[CLIENTS]} {CLIENTS!r} positions; build it with "
+                       "fedco.runtime.distributed.global_data on the same mesh")
+    if self.resident and mesh is not None and any(
+        isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
+        and leaf.sharding.mesh != mesh for leaf in jax.tree.leaves(data.examples)):
+      raise ValueError("data's examples are laid out on another mesh than mesh=; build them "
+                       "with fedco.runtime.distributed.global_data on the same mesh")
     if mesh is not None:
       self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      data = jax.device_put(data, self._replicated)
+      if not self.resident:  # placed once, so every run sees the same input shardings
+        self.data = jax.device_put(data, self._replicated)
     _validate.open_unit("participation", participation, closed_right=True)
     if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
       raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
@@ -293,7 +310,7 @@ class Simulator:
     return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
   def _client_step(self, examples, round_key, local_step, params, cstate, key, index_row,
-                   count):
+                   count, row_offset=None):
     kg, kf, kn = jax.random.split(key, 3)
     if self.paired_batches:  # same key and size: the outer batch is the inner batch's rows
       kf = kg
@@ -303,6 +320,8 @@ class Simulator:
     bn, wn = draw_batch(kn, index_row, count, examples, self.batch_size)
     grad_h_fn, kwargs = oracle_args(self.problem, bg, bf, bn, (wg, wf, wn))
     grad_h = None if grad_h_fn is None else grad_h_fn(params)
+    if row_offset is not None:  # resident: rows are within the client's block
+      rows = rows + row_offset
     return self.algorithm.update(grad_h, cstate, params, round_key=round_key,
                                  local_step=local_step, example_rows=rows, **kwargs)
 
@@ -321,7 +340,9 @@ class Simulator:
 
   def _check_shapes(self, params):
     """Trace the problem on one example so shape mismatches surface as a clear ValueError."""
-    example = jax.tree.map(lambda a: a[0], self.data.examples)
+    # Shapes only: indexing a multi-process array on the host would move a row.
+    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)),
+                           self.data.examples)
     problem = self.problem
 
     def trace():
@@ -349,15 +370,21 @@ class Simulator:
     n = self.num_clients
     ids = jnp.arange(n)
 
-    def client_init(k, index_row, count):
+    def client_init(k, index_row, count, examples):
       inner_value = None
       if self.problem.compositional:
-        batch, w = draw_batch(jax.random.fold_in(k_init, k), index_row, count, data.examples,
+        batch, w = draw_batch(jax.random.fold_in(k_init, k), index_row, count, examples,
                               self.batch_size)
         inner_value = self.problem.inner_value(params, batch, w)
       return self.algorithm.init(params, inner_value=inner_value)
 
-    clients = jax.vmap(client_init)(ids, data.index, data.counts)
+    if self.resident:  # each block initialises where it lives; padding blocks are cut off
+      _, examples, index, counts, _ = self._blocks(data)
+      clients = self._vmap(client_init)(jnp.arange(counts.shape[0]), index, counts, examples)
+      clients = jax.tree.map(lambda a: a[:n], clients)
+    else:
+      clients = jax.vmap(client_init, in_axes=(0, 0, 0, None))(ids, data.index, data.counts,
+                                                              data.examples)
     w = self._client_weights(data.counts)
     means = {f: _mean(getattr(clients, f), w) for f in self.plan.init_fields}
     clients = clients._replace(**{f: _broadcast(v, n) for f, v in means.items()})
@@ -377,28 +404,60 @@ class Simulator:
   def _client_losses(self, data, params, ids, key):
     """Each listed client's loss of ``params`` on one fresh mini-batch (server queries)."""
 
-    def one(k):
-      batch, weights = draw_batch(jax.random.fold_in(key, k), data.index[k], data.counts[k],
-                                  data.examples, self.outer_batch_size)
+    def one(k, index_row, count, examples):
+      batch, weights = draw_batch(jax.random.fold_in(key, k), index_row, count, examples,
+                                  self.outer_batch_size)
       return self.problem.client_objective(params, batch, weights)
 
-    return jax.vmap(one)(ids)
+    if self.resident:  # every block answers on its own device, then the listed ones are kept
+      _, examples, index, counts, _ = self._blocks(data)
+      losses = self._vmap(one)(jnp.arange(counts.shape[0]), index, counts, examples)
+      return jnp.take(losses, ids, axis=0, mode="clip")
+    return jax.vmap(lambda k: one(k, data.index[k], data.counts[k], data.examples))(ids)
 
-  def _refresh_inner(self, data, cst, params, ckeys, index, counts, w):
+  def _vmap(self, fn):
+    """``vmap`` over client slots, laid along the mesh's clients axis when there is one."""
+    return jax.vmap(fn, spmd_axis_name=None if self.mesh is None else CLIENTS)
+
+  def _blocks(self, data):
+    """Resident layout, one slot per block: ``(ids, examples, index, counts, offsets)``.
+
+    ``ids`` are the slots' clients (``K`` on padding blocks), ``examples`` the blocks
+    ``[B, max_n, ...]`` (a reshape of the sharded rows: no data moves), ``index`` block-local
+    rows (a padding block reads its own rows with client ``K - 1``'s pattern and weight 0),
+    ``counts`` and ``offsets`` the global row of each block's first row.
+    """
+    n, rows, b = self.num_clients, data.max_count, data.num_blocks
+    ids = jnp.minimum(jnp.arange(b), n)
+    real = jnp.minimum(ids, n - 1)
+    examples = jax.tree.map(lambda a: a.reshape((b, rows) + a.shape[1:]), data.examples)
+    index = jnp.take(data.index, real, axis=0) - (real * rows)[:, None]
+    counts = jnp.take(data.counts, real)
+    offsets = jnp.arange(b, dtype=jnp.int32) * rows
+    return (ids,) + self._place((examples, index, counts, offsets))
+
+  def _refresh_inner(self, data, cst, params, ckeys, index, counts, w, blocks=None):
     """``round_start`` fields = mean over the round's clients of ``g_k(x_bar)``."""
     keys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, self.plan.local_steps)
 
-    def inner_at_server(key, index_row, count):
-      batch, weights = draw_batch(key, index_row, count, data.examples, self.batch_size)
+    def inner_at_server(key, index_row, count, examples):
+      batch, weights = draw_batch(key, index_row, count, examples, self.batch_size)
       return self.problem.inner_value(params, batch, weights)
 
-    mean = _mean(jax.vmap(inner_at_server)(keys, index, counts), w)
+    if blocks is None:
+      values = jax.vmap(inner_at_server, in_axes=(0, 0, 0, None))(keys, index, counts,
+                                                                   data.examples)
+    else:  # resident: each slot reads its own block
+      values = self._vmap(inner_at_server)(keys, index, counts, blocks)
+    mean = _mean(values, w)
     slots = ckeys.shape[0]
     return cst._replace(**{f: _broadcast(mean, slots) for f in self.plan.round_start})
 
   def _slots(self):
     """Client slots per round: ``m`` rounded up to a multiple of the mesh's clients axis."""
     m = self.clients_per_round
+    if self.resident:  # one slot per client block, sampled or not
+      return self.data.num_blocks
     if self.mesh is None:
       return m
     d = self.mesh.shape[CLIENTS]
@@ -416,10 +475,20 @@ class Simulator:
     slots = self._slots()
     key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
     real = self._sample(k_sample)
-    # Padding slots carry the out-of-range id n: they gather a clipped (real) client's data,
-    # weigh 0 in every average, are hidden from the aggregator and their writes are dropped.
-    ids = jnp.concatenate([real, jnp.full((slots - m,), n, real.dtype)])
-    mask = jnp.arange(slots) < m
+    pick = lambda a: a[:m]  # the sampled clients' slots
+    if self.resident:
+      # Slot i is client i, on the device holding its data; padding blocks carry id n.
+      # Unsampled clients are masked like padding (weight 0, writes dropped), not moved.
+      ids = jnp.minimum(jnp.arange(slots), n)
+      mask = ids < n if m == n else jnp.zeros((slots,), bool).at[real].set(True)
+      if m < n:
+        pick = lambda a: jnp.take(a, real, axis=0)
+    else:
+      # Padding slots carry the out-of-range id n: they gather a clipped (real) client's
+      # data, weigh 0 in every average, are hidden from the aggregator and their writes are
+      # dropped.
+      ids = jnp.concatenate([real, jnp.full((slots - m,), n, real.dtype)])
+      mask = jnp.arange(slots) < m
     direct = slots == n and m == n
     take = lambda a: a if direct else jnp.take(a, ids, axis=0, mode="clip")
     cst = jax.tree.map(take, state.clients)
@@ -427,24 +496,32 @@ class Simulator:
                        **{f: _broadcast(state.shared[f], slots) for f in plan.every_step})
     params = _broadcast(state.server["params"], slots)
     index, counts = take(data.index), take(data.counts)
+    examples, blocks, extra = data.examples, None, ()
+    if self.resident:
+      _, blocks, index, counts, offsets = self._blocks(data)
+      examples, extra = blocks, (offsets,)
     alive, steps = self._faults(k_sample, ids, mask)
     w = self._client_weights(counts, alive)
     ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
     if plan.round_start:
-      cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w)
+      cst = self._refresh_inner(data, cst, state.server["params"], ckeys, index, counts, w,
+                                blocks)
     if plan.round_start_loss:
       _, losses = self.problem.evaluate(state.server["params"], flat_examples, data.flat_owner,
                                         data.flat_weights(), n)
       cst = cst._replace(**{f: jnp.take(losses, ids, mode="clip")
                             for f in plan.round_start_loss})
     params, cst, index, counts, ckeys = self._place((params, cst, index, counts, ckeys))
-    step_fn = jax.vmap(self._client_step, in_axes=(None, None, None, 0, 0, 0, 0, 0),
+    step_fn = jax.vmap(self._client_step,
+                       in_axes=(None if blocks is None else 0, None, None, 0, 0, 0, 0, 0)
+                       + (0,) * len(extra),
                        spmd_axis_name=None if self.mesh is None else CLIENTS)
 
     def local_step(carry, t):
       params, cst = carry
       skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
-      updates, new_cst = step_fn(data.examples, k_round, t, params, cst, skeys, index, counts)
+      updates, new_cst = step_fn(examples, k_round, t, params, cst, skeys, index, counts,
+                                 *extra)
       new_params = optax.apply_updates(params, updates)
       if self.faults:  # dropped clients and finished stragglers keep what they had
         active = alive & (t < steps)
@@ -460,11 +537,10 @@ class Simulator:
 
     (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
     shared = {f: _mean(getattr(cst, f), w) for f in plan.every_step}
-    first_m = lambda a: a[:m]
-    client_values = jax.tree.map(first_m, {
+    client_values = jax.tree.map(pick, {
         "params": params, **{f: getattr(cst, f) for f in plan.every_round + plan.report}})
-    info = RoundInfo(real, w[:m], counts[:m], n, k_agg,
-                     functools.partial(self._client_losses, data), alive[:m])
+    info = RoundInfo(real, pick(w), pick(counts), n, k_agg,
+                     functools.partial(self._client_losses, data), pick(alive))
     server, server_opt_state = self.aggregator.update(
         state.server, state.server_opt_state, client_values, info)
     if self.faults:  # a round nobody survived changes nothing on the server
@@ -473,8 +549,9 @@ class Simulator:
           lambda new, old: jnp.where(anyone, new, old), (server, server_opt_state, shared),
           (state.server, state.server_opt_state, state.shared))
     cst = cst._replace(**{f: _broadcast(server[f], slots) for f in plan.every_round})
+    write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
     clients = cst if direct else jax.tree.map(
-        lambda a, b: a.at[ids].set(b, mode="drop"), state.clients, cst)
+        lambda a, b: a.at[write].set(b, mode="drop"), state.clients, cst)
     completed = state.round + 1
     keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
     random_params = jax.tree.map(lambda a, b: jnp.where(keep, a, b), server["params"],
@@ -484,8 +561,8 @@ class Simulator:
     metrics = self._maybe_metrics(completed, server["params"], data, flat_examples)
     metrics["clients"] = real
     if self.faults:
-      metrics["survivors"] = alive[:m]
-      metrics["local_steps"] = jnp.where(alive, steps, 0)[:m]
+      metrics["survivors"] = pick(alive)
+      metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
     return new_state, metrics
 
   def _faults(self, key, ids, mask):
@@ -542,7 +619,9 @@ class Simulator:
     return out
 
   def _run_rounds(self, state, data, rounds: int):
-    flat_examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
+    # Client-block data's flat list is every row in order: no gather (it would move rows).
+    flat_examples = data.examples if self.resident else jax.tree.map(
+        lambda a: a[data.flat_rows], data.examples)
     return jax.lax.scan(lambda s, x: self._round(data, flat_examples, s, x), state, None,
                         length=rounds)
 
@@ -662,7 +741,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       size = min(size, every - done % every)
     last_good = state
     state, metrics = sim.run(state, size)
-    metrics = jax.device_get(metrics)
+    metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
     collected.append(metrics)
     if check_finite:
       try:
@@ -717,8 +796,9 @@ def _check_finite(metrics, state, rounds_before):
     raise NonFiniteError(
         f"round {r}: {what}; the last evaluated round before it was finite. "
         "Lower the learning rate or check the problem's exp/log terms.", r, None)
-  leaves = jax.tree.leaves(state.server["params"])
+  leaves = jax.tree.leaves(fetch(state.server["params"]))
   if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
+    last = int(fetch(state.round))
     raise NonFiniteError(
-        f"rounds {rounds_before + 1}-{int(state.round)}: the server model has non-finite "
-        "values", int(state.round), None)
+        f"rounds {rounds_before + 1}-{last}: the server model has non-finite "
+        "values", last, None)

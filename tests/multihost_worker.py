@@ -1,0 +1,228 @@
+"""One process of a multi-process run, for tests/test_multihost.py.
+
+``multihost_worker.py --process_id=I --num_processes=P --port=PORT --out=DIR`` joins a
+``jax.distributed`` run on ``localhost:PORT`` with 2 CPU devices per process, generates ONLY
+its own clients' examples (each client's rows come from a generator seeded by its id, so no
+process can read another's), builds sharded data with ``distributed.global_data`` and runs
+every configuration of :data:`CONFIGS` on the mesh of all global devices. Each process
+writes ``DIR/process_I.json`` (which clients it generated, which global rows its devices
+hold, the collectives of each compiled program); process 0 adds every configuration's final
+model, objective trajectory, client losses and sampled clients.
+
+``multihost_worker.py --single`` computes the one-process side from the same
+:func:`client_examples` and :data:`CONFIGS` (see :func:`single`).
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+NUM_CLIENTS = 7          # 4 devices -> 2 clients per device, 8 blocks (one padding block)
+DEVICES_PER_PROCESS = 2
+ROUNDS, BATCH, SEED = 3, 5, 3
+# (label, algorithm, clients_per_round): FedAvg runs through fedco.simulate; the others
+# through one compiled chunk whose collectives are recorded.
+CONFIGS = [
+    ("fedavg", "fedavg", None),
+    ("comfedl", "comfedl", None),
+    ("local_scgdm", "local_scgdm", None),
+    ("feddro", "feddro", None),          # global-inner, y averaged every step
+    ("ds_feddro", "ds_feddro", None),
+    ("feddro_m3", "feddro", 3),          # partial participation: unsampled clients masked
+]
+X0 = 0.1
+
+
+def client_examples(k):
+  """Client ``k``'s examples, from a generator of its own (sizes 4, 7, ..., 22)."""
+  rng = np.random.default_rng(1000 + k)
+  return {"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
+
+
+def algorithms():
+  import jax.numpy as jnp
+  import fedco
+  from fedco.problems import portfolio
+  plain = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
+  local, glob = portfolio(1.0, kind="local"), portfolio(1.0)
+  return {
+      "fedavg": (plain, fedco.fedavg(0.1, 3)),
+      "comfedl": (local, fedco.comfedl(0.1, 3)),
+      "local_scgdm": (local, fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 3)),
+      "feddro": (glob, fedco.feddro(0.1, 0.5, 3)),
+      "ds_feddro": (glob, fedco.ds_feddro(0.1, 0.5, 3)),
+  }
+
+
+def _host(params, metrics):
+  return {"params": np.asarray(params).tolist(),
+          "objective": np.asarray(metrics["objective"]).tolist(),
+          "client_losses": np.asarray(metrics["client_losses"]).tolist(),
+          "clients": np.asarray(metrics["clients"]).tolist()}
+
+
+def run_config(label, data, mesh):
+  """One configuration through ``fedco.simulate``, as host lists (on every process)."""
+  import jax.numpy as jnp
+  import fedco
+  from fedco.runtime import distributed
+  _, name, m = next(c for c in CONFIGS if c[0] == label)
+  problem, alg = algorithms()[name]
+  result = fedco.simulate(problem, alg, data, jnp.full((3,), X0), rounds=ROUNDS, seed=SEED,
+                          batch_size=BATCH, clients_per_round=m, mesh=mesh)
+  return _host(distributed.fetch(result.params), result.metrics)
+
+
+# A collective and its result shape in compiled HLO text, e.g. "%x = f32[8,2]{1,0} all-gather(".
+COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(all-gather|all-reduce|all-to-all|"
+                        r"collective-permute|reduce-scatter)(?:-start)?\(")
+
+
+def carries_examples(shape, max_n, rows):
+  """Whether a collective's result shape text could hold example rows.
+
+  Example data shows up as a dimension of a block's row count ``max_n`` or of the global row
+  count ``rows``, or as a mini-batch ending in ``[..., BATCH, 3]``. Models, trackers and
+  per-client sums (``[8, 3]``, ``[8, 2]``, ``[7, 2]``, ``[3]``) do not match.
+  """
+  for text in re.findall(r"\[([\d,]*)\]", shape):
+    dims = tuple(int(d) for d in text.split(",") if d)
+    if max_n in dims or rows in dims or dims[-2:] == (BATCH, 3):
+      return True
+  return False
+
+
+def compiled_collectives(sim, state):
+  compiled = sim._run.lower(state, sim.data, rounds=ROUNDS).compile()
+  ops = sorted({(mt.group(2), mt.group(1))
+                for mt in map(COLLECTIVE.match, compiled.as_text().splitlines()) if mt})
+  return compiled, ops
+
+
+def single():
+  """The one-process side, in one process with 4 CPU devices; prints one JSON line.
+
+  * ``reference``: every configuration of :data:`CONFIGS` on one device (``mesh=None``) from
+    all clients' data, through ``fedco.simulate``;
+  * ``blocks`` / ``plain``: FedDRO's collectives on client-block data over 4 devices and, as
+    a negative control for :func:`carries_examples`, on the same sharded arrays as a plain
+    ``FederatedData`` (whose index gathers XLA serves by moving rows); compiled only;
+  * ``resident``: DRFA with 3 of 5 clients sampled, dropout and stragglers, on client-block
+    data over the 4-device mesh (2 clients per device, 3 padding blocks) and on plain data
+    on one device: masked sampling, fault draws and the aggregator's loss queries.
+  """
+  import jax
+  jax.config.update("jax_num_cpu_devices", 4)
+  import jax.numpy as jnp
+  import fedco
+  from fedco.runtime import distributed
+  clients = [client_examples(k) for k in range(NUM_CLIENTS)]
+  plain = fedco.FederatedData.from_clients(clients)
+  out = {"reference": {label: run_config(label, plain, None) for label, _, _ in CONFIGS}}
+  mesh = fedco.runtime.client_mesh(4)
+  blocks = distributed.global_data(clients, NUM_CLIENTS, mesh)
+  problem, alg = algorithms()["feddro"]
+  out.update(max_count=blocks.max_count, rows=blocks.num_examples)
+  for label, data in (("blocks", blocks), ("plain", fedco.FederatedData(*blocks))):
+    sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, mesh=mesh)
+    state = jax.device_put(sim.init(jnp.full((3,), X0), SEED), sim._replicated)
+    out[label] = compiled_collectives(sim, state)[1]
+  five = clients[:5]
+  runs = [fedco.simulate(algorithms()["fedavg"][0], fedco.drfa(0.1, 3, weights_lr=0.01), data,
+                         jnp.full((3,), X0), rounds=ROUNDS, seed=1, batch_size=4,
+                         clients_per_round=3, participation=0.7, straggler_prob=0.3,
+                         mesh=mesh_)
+          for data, mesh_ in ((fedco.FederatedData.from_clients(five), None),
+                              (distributed.global_data(five, 5, mesh), mesh))]
+  out["resident"] = [
+      {**_host(distributed.fetch(r.params), r.metrics),
+       "survivors": np.asarray(r.metrics["survivors"]).tolist(),
+       "local_steps": np.asarray(r.metrics["local_steps"]).tolist(),
+       "lambda": [np.asarray(l).tolist() for l in jax.tree.leaves(r.state.server_opt_state)]}
+      for r in runs]
+  print(json.dumps(out), flush=True)
+
+
+def run_compiled(label, data, mesh):
+  """The same run as :func:`run_config` from one compiled chunk, plus its collectives."""
+  import jax
+  import jax.numpy as jnp
+  import fedco
+  from fedco.runtime import distributed
+  _, name, m = next(c for c in CONFIGS if c[0] == label)
+  problem, alg = algorithms()[name]
+  sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, clients_per_round=m, mesh=mesh)
+  state = jax.device_put(sim.init(jnp.full((3,), X0), SEED), sim._replicated)
+  compiled, ops = compiled_collectives(sim, state)
+  state, metrics = compiled(state, sim.data)
+  out = _host(*distributed.fetch((state.server["params"], metrics)))
+  out["collectives"] = ops
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--process_id", type=int)
+  parser.add_argument("--num_processes", type=int, default=2)
+  parser.add_argument("--port", type=int)
+  parser.add_argument("--out")
+  parser.add_argument("--single", action="store_true", help="see single()")
+  args = parser.parse_args()
+  if args.single:
+    return single()
+  start = time.perf_counter()
+  from fedco.runtime import distributed
+  distributed.initialize(f"localhost:{args.port}", args.num_processes, args.process_id,
+                         local_device_count=DEVICES_PER_PROCESS, initialization_timeout=60)
+  import jax
+  import jax.numpy as jnp
+  import fedco
+  assert jax.process_count() == args.num_processes, jax.process_count()
+  assert jax.device_count() == DEVICES_PER_PROCESS * args.num_processes, jax.devices()
+  mesh = fedco.runtime.client_mesh()
+  mine = distributed.process_clients(NUM_CLIENTS, mesh)
+  others = [k for p in range(args.num_processes) if p != args.process_id
+            for k in distributed.process_clients(NUM_CLIENTS, mesh, p)]
+  generated = []
+
+  def load(k):
+    assert k in mine and k not in others, (k, mine)
+    generated.append(k)
+    return client_examples(k)
+
+  data = distributed.global_data([load(k) for k in mine], NUM_CLIENTS, mesh)
+  examples = data.examples["r"]
+  assert not examples.is_fully_addressable
+  shards = [{"device": str(s.device), "rows": [s.index[0].start, s.index[0].stop]}
+            for s in examples.addressable_shards]
+  # every row this process holds is one of its own clients' rows or padding
+  local_rows = np.concatenate([np.asarray(s.data) for s in examples.addressable_shards])
+  own = np.concatenate([client_examples(k)["r"] for k in mine])
+  assert all(np.any(np.all(own == row, axis=1)) for row in local_rows)
+
+  report = {"process": args.process_id, "generated": generated, "owned": mine,
+            "shards": shards, "num_blocks": data.num_blocks, "max_count": data.max_count,
+            "rows": int(examples.shape[0])}
+  results, timing = {}, {"setup": time.perf_counter() - start}
+  for label, _, _ in CONFIGS:
+    t = time.perf_counter()
+    run = run_config if label == "fedavg" else run_compiled
+    results[label] = run(label, data, mesh)
+    timing[label] = time.perf_counter() - t
+  report["timing"] = timing
+  report["collectives"] = {l: r["collectives"] for l, r in results.items() if "collectives" in r}
+  if args.process_id == 0:
+    report["results"] = results
+  report["seconds"] = time.perf_counter() - start
+  with open(os.path.join(args.out, f"process_{args.process_id}.json"), "w") as f:
+    json.dump(report, f)
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,208 @@
+"""Multi-process runs: two local CPU processes, each holding only its own clients' data.
+
+The module fixture starts three subprocesses of ``tests/multihost_worker.py``: processes 0
+and 1 of a ``jax.distributed`` run (a free localhost port as the coordinator, 2 CPU devices
+each, so 4 global devices), and a one-process side (``--single``, 4 devices). Each worker
+generates only the clients :func:`fedco.runtime.distributed.process_clients` gives it
+(7 clients: 0-3 on process 0, 4-6 and one padding block on process 1), builds sharded data
+with ``distributed.global_data`` and runs FedAvg, ComFedL, Local-SCGDM, FedDRO (y averaged
+every step; full and 3-of-7 participation) and DS-FedDRO for 3 rounds on the 4-device mesh.
+The one-process side computes the reference on one device from all clients' data, compiles
+FedDRO on the same sharded arrays without the client-block layout (to show the collectives
+check can fail) and runs DRFA with sampling and faults on client-block data over 4 devices.
+The subprocesses compile with ``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` (compilation is most of
+the time; the collectives are the same as with full optimisation).
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import fedco
+from fedco.runtime import distributed
+from tests import multihost_worker as worker
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def multihost(tmp_path_factory):
+  out = tmp_path_factory.mktemp("multihost")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+         "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compile time dominates: 6 programs x 2
+  env.pop("XLA_FLAGS", None)  # devices per process come from initialize(local_device_count=2)
+  port = _free_port()
+  procs, logs = [], []
+  start = time.perf_counter()
+  script = str(ROOT / "tests" / "multihost_worker.py")
+  commands = [[script, f"--process_id={i}", "--num_processes=2", f"--port={port}",
+               f"--out={out}"] for i in range(2)] + [[script, "--single"]]
+  for i, command in enumerate(commands):
+    log = open(out / f"output_{i}.txt", "w+")
+    logs.append(log)
+    procs.append(subprocess.Popen([sys.executable] + command, env=env, cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT))
+  try:
+    codes = [p.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - start)))
+             for p in procs]
+  except subprocess.TimeoutExpired:
+    codes = None
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  texts = []
+  for log in logs:
+    log.seek(0)
+    texts.append(log.read())
+    log.close()
+  if codes != [0, 0, 0]:
+    names = ["process 0", "process 1", "single process"]
+    tails = "\n".join(f"--- {names[i]} (exit {None if codes is None else codes[i]}) ---\n"
+                      f"{t[-4000:]}" for i, t in enumerate(texts))
+    pytest.fail(f"multi-process workers failed or timed out after {TIMEOUT_S} s:\n{tails}")
+  reports = [json.loads((out / f"process_{i}.json").read_text()) for i in range(2)]
+  single = json.loads([l for l in texts[2].splitlines() if l.startswith("{")][-1])
+  return single, reports
+
+
+def test_each_process_generates_and_holds_only_its_clients(multihost):
+  _, reports = multihost
+  assert [r["generated"] for r in reports] == [[0, 1, 2, 3], [4, 5, 6]]
+  assert [r["owned"] for r in reports] == [r["generated"] for r in reports]
+  max_n, blocks = reports[0]["max_count"], reports[0]["num_blocks"]
+  assert (max_n, blocks, reports[0]["rows"]) == (22, 8, 176)
+  # each process's devices hold exactly its own blocks' rows: 0-3 on 0, 4-7 on 1
+  for p, r in enumerate(reports):
+    rows = sorted(tuple(s["rows"]) for s in r["shards"])
+    assert rows == [(4 * p * max_n + 2 * d * max_n, 4 * p * max_n + 2 * (d + 1) * max_n)
+                    for d in range(2)], rows
+
+
+@pytest.mark.parametrize("label", [c[0] for c in worker.CONFIGS])
+def test_two_processes_equal_one_process(multihost, label):
+  single, reports = multihost
+  got, want = reports[0]["results"][label], single["reference"][label]
+  assert got["clients"] == want["clients"]
+  assert np.max(np.abs(np.asarray(want["params"]) - worker.X0)) > 1e-2  # the model moved
+  for key in ("params", "objective", "client_losses"):
+    np.testing.assert_allclose(got[key], want[key], rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+def test_no_collective_carries_examples(multihost):
+  """The compiled programs move models, trackers and per-client sums, never example rows.
+
+  The present collectives are the client slots' models and trackers ``[8, d]``, their means
+  and the per-client loss sums ``[7, 2]``. The control shows the check catches data
+  movement: the same sharded arrays as a plain ``FederatedData`` (gathers by index) make
+  XLA all-reduce the whole example array ``[176, 3]`` and mini-batches ``[8, 5, 3]``.
+  """
+  single, reports = multihost
+  max_n, rows = reports[0]["max_count"], reports[0]["rows"]
+  assert (single["max_count"], single["rows"]) == (max_n, rows)
+  assert any(worker.carries_examples(s, max_n, rows) for _, s in single["plain"])
+  assert not any(worker.carries_examples(s, max_n, rows) for _, s in single["blocks"])
+  for r in reports:
+    assert set(r["collectives"]) == {c[0] for c in worker.CONFIGS if c[0] != "fedavg"}
+    for label, ops in r["collectives"].items():
+      assert any(op == "all-reduce" for op, _ in ops), (label, ops)  # averaging crosses devices
+      for op, shape in ops:
+        assert not worker.carries_examples(shape, max_n, rows), (r["process"], label, op, shape)
+
+
+# ---- one process: layout, resident mode, argument checks ------------------------------
+
+
+def _clients(sizes):
+  return [{"r": np.full((n, 3), k, np.float32) + np.arange(n, dtype=np.float32)[:, None]}
+          for k, n in enumerate(sizes)]
+
+
+def test_global_data_layout_on_one_process():
+  sizes = [2, 5, 3]
+  data = distributed.global_data(_clients(sizes), 3, fedco.runtime.client_mesh(1))
+  assert isinstance(data, distributed.ClientBlockData)
+  assert (data.num_clients, data.max_count, data.num_blocks) == (3, 5, 3)
+  np.testing.assert_array_equal(data.counts, sizes)
+  np.testing.assert_array_equal(data.index[0], [0, 1, 0, 0, 0])
+  np.testing.assert_array_equal(data.flat_owner, [0, 0, 3, 3, 3, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3])
+  np.testing.assert_allclose(data.flat_weights(),
+                             [.5, .5, 0, 0, 0] + [.2] * 5 + [1 / 3] * 3 + [0, 0], rtol=1e-6)
+  for k, ex in enumerate(_clients(sizes)):
+    np.testing.assert_array_equal(data.client(k)["r"], ex["r"])
+  # a mapping of ids works as well; the metadata agrees
+  again = distributed.global_data(dict(enumerate(_clients(sizes))), 3,
+                                  fedco.runtime.client_mesh(1), client_sizes=sizes)
+  np.testing.assert_array_equal(again.examples["r"], data.examples["r"])
+
+
+def test_resident_run_equals_plain_run_with_sampling_and_faults(multihost):
+  """DRFA, 3 of 5 clients, dropout and stragglers: client-block data on 4 devices (masked,
+  not moved, sampling; padding blocks; the aggregator's loss queries) = plain, one device."""
+  single, _ = multihost
+  plain, blocks = single["resident"]
+  for key in ("clients", "survivors", "local_steps"):
+    assert blocks[key] == plain[key], key
+  assert np.max(np.abs(np.asarray(plain["params"]) - worker.X0)) > 1e-2
+  for key in ("params", "objective", "client_losses", "lambda"):
+    np.testing.assert_allclose(blocks[key], plain[key], rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+def test_layout_rule():
+  mesh = fedco.runtime.client_mesh(1)
+  assert distributed.client_layout(7, mesh)[:2] == (7, 7)
+  assert distributed.process_clients(7, mesh) == list(range(7))
+  with pytest.raises(ValueError, match="num_clients"):
+    distributed.process_clients(0, mesh)
+  with pytest.raises(ValueError, match="process_index"):
+    distributed.process_clients(3, mesh, process_index=1)
+  with pytest.raises(ValueError, match="mesh"):
+    distributed.process_clients(3, "cpu")
+
+
+def test_bad_arguments():
+  mesh = fedco.runtime.client_mesh(1)  # initialises jax's backend: initialize must refuse
+  with pytest.raises(ValueError, match="coordinator_address"):
+    distributed.initialize("localhost", 2, 0)
+  with pytest.raises(ValueError, match="coordinator_address"):
+    distributed.initialize("localhost:99999", 2, 0)
+  with pytest.raises(ValueError, match="num_processes"):
+    distributed.initialize("localhost:1234", 0, 0)
+  with pytest.raises(ValueError, match="process_id"):
+    distributed.initialize("localhost:1234", 2, 2)
+  with pytest.raises(ValueError, match="local_device_count"):
+    distributed.initialize("localhost:1234", 2, 1, local_device_count=0)
+  with pytest.raises(RuntimeError, match="before any JAX"):  # this process already used jax
+    distributed.initialize("localhost:1234", 2, 1)
+  with pytest.raises(ValueError, match="local_clients"):
+    distributed.global_data(_clients([2, 3]), 3, mesh)
+  with pytest.raises(ValueError, match="local_clients"):
+    distributed.global_data({0: _clients([2])[0], 5: _clients([2])[0]}, 2, mesh)
+  with pytest.raises(ValueError, match="client 1"):
+    distributed.global_data([{"r": np.zeros((2, 3))}, {"r": np.zeros((2, 4))}], 2, mesh)
+  with pytest.raises(ValueError, match="client 1"):
+    distributed.global_data([{"r": np.zeros((2, 3))}, {"r": np.zeros((0, 3))}], 2, mesh)
+  with pytest.raises(ValueError, match="client_sizes"):
+    distributed.global_data(_clients([2, 3]), 2, mesh, client_sizes=[2, 4])
+  data = distributed.global_data(_clients([2, 3]), 2, mesh)
+  other = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("clients", "model"))
+  problem, alg = worker.algorithms()["fedavg"]
+  with pytest.raises(ValueError, match="another mesh"):
+    fedco.Simulator(problem, alg, data, mesh=other)
