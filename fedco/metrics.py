@@ -13,9 +13,15 @@ from fedco.data.federated import FederatedData
 def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
   """``fn(params, example)`` averaged over each client's examples: leaves of shape ``[K]``.
 
-  Runs over the flat ``(row, owner)`` list, so the cost is ``sum_k n_k`` evaluations.
+  Runs over the flat ``(row, owner)`` list, so the cost is ``sum_k n_k`` evaluations. On
+  client-block data (:mod:`fedco.runtime.distributed`) the rows already are that list
+  (padding weighs 0), so nothing is gathered and no block leaves its device.
   """
-  examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
+  from fedco.runtime import distributed  # pylint: disable=g-import-not-at-top (import cycle)
+  if isinstance(data, distributed.ClientBlockData):
+    examples = data.examples
+  else:
+    examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
   values = jax.vmap(fn, in_axes=(None, 0))(params, examples)
   weights = data.flat_weights()
   return jax.tree.map(
