@@ -130,6 +130,8 @@ def single():
   out.update(max_count=blocks.max_count, rows=blocks.num_examples)
   for label, data in (("blocks", blocks), ("plain", fedco.FederatedData(*blocks))):
     sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, mesh=mesh)
+    if label == "plain":  # the control keeps the rows sharded (Simulator would replicate them)
+      sim.data = data
     state = jax.device_put(sim.init(jnp.full((3,), X0), SEED), sim._replicated)
     out[label] = compiled_collectives(sim, state)[1]
   five = clients[:5]

@@ -15,6 +15,8 @@ def test_readme_has_examples():
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index, capsys):
+  if BLOCKS[index].startswith("# sketch"):
+    pytest.skip("a sketch with placeholders (multi-host: runs on every host)")
   namespace = {}
   exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), namespace)
   if "result" in namespace:  # the simulation example converges and reports its ledger

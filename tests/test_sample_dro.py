@@ -190,7 +190,7 @@ def primal_dual_reference(C, x0, lr, eta_p, reg, steps, schedule, offsets):
         xk = xk - lr * (n_total * p[rows] / C[k].n) @ C[k].example_grads(xk)
       finals.append(xk)
     x = np.tensordot(sizes / sizes.sum(), np.stack(finals), axes=1)
-    p = tr.project_simplex_brute(p + eta_p * (v - reg * n_total * (p - 1.0 / n_total)))
+    p = project_sorted(p + eta_p * (v - reg * n_total * (p - 1.0 / n_total)))
     xs.append(x)
     ps.append(p)
   return xs, ps
