@@ -34,10 +34,16 @@ def registry():
       "qfedavg": (plain, fedco.qfedavg(0.1, 3, q=0.5)),
       "drfa": (plain, fedco.drfa(0.1, 3, weights_lr=0.01)),
       "afl": (plain, fedco.afl(0.1, weights_lr=0.01)),
+      "fastdro": (plain, fedco.fastdro(0.1, geometry="cvar", size=0.5, local_steps=3)),
+      "primal_dual_dro": (plain, fedco.primal_dual_dro(0.1, NUM_ROWS, weights_lr=0.01)),
+      "ditto": (plain, fedco.ditto(0.1, 0.1, 3)),
+      "per_fedavg": (local, fedco.per_fedavg(0.1, 3)),
+      "tr_maml": (local, fedco.tr_maml(0.1, 0.05, 3)),
   }
 
 
-SAMPLED = ("comfedl", "feddro", "mbsgd", "drfa")  # averaging, every-step, round-start, aggregator
+NUM_ROWS = sum(4 + 3 * k for k in range(10))  # the clients' rows in main()
+SAMPLED = ("comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml")  # averaging, every-step, round-start, aggregator
 
 
 def main():

@@ -29,9 +29,9 @@ def mesh_results():
 
 def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
   names = {r["algorithm"] for r in mesh_results}
-  assert len(names) == 13 and len(mesh_results) == 13 + 4
+  assert len(names) == 18 and len(mesh_results) == 18 + 6
   assert {r["algorithm"] for r in mesh_results if r["clients_per_round"] == 3} == {
-      "comfedl", "feddro", "mbsgd", "drfa"}
+      "comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml"}
   for r in mesh_results:
     label = f"{r['algorithm']} (clients_per_round={r['clients_per_round']})"
     assert r["moved"] > 1e-2, label
