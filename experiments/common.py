@@ -300,6 +300,30 @@ def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict
           "checkpoint_every": config["checkpoint_every"]}
 
 
+def simulate_and_record(simulate, label: str, seed: int, fields, records: List[Dict[str, Any]],
+                        finals: Dict[str, Dict[int, Dict[str, Any]]]):
+  """Run ``simulate()`` for one (algorithm, seed) and record it; returns the result or ``None``.
+
+  The evaluated rounds go to ``records`` (with ``fields``) and the last value of every scalar
+  metric, plus ``seconds``, to ``finals[label][seed]``. A run that stops with
+  ``fedco.runtime.NonFiniteError`` is reported as diverged (its round and message, and its
+  finite records up to then) and the other runs go on.
+  """
+  from fedco.runtime import NonFiniteError  # pylint: disable=g-import-not-at-top
+  try:
+    result = simulate()
+  except NonFiniteError as err:
+    finals.setdefault(label, {})[seed] = {"diverged": str(err), "diverged_round": err.round}
+    records.extend(evaluated_records(err.metrics, fields, finite_only=True))
+    return None
+  m = result.metrics
+  records.extend(evaluated_records(m, fields))
+  final = {k: float(v[-1]) for k, v in m.items() if np.ndim(v) == 1 and k != "evaluated"}
+  final["seconds"] = result.seconds
+  finals.setdefault(label, {})[seed] = final
+  return result
+
+
 def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
                       keys: Optional[Sequence[str]] = None,
                       finite_keys: Optional[Sequence[str]] = None,

@@ -302,24 +302,15 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
     params = model.init(jax.random.PRNGKey(seed), examples["x"][0])
     for spec in runs(config):
       problem, algorithm = make(spec, config, loss, len(train["y"]))
-      try:
-        result = fedco.simulate(
-            problem, algorithm, data, params, rounds=config["rounds"], seed=seed,
-            batch_size=config["batch_size"], evaluate=False, eval_every=config["eval_every"],
-            metrics_fn=metrics_fn, progress=config["progress"], progress_metric="test_acc",
-            **common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec, seed=seed))
-      except fedco.runtime.NonFiniteError as err:  # report a diverged run, keep the others
-        finals.setdefault(spec["label"], {})[seed] = {"diverged": str(err),
-                                                      "diverged_round": err.round}
-        records.extend(common.evaluated_records(err.metrics, _fields(spec, seed),
-                                                finite_only=True))
-        continue
-      m = result.metrics
-      records.extend(common.evaluated_records(m, _fields(spec, seed)))
-      final = {k: float(v[-1]) for k, v in m.items()
-               if np.ndim(v) == 1 and k not in ("evaluated",)}
-      final["seconds"] = result.seconds
-      finals.setdefault(spec["label"], {})[seed] = final
+      common.simulate_and_record(
+          lambda: fedco.simulate(
+              problem, algorithm, data, params, rounds=config["rounds"], seed=seed,
+              batch_size=config["batch_size"], evaluate=False,
+              eval_every=config["eval_every"], metrics_fn=metrics_fn,
+              progress=config["progress"], progress_metric="test_acc",
+              **common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec,
+                                       seed=seed)),
+          spec["label"], seed, _fields(spec, seed), records, finals)
   wd.append_metrics(records)
   summary = summarize(finals, config, time.perf_counter() - start)
   wd.write_summary(summary)
