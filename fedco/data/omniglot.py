@@ -79,6 +79,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from fedco.data import sources
 from fedco.data.federated import FederatedData
 
 NAME = "omniglot"
@@ -108,7 +109,6 @@ VINYALS_TEST = ("Kannada", "Keble", "Malayalam", "Manipuri", "Mongolian",
 VINYALS_TRAIN = tuple(a for a in ALPHABETS if a not in VINYALS_VAL + VINYALS_TEST)
 VINYALS_SIZES = (len(VINYALS_TRAIN), len(VINYALS_VAL), len(VINYALS_TEST))  # (33, 5, 12)
 
-_CHUNK = 2048
 
 
 class OmniglotData(NamedTuple):
@@ -153,34 +153,17 @@ def _to_28(image: np.ndarray, size: int) -> np.ndarray:
 def _read_split(source, size: int):
   """``(images uint8 [n, size, size], label int64 [n], alphabet int64 [n])`` of one split.
 
-  Reads in chunks with ``__getitems__`` and falls back to ``source[i]`` when the batched
-  read raises ``TypeError`` on the first chunk (``tfds.testing.mock_data``'s source does,
-  and a plain list has none), like :func:`fedco.data.sources._read_records`; images are
-  reduced as they are read (the raw 105x105x3 images of one split would take 0.7 GB).
+  Reads through :func:`fedco.data.sources.iter_records` (chunks, with the fallback that
+  ``tfds.testing.mock_data``'s source needs); images are reduced as they are read (the raw 105x105x3 images of one split would take 0.7 GB).
   """
   n = len(source)
-  if n == 0:
-    raise ValueError(f"data source {source!r} is empty")
   images = np.empty((n, size, size), np.uint8)
   labels = np.empty((n,), np.int64)
   alphabets = np.empty((n,), np.int64)
-  batched = callable(getattr(source, "__getitems__", None))
-  for start in range(0, n, _CHUNK):
-    keys = list(range(start, min(n, start + _CHUNK)))
-    records = None
-    if batched:
-      try:
-        records = source.__getitems__(keys)
-      except TypeError:
-        if start:
-          raise
-        batched = False
-    if records is None:
-      records = [source[i] for i in keys]
-    for offset, record in enumerate(records):
-      images[start + offset] = _to_28(record["image"], size)
-      labels[start + offset] = record["label"]
-      alphabets[start + offset] = record["alphabet"]
+  for i, record in sources.iter_records(source):
+    images[i] = _to_28(record["image"], size)
+    labels[i] = record["label"]
+    alphabets[i] = record["alphabet"]
   return images, labels, alphabets
 
 

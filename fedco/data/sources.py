@@ -126,18 +126,17 @@ def _open_source(tfds, name: str, split: str, data_dir: Optional[str]):
     raise
 
 
-def _read_records(source, image_key: str, label_key: str):
-  """All records of a data source as ``(images uint8 [N, ...], labels int64 [N])``.
+def iter_records(source):
+  """``(position, record)`` for every record of a data source, read in chunks.
 
-  Reads in chunks with ``source.__getitems__`` (array_record reads a chunk in parallel,
-  about 3x faster than one record at a time). If the batched read raises ``TypeError`` on
-  the first chunk, falls back to ``source[i]``: the mocked source that
-  ``tfds.testing.mock_data`` installs in tfds 4.9.10 has a ``__getitems__`` that fails so.
+  Reads with ``source.__getitems__`` (array_record reads a chunk in parallel, about 3x
+  faster than one record at a time). If the batched read raises ``TypeError`` on the first
+  chunk, falls back to ``source[i]``: the mocked source that ``tfds.testing.mock_data``
+  installs in tfds 4.9.10 has a ``__getitems__`` that fails so.
   """
   n = len(source)
   if n == 0:
     raise ValueError(f"data source {source!r} is empty")
-  images = labels = None
   batched = callable(getattr(source, "__getitems__", None))
   for start in range(0, n, _CHUNK):
     keys = list(range(start, min(n, start + _CHUNK)))
@@ -151,13 +150,20 @@ def _read_records(source, image_key: str, label_key: str):
         batched = False
     if records is None:
       records = [source[i] for i in keys]
-    for offset, record in enumerate(records):
-      image = np.asarray(record[image_key])
-      if images is None:
-        images = np.empty((n,) + image.shape, image.dtype)
-        labels = np.empty((n,), np.int64)
-      images[start + offset] = image
-      labels[start + offset] = record[label_key]
+    yield from enumerate(records, start)
+
+
+def _read_records(source, image_key: str, label_key: str):
+  """All records of a data source as ``(images uint8 [N, ...], labels int64 [N])``."""
+  n = len(source)
+  images = labels = None
+  for i, record in iter_records(source):
+    image = np.asarray(record[image_key])
+    if images is None:
+      images = np.empty((n,) + image.shape, image.dtype)
+      labels = np.empty((n,), np.int64)
+    images[i] = image
+    labels[i] = record[label_key]
   return images, labels
 
 
