@@ -96,6 +96,7 @@ import fedco
 from benchmarks import _common as C
 from fedco.models import CNN4, cross_entropy, init_cnn
 from fedco.models.cnn import group_count
+from fedco.models.layers import resolve_impl
 from fedco.runtime.simulator import draw_batch
 
 FLAGS = flags.FLAGS
@@ -113,6 +114,9 @@ flags.DEFINE_integer("examples_per_client", 500, "Synthetic images per client.")
 flags.DEFINE_integer("image_size", 32, "Image height and width (>= 16).")
 flags.DEFINE_integer("filters", 32, "CNN4 channels per convolution.")
 flags.DEFINE_float("lr", 0.1, "FedAvg local SGD rate (E2's).")
+flags.DEFINE_enum("conv_impl", "auto", ["auto", "matmul", "xla"],
+                  "CNN4's conv_impl for the fedco, fedco_unrolled and central sides (auto: "
+                  "matmul, i.e. im2col, on the CPU). The while-loop diagnostic runs both.")
 flags.DEFINE_integer("check_examples", 16,
                      "Images per client in the one-round check (whole-data batches).")
 flags.DEFINE_boolean("x64_check", True,
@@ -138,8 +142,8 @@ def make_data(clients, per_client, size, seed):
   return {"x": x, "y": y}, rows
 
 
-def make_problem(filters, lr, local_steps):
-  model = CNN4(num_classes=NUM_CLASSES, filters=filters, norm="group")
+def make_problem(filters, lr, local_steps, conv_impl="auto"):
+  model = CNN4(num_classes=NUM_CLASSES, filters=filters, norm="group", conv_impl=conv_impl)
 
   def loss(params, example):
     return cross_entropy(model.apply(params, example["x"]), example["y"])
@@ -487,7 +491,7 @@ def float64_checks() -> Dict[str, Any]:
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "checks.json")
     names = ("clients", "local_steps", "batch_size", "examples_per_client", "image_size",
-             "filters", "lr", "check_examples", "seed")
+             "filters", "lr", "conv_impl", "check_examples", "seed")
     cmd = [sys.executable, "-m", "benchmarks.torch_conv", "--check_only", f"--out={out}",
            *[f"--{n}={getattr(FLAGS, n)}" for n in names]]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -517,12 +521,11 @@ def markdown_table(rec, checks, diag, b) -> str:
       f"| {rec['fedco_unrolled_over_torch_best']:.2f}x "
       f"| {rec['fedco_unrolled_time_over_central']:.2f}x | {rec['load_average'][0]:.2f} |",
       "",
-      f"XLA:CPU, one SGD step on a batch of {diag['batch_size']}: single jitted call "
-      f"{diag['single_jitted_step_ms_per_step']:.0f} ms, in a rolled lax.scan "
-      f"{diag['rolled_scan_ms_per_step']:.0f} ms, unrolled "
-      f"{diag['unrolled_scan_ms_per_step']:.0f} ms per step "
-      f"(rolled / unrolled {diag['rolled_over_unrolled']:.1f}x).",
-      "",
+      *[f"conv_impl={impl}, one SGD step on a batch of {d['batch_size']}: single jitted call "
+        f"{d['single_jitted_step_ms_per_step']:.0f} ms, in a rolled lax.scan "
+        f"{d['rolled_scan_ms_per_step']:.0f} ms, unrolled "
+        f"{d['unrolled_scan_ms_per_step']:.0f} ms per step "
+        f"(rolled / unrolled {d['rolled_over_unrolled']:.1f}x).\n" for impl, d in diag.items()],
       "| check | dtype | max abs diff | scale | relative | other |",
       "|---|---|---:|---:|---:|---|"]
   for label, c in checks.items():
@@ -558,7 +561,7 @@ def main(argv):
   torch.manual_seed(FLAGS.seed)
   k, tau, b, size, filters = (FLAGS.clients, FLAGS.local_steps, FLAGS.batch_size,
                               FLAGS.image_size, FLAGS.filters)
-  model, loss, problem, algorithm = make_problem(filters, FLAGS.lr, tau)
+  model, loss, problem, algorithm = make_problem(filters, FLAGS.lr, tau, FLAGS.conv_impl)
   params = init_cnn(model, (size, size, CHANNELS), FLAGS.seed)
   n_params = int(sum(np.size(a) for a in jax.tree.leaves(params)))
   host, rows = make_data(k, FLAGS.examples_per_client, size, FLAGS.seed)
@@ -582,11 +585,15 @@ def main(argv):
         print(f"{name} (float64): relative update diff {c['relative_diff_update']:.2e}",
               flush=True)
 
-  diag = while_loop_diagnostic(loss, params, host, batch_size=b, local_steps=tau, lr=FLAGS.lr,
-                               seed=FLAGS.seed)
-  print(f"while-loop diagnostic (ms/step): single {diag['single_jitted_step_ms_per_step']:.0f}, "
-        f"rolled scan {diag['rolled_scan_ms_per_step']:.0f}, unrolled scan "
-        f"{diag['unrolled_scan_ms_per_step']:.0f}", flush=True)
+  diag = {}
+  for impl in ("xla", "matmul"):
+    impl_loss = make_problem(filters, FLAGS.lr, tau, impl)[1]
+    diag[impl] = while_loop_diagnostic(impl_loss, params, host, batch_size=b, local_steps=tau,
+                                       lr=FLAGS.lr, seed=FLAGS.seed)
+    print(f"while-loop diagnostic, conv_impl={impl} (ms/step): single "
+          f"{diag[impl]['single_jitted_step_ms_per_step']:.0f}, rolled scan "
+          f"{diag[impl]['rolled_scan_ms_per_step']:.0f}, unrolled scan "
+          f"{diag[impl]['unrolled_scan_ms_per_step']:.0f}", flush=True)
 
   fed = C.FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
                     seed=FLAGS.seed)
@@ -651,7 +658,9 @@ def main(argv):
                  "central_batch_size": k * b, "examples_per_client": FLAGS.examples_per_client,
                  "input": [size, size, CHANNELS],
                  "model": f"CNN4(filters={filters}, norm='group', groups="
-                          f"{group_count(filters)}), {n_params} parameters",
+                          f"{group_count(filters)}, conv_impl={FLAGS.conv_impl!r}), "
+                          f"{n_params} parameters",
+                 "conv_impl_resolved": resolve_impl(FLAGS.conv_impl),
                  "algorithm": f"fedco.fedavg({FLAGS.lr}, {tau}) on fedco.plain(cross_entropy)",
                  "fedco_rounds_per_repeat": FLAGS.rounds,
                  "fedco_unrolled_rounds_per_repeat": FLAGS.rounds,

@@ -73,10 +73,10 @@ The defaults stay the paper's (as in E1); a diverged run is reported (round) in
 ``summary.json`` and the table instead of stopping the others.
 
 **CPU speed.** XLA:CPU runs convolution gradients 10-60x slower inside ``lax.scan`` (where
-fedco's simulator runs every local step) than outside (jax issue #12868); ``--fast_conv``
-(default) runs ``CNN4``'s parameters through :func:`cnn4_apply`, whose convolution gradient
-uses channel-last convolutions and matrix products only (same values; about 8x faster per
-round here). ``--nofast_conv`` uses ``CNN4.apply`` itself.
+fedco's simulator runs every local step) than outside (jax issue #12868). ``CNN4``'s default
+``conv_impl="auto"`` therefore computes convolutions as im2col matrix products on the CPU
+(``fedco.models.layers``; same parameters and values); ``--conv_impl=xla`` forces
+``lax.conv_general_dilated``.
 
 Writes ``config.json``, ``metrics.jsonl`` (+ ``metrics.csv``), ``summary.json`` (per-seed
 final values and mean/std over seeds per algorithm) and ``curves.png`` (validation loss,
@@ -94,7 +94,6 @@ from typing import Any, Dict, List
 
 from absl import app
 from absl import flags
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,7 +104,6 @@ from fedco import models
 from fedco.checkpoint import Checkpointer
 from fedco.data import partition
 from fedco.data.datasets import make_federated
-from fedco.models.cnn import group_count
 from fedco.problems import personalized
 from fedco.runtime import progress as progress_lib
 
@@ -145,8 +143,9 @@ def define_flags():
   flags.DEFINE_float("rho", 0.28, "Fraction of a client's images from its dominant class.")
   flags.DEFINE_integer("filters", 32, "CNN4 channels per convolution.")
   flags.DEFINE_bool("first_order", False, "First-order MAML (drop the Hessian terms).")
-  flags.DEFINE_bool("fast_conv", True, "Run CNN4 through the binary's loop-friendly "
-                    "convolution gradient (same values; 10-60x faster on CPU).")
+  flags.DEFINE_enum("conv_impl", "auto", list(models.layers.CONV_IMPLS),
+                    "CNN4's convolutions: im2col matrix products (matmul; auto on the CPU) "
+                    "or lax.conv_general_dilated (xla; auto elsewhere).")
   flags.DEFINE_float("comfedl_lr", 0.1, "ComFedL (DA-MAML and MAML) outer learning rate.")
   flags.DEFINE_float("comfedl_inner_lr", 0.05, "ComFedL's MAML inner learning rate.")
   flags.DEFINE_float("gamma", 0.5, "DA-MAML temperature gamma.")
@@ -178,7 +177,7 @@ def _check_rho(name, value) -> float:
 
 def validate(workdir, *, dataset="cifar10", data_dir=None, algorithms=ALGORITHMS, rounds=None,
              local_steps=5, batch_size=32, per_client=None, rho=0.28, filters=32,
-             first_order=False, fast_conv=True, comfedl_lr=0.1, comfedl_inner_lr=0.05,
+             first_order=False, conv_impl="auto", comfedl_lr=0.1, comfedl_inner_lr=0.05,
              gamma=0.5, shift=0.0,
              fedavg_lr=0.1, finetune_lr=0.1, fedmaml_lr=0.1, fedmaml_inner_lr=0.1,
              trmaml_lr=0.1, trmaml_inner_lr=0.05, trmaml_weight_lr=0.08, ditto_lr=0.2,
@@ -201,9 +200,10 @@ def validate(workdir, *, dataset="cifar10", data_dir=None, algorithms=ALGORITHMS
   per_client = (PER_CLIENT[dataset] if per_client is None
                 else common.check_int("per_client", per_client, 1))
   rho = _check_rho("rho", rho)
-  for name, value in (("first_order", first_order), ("fast_conv", fast_conv)):
-    if not isinstance(value, bool):
-      raise ValueError(f"--{name} must be a bool, got {value!r}")
+  if not isinstance(first_order, bool):
+    raise ValueError(f"--first_order must be a bool, got {first_order!r}")
+  if conv_impl not in models.layers.CONV_IMPLS:
+    raise ValueError(f"--conv_impl must be one of {models.layers.CONV_IMPLS}, got {conv_impl!r}")
   rates = dict(comfedl_lr=comfedl_lr, comfedl_inner_lr=comfedl_inner_lr, gamma=gamma,
                fedavg_lr=fedavg_lr, finetune_lr=finetune_lr, fedmaml_lr=fedmaml_lr,
                fedmaml_inner_lr=fedmaml_inner_lr, trmaml_lr=trmaml_lr,
@@ -236,74 +236,10 @@ def validate(workdir, *, dataset="cifar10", data_dir=None, algorithms=ALGORITHMS
           "algorithms": algorithms, "rounds": rounds, "local_steps": local_steps,
           "batch_size": batch_size, "per_client": per_client, "rho": rho,
           "num_clients": NUM_CLIENTS, "filters": filters, "first_order": first_order,
-          "fast_conv": fast_conv,
+          "conv_impl": conv_impl,
           **rates, "shift": shift, "ditto_lam": ditto_lam, "eval_every": eval_every,
           "eval_chunk": eval_chunk, "seeds": seeds, "sweep": sweep, "sweep_values": values,
           "progress": progress, **common.checkpoint_config(checkpoint_every, resume)}
-
-
-# ---- the model ---------------------------------------------------------------------------
-
-_DIMS = ("NHWC", "HWIO", "NHWC")
-
-
-@jax.custom_vjp
-def conv3x3(x, kernel):
-  """``lax.conv_general_dilated(x, kernel, (1, 1), "SAME")`` (NHWC, HWIO) whose gradient
-  uses only channel-last convolutions and matrix products.
-
-  XLA:CPU runs the convolutions of the default gradient (input and kernel gradients, whose
-  dimension numbers are not channel-last) 10-60x slower inside a ``while`` loop than outside
-  (jax issue #12868), and fedco's simulator runs every local step inside ``lax.scan``. Here
-  the input gradient is this function on the flipped kernel and the kernel gradient nine
-  ``einsum``s over shifted inputs, so first- and second-order derivatives stay fast.
-  """
-  return jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_DIMS)
-
-
-def _conv3x3_fwd(x, kernel):
-  return conv3x3(x, kernel), (x, kernel)
-
-
-def _conv3x3_bwd(residuals, dy):
-  x, kernel = residuals
-  dx = conv3x3(dy, jnp.swapaxes(kernel[::-1, ::-1], 2, 3))
-  h, w = x.shape[1], x.shape[2]
-  padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-  dk = jnp.stack([jnp.stack([jnp.einsum("nhwc,nhwf->cf", padded[:, i:i + h, j:j + w], dy)
-                             for j in range(3)]) for i in range(3)])
-  return dx, dk.astype(kernel.dtype)
-
-
-conv3x3.defvjp(_conv3x3_fwd, _conv3x3_bwd)
-
-
-def cnn4_apply(model: models.CNN4):
-  """``(params, x) -> logits`` equal to ``model.apply`` (same parameters), built from
-  :func:`conv3x3` and a reshape-max pool (``nn.max_pool``'s gradient, a select-and-scatter,
-  is about 9x slower on CPU). Gradients differ from ``model.apply``'s only in float rounding
-  and at exact ties inside a pooling window (the max is shared instead of given to one)."""
-  filters, norm = model.filters, model.norm
-  norm_module = nn.GroupNorm(num_groups=group_count(filters), epsilon=1e-5)
-
-  def apply(params, x):
-    p = params["params"]
-    x = jnp.asarray(x, jnp.float32)
-    single = x.ndim == 3
-    x = x[None] if single else x
-    for i in range(4):
-      x = conv3x3(x, p[f"conv_{i}"]["kernel"])
-      if norm == "group":
-        x = norm_module.apply({"params": p[f"norm_{i}"]}, x)
-      else:
-        x = x + p[f"conv_{i}"]["bias"]
-      x = jax.nn.relu(x)
-      n, h, w, c = x.shape
-      x = x[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
-    logits = x.reshape(x.shape[0], -1) @ p["logits"]["kernel"] + p["logits"]["bias"]
-    return logits[0] if single else logits
-
-  return apply
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -420,11 +356,11 @@ def make_evaluator(apply_fn, chunk: int):
 
 
 @functools.lru_cache(maxsize=8)
-def _model(filters: int, fast_conv: bool, eval_chunk: int):
+def _model(filters: int, conv_impl: str, eval_chunk: int):
   """The model, its apply function and the jitted evaluator, shared by the runs of one
   process (so the evaluator compiles once per data shape, not once per run)."""
-  model = models.CNN4(num_classes=NUM_CLASSES, filters=filters)
-  apply_fn = cnn4_apply(model) if fast_conv else model.apply
+  model = models.CNN4(num_classes=NUM_CLASSES, filters=filters, conv_impl=conv_impl)
+  apply_fn = model.apply
   return model, apply_fn, make_evaluator(apply_fn, eval_chunk)
 
 
@@ -530,7 +466,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
   wd = common.Workdir(config["workdir"])
   wd.write_config(config)
   common.start_checkpoints(wd, config)
-  model, apply_fn, evaluator = _model(config["filters"], config["fast_conv"],
+  model, apply_fn, evaluator = _model(config["filters"], config["conv_impl"],
                                       config["eval_chunk"])
   image_shape = tuple(splits.train["x"].shape[1:])
   records, finals, sizes = [], {}, {}
@@ -608,7 +544,7 @@ def main(argv):
         algorithms=FLAGS.algorithms, rounds=FLAGS.rounds, local_steps=FLAGS.local_steps,
         batch_size=FLAGS.batch_size, per_client=FLAGS.per_client, rho=FLAGS.rho,
         filters=FLAGS.filters, first_order=FLAGS.first_order,
-        fast_conv=FLAGS.fast_conv, comfedl_lr=FLAGS.comfedl_lr,
+        conv_impl=FLAGS.conv_impl, comfedl_lr=FLAGS.comfedl_lr,
         comfedl_inner_lr=FLAGS.comfedl_inner_lr, gamma=FLAGS.gamma, shift=FLAGS.shift,
         fedavg_lr=FLAGS.fedavg_lr, finetune_lr=FLAGS.finetune_lr, fedmaml_lr=FLAGS.fedmaml_lr,
         fedmaml_inner_lr=FLAGS.fedmaml_inner_lr, trmaml_lr=FLAGS.trmaml_lr,

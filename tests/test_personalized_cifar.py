@@ -11,15 +11,12 @@ compile. Second order through the binary's convolution is checked at the operati
 import json
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from experiments import common
 from experiments import personalized_cifar as e2
-from fedco import models
 
 TINY = dict(filters=4, batch_size=4, seeds=(0,), progress=False)
 RECORD_KEYS = {"round", "algorithm", "seed", "val_acc_avg", "val_acc_worst", "val_loss_avg",
@@ -110,45 +107,6 @@ def test_runs_of_a_sweep():
   assert e2.validate("/tmp/unused", dataset="digits")["rounds"] == e2.ROUNDS["digits"]
 
 
-def test_loop_friendly_conv_matches_lax_to_second_order():
-  x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 5, 3))
-  k = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 3, 4))
-  ref = lambda x, k: jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
-                                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  np.testing.assert_allclose(e2.conv3x3(x, k), ref(x, k), rtol=1e-5, atol=1e-5)
-
-  def derivatives(conv):
-    loss = lambda x, k: jnp.sum(jnp.tanh(conv(x, k)) ** 2)
-    g = jax.grad(loss, (0, 1))
-    hvp = jax.grad(lambda x, k: sum(jnp.vdot(a, b) for a, b in zip(g(x, k), (x, k))), (0, 1))
-    return g(x, k) + hvp(x, k)
-
-  for got, want in zip(jax.jit(lambda: derivatives(e2.conv3x3))(),
-                       jax.jit(lambda: derivatives(ref))()):
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-def test_loop_friendly_cnn4_matches_flax():
-  model = models.CNN4(10, 4)
-  fast = e2.cnn4_apply(model)
-  params = models.init_cnn(model, (16, 16, 1), 0)
-  x = jax.random.uniform(jax.random.PRNGKey(1), (2, 16, 16, 1))
-
-  @jax.jit
-  def outputs(p):
-    out = []
-    for apply in (model.apply, fast):
-      loss = lambda q: jnp.sum(jax.nn.log_softmax(apply(q, x))[:, 3])
-      out.append((apply(p, x), apply(p, x[0]), jax.grad(loss)(p)))
-    return out
-
-  want, got = outputs(params)
-  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got[2],
-               want[2])
-
-
 @pytest.mark.parametrize("kwargs,flag", [
     (dict(dataset="mnist"), "--dataset"),
     (dict(algorithms=("fedavg", "sgd")), "--algorithms"),
@@ -157,6 +115,7 @@ def test_loop_friendly_cnn4_matches_flax():
     (dict(local_steps=0), "--local_steps"),
     (dict(per_client=0), "--per_client"),
     (dict(rho=1.5), "--rho"),
+    (dict(conv_impl="cudnn"), "--conv_impl"),
     (dict(gamma=0.0), "--gamma"),
     (dict(comfedl_lr=-0.1), "--comfedl_lr"),
     (dict(trmaml_weight_lr=0.0), "--trmaml_weight_lr"),

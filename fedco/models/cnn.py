@@ -10,6 +10,10 @@ Neither paper describes the network beyond that, so the layout is MAML's: four b
 then a flatten and one ``Dense`` to the logits. A 32x32 CIFAR image shrinks to 2x2 (128
 features with 32 filters); a 28x28 Omniglot image to 1x1 (64 features).
 
+Convolutions and pools go through ``fedco.models.layers`` (``conv_impl``): on the CPU an
+im2col matrix-product form that stays fast inside the simulator's ``lax.scan`` loops, on
+other backends ``lax.conv_general_dilated``; the parameters are ``nn.Conv``'s either way.
+
 The two models differ only in the normalization, because they serve different problems:
 
 * ``CNN4`` is for per-example problems (paper 001's DRO and DA-MAML on CIFAR-10): fedco
@@ -48,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from fedco import _validate
+from fedco.models.layers import CONV_IMPLS, Conv, max_pool_2x2
 
 NORMS = ("group", "none")
 MAX_GROUPS = 8  # GroupNorm groups: gcd(channels, 8), i.e. 8 for any multiple of 8 channels
@@ -103,11 +108,12 @@ class TaskBatchNorm(nn.Module):
     return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
 
 
-def _conv_block(x: jax.Array, filters: int, norm: nn.Module, use_bias: bool,
-                index: int) -> jax.Array:
-  x = nn.Conv(filters, (3, 3), padding="SAME", use_bias=use_bias, name=f"conv_{index}")(x)
+def _conv_block(x: jax.Array, filters: int, norm: nn.Module, use_bias: bool, index: int,
+                impl: str) -> jax.Array:
+  x = Conv(filters, (3, 3), padding="SAME", use_bias=use_bias, impl=impl,
+           name=f"conv_{index}")(x)
   x = nn.relu(norm(x))
-  return nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
+  return max_pool_2x2(x, impl)
 
 
 class CNN4(nn.Module):
@@ -123,15 +129,19 @@ class CNN4(nn.Module):
     num_classes: number of logits.
     filters: channels of every convolution (MAML: 32 on MiniImagenet, 64 on Omniglot).
     norm: ``"group"`` (GroupNorm) or ``"none"`` (no normalization; convolutions with bias).
+    conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions and pools
+      are computed (``fedco.models.layers``; the parameters are the same for all three).
   """
   num_classes: int = 10
   filters: int = 32
   norm: str = "group"
+  conv_impl: str = "auto"
 
   def __post_init__(self):
     _validate.positive_int("num_classes", self.num_classes)
     _validate.positive_int("filters", self.filters)
     _validate.one_of("norm", self.norm, NORMS)
+    _validate.one_of("conv_impl", self.conv_impl, CONV_IMPLS)
     super().__post_init__()
 
   @nn.compact
@@ -142,7 +152,7 @@ class CNN4(nn.Module):
         norm = nn.GroupNorm(num_groups=group_count(self.filters), epsilon=1e-5, name=f"norm_{i}")
       else:
         norm = lambda h: h
-      x = _conv_block(x, self.filters, norm, self.norm == "none", i)
+      x = _conv_block(x, self.filters, norm, self.norm == "none", i, self.conv_impl)
     x = nn.Dense(self.num_classes, name="logits")(x.reshape((x.shape[0], -1)))
     return x[0] if single else x
 
@@ -160,20 +170,24 @@ class OmniglotCNN(nn.Module):
   Attributes:
     num_classes: ways N of N-way classification (5 in paper 003).
     filters: channels of every convolution (64, MAML's Omniglot width).
+    conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"`` (as in ``CNN4``).
   """
   num_classes: int = 5
   filters: int = 64
+  conv_impl: str = "auto"
 
   def __post_init__(self):
     _validate.positive_int("num_classes", self.num_classes)
     _validate.positive_int("filters", self.filters)
+    _validate.one_of("conv_impl", self.conv_impl, CONV_IMPLS)
     super().__post_init__()
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
     x, single = _image_batch(x, "OmniglotCNN")
     for i in range(4):
-      x = _conv_block(x, self.filters, TaskBatchNorm(name=f"norm_{i}"), False, i)
+      x = _conv_block(x, self.filters, TaskBatchNorm(name=f"norm_{i}"), False, i,
+                      self.conv_impl)
     x = nn.Dense(self.num_classes, name="logits")(x.reshape((x.shape[0], -1)))
     return x[0] if single else x
 

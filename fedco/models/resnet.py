@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from fedco import _validate
 from fedco.models.cnn import NORMS, _image_batch, group_count
+from fedco.models.layers import CONV_IMPLS, Conv
 
 _PAD1 = ((1, 1), (1, 1))
 
@@ -57,6 +58,7 @@ class _BasicBlock(nn.Module):
   channels: int
   stride: int
   norm: str
+  conv_impl: str
 
   def _norm(self, name: str) -> Callable[[jax.Array], jax.Array]:
     if self.norm == "group":
@@ -68,17 +70,17 @@ class _BasicBlock(nn.Module):
     bias = self.norm == "none"
     strides = (self.stride, self.stride)
     last_init = nn.initializers.zeros if bias else nn.initializers.he_normal()
-    y = nn.Conv(self.channels, (3, 3), strides=strides, padding=_PAD1, use_bias=bias,
-                kernel_init=nn.initializers.he_normal(), name="conv_0")(x)
+    y = Conv(self.channels, (3, 3), strides=strides, padding=_PAD1, use_bias=bias,
+             kernel_init=nn.initializers.he_normal(), impl=self.conv_impl, name="conv_0")(x)
     y = nn.relu(self._norm("norm_0")(y))
-    y = nn.Conv(self.channels, (3, 3), padding=_PAD1, use_bias=bias, kernel_init=last_init,
-                name="conv_1")(y)
+    y = Conv(self.channels, (3, 3), padding=_PAD1, use_bias=bias, kernel_init=last_init,
+             impl=self.conv_impl, name="conv_1")(y)
     y = self._norm("norm_1")(y)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != self.channels:
-      shortcut = nn.Conv(self.channels, (1, 1), strides=strides, padding="VALID",
-                         use_bias=bias, kernel_init=nn.initializers.he_normal(),
-                         name="proj_conv")(x)
+      shortcut = Conv(self.channels, (1, 1), strides=strides, padding="VALID",
+                      use_bias=bias, kernel_init=nn.initializers.he_normal(),
+                      impl=self.conv_impl, name="proj_conv")(x)
       shortcut = self._norm("proj_norm")(shortcut)
     return nn.relu(y + shortcut)
 
@@ -90,30 +92,34 @@ class ResNet20(nn.Module):
     num_classes: number of logits.
     norm: ``"group"`` (GroupNorm, 8 groups at the default width) or ``"none"``.
     width: channels of stage 1 (16 in the paper); stages 2 and 3 have 2x and 4x.
+    conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions are
+      computed (``fedco.models.layers``; the parameters are the same for all three).
   """
   num_classes: int = 10
   norm: str = "group"
   width: int = 16
+  conv_impl: str = "auto"
 
   def __post_init__(self):
     _validate.positive_int("num_classes", self.num_classes)
     _validate.one_of("norm", self.norm, NORMS)
     _validate.positive_int("width", self.width)
+    _validate.one_of("conv_impl", self.conv_impl, CONV_IMPLS)
     super().__post_init__()
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
     x, single = _image_batch(x, "ResNet20")
     bias = self.norm == "none"
-    x = nn.Conv(self.width, (3, 3), padding=_PAD1, use_bias=bias,
-                kernel_init=nn.initializers.he_normal(), name="stem_conv")(x)
+    x = Conv(self.width, (3, 3), padding=_PAD1, use_bias=bias,
+             kernel_init=nn.initializers.he_normal(), impl=self.conv_impl, name="stem_conv")(x)
     if self.norm == "group":
       x = nn.GroupNorm(num_groups=group_count(self.width), epsilon=1e-5, name="stem_norm")(x)
     x = nn.relu(x)
     for stage in range(3):
       for block in range(3):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = _BasicBlock(self.width * 2**stage, stride, self.norm,
+        x = _BasicBlock(self.width * 2**stage, stride, self.norm, self.conv_impl,
                         name=f"stage{stage + 1}_block{block}")(x)
     x = jnp.mean(x, axis=(1, 2))
     x = nn.Dense(self.num_classes, name="logits")(x)
