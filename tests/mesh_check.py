@@ -17,7 +17,10 @@ import fedco
 from fedco.problems import portfolio
 
 
-def registry():
+def registry(num_rows=None):
+  """``{name: (problem, algorithm)}``; ``num_rows`` sizes primal-dual DRO's row weights
+  (default: this script's 10 clients)."""
+  num_rows = NUM_ROWS if num_rows is None else num_rows
   plain = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
   local, glob = portfolio(1.0, kind="local"), portfolio(1.0)
   return {
@@ -35,7 +38,7 @@ def registry():
       "drfa": (plain, fedco.drfa(0.1, 3, weights_lr=0.01)),
       "afl": (plain, fedco.afl(0.1, weights_lr=0.01)),
       "fastdro": (plain, fedco.fastdro(0.1, geometry="cvar", size=0.5, local_steps=3)),
-      "primal_dual_dro": (plain, fedco.primal_dual_dro(0.1, NUM_ROWS, weights_lr=0.01)),
+      "primal_dual_dro": (plain, fedco.primal_dual_dro(0.1, num_rows, weights_lr=0.01)),
       "ditto": (plain, fedco.ditto(0.1, 0.1, 3)),
       "per_fedavg": (local, fedco.per_fedavg(0.1, 3)),
       "tr_maml": (local, fedco.tr_maml(0.1, 0.05, 3)),

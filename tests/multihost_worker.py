@@ -4,10 +4,11 @@
 ``jax.distributed`` run on ``localhost:PORT`` with 2 CPU devices per process, generates ONLY
 its own clients' examples (each client's rows come from a generator seeded by its id, so no
 process can read another's), builds sharded data with ``distributed.global_data`` and runs
-every configuration of :data:`CONFIGS` on the mesh of all global devices. Each process
-writes ``DIR/process_I.json`` (which clients it generated, which global rows its devices
-hold, the collectives of each compiled program); process 0 adds every configuration's final
-model, objective trajectory, client losses and sampled clients.
+every configuration of :data:`CONFIGS` (every algorithm of ``mesh_check.registry()``,
+plus sampled variants) on the mesh of all global devices. Each
+process writes ``DIR/process_I.json`` (which clients it generated, which global rows its
+devices hold, each configuration's compiled collectives); process 0 adds every
+configuration's final model, objective trajectory, client losses and sampled clients.
 
 ``multihost_worker.py --single`` computes the one-process side from the same
 :func:`client_examples` and :data:`CONFIGS` (see :func:`single`).
@@ -25,16 +26,6 @@ import numpy as np
 NUM_CLIENTS = 7          # 4 devices -> 2 clients per device, 8 blocks (one padding block)
 DEVICES_PER_PROCESS = 2
 ROUNDS, BATCH, SEED = 3, 5, 3
-# (label, algorithm, clients_per_round): FedAvg runs through fedco.simulate; the others
-# through one compiled chunk whose collectives are recorded.
-CONFIGS = [
-    ("fedavg", "fedavg", None),
-    ("comfedl", "comfedl", None),
-    ("local_scgdm", "local_scgdm", None),
-    ("feddro", "feddro", None),          # global-inner, y averaged every step
-    ("ds_feddro", "ds_feddro", None),
-    ("feddro_m3", "feddro", 3),          # partial participation: unsampled clients masked
-]
 X0 = 0.1
 
 
@@ -44,19 +35,36 @@ def client_examples(k):
   return {"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
 
 
+def _mesh_check():
+  """tests/mesh_check.py: the registry of every algorithm configuration (shared with the
+  1-vs-8-device test). Importable as ``mesh_check`` when tests/ is on ``sys.path`` (this
+  file run as a script; pytest's default import mode), else as ``tests.mesh_check``."""
+  try:
+    import mesh_check  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    from tests import mesh_check  # pylint: disable=g-import-not-at-top
+  return mesh_check
+
+
+NUM_ROWS = sum(4 + 3 * k for k in range(NUM_CLIENTS))  # the rows of client_examples
+
+
 def algorithms():
-  import jax.numpy as jnp
-  import fedco
-  from fedco.problems import portfolio
-  plain = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
-  local, glob = portfolio(1.0, kind="local"), portfolio(1.0)
-  return {
-      "fedavg": (plain, fedco.fedavg(0.1, 3)),
-      "comfedl": (local, fedco.comfedl(0.1, 3)),
-      "local_scgdm": (local, fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 3)),
-      "feddro": (glob, fedco.feddro(0.1, 0.5, 3)),
-      "ds_feddro": (glob, fedco.ds_feddro(0.1, 0.5, 3)),
-  }
+  """``{name: (problem, algorithm)}``: :func:`mesh_check.registry`, primal-dual DRO sized to
+  this run's rows (builds no arrays, so it may run before ``distributed.initialize``)."""
+  return _mesh_check().registry(num_rows=NUM_ROWS)
+
+
+# 3 of 7 clients sampled (unsampled clients' slots masked), one algorithm per server kind:
+# a tracker averaged every step (feddro), a round-start refresh (mbsgd), a server that
+# queries sampled clients' losses (drfa), one that weighs reported losses (tr_maml) and one
+# that keeps a weight per example row (primal_dual_dro).
+SAMPLED = ("feddro", "mbsgd", "drfa", "tr_maml", "primal_dual_dro")
+# (label, algorithm, clients_per_round): every registry algorithm with all clients, then the
+# sampled ones. FedAvg runs through fedco.simulate; the others through one compiled chunk
+# whose collectives are recorded.
+CONFIGS = ([(name, name, None) for name in algorithms()]
+           + [(f"{name}_m3", name, 3) for name in SAMPLED])
 
 
 def _host(params, metrics):
@@ -108,7 +116,8 @@ def single():
   """The one-process side, in one process with 4 CPU devices; prints one JSON line.
 
   * ``reference``: every configuration of :data:`CONFIGS` on one device (``mesh=None``) from
-    all clients' data, through ``fedco.simulate``;
+    all clients' data, as the workers run them: FedAvg through ``fedco.simulate``, the
+    others from one compiled program (:func:`run_compiled`);
   * ``blocks`` / ``plain``: FedDRO's collectives on client-block data over 4 devices and, as
     a negative control for :func:`carries_examples`, on the same sharded arrays as a plain
     ``FederatedData`` (whose index gathers XLA serves by moving rows); compiled only;
@@ -123,7 +132,7 @@ def single():
   from fedco.runtime import distributed
   clients = [client_examples(k) for k in range(NUM_CLIENTS)]
   plain = fedco.FederatedData.from_clients(clients)
-  out = {"reference": {label: run_config(label, plain, None) for label, _, _ in CONFIGS}}
+  out = {"reference": run_each(plain, None)[0]}
   mesh = fedco.runtime.client_mesh(4)
   blocks = distributed.global_data(clients, NUM_CLIENTS, mesh)
   problem, alg = algorithms()["feddro"]
@@ -150,21 +159,81 @@ def single():
   print(json.dumps(out), flush=True)
 
 
-def run_compiled(label, data, mesh):
-  """The same run as :func:`run_config` from one compiled chunk, plus its collectives."""
+# The op_name of a compiled instruction, e.g. 'op_name="jit(all_configs)/feddro/while/..."'.
+OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def run_compiled(labels, data, mesh):
+  """Every configuration of ``labels`` from ONE compiled program, plus its collectives.
+
+  Each configuration runs as :func:`run_config` does (``Simulator.init``'s ``_init``, then
+  ``Simulator.run``'s ``_run_rounds`` for ``ROUNDS`` rounds), but all of them are traced
+  into one ``jax.jit`` for the inits and one for the rounds: compiling a few large programs
+  costs about half as much as one program per configuration. Each configuration is traced
+  under ``jax.named_scope(label)``, so every compiled collective names the configuration it
+  belongs to in its ``op_name``; returns ``({label: host results}, {label: collectives})``
+  with ``""`` for collectives outside every configuration (``mesh=None``: no collectives).
+  """
   import jax
   import jax.numpy as jnp
   import fedco
   from fedco.runtime import distributed
-  _, name, m = next(c for c in CONFIGS if c[0] == label)
-  problem, alg = algorithms()[name]
-  sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, clients_per_round=m, mesh=mesh)
-  state = jax.device_put(sim.init(jnp.full((3,), X0), SEED), sim._replicated)
-  compiled, ops = compiled_collectives(sim, state)
-  state, metrics = compiled(state, sim.data)
-  out = _host(*distributed.fetch((state.server["params"], metrics)))
-  out["collectives"] = ops
-  return out
+  sims = []
+  for label in labels:
+    _, name, m = next(c for c in CONFIGS if c[0] == label)
+    problem, alg = algorithms()[name]
+    sims.append(fedco.Simulator(problem, alg, data, batch_size=BATCH, clients_per_round=m,
+                                mesh=mesh))
+  data = sims[0].data  # the same for every simulator (replicated once on a mesh)
+  x0, key = jnp.full((3,), X0), jax.random.PRNGKey(SEED)  # as Simulator.init(x0, SEED)
+  replicated = None
+  if mesh is not None:
+    replicated = sims[0]._replicated
+    x0, key = jax.device_put((x0, key), replicated)
+
+  def scoped(fn):
+    """``fn(sim, own, *shared)`` for every configuration (``own``: its entry of
+    ``per_config``), each traced in a scope named by its label."""
+    def all_configs(per_config, *shared):
+      outs = []
+      for label, sim, own in zip(labels, sims, per_config):
+        with jax.named_scope(label):
+          outs.append(fn(sim, own, *shared))
+      return outs
+    return all_configs
+
+  placed = {} if mesh is None else {"out_shardings": replicated}  # as Simulator.run places it
+  states = jax.jit(scoped(lambda sim, _, x, k, d: sim._init(x, k, d)), **placed)(
+      [None] * len(sims), x0, key, data)
+  run_all = scoped(lambda sim, state, d: sim._run_rounds(state, d, rounds=ROUNDS))
+  compiled = jax.jit(run_all).lower(states, data).compile()
+  outs = compiled(states, data)
+  fetched = distributed.fetch([(state.server["params"], metrics) for state, metrics in outs])
+  results = {label: _host(*f) for label, f in zip(labels, fetched)}
+  collectives = {}
+  for line in compiled.as_text().splitlines():
+    mt = COLLECTIVE.match(line)
+    if mt:
+      scope = OP_NAME.search(line)
+      parts = scope.group(1).split("/") if scope else []
+      owner = parts[1] if len(parts) > 1 and parts[1] in labels else ""
+      collectives.setdefault(owner, set()).add((mt.group(2), mt.group(1)))
+  return results, {k: sorted(v) for k, v in collectives.items()}
+
+
+def run_each(data, mesh, timing=None):
+  """Every configuration of :data:`CONFIGS`: FedAvg through ``fedco.simulate``
+  (:func:`run_config`), the others through :func:`run_compiled`; ``(results, collectives)``.
+  """
+  timing = {} if timing is None else timing
+  t = time.perf_counter()
+  results = {"fedavg": run_config("fedavg", data, mesh)}
+  timing["fedavg"] = time.perf_counter() - t
+  t = time.perf_counter()
+  compiled, collectives = run_compiled([c[0] for c in CONFIGS if c[0] != "fedavg"], data, mesh)
+  timing["compiled"] = time.perf_counter() - t
+  results.update(compiled)
+  return {label: results[label] for label, _, _ in CONFIGS}, collectives
 
 
 def main():
@@ -210,14 +279,8 @@ def main():
   report = {"process": args.process_id, "generated": generated, "owned": mine,
             "shards": shards, "num_blocks": data.num_blocks, "max_count": data.max_count,
             "rows": int(examples.shape[0])}
-  results, timing = {}, {"setup": time.perf_counter() - start}
-  for label, _, _ in CONFIGS:
-    t = time.perf_counter()
-    run = run_config if label == "fedavg" else run_compiled
-    results[label] = run(label, data, mesh)
-    timing[label] = time.perf_counter() - t
-  report["timing"] = timing
-  report["collectives"] = {l: r["collectives"] for l, r in results.items() if "collectives" in r}
+  report["timing"] = {"setup": time.perf_counter() - start}
+  results, report["collectives"] = run_each(data, mesh, report["timing"])
   if args.process_id == 0:
     report["results"] = results
   report["seconds"] = time.perf_counter() - start

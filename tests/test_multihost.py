@@ -5,8 +5,13 @@ and 1 of a ``jax.distributed`` run (a free localhost port as the coordinator, 2 
 each, so 4 global devices), and a one-process side (``--single``, 4 devices). Each worker
 generates only the clients :func:`fedco.runtime.distributed.process_clients` gives it
 (7 clients: 0-3 on process 0, 4-6 and one padding block on process 1), builds sharded data
-with ``distributed.global_data`` and runs FedAvg, ComFedL, Local-SCGDM, FedDRO (y averaged
-every step; full and 3-of-7 participation) and DS-FedDRO for 3 rounds on the 4-device mesh.
+with ``distributed.global_data`` and runs every algorithm of ``tests/mesh_check.py``'s registry
+(18) with all 7 clients, and FedDRO (y averaged every step), MB-SGD (round-start refresh),
+DRFA (server loss queries), TR-MAML (reported losses) and primal-dual DRO (a weight per
+example id) with 3 of 7 clients sampled, for 3 rounds on the 4-device mesh
+(:data:`tests.multihost_worker.CONFIGS`). FedAvg runs through ``fedco.simulate``; the other
+configurations are traced into one compiled program, each in a named scope, so every compiled
+collective names its configuration.
 The one-process side computes the reference on one device from all clients' data, compiles
 FedDRO on the same sharded arrays without the client-block layout (to show the collectives
 check can fail) and runs DRFA with sampling and faults on client-block data over 4 devices.
@@ -45,7 +50,7 @@ def _free_port():
 def multihost(tmp_path_factory):
   out = tmp_path_factory.mktemp("multihost")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-         "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compile time dominates: 6 programs x 2
+         "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compile time dominates
   env.pop("XLA_FLAGS", None)  # devices per process come from initialize(local_device_count=2)
   port = _free_port()
   procs, logs = [], []
@@ -120,9 +125,11 @@ def test_no_collective_carries_examples(multihost):
   assert any(worker.carries_examples(s, max_n, rows) for _, s in single["plain"])
   assert not any(worker.carries_examples(s, max_n, rows) for _, s in single["blocks"])
   for r in reports:
-    assert set(r["collectives"]) == {c[0] for c in worker.CONFIGS if c[0] != "fedavg"}
-    for label, ops in r["collectives"].items():
-      assert any(op == "all-reduce" for op, _ in ops), (label, ops)  # averaging crosses devices
+    collectives = dict(r["collectives"])
+    outside = collectives.pop("", [])  # in the compiled program but in no configuration
+    assert set(collectives) == {c[0] for c in worker.CONFIGS if c[0] != "fedavg"}
+    for label, ops in list(collectives.items()) + [("", outside)]:
+      assert not label or any(op == "all-reduce" for op, _ in ops), (label, ops)  # averaging
       for op, shape in ops:
         assert not worker.carries_examples(shape, max_n, rows), (r["process"], label, op, shape)
 

@@ -320,7 +320,7 @@ class Simulator:
     bn, wn = draw_batch(kn, index_row, count, examples, self.batch_size)
     grad_h_fn, kwargs = oracle_args(self.problem, bg, bf, bn, (wg, wf, wn))
     grad_h = None if grad_h_fn is None else grad_h_fn(params)
-    if row_offset is not None:  # resident: rows are within the client's block
+    if row_offset is not None:  # resident: block-local rows -> compact example ids
       rows = rows + row_offset
     return self.algorithm.update(grad_h, cstate, params, round_key=round_key,
                                  local_step=local_step, example_rows=rows, **kwargs)
@@ -425,7 +425,10 @@ class Simulator:
     ``ids`` are the slots' clients (``K`` on padding blocks), ``examples`` the blocks
     ``[B, max_n, ...]`` (a reshape of the sharded rows: no data moves), ``index`` block-local
     rows (a padding block reads its own rows with client ``K - 1``'s pattern and weight 0),
-    ``counts`` and ``offsets`` the global row of each block's first row.
+    ``counts``, and ``offsets`` the id of each client's first example in the compact
+    numbering (clients' examples in order, no padding: ``sum(counts[:k])``), so the
+    ``example_rows`` an algorithm sees are the ones a one-process ``FederatedData`` of the
+    same clients gives (primal-dual DRO keeps a weight per id).
     """
     n, rows, b = self.num_clients, data.max_count, data.num_blocks
     ids = jnp.minimum(jnp.arange(b), n)
@@ -433,7 +436,8 @@ class Simulator:
     examples = jax.tree.map(lambda a: a.reshape((b, rows) + a.shape[1:]), data.examples)
     index = jnp.take(data.index, real, axis=0) - (real * rows)[:, None]
     counts = jnp.take(data.counts, real)
-    offsets = jnp.arange(b, dtype=jnp.int32) * rows
+    starts = jnp.cumsum(data.counts.astype(jnp.int32)) - data.counts.astype(jnp.int32)
+    offsets = jnp.take(starts, real)
     return (ids,) + self._place((examples, index, counts, offsets))
 
   def _refresh_inner(self, data, cst, params, ckeys, index, counts, w, blocks=None):
