@@ -36,14 +36,18 @@ Timed sides (one process, repeats alternating, medians reported):
    only the local steps is not enough: an enclosing rounds ``scan``, even of length 1, keeps
    the convolutions on the slow path).
 
-Why side 4 exists: XLA:CPU runs the backward convolutions of a ``while`` loop body (every
-``lax.scan``) with non-canonical dimension labels (``b01f_01oi->b01f``,
+Why side 4 and the diagnostic exist: XLA:CPU runs the backward convolutions of a ``while``
+loop body (every ``lax.scan``) with non-canonical dimension labels (``b01f_01oi->b01f``,
 ``f01b_i01o->01bf``) through a slow generic emitter, about 10x slower than the same step
 outside a loop, where they are canonicalised to ``b01f_01io->b01f``
-(https://github.com/jax-ml/jax/issues/12868, open). ``while_loop_diagnostic`` in the JSON
-measures one SGD step of the model on a batch of 32 as a single jitted call, inside a rolled
-``lax.scan`` and inside an unrolled one, and counts the dimension labels of the compiled
-convolutions.
+(https://github.com/jax-ml/jax/issues/12868, open). fedco's models therefore default to
+``conv_impl="auto"``, which on the CPU computes convolutions as im2col matrix products and
+the pool as a reshape-max (``fedco.models.layers``): no convolution op is left to hit that
+path. ``--conv_impl=xla`` times the ``lax.conv_general_dilated`` model instead (about 30x
+slower per round here). ``while_loop_diagnostic`` in the JSON measures, for both
+implementations, one SGD step of the model on a batch of 32 as a single jitted call, inside a
+rolled ``lax.scan`` and inside an unrolled one, and counts the dimension labels of the
+compiled convolutions (none for ``matmul``).
 
 Ratios: ``fedco rounds/s / faster torch rounds/s`` (target: fedco not slower, >= 1),
 ``fedco seconds per round / central seconds per round-equivalent``, and the same two for

@@ -251,7 +251,6 @@ def main():
   distributed.initialize(f"localhost:{args.port}", args.num_processes, args.process_id,
                          local_device_count=DEVICES_PER_PROCESS, initialization_timeout=60)
   import jax
-  import jax.numpy as jnp
   import fedco
   assert jax.process_count() == args.num_processes, jax.process_count()
   assert jax.device_count() == DEVICES_PER_PROCESS * args.num_processes, jax.devices()
