@@ -66,6 +66,22 @@ def test_conv_module_has_nn_conv_parameters():
                                  rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,groups", [((3, 6, 5, 8), 8), ((2, 4, 4, 16), 4), ((2, 7, 6), 3)])
+def test_group_norm_matches_flax(shape, groups):
+  x = 3.0 + 2.0 * _rand(5, shape)  # a non-zero mean, as activations have
+  ours, flax = layers.GroupNorm(groups, 1e-5), nn.GroupNorm(num_groups=groups, epsilon=1e-5)
+  params = flax.init(jax.random.PRNGKey(0), x)
+  assert jax.tree.structure(ours.init(jax.random.PRNGKey(0), x)) == jax.tree.structure(params)
+  params = jax.tree.map(lambda a: a + 0.1 * _rand(6, a.shape), params)  # scale != 1, bias != 0
+  np.testing.assert_allclose(ours.apply(params, x), flax.apply(params, x), rtol=1e-4, atol=1e-4)
+  loss = lambda m: lambda p, x: jnp.sum(jnp.sin(m.apply(p, x)))
+  grads = lambda m: jax.jit(jax.grad(loss(m), argnums=(0, 1)))(params, x)
+  for got, want in zip(jax.tree.leaves(grads(ours)), jax.tree.leaves(grads(flax))):
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+  with pytest.raises(ValueError, match="num_groups"):
+    layers.GroupNorm(5).init(jax.random.PRNGKey(0), x)
+
+
 def test_auto_is_matmul_on_cpu():
   assert jax.default_backend() == "cpu"
   assert layers.resolve_impl("auto") == "matmul"

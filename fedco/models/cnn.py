@@ -18,7 +18,8 @@ The two models differ only in the normalization, because they serve different pr
 
 * ``CNN4`` is for per-example problems (paper 001's DRO and DA-MAML on CIFAR-10): fedco
   vmaps the model over SINGLE images, so it must not use batch statistics. It uses
-  ``nn.GroupNorm`` with ``group_count(filters)`` groups (8 groups of 4 channels at the
+  GroupNorm (``fedco.models.layers.GroupNorm``: ``nn.GroupNorm``'s parameters and values,
+  computed from per-channel moments) with ``group_count(filters)`` groups (8 groups of 4 channels at the
   default ``filters=32``): statistics over one image's (H, W, channels-of-the-group), so
   the output for an image does not depend on the rest of the batch, and its learnable scale
   and bias cost the same ``2 * filters`` parameters per block as batch norm's. GroupNorm
@@ -52,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from fedco import _validate
-from fedco.models.layers import CONV_IMPLS, Conv, max_pool_2x2
+from fedco.models.layers import CONV_IMPLS, Conv, GroupNorm, max_pool_2x2
 
 NORMS = ("group", "none")
 MAX_GROUPS = 8  # GroupNorm groups: gcd(channels, 8), i.e. 8 for any multiple of 8 channels
@@ -149,7 +150,7 @@ class CNN4(nn.Module):
     x, single = _image_batch(x, "CNN4")
     for i in range(4):
       if self.norm == "group":
-        norm = nn.GroupNorm(num_groups=group_count(self.filters), epsilon=1e-5, name=f"norm_{i}")
+        norm = GroupNorm(num_groups=group_count(self.filters), epsilon=1e-5, name=f"norm_{i}")
       else:
         norm = lambda h: h
       x = _conv_block(x, self.filters, norm, self.norm == "none", i, self.conv_impl)

