@@ -49,6 +49,29 @@ def cross_entropy(params, example):
   return jax.nn.logsumexp(logits) - logits[example["y"]]
 
 
+def define_timing_flags(name: str, *, rounds: int, torch_rounds: int, repeats: int,
+                        x64_check: bool = False) -> None:
+  """The flags every fedco-against-PyTorch program shares (call once, at import):
+  ``--rounds``, ``--torch_rounds``, ``--repeats``, ``--torch_one_thread``, ``--out`` (default
+  ``benchmarks/results/<name>.json``) and, with ``x64_check``, ``--x64_check`` and
+  ``--check_only`` (the float64 subprocess)."""
+  from absl import flags
+  flags.DEFINE_integer("rounds", rounds, "Rounds per fedco repeat (and per central repeat).")
+  flags.DEFINE_integer("torch_rounds", torch_rounds, "Rounds per repeat of the PyTorch loop.")
+  flags.DEFINE_integer("repeats", repeats, "Timed repeats per side; the median is reported.")
+  flags.DEFINE_boolean("torch_one_thread", True,
+                       "Also time the PyTorch loop with torch.set_num_threads(1) (side "
+                       "'torch_1t'). On a loaded 2-core machine torch's 2 OpenMP threads "
+                       "oversubscribe the cores and can run far slower than 1 thread; the "
+                       "targets are judged against the faster torch side.")
+  flags.DEFINE_string("out", f"benchmarks/results/{name}.json", "Where to write the JSON.")
+  if x64_check:
+    flags.DEFINE_boolean("x64_check", True, "Repeat the checks in float64 (a subprocess with "
+                         "JAX_ENABLE_X64=1).")
+    flags.DEFINE_boolean("check_only", False, "Only run the checks and write them to --out "
+                         "(used for the float64 subprocess).")
+
+
 def make_problem_and_algorithm(name: str, local_steps: int):
   """``(problem, algorithm)`` of the logistic workload for ``name``."""
   h = HYPER[name]

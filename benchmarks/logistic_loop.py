@@ -42,11 +42,8 @@ Run::
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import platform
 import statistics
-import sys
 import time
 from typing import Any, Callable, Dict, List
 

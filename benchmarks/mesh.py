@@ -198,7 +198,7 @@ def main(argv):
   with tempfile.TemporaryDirectory() as t1, tempfile.TemporaryDirectory() as t8:
     one, arr1 = _run_worker("1dev", {}, t1)
     eight, arr8 = _run_worker("8dev", {"XLA_FLAGS": xla_flags}, t8)
-  results, rows = {}, []
+  results = {}
   for case in FLAGS.cases:
     ref_keys = [k for k in arr1 if k.startswith(f"{case}|none|")]
     runs = {"1dev/none": one["cases"][case]["none"], "1dev/mesh1": one["cases"][case]["mesh1"],

@@ -104,13 +104,7 @@ from fedco.models.layers import resolve_impl
 from fedco.runtime.simulator import draw_batch
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 1, "Rounds per fedco repeat (and per central repeat).")
-flags.DEFINE_integer("torch_rounds", 1, "Rounds per repeat of the PyTorch loop.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats per side; the median is reported.")
-flags.DEFINE_boolean("torch_one_thread", True,
-                     "Also time the PyTorch loop with torch.set_num_threads(1) (side "
-                     "'torch_1t'); the target is judged against the faster torch side.")
-flags.DEFINE_string("out", "benchmarks/results/torch_conv.json", "Where to write the JSON.")
+C.define_timing_flags("torch_conv", rounds=1, torch_rounds=1, repeats=3, x64_check=True)
 flags.DEFINE_integer("clients", 10, "Clients (all participate every round).")
 flags.DEFINE_integer("local_steps", 5, "Local steps per round (tau).")
 flags.DEFINE_integer("batch_size", 32, "Images per client per step (b).")
@@ -123,11 +117,6 @@ flags.DEFINE_enum("conv_impl", "auto", ["auto", "matmul", "xla"],
                   "matmul, i.e. im2col, on the CPU). The while-loop diagnostic runs both.")
 flags.DEFINE_integer("check_examples", 16,
                      "Images per client in the one-round check (whole-data batches).")
-flags.DEFINE_boolean("x64_check", True,
-                     "Repeat both checks in float64 (a subprocess with JAX_ENABLE_X64=1).")
-flags.DEFINE_boolean("check_only", False,
-                     "Only run the checks and write them to --out (used for the float64 "
-                     "subprocess).")
 flags.DEFINE_integer("seed", 0, "Seed for data, parameters and batches.")
 
 TARGET_VS_TORCH = 1.0

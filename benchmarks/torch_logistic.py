@@ -73,15 +73,7 @@ import fedco
 from benchmarks import _common as C
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 50, "Rounds per fedco repeat (and per central repeat).")
-flags.DEFINE_integer("torch_rounds", 2, "Rounds per repeat of the PyTorch loop.")
-flags.DEFINE_integer("repeats", 5, "Timed repeats per side; the median is reported.")
-flags.DEFINE_boolean("torch_one_thread", True,
-                     "Also time the PyTorch loop with torch.set_num_threads(1) (side "
-                     "'torch_1t'). On a loaded 2-core machine torch's 2 OpenMP threads "
-                     "oversubscribe the cores and run up to 10x slower than 1 thread; the "
-                     "targets are judged against the faster torch side.")
-flags.DEFINE_string("out", "benchmarks/results/torch_logistic.json", "Where to write the JSON.")
+C.define_timing_flags("torch_logistic", rounds=50, torch_rounds=2, repeats=5)
 flags.DEFINE_list("algorithms", list(C.ALGORITHM_NAMES),
                   "Comma list from fedavg, comfedl, local_scgdm, feddro.")
 flags.DEFINE_integer("clients", 10, "Clients (all participate every round).")

@@ -81,13 +81,7 @@ from fedco.models.mlp import MLP, init_mlp
 from fedco.problems.maml import MAML
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 20, "Rounds per fedco repeat (and per central repeat).")
-flags.DEFINE_integer("torch_rounds", 1, "Rounds per repeat of the PyTorch loop.")
-flags.DEFINE_integer("repeats", 5, "Timed repeats per side; the median is reported.")
-flags.DEFINE_boolean("torch_one_thread", True,
-                     "Also time the PyTorch loop with torch.set_num_threads(1) (side "
-                     "'torch_1t'); the targets are judged against the faster torch side.")
-flags.DEFINE_string("out", "benchmarks/results/torch_sinusoid.json", "Where to write the JSON.")
+C.define_timing_flags("torch_sinusoid", rounds=20, torch_rounds=1, repeats=5, x64_check=True)
 flags.DEFINE_integer("clients", 5, "Clients (must divide the 25 training tasks).")
 flags.DEFINE_integer("local_steps", 5, "Local steps per round (p).")
 flags.DEFINE_integer("tasks_per_step", 3, "Tasks per client per local step.")
@@ -97,11 +91,7 @@ flags.DEFINE_float("inner_lr", 0.001, "MAML inner learning rate (one inner step)
 flags.DEFINE_float("lr", 0.01, "Local-BSGD (ComFedL-MAML) meta learning rate.")
 flags.DEFINE_integer("episodes_per_client", 1000, "Pre-drawn episodes per client.")
 flags.DEFINE_integer("seed", 0, "Seed for tasks, episodes, parameters and draws.")
-flags.DEFINE_boolean("x64_check", True,
-                     "Repeat both checks in float64 (a subprocess with JAX_ENABLE_X64=1).")
-flags.DEFINE_boolean("check_only", False,
-                     "Only run the checks and write them to --out (used for the float64 "
-                     "subprocess).")
+
 
 TARGET_VS_TORCH = 30.0
 TARGET_VS_CENTRAL = 1.5
