@@ -57,6 +57,7 @@ import fedco
 from experiments import common
 from fedco.data import imbalanced, partition, sources
 from fedco.models import CNN4, LogisticRegression, ResNet20, accuracy, cross_entropy
+from fedco.models.layers import CONV_IMPLS
 
 ALGORITHMS = ("feddro", "ds_feddro", "fastdro", "primal_dual", "mbsgd", "fedavg")
 LABELS = {"feddro": "FedDRO", "ds_feddro": "DS-FedDRO", "fastdro": "FastDRO",
@@ -78,6 +79,10 @@ def define_flags():
   flags.DEFINE_string("data_dir", None, "TFDS data directory (array_record format).")
   flags.DEFINE_enum("model", "resnet20", list(MODELS), "ResNet20 (paper), CNN4 or linear.")
   flags.DEFINE_integer("width", 16, "ResNet20 base width (16: the CIFAR ResNet20).")
+  flags.DEFINE_enum("conv_impl", "auto", ["auto", "matmul", "xla"],
+                    "ResNet20/CNN4 convolutions: im2col matrix products (matmul; auto on the "
+                    "CPU, fast inside the simulator's loops, slower to compile) or "
+                    "lax.conv_general_dilated (xla; auto elsewhere).")
   flags.DEFINE_list("algorithms", list(ALGORITHMS), f"Comma list from {', '.join(ALGORITHMS)}.")
   flags.DEFINE_integer("num_clients", 8, "Clients (equal random split of the training rows).")
   flags.DEFINE_integer("rounds", 120, "Communication rounds.")
@@ -106,6 +111,7 @@ def define_flags():
 
 
 def validate(workdir, *, dataset="cifar10", data_dir=None, model="resnet20", width=16,
+             conv_impl="auto",
              algorithms=ALGORITHMS, num_clients=8, rounds=120, local_steps=(1,),
              fedavg_local_steps=5, sweep="none", sweep_values=(), batch_size=16,
              learning_rate=0.01, lr_drop_round=90, lam=1.0, shift=0.0, beta=0.5,
@@ -118,6 +124,8 @@ def validate(workdir, *, dataset="cifar10", data_dir=None, model="resnet20", wid
     raise ValueError(f"--dataset must be one of {imbalanced.ST_DATASETS}, got {dataset!r}")
   if model not in MODELS:
     raise ValueError(f"--model must be one of {MODELS}, got {model!r}")
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"--conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
   algorithms = common.check_names("algorithms", algorithms, ALGORITHMS)
   if sweep not in SWEEPS:
     raise ValueError(f"--sweep must be one of {SWEEPS}, got {sweep!r}")
@@ -150,7 +158,7 @@ def validate(workdir, *, dataset="cifar10", data_dir=None, model="resnet20", wid
   if data_dir is not None and (not isinstance(data_dir, str) or not data_dir.strip()):
     raise ValueError(f"--data_dir must be a folder path, got {data_dir!r}")
   return {"workdir": common.check_workdir(workdir), "dataset": dataset, "data_dir": data_dir,
-          "model": model, "width": width, "algorithms": algorithms,
+          "model": model, "width": width, "conv_impl": conv_impl, "algorithms": algorithms,
           "num_clients": num_clients, "rounds": rounds, "local_steps": local_steps,
           "fedavg_local_steps": fedavg_local_steps, "sweep": sweep,
           "batch_size": batch_size, "learning_rate": learning_rate,
@@ -181,9 +189,10 @@ def runs(config) -> List[Dict[str, Any]]:
 
 def make_model(config, num_classes: int):
   if config["model"] == "resnet20":
-    return ResNet20(num_classes=num_classes, width=config["width"])
+    return ResNet20(num_classes=num_classes, width=config["width"],
+                    conv_impl=config["conv_impl"])
   if config["model"] == "cnn4":
-    return CNN4(num_classes=num_classes)
+    return CNN4(num_classes=num_classes, conv_impl=config["conv_impl"])
   return LogisticRegression(num_classes)
 
 
@@ -368,7 +377,7 @@ def main(argv):
   common.quiet_logs()
   try:
     run(FLAGS.workdir, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, model=FLAGS.model,
-        width=FLAGS.width, algorithms=FLAGS.algorithms, num_clients=FLAGS.num_clients,
+        width=FLAGS.width, conv_impl=FLAGS.conv_impl, algorithms=FLAGS.algorithms, num_clients=FLAGS.num_clients,
         rounds=FLAGS.rounds, local_steps=FLAGS.local_steps,
         fedavg_local_steps=FLAGS.fedavg_local_steps, sweep=FLAGS.sweep,
         sweep_values=FLAGS.sweep_values, batch_size=FLAGS.batch_size,

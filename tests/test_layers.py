@@ -93,10 +93,15 @@ def test_auto_is_matmul_on_cpu():
     (lambda impl: ResNet20(width=4, conv_impl=impl), (8, 8, 3)),
 ])
 def test_models_agree_across_implementations(make, shape):
-  params = init_cnn(make("xla"), shape, seed=1)
+  params = make("xla").init(jax.random.PRNGKey(1), jnp.zeros(shape))  # eager: no compile
   shapes = lambda impl: jax.eval_shape(make(impl).init, jax.random.PRNGKey(0), jnp.zeros(shape))
   assert shapes("matmul") == shapes("xla")  # same parameters (values: the Conv test above)
   x = _rand(4, (3,) + shape if len(shape) == 3 else shape)
+  if isinstance(make("xla"), ResNet20):  # forward only, eagerly: its gradients take 20 s to
+    # compile; stride 2, explicit padding and 1x1 VALID convolutions are differentiated above
+    np.testing.assert_allclose(make("matmul").apply(params, x), make("xla").apply(params, x),
+                               rtol=1e-4, atol=1e-5)
+    return
   loss = lambda impl: lambda p: jnp.sum(jnp.sin(make(impl).apply(p, x)))
   value_and_grad = lambda impl: jax.jit(jax.value_and_grad(loss(impl)))(params)
   (got_value, got_grad), (want_value, want_grad) = value_and_grad("matmul"), value_and_grad("xla")
