@@ -431,3 +431,71 @@ def format_table(rows: Sequence[Mapping[str, Any]],
   out = [line(columns), line("-" * w for w in widths)]
   out += [line(row) for row in cells]
   return "\n".join(out)
+
+
+def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: str = "round",
+                     labels: Optional[Sequence[str]] = None, band: Optional[float] = None,
+                     label_names=None, skip_missing: bool = False) -> List[str]:
+  """One line per algorithm label: the mean of ``key`` over the records at each ``x`` value.
+
+  The records (``metrics.jsonl``-style dicts with an ``"algorithm"`` field, one per seed and
+  ``x`` value, say) of each label are grouped by ``x``; the line joins the means over each
+  group, in increasing ``x``, and ``band`` adds a mean +- standard deviation band.
+
+  Args:
+    ax: the matplotlib axes to draw on.
+    records: the records.
+    key: the value to average (every record of a drawn label must hold it, unless
+      ``skip_missing``).
+    x: the x-axis field (``"round"``, ``"iteration"``, ...).
+    labels: the labels to draw, in this order (default: every label, in order of first
+      appearance in ``records``).
+    band: the alpha of the +- std band, filled in the line's colour; ``None``: no band.
+    label_names: the legend text of a label: a mapping (labels it lacks stand for
+      themselves) or a callable; default: the label itself.
+    skip_missing: leave out the records whose ``key`` is missing or ``None``.
+
+  Returns:
+    The labels drawn, in order.
+  """
+  if labels is None:
+    labels = list(dict.fromkeys(r["algorithm"] for r in records))
+  if label_names is None:
+    name = lambda label: label
+  elif callable(label_names):
+    name = label_names
+  else:
+    name = lambda label: label_names.get(label, label)
+  for label in labels:
+    rows = [r for r in records if r["algorithm"] == label and
+            (not skip_missing or r.get(key) is not None)]
+    xs = sorted({r[x] for r in rows})
+    values = [[r[key] for r in rows if r[x] == t] for t in xs]
+    mean = np.array([np.mean(v) for v in values])
+    line, = ax.plot(xs, mean, label=name(label))
+    if band is not None:
+      std = np.array([np.std(v) for v in values])
+      ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=band)
+  return list(labels)
+
+
+def sweep_label_names(names: Mapping[str, str], sep: str = "_I="):
+  """A ``label_names`` for :func:`plot_mean_curves` where a label may be
+  ``<algorithm><sep><value>`` (one run of a sweep, say ``fedavg_I=5``): the algorithm's name in
+  ``names`` (or the algorithm itself), then the rest of the label with ``_`` as a space
+  (``FedAvg I=5``)."""
+  def name(label: str) -> str:
+    algorithm = label.split(sep)[0]
+    return names.get(algorithm, algorithm) + (
+        label[len(algorithm):].replace("_", " ") if sep in label else "")
+  return name
+
+
+def save_with_legend(wd: "Workdir", fig, legend_ax, name: str, *, legend: bool = True,
+                     **legend_kwargs) -> str:
+  """Put the legend on ``legend_ax`` (when ``legend``: say, when any line was drawn), lay
+  ``fig`` out tightly and save it as ``name`` in ``wd``; returns the path."""
+  if legend:
+    legend_ax.legend(**legend_kwargs)
+  fig.tight_layout()
+  return wd.save_figure(fig, name)

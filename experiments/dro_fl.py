@@ -27,12 +27,10 @@ two panels: average and worst validation accuracy against rounds).
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List
 
 from absl import app
 from absl import flags
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 import fedco
@@ -257,19 +255,12 @@ def plot(wd, records, config):
   labels = sorted({r["algorithm"] for r in records})
   for ax, key, title in zip(axes, ("val_acc_avg", "val_acc_worst"),
                             ("average client accuracy", "worst client accuracy")):
-    for label in labels:
-      rows = [r for r in records if r["algorithm"] == label]
-      rounds = sorted({r["round"] for r in rows})
-      mean = [np.mean([r[key] for r in rows if r["round"] == t]) for t in rounds]
-      ax.plot(rounds, mean, label=LABELS.get(label, label))
+    common.plot_mean_curves(ax, records, key, labels=labels, label_names=LABELS)
     ax.set_xlabel("round")
     ax.set_ylabel(f"validation {title}")
     ax.set_title(f"{config['dataset']}: {title}")
     ax.grid(alpha=0.3)
-  if labels:
-    axes[0].legend()
-  fig.tight_layout()
-  wd.save_figure(fig, "accuracy.png")
+  common.save_with_legend(wd, fig, axes[0], "accuracy.png", legend=bool(labels))
 
 
 def main(argv):

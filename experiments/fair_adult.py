@@ -43,7 +43,6 @@ from typing import Any, Dict, List
 from absl import app
 from absl import flags
 import jax.numpy as jnp
-import numpy as np
 
 import fedco
 from experiments import common
@@ -246,31 +245,19 @@ def summarize(finals, config, seconds) -> Dict[str, Any]:
 def plot(wd, records, config):
   fig = common.figure(figsize=(11, 8))
   axes = fig.subplots(2, 2)
-  labels = list(dict.fromkeys(r["algorithm"] for r in records))
   panels = (("test_acc", "test accuracy"), ("test_max_violation", "test max violation"),
             ("train_acc", "train accuracy"), ("train_max_violation", "train max violation"))
   for ax, (key, title) in zip(axes.ravel(), panels):
-    for label in labels:
-      rows = [r for r in records if r["algorithm"] == label and r.get(key) is not None]
-      rounds = sorted({r["round"] for r in rows})
-      vals = [[r[key] for r in rows if r["round"] == t] for t in rounds]
-      mean = np.array([np.mean(v) for v in vals])
-      std = np.array([np.std(v) for v in vals])
-      name = label.split("_I=")[0]
-      text = LABELS.get(name, name) + (label[len(name):].replace("_", " ") if "_I=" in label
-                                       else "")
-      line, = ax.plot(rounds, mean, label=text)
-      ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    common.plot_mean_curves(ax, records, key, band=0.2,
+                            label_names=common.sweep_label_names(LABELS),
+                            skip_missing=True)
     if "violation" in key:
       ax.axhline(0.0, color="k", lw=0.8, ls=":")
     ax.set_xlabel("round")
     ax.set_ylabel(title)
     ax.set_title(f"Adult, {config['num_clients']} clients: {title}")
     ax.grid(alpha=0.3)
-  if labels:
-    axes[0, 0].legend()
-  fig.tight_layout()
-  wd.save_figure(fig, "fairness.png")
+  common.save_with_legend(wd, fig, axes[0, 0], "fairness.png", legend=bool(records))
 
 
 def main(argv):

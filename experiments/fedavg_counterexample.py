@@ -25,8 +25,6 @@ workdir (see :mod:`experiments.common`) and prints a table of final distances.
 
 from __future__ import annotations
 
-import math
-import numbers
 import sys
 from typing import Any, Dict, Sequence, Union
 

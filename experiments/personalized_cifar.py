@@ -514,26 +514,15 @@ def summarize(finals, config, sizes) -> Dict[str, Any]:
 def plot(wd, records, config):
   fig = common.figure(figsize=(14, 4))
   axes = fig.subplots(1, 3)
-  labels = list(dict.fromkeys(r["algorithm"] for r in records))
   panels = (("val_loss_avg", "mean validation loss"),
             ("val_acc_avg", "mean validation accuracy"),
             ("val_acc_worst", "worst-client validation accuracy"))
   for ax, (key, title) in zip(axes, panels):
-    for label in labels:
-      rows = [r for r in records if r["algorithm"] == label]
-      rounds = sorted({r["round"] for r in rows})
-      vals = [[r[key] for r in rows if r["round"] == t] for t in rounds]
-      mean = np.array([np.mean(v) for v in vals])
-      std = np.array([np.std(v) for v in vals])
-      line, = ax.plot(rounds, mean, label=LABELS.get(label, label))
-      ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    common.plot_mean_curves(ax, records, key, band=0.15, label_names=LABELS)
     ax.set_xlabel("round")
     ax.set_title(f"{config['dataset']} (rho={config['rho']:g}): {title}", fontsize=9)
     ax.grid(alpha=0.3)
-  if labels:
-    axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  wd.save_figure(fig, "curves.png")
+  common.save_with_legend(wd, fig, axes[0], "curves.png", legend=bool(records), fontsize=8)
 
 
 def main(argv):

@@ -311,25 +311,14 @@ def summarize(finals, config) -> Dict[str, Any]:
 def plot_curves(wd, records, config):
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
-  labels = list(dict.fromkeys(r["algorithm"] for r in records))
   for ax, key, title in zip(axes, ("train_mse", "val_mse"),
                             ("training tasks", "unseen test tasks")):
-    for label in labels:
-      rows = [r for r in records if r["algorithm"] == label]
-      its = sorted({r["iteration"] for r in rows})
-      vals = [[r[key] for r in rows if r["iteration"] == t] for t in its]
-      mean = np.array([np.mean(v) for v in vals])
-      std = np.array([np.std(v) for v in vals])
-      line, = ax.plot(its, mean, label=LABELS.get(label, label))
-      ax.fill_between(its, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    common.plot_mean_curves(ax, records, key, x="iteration", band=0.15, label_names=LABELS)
     ax.set_xlabel("meta-iteration")
     ax.set_ylabel("post-adaptation MSE")
     ax.set_title(f"sinusoid: {title}")
     ax.grid(alpha=0.3)
-  if labels:
-    axes[0].legend()
-  fig.tight_layout()
-  wd.save_figure(fig, "mse.png")
+  common.save_with_legend(wd, fig, axes[0], "mse.png", legend=bool(records))
 
 
 def plot_fit(wd, fitted, meta, config):
