@@ -136,7 +136,8 @@ def test_bad_conv_impl_is_named(bad):
       make(**bad)
   with pytest.raises(ValueError, match="conv_impl"):
     layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), impl="cudnn")
-  with pytest.raises(ValueError, match="strides"):
-    layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), strides=0)
+  for strides in (0, 1.5, (1, 2, 3), (True, 1)):
+    with pytest.raises(ValueError, match="strides"):
+      layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), strides=strides)
   with pytest.raises(ValueError, match="same C"):
     layers.conv2d(jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 1, 1)))

@@ -62,7 +62,11 @@ def resolve_impl(impl: str) -> str:
 
 
 def _pairs(name: str, value, rank: int = 2) -> Tuple[int, ...]:
-  value = (value,) * rank if isinstance(value, int) else tuple(value)
+  try:
+    value = (value,) * rank if isinstance(value, int) else tuple(value)
+  except TypeError:
+    raise ValueError(f"{name} must be a positive int or {rank} positive ints, got "
+                     f"{value!r}") from None
   if len(value) != rank or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                for v in value):
     raise ValueError(f"{name} must be a positive int or {rank} positive ints, got {value!r}")
