@@ -19,8 +19,8 @@ The two models differ only in the normalization, because they serve different pr
 * ``CNN4`` is for per-example problems (paper 001's DRO and DA-MAML on CIFAR-10): fedco
   vmaps the model over SINGLE images, so it must not use batch statistics. It uses
   GroupNorm (``fedco.models.layers.GroupNorm``: ``nn.GroupNorm``'s parameters and values,
-  computed from per-channel moments) with ``group_count(filters)`` groups (8 groups of 4 channels at the
-  default ``filters=32``): statistics over one image's (H, W, channels-of-the-group), so
+  computed from per-channel moments) with ``group_count(filters)`` groups (8 groups of 4
+  channels at the default ``filters=32``): statistics over one image's (H, W, channels-of-the-group), so
   the output for an image does not depend on the rest of the batch, and its learnable scale
   and bias cost the same ``2 * filters`` parameters per block as batch norm's. GroupNorm
   (Wu & He 2018) is the usual batch-free replacement; LayerNorm is its one-group case and
