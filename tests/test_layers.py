@@ -61,8 +61,8 @@ def test_conv_module_has_nn_conv_parameters():
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(flax)):
       np.testing.assert_array_equal(a, b)
     for impl in ("matmul", "xla"):
-      np.testing.assert_allclose(layers.Conv(4, (3, 3), use_bias=use_bias, impl=impl).apply(ours, x),
-                                 nn.Conv(4, (3, 3), use_bias=use_bias).apply(flax, x),
+      ours_out = layers.Conv(4, (3, 3), use_bias=use_bias, impl=impl).apply(ours, x)
+      np.testing.assert_allclose(ours_out, nn.Conv(4, (3, 3), use_bias=use_bias).apply(flax, x),
                                  rtol=1e-5, atol=1e-5)
 
 

@@ -20,12 +20,13 @@ The two models differ only in the normalization, because they serve different pr
   vmaps the model over SINGLE images, so it must not use batch statistics. It uses
   GroupNorm (``fedco.models.layers.GroupNorm``: ``nn.GroupNorm``'s parameters and values,
   computed from per-channel moments) with ``group_count(filters)`` groups (8 groups of 4
-  channels at the default ``filters=32``): statistics over one image's (H, W, channels-of-the-group), so
-  the output for an image does not depend on the rest of the batch, and its learnable scale
-  and bias cost the same ``2 * filters`` parameters per block as batch norm's. GroupNorm
-  (Wu & He 2018) is the usual batch-free replacement; LayerNorm is its one-group case and
-  does worse on convolutional nets. ``norm="none"`` drops normalization (convolutions then
-  carry a bias). ``filters=32`` is MAML's MiniImagenet width (64 is its Omniglot width).
+  channels at the default ``filters=32``): statistics over one image's (H, W,
+  channels-of-the-group), so the output for an image does not depend on the rest of the
+  batch, and its learnable scale and bias cost the same ``2 * filters`` parameters per
+  block as batch norm's. GroupNorm (Wu & He 2018) is the usual batch-free replacement;
+  LayerNorm is its one-group case and does worse on convolutional nets. ``norm="none"``
+  drops normalization (convolutions then carry a bias). ``filters=32`` is MAML's
+  MiniImagenet width (64 is its Omniglot width).
 * ``OmniglotCNN`` is for MAML on Omniglot (paper 003), where the "example" is a whole task
   and the model sees the task's images together. It is MAML's network exactly: 64 filters
   and batch normalization with the statistics of the batch it is called on, ALWAYS,

@@ -19,12 +19,13 @@ paper's count; the two projections add 2,752 to the 269,722 of option A).
 Normalization (``norm``):
 
 * ``"group"`` (default): GroupNorm (``fedco.models.layers.GroupNorm``, equal to
-  ``nn.GroupNorm``) with ``group_count(channels)`` = ``gcd(channels, 8)`` groups, i.e. 8 groups at 16, 32 and 64 channels (2, 4 and 8 channels per group). Its
-  statistics are over one image's pixels and the channels of a group, so an image's output
-  does not depend on the batch: the model takes ONE image ``[H, W, C]`` -> ``[num_classes]``
-  (what fedco's per-example problems vmap over) or a batch ``[n, H, W, C]`` ->
-  ``[n, num_classes]``, the two agreeing. Its learnable scale and bias have exactly batch
-  norm's parameter count, so the 0.27M total is unchanged.
+  ``nn.GroupNorm``) with ``group_count(channels)`` = ``gcd(channels, 8)`` groups, i.e. 8
+  groups at 16, 32 and 64 channels (2, 4 and 8 channels per group). Its statistics are
+  over one image's pixels and the channels of a group, so an image's output does not
+  depend on the batch: the model takes ONE image ``[H, W, C]`` -> ``[num_classes]`` (what
+  fedco's per-example problems vmap over) or a batch ``[n, H, W, C]`` -> ``[n,
+  num_classes]``, the two agreeing. Its learnable scale and bias have exactly batch norm's
+  parameter count, so the 0.27M total is unchanged.
 * ``"none"``: no normalization; convolutions carry a bias, and the last convolution of each
   residual branch starts at zero, so every block starts as the identity (the SkipInit/Fixup
   remedy, De & Smith 2020, Zhang et al. 2019, for the variance growth of un-normalized
