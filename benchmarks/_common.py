@@ -237,6 +237,37 @@ def alternate(sides: Dict[str, Callable[[], Any]], repeats: int,
                   "compiles_while_timed": compiles[label]} for label in sides}
 
 
+def record_sides(rec: Dict[str, Any], timed: Dict[str, Dict[str, Any]],
+                 sides: Dict[str, Any], torch_sides: Dict[str, Any], final_key: str,
+                 final_fn: Callable[[Any], float], compare=("fedco",)) -> str:
+  """Fill ``rec`` with every side's timings and the ratios against the torch sides.
+
+  ``sides`` maps a label to ``(rounds per repeat, final params)``; each ``timed[label]``
+  (from :func:`alternate`) gains rounds/s, ms/round, whether the params are finite and
+  ``final_key = final_fn(params)``. ``torch_sides`` maps a torch label to ``(federation,
+  TorchSide)``. For each label in ``compare``: ``<label>_over_torch_best`` (rounds/s over
+  the faster torch side's) and ``<label>_time_over_central``. Returns the faster torch label.
+  """
+  for label, (rounds, p) in sides.items():
+    t = timed[label]
+    t["rounds_per_repeat"] = rounds
+    t["rounds_per_s"] = rounds / t["median_seconds"]
+    t["ms_per_round"] = 1e3 * t["median_seconds"] / rounds
+    t["final_params_finite"] = finite(p)
+    t[final_key] = float(final_fn(jax.tree.map(jnp.asarray, p)))
+    rec[label] = t
+  for label, (fed, side) in torch_sides.items():
+    rec[label]["rounds_run"] = fed.rounds_done
+    rec[label]["threads"] = side.threads
+    rec[f"fedco_over_{label}"] = rec["fedco"]["rounds_per_s"] / rec[label]["rounds_per_s"]
+  best = max(torch_sides, key=lambda label: rec[label]["rounds_per_s"])
+  rec["faster_torch_side"] = best
+  for side in compare:
+    rec[f"{side}_over_torch_best"] = rec[side]["rounds_per_s"] / rec[best]["rounds_per_s"]
+    rec[f"{side}_time_over_central"] = rec[side]["ms_per_round"] / rec["central"]["ms_per_round"]
+  return best
+
+
 def write_json(path: str, value: Dict[str, Any]) -> None:
   import fedco.io
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

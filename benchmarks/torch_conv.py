@@ -615,25 +615,10 @@ def main(argv):
            "central": (1, central.params()), "fedco_unrolled": (FLAGS.rounds, unrolled.params())}
   rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before,
          "initial_loss_client0": float(mean_loss(params))}
-  for label, (rounds, p) in sides.items():
-    t = timed[label]
-    t["rounds_per_repeat"] = rounds
-    t["rounds_per_s"] = rounds / t["median_seconds"]
-    t["ms_per_round"] = 1e3 * t["median_seconds"] / rounds
-    t["final_params_finite"] = C.finite(p)
-    t["final_loss_client0"] = float(mean_loss(jax.tree.map(jnp.asarray, p)))
-    rec[label] = t
-  for label, (tf, side) in torch_sides.items():
-    rec[label]["rounds_run"] = tf.rounds_done
-    rec[label]["threads"] = side.threads
-    rec[f"fedco_over_{label}"] = rec["fedco"]["rounds_per_s"] / rec[label]["rounds_per_s"]
+  C.record_sides(rec, timed, sides, torch_sides, "final_loss_client0", mean_loss,
+                 compare=("fedco", "fedco_unrolled"))
   rec["fedco"]["rounds_run"] = int(fed.state.round)
   rec["fedco_unrolled"]["rounds_run"] = unrolled.rounds_done
-  best = max(torch_sides, key=lambda label: rec[label]["rounds_per_s"])
-  rec["faster_torch_side"] = best
-  for side in ("fedco", "fedco_unrolled"):
-    rec[f"{side}_over_torch_best"] = rec[side]["rounds_per_s"] / rec[best]["rounds_per_s"]
-    rec[f"{side}_time_over_central"] = rec[side]["ms_per_round"] / rec["central"]["ms_per_round"]
   rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
   rec["fedco_unrolled_meets_torch_target"] = rec["fedco_unrolled_over_torch_best"] >= \
       TARGET_VS_TORCH

@@ -64,7 +64,6 @@ from typing import Any, Dict
 from absl import app, flags
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -419,23 +418,9 @@ def main(argv):
              **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
              "central": (FLAGS.rounds, central.params())}
     rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before}
-    for label, (rounds, p) in sides.items():
-      t = timed[label]
-      t["rounds_per_repeat"] = rounds
-      t["rounds_per_s"] = rounds / t["median_seconds"]
-      t["ms_per_round"] = 1e3 * t["median_seconds"] / rounds
-      t["final_params_finite"] = C.finite(p)
-      t["final_mean_loss"] = float(C.mean_loss(jax.tree.map(jnp.asarray, p), host))
-      rec[label] = t
-    for label, (tf, side) in torch_sides.items():
-      rec[label]["rounds_run"] = tf.rounds_done
-      rec[label]["threads"] = side.threads
-      rec[f"fedco_over_{label}"] = rec["fedco"]["rounds_per_s"] / rec[label]["rounds_per_s"]
+    C.record_sides(rec, timed, sides, torch_sides, "final_mean_loss",
+                   lambda p: C.mean_loss(p, host))
     rec["fedco"]["rounds_run"] = int(fed.state.round)
-    best = max(torch_sides, key=lambda label: rec[label]["rounds_per_s"])
-    rec["faster_torch_side"] = best
-    rec["fedco_over_torch_best"] = rec["fedco"]["rounds_per_s"] / rec[best]["rounds_per_s"]
-    rec["fedco_time_over_central"] = rec["fedco"]["ms_per_round"] / rec["central"]["ms_per_round"]
     rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
     rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
     results[name] = rec

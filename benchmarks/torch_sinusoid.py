@@ -498,23 +498,8 @@ def main(argv):
            "central": (FLAGS.rounds, central.params())}
   rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before,
          "initial_train_mse": float(mse(params))}
-  for label, (rounds, p) in sides.items():
-    t = timed[label]
-    t["rounds_per_repeat"] = rounds
-    t["rounds_per_s"] = rounds / t["median_seconds"]
-    t["ms_per_round"] = 1e3 * t["median_seconds"] / rounds
-    t["final_params_finite"] = C.finite(p)
-    t["final_train_mse"] = float(mse(jax.tree.map(jnp.asarray, p)))
-    rec[label] = t
-  for label, (tf, side) in torch_sides.items():
-    rec[label]["rounds_run"] = tf.rounds_done
-    rec[label]["threads"] = side.threads
-    rec[f"fedco_over_{label}"] = rec["fedco"]["rounds_per_s"] / rec[label]["rounds_per_s"]
+  C.record_sides(rec, timed, sides, torch_sides, "final_train_mse", mse)
   rec["fedco"]["rounds_run"] = int(fed.state.round)
-  best = max(torch_sides, key=lambda label: rec[label]["rounds_per_s"])
-  rec["faster_torch_side"] = best
-  rec["fedco_over_torch_best"] = rec["fedco"]["rounds_per_s"] / rec[best]["rounds_per_s"]
-  rec["fedco_time_over_central"] = rec["fedco"]["ms_per_round"] / rec["central"]["ms_per_round"]
   rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
   rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
   print(f"fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
