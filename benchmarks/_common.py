@@ -268,6 +268,26 @@ def record_sides(rec: Dict[str, Any], timed: Dict[str, Dict[str, Any]],
   return best
 
 
+def float64_checks(module: str, flag_names, flag_values) -> Dict[str, Any]:
+  """Run ``python -m <module> --check_only`` in a subprocess with ``JAX_ENABLE_X64=1`` (x64
+  must be set before jax starts), passing ``--<name>=<flag_values.name>`` for each of
+  ``flag_names``; returns the JSON it writes, or ``{"error": <its stderr tail>}``."""
+  import json
+  import subprocess
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "checks.json")
+    cmd = [sys.executable, "-m", module, "--check_only", f"--out={out}",
+           *[f"--{n}={getattr(flag_values, n)}" for n in flag_names]]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(cmd, env={**os.environ, "JAX_ENABLE_X64": "1"}, cwd=root,
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      return {"error": proc.stderr[-2000:]}
+    with open(out) as f:
+      return json.load(f)
+
+
 def write_json(path: str, value: Dict[str, Any]) -> None:
   import fedco.io
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

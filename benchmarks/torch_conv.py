@@ -78,12 +78,8 @@ from __future__ import annotations
 
 import collections
 import copy
-import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any, Dict
 
@@ -481,19 +477,9 @@ def run_checks(problem, algorithm, params, host, rows, dtype) -> Dict[str, Any]:
 
 def float64_checks() -> Dict[str, Any]:
   """The checks in float64, in a subprocess (x64 must be set before jax starts)."""
-  with tempfile.TemporaryDirectory() as tmp:
-    out = os.path.join(tmp, "checks.json")
-    names = ("clients", "local_steps", "batch_size", "examples_per_client", "image_size",
-             "filters", "lr", "conv_impl", "check_examples", "seed")
-    cmd = [sys.executable, "-m", "benchmarks.torch_conv", "--check_only", f"--out={out}",
-           *[f"--{n}={getattr(FLAGS, n)}" for n in names]]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(cmd, env={**os.environ, "JAX_ENABLE_X64": "1"}, cwd=root,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-      return {"error": proc.stderr[-2000:]}
-    with open(out) as f:
-      return json.load(f)
+  names = ("clients", "local_steps", "batch_size", "examples_per_client", "image_size",
+           "filters", "lr", "conv_impl", "check_examples", "seed")
+  return C.float64_checks("benchmarks.torch_conv", names, FLAGS)
 
 
 # ---- main -------------------------------------------------------------------------------------

@@ -58,11 +58,7 @@ Run::
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from typing import Any, Dict, List
 
 from absl import app, flags
@@ -374,19 +370,9 @@ def run_checks(problem, algorithm, params, data, dtype) -> Dict[str, Any]:
 
 def float64_checks() -> Dict[str, Any]:
   """The checks in float64, in a subprocess (x64 must be set before jax starts)."""
-  with tempfile.TemporaryDirectory() as tmp:
-    out = os.path.join(tmp, "checks.json")
-    names = ("clients", "local_steps", "tasks_per_step", "shots", "query_shots", "inner_lr",
-             "lr", "episodes_per_client", "seed")
-    cmd = [sys.executable, "-m", "benchmarks.torch_sinusoid", "--check_only", f"--out={out}",
-           *[f"--{n}={getattr(FLAGS, n)}" for n in names]]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(cmd, env={**os.environ, "JAX_ENABLE_X64": "1"}, cwd=root,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-      return {"error": proc.stderr[-2000:]}
-    with open(out) as f:
-      return json.load(f)
+  names = ("clients", "local_steps", "tasks_per_step", "shots", "query_shots", "inner_lr",
+           "lr", "episodes_per_client", "seed")
+  return C.float64_checks("benchmarks.torch_sinusoid", names, FLAGS)
 
 
 # ---- main -------------------------------------------------------------------------------------
