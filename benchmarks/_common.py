@@ -44,8 +44,9 @@ ALGORITHM_NAMES = tuple(HYPER)
 
 
 def cross_entropy(params, example):
-  """Per-example multinomial logistic loss."""
-  logits = example["x"] @ params["w"] + params["b"]
+  """Per-example multinomial logistic loss; ``w`` is ``[classes, in]`` (output-major, as
+  ``fedco.models.LogisticRegression`` and PyTorch's ``nn.Linear`` store it)."""
+  logits = params["w"] @ example["x"] + params["b"]
   return jax.nn.logsumexp(logits) - logits[example["y"]]
 
 
@@ -107,7 +108,7 @@ def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):
 
 def init_params(seed: int, in_dim: int = 784):
   k = jax.random.PRNGKey(seed)
-  return {"w": 0.01 * jax.random.normal(k, (in_dim, NUM_CLASSES), jnp.float32),
+  return {"w": 0.01 * jax.random.normal(k, (NUM_CLASSES, in_dim), jnp.float32),
           "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
 
 

@@ -258,7 +258,7 @@ def main(argv):
                  "batch_size": FLAGS.batch_size, "repeats": repeats,
                  "algorithms": list(FLAGS.algorithms),
                  "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
-                 "model": {"w": [784, C.NUM_CLASSES], "b": [C.NUM_CLASSES]},
+                 "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
                  "evaluate": False, "seed": FLAGS.seed,
                  "isolation": "one fresh subprocess per (size, algorithm)",
                  "statistic": "median over repeats within each subprocess; fedco's and the "

@@ -3,7 +3,7 @@ r"""Rounds per second: fedco's one-program simulator against a per-client Python
 Workload (the issue's target: fedco >= 10x the rounds/s of the loop):
 
 * 10 clients, 5 local steps per round, batch 32 per client per step;
-* multinomial logistic regression 784 -> 10, params ``{"w": [784, 10], "b": [10]}``;
+* multinomial logistic regression 784 -> 10, params ``{"w": [10, 784], "b": [10]}``;
 * synthetic MNIST-shaped data: float32 features uniform in [0, 1], uniform random labels,
   600 examples per client (nothing is downloaded).
 
@@ -248,7 +248,7 @@ def main(argv):
       "config": {"clients": FLAGS.clients, "clients_per_round": FLAGS.clients,
                  "local_steps": FLAGS.local_steps, "batch_size": FLAGS.batch_size,
                  "examples_per_client": FLAGS.examples_per_client,
-                 "model": {"w": [FLAGS.in_dim, NUM_CLASSES], "b": [NUM_CLASSES]},
+                 "model": {"w": [NUM_CLASSES, FLAGS.in_dim], "b": [NUM_CLASSES]},
                  "fedco_rounds_per_repeat": FLAGS.rounds,
                  "loop_rounds_per_repeat": FLAGS.loop_rounds, "repeats": FLAGS.repeats,
                  "statistic": "median over repeats; fedco and loop repeats alternate",

@@ -2,9 +2,9 @@ r"""Rounds per second on the E1 logistic workload: fedco, a PyTorch per-client l
 centralized jitted step.
 
 Workload: 10 clients (all in every round), ``tau = 5`` local steps per round, batch 32 per
-client per step, multinomial logistic regression 784 -> 10 (``w [784, 10]``, ``b [10]``),
-synthetic MNIST-shaped data (features uniform in [0, 1], random labels, 600 per client;
-nothing is downloaded). Algorithms (hyperparameters in ``benchmarks/_common.py``):
+client per step, multinomial logistic regression 784 -> 10 (``w [10, 784]``, output-major as
+``nn.Linear`` stores it; ``b [10]``), synthetic MNIST-shaped data (features uniform in [0, 1],
+random labels, 600 per client; nothing is downloaded). Algorithms (hyperparameters in ``benchmarks/_common.py``):
 
 * ``fedavg``: FedAvg on the cross-entropy (lr 0.05);
 * ``comfedl``: ComFedL on client-level KL-DRO, exp form, ``gamma = 0.2`` (lr 5e-9: the step
@@ -97,7 +97,8 @@ COMPILES = C.CompileCounter()
 # ---- (2) the PyTorch per-client loop --------------------------------------------------------
 
 class TorchLogistic(torch.nn.Module):
-  """``logits = x @ w + b`` with fedco's parameter layout (``w [in, 10]``)."""
+  """``logits = F.linear(x, w, b) = x w^T + b``: ``nn.Linear``'s layout (``w [10, in]``),
+  which is also the benchmark's fedco layout."""
 
   def __init__(self, params):
     super().__init__()
@@ -105,7 +106,7 @@ class TorchLogistic(torch.nn.Module):
     self.b = torch.nn.Parameter(torch.tensor(np.asarray(params["b"])))
 
   def forward(self, x):
-    return x @ self.w + self.b
+    return F.linear(x, self.w, self.b)
 
 
 class HostLoader:

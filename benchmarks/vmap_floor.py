@@ -43,7 +43,7 @@ TAU, BATCH, LR = 5, 32, 0.05
 
 
 def _ce_batch(p, x, y):
-  logits = x @ p["w"] + p["b"]
+  logits = x @ p["w"].T + p["b"]
   return jnp.mean(jax.nn.logsumexp(logits, -1)
                   - jnp.take_along_axis(logits, y[:, None], 1)[:, 0])
 

@@ -6,6 +6,7 @@
 * ``OmniglotCNN`` uses the batch statistics of one task: an image's logits depend on the other
   images of its task but not on other tasks under ``vmap`` over a task axis; ``TaskBatchNorm``
   normalizes each channel to mean 0, variance 1; gradients (also second-order) are finite.
+* ``LogisticRegression`` is ``nn.Dense`` with an output-major kernel (values and gradients).
 * Bad constructor arguments raise ``ValueError`` naming the argument.
 
 Inputs are tiny (few images, few filters) to keep XLA compilation short.
@@ -163,3 +164,30 @@ def test_wrong_input_rank_raises():
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((16, 16, 3)))
   with pytest.raises(ValueError, match=r"one image \[H, W, C\] or a batch"):
     jax.eval_shape(model.apply, params, jnp.zeros((16, 16)))
+
+
+def test_logistic_regression_is_dense_with_an_output_major_kernel():
+  """``LogisticRegression`` stores ``W`` as ``[classes, d]`` (see its docstring) and computes
+  what ``nn.Dense`` computes with the transposed kernel, for one example of any shape, and
+  casts integer pixels to float32."""
+  import flax.linen as nn
+  from fedco.models import LogisticRegression, init_params
+  model = LogisticRegression(num_classes=3)
+  image = jnp.asarray(np.random.default_rng(1).integers(0, 255, (4, 2, 1)), jnp.uint8)
+  params = init_params(model, image)
+  assert jax.tree.map(jnp.shape, params) == {"params": {"kernel": (3, 8), "bias": (3,)}}
+  chex.assert_trees_all_equal(model.apply(params, image), jnp.zeros(3))  # zero start
+  rng = np.random.default_rng(2)
+  kernel = jnp.asarray(rng.normal(size=(3, 8)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=3), jnp.float32)
+  ours = model.apply({"params": {"kernel": kernel, "bias": bias}}, image)
+  dense = nn.Dense(3).apply({"params": {"kernel": kernel.T, "bias": bias}},
+                            image.reshape(-1).astype(jnp.float32))
+  assert ours.dtype == jnp.float32
+  np.testing.assert_allclose(ours, dense, rtol=1e-6)
+  # gradients agree too, up to the transpose
+  x = image.reshape(-1).astype(jnp.float32)
+  g_ours = jax.grad(lambda k: model.apply({"params": {"kernel": k, "bias": bias}}, x)[1])(kernel)
+  g_dense = jax.grad(lambda k: nn.Dense(3).apply({"params": {"kernel": k, "bias": bias}},
+                                                 x)[1])(kernel.T)
+  np.testing.assert_allclose(g_ours, g_dense.T, rtol=1e-6)

@@ -12,12 +12,26 @@ class LogisticRegression(nn.Module):
 
   fedco problems are per-example functions, so models take one example; ``jax.vmap`` makes
   the batch. Weights start at zero (every class equally likely).
+
+  The parameters are ``{"kernel": [num_classes, d], "bias": [num_classes]}``: the weight is
+  stored output-major, as PyTorch's ``nn.Linear`` stores it, not input-major as
+  ``nn.Dense`` does. The values are the same; the layout is for speed. With the weight's
+  long input axis last, XLA:CPU computes the batched weight gradient ``dL/dW = g^T x``
+  straight into the parameter's layout; with ``[d, num_classes]`` it runs a transposed
+  contraction that is about 1.8x slower, and a whole federated round of the E1 workload is
+  1.3-1.6x slower (``benchmarks/README.md``, "Weight layout").
   """
   num_classes: int
 
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros)(jnp.reshape(x, (-1,)))
+    x = jnp.reshape(x, (-1,))
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      x = x.astype(jnp.float32)
+    kernel = self.param("kernel", nn.initializers.zeros, (self.num_classes, x.shape[0]),
+                        jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (self.num_classes,), jnp.float32)
+    return kernel @ x + bias
 
 
 def init_params(model: nn.Module, example_x, seed: int = 0):
