@@ -3,7 +3,9 @@
 Executed by tests/test_mesh.py in a subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (the flag must precede jax's import).
 Prints one JSON line per (algorithm, participation) with the largest absolute difference of
-the final model and of the objective trajectory.
+the final model and of the objective trajectory. Every configuration is traced into one
+program per side (:func:`compile_all`, shared with ``tests/multihost_worker.py``), so the
+whole check compiles two large programs (plus two inits) instead of 48 small ones.
 """
 
 import json
@@ -49,31 +51,70 @@ NUM_ROWS = sum(4 + 3 * k for k in range(10))  # the clients' rows in main()
 SAMPLED = ("comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml")  # averaging, every-step, round-start, aggregator
 
 
+def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size):
+  """Every configuration of ``configs`` from ONE compiled program.
+
+  ``configs`` is a list of ``(label, problem, algorithm, clients_per_round)``. Each runs as
+  ``fedco.simulate`` runs it (``Simulator.init``'s ``_init``, then ``Simulator.run``'s
+  ``_run_rounds`` for ``rounds`` rounds), but all of them are traced into one ``jax.jit`` for
+  the inits and one for the rounds: compiling a few large programs costs about half as much
+  as one program per configuration. Each configuration is traced under
+  ``jax.named_scope(label)``, so every compiled instruction names the configuration it
+  belongs to in its ``op_name``. Returns ``(outputs, compiled)``: ``outputs[i]`` is
+  configuration ``i``'s ``(final state, metrics)`` and ``compiled`` is the rounds program.
+  """
+  labels = [c[0] for c in configs]
+  sims = [fedco.Simulator(problem, alg, data, batch_size=batch_size, clients_per_round=m,
+                          mesh=mesh) for _, problem, alg, m in configs]
+  data = sims[0].data  # the same for every simulator (replicated once on a mesh)
+  x0, key = jnp.asarray(x0), jax.random.PRNGKey(seed)  # as Simulator.init(x0, seed)
+  replicated = None
+  if mesh is not None:
+    replicated = sims[0]._replicated
+    x0, key = jax.device_put((x0, key), replicated)
+
+  def scoped(fn):
+    """``fn(sim, own, *shared)`` for every configuration (``own``: its entry of
+    ``per_config``), each traced in a scope named by its label."""
+    def all_configs(per_config, *shared):
+      outs = []
+      for label, sim, own in zip(labels, sims, per_config):
+        with jax.named_scope(label):
+          outs.append(fn(sim, own, *shared))
+      return outs
+    return all_configs
+
+  placed = {} if mesh is None else {"out_shardings": replicated}  # as Simulator.run places it
+  states = jax.jit(scoped(lambda sim, _, x, k, d: sim._init(x, k, d)), **placed)(
+      [None] * len(sims), x0, key, data)
+  run_all = scoped(lambda sim, state, d: sim._run_rounds(state, d, rounds=rounds))
+  compiled = jax.jit(run_all).lower(states, data).compile()
+  return compiled(states, data), compiled
+
+
 def main():
   assert jax.device_count() == 8, jax.devices()
   rng = np.random.default_rng(0)
   clients = [{"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
              for k in range(10)]
   data = fedco.FederatedData.from_clients(clients)
-  mesh = fedco.runtime.client_mesh(8)
   names = sys.argv[1:] or list(registry())
-  for name in names:
-    problem, alg = registry()[name]
-    # 10 clients -> 16 slots for all; 3 sampled -> 8 slots for one algorithm per server kind
-    for m in ((None, 3) if name in SAMPLED else (None,)):
-      runs = [fedco.simulate(problem, alg, data, jnp.full((3,), 0.1), rounds=4, seed=3,
-                             batch_size=4, clients_per_round=m, mesh=mesh_)
-              for mesh_ in (None, mesh)]
-      one, eight = runs
-      print(json.dumps({
-          "algorithm": name, "clients_per_round": m,
-          "params": float(np.max(np.abs(np.asarray(one.params) - np.asarray(eight.params)))),
-          "objective": float(np.max(np.abs(one.metrics["objective"] -
-                                           eight.metrics["objective"]))),
-          "same_clients": bool(np.array_equal(one.metrics["clients"],
-                                              eight.metrics["clients"])),
-          "moved": float(np.max(np.abs(np.asarray(one.params) - 0.1))),
-      }), flush=True)
+  # 10 clients -> 16 slots for all; 3 sampled -> 8 slots for one algorithm per server kind
+  configs = [(f"{name}_m{m}", *registry()[name], m) for name in names
+             for m in ((None, 3) if name in SAMPLED else (None,))]
+  runs = [compile_all(configs, data, mesh, x0=jnp.full((3,), 0.1), seed=3, rounds=4,
+                      batch_size=4)[0]
+          for mesh in (None, fedco.runtime.client_mesh(8))]
+  for (label, _, _, m), (one, one_metrics), (eight, eight_metrics) in zip(configs, *runs):
+    one, eight = np.asarray(one.server["params"]), np.asarray(eight.server["params"])
+    print(json.dumps({
+        "algorithm": label.rsplit("_m", 1)[0], "clients_per_round": m,
+        "params": float(np.max(np.abs(one - eight))),
+        "objective": float(np.max(np.abs(np.asarray(one_metrics["objective"]) -
+                                         np.asarray(eight_metrics["objective"])))),
+        "same_clients": bool(np.array_equal(one_metrics["clients"], eight_metrics["clients"])),
+        "moved": float(np.max(np.abs(one - 0.1))),
+    }), flush=True)
 
 
 if __name__ == "__main__":

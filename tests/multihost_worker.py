@@ -164,50 +164,22 @@ OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def run_compiled(labels, data, mesh):
-  """Every configuration of ``labels`` from ONE compiled program, plus its collectives.
+  """Every configuration of ``labels`` from ONE compiled program
+  (:func:`mesh_check.compile_all`), plus its collectives.
 
-  Each configuration runs as :func:`run_config` does (``Simulator.init``'s ``_init``, then
-  ``Simulator.run``'s ``_run_rounds`` for ``ROUNDS`` rounds), but all of them are traced
-  into one ``jax.jit`` for the inits and one for the rounds: compiling a few large programs
-  costs about half as much as one program per configuration. Each configuration is traced
-  under ``jax.named_scope(label)``, so every compiled collective names the configuration it
-  belongs to in its ``op_name``; returns ``({label: host results}, {label: collectives})``
-  with ``""`` for collectives outside every configuration (``mesh=None``: no collectives).
+  Each configuration is traced under ``jax.named_scope(label)``, so every compiled collective
+  names the configuration it belongs to in its ``op_name``; returns ``({label: host
+  results}, {label: collectives})`` with ``""`` for collectives outside every configuration
+  (``mesh=None``: no collectives).
   """
-  import jax
   import jax.numpy as jnp
-  import fedco
   from fedco.runtime import distributed
-  sims = []
+  configs = []
   for label in labels:
     _, name, m = next(c for c in CONFIGS if c[0] == label)
-    problem, alg = algorithms()[name]
-    sims.append(fedco.Simulator(problem, alg, data, batch_size=BATCH, clients_per_round=m,
-                                mesh=mesh))
-  data = sims[0].data  # the same for every simulator (replicated once on a mesh)
-  x0, key = jnp.full((3,), X0), jax.random.PRNGKey(SEED)  # as Simulator.init(x0, SEED)
-  replicated = None
-  if mesh is not None:
-    replicated = sims[0]._replicated
-    x0, key = jax.device_put((x0, key), replicated)
-
-  def scoped(fn):
-    """``fn(sim, own, *shared)`` for every configuration (``own``: its entry of
-    ``per_config``), each traced in a scope named by its label."""
-    def all_configs(per_config, *shared):
-      outs = []
-      for label, sim, own in zip(labels, sims, per_config):
-        with jax.named_scope(label):
-          outs.append(fn(sim, own, *shared))
-      return outs
-    return all_configs
-
-  placed = {} if mesh is None else {"out_shardings": replicated}  # as Simulator.run places it
-  states = jax.jit(scoped(lambda sim, _, x, k, d: sim._init(x, k, d)), **placed)(
-      [None] * len(sims), x0, key, data)
-  run_all = scoped(lambda sim, state, d: sim._run_rounds(state, d, rounds=ROUNDS))
-  compiled = jax.jit(run_all).lower(states, data).compile()
-  outs = compiled(states, data)
+    configs.append((label, *algorithms()[name], m))
+  outs, compiled = _mesh_check().compile_all(configs, data, mesh, x0=jnp.full((3,), X0),
+                                             seed=SEED, rounds=ROUNDS, batch_size=BATCH)
   fetched = distributed.fetch([(state.server["params"], metrics) for state, metrics in outs])
   results = {label: _host(*f) for label, f in zip(labels, fetched)}
   collectives = {}
