@@ -5,6 +5,12 @@ key and the round counter (all inside ``SimState``), and the host-side per-round
 collected so far, so a resumed run continues bit for bit where it stopped. Checkpoints are
 written by orbax, which writes into a temporary directory and renames it when complete: a
 killed process leaves either a whole checkpoint or none. The last ``keep`` are kept.
+
+Multi-process runs (``fedco.runtime.distributed``) checkpoint the same way, with every
+process calling ``save`` and ``restore`` on the same directory (a file system they share):
+arrays that one process cannot read whole (the client states of a client-sharded mesh)
+go to orbax as global arrays, each process writing only its own shards, and ``restore``
+puts every shard back on the device the ``template`` names.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fedco import _validate
+
+
+def _savable(leaf):
+  """A host copy of ``leaf``, or the global array itself when no process holds all of it."""
+  if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+    return leaf
+  return jax.device_get(leaf)
 
 
 class Checkpointer:
@@ -53,7 +66,7 @@ class Checkpointer:
       return
     history = {k: np.asarray(v) for k, v in metrics.items()}
     self._manager.save(int(round_), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.device_get(state)),
+        state=ocp.args.StandardSave(jax.tree.map(_savable, state)),
         history=ocp.args.StandardSave(history)), force=True)
     self._manager.wait_until_finished()
 
