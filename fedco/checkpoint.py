@@ -8,9 +8,10 @@ killed process leaves either a whole checkpoint or none. The last ``keep`` are k
 
 Multi-process runs (``fedco.runtime.distributed``) checkpoint the same way, with every
 process calling ``save`` and ``restore`` on the same directory (a file system they share):
-arrays that one process cannot read whole (the client states of a client-sharded mesh)
-go to orbax as global arrays, each process writing only its own shards, and ``restore``
-puts every shard back on the device the ``template`` names.
+arrays that span devices of other processes (replicated over them, or laid out by client
+so that each process holds only its own part) go to orbax as global arrays, which writes
+each shard once, and ``restore`` puts every shard back on the devices the ``template``
+names. Arrays local to one process are copied to the host first.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from fedco import _validate
 
 
 def _savable(leaf):
-  """A host copy of ``leaf``, or the global array itself when no process holds all of it."""
+  """A host copy of ``leaf``, or the global array itself when it spans devices of other
+  processes (``jax.device_get`` cannot read a part held elsewhere)."""
   if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
     return leaf
   return jax.device_get(leaf)
@@ -80,8 +82,15 @@ class Checkpointer:
     if round_ is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    restored = self._manager.restore(round_, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore()))
+    try:
+      restored = self._manager.restore(round_, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore()))
+    except (ValueError, KeyError, TypeError) as err:
+      lines = [l for l in str(err).splitlines() if l.strip()]
+      raise ValueError(
+          f"checkpoint of round {round_} in {self.directory} does not fit the simulation's "
+          f"state (another model, parameter layout or algorithm?); remove it or use another "
+          f"checkpoint_dir. orbax: {lines[0][:300] if lines else type(err).__name__}") from err
     leaves = jax.tree.leaves(restored.state)
     treedef = jax.tree.structure(template)
     if len(leaves) != treedef.num_leaves:

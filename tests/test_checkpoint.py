@@ -75,3 +75,15 @@ def test_resume_refuses_a_checkpoint_past_the_requested_rounds(tmp_path):
     run(2)
   resumed = run(4)  # nothing left to do: the stored run comes back whole
   assert resumed.metrics["objective"].shape == (4,)
+
+
+def test_restore_names_a_checkpoint_of_another_model(tmp_path):
+  """A checkpoint whose parameters do not fit the template (e.g. written before a model
+  changed its parameter layout) gives a ValueError naming the directory and round."""
+  ckpt = checkpoint.Checkpointer(tmp_path)
+  ckpt.save(1, {"params": {"Dense_0": {"kernel": jnp.zeros((4, 3))}}}, {"objective": np.zeros(1)})
+  for template in ({"params": {"kernel": jnp.zeros((3, 4)), "bias": jnp.zeros(3)}},
+                   {"params": {"Dense_0": {"kernel": jnp.zeros((3, 4))}}}):
+    with pytest.raises(ValueError, match=r"round 1 in .* does not fit"):
+      ckpt.restore(template)
+  ckpt.close()
