@@ -5,7 +5,10 @@ Executed by tests/test_mesh.py in a subprocess with
 Prints one JSON line per (algorithm, participation) with the largest absolute difference of
 the final model and of the objective trajectory. Every configuration is traced into one
 program per side (:func:`compile_all`, shared with ``tests/multihost_worker.py``), so the
-whole check compiles two large programs (plus two inits) instead of 48 small ones.
+whole check compiles two large programs (plus two inits) instead of 48 runs and 48 inits.
+Both sides call the simulator's traced ``_init`` and ``_run_rounds`` as ``simulate`` does;
+the public ``Simulator.init``/``run``/``simulate`` path on a mesh (placement, host fetch)
+is covered by the other tests of ``tests/test_mesh.py`` and by ``tests/test_multihost.py``.
 """
 
 import json

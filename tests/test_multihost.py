@@ -226,6 +226,7 @@ def test_checkpoints_save_and_resume_across_processes(multihost):
   _, reports = multihost
   for r in reports:
     c = r["checkpoint"]
+    assert "error" not in c, c.get("error")
     assert c["client_state_spans_processes"], c
     assert c["rounds_saved"] == [2, 3, 4], c  # keep=3 of rounds 1-4
     assert c["rounds"] == 4 and c["moved"] > 1e-2, c
