@@ -3,9 +3,6 @@
 The logistic workload of ``benchmarks.logistic_loop`` (E1-shaped: multinomial logistic
 regression 784 -> 10 on synthetic MNIST-shaped data), its problems and algorithms, machine
 information for the JSON, a compilation counter and the timing helpers.
-
-``benchmarks.logistic_loop`` keeps its own copies (it defines absl flags at import time, so
-other programs cannot import it).
 """
 
 from __future__ import annotations

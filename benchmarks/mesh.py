@@ -238,6 +238,7 @@ def main(argv):
       "benchmark": "mesh",
       "timestamp": C.timestamp(),
       "config": {"clients": FLAGS.clients, "examples_per_client": FLAGS.examples_per_client,
+                 "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
                  "cases": list(FLAGS.cases), "rounds_per_call": FLAGS.rounds,
                  "repeats": FLAGS.repeats, "local_steps": FLAGS.local_steps,
                  "batch_size": FLAGS.batch_size, "seed": FLAGS.seed, "atol": FLAGS.atol,

@@ -4,7 +4,8 @@ centralized jitted step.
 Workload: 10 clients (all in every round), ``tau = 5`` local steps per round, batch 32 per
 client per step, multinomial logistic regression 784 -> 10 (``w [10, 784]``, output-major as
 ``nn.Linear`` stores it; ``b [10]``), synthetic MNIST-shaped data (features uniform in [0, 1],
-random labels, 600 per client; nothing is downloaded). Algorithms (hyperparameters in ``benchmarks/_common.py``):
+random labels, 600 per client; nothing is downloaded). Algorithms (hyperparameters in
+``benchmarks/_common.py``):
 
 * ``fedavg``: FedAvg on the cross-entropy (lr 0.05);
 * ``comfedl``: ComFedL on client-level KL-DRO, exp form, ``gamma = 0.2`` (lr 5e-9: the step
@@ -436,7 +437,7 @@ def main(argv):
       "timestamp": C.timestamp(),
       "config": {"clients": k, "clients_per_round": k, "local_steps": tau, "batch_size": b,
                  "central_batch_size": k * b, "examples_per_client": FLAGS.examples_per_client,
-                 "model": {"w": [FLAGS.in_dim, C.NUM_CLASSES], "b": [C.NUM_CLASSES]},
+                 "model": {"w": [C.NUM_CLASSES, FLAGS.in_dim], "b": [C.NUM_CLASSES]},
                  "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
                  "fedco_rounds_per_repeat": FLAGS.rounds,
                  "central_rounds_per_repeat": FLAGS.rounds,

@@ -134,6 +134,7 @@ def main(argv):
     results[str(k)] = rec
   out = {"benchmark": "vmap_floor", "timestamp": C.timestamp(),
          "config": {"algorithm": "fedavg", "lr": LR, "local_steps": TAU, "batch_size": BATCH,
+                    "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
                     "sizes": FLAGS.sizes, "examples_per_client": FLAGS.examples_per_client,
                     "rounds_per_call": FLAGS.rounds, "repeats": FLAGS.repeats,
                     "statistic": "median over repeats; the four programs alternate"},
