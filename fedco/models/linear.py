@@ -19,7 +19,7 @@ class LogisticRegression(nn.Module):
   long input axis last, XLA:CPU computes the batched weight gradient ``dL/dW = g^T x``
   straight into the parameter's layout; with ``[d, num_classes]`` it runs a transposed
   contraction that is about 1.8x slower, and a whole federated round of the E1 workload is
-  1.3-1.6x slower (``benchmarks/README.md``, "Weight layout").
+  1.35-1.56x slower (``benchmarks/README.md``, "Weight layout").
   """
   num_classes: int
 
