@@ -208,6 +208,13 @@ def run_each(data, mesh, timing=None):
   return {label: results[label] for label, _, _ in CONFIGS}, collectives
 
 
+def _max_abs_diff(a, b):
+  """The largest absolute difference between two pytrees of host arrays (in float64)."""
+  import jax
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def checkpoint_roundtrip(mesh, directory):
   """Checkpoints across processes: Ditto (a personal model per client) on 8 clients runs 2
   rounds with a checkpoint after each, then a second ``simulate`` call with the same
@@ -250,10 +257,8 @@ def checkpoint_roundtrip(mesh, directory):
   ckpt.close()
   back_specs = {str(leaf.sharding.spec) for leaf in jax.tree.leaves(back.clients)}
   back_host, laid_host = distributed.fetch((back, laid_out))
-  back_diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                  for a, b in zip(jax.tree.leaves(back_host), jax.tree.leaves(laid_host)))
-  diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+  back_diff = _max_abs_diff(back_host, laid_host)
+  diff = _max_abs_diff(got, want)
   return {"client_state_spans_processes": all(not leaf.is_fully_addressable
                                               for leaf in jax.tree.leaves(first.state.clients)),
           "by_client_split": bool(split) and all(split), "by_client_round": back_round,
