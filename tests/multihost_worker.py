@@ -121,6 +121,9 @@ def single():
   * ``blocks`` / ``plain``: FedDRO's collectives on client-block data over 4 devices and, as
     a negative control for :func:`carries_examples`, on the same sharded arrays as a plain
     ``FederatedData`` (whose index gathers XLA serves by moving rows); compiled only;
+  * ``owner``: FedDRO on the client-level KL-DRO log form, whose inner reads each
+    example's client label, on plain data with ``with_owner`` (one device) and on the
+    client-block data with ``ClientBlockData.with_owner`` (4 devices, one padding block);
   * ``resident``: DRFA with 3 of 5 clients sampled, dropout and stragglers, on client-block
     data over the 4-device mesh (2 clients per device, 3 padding blocks) and on plain data
     on one device: masked sampling, fault draws and the aggregator's loss queries.
@@ -143,6 +146,15 @@ def single():
       sim.data = data
     state = jax.device_put(sim.init(jnp.full((3,), X0), SEED), sim._replicated)
     out[label] = compiled_collectives(sim, state)[1]
+  # the KL-DRO log form reads each example's client label: block data over 4 devices (one
+  # padding block) labelled by ClientBlockData.with_owner, against one-process data
+  log_form = fedco.problems.client_kl_dro_log(
+      lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=NUM_CLIENTS)
+  out["owner"] = [
+      _host(distributed.fetch(r.params), r.metrics)
+      for r in (fedco.simulate(log_form, fedco.feddro(0.05, 0.5, 2), d, jnp.full((3,), X0),
+                               rounds=ROUNDS, seed=SEED, batch_size=BATCH, mesh=m)
+                for d, m in ((plain.with_owner(), None), (blocks.with_owner(), mesh)))]
   five = clients[:5]
   runs = [fedco.simulate(algorithms()["fedavg"][0], fedco.drfa(0.1, 3, weights_lr=0.01), data,
                          jnp.full((3,), X0), rounds=ROUNDS, seed=1, batch_size=4,

@@ -31,6 +31,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -163,6 +164,29 @@ def test_global_data_layout_on_one_process():
   np.testing.assert_array_equal(again.examples["r"], data.examples["r"])
 
 
+def test_block_data_with_owner_matches_one_process_data():
+  """``ClientBlockData.with_owner`` labels each row with its block's client, and FedDRO on
+  the client-level KL-DRO log form (which reads the label) gives the same run on block data
+  as on one-process data."""
+  sizes = [2, 5, 3]
+  mesh = fedco.runtime.client_mesh(1)
+  blocks = distributed.global_data(_clients(sizes), 3, mesh).with_owner()
+  np.testing.assert_array_equal(blocks.examples["client"], np.repeat([0, 1, 2], 5))
+  for k in range(3):
+    np.testing.assert_array_equal(blocks.client(k)["client"], [k] * sizes[k])
+  plain = fedco.FederatedData.from_clients(_clients(sizes)).with_owner()
+  problem = fedco.problems.client_kl_dro_log(
+      lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=3)
+  runs = [fedco.simulate(problem, fedco.feddro(0.05, 0.5, 2), data, jnp.zeros(3), rounds=3,
+                         batch_size=2, mesh=m) for data, m in ((blocks, mesh), (plain, None))]
+  assert float(jnp.max(jnp.abs(runs[1].params))) > 1e-2  # it moved
+  np.testing.assert_allclose(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(runs[0].metrics["objective"], runs[1].metrics["objective"],
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match="already names"):
+    blocks.with_owner()
+
+
 def test_resident_run_equals_plain_run_with_sampling_and_faults(multihost):
   """DRFA, 3 of 5 clients, dropout and stragglers: client-block data on 4 devices (masked,
   not moved, sampling; padding blocks; the aggregator's loss queries) = plain, one device."""
@@ -172,6 +196,16 @@ def test_resident_run_equals_plain_run_with_sampling_and_faults(multihost):
     assert blocks[key] == plain[key], key
   assert np.max(np.abs(np.asarray(plain["params"]) - worker.X0)) > 1e-2
   for key in ("params", "objective", "client_losses", "lambda"):
+    np.testing.assert_allclose(blocks[key], plain[key], rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+def test_owner_labels_on_four_devices_match_one_device(multihost):
+  """The KL-DRO log form on block data labelled by ``ClientBlockData.with_owner`` (4 devices,
+  a padding block) equals the one-device run on ``FederatedData.with_owner``."""
+  single, _ = multihost
+  plain, blocks = single["owner"]
+  assert np.max(np.abs(np.asarray(plain["params"]) - worker.X0)) > 1e-2
+  for key in ("params", "objective", "client_losses"):
     np.testing.assert_allclose(blocks[key], plain[key], rtol=RTOL, atol=ATOL, err_msg=key)
 
 
