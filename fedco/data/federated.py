@@ -111,13 +111,17 @@ class FederatedData(NamedTuple):
                        f"{type(self.examples).__name__}")
     if key in self.examples:
       raise ValueError(f"key {key!r} already names an example field; pick another key")
+    return self._replace(examples={**self.examples, key: self._owner_labels()})
+
+  def _owner_labels(self) -> jax.Array:
+    """Each example row's client index (``int32``, ``[num_examples]``), for ``with_owner``."""
     rows = np.asarray(self.flat_rows)
     if np.unique(rows).size != rows.size:
       raise ValueError("with_owner needs every row to belong to exactly one client; some rows "
                        "are shared")
     owner = np.zeros((self.num_examples,), np.int32)
     owner[rows] = np.asarray(self.flat_owner)
-    return self._replace(examples={**self.examples, key: jnp.asarray(owner)})
+    return jnp.asarray(owner)
 
   def client(self, k: int) -> PyTree:
     """Client ``k``'s examples (host-side convenience; not for the hot path)."""

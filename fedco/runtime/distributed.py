@@ -82,23 +82,12 @@ class ClientBlockData(FederatedData):
   def num_blocks(self) -> int:
     return self.num_examples // self.max_count
 
-  def with_owner(self, key: str = "client") -> "ClientBlockData":
-    """A copy whose examples carry their client's index under ``key`` (``int32``), as
-    :meth:`FederatedData.with_owner` gives one-process data (for ``client_kl_dro_log``).
-
-    The index is derived from the layout alone (row ``r`` is in block ``r // max_count``),
+  def _owner_labels(self) -> jax.Array:
+    """Each row's client index for :meth:`FederatedData.with_owner`, laid out like the
+    examples and derived from the layout alone (row ``r`` is in block ``r // max_count``),
     so each device builds its own shard and nothing crosses processes. Padding rows of a
     client's block carry that client; rows of padding blocks carry ``num_clients - 1`` (a
-    valid index; they are never drawn and weigh 0 in evaluation).
-
-    Raises:
-      ValueError: the examples are not a dict, or ``key`` already names a field.
-    """
-    if not isinstance(self.examples, dict):
-      raise ValueError("with_owner needs examples to be a dict of arrays, got "
-                       f"{type(self.examples).__name__}")
-    if key in self.examples:
-      raise ValueError(f"key {key!r} already names an example field; pick another key")
+    valid index; they are never drawn and weigh 0 in evaluation)."""
     rows, block, last = self.num_examples, self.max_count, self.num_clients - 1
     sharding = jax.tree.leaves(self.examples)[0].sharding
 
@@ -106,8 +95,7 @@ class ClientBlockData(FederatedData):
       start, stop, _ = index[0].indices(rows)
       return np.minimum(np.arange(start, stop) // block, last).astype(np.int32)
 
-    owner = jax.make_array_from_callback((rows,), sharding, callback)
-    return self._replace(examples={**self.examples, key: owner})
+    return jax.make_array_from_callback((rows,), sharding, callback)
 
   def flat_weights(self) -> jax.Array:
     """``1/n_owner`` on real rows, 0 on padding rows."""
