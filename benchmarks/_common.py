@@ -70,27 +70,34 @@ def define_timing_flags(name: str, *, rounds: int, torch_rounds: int, repeats: i
                          "(used for the float64 subprocess).")
 
 
+# HYPER keys that set the problem, not the algorithm (Local-SCGDM's tracker rate is
+# "gamma_tracker" there, beside the KL temperature "gamma")
+_PROBLEM_KEYS = ("gamma", "lam")
+
+
+def algorithm_kwargs(name: str) -> Dict[str, Any]:
+  """``fedco.ALGORITHMS[name]``'s keyword arguments from ``HYPER[name]``."""
+  h = {k: v for k, v in HYPER[name].items() if k not in _PROBLEM_KEYS}
+  if "gamma_tracker" in h:
+    h["gamma"] = h.pop("gamma_tracker")
+  return h
+
+
 def make_problem_and_algorithm(name: str, local_steps: int):
-  """``(problem, algorithm)`` of the logistic workload for ``name``."""
+  """``(problem, algorithm)`` of the logistic workload for ``name``; the algorithm comes
+  from the registry, ``fedco.ALGORITHMS``."""
+  if name not in HYPER:
+    raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHM_NAMES)}")
   h = HYPER[name]
   if name == "fedavg":
-    return (fedco.problems.plain(cross_entropy),
-            fedco.fedavg(learning_rate=h["learning_rate"], local_steps=local_steps))
-  if name == "comfedl":
-    return (fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"]),
-            fedco.comfedl(learning_rate=h["learning_rate"], local_steps=local_steps))
-  if name == "local_scgdm":
-    return (fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"]),
-            fedco.local_scgdm(learning_rate=h["learning_rate"], beta=h["beta"],
-                              alpha=h["alpha"], gamma=h["gamma_tracker"],
-                              local_steps=local_steps))
-  if name == "feddro":
+    problem = fedco.problems.plain(cross_entropy)
+  elif name in ("comfedl", "local_scgdm"):
+    problem = fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"])
+  else:  # feddro: sample-level KL-DRO
     lam = h["lam"]
     problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / lam),
                                  lambda y: lam * jnp.log(y), name="sample_kl_dro")
-    return problem, fedco.feddro(learning_rate=h["learning_rate"], beta=h["beta"],
-                                 local_steps=local_steps)
-  raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHM_NAMES)}")
+  return problem, fedco.ALGORITHMS[name](**algorithm_kwargs(name), local_steps=local_steps)
 
 
 def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):

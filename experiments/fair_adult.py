@@ -154,12 +154,12 @@ def make(spec, config):
     return fair.unconstrained(), fedco.fedavg(lr, 1)
   problem = fair.fairness_problem(adult.NUM_GROUPS, config["eps"], config["alpha"], config["gamma"])
   if name == "feddro":
-    return problem, fedco.feddro(lr, config["beta"], steps)
+    return problem, fedco.feddro(lr, steps, beta=config["beta"])
   if name == "ds_feddro":
-    return problem, fedco.ds_feddro(lr, config["beta"], steps,
+    return problem, fedco.ds_feddro(lr, steps, beta=config["beta"],
                                     server_lr_x=config["server_lr_x"],
                                     server_lr_y=config["server_lr_y"])
-  return problem, gcivr(config["gcivr_lr"], config["refresh_every"], 1)
+  return problem, gcivr(config["gcivr_lr"], 1, refresh_every=config["refresh_every"])
 
 
 def metrics_fn_for(data: adult.AdultData, config):

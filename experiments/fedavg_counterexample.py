@@ -80,7 +80,7 @@ def data() -> fedco.FederatedData:
 
 def make_algorithm(name: str, learning_rate: float, local_steps: int, beta: float):
   if name == "feddro":
-    return fedco.feddro(learning_rate, beta, local_steps)
+    return fedco.feddro(learning_rate, local_steps, beta=beta)
   case = {"fedavg_co_case1": "I", "fedavg_co_case2": "II", "fedavg_co_modified": "modified"}
   return fedco.fedavg_co(learning_rate, local_steps, case=case[name])
 

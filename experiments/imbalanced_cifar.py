@@ -206,24 +206,24 @@ def optimizer(config, local_steps: int):
 def make(spec, config, loss, num_examples: int):
   """The problem and algorithm of one run."""
   name, steps = spec["algorithm"], spec["local_steps"]
-  opt = optimizer(config, steps)
-  lr = config["learning_rate"]
+  opt = optimizer(config, steps)  # carries --learning_rate (and its drop), so no learning_rate
   kl = fedco.problems.sample_kl_dro(loss, config["lam"], shift=config["shift"])
   erm = fedco.plain(loss)
   if name == "feddro":
-    return kl, fedco.feddro(lr, config["beta"], steps, optimizer=opt)
+    return kl, fedco.feddro(local_steps=steps, beta=config["beta"], optimizer=opt)
   if name == "ds_feddro":
-    return kl, fedco.ds_feddro(lr, config["beta"], steps, server_lr_x=config["server_lr_x"],
+    return kl, fedco.ds_feddro(local_steps=steps, beta=config["beta"],
+                               server_lr_x=config["server_lr_x"],
                                server_lr_y=config["server_lr_y"], optimizer=opt)
   if name == "fastdro":
-    return erm, fedco.fastdro(lr, geometry=config["fastdro_geometry"],
+    return erm, fedco.fastdro(geometry=config["fastdro_geometry"],
                               size=config["fastdro_size"], optimizer=opt)
   if name == "primal_dual":
-    return erm, fedco.primal_dual_dro(lr, num_examples, weights_lr=config["pd_weights_lr"],
-                                      optimizer=opt)
+    return erm, fedco.primal_dual_dro(num_examples=num_examples,
+                                      weights_lr=config["pd_weights_lr"], optimizer=opt)
   if name == "mbsgd":
-    return kl, fedco.mbsgd(lr, optimizer=opt)
-  return kl, fedco.fedavg_co(lr, steps, case="II", optimizer=opt)
+    return kl, fedco.mbsgd(optimizer=opt)
+  return kl, fedco.fedavg_co(local_steps=steps, case="II", optimizer=opt)
 
 
 def as_images(split):

@@ -254,10 +254,11 @@ def runs(config) -> List[Dict[str, Any]]:
 def make_algorithm(spec, config):
   name, p = spec["algorithm"], config["local_steps"]
   if name == "local_scgdm":
-    return fedco.local_scgdm(config["eta"], config["beta"], config["alpha"], config["gamma"], p)
+    return fedco.local_scgdm(config["eta"], p, beta=config["beta"], alpha=config["alpha"],
+                             gamma=config["gamma"])
   if name == "local_bsgd":
     return fedco.comfedl(config["bsgd_lr"], p)
-  return fedco.local_scgd(config["scgd_lr"], config["scgd_gamma"], p)
+  return fedco.local_scgd(config["scgd_lr"], p, gamma=config["scgd_gamma"])
 
 
 def load_data(config):

@@ -17,7 +17,7 @@ local steps per round with mini-batches of ``--batch_size``; the paper's setting
                     before evaluation ("for fair comparison, FedAvg is trained with one step
                     at test time")
 ``fedmaml``         ``fedco.fedmaml(0.1)`` on MAML with inner lr 0.1
-``tr_maml``         ``fedco.tr_maml(0.1, weight_lr=0.08)`` on MAML with inner lr 0.05
+``tr_maml``         ``fedco.tr_maml(0.1, weights_lr=0.08)`` on MAML with inner lr 0.05
 ``ditto``           ``fedco.ditto(0.2, lam=0.1)`` on the cross-entropy; personal models
 ==================  ==========================================================================
 
@@ -306,10 +306,10 @@ def make(spec, config, apply_fn):
             config["fedmaml_inner_lr"])
   if name == "tr_maml":
     return (maml(config["trmaml_inner_lr"]),
-            fedco.tr_maml(config["trmaml_lr"], config["trmaml_weight_lr"], tau),
+            fedco.tr_maml(config["trmaml_lr"], tau, weights_lr=config["trmaml_weight_lr"]),
             config["trmaml_inner_lr"])
   if name == "ditto":
-    return erm, fedco.ditto(config["ditto_lr"], config["ditto_lam"], tau), None
+    return erm, fedco.ditto(config["ditto_lr"], tau, lam=config["ditto_lam"]), None
   raise ValueError(f"unknown algorithm {name!r}")
 
 

@@ -194,12 +194,13 @@ def runs(config) -> List[Dict[str, Any]]:
 def make_algorithm(spec, config):
   name, p = spec["algorithm"], spec["p"]
   if name == "local_scgdm":
-    return fedco.local_scgdm(spec["eta"], spec["beta"], spec["alpha"], spec["gamma"], p)
+    return fedco.local_scgdm(spec["eta"], p, beta=spec["beta"], alpha=spec["alpha"],
+                             gamma=spec["gamma"])
   if name == "local_bsgd":
     return fedco.comfedl(config["bsgd_lr"], p)
   if name == "local_scgd":
-    return fedco.local_scgd(config["scgd_lr"], config["scgd_gamma"], p)
-  return local_moml(config["moml_lr"], config["moml_beta"], p)
+    return fedco.local_scgd(config["scgd_lr"], p, gamma=config["scgd_gamma"])
+  return local_moml(config["moml_lr"], p, beta=config["moml_beta"])
 
 
 def _episode(arrays):

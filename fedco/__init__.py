@@ -5,15 +5,16 @@ transform; the runtime simulates many clients in one jitted program.
 """
 
 from fedco import algorithms, data, estimators, metrics, models, problems, runtime
-from fedco.algorithms import (Algorithm, CommPlan, afl, comfedl, drfa, ds_feddro, fedavg,
-                              fedavg_co, feddro, gcivr, local_moml, local_scgd, local_scgdm,
-                              mbsgd, qfedavg, fastdro, primal_dual_dro)
+from fedco.algorithms import (Algorithm, CommPlan, afl, chain, comfedl, drfa, ds_feddro,
+                              fedavg, fedavg_co, feddro, gcivr, init_trackers,
+                              inject_hyperparams, local_moml, local_scgd, local_scgdm, mbsgd,
+                              named_chain, qfedavg, fastdro, primal_dual_dro)
 from fedco.algorithms import ditto, fedmaml, per_fedavg, tr_maml
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
 from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 ALGORITHMS = {
     "comfedl": comfedl,
@@ -44,5 +45,6 @@ __all__ = [
     "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
     "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData",
     "Problem", "global_inner", "local_inner", "plain", "Simulator", "SimulationResult",
-    "oracle_args", "simulate", "ALGORITHMS",
+    "oracle_args", "simulate", "ALGORITHMS", "chain", "named_chain", "inject_hyperparams",
+    "init_trackers",
 ]

@@ -19,42 +19,32 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from fedco.problems import portfolio
+from tests import registry as test_registry
+
+
+# every registry configuration but GCIVR, Local-MOML and FedMAML (= Per-FedAvg), which the
+# contract tests run in simulate; settings from tests/registry.py with 3 local steps
+LABELS = ("comfedl", "local_scgd", "local_scgdm", "fedavg", "fedavg_co_I", "fedavg_co_II",
+          "fedavg_co_modified", "mbsgd", "feddro", "ds_feddro", "qfedavg", "drfa", "afl",
+          "fastdro", "primal_dual_dro", "ditto", "per_fedavg", "tr_maml")
 
 
 def registry(num_rows=None):
-  """``{name: (problem, algorithm)}``; ``num_rows`` sizes primal-dual DRO's row weights
-  (default: this script's 10 clients)."""
+  """``{label: (problem, algorithm)}`` from ``fedco.ALGORITHMS`` (``tests/registry.py``);
+  ``num_rows`` sizes primal-dual DRO's row weights (default: this script's 10 clients)."""
   num_rows = NUM_ROWS if num_rows is None else num_rows
-  plain = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
-  local, glob = portfolio(1.0, kind="local"), portfolio(1.0)
-  return {
-      "comfedl": (local, fedco.comfedl(0.1, 3)),
-      "local_scgd": (local, fedco.local_scgd(0.1, 0.9, 3)),
-      "local_scgdm": (local, fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 3)),
-      "fedavg": (plain, fedco.fedavg(0.1, 3)),
-      "fedavg_co_I": (glob, fedco.fedavg_co(0.1, 3, case="I")),
-      "fedavg_co_II": (glob, fedco.fedavg_co(0.1, 3, case="II")),
-      "fedavg_co_modified": (glob, fedco.fedavg_co(0.1, 3, case="modified")),
-      "mbsgd": (glob, fedco.mbsgd(0.1)),
-      "feddro": (glob, fedco.feddro(0.1, 0.5, 3)),
-      "ds_feddro": (glob, fedco.ds_feddro(0.1, 0.5, 3)),
-      "qfedavg": (plain, fedco.qfedavg(0.1, 3, q=0.5)),
-      "drfa": (plain, fedco.drfa(0.1, 3, weights_lr=0.01)),
-      "afl": (plain, fedco.afl(0.1, weights_lr=0.01)),
-      "fastdro": (plain, fedco.fastdro(0.1, geometry="cvar", size=0.5, local_steps=3)),
-      "primal_dual_dro": (plain, fedco.primal_dual_dro(0.1, num_rows, weights_lr=0.01)),
-      "ditto": (plain, fedco.ditto(0.1, 0.1, 3)),
-      "per_fedavg": (local, fedco.per_fedavg(0.1, 3)),
-      "tr_maml": (local, fedco.tr_maml(0.1, 0.05, 3)),
-  }
+  configs = {}
+  for label in LABELS:
+    algorithm = test_registry.build(label, local_steps=3, num_examples=num_rows)
+    configs[label] = (test_registry.problem_for(algorithm), algorithm)
+  return configs
 
 
 NUM_ROWS = sum(4 + 3 * k for k in range(10))  # the clients' rows in main()
 SAMPLED = ("comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml")  # averaging, every-step, round-start, aggregator
 
 
-def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size):
+def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size, **simulator_options):
   """Every configuration of ``configs`` from ONE compiled program.
 
   ``configs`` is a list of ``(label, problem, algorithm, clients_per_round)``. Each runs as
@@ -65,10 +55,11 @@ def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size):
   ``jax.named_scope(label)``, so every compiled instruction names the configuration it
   belongs to in its ``op_name``. Returns ``(outputs, compiled)``: ``outputs[i]`` is
   configuration ``i``'s ``(final state, metrics)`` and ``compiled`` is the rounds program.
+  ``simulator_options`` go to every ``fedco.Simulator`` (e.g. ``evaluate=False``).
   """
   labels = [c[0] for c in configs]
   sims = [fedco.Simulator(problem, alg, data, batch_size=batch_size, clients_per_round=m,
-                          mesh=mesh) for _, problem, alg, m in configs]
+                          mesh=mesh, **simulator_options) for _, problem, alg, m in configs]
   data = sims[0].data  # the same for every simulator (replicated once on a mesh)
   x0, key = jnp.asarray(x0), jax.random.PRNGKey(seed)  # as Simulator.init(x0, seed)
   replicated = None

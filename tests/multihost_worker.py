@@ -152,7 +152,7 @@ def single():
       lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=NUM_CLIENTS)
   out["owner"] = [
       _host(distributed.fetch(r.params), r.metrics)
-      for r in (fedco.simulate(log_form, fedco.feddro(0.05, 0.5, 2), d, jnp.full((3,), X0),
+      for r in (fedco.simulate(log_form, fedco.feddro(0.05, 2, beta=0.5), d, jnp.full((3,), X0),
                                rounds=ROUNDS, seed=SEED, batch_size=BATCH, mesh=m)
                 for d, m in ((plain.with_owner(), None), (blocks.with_owner(), mesh)))]
   five = clients[:5]

@@ -22,8 +22,9 @@ def setup(name):
   data = fedco.FederatedData.from_clients(clients)
   algorithms = {
       "comfedl": (portfolio(1.0, kind="local"), fedco.comfedl(0.01, 3)),
-      "local_scgdm": (portfolio(1.0, kind="local"), fedco.local_scgdm(1.0, 0.01, 0.8, 0.7, 3)),
-      "feddro": (portfolio(1.0), fedco.feddro(0.01, 0.5, 3)),
+      "local_scgdm": (portfolio(1.0, kind="local"),
+                      fedco.local_scgdm(1.0, 3, beta=0.01, alpha=0.8, gamma=0.7)),
+      "feddro": (portfolio(1.0), fedco.feddro(0.01, 3, beta=0.5)),
   }
   problem, alg = algorithms[name]
   return problem, alg, data

@@ -67,7 +67,7 @@ def test_nan_at_a_known_round_leaves_a_loadable_checkpoint(tmp_path):
 
 def test_resume_refuses_a_checkpoint_past_the_requested_rounds(tmp_path):
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  run = lambda rounds: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data,
+  run = lambda rounds: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data,
                                       jnp.zeros(3), rounds=rounds, batch_size=4,
                                       checkpoint_dir=str(tmp_path))
   run(4)

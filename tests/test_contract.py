@@ -1,9 +1,15 @@
-"""Shared optax-style contract tests over a registry of every fedco algorithm.
+"""Optax contract tests over every algorithm of ``fedco.ALGORITHMS``.
 
 Each algorithm is used the way a user would in their own (centralised, one-client) loop:
-``init``/``update`` with keyword-only oracle arguments, then ``optax.apply_updates``.
+``init``/``update`` with keyword-only oracle arguments, then ``optax.apply_updates``; then
+composed with optax (``optax.chain``, ``fedco.chain``, ``inject_hyperparams``) in that loop
+and in ``fedco.simulate``. Settings per registry entry live in ``tests/registry.py``.
 """
 
+import functools
+import inspect
+
+from absl.testing import parameterized
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,41 +18,24 @@ import optax
 import pytest
 
 import fedco
+from fedco.algorithms import set_fields
 from fedco.problems import portfolio, portfolio_stationary_point
 from tests import helpers
+from tests import mesh_check
+from tests import registry
 
-# name -> (factory, kwargs for the portfolio problem)
-REGISTRY = {
-    "comfedl": lambda: fedco.comfedl(0.1, 5),
-    "local_scgd": lambda: fedco.local_scgd(0.1, 0.9, 5),
-    "local_scgdm": lambda: fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 5),
-    "fedavg": lambda: fedco.fedavg(0.1, 5),
-    "fedavg_co_I": lambda: fedco.fedavg_co(0.1, 5, case="I"),
-    "fedavg_co_II": lambda: fedco.fedavg_co(0.1, 5, case="II"),
-    "fedavg_co_modified": lambda: fedco.fedavg_co(0.1, 5, case="modified"),
-    "mbsgd": lambda: fedco.mbsgd(0.1),
-    "feddro": lambda: fedco.feddro(0.1, 0.5, 5),
-    "ds_feddro": lambda: fedco.ds_feddro(0.1, 0.5, 5),
-    "qfedavg": lambda: fedco.qfedavg(0.1, 5, q=0.2),
-    "drfa": lambda: fedco.drfa(0.1, 5),
-    "afl": lambda: fedco.afl(0.1),
-    "gcivr": lambda: fedco.gcivr(0.1, refresh_every=5),
-    # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
-    "local_moml": lambda: fedco.local_moml(0.1, 0.7, 5, first_order=False),
-    # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
-    "fastdro": lambda: fedco.fastdro(0.1, geometry="cvar", size=0.5),
-    "primal_dual_dro": lambda: fedco.primal_dual_dro(0.1, 1, weights_lr=0.1),
-    "per_fedavg": lambda: fedco.per_fedavg(0.1, 5),
-    "fedmaml": lambda: fedco.fedmaml(0.1, 5),
-    "tr_maml": lambda: fedco.tr_maml(0.1, 0.08, 5),
-    "ditto": lambda: fedco.ditto(0.1, 0.1, 5),
-}
-
-assert set(REGISTRY) >= {"comfedl", "fedavg"} and len(REGISTRY) == 21
+LABELS = sorted(registry.CASES)
 
 
-@pytest.fixture(scope="module")
-def setup():
+def test_every_registry_algorithm_has_test_settings():
+  assert set(registry.SETTINGS) == set(fedco.ALGORITHMS)
+  for name, factory in fedco.ALGORITHMS.items():
+    assert isinstance(factory(**registry.kwargs(registry.SETTINGS[name][0][0])),
+                      fedco.Algorithm), name
+
+
+@functools.lru_cache(maxsize=None)
+def _setup():
   returns = helpers.portfolio_clients(sizes=(64,), seed=3)[0]
   problem = portfolio(1.0)
   examples = {"r": jnp.asarray(returns)}
@@ -54,20 +43,33 @@ def setup():
   return problem, examples, x_star
 
 
-def _step_fn(opt, problem, examples):
-  grad_h_fn, kwargs = helpers.full_batch_args(problem, examples)
+@pytest.fixture(scope="module")
+def setup():
+  return _setup()
+
+
+def _oracles(problem, examples):
+  """Full-batch oracles: the compositional ones, and the plain ones on the single loss Phi."""
+  _, kwargs = helpers.full_batch_args(problem, examples)
   phi = lambda x: problem.outer_value(problem.inner_value(
       x, examples, jnp.full((examples["r"].shape[0],), 1.0 / examples["r"].shape[0])), None, None)
+  plain = {"extra_fn": phi, "example_losses_fn": lambda x: phi(x)[None],
+           "example_weights": jnp.ones(1), "example_rows": jnp.zeros(1, jnp.int32)}
+  return kwargs, phi, plain
+
+
+def _step_fn(opt, problem, examples, algorithm=None):
+  """One user-loop step; ``algorithm`` is the fedco algorithm inside ``opt`` (a chain)."""
+  algorithm = opt if algorithm is None else algorithm
+  kwargs, phi, plain = _oracles(problem, examples)
 
   def step(params, state, **extra):
-    for field in opt.plan.round_start:  # the caller plays the server (MBSGD's y_bar)
-      state = state._replace(**{field: kwargs["inner_fn"](params)})
+    for field in algorithm.plan.round_start:  # the caller plays the server (MBSGD's y_bar)
+      state = set_fields(state, **{field: kwargs["inner_fn"](params)})
     grads = None
-    if opt.problem_kind == "plain":  # the plain oracles, on the single loss Phi
+    if algorithm.problem_kind == "plain":
       grads = jax.grad(phi)(params)
-      extra = {"extra_fn": phi, "example_losses_fn": lambda x: phi(x)[None],
-               "example_weights": jnp.ones(1), "example_rows": jnp.zeros(1, jnp.int32),
-               **extra}
+      extra = {**plain, **extra}
     extra.setdefault("round_key", jax.random.PRNGKey(0))  # DRFA's shared round key
     updates, state = opt.update(grads, state, params, **kwargs, **extra)
     return optax.apply_updates(params, updates), state
@@ -76,27 +78,34 @@ def _step_fn(opt, problem, examples):
 
 
 def _init(opt, problem, examples, params):
-  _, kwargs = helpers.full_batch_args(problem, examples)
-  return opt.init(params, inner_value=kwargs["inner_fn"](params))
+  """``init`` with the trackers filled from the full-batch inner value (a scan-ready state)."""
+  kwargs, _, _ = _oracles(problem, examples)
+  return fedco.init_trackers(opt.init(params), params, kwargs["inner_fn"](params))
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_converges_on_portfolio(name, setup):
-  problem, examples, x_star = setup
-  opt = REGISTRY[name]()
-  params = jnp.zeros(3)
-  state = _init(opt, problem, examples, params)
-  step = jax.jit(_step_fn(opt, problem, examples))
-  for _ in range(600):
+def _run(opt, steps, params=None, algorithm=None, jit=True, state=None):
+  problem, examples, _ = _setup()
+  params = jnp.full((3,), 0.1, jnp.float32) if params is None else params
+  state = _init(opt, problem, examples, params) if state is None else state
+  step = _step_fn(opt, problem, examples, algorithm)
+  step = jax.jit(step) if jit else step
+  for _ in range(steps):
     params, state = step(params, state)
+  return params, state
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_converges_on_portfolio(label, setup):
+  _, _, x_star = setup
+  params, _ = _run(registry.build(label), 600, params=jnp.zeros(3))
   np.testing.assert_allclose(np.asarray(params), x_star, atol=2e-3)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_ignores_unknown_extra_args(name, setup):
+@pytest.mark.parametrize("label", LABELS)
+def test_ignores_unknown_extra_args(label, setup):
   problem, examples, _ = setup
-  opt = REGISTRY[name]()
-  params = jnp.full((3,), 0.1)
+  opt = registry.build(label)
+  params = jnp.full((3,), 0.1, jnp.float32)
   state = _init(opt, problem, examples, params)
   step = _step_fn(opt, problem, examples)
   a, _ = step(params, state)
@@ -104,11 +113,11 @@ def test_ignores_unknown_extra_args(name, setup):
   chex.assert_trees_all_close(a, b)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_does_not_recompile_and_keeps_dtypes(name, setup):
+@pytest.mark.parametrize("label", LABELS)
+def test_does_not_recompile_and_keeps_dtypes(label, setup):
   chex.clear_trace_counter()
   problem, examples, _ = setup
-  opt = REGISTRY[name]()
+  opt = registry.build(label)
   params = jnp.full((3,), 0.1, jnp.float32)
   state = _init(opt, problem, examples, params)
   step = jax.jit(chex.assert_max_traces(_step_fn(opt, problem, examples), n=1))
@@ -120,68 +129,277 @@ def test_does_not_recompile_and_keeps_dtypes(name, setup):
   chex.assert_trees_all_equal_shapes(s2, state)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_jit_and_no_jit_agree(name, setup):
-  problem, examples, _ = setup
-  opt = REGISTRY[name]()
-  params = jnp.full((3,), 0.1)
-  state = _init(opt, problem, examples, params)
-  step = _step_fn(opt, problem, examples)
-  jstep = jax.jit(step)
-  p, s, jp, js = params, state, params, state
-  for _ in range(3):
-    p, s = step(p, s)
-    jp, js = jstep(jp, js)
-  chex.assert_trees_all_close(p, jp, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(s, js, rtol=1e-5, atol=1e-6)
+class JitAndNoJitAgree(chex.TestCase):
+  """``chex.variants``: the same steps with and without ``jax.jit``."""
 
-
-@pytest.mark.parametrize("name", ["comfedl", "local_scgd", "fedavg", "feddro", "ds_feddro",
-                                  "fedavg_co_II"])
-def test_accepts_an_optax_parameter_step(name, setup):
-  """``optimizer=optax.adam(...)`` replaces the paper's SGD step and still converges."""
-  problem, examples, x_star = setup
-  factories = {
-      "comfedl": lambda o: fedco.comfedl(optimizer=o),
-      "local_scgd": lambda o: fedco.local_scgd(gamma=0.9, optimizer=o),
-      "fedavg": lambda o: fedco.fedavg(optimizer=o),
-      "feddro": lambda o: fedco.feddro(beta=0.5, optimizer=o),
-      "ds_feddro": lambda o: fedco.ds_feddro(beta=0.5, optimizer=o),
-      "fedavg_co_II": lambda o: fedco.fedavg_co(case="II", optimizer=o),
-  }
-  opt = factories[name](optax.adam(0.02))
-  params = jnp.zeros(3)
-  state = _init(opt, problem, examples, params)
-  step = jax.jit(_step_fn(opt, problem, examples))
-  for _ in range(1500):
-    params, state = step(params, state)
-  np.testing.assert_allclose(np.asarray(params), x_star, atol=1e-2)
-
-
-def test_local_scgdm_agrees_under_inject_hyperparams(setup):
-  """The default parameter step equals an injected ``sgd(beta*eta)`` optimizer."""
-  problem, examples, _ = setup
-  plain_opt = fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 5)
-  injected = fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 5,
-                               optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
-  params = jnp.full((3,), 0.1)
-  results = []
-  for opt in (plain_opt, injected):
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.named_parameters((label, label) for label in LABELS)
+  def test_jit_and_no_jit_agree(self, label):
+    problem, examples, _ = _setup()
+    opt = registry.build(label)
+    params = jnp.full((3,), 0.1, jnp.float32)
     state = _init(opt, problem, examples, params)
-    p = params
-    step = jax.jit(_step_fn(opt, problem, examples))
-    for _ in range(5):
-      p, state = step(p, state)
-    results.append(p)
-  chex.assert_trees_all_close(results[0], results[1], rtol=1e-6)
+    step = self.variant(_step_fn(opt, problem, examples))
+    reference = _step_fn(opt, problem, examples)
+    p, s, rp, rs = params, state, params, state
+    for _ in range(3):
+      p, s = step(p, s)
+      rp, rs = reference(rp, rs)
+    chex.assert_trees_all_close(p, rp, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(s, rs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_init_without_inner_value_fills_trackers_on_first_update(label, setup):
+  """``init(params)`` (optax's signature) works for every algorithm; the first update fills
+  the trackers from its own sample, which here (full batch) is the inner value itself."""
+  problem, examples, _ = setup
+  opt = registry.build(label)
+  params = jnp.full((3,), 0.1, jnp.float32)
+  bare = opt.init(params)
+  filled = _init(opt, problem, examples, params)
+  p_bare, s_bare = _run(opt, 3, state=bare)
+  p_filled, s_filled = _run(opt, 3, state=filled)
+  assert not fedco.algorithms.base.has_pending(s_bare)
+  chex.assert_trees_all_close(p_bare, p_filled, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(s_bare, s_filled, rtol=1e-6, atol=1e-7)
+
+
+def _inactive_clip():
+  return optax.clip_by_global_norm(1e12)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_optax_chain_with_inactive_clip_equals_unchained(label, setup):
+  """``optax.chain`` and ``fedco.chain`` pass the oracles through; clipping that never bites
+  (before the algorithm: on ``grad h``; after it: on the step) changes nothing."""
+  alg = registry.build(label)
+  reference, _ = _run(alg, 3)
+  for chained in (optax.chain(_inactive_clip(), alg, _inactive_clip()),
+                  fedco.chain(_inactive_clip(), alg, _inactive_clip()),
+                  fedco.named_chain(("clip", _inactive_clip()), ("alg", alg))):
+    params, _ = _run(chained, 3, algorithm=alg)
+    chex.assert_trees_all_close(params, reference, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_chain_with_active_clip_bounds_every_step(label, setup):
+  alg = registry.build(label)
+  problem, examples, _ = setup
+  chained = fedco.chain(alg, optax.clip_by_global_norm(1e-3))
+  params = jnp.full((3,), 0.1, jnp.float32)
+  state = _init(chained, problem, examples, params)
+  step = jax.jit(_step_fn(chained, problem, examples, alg))
+  for _ in range(3):
+    new, state = step(params, state)
+    assert float(jnp.linalg.norm(new - params)) <= 1e-3 * (1 + 1e-5)
+    params = new
+  assert float(jnp.linalg.norm(params - 0.1)) > 0  # it still moves
+
+
+def test_fedco_chain_keeps_the_plan_and_needs_one_algorithm():
+  alg = fedco.feddro(0.1, 5, beta=0.5)
+  chained = fedco.chain(optax.clip_by_global_norm(1.0), alg)
+  assert isinstance(chained, fedco.Algorithm)
+  assert isinstance(chained, optax.GradientTransformationExtraArgs)
+  assert (chained.plan, chained.server, chained.name, chained.problem_kind) == (
+      alg.plan, alg.server, alg.name, alg.problem_kind)
+  with pytest.raises(ValueError, match="exactly one fedco algorithm"):
+    fedco.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+  with pytest.raises(ValueError, match="exactly one fedco algorithm"):
+    fedco.chain(alg, fedco.comfedl(0.1))
+
+
+def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
+  problem = portfolio(1.0)
+  data = fedco.FederatedData.from_clients(
+      [{"r": r} for r in helpers.portfolio_clients(sizes=(8, 8))])
+  with pytest.raises(ValueError, match="fedco.chain"):
+    fedco.simulate(problem, optax.chain(_inactive_clip(), fedco.feddro(0.1)), data,
+                   jnp.zeros(3), rounds=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _simulated_pairs():
+  """Every registry configuration as it is, and chained with inactive clips around its
+  injected form, traced into one program (``mesh_check.compile_all``, no evaluation):
+  4 rounds of 3 sampled clients out of 10."""
+  rng = np.random.default_rng(0)
+  clients = [{"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
+             for k in range(10)]
+  data = fedco.FederatedData.from_clients(clients)
+  rows = sum(4 + 3 * k for k in range(10))
+  configs = []
+  for label in LABELS:
+    kw = registry.kwargs(label, local_steps=3, num_examples=rows)
+    alg = registry.factory(label)(**kw)
+    composed = fedco.chain(_inactive_clip(),
+                           fedco.inject_hyperparams(registry.factory(label))(**kw),
+                           _inactive_clip())
+    problem = registry.problem_for(alg)
+    configs += [(f"{label}_plain", problem, alg, 3), (f"{label}_composed", problem, composed, 3)]
+  outputs, _ = mesh_check.compile_all(configs, data, None, x0=jnp.full((3,), 0.1), seed=3,
+                                      rounds=4, batch_size=4, evaluate=False)
+  return {c[0]: out[0] for c, out in zip(configs, outputs)}
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_chained_and_injected_algorithms_run_in_simulate_with_their_plan(label):
+  runs = _simulated_pairs()
+  plain, composed = runs[f"{label}_plain"], runs[f"{label}_composed"]
+  assert float(np.max(np.abs(np.asarray(plain.server["params"]) - 0.1))) > 1e-2
+  chex.assert_trees_all_close(composed.server["params"], plain.server["params"],
+                              rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(composed.server, plain.server, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(composed.shared, plain.shared, rtol=1e-5, atol=1e-6)
+  assert int(composed.round) == int(plain.round) == 4
+
+
+# ---- injectable hyperparameters ----------------------------------------------------------
+
+
+def _numeric_hyperparams(label):
+  kw = registry.kwargs(label)
+  static = set(registry.factory(label).static_args)
+  return {k: v for k, v in kw.items()
+          if k not in static and isinstance(v, float)}
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_inject_hyperparams_changes_the_step_without_recompiling(label, setup):
+  """Every numeric hyperparameter is state: changing one between calls changes the step
+  and reuses the compiled program (``chex.assert_max_traces``)."""
+  problem, examples, _ = setup
+  factory = registry.factory(label)
+  kw = registry.kwargs(label)
+  hyper = _numeric_hyperparams(label)
+  assert "learning_rate" in hyper
+  for injected in (fedco.inject_hyperparams(factory)(**kw),
+                   optax.inject_hyperparams(factory, static_args=factory.static_args)(**kw)):
+    chex.clear_trace_counter()
+    params = jnp.full((3,), 0.1, jnp.float32)
+    state = _init(injected, problem, examples, params)
+    assert set(hyper) <= set(state.hyperparams)
+    step = jax.jit(chex.assert_max_traces(
+        _step_fn(injected, problem, examples, registry.build(label)), n=1))
+
+    def two_steps(state):  # GCIVR's first step is 0 by design
+      p, s = step(params, state)
+      return step(p, s)[0]
+
+    p1 = two_steps(state)
+    reference, _ = _run(registry.build(label), 2)
+    chex.assert_trees_all_close(p1, reference, rtol=1e-6, atol=1e-7)
+    state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
+    p2 = two_steps(state)  # the same compiled program
+    halved, _ = _run(factory(**{**kw, "learning_rate": 0.5 * kw["learning_rate"]}), 2)
+    chex.assert_trees_all_close(p2, halved, rtol=1e-5, atol=1e-7)
+    assert float(jnp.max(jnp.abs(p2 - p1))) > 0
+
+
+def test_inject_hyperparams_takes_schedules_and_server_rates():
+  problem, examples, _ = _setup()
+  schedule = optax.exponential_decay(0.2, transition_steps=1, decay_rate=0.5)
+  injected = fedco.inject_hyperparams(fedco.ds_feddro)(schedule, 5, beta=0.5,
+                                                       server_lr_x=1.3, server_lr_y=1.4)
+  params = jnp.full((3,), 0.1, jnp.float32)
+  state = _init(injected, problem, examples, params)
+  step = jax.jit(_step_fn(injected, problem, examples))
+  p1, state = step(params, state)
+  p2, state = step(p1, state)
+  first, s1 = _run(fedco.ds_feddro(0.2, 5, beta=0.5), 1)
+  chex.assert_trees_all_close(p1, first, rtol=1e-6)
+  second, _ = _run(fedco.ds_feddro(0.1, 5, beta=0.5), 1, params=first, state=s1)
+  chex.assert_trees_all_close(p2, second, rtol=1e-6)  # the schedule's 0.2 * 0.5
+  # the server's rates are server state: a changed gamma_x changes the aggregate
+  server = injected.server
+  values = {"params": params, "y": jnp.zeros(2)}
+  s0 = server.init(values, jnp.ones(2, jnp.int32))
+  assert set(s0.hyperparams) >= {"server_lr_x", "server_lr_y", "beta"}
+  info = fedco.algorithms.RoundInfo(jnp.arange(2), jnp.full(2, 0.5), jnp.ones(2, jnp.int32),
+                                    2, jax.random.PRNGKey(0), None)
+  clients = {"params": jnp.stack([params + 1.0, params + 1.0]), "y": jnp.ones((2, 2))}
+  update = jax.jit(chex.assert_max_traces(server.update, n=1))
+  chex.clear_trace_counter()
+  new, _ = update(values, s0, clients, info)
+  np.testing.assert_allclose(new["params"], params + 1.3, rtol=1e-6)
+  s0.hyperparams["server_lr_x"] = jnp.asarray(1.0, jnp.float32)
+  new, _ = update(values, s0, clients, info)
+  np.testing.assert_allclose(new["params"], params + 1.0, rtol=1e-6)
+
+
+def test_readme_style_chain_with_schedule_converges():
+  problem, examples, x_star = _setup()
+  schedule = optax.cosine_decay_schedule(0.1, 600)
+  opt = fedco.chain(optax.clip_by_global_norm(1.0),
+                    fedco.inject_hyperparams(fedco.feddro)(schedule, 5, beta=0.5))
+  params, _ = _run(opt, 600, params=jnp.zeros(3), algorithm=fedco.feddro(0.1))
+  np.testing.assert_allclose(np.asarray(params), x_star, atol=5e-3)
+
+
+# ---- the parameter step ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["comfedl", "local_scgd", "fedavg", "feddro", "ds_feddro",
+                                   "fedavg_co_II"])
+def test_accepts_an_optax_parameter_step(label, setup):
+  """``optimizer=optax.adam(...)`` replaces the paper's SGD step and still converges; a
+  factory ``optimizer=optax.adam`` is fed ``learning_rate`` and gives the same steps."""
+  _, _, x_star = setup
+  kw = registry.kwargs(label)
+  del kw["learning_rate"]
+  instance = registry.factory(label)(**kw, optimizer=optax.adam(0.02))
+  fed = registry.factory(label)(0.02, **kw, optimizer=optax.adam)
+  params, _ = _run(instance, 1500, params=jnp.zeros(3))
+  np.testing.assert_allclose(np.asarray(params), x_star, atol=1e-2)
+  a, _ = _run(instance, 5)
+  b, _ = _run(fed, 5)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(fedco.ALGORITHMS))
+def test_learning_rate_and_an_optimizer_instance_is_an_error(name):
+  factory = fedco.ALGORITHMS[name]
+  kw = registry.kwargs(registry.SETTINGS[name][0][0])
+  if name in ("local_scgdm", "qfedavg"):  # their learning rate also sets other rates
+    alg = factory(**kw, optimizer=optax.sgd(0.1))
+    assert isinstance(alg, fedco.Algorithm)
+    return
+  with pytest.raises(ValueError, match=r"^pass learning_rate or optimizer, not both"):
+    factory(**kw, optimizer=optax.adam(1e-2))
+
+
+@pytest.mark.parametrize("name", sorted(fedco.ALGORITHMS))
+def test_signature_convention(name):
+  """``learning_rate`` first, ``local_steps`` second where there are local steps, the rest
+  keyword-only, ``optimizer=`` on every algorithm, type hints, one name per concept."""
+  parameters = list(inspect.signature(fedco.ALGORITHMS[name]).parameters.values())
+  assert parameters[0].name == "learning_rate"
+  positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
+  assert positional in (["learning_rate"], ["learning_rate", "local_steps"]), positional
+  names = {p.name for p in parameters}
+  assert "optimizer" in names
+  assert not names & {"weight_lr", "tau", "lr", "eta"}
+  assert all(p.annotation is not inspect.Parameter.empty for p in parameters), name
+  assert set(fedco.ALGORITHMS[name].static_args) <= names
+
+
+def test_local_scgdm_agrees_under_injected_optimizer(setup):
+  """The default parameter step equals an injected ``sgd(beta*eta)`` optimizer."""
+  plain_opt = fedco.local_scgdm(1.0, 5, beta=0.1, alpha=0.8, gamma=0.7)
+  injected = fedco.local_scgdm(1.0, 5, beta=0.1, alpha=0.8, gamma=0.7,
+                               optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
+  a, _ = _run(plain_opt, 5)
+  b, _ = _run(injected, 5)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
 
 
 def test_missing_oracle_is_a_clear_error(setup):
   problem, examples, _ = setup
-  opt = fedco.feddro(0.1, 0.5, 5)
+  opt = fedco.feddro(0.1, 5, beta=0.5)
   params = jnp.zeros(3)
   state = _init(opt, problem, examples, params)
   with pytest.raises(ValueError, match="inner_fn"):
     opt.update(None, state, params, outer_fn=lambda y: y.sum())
   with pytest.raises(ValueError, match="inner_value"):
-    opt.init(params)
+    fedco.init_trackers(opt.init(params), params, None)

@@ -246,7 +246,7 @@ def tiny_run(name, tiny, rounds=ROUNDS):
     problem, alg = {
         "fedavg": (fedco.plain(sq_loss), fedco.fedavg(0.1, 5)),
         "comfedl": (client_kl_dro(sq_loss, GAMMA), fedco.comfedl(0.01, 5)),
-        "feddro": (log_form, fedco.feddro(0.1, 0.5, 5)),
+        "feddro": (log_form, fedco.feddro(0.1, 5, beta=0.5)),
         "mbsgd": (log_form, fedco.mbsgd(0.1)),
     }[name]
     _RUNS[name] = fedco.simulate(problem, alg, data, to_params(x0), rounds=rounds,

@@ -300,7 +300,7 @@ def test_gcivr_update_matches_numpy_with_changing_batches():
   params = {"w": jnp.asarray(0.1 * rng.normal(size=4), jnp.float32), "b": jnp.float32(0.2)}
   x0 = _flat(params)
   init_rows = draw()
-  alg = gcivr(lr, q)
+  alg = gcivr(lr, refresh_every=q)
   state = alg.init(params, inner_value=problem.inner_value(
       params, sub(init_rows), jnp.full((12,), 1 / 12)))
   for t in range(steps):
@@ -321,7 +321,8 @@ def test_gcivr_in_the_runtime_matches_the_parallel_transcription():
   problem = fair.fairness_problem()
   lr, q, rounds = 0.05, 2, 6
   params = {"w": jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32), "b": jnp.float32(-0.1)}
-  res = fedco.simulate(problem, gcivr(lr, q), data, params, rounds=rounds, batch_size=None)
+  res = fedco.simulate(problem, gcivr(lr, refresh_every=q), data, params, rounds=rounds,
+                       batch_size=None)
   C = [NpFair(ex) for ex in clients]
   x0 = _flat(params)
   y0 = np.mean([c.g(x0[:-1], x0[-1]) for c in C], 0)

@@ -59,7 +59,7 @@ def test_feddro_step_averages_use_only_the_survivors():
   """One FedDRO round with dropouts equals the same round run on the survivors' data alone."""
   clients = [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7, 8), seed=4)]
   full = fedco.FederatedData.from_clients(clients)
-  alg, problem = fedco.feddro(0.1, 0.5, 3), portfolio(1.0)
+  alg, problem = fedco.feddro(0.1, 3, beta=0.5), portfolio(1.0)
   sim = fedco.Simulator(problem, alg, full, batch_size=None, participation=0.5)
   start = sim.init(jnp.full((3,), 0.1), 3)
   state, metrics = sim.run(start, 1)

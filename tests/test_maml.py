@@ -235,10 +235,10 @@ def test_bad_arguments_raise(net):
     da_maml(model.apply, 0.1, 0.0)
   with pytest.raises(ValueError, match="beta"):
     local_moml(0.01, beta=1.5)
-  alg = local_moml(0.01, 0.7)
+  alg = local_moml(0.01, beta=0.7)
   with pytest.raises(ValueError, match="first_order=False"):
     alg.init(jnp.zeros(3), inner_value=jnp.zeros(2))
-  local_moml(0.01, 0.7, first_order=False).init(jnp.zeros(3), inner_value=jnp.zeros(2))
+  local_moml(0.01, beta=0.7, first_order=False).init(jnp.zeros(3), inner_value=jnp.zeros(2))
 
 
 # ---- Local-MOML against NumPy -----------------------------------------------------------
@@ -328,7 +328,7 @@ def test_local_moml_matches_numpy_transcription(first_order):
   data = fedco.FederatedData.from_clients(clients)
   problem = maml(_linear, INNER)
   params0 = {"w": jnp.asarray([0.3, -0.2], jnp.float32), "b": jnp.asarray(0.1, jnp.float32)}
-  res = fedco.simulate(problem, local_moml(LR, BETA, STEPS, first_order=first_order), data,
+  res = fedco.simulate(problem, local_moml(LR, STEPS, beta=BETA, first_order=first_order), data,
                        params0, rounds=ROUNDS, batch_size=None, evaluate=False)
   theta0 = np.array([0.3, -0.2, 0.1])
   theta, memories, init = _moml_reference(clients, theta0, first_order)
@@ -350,7 +350,7 @@ def test_scgd_family_runs_on_the_task_table():
   data = fedco.FederatedData.from_clients(clients)
   problem = maml(_linear, INNER)
   params0 = {"w": jnp.zeros(2, jnp.float32), "b": jnp.zeros((), jnp.float32)}
-  res = fedco.simulate(problem, fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 2), data, params0,
-                       rounds=2, batch_size=1, evaluate=False)
+  res = fedco.simulate(problem, fedco.local_scgdm(1.0, 2, beta=0.1, alpha=0.8, gamma=0.7), data,
+                       params0, rounds=2, batch_size=1, evaluate=False)
   assert res.state.clients.u["w"].shape == (2, T, D)
   assert np.all(np.isfinite(np.asarray(res.params["w"])))

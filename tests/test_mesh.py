@@ -51,7 +51,7 @@ def test_mesh_argument_is_checked():
 def test_padding_on_a_one_device_mesh_changes_nothing():
   """A mesh of one device has no padding; the program still agrees with no mesh."""
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  run = lambda mesh: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data,
+  run = lambda mesh: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data,
                                     jnp.zeros(3), rounds=3, batch_size=4, mesh=mesh)
   a, b = run(None), run(fedco.runtime.client_mesh(1))
   assert float(jnp.max(jnp.abs(a.params - b.params))) < 1e-6
@@ -60,7 +60,7 @@ def test_padding_on_a_one_device_mesh_changes_nothing():
 def test_a_mesh_run_compiles_once():
   """init's and run's outputs carry the same shardings, so run never compiles twice."""
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data, batch_size=4,
+  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data, batch_size=4,
                         mesh=fedco.runtime.client_mesh(1))
   state = sim.init(jnp.zeros(3), 0)
   for _ in range(3):

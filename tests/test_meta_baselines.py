@@ -397,8 +397,9 @@ def tr_run():
                                                   range(len(TR_SIZES))])
   data = fedco.FederatedData.from_clients(clients)
   w0 = init_params(0)
-  res = fedco.simulate(PROBLEM, fedco.tr_maml(LR, TR_RATE, STEPS), data, w0, rounds=TR_ROUNDS,
-                       seed=TR_SEED, batch_size=BATCH, clients_per_round=TR_M, evaluate=False)
+  res = fedco.simulate(PROBLEM, fedco.tr_maml(LR, STEPS, weights_lr=TR_RATE), data, w0,
+                       rounds=TR_ROUNDS, seed=TR_SEED, batch_size=BATCH, clients_per_round=TR_M,
+                       evaluate=False)
   return clients, w0, res
 
 
@@ -433,7 +434,7 @@ def test_tr_maml_weights_stay_on_the_simplex_and_favour_the_hard_client(tr_run):
 
 def _fake_round(alive):
   """One TR-MAML aggregator update on hand-made client values (K = 3, clients 0 and 2)."""
-  alg = fedco.tr_maml(0.1, 0.5, 2)
+  alg = fedco.tr_maml(0.1, 2, weights_lr=0.5)
   x = {"w": jnp.asarray([1.0, -1.0])}
   state = alg.server.init({"params": x}, jnp.asarray([3, 4, 5]))
   clients = {"params": {"w": jnp.asarray([[0.0, 0.0], [2.0, 2.0]])},
@@ -467,7 +468,7 @@ def test_tr_maml_records_the_loss_at_the_rounds_model():
   examples = {"r": jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)}
   _, kwargs = fedco.oracle_args(problem, examples, examples, examples)
   value = lambda x: kwargs["outer_fn"](kwargs["inner_fn"](x))
-  alg = fedco.tr_maml(0.1, 0.1, 3)
+  alg = fedco.tr_maml(0.1, 3, weights_lr=0.1)
   params = jnp.full((3,), 0.2)
   state = alg.init(params)
   update = jax.jit(lambda s, p: alg.update(None, s, p, **kwargs))
@@ -537,7 +538,7 @@ def test_ditto_matches_transcription():
   data = fedco.FederatedData.from_clients(clients)
   x0 = np.array([0.3, -0.2, 0.1], np.float32)
   lr, lam, plr, steps, rounds, m, seed = 0.2, 0.5, 0.3, 3, 4, 2, 2
-  res = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, lam, steps, personal_lr=plr), data,
+  res = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, steps, lam=lam, personal_lr=plr), data,
                        jnp.asarray(x0), rounds=rounds, seed=seed, batch_size=BATCH,
                        clients_per_round=m, evaluate=False)
   sched = schedule(seed, rounds, DITTO_SIZES, m, steps=steps)
@@ -553,7 +554,7 @@ def test_ditto_matches_transcription():
                              rtol=1e-4, atol=1e-5)
   # personal models are not the global model, and the server mean is sample-weighted
   assert np.min(np.abs(personal - x).max(axis=1)) > 1e-2
-  uniform = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, lam, steps, personal_lr=plr,
+  uniform = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, steps, lam=lam, personal_lr=plr,
                                                       weighting="uniform"),
                            data, jnp.asarray(x0), rounds=1, seed=seed, batch_size=BATCH,
                            clients_per_round=m, evaluate=False)
@@ -569,7 +570,7 @@ def _ditto_loop(lam, personal_lr, steps_per_round, total_steps, lr=0.2):
   c = ditto_clients(1)[2]
   examples = {k: jnp.asarray(v) for k, v in c.items()}
   grad_h_fn, kwargs = fedco.oracle_args(DITTO_PROBLEM, examples, examples, examples)
-  alg = fedco.ditto(lr, lam, steps_per_round, personal_lr=personal_lr)
+  alg = fedco.ditto(lr, steps_per_round, lam=lam, personal_lr=personal_lr)
   params = jnp.asarray([0.3, -0.2, 0.1])
   state = alg.init(params)
   history = [params]
@@ -619,11 +620,11 @@ def test_ditto_needs_the_loss_value():
     (lambda: fedco.per_fedavg(optimizer="adam"), "optimizer"),
     (lambda: fedco.fedmaml(0.0), "learning_rate"),
     (lambda: fedco.tr_maml(0.0), "learning_rate"),
-    (lambda: fedco.tr_maml(0.1, weight_lr=-1.0), "weight_lr"),
-    (lambda: fedco.tr_maml(0.1, 0.1, local_steps=2.5), "local_steps"),
+    (lambda: fedco.tr_maml(0.1, weights_lr=-1.0), "weights_lr"),
+    (lambda: fedco.tr_maml(0.1, local_steps=2.5, weights_lr=0.1), "local_steps"),
     (lambda: fedco.ditto(lam=-0.1), "lam"),
     (lambda: fedco.ditto(personal_lr=0.0), "personal_lr"),
-    (lambda: fedco.ditto(learning_rate=None), "learning_rate"),
+    (lambda: fedco.ditto(learning_rate="0.2"), "learning_rate"),
     (lambda: fedco.ditto(weighting="median"), "weighting"),
     (lambda: fedco.ditto(local_steps=0), "local_steps"),
 ])

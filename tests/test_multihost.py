@@ -177,7 +177,7 @@ def test_block_data_with_owner_matches_one_process_data():
   plain = fedco.FederatedData.from_clients(_clients(sizes)).with_owner()
   problem = fedco.problems.client_kl_dro_log(
       lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=3)
-  runs = [fedco.simulate(problem, fedco.feddro(0.05, 0.5, 2), data, jnp.zeros(3), rounds=3,
+  runs = [fedco.simulate(problem, fedco.feddro(0.05, 2, beta=0.5), data, jnp.zeros(3), rounds=3,
                          batch_size=2, mesh=m) for data, m in ((blocks, mesh), (plain, None))]
   assert float(jnp.max(jnp.abs(runs[1].params))) > 1e-2  # it moved
   np.testing.assert_allclose(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)

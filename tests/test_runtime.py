@@ -54,8 +54,8 @@ def _loop_reference(problem, alg, data, params, rounds, seed, batch_size):
 
 
 @pytest.mark.parametrize("alg_fn,kind", [
-    (lambda: fedco.local_scgdm(1.0, 0.1, 0.8, 0.7, 3), "local"),
-    (lambda: fedco.feddro(0.1, 0.5, 3), "global"),
+    (lambda: fedco.local_scgdm(1.0, 3, beta=0.1, alpha=0.8, gamma=0.7), "local"),
+    (lambda: fedco.feddro(0.1, 3, beta=0.5), "global"),
 ])
 def test_vmapped_runtime_equals_per_client_loop(alg_fn, kind):
   clients = helpers.portfolio_clients()
@@ -84,7 +84,7 @@ def test_same_seed_same_result_and_seeds_matter():
 def test_chunking_does_not_change_the_result():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
   problem = portfolio(1.0)
-  run = lambda chunk: fedco.simulate(problem, fedco.feddro(0.1, 0.5, 2), data, jnp.zeros(3),
+  run = lambda chunk: fedco.simulate(problem, fedco.feddro(0.1, 2, beta=0.5), data, jnp.zeros(3),
                                      rounds=6, batch_size=4, chunk_rounds=chunk)
   whole, pieces = run(6), run(4)
   np.testing.assert_allclose(np.asarray(whole.params), np.asarray(pieces.params), rtol=1e-6)
@@ -95,16 +95,17 @@ def test_ledger_counts_what_each_algorithm_sends():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
   d, p, steps = 3, 2, 4
   cases = {
-      "feddro": (fedco.feddro(0.1, 0.5, steps), {"params": d, "y": p * steps}),
-      "ds_feddro": (fedco.ds_feddro(0.1, 0.5, steps), {"params": d, "y": p}),
+      "feddro": (fedco.feddro(0.1, steps, beta=0.5), {"params": d, "y": p * steps}),
+      "ds_feddro": (fedco.ds_feddro(0.1, steps, beta=0.5), {"params": d, "y": p}),
       "fedavg_co_case1": (fedco.fedavg_co(0.1, steps, case="I"), {"params": d}),
   }
   for name, (alg, expected) in cases.items():
     res = fedco.simulate(portfolio(1.0), alg, data, jnp.zeros(d), rounds=2, batch_size=4)
     assert res.ledger["up_per_client_per_round"] == expected, name
     assert res.ledger["total_up"] == 2 * 3 * sum(expected.values()), name
-  local = fedco.simulate(portfolio(1.0, kind="local"), fedco.local_scgdm(1.0, 0.1, 0.5, 0.5, 3),
-                         data, jnp.zeros(d), rounds=1, batch_size=4, clients_per_round=2)
+  local = fedco.simulate(portfolio(1.0, kind="local"),
+                         fedco.local_scgdm(1.0, 3, beta=0.1, alpha=0.5, gamma=0.5), data,
+                         jnp.zeros(d), rounds=1, batch_size=4, clients_per_round=2)
   assert local.ledger["up_per_client_per_round"] == {"params": d, "u": p, "m": d}
   assert local.ledger["clients_per_round"] == 2
 
@@ -125,7 +126,7 @@ def test_sample_weighted_fedavg_averages_by_client_size():
 
 def test_random_iterate_is_one_of_the_round_averages():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data, batch_size=4,
+  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data, batch_size=4,
                         metrics_fn=lambda p: {"x": p})
   state, metrics = sim.run(sim.init(jnp.zeros(3), 0), 8)
   xs = np.asarray(metrics["x"])
@@ -190,7 +191,7 @@ def test_data_rejects_bad_input(make, match):
 
 def test_eval_every_skips_rounds_but_keeps_the_trajectory():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  run = lambda every: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 0.5, 2), data,
+  run = lambda every: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data,
                                      jnp.zeros(3), rounds=7, batch_size=4, eval_every=every)
   dense, sparse = run(1), run(3)
   np.testing.assert_array_equal(sparse.metrics["evaluated"],

@@ -161,7 +161,7 @@ def test_fastdro_matches_transcription(geometry, size, m, steps, seed):
   x0 = 0.5 * np.random.default_rng(1).normal(size=tr.D + 1)
   x0 = x0.astype(np.float32).astype(np.float64)
   lr, rounds = 0.05, 4
-  alg = fedco.fastdro(lr, geometry=geometry, size=size, local_steps=steps)
+  alg = fedco.fastdro(lr, steps, geometry=geometry, size=size)
   res = fedco.simulate(tr.PROBLEM, alg, data, tr.to_params(x0), rounds=rounds, batch_size=None,
                        clients_per_round=m, seed=seed)
   schedule = sampled(seed, rounds, m)
@@ -206,7 +206,7 @@ def test_primal_dual_matches_transcription(m, steps, reg, seed):
   x0 = 0.5 * np.random.default_rng(1).normal(size=tr.D + 1)
   x0 = x0.astype(np.float32).astype(np.float64)
   lr, eta_p, rounds = 0.02, 0.002, 4
-  alg = fedco.primal_dual_dro(lr, n_total, weights_lr=eta_p, reg=reg, local_steps=steps)
+  alg = fedco.primal_dual_dro(lr, steps, num_examples=n_total, weights_lr=eta_p, reg=reg)
   sim = fedco.Simulator(tr.PROBLEM, alg, data, batch_size=None, clients_per_round=m)
   state, metrics = sim.run(sim.init(tr.to_params(x0), seed=seed), rounds)
   schedule = sampled(seed, rounds, m)
@@ -232,7 +232,7 @@ def test_primal_dual_minibatch_rows_name_the_drawn_examples():
   data = fedco.FederatedData.from_clients(examples)
   counts = np.asarray(data.counts)
   n_total, b, eta_p, seed = int(counts.sum()), 2, 0.05, 3
-  alg = fedco.primal_dual_dro(1e-3, n_total, weights_lr=eta_p)
+  alg = fedco.primal_dual_dro(1e-3, num_examples=n_total, weights_lr=eta_p)
   sim = fedco.Simulator(tr.PROBLEM, alg, data, batch_size=b)
   x0 = np.zeros(tr.D + 1)
   state, _ = sim.run(sim.init(tr.to_params(x0), seed=seed), 1)
@@ -263,11 +263,11 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="learning_rate"):
     fedco.fastdro(-0.1)
   with pytest.raises(ValueError, match="num_examples"):
-    fedco.primal_dual_dro(0.1, 0)
+    fedco.primal_dual_dro(0.1, num_examples=0)
   with pytest.raises(ValueError, match="weights_lr"):
-    fedco.primal_dual_dro(0.1, 10, weights_lr=-1.0)
+    fedco.primal_dual_dro(0.1, num_examples=10, weights_lr=-1.0)
   with pytest.raises(ValueError, match="reg"):
-    fedco.primal_dual_dro(0.1, 10, reg=-1.0)
+    fedco.primal_dual_dro(0.1, num_examples=10, reg=-1.0)
   alg = fedco.fastdro(0.1)
   state = alg.init({"w": jnp.zeros(2)})
   with pytest.raises(ValueError, match="example_losses_fn"):

@@ -303,7 +303,7 @@ def test_comfedl(setup):
 def test_local_scgd(setup):
   data, C, x0, y_bar0 = setup
   lr, gamma = 0.3, 0.6
-  res = run_fedco(LOCAL, fedco.local_scgd(lr, gamma, STEPS), data, x0)
+  res = run_fedco(LOCAL, fedco.local_scgd(lr, STEPS, gamma=gamma), data, x0)
   x_ref, objs = reference(C, x0, {"u": y_bar0}, local_scgd_step(C, lr, gamma),
                           every_round=("u",), objective=lambda x: local_objective(C, x))
   check(res, x_ref, objs, x0)
@@ -312,7 +312,8 @@ def test_local_scgd(setup):
 def test_local_scgdm(setup):
   data, C, x0, y_bar0 = setup
   eta, beta, alpha, gamma = 1.0, 0.3, 0.8, 0.7
-  res = run_fedco(LOCAL, fedco.local_scgdm(eta, beta, alpha, gamma, STEPS), data, x0)
+  res = run_fedco(LOCAL, fedco.local_scgdm(eta, STEPS, beta=beta, alpha=alpha, gamma=gamma),
+                  data, x0)
   x_ref, objs = reference(C, x0, {"t": 0, "u": y_bar0, "m": np.zeros(D)},
                           local_scgdm_step(C, eta, beta, alpha, gamma),
                           every_round=("u", "m"), objective=lambda x: local_objective(C, x))
@@ -359,7 +360,7 @@ def test_mbsgd(setup):
 def test_feddro(setup):
   data, C, x0, y_bar0 = setup
   lr, beta = 0.3, 0.4
-  res = run_fedco(GLOBAL, fedco.feddro(lr, beta, STEPS), data, x0)
+  res = run_fedco(GLOBAL, fedco.feddro(lr, STEPS, beta=beta), data, x0)
   x_ref, objs = reference(C, x0, {"y": y_bar0}, feddro_step(C, lr, beta), every_step=("y",),
                           objective=lambda x: global_objective(C, x))
   check(res, x_ref, objs, x0)
@@ -368,7 +369,7 @@ def test_feddro(setup):
 def test_ds_feddro(setup):
   data, C, x0, y_bar0 = setup
   lr, beta, gx, gy = 0.2, 0.4, 1.3, 1.4
-  res = run_fedco(GLOBAL, fedco.ds_feddro(lr, beta, STEPS, server_lr_x=gx, server_lr_y=gy),
+  res = run_fedco(GLOBAL, fedco.ds_feddro(lr, STEPS, beta=beta, server_lr_x=gx, server_lr_y=gy),
                   data, x0)
   x_ref, objs = reference(C, x0, {"y": y_bar0}, ds_feddro_step(C, lr, beta),
                           every_round=("y",), server_lr={"x": gx, "y": gy},
@@ -419,7 +420,7 @@ def test_comfedl_partial_participation(setup):
 def test_feddro_partial_participation(setup):
   data, C, x0, y_bar0 = setup
   lr, beta, rounds = 0.3, 0.4, 6
-  res = run_fedco(GLOBAL, fedco.feddro(lr, beta, STEPS), data, x0, rounds=rounds,
+  res = run_fedco(GLOBAL, fedco.feddro(lr, STEPS, beta=beta), data, x0, rounds=rounds,
                   clients_per_round=2, seed=3)
   ids = _sampled(res, rounds)
   x_ref, objs = reference(C, x0, {"y": y_bar0}, feddro_step(C, lr, beta), rounds=rounds,

@@ -1,16 +1,18 @@
-"""The algorithm contract: an optax-style client transform, a communication plan, a server.
+"""The algorithm contract: an optax transform, a communication plan, a server.
 
-Every fedco algorithm is an :class:`Algorithm`, a ``NamedTuple`` whose first two fields are
-the optax pair, so it drops into a user's own loop like any optax optimizer::
+Every fedco algorithm is an :class:`Algorithm`: an ``optax.GradientTransformationExtraArgs``
+(so ``optax.chain``, ``optax.named_chain`` and other combinators pass the oracles through)
+that also carries what the federated runtime needs (``plan``, ``server``, ``name``,
+``problem_kind``)::
 
-    opt = fedco.local_scgdm(learning_rate=1.0, beta=0.01, alpha=0.8, gamma=0.7)
-    state = opt.init(params, inner_value=g(params, batch0))
+    opt = fedco.local_scgdm(1.0, 5, beta=0.01, alpha=0.8, gamma=0.7)
+    state = opt.init(params)
     updates, state = opt.update(grad_h, state, params,
                                 inner_fn=lambda x: g(x, batch),
                                 outer_fn=lambda y: f(y, batch_f))
     params = optax.apply_updates(params, updates)
 
-``update(updates, state, params, *, inner_fn, outer_fn, next_inner_fn, **unused)``:
+``update(updates, state, params, *, inner_fn, outer_fn, next_inner_fn, **extra_args)``:
 
 * ``updates`` is the gradient of the non-compositional term ``grad h(x; xi)`` (or ``None``
   when there is none); plain FedAvg steps on it alone.
@@ -28,22 +30,32 @@ the optax pair, so it drops into a user's own loop like any optax optimizer::
   global example ids (sample-reweighting baselines: FastDRO, primal-dual DRO).
 * Unknown keyword arguments are accepted and ignored (optax's extra-args contract).
 
-``init(params, *, inner_value=None)`` is optax's ``init`` plus the first inner sample
-``g(x_0; zeta_0)``: trackers need its pytree structure and value. It is the one departure
-from optax's signature; algorithms without trackers ignore it.
+``init(params)`` is optax's. Trackers of the inner value (``y``, ``u``) need its pytree
+structure, which ``params`` does not give, so they start as :class:`Pending` placeholders
+and the first ``update`` fills them from that step's sample ``g(x_0; zeta_0)`` (one extra
+trace in a jitted loop). ``init(params, inner_value=g(x_0; zeta_0))`` or
+:func:`init_trackers` fill them at once, which a ``lax.scan`` carry needs (its structure
+must not change); the runtime does this for every client and then averages (SPEC 2.5).
 
 The *communication plan* tells the federated runtime what to average and when; the
 *server* is an optax transformation applied to pseudo-gradients
 ``server_value - mean_k client_value`` of the parameters and the round-synchronised state,
 so plain averaging is ``optax.sgd(1.0)`` and DS-FedDRO's two-sided rates are server SGD.
+The runtime finds the plan's fields by name anywhere in the state
+(``optax.tree_utils.tree_get``), so :func:`chain` and :func:`inject_hyperparams` keep an
+algorithm runnable in ``fedco.simulate``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedco import _validate
@@ -89,8 +101,12 @@ class CommPlan(NamedTuple):
     return tuple(self.every_step) + tuple(self.every_round)
 
 
-class Algorithm(NamedTuple):
-  """An optax-style client transform plus what the federated runtime needs.
+class Algorithm(optax.GradientTransformationExtraArgs):
+  """An optax ``GradientTransformationExtraArgs`` plus what the federated runtime needs.
+
+  It *is* the ``(init, update)`` pair, so optax's combinators accept it as any other
+  transform; :func:`chain` and :func:`inject_hyperparams` return an :class:`Algorithm`
+  again, with the plan, server and name intact.
 
   Attributes:
     init: ``(params, *, inner_value=None) -> state``.
@@ -101,12 +117,294 @@ class Algorithm(NamedTuple):
     name: a short label for logs and metrics.
     problem_kind: the problem class it solves: ``"local"``, ``"global"`` or ``"plain"``.
   """
-  init: Callable[..., Any]
-  update: Callable[..., Tuple[PyTree, Any]]
-  plan: CommPlan
-  server: Any
-  name: str
-  problem_kind: str
+
+  def __new__(cls, init, update, plan: CommPlan, server, name: str, problem_kind: str):
+    self = super().__new__(cls, init, update)
+    self.__dict__.update(plan=plan, server=server, name=name, problem_kind=problem_kind)
+    return self
+
+  def replace(self, **changes) -> "Algorithm":
+    """A copy with some of ``init``, ``update``, ``plan``, ``server``, ``name``,
+    ``problem_kind`` replaced."""
+    fields = dict(init=self.init, update=self.update, plan=self.plan, server=self.server,
+                  name=self.name, problem_kind=self.problem_kind)
+    unknown = set(changes) - set(fields)
+    if unknown:
+      raise ValueError(f"Algorithm.replace got unknown fields {sorted(unknown)}; allowed: "
+                       f"{sorted(fields)}")
+    fields.update(changes)
+    return Algorithm(**fields)
+
+  _replace = replace
+
+  def __repr__(self):
+    return (f"Algorithm(name={self.name!r}, problem_kind={self.problem_kind!r}, "
+            f"plan={self.plan!r})")
+
+
+ScalarOrSchedule = optax.ScalarOrSchedule
+# ``None``, an optax transform, or a factory of the learning rate (``optax.adam``).
+Optimizer = Optional[Any]
+
+
+def factory(*, static: Tuple[str, ...] = ()):
+  """Marks an algorithm factory's structural arguments (``static_args``).
+
+  :func:`inject_hyperparams` keeps these static (a compiled program depends on them:
+  ``local_steps``, counts, the ``optimizer``); every other numeric argument becomes state.
+  """
+
+  def mark(fn):
+    fn.static_args = tuple(static)
+    return fn
+
+  return mark
+
+
+# ---- trackers filled from the first inner sample ------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class Pending:
+  """A tracker not yet filled: ``init(params)`` cannot know the inner value's structure.
+
+  A pytree with no leaves whose static ``kind`` says how :func:`init_trackers` fills it:
+  ``"inner"`` takes the inner value itself; ``"inner_jacobian"`` zeros shaped
+  ``[p, *param.shape]`` for the flattened inner value's size ``p`` (GCIVR's ``J``).
+  """
+
+  KINDS = ("inner", "inner_jacobian")
+
+  def __init__(self, kind: str = "inner"):
+    self.kind = _validate.one_of("kind", kind, self.KINDS)
+
+  def tree_flatten(self):
+    return (), self.kind
+
+  @classmethod
+  def tree_unflatten(cls, kind, children):
+    del children
+    return cls(kind)
+
+  def __eq__(self, other):
+    return isinstance(other, Pending) and other.kind == self.kind
+
+  def __hash__(self):
+    return hash(("Pending", self.kind))
+
+  def __repr__(self):
+    return f"Pending({self.kind!r})"
+
+
+def _is_pending(x) -> bool:
+  return isinstance(x, Pending)
+
+
+def has_pending(state) -> bool:
+  """Whether any tracker of ``state`` (however nested) is still a :class:`Pending`."""
+  return any(_is_pending(x) for x in jax.tree.leaves(state, is_leaf=_is_pending))
+
+
+def init_trackers(state, params, inner_value):
+  """``state`` with every :class:`Pending` tracker filled from ``inner_value = g(x_0)``.
+
+  Works on any state that holds fedco algorithm states (``optax.chain``,
+  ``optax.inject_hyperparams``, ...); a state with nothing pending is returned as is.
+  """
+  if not has_pending(state):
+    return state
+  if inner_value is None:
+    raise ValueError("init_trackers needs inner_value=g(params, batch): the state has "
+                     "trackers of the inner value that are not filled yet")
+  inner_value = jax.tree.map(jnp.asarray, inner_value)
+
+  def fill(x):
+    if not _is_pending(x):
+      return x
+    if x.kind == "inner":
+      return inner_value
+    size = ravel_pytree(inner_value)[0].shape
+    return jax.tree.map(lambda p: jnp.zeros(size + jnp.shape(p), jnp.result_type(p)), params)
+
+  return jax.tree.map(fill, state, is_leaf=_is_pending)
+
+
+def fill_pending(state, params, inner_fn):
+  """In ``update``: fill pending trackers from this step's sample ``inner_fn(params)``.
+
+  Decided while tracing, so a state with nothing pending costs nothing."""
+  if not has_pending(state):
+    return state
+  return init_trackers(state, params, inner_fn(params))
+
+
+def pending_or(inner_value, fill):
+  """In ``init``: ``fill(inner_value)`` when given, else a :class:`Pending` tracker."""
+  if inner_value is None:
+    return Pending("inner")
+  return fill(jax.tree.map(jnp.asarray, inner_value))
+
+
+# ---- the plan's fields, wherever they sit in a (chained, injected) state --------------------
+
+_MISSING = object()
+
+
+def get_field(state, name: str):
+  """The state field ``name``, found anywhere in a nested state (optax's ``tree_get``)."""
+  try:
+    value = optax.tree_utils.tree_get(state, name, default=_MISSING)
+  except KeyError:
+    raise ValueError(
+        f"the algorithm's state holds more than one field named {name!r} (a chained "
+        f"transform uses the same name); the runtime cannot tell which to communicate"
+    ) from None
+  if value is _MISSING:
+    raise ValueError(f"the communication plan names the field {name!r}, which the "
+                     f"algorithm's state does not have")
+  return value
+
+
+def set_fields(state, **values):
+  """``state`` with the named fields replaced, wherever they sit (optax's ``tree_set``)."""
+  if not values:
+    return state
+  for name in values:
+    get_field(state, name)  # a clear error for a missing or ambiguous field
+  return optax.tree_utils.tree_set(state, **values)
+
+
+# ---- composition ----------------------------------------------------------------------------
+
+
+def _the_algorithm(transforms, where: str) -> Algorithm:
+  algorithms = [t for t in transforms if isinstance(t, Algorithm)]
+  if len(algorithms) != 1:
+    raise ValueError(f"{where} needs exactly one fedco algorithm among its transforms (the "
+                     f"one whose plan and server the runtime uses), got {len(algorithms)}")
+  return algorithms[0]
+
+
+def chain(*transforms) -> Algorithm:
+  """``optax.chain`` that keeps the fedco algorithm's plan, server and name.
+
+  Exactly one of ``transforms`` is a fedco :class:`Algorithm`; the others are any optax
+  transforms. Every transform receives the oracles (extra args). A transform *before* the
+  algorithm acts on what the algorithm receives (``updates = grad h``, the gradient of the
+  non-compositional term); one *after* it acts on the algorithm's step. To transform the
+  compositional direction itself (e.g. clip it), pass ``optimizer=optax.chain(clip, ...)``
+  to the algorithm.
+  """
+  algorithm = _the_algorithm(transforms, "fedco.chain")
+  tx = optax.chain(*transforms)
+  return algorithm.replace(init=tx.init, update=tx.update)
+
+
+def named_chain(*named_transforms) -> Algorithm:
+  """``optax.named_chain`` (``(name, transform)`` pairs) that keeps the fedco algorithm."""
+  algorithm = _the_algorithm([t for _, t in named_transforms], "fedco.named_chain")
+  tx = optax.named_chain(*named_transforms)
+  return algorithm.replace(init=tx.init, update=tx.update)
+
+
+class InjectedServerState(NamedTuple):
+  """The server's injected hyperparameters (change them between calls) and its own state."""
+  count: jax.Array
+  hyperparams: dict
+  inner_state: Any
+
+
+def _classify(arguments, static):
+  """optax.inject_hyperparams's split: static/other, schedules, numeric."""
+  numeric, schedules, other = {}, {}, {}
+  for name, value in arguments.items():
+    if name in static or isinstance(value, bool):
+      other[name] = value
+    elif callable(value):
+      schedules[name] = value
+    elif isinstance(value, (int, float, jax.Array, np.ndarray)):
+      numeric[name] = value
+    else:
+      other[name] = value
+  return numeric, schedules, other
+
+
+def _float_dtype(value, dtype):
+  value = jnp.asarray(value)
+  return value.astype(dtype) if jnp.issubdtype(value.dtype, jnp.floating) else value
+
+
+def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=(),
+                       hyperparam_dtype=None) -> Callable[..., Algorithm]:
+  """``optax.inject_hyperparams`` for fedco algorithms: hyperparameters become state.
+
+  Every numeric argument (learning rate, ``beta``, ``alpha``, ``gamma``, server rates,
+  ``weights_lr``, ``q``, ...) is held in the state and can change between calls without a
+  new compilation; a callable is a schedule of the step count. The factory's structural
+  arguments (``local_steps``, counts, ``optimizer``: its ``static_args``) stay static, as do
+  ``static_args`` given here.
+
+  * The client transform is exactly ``optax.inject_hyperparams(algorithm_factory, ...)``:
+    its state is an ``InjectHyperparamsState`` whose ``hyperparams`` dict you may change,
+    and client schedules count that client's local steps.
+  * The server is built from the same arguments; its state is an
+    :class:`InjectedServerState` (``hyperparams`` dict, schedules counting rounds), so
+    server-side rates (DS-FedDRO's ``server_lr_x``, DRFA's ``weights_lr``) are state too.
+
+  Returns:
+    a factory with ``algorithm_factory``'s signature that returns an :class:`Algorithm`.
+  """
+  static = {static_args} if isinstance(static_args, str) else set(static_args)
+  signature = inspect.signature(algorithm_factory)
+  static |= set(getattr(algorithm_factory, "static_args", ())) & set(signature.parameters)
+  client_factory = optax.inject_hyperparams(algorithm_factory, static_args=static,
+                                            hyperparam_dtype=hyperparam_dtype)
+
+  @functools.wraps(algorithm_factory)
+  def build(*args, **kwargs) -> Algorithm:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    numeric, schedules, other = _classify(bound.arguments, static)
+    at_zero = {k: _schedule_at(v, 0) for k, v in schedules.items()}
+    template = algorithm_factory(**other, **numeric, **at_zero)  # validates concrete values
+    client = client_factory(*args, **kwargs)
+
+    def hyperparams_at(count, values, dtype):
+      return {**values, **{k: _float_dtype(_schedule_at(v, count), dtype)
+                           for k, v in schedules.items()}}
+
+    def aggregator(hyperparams) -> ServerAggregator:
+      return as_aggregator(algorithm_factory(**other, **hyperparams).server)
+
+    def dtype_of(server):
+      return hyperparam_dtype or optax.tree.dtype(server, "highest")
+
+    def server_init(server, counts):
+      dtype = dtype_of(server)
+      values = {k: _float_dtype(v, dtype) for k, v in numeric.items()}
+      count = jnp.zeros([], jnp.int32)
+      inner = aggregator(hyperparams_at(count, values, dtype)).init(server, counts)
+      return InjectedServerState(count, values, inner)
+
+    def server_update(server, state, client_values, info):
+      dtype = dtype_of(server)
+      values = {k: _float_dtype(v, dtype) for k, v in state.hyperparams.items()}
+      hp = hyperparams_at(state.count, values, dtype)
+      server, inner = aggregator(hp).update(server, state.inner_state, client_values, info)
+      return server, InjectedServerState(optax.safe_increment(state.count), values, inner)
+
+    return template.replace(init=client.init, update=client.update,
+                            server=ServerAggregator(server_init, server_update))
+
+  build.static_args = tuple(sorted(static))
+  return build
+
+
+def _schedule_at(schedule, count):
+  if isinstance(schedule, optax.schedules.StatefulSchedule):
+    raise ValueError("fedco.inject_hyperparams takes schedules of the step count "
+                     "(callables); stateful schedules are not supported")
+  return schedule(count)
 
 
 def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
@@ -204,14 +502,37 @@ def averaging_server() -> optax.GradientTransformation:
   return optax.sgd(1.0)
 
 
-def param_optimizer(learning_rate, optimizer: Optional[optax.GradientTransformation]):
-  """The parameter step: the given optax transform, or the paper's SGD with this rate."""
-  if optimizer is not None:
-    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-      raise ValueError(f"optimizer must be an optax GradientTransformation, got {optimizer!r}")
+def param_optimizer(learning_rate: Optional[ScalarOrSchedule], optimizer, *,
+                    default: float) -> optax.GradientTransformation:
+  """The parameter step.
+
+  * ``optimizer=None``: the paper's ``optax.sgd(learning_rate)`` (``default`` when
+    ``learning_rate`` is ``None``).
+  * ``optimizer`` a factory of the learning rate (``optax.adam``,
+    ``functools.partial(optax.sgd, momentum=0.9)``): ``optimizer(learning_rate)``, so
+    ``learning_rate`` (a number, a schedule, or an injected hyperparameter) feeds it.
+  * ``optimizer`` an optax transform: used as it is; it has its own step size, so passing
+    ``learning_rate`` too is an error rather than silently ignored.
+  """
+  if optimizer is None:
+    lr = default if learning_rate is None else learning_rate
+    return optax.sgd(_validate.rate("learning_rate", lr))
+  if isinstance(optimizer, optax.GradientTransformation):
+    if learning_rate is not None:
+      raise ValueError(
+          "pass learning_rate or optimizer, not both: optimizer is a GradientTransformation "
+          "with its own step size; pass a factory (e.g. optimizer=optax.adam) to feed it "
+          f"learning_rate={learning_rate!r}")
     return optimizer
-  _validate.positive("learning_rate", learning_rate)
-  return optax.sgd(learning_rate)
+  if callable(optimizer):
+    lr = default if learning_rate is None else learning_rate
+    tx = optimizer(_validate.rate("learning_rate", lr))
+    if not isinstance(tx, optax.GradientTransformation):
+      raise ValueError(f"optimizer(learning_rate) must return an optax GradientTransformation, "
+                       f"got {type(tx).__name__}")
+    return tx
+  raise ValueError("optimizer must be an optax GradientTransformation or a factory of the "
+                   f"learning rate (e.g. optax.adam), got {optimizer!r}")
 
 
 def require(name: str, value, algorithm: str):
@@ -239,11 +560,3 @@ def add_grads(z: PyTree, grad_h: Optional[PyTree]) -> PyTree:
 def select(pred, on_true: PyTree, on_false: PyTree) -> PyTree:
   """Leafwise ``jnp.where(pred, on_true, on_false)``."""
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
-
-
-def require_inner_value(inner_value, algorithm: str):
-  if inner_value is None:
-    raise ValueError(
-        f"{algorithm}.init needs inner_value=g(params, batch): its trackers take that "
-        "pytree's structure and first value")
-  return jax.tree.map(jnp.asarray, inner_value)

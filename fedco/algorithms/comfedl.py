@@ -17,7 +17,7 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 import optax
@@ -31,19 +31,23 @@ class ComFedLState(NamedTuple):
   opt_state: optax.OptState
 
 
-def comfedl(learning_rate=0.01, local_steps: int = 5, *, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+            optimizer: base.Optimizer = None) -> base.Algorithm:
   """ComFedL.
 
   Args:
-    learning_rate: ``eta > 0`` (ignored when ``optimizer`` is given).
+    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.01 (paper 001's E1).
     local_steps: ``tau``, local steps per round.
-    optimizer: an optax transform for the parameter step; default ``optax.sgd(eta)``.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (local-inner; sends ``d`` floats up and
     down per sampled client per round).
   """
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   plan = base.make_plan(local_steps)
 
   def init(params, *, inner_value=None):

@@ -24,7 +24,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
 import optax
@@ -46,17 +46,20 @@ class FedAvgCOState(NamedTuple):
   opt_state: optax.OptState
 
 
-def fedavg(learning_rate=0.01, local_steps: int = 5, *, weighting: str = "samples",
-           optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+           weighting: str = "samples", optimizer: base.Optimizer = None) -> base.Algorithm:
   """Plain FedAvg on a non-compositional problem (steps on ``updates = grad h``).
 
   Args:
-    learning_rate: local SGD rate ``> 0``.
+    learning_rate: local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
     local_steps: local steps per round.
     weighting: ``"samples"`` (server mean weighted by client data sizes) or ``"uniform"``.
-    optimizer: optional optax transform for the local step.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   plan = base.make_plan(local_steps, weighting=weighting)
 
   def init(params, *, inner_value=None):
@@ -72,18 +75,21 @@ def fedavg(learning_rate=0.01, local_steps: int = 5, *, weighting: str = "sample
   return base.Algorithm(init, update, plan, base.averaging_server(), "fedavg", "plain")
 
 
-def fedavg_co(learning_rate=0.05, local_steps: int = 5, *, case: str = "II",
-              optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+              case: str = "II", optimizer: base.Optimizer = None) -> base.Algorithm:
   """FedAvg for global-inner compositional problems, Cases I, II and modified (paper 004).
 
   Args:
-    learning_rate: ``eta > 0``.
+    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.05.
     local_steps: ``I``.
     case: ``"I"``, ``"II"`` or ``"modified"`` (see the module docstring).
-    optimizer: optional optax transform for the parameter step.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
   _validate.one_of("case", case, _CASES)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   period = _validate.positive_int("local_steps", local_steps)
   if case == "I":
     plan = base.make_plan(period, at_init=("y",))
@@ -94,13 +100,14 @@ def fedavg_co(learning_rate=0.05, local_steps: int = 5, *, case: str = "II",
   name = {"I": "fedavg_co_case1", "II": "fedavg_co_case2", "modified": "fedavg_co_modified"}[case]
 
   def init(params, *, inner_value=None):
-    y = base.require_inner_value(inner_value, name)
+    y = base.pending_or(inner_value, lambda v: v)
     return FedAvgCOState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
              **unused):
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles(name, inner_fn, outer_fn, next_inner_fn)
+    state = base.fill_pending(state, params, inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     y = state.y
     if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
@@ -120,7 +127,9 @@ class MBSGDState(NamedTuple):
   opt_state: optax.OptState
 
 
-def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
+@base.factory(static=("optimizer",))
+def mbsgd(learning_rate: Optional[base.ScalarOrSchedule] = None, *,
+          optimizer: base.Optimizer = None) -> base.Algorithm:
   """Minibatch SGD for CO (SPEC 2.7), one step per round::
 
       y_bar = mean_k g_k(x; zeta_k)                   (clients evaluate, server averages)
@@ -131,18 +140,26 @@ def mbsgd(learning_rate=0.05, *, optimizer=None) -> base.Algorithm:
   each client evaluate ``g_k`` at the server model and sets ``y`` to the mean, before the
   step. Averaging the one-step models ``x - eta z_k`` is ``x - eta z_bar``. This is FedDRO
   with ``I = 1`` and a fresh ``y``. In a user's own loop the caller plays the server: set
-  ``state = state._replace(y=y_bar)`` (e.g. ``inner_fn(params)``) before each ``update``.
+  ``state = fedco.algorithms.set_fields(state, y=y_bar)`` (e.g. ``inner_fn(params)``) before
+  each ``update``.
+
+  Args:
+    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.05.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   plan = base.make_plan(1, round_start=("y",), at_init=("y",))
 
   def init(params, *, inner_value=None):
-    y = base.require_inner_value(inner_value, "mbsgd")
+    y = base.pending_or(inner_value, lambda v: v)
     return MBSGDState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("mbsgd", inner_fn, outer_fn)
+    state = base.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)

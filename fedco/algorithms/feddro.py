@@ -35,7 +35,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -51,29 +51,36 @@ class FedDROState(NamedTuple):
   opt_state: optax.OptState
 
 
-def feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *,
-           optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+           beta: float = 0.5, optimizer: base.Optimizer = None) -> base.Algorithm:
   """FedDRO (paper 004, Algorithm 2).
 
   Args:
-    learning_rate: ``eta > 0``.
-    beta: hybrid-tracker momentum in ``(0, 1]``.
+    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.05.
     local_steps: ``I``, steps between model averaging.
-    optimizer: optional optax transform for the parameter step.
+    beta: hybrid-tracker momentum in ``(0, 1]``.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the
+      learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
+
+  ``init(params)`` leaves ``y`` pending; the first ``update`` sets ``y = g(x_0; zeta_0)``
+  (the runtime sets every client's ``y`` to ``y_bar_0`` instead, SPEC 2.5).
   """
   _validate.open_unit("beta", beta, closed_right=True)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.hybrid(beta)
   plan = base.make_plan(local_steps, every_step=("y",))
 
   def init(params, *, inner_value=None):
-    y = tracker.init(base.require_inner_value(inner_value, "feddro"))
+    y = base.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
              **unused):
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles("feddro", inner_fn, outer_fn, next_inner_fn)
+    state = base.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
@@ -84,22 +91,24 @@ def feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *,
   return base.Algorithm(init, update, plan, base.averaging_server(), "feddro", "global")
 
 
-def ds_feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *, server_lr_x=1.3,
-              server_lr_y=1.4, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def ds_feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+              beta: float = 0.5, server_lr_x: float = 1.3, server_lr_y: float = 1.4,
+              optimizer: base.Optimizer = None) -> base.Algorithm:
   """DS-FedDRO (paper 004, Algorithm 3): two-sided learning rates, nothing sent between rounds.
 
   Args:
-    learning_rate: local ``eta > 0``.
-    beta: moving-average rate in ``(0, 1]``.
+    learning_rate: local ``eta > 0`` or a schedule; ``None``: 0.05.
     local_steps: ``I``.
+    beta: moving-average rate in ``(0, 1]``.
     server_lr_x: ``gamma_x > 0`` (paper: 1.3).
     server_lr_y: ``gamma_y > 0`` (paper: 1.4).
-    optimizer: optional optax transform for the local parameter step.
+    optimizer: the local parameter step, as in :func:`feddro`.
   """
   _validate.open_unit("beta", beta, closed_right=True)
   _validate.positive("server_lr_x", server_lr_x)
   _validate.positive("server_lr_y", server_lr_y)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.moving_average(beta)
   plan = base.make_plan(local_steps, every_round=("y",))
   server = optax.multi_transform(
@@ -108,7 +117,7 @@ def ds_feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *, server_lr_x
                     for k, v in tree.items()})
 
   def init(params, *, inner_value=None):
-    y = tracker.init(base.require_inner_value(inner_value, "ds_feddro"))
+    y = base.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
@@ -116,6 +125,7 @@ def ds_feddro(learning_rate=0.05, beta=0.5, local_steps: int = 5, *, server_lr_x
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles("ds_feddro", inner_fn, outer_fn,
                                                      next_inner_fn)
+    state = base.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)

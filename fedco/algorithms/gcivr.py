@@ -50,7 +50,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -71,31 +71,34 @@ class GCIVRState(NamedTuple):
 
 def adagrad(learning_rate) -> optax.GradientTransformation:
   """Adagrad with PyTorch's defaults (zero initial accumulator, ``eps = 1e-10``)."""
-  _validate.positive("learning_rate", learning_rate)
+  _validate.rate("learning_rate", learning_rate)
   return optax.adagrad(learning_rate, initial_accumulator_value=0.0, eps=1e-10)
 
 
-def gcivr(learning_rate=0.01, refresh_every: int = 10, local_steps: int = 1, *,
-          optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "refresh_every", "optimizer"))
+def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
+          refresh_every: int = 10, optimizer: base.Optimizer = None) -> base.Algorithm:
   """GCIVR, parallel form (module docstring).
 
   Args:
-    learning_rate: Adagrad rate ``> 0`` (GCIVR's code: 0.01).
-    refresh_every: ``q``, steps between checkpoint (fresh) estimates; 1 is plain mini-batch
-      compositional Adagrad.
+    learning_rate: Adagrad rate ``> 0`` or a schedule; ``None``: 0.01 (GCIVR's code).
     local_steps: steps between model averaging (a no-op for GCIVR, whose clients stay in
       step); kept for the runtime's round structure.
-    optimizer: optional optax transform replacing the Adagrad step.
+    refresh_every: ``q``, steps between checkpoint (fresh) estimates; 1 is plain mini-batch
+      compositional Adagrad.
+    optimizer: the parameter step: ``None`` (the Adagrad above), a factory of the learning
+      rate or an optax transform with its own rate (then no ``learning_rate``).
   """
   q = _validate.positive_int("refresh_every", refresh_every)
-  opt = adagrad(learning_rate) if optimizer is None else base.param_optimizer(None, optimizer)
+  opt = base.param_optimizer(learning_rate, adagrad if optimizer is None else optimizer,
+                             default=0.01)
   plan = base.make_plan(local_steps, every_step=("y", "J", "v"))
 
   def init(params, *, inner_value=None):
-    y = base.require_inner_value(inner_value, "gcivr")
-    flat, _ = ravel_pytree(y)
-    J = jax.tree.map(lambda p: jnp.zeros(flat.shape + jnp.shape(p), jnp.result_type(p)),
-                     params)
+    y = base.pending_or(inner_value, lambda v: v)
+    J = base.Pending("inner_jacobian")
+    if inner_value is not None:
+      J = base.init_trackers(J, params, y)
     v = jax.tree.map(jnp.zeros_like, params)
     return GCIVRState(jnp.zeros([], jnp.int32), y, J, v, opt.init(params))
 
@@ -103,6 +106,7 @@ def gcivr(learning_rate=0.01, refresh_every: int = 10, local_steps: int = 1, *,
              extra_fn=None, **unused):
     del updates, unused  # the direction uses the shared estimates only
     inner_fn, outer_fn, next_inner_fn = base.oracles("gcivr", inner_fn, outer_fn, next_inner_fn)
+    state = base.fill_pending(state, params, inner_fn)
     flat_inner = lambda x: ravel_pytree(next_inner_fn(x))[0]
     grad_f, _ = ravel_pytree(jax.grad(outer_fn)(state.y))
     direction = jax.tree.map(lambda j, v: jnp.tensordot(grad_f, j, axes=1) + v,

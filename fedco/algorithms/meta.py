@@ -65,7 +65,7 @@ Task-robust MAML minimises ``max_{p in simplex} sum_k p_k F_k(w)`` with ``F_k`` 
    model ``x_k`` (the plan's ``report``);
 3. the server steps ``x = x - sum_{k in S} (K/m) p_k (x - x_k)`` (DRFA's form; with
    ``m = K`` this is the ``p``-weighted average ``sum_k p_k x_k``), and
-   ``p = Proj_simplex(p + weight_lr * v)`` with ``v_k = (K/m) e_k`` for ``k in S``, 0 for the
+   ``p = Proj_simplex(p + weights_lr * v)`` with ``v_k = (K/m) e_k`` for ``k in S``, 0 for the
    others (an unbiased estimate of the full loss vector).
 
 ``p`` starts uniform over all ``K`` clients and lives in the aggregator state
@@ -103,7 +103,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -159,8 +159,10 @@ def _hessian_free(next_inner_fn, params, cotangent, layout, delta):
   return jax.tree.map(diagonal_sum, plus, minus)
 
 
-def per_fedavg(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact",
-               delta: float = 1e-3, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+               variant: str = "exact", delta: float = 1e-3,
+               optimizer: base.Optimizer = None) -> base.Algorithm:
   """Per-FedAvg (= FedMAML in SPEC 3) on a local-inner (MAML) problem.
 
   Per step, on the runtime's three independent batches (see the module docstring)::
@@ -177,13 +179,15 @@ def per_fedavg(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact
   is the problem's (``fedco.problems.maml(..., inner_lr=a)``).
 
   Args:
-    learning_rate: the meta step ``b > 0`` (ignored when ``optimizer`` is given).
+    learning_rate: the meta step ``b > 0`` or a schedule; ``None``: 0.1.
     local_steps: local steps per round.
     variant: ``"exact"`` (second order, any local-inner problem), ``"first_order"`` or
       ``"hessian_free"`` (these two need an inner value shaped like the parameters,
       optionally with a leading task-slot axis).
     delta: the finite-difference step of ``"hessian_free"`` (``> 0``; SPEC: ``1e-3``).
-    optimizer: optional optax transform for the parameter step (default ``sgd(b)``).
+    optimizer: the parameter step: ``None`` (``optax.sgd(b)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (local-inner; sends ``d`` floats up and down
@@ -191,7 +195,7 @@ def per_fedavg(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact
   """
   _validate.one_of("variant", variant, VARIANTS)
   delta = _validate.positive("delta", delta)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.1)
   plan = base.make_plan(local_steps)
 
   def init(params, *, inner_value=None):
@@ -221,8 +225,10 @@ def per_fedavg(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact
   return base.Algorithm(init, update, plan, base.averaging_server(), "per_fedavg", "local")
 
 
-def fedmaml(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact",
-            delta: float = 1e-3, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def fedmaml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+            variant: str = "exact", delta: float = 1e-3,
+            optimizer: base.Optimizer = None) -> base.Algorithm:
   """FedMAML: :func:`per_fedavg` under the label ``"fedmaml"`` (SPEC 3 treats them as one).
 
   Paper 001's E2 uses inner and outer rates 0.1: ``fedmaml(0.1)`` on
@@ -230,7 +236,7 @@ def fedmaml(learning_rate=0.1, local_steps: int = 5, *, variant: str = "exact",
   """
   alg = per_fedavg(learning_rate, local_steps, variant=variant, delta=delta,
                    optimizer=optimizer)
-  return alg._replace(name="fedmaml")
+  return alg.replace(name="fedmaml")
 
 
 # ---- TR-MAML -----------------------------------------------------------------------------
@@ -256,8 +262,9 @@ def _round_start(local_step, count, local_steps):
   return jnp.asarray(local_step) == 0
 
 
-def tr_maml(learning_rate=0.1, weight_lr=0.08, local_steps: int = 5, *,
-            optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+            weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
   """TR-MAML in federated form (task = client), on a local-inner (MAML) problem.
 
   Client step (ComFedL-MAML's)::
@@ -269,14 +276,16 @@ def tr_maml(learning_rate=0.1, weight_lr=0.08, local_steps: int = 5, *,
   contributes nothing to either sum)::
 
       x = x - sum_{k in S} (K/m) p_k (x - x_k)
-      p = Proj_simplex(p + weight_lr * v),   v_k = (K/m) e_k (k in S), 0 otherwise
+      p = Proj_simplex(p + weights_lr * v),  v_k = (K/m) e_k (k in S), 0 otherwise
 
   Args:
-    learning_rate: the client's meta step ``b > 0`` (paper 001 E2: 0.1, inner lr 0.05 in
-      the problem).
-    weight_lr: the step of the weights ``p`` (``> 0``; paper 001 E2: 0.08).
+    learning_rate: the client's meta step ``b > 0`` or a schedule; ``None``: 0.1 (paper 001
+      E2, inner lr 0.05 in the problem).
     local_steps: local steps per round.
-    optimizer: optional optax transform for the client's parameter step.
+    weights_lr: the step of the weights ``p`` (``> 0``; paper 001 E2: 0.08).
+    optimizer: the parameter step: ``None`` (``optax.sgd(b)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (local-inner) whose server is a
@@ -284,8 +293,8 @@ def tr_maml(learning_rate=0.1, weight_lr=0.08, local_steps: int = 5, *,
     ``result.state.server_opt_state.p``. Each sampled client sends ``d + 1`` floats up
     (model and ``e_k``) and receives ``d``.
   """
-  eta_p = _validate.positive("weight_lr", weight_lr)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  eta_p = _validate.positive("weights_lr", weights_lr)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.1)
   plan = base.make_plan(local_steps, report=("loss",))
   steps = plan.local_steps
 
@@ -338,8 +347,10 @@ class DittoState(NamedTuple):
   opt_state: optax.OptState
 
 
-def ditto(learning_rate=0.2, lam=0.1, local_steps: int = 5, *, personal_lr=None,
-          weighting: str = "samples", optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def ditto(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+          lam: float = 0.1, personal_lr: Optional[float] = None, weighting: str = "samples",
+          optimizer: base.Optimizer = None) -> base.Algorithm:
   """Ditto on a plain problem: FedAvg for the global model plus a personal model per client.
 
   Per step, with ``updates = grad h_k(x; xi)`` and ``extra_fn = h_k(.; xi)`` on one batch::
@@ -351,23 +362,27 @@ def ditto(learning_rate=0.2, lam=0.1, local_steps: int = 5, *, personal_lr=None,
   and the server averages ``x`` every ``local_steps`` steps; ``v`` is never sent.
 
   Args:
-    learning_rate: the global model's local SGD rate ``eta > 0`` (paper 001 E2: 0.2).
+    learning_rate: the global model's local SGD rate ``eta > 0``; ``None``: 0.2 (paper 001
+      E2).
+    local_steps: local steps per round.
     lam: the proximal weight ``lam >= 0`` (paper 001 E2: 0.1; 0 makes ``v`` plain local SGD
       on the client's own loss).
-    local_steps: local steps per round.
-    personal_lr: the personal step ``eta_p > 0``; default ``learning_rate``.
+    personal_lr: the personal step ``eta_p > 0``; default ``learning_rate`` (0.2 when that
+      is ``None`` too).
     weighting: the server mean, ``"samples"`` (FedAvg's, default) or ``"uniform"``.
-    optimizer: optional optax transform replacing the global model's SGD step.
+    optimizer: the global model's step: ``None`` (``optax.sgd(eta)``), a factory of the
+      learning rate or an optax transform with its own rate (then no ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (plain); personal models are
     ``result.state.clients.personal`` (leaves ``[K, ...]``).
   """
   _validate.positive("lam", lam, allow_zero=True)
-  eta_p = _validate.positive(
-      "learning_rate" if personal_lr is None else "personal_lr",
-      learning_rate if personal_lr is None else personal_lr)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  if personal_lr is None:
+    eta_p = _validate.positive("learning_rate", 0.2 if learning_rate is None else learning_rate)
+  else:
+    eta_p = _validate.positive("personal_lr", personal_lr)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.2)
   plan = base.make_plan(local_steps, weighting=weighting)
   steps = plan.local_steps
 

@@ -34,7 +34,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -73,17 +73,21 @@ def _slot_mask(grad_u, layout):
   return jnp.any(jnp.stack(per_leaf), axis=0)
 
 
-def local_moml(learning_rate=0.01, beta=0.7, local_steps: int = 5, *, first_order: bool = True,
-               optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def local_moml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+               beta: float = 0.7, first_order: bool = True,
+               optimizer: base.Optimizer = None) -> base.Algorithm:
   """Local-MOML.
 
   Args:
-    learning_rate: meta step ``eta > 0`` (paper 003 sinusoid: 0.01).
-    beta: memory rate in ``(0, 1]`` (paper 003 sinusoid: 0.7).
+    learning_rate: meta step ``eta > 0`` or a schedule; ``None``: 0.01 (paper 003 sinusoid).
     local_steps: steps between model averaging.
+    beta: memory rate in ``(0, 1]`` (paper 003 sinusoid: 0.7).
     first_order: the SPEC's first-order direction ``grad_u L(u; val)`` (default), or
       MOML's ``J_g^T grad_u L(u; val)``.
-    optimizer: optional optax transform for the parameter step (default ``sgd(eta)``).
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (local-inner); the plan averages only the
@@ -92,23 +96,30 @@ def local_moml(learning_rate=0.01, beta=0.7, local_steps: int = 5, *, first_orde
   _validate.open_unit("beta", beta, closed_right=True)
   if not isinstance(first_order, bool):
     raise ValueError(f"first_order must be a bool, got {first_order!r}")
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   plan = base.make_plan(local_steps)
 
-  def init(params, *, inner_value=None):
-    u = base.require_inner_value(inner_value, "local_moml")
-    if first_order and _layout(u, params) == "other":
+  def checked_layout(u, params):
+    layout = _layout(u, params)
+    if first_order and layout == "other":
       raise ValueError(
           "local_moml(first_order=True) needs an inner value shaped like the parameters, "
           "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
           f"{jax.tree.map(jnp.shape, u)} for parameters {jax.tree.map(jnp.shape, params)}. "
           "Use first_order=False for other inner maps.")
+    return layout
+
+  def init(params, *, inner_value=None):
+    u = base.pending_or(inner_value, lambda v: v)
+    if inner_value is not None:
+      checked_layout(u, params)
     return MOMLState(jnp.zeros([], jnp.int32), u, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("local_moml", inner_fn, outer_fn)
-    layout = _layout(state.u, params)
+    state = base.fill_pending(state, params, inner_fn)
+    layout = checked_layout(state.u, params)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     grad_f = jax.grad(outer_fn)
     sampled = _slot_mask(grad_f(state.u), layout)

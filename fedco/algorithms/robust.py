@@ -29,7 +29,7 @@ steps on the ``lambda``-weighted loss, ``x = x - sum_k (N/m) lambda_k (x - x_k)`
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -79,17 +79,26 @@ def _local_sgd_with_loss(opt, name):
   return init, update
 
 
-def qfedavg(learning_rate=0.01, local_steps: int = 5, *, q: float = 0.2) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: float = 0.2,
+            optimizer: base.Optimizer = None) -> base.Algorithm:
   """q-FedAvg (q-FFL).
 
   Args:
-    learning_rate: local SGD rate ``lr > 0``; the server uses ``L = 1 / lr``.
+    learning_rate: local SGD rate ``lr > 0``; ``None``: 0.01. The server's Lipschitz
+      estimate is ``L = 1 / lr`` whatever the local step, so ``learning_rate`` may be
+      given beside an ``optimizer`` transform.
     local_steps: local steps per round.
     q: fairness exponent ``q >= 0`` (0 is uniform FedAvg).
+    optimizer: the local parameter step: ``None`` (``optax.sgd(lr)``), a factory of the
+      learning rate (``optax.adam``) or an optax transform with its own rate.
   """
-  lr = _validate.positive("learning_rate", learning_rate)
+  lr = _validate.positive("learning_rate", 0.01 if learning_rate is None else learning_rate)
   _validate.positive("q", q, allow_zero=True)
-  opt = optax.sgd(lr)
+  if isinstance(optimizer, optax.GradientTransformation):
+    opt = base.param_optimizer(None, optimizer, default=0.01)
+  else:
+    opt = base.param_optimizer(lr, optimizer, default=0.01)
   init, update = _local_sgd_with_loss(opt, "qfedavg")
   plan = base.make_plan(local_steps, round_start_loss=("loss",), report=("loss",))
 
@@ -113,16 +122,20 @@ def qfedavg(learning_rate=0.01, local_steps: int = 5, *, q: float = 0.2) -> base
                         "qfedavg", "plain")
 
 
-def drfa(learning_rate=0.01, local_steps: int = 5, *, weights_lr: float = 0.08
-         ) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+         weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
   """DRFA / DRFL (Deng et al. 2020; paper 001 uses ``weights_lr = gamma_lambda = 0.08``).
 
   Args:
-    learning_rate: local SGD rate ``> 0``.
+    learning_rate: local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
     local_steps: ``tau >= 2`` (the snapshot step ``k'`` is drawn from ``{1 .. tau-1}``).
     weights_lr: ``gamma_lambda > 0``.
+    optimizer: the local parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory
+      of the learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
-  opt = base.param_optimizer(learning_rate, None)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   tau = _validate.positive_int("local_steps", local_steps, minimum=2)
   gamma = _validate.positive("weights_lr", weights_lr)
   plan = base.make_plan(tau, report=("snapshot",))
@@ -163,14 +176,19 @@ def drfa(learning_rate=0.01, local_steps: int = 5, *, weights_lr: float = 0.08
                         "drfa", "plain")
 
 
-def afl(learning_rate=0.01, *, weights_lr: float = 0.1) -> base.Algorithm:
+@base.factory(static=("optimizer",))
+def afl(learning_rate: Optional[base.ScalarOrSchedule] = None, *, weights_lr: float = 0.1,
+        optimizer: base.Optimizer = None) -> base.Algorithm:
   """Agnostic federated learning (one local step per round).
 
   Args:
-    learning_rate: the model step ``> 0``.
+    learning_rate: the model step ``> 0`` or a schedule; ``None``: 0.01.
     weights_lr: ``eta_lambda > 0``.
+    optimizer: the local parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory
+      of the learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
-  opt = base.param_optimizer(learning_rate, None)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   eta = _validate.positive("weights_lr", weights_lr)
   init, update = _local_sgd_with_loss(opt, "afl")
   plan = base.make_plan(1, round_start_loss=("loss",), report=("loss",))

@@ -171,22 +171,26 @@ def _example_losses(example_losses_fn, name):
                       name)
 
 
-def fastdro(learning_rate=0.01, *, geometry: str = "chi2", size: float = 1.0,
-            local_steps: int = 1, iterations: int = 60, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "iterations", "optimizer"))
+def fastdro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
+            geometry: str = "chi2", size: float = 1.0, iterations: int = 60,
+            optimizer: base.Optimizer = None) -> base.Algorithm:
   """FastDRO in parallel form (see the module docstring).
 
   Args:
-    learning_rate: SGD rate ``> 0`` (ignored when ``optimizer`` is given).
+    learning_rate: SGD rate ``> 0`` or a schedule; ``None``: 0.01.
+    local_steps: steps between model averages (1: the paper's data-parallel baseline).
     geometry: ``"chi2"`` (chi^2 ball of radius ``size = rho > 0``) or ``"cvar"`` (CVaR at
       level ``size = alpha`` in ``(0, 1]``).
     size: the uncertainty set's size, as above.
-    local_steps: steps between model averages (1: the paper's data-parallel baseline).
     iterations: bisection steps (60 halve the bracket to float precision).
-    optimizer: optional optax transform for the parameter step.
+    optimizer: the parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory of the
+      learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
   size = _check_size(geometry, size)
   iterations = _validate.positive_int("iterations", iterations)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   plan = base.make_plan(local_steps)
   name = f"fastdro_{geometry}"
 
@@ -215,23 +219,27 @@ class PrimalDualState(NamedTuple):
   opt_state: optax.OptState
 
 
-def primal_dual_dro(learning_rate=0.01, num_examples: int = 1, *, weights_lr: float = 0.01,
-                    reg: float = 0.0, local_steps: int = 1, optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "num_examples", "optimizer"))
+def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
+                    local_steps: int = 1, *, num_examples: int, weights_lr: float = 0.01,
+                    reg: float = 0.0, optimizer: base.Optimizer = None) -> base.Algorithm:
   """Primal-dual SGD for sample-level DRO (see the module docstring).
 
   Args:
-    learning_rate: model SGD rate ``> 0``.
+    learning_rate: model SGD rate ``> 0`` or a schedule; ``None``: 0.01.
+    local_steps: steps between synchronisations of the model and ``p`` (1: parallel SGD).
     num_examples: ``N``, the number of rows of the training data's ``examples`` (every row
       owned by a client); ``p`` has one weight per row.
     weights_lr: ascent rate on ``p``, ``> 0``.
     reg: chi^2 penalty ``>= 0`` on ``p`` (0: SPEC 3's plain projected ascent).
-    local_steps: steps between synchronisations of the model and ``p`` (1: parallel SGD).
-    optimizer: optional optax transform for the parameter step.
+    optimizer: the parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory of the
+      learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
   n_total = _validate.positive_int("num_examples", num_examples)
   eta_p = _validate.positive("weights_lr", weights_lr)
   reg = _validate.positive("reg", reg, allow_zero=True)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   period = _validate.positive_int("local_steps", local_steps)
   plan = base.make_plan(period, every_round=("p",), report=("ascent",), weighting="samples")
 

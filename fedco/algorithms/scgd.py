@@ -23,7 +23,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -46,28 +46,32 @@ class SCGDMState(NamedTuple):
   opt_state: optax.OptState
 
 
-def local_scgd(learning_rate=0.01, gamma=0.9, local_steps: int = 5, *,
-               optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+               gamma: float = 0.9, optimizer: base.Optimizer = None) -> base.Algorithm:
   """Local-SCGD: moving-average tracker ``u`` with rate ``gamma``, ``x`` and ``u`` averaged.
 
   Args:
-    learning_rate: ``eta > 0``.
-    gamma: tracker rate in ``(0, 1]``.
+    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.01.
     local_steps: ``p``, steps between averaging.
-    optimizer: optional optax transform for the parameter step (default ``sgd(eta)``).
+    gamma: tracker rate in ``(0, 1]``.
+    optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
   """
   _validate.open_unit("gamma", gamma, closed_right=True)
-  opt = base.param_optimizer(learning_rate, optimizer)
+  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   tracker = estimators.moving_average(gamma)
   plan = base.make_plan(local_steps, every_round=("u",))
 
   def init(params, *, inner_value=None):
-    u = tracker.init(base.require_inner_value(inner_value, "local_scgd"))
+    u = base.pending_or(inner_value, tracker.init)
     return SCGDState(jnp.zeros([], jnp.int32), u, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("local_scgd", inner_fn, outer_fn)
+    state = base.fill_pending(state, params, inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = tracker.update(state.u, sample, None)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
@@ -77,41 +81,46 @@ def local_scgd(learning_rate=0.01, gamma=0.9, local_steps: int = 5, *,
   return base.Algorithm(init, update, plan, base.averaging_server(), "local_scgd", "local")
 
 
-def local_scgdm(learning_rate=1.0, beta=0.01, alpha=0.8, gamma=0.7, local_steps: int = 5, *,
-                optimizer=None) -> base.Algorithm:
+@base.factory(static=("local_steps", "optimizer"))
+def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5, *,
+                beta: float = 0.01, alpha: float = 0.8, gamma: float = 0.7,
+                optimizer: base.Optimizer = None) -> base.Algorithm:
   """Local-SCGDM (paper 003, Algorithm 1).
 
   Args:
-    learning_rate: ``eta > 0``.
+    learning_rate: ``eta > 0``; it also sets the tracker and momentum rates
+      ``gamma * eta`` and ``alpha * eta``, so it is used with any ``optimizer``.
+    local_steps: ``p``, steps between averaging ``u``, ``m`` and ``x``.
     beta: ``beta > 0``; the parameter step is ``x = x - beta eta m``.
     alpha: momentum rate, ``alpha * eta`` in ``(0, 1)``.
     gamma: tracker rate, ``gamma * eta`` in ``(0, 1)``.
-    local_steps: ``p``, steps between averaging ``u``, ``m`` and ``x``.
-    optimizer: optional optax transform that receives ``m``; default ``sgd(beta * eta)``.
-      ``eta`` still sets the tracker and momentum rates.
+    optimizer: the step that receives ``m``: ``None`` (``sgd(beta * eta)``), a factory of
+      the rate (called with ``beta * eta``) or an optax transform with its own rate.
 
   Paper settings: sinusoid ``eta=1, beta=0.01, alpha=0.8, gamma=0.7, p=5``; Omniglot
   ``eta=1, beta=0.1, alpha=0.9, gamma=0.99``.
   """
   _validate.positive("learning_rate", learning_rate)
   _validate.positive("beta", beta)
-  _validate.open_unit("alpha * learning_rate", _product(alpha, learning_rate))
-  _validate.open_unit("gamma * learning_rate", _product(gamma, learning_rate))
-  if optimizer is None:
-    optimizer = optax.sgd(_product(beta, learning_rate))
-  opt = base.param_optimizer(None, optimizer)
-  a_rate = _product(alpha, learning_rate)
-  g_rate = _product(gamma, learning_rate)
+  _validate.positive("alpha", alpha)
+  _validate.positive("gamma", gamma)
+  a_rate = _validate.open_unit("alpha * learning_rate", alpha * learning_rate)
+  g_rate = _validate.open_unit("gamma * learning_rate", gamma * learning_rate)
+  if isinstance(optimizer, optax.GradientTransformation):
+    opt = base.param_optimizer(None, optimizer, default=1.0)
+  else:
+    opt = base.param_optimizer(beta * learning_rate, optimizer, default=1.0)
   plan = base.make_plan(local_steps, every_round=("u", "m"))
 
   def init(params, *, inner_value=None):
-    u = base.require_inner_value(inner_value, "local_scgdm")
+    u = base.pending_or(inner_value, lambda v: v)
     m = jax.tree.map(jnp.zeros_like, params)
     return SCGDMState(jnp.zeros([], jnp.int32), u, m, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("local_scgdm", inner_fn, outer_fn)
+    state = base.fill_pending(state, params, inner_fn)
     first = state.count == 0
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = base.select(first, sample, estimators.moving_average(g_rate).update(state.u, sample))
@@ -122,9 +131,3 @@ def local_scgdm(learning_rate=1.0, beta=0.01, alpha=0.8, gamma=0.7, local_steps:
     return step, SCGDMState(state.count + 1, u, m, opt_state)
 
   return base.Algorithm(init, update, plan, base.averaging_server(), "local_scgdm", "local")
-
-
-def _product(a, b):
-  if isinstance(a, (bool, str, type(None))) or isinstance(b, (bool, str, type(None))):
-    raise ValueError(f"hyperparameters must be numbers, got {a!r} and {b!r}")
-  return a * b

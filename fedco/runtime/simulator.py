@@ -24,7 +24,8 @@ import numpy as np
 import optax
 
 from fedco import _validate
-from fedco.algorithms.base import Algorithm, RoundInfo, as_aggregator
+from fedco.algorithms.base import (Algorithm, RoundInfo, as_aggregator, get_field,
+                                   init_trackers, set_fields)
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import progress as progress_lib
@@ -241,7 +242,12 @@ class Simulator:
     if not isinstance(problem, Problem):
       raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
     if not isinstance(algorithm, Algorithm):
-      raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}")
+      hint = ""
+      if isinstance(algorithm, optax.GradientTransformation):
+        hint = ("; optax.chain and optax.inject_hyperparams drop the communication plan: use "
+                "fedco.chain / fedco.inject_hyperparams, which keep it")
+      raise ValueError(f"algorithm must be a fedco Algorithm, got "
+                       f"{type(algorithm).__name__}{hint}")
     if not isinstance(data, FederatedData):
       raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
     _check_kinds(problem, algorithm)
@@ -376,7 +382,7 @@ class Simulator:
         batch, w = draw_batch(jax.random.fold_in(k_init, k), index_row, count, examples,
                               self.batch_size)
         inner_value = self.problem.inner_value(params, batch, w)
-      return self.algorithm.init(params, inner_value=inner_value)
+      return init_trackers(self.algorithm.init(params), params, inner_value)
 
     if self.resident:  # each block initialises where it lives; padding blocks are cut off
       _, examples, index, counts, _ = self._blocks(data)
@@ -386,12 +392,12 @@ class Simulator:
       clients = jax.vmap(client_init, in_axes=(0, 0, 0, None))(ids, data.index, data.counts,
                                                               data.examples)
     w = self._client_weights(data.counts)
-    means = {f: _mean(getattr(clients, f), w) for f in self.plan.init_fields}
-    clients = clients._replace(**{f: _broadcast(v, n) for f, v in means.items()})
+    means = {f: _mean(get_field(clients, f), w) for f in self.plan.init_fields}
+    clients = set_fields(clients, **{f: _broadcast(v, n) for f, v in means.items()})
     server = {"params": params}
     for f in self.plan.every_round:
-      server[f] = _mean(getattr(clients, f), w)
-    shared = {f: _mean(getattr(clients, f), w) for f in self.plan.every_step}
+      server[f] = _mean(get_field(clients, f), w)
+    shared = {f: _mean(get_field(clients, f), w) for f in self.plan.every_step}
     return SimState(jnp.zeros([], jnp.int32), key, server,
                     self.aggregator.init(server, data.counts), shared, clients, params)
 
@@ -455,7 +461,7 @@ class Simulator:
       values = self._vmap(inner_at_server)(keys, index, counts, blocks)
     mean = _mean(values, w)
     slots = ckeys.shape[0]
-    return cst._replace(**{f: _broadcast(mean, slots) for f in self.plan.round_start})
+    return set_fields(cst, **{f: _broadcast(mean, slots) for f in self.plan.round_start})
 
   def _slots(self):
     """Client slots per round: ``m`` rounded up to a multiple of the mesh's clients axis."""
@@ -496,7 +502,7 @@ class Simulator:
     direct = slots == n and m == n
     take = lambda a: a if direct else jnp.take(a, ids, axis=0, mode="clip")
     cst = jax.tree.map(take, state.clients)
-    cst = cst._replace(**{f: _broadcast(state.server[f], slots) for f in plan.every_round},
+    cst = set_fields(cst, **{f: _broadcast(state.server[f], slots) for f in plan.every_round},
                        **{f: _broadcast(state.shared[f], slots) for f in plan.every_step})
     params = _broadcast(state.server["params"], slots)
     index, counts = take(data.index), take(data.counts)
@@ -513,7 +519,7 @@ class Simulator:
     if plan.round_start_loss:
       _, losses = self.problem.evaluate(state.server["params"], flat_examples, data.flat_owner,
                                         data.flat_weights(), n)
-      cst = cst._replace(**{f: jnp.take(losses, ids, mode="clip")
+      cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip")
                             for f in plan.round_start_loss})
     params, cst, index, counts, ckeys = self._place((params, cst, index, counts, ckeys))
     step_fn = jax.vmap(self._client_step,
@@ -535,14 +541,14 @@ class Simulator:
         new_cst = jax.tree.map(keep, new_cst, cst)
       params, cst = new_params, new_cst
       if plan.every_step:
-        cst = cst._replace(**{f: _broadcast(_mean(getattr(cst, f), w), slots)
+        cst = set_fields(cst, **{f: _broadcast(_mean(get_field(cst, f), w), slots)
                               for f in plan.every_step})
       return self._place((params, cst)), None
 
     (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
-    shared = {f: _mean(getattr(cst, f), w) for f in plan.every_step}
+    shared = {f: _mean(get_field(cst, f), w) for f in plan.every_step}
     client_values = jax.tree.map(pick, {
-        "params": params, **{f: getattr(cst, f) for f in plan.every_round + plan.report}})
+        "params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}})
     info = RoundInfo(real, pick(w), pick(counts), n, k_agg,
                      functools.partial(self._client_losses, data), pick(alive))
     server, server_opt_state = self.aggregator.update(
@@ -552,7 +558,7 @@ class Simulator:
       server, server_opt_state, shared = jax.tree.map(
           lambda new, old: jnp.where(anyone, new, old), (server, server_opt_state, shared),
           (state.server, state.server_opt_state, state.shared))
-    cst = cst._replace(**{f: _broadcast(server[f], slots) for f in plan.every_round})
+    cst = set_fields(cst, **{f: _broadcast(server[f], slots) for f in plan.every_round})
     write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
     clients = cst if direct else jax.tree.map(
         lambda a, b: a.at[write].set(b, mode="drop"), state.clients, cst)
@@ -644,14 +650,14 @@ class Simulator:
     d = _tree_size(state.server["params"])
     up = {"params": d}
     for f in self.plan.every_round:
-      up[f] = _tree_size(getattr(state.clients, f)) // n
+      up[f] = _tree_size(get_field(state.clients, f)) // n
     for f in self.plan.every_step:
-      up[f] = steps * (_tree_size(getattr(state.clients, f)) // n)
+      up[f] = steps * (_tree_size(get_field(state.clients, f)) // n)
     for f in self.plan.round_start:
-      up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
+      up[f] = up.get(f, 0) + _tree_size(get_field(state.clients, f)) // n
     down = dict(up)
     for f in self.plan.report:  # sent up only
-      up[f] = up.get(f, 0) + _tree_size(getattr(state.clients, f)) // n
+      up[f] = up.get(f, 0) + _tree_size(get_field(state.clients, f)) // n
     return Ledger(up, down, self.clients_per_round)
 
 
