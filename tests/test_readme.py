@@ -29,8 +29,13 @@ def test_readme_example_runs(index, capsys):
     import numpy as np
     from fedco.problems import portfolio_stationary_point
     x_star = portfolio_stationary_point([np.asarray(namespace["returns"])], 1.0)
-    # constant-step stochastic run: well inside a third of the starting distance |x*|
+    # stochastic run: well inside a third of the starting distance |x*|
     assert np.linalg.norm(np.asarray(namespace["params"]) - x_star) < np.linalg.norm(x_star) / 3
+    import fedco
+    # the example composes: a chained fedco algorithm whose schedule lives in the state
+    assert isinstance(namespace["opt"], fedco.Algorithm) and namespace["opt"].name == "feddro"
+    hyperparams = namespace["state"][0].hyperparams
+    assert float(hyperparams["learning_rate"]) < 0.5 * float(namespace["schedule"](0))
 
 
 def test_readme_sketches_compile_and_name_real_functions():
