@@ -93,3 +93,21 @@ def test_a_round_nobody_survives_leaves_the_server_unchanged(alg):
 def test_fault_arguments_are_checked(kwargs, match):
   with pytest.raises(ValueError, match=match):
     fedco.Simulator(QUADRATIC, fedco.fedavg(), _quadratic_data(), **kwargs)
+
+
+def test_ledger_counts_only_what_surviving_clients_sent():
+  """Dropped clients send nothing up; every sampled client receives the broadcast."""
+  clients = [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7, 8), seed=4)]
+  data = fedco.FederatedData.from_clients(clients)
+  res = fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 3, beta=0.5), data, jnp.zeros(3),
+                       rounds=6, batch_size=None, participation=0.5, straggler_prob=0.5,
+                       seed=5, evaluate=False)
+  alive = np.asarray(res.metrics["survivors"])
+  steps = np.asarray(res.metrics["local_steps"])
+  assert 0 < alive.sum() < alive.size and np.any(steps[alive] < 3)
+  d, p = 3, 2
+  up = int(alive.sum()) * d + int(steps[alive].sum()) * p  # y after every step it did
+  down = alive.size * (d + 3 * p)                           # the broadcasts
+  assert res.ledger["total_up"] == up
+  assert res.ledger["total_down"] == down
+  assert res.ledger["up_per_client_per_round"] == {"params": d, "y": 3 * p}

@@ -212,3 +212,20 @@ def test_non_finite_per_client_metric_names_the_client():
                                               r"client\(s\) \[1\]"):
     fedco.simulate(problem, fedco.fedavg(0.1, 1), data, jnp.zeros(1), rounds=2,
                    batch_size=None, evaluate=False, metrics_fn=per_client)
+
+
+def test_dropped_simulators_are_collected():
+  """Nothing global (a jit cache keyed on the simulator) keeps a dropped Simulator and its
+  data alive."""
+  import gc
+  import weakref
+  data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+  refs = []
+  for i in range(20):
+    sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data, batch_size=4)
+    state = sim.init(jnp.zeros(3), seed=i)
+    sim.run(state, 1)
+    refs.append(weakref.ref(sim))
+    del sim, state
+  gc.collect()
+  assert sum(r() is not None for r in refs) == 0

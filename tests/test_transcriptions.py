@@ -427,3 +427,56 @@ def test_feddro_partial_participation(setup):
                           every_step=("y",), sampled=ids,
                           objective=lambda x: global_objective(C, x))
   check(res, x_ref, objs, x0)
+
+
+# ---- float64 runs and stragglers ---------------------------------------------------------
+
+
+def test_float64_run_matches_the_float64_reference_to_round_off(setup):
+  """Under x64 every mean (batch weights, client weights) is taken in float64: FedDRO on
+  clients of 3, 5 and 8 examples (weights 1/3, 1/5) equals NumPy to 1e-12."""
+  import jax
+  _, C, x0, _ = setup
+  lr, beta = 0.3, 0.4
+  with jax.enable_x64(True):
+    examples = [{k: np.asarray(v, np.float64) for k, v in ex.items()} for ex in make_examples()]
+    data = fedco.FederatedData.from_clients(examples)
+    x64 = np.asarray(x0, np.float64)
+    res = fedco.simulate(GLOBAL, fedco.feddro(lr, STEPS, beta=beta), data, jnp.asarray(x64),
+                         rounds=ROUNDS, batch_size=None)
+    assert np.asarray(res.params).dtype == np.float64
+  y_bar0 = np.mean([c.g(x64) for c in C], axis=0)
+  x_ref, objs = reference(C, x64, {"y": y_bar0}, feddro_step(C, lr, beta), every_step=("y",),
+                          objective=lambda x: global_objective(C, x))
+  assert np.max(np.abs(x_ref - x64)) > 1e-2
+  np.testing.assert_allclose(np.asarray(res.params), x_ref, rtol=1e-12, atol=1e-13)
+  np.testing.assert_allclose(np.asarray(res.metrics["objective"]), objs, rtol=1e-12)
+
+
+def test_fedavg_co_case1_with_stragglers(setup):
+  """Case I refreshes ``y_k = g_k(x_bar)`` at the first step of every round after the first,
+  also when a straggler did fewer steps in the round before (keyed on the local step, not
+  on the client's step count)."""
+  data, C, x0, y_bar0 = setup
+  lr, rounds = 0.3, 6
+  res = run_fedco(GLOBAL, fedco.fedavg_co(lr, STEPS, case="I"), data, x0, rounds=rounds,
+                  straggler_prob=0.5, seed=1)
+  steps = np.asarray(res.metrics["local_steps"])
+  assert np.any(steps < STEPS) and np.any(steps == STEPS)
+  step = fedavg_co_step(C, lr)
+  x = np.asarray(x0, np.float64)
+  ys = [y_bar0] * len(C)
+  objs = []
+  for r in range(rounds):
+    if r > 0:
+      ys = [c.g(x) for c in C]
+    xs = []
+    for k in range(len(C)):
+      xk, s = x, {"y": ys[k]}
+      for _ in range(int(steps[r, k])):
+        xk, s = step(k, xk, s)
+      xs.append(xk)
+      ys[k] = s["y"]
+    x = np.mean(xs, axis=0)
+    objs.append(global_objective(C, x))
+  check(res, x, np.array(objs), x0)

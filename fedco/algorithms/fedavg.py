@@ -104,15 +104,16 @@ def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
     return FedAvgCOState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             **unused):
+             local_step=None, **unused):
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles(name, inner_fn, outer_fn, next_inner_fn)
     state = base.fill_pending(state, params, inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     y = state.y
     if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
-      refresh = (state.count > 0) & (state.count % period == 0)
-      y = base.select(refresh, sample, y)
+      # keyed on the runtime's local step (a straggler's count lags); count in a user loop
+      first = (state.count % period == 0) if local_step is None else (local_step == 0)
+      y = base.select(first & (state.count > 0), sample, y)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     y_new = next_inner_fn(optax.apply_updates(params, step))

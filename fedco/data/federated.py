@@ -130,4 +130,4 @@ class FederatedData(NamedTuple):
 
   def flat_weights(self) -> jax.Array:
     """Weights of the flat pairs, ``1/n_owner``: summed per owner they give client means."""
-    return 1.0 / self.counts[self.flat_owner].astype(jnp.float32)
+    return 1.0 / self.counts[self.flat_owner].astype(jnp.result_type(float))

@@ -101,7 +101,8 @@ class ClientBlockData(FederatedData):
     """``1/n_owner`` on real rows, 0 on padding rows."""
     n = self.num_clients
     owner = jnp.minimum(self.flat_owner, n - 1)
-    return jnp.where(self.flat_owner < n, 1.0 / self.counts[owner].astype(jnp.float32), 0.0)
+    return jnp.where(self.flat_owner < n, 1.0 / self.counts[owner].astype(jnp.result_type(float)),
+                     0.0)
 
 
 def _check_int(name, value, low, high=None):

@@ -68,24 +68,41 @@ class SimState(NamedTuple):
 
 
 class Ledger(NamedTuple):
-  """Floats each participating client sends (up) and receives (down) per round, by item."""
+  """Floats each participating client sends (up) and receives (down) per round, by item.
+
+  ``per_step_up`` are the items sent after every local step (FedDRO's ``y``), counted in
+  ``up`` for a full round of ``local_steps``; a straggler sends them only for the steps it
+  did, and a dropped client sends nothing up (:meth:`as_dict` with the run's fault record).
+  """
   up: Dict[str, int]
   down: Dict[str, int]
   clients_per_round: int
+  per_step_up: Dict[str, int] = {}
+  local_steps: int = 1
 
   def per_round(self) -> Dict[str, int]:
     """Total floats over all participating clients in one round, both directions."""
     return {"up": self.clients_per_round * sum(self.up.values()),
             "down": self.clients_per_round * sum(self.down.values())}
 
-  def as_dict(self, rounds: int) -> Dict[str, Any]:
+  def as_dict(self, rounds: int, survivors=None, local_steps=None) -> Dict[str, Any]:
+    """Per-client items and run totals; ``survivors`` (``bool [rounds, m]``) and
+    ``local_steps`` (``[rounds, m]``, steps each client did) count only what was sent."""
     totals = self.per_round()
+    total_up, total_down = totals["up"] * rounds, totals["down"] * rounds
+    if survivors is not None:
+      alive = np.asarray(survivors, bool)
+      steps = np.where(alive, np.asarray(local_steps), 0)
+      per_step = sum(self.per_step_up.values())
+      per_round = sum(self.up.values()) - self.local_steps * per_step
+      total_up = int(alive.sum()) * per_round + int(steps.sum()) * per_step
+      total_down = alive.size * sum(self.down.values())
     return {"up_per_client_per_round": dict(self.up),
             "down_per_client_per_round": dict(self.down),
             "clients_per_round": self.clients_per_round,
             "rounds": rounds,
-            "total_up": totals["up"] * rounds,
-            "total_down": totals["down"] * rounds}
+            "total_up": int(total_up),
+            "total_down": int(total_down)}
 
 
 def draw_batch(key, index_row, count, examples, batch_size: Optional[int], *,
@@ -99,11 +116,11 @@ def draw_batch(key, index_row, count, examples, batch_size: Optional[int], *,
   """
   if batch_size is None:
     rows = index_row
-    weights = (jnp.arange(index_row.shape[0]) < count).astype(jnp.float32) / count
+    weights = (jnp.arange(index_row.shape[0]) < count).astype(_float()) / count
   else:
     pos = jax.random.randint(key, (batch_size,), 0, count)
     rows = index_row[pos]
-    weights = jnp.full((batch_size,), 1.0 / batch_size, jnp.float32)
+    weights = jnp.full((batch_size,), 1.0 / batch_size, _float())
   batch = jax.tree.map(lambda a: a[rows], examples)
   return (batch, weights, rows) if return_rows else (batch, weights)
 
@@ -125,7 +142,7 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
     if w is not None:
       return w
     n = jax.tree.leaves(batch)[0].shape[0]
-    return jnp.full((n,), 1.0 / n, jnp.float32)
+    return jnp.full((n,), 1.0 / n, _float())
 
   next_inner_batch = inner_batch if next_inner_batch is None else next_inner_batch
   wg, wf, wn = (_w(b, w) for b, w in zip((inner_batch, outer_batch, next_inner_batch), weights))
@@ -143,6 +160,12 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
         x, outer_batch)
     kwargs["example_weights"] = wf
   return grad_h, kwargs
+
+
+def _float():
+  """The run's float type for weights: float64 under ``jax_enable_x64``, else float32 (a mean
+  over float32 values casts the weights down; float64 runs keep every digit)."""
+  return jnp.result_type(float)
 
 
 def _tree_size(tree) -> int:
@@ -303,14 +326,15 @@ class Simulator:
     self.plan = algorithm.plan
     self.aggregator = as_aggregator(algorithm.server)
     self._run = jax.jit(self._run_rounds, static_argnames="rounds")
+    self._init_jit = jax.jit(self._init_clients)
 
   # ---- pieces ------------------------------------------------------------------------
 
   def _client_weights(self, counts, mask=None):
     """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
     mask = jnp.ones(counts.shape, bool) if mask is None else mask
-    c = counts.astype(jnp.float32) if self.plan.weighting == "samples" else jnp.ones(
-        counts.shape, jnp.float32)
+    c = counts.astype(_float()) if self.plan.weighting == "samples" else jnp.ones(
+        counts.shape, _float())
     c = jnp.where(mask, c, 0.0)
     total = jnp.sum(c)
     return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
@@ -370,8 +394,12 @@ class Simulator:
           f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
           f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}") from None
 
-  @functools.partial(jax.jit, static_argnums=0)
   def _init(self, params, key, data):
+    """Every client's initial state (traced; ``init`` runs it through a per-instance jit,
+    never a global cache keyed on ``self``, so a dropped simulator is collected)."""
+    return self._init_jit(params, key, data)
+
+  def _init_clients(self, params, key, data):
     key, k_init = jax.random.split(key)
     n = self.num_clients
     ids = jnp.arange(n)
@@ -658,7 +686,8 @@ class Simulator:
     down = dict(up)
     for f in self.plan.report:  # sent up only
       up[f] = up.get(f, 0) + _tree_size(get_field(state.clients, f)) // n
-    return Ledger(up, down, self.clients_per_round)
+    per_step = {f: _tree_size(get_field(state.clients, f)) // n for f in self.plan.every_step}
+    return Ledger(up, down, self.clients_per_round, per_step, steps)
 
 
 def _scalar(name, shape_dtype):
@@ -774,7 +803,16 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   if ckpt is not None:
     ckpt.close()
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
-                          sim.ledger(state).as_dict(rounds), seconds)
+                          _ledger(sim, state, collected, rounds), seconds)
+
+
+def _ledger(sim, state, collected, rounds):
+  """The run's ledger; with faults, totals count only what surviving clients sent."""
+  ledger = sim.ledger(state)
+  metrics = _stack(collected) if collected else {}
+  if "survivors" not in metrics:
+    return ledger.as_dict(rounds)
+  return ledger.as_dict(rounds, metrics["survivors"], metrics["local_steps"])
 
 
 def _stack(chunks):
