@@ -12,7 +12,7 @@ from fedco.algorithms import (Algorithm, CommPlan, afl, chain, comfedl, drfa, ds
 from fedco.algorithms import ditto, fedmaml, per_fedavg, tr_maml
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
-from fedco.runtime import Simulator, SimulationResult, oracle_args, simulate
+from fedco.runtime import Simulator, SimulationResult, SweepResult, oracle_args, simulate, sweep
 
 __version__ = "0.2.0"
 
@@ -46,5 +46,5 @@ __all__ = [
     "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData",
     "Problem", "global_inner", "local_inner", "plain", "Simulator", "SimulationResult",
     "oracle_args", "simulate", "ALGORITHMS", "chain", "named_chain", "inject_hyperparams",
-    "init_trackers",
+    "init_trackers", "sweep", "SweepResult",
 ]

@@ -1,0 +1,229 @@
+"""Many runs in one compiled program: a grid of hyperparameters times seeds, vmapped.
+
+``fedco.sweep`` builds the algorithm once under :func:`fedco.inject_hyperparams`, so every
+numeric hyperparameter is state, initialises one simulation state per run (its own seed:
+client sampling, batches, faults, the random iterate), writes each run's hyperparameters
+into its state, and advances all runs together: one ``lax.scan`` over rounds of a
+``vmap`` over runs of the simulator's round, one ``jax.jit`` for every chunk. Each run keeps
+its own metrics, ledger and random iterate. A run whose state or evaluated metrics stop
+being finite is frozen at its last finite state (its later metrics are NaN) and reported
+with the round and the quantity; the other runs go on. Results equal separate
+:func:`fedco.simulate` calls up to float round-off (batched instead of single products).
+
+Limits: the problem and data are shared by all runs (a problem hyperparameter such as a KL
+temperature needs one sweep per value); no mesh placement or checkpoints yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import itertools
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedco import _validate
+from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
+                                   set_fields)
+from fedco.runtime import progress as progress_lib
+from fedco.runtime.simulator import SimState, Simulator, _check_dtypes
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class SweepResult:
+  """What :func:`sweep` returns; run ``r`` is ``runs[r]``.
+
+  Attributes:
+    runs: one dict per run: ``{"seed": s, name: value, ...}`` (grid order, seeds fastest).
+    params: the server models after the last round, leaves ``[R, ...]``.
+    random_params: each run's model of a uniformly random round, leaves ``[R, ...]``.
+    state: the final stacked :class:`SimState` (leaves ``[R, ...]``).
+    metrics: per-run, per-round host arrays ``[R, rounds, ...]`` (as
+      :attr:`SimulationResult.metrics`); a frozen run's rounds after its divergence are NaN.
+    diverged: per run, ``None`` or ``{"round": r, "quantity": name}``: the first round
+      whose state (``"state"``) or evaluated metric (its name) was not finite.
+    ledgers: per run, the communication ledger (``SimulationResult.ledger``).
+    seconds: wall time of the rounds, compilation included.
+  """
+  runs: List[Dict[str, Any]]
+  params: PyTree
+  random_params: PyTree
+  state: SimState
+  metrics: Dict[str, np.ndarray]
+  diverged: List[Optional[Dict[str, Any]]]
+  ledgers: List[Dict[str, Any]]
+  seconds: float
+
+
+def _grid_runs(factory, grid, seeds, static):
+  names = list(grid)
+  parameters = inspect.signature(factory).parameters
+  for name in names:
+    if name not in parameters or name in static:
+      numeric = sorted(p for p in parameters if p not in static)
+      raise ValueError(f"grid: {name!r} is not a numeric hyperparameter of "
+                       f"{getattr(factory, '__name__', factory)}; allowed: {numeric}")
+    values = grid[name]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+      raise ValueError(f"grid[{name!r}] must be a non-empty list of numbers, got {values!r}")
+  seeds = [_validate.positive_int("seeds", s, minimum=0) for s in seeds]
+  if not seeds:
+    raise ValueError("seeds must be a non-empty list of integers >= 0")
+  combos = itertools.product(*(grid[n] for n in names))
+  return [{**dict(zip(names, values)), "seed": s} for values in combos for s in seeds]
+
+
+def _set_hyperparams(state: SimState, values: Dict[str, jax.Array]) -> SimState:
+  """One run's state with its hyperparameters, in every client's state and the server's."""
+  hp = dict(get_field(state.clients, "hyperparams"))
+  for name, value in values.items():
+    hp[name] = jnp.broadcast_to(value.astype(hp[name].dtype), hp[name].shape)
+  clients = set_fields(state.clients, hyperparams=hp)
+  server_opt_state = state.server_opt_state
+  if isinstance(server_opt_state, InjectedServerState):
+    shp = dict(server_opt_state.hyperparams)
+    shp.update({k: v.astype(shp[k].dtype) for k, v in values.items() if k in shp})
+    server_opt_state = server_opt_state._replace(hyperparams=shp)
+  return state._replace(clients=clients, server_opt_state=server_opt_state)
+
+
+def _all_finite(tree) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.ones([], bool)
+
+
+def _finite_metrics(metrics) -> jax.Array:
+  """Whether this round's evaluated metrics are finite (unevaluated rounds hold NaN)."""
+  evaluated = metrics.get("evaluated", jnp.ones([], bool))
+  floats = {k: v for k, v in metrics.items() if k not in ("evaluated", "clients")}
+  return ~evaluated | _all_finite(floats)
+
+
+def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: PyTree, *,
+          rounds: int, grid: Optional[Dict[str, Sequence[float]]] = None,
+          seeds: Sequence[int] = (0,), algorithm_kwargs: Optional[Dict[str, Any]] = None,
+          chunk_rounds: Optional[int] = None, progress: bool = False,
+          **simulator_kwargs) -> SweepResult:
+  """Run every combination of ``grid`` times ``seeds`` as one vmapped program.
+
+  Args:
+    problem, data: as :func:`fedco.simulate` (shared by all runs).
+    algorithm_factory: a registry factory (``fedco.feddro``, ...).
+    params: the initial model, shared by all runs.
+    rounds: rounds per run.
+    grid: ``{hyperparameter: [values]}``, numeric arguments of the factory (learning rate,
+      ``beta``, ``gamma``, server rates, ...); runs are their Cartesian product.
+    seeds: simulation seeds (client sampling, batches, faults); each grid point runs once
+      per seed.
+    algorithm_kwargs: the factory's other arguments (``local_steps``, ``case``, ...).
+    chunk_rounds: rounds per jitted call (default: all, at most 100).
+    progress: print a progress line per chunk.
+    **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
+      ``metrics_fn``, faults, ...; not ``mesh``).
+  """
+  rounds = _validate.positive_int("rounds", rounds)
+  chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
+      "chunk_rounds", chunk_rounds)
+  if simulator_kwargs.get("mesh") is not None:
+    raise ValueError("sweep does not lay runs on a mesh yet; pass mesh=None")
+  grid, kwargs = dict(grid or {}), dict(algorithm_kwargs or {})
+  overlap = set(grid) & set(kwargs)
+  if overlap:
+    raise ValueError(f"grid and algorithm_kwargs both set {sorted(overlap)}")
+  injected_factory = inject_hyperparams(algorithm_factory)
+  runs = _grid_runs(algorithm_factory, grid, seeds, set(injected_factory.static_args))
+  for run in runs:  # every grid point is validated before anything compiles
+    algorithm_factory(**kwargs, **{k: v for k, v in run.items() if k != "seed"})
+  first = {k: v for k, v in runs[0].items() if k != "seed"}
+  algorithm = injected_factory(**kwargs, **{k: float(v) for k, v in first.items()})
+  sim = Simulator(problem, algorithm, data, **simulator_kwargs)
+  params = jax.tree.map(jnp.asarray, params)
+  _check_dtypes(params, sim.data.examples)  # Simulator.init's checks
+  sim._check_shapes(params)
+  values = {k: jnp.asarray([run[k] for run in runs], jnp.result_type(float)) for k in grid}
+  keys = jnp.stack([jax.random.PRNGKey(run["seed"]) for run in runs])
+
+  @jax.jit
+  def init_all(params, keys, values, data):
+    def one(key, hp):
+      return _set_hyperparams(sim._init_clients(params, key, data), hp)
+    return jax.vmap(one)(keys, values)
+
+  @functools.partial(jax.jit, static_argnames="length")
+  def run_chunk(states, frozen, data, length):
+    flat = data.examples if sim.resident else jax.tree.map(lambda a: a[data.flat_rows],
+                                                           data.examples)
+
+    def one_round(carry, _):
+      states, frozen = carry
+      new, metrics = jax.vmap(lambda s: sim._round(data, flat, s, None))(states)
+      ok = jax.vmap(_all_finite)(new) & jax.vmap(_finite_metrics)(metrics)
+      stop = (frozen == 0) & ~ok
+      frozen = jnp.where(stop, new.round, frozen)
+      keep_old = frozen > 0
+      states = jax.tree.map(
+          lambda a, b: jnp.where(keep_old.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+          states, new)
+      masked = jax.tree.map(
+          lambda m: m if not jnp.issubdtype(m.dtype, jnp.inexact) else jnp.where(
+              (keep_old & ~stop).reshape((-1,) + (1,) * (m.ndim - 1)), jnp.nan, m), metrics)
+      return (states, frozen), masked
+
+    (states, frozen), metrics = jax.lax.scan(one_round, (states, frozen), None, length=length)
+    return states, frozen, metrics
+
+  start = time.perf_counter()
+  states = init_all(params, keys, values, sim.data)
+  frozen = jnp.zeros((len(runs),), jnp.int32)
+  bar = progress_lib.Progress(rounds, label=f"sweep of {len(runs)} {algorithm.name} runs",
+                              enabled=progress)
+  collected, done = [], 0
+  while done < rounds:
+    size = min(chunk, rounds - done)
+    states, frozen, metrics = run_chunk(states, frozen, sim.data, length=size)
+    collected.append({k: np.swapaxes(np.asarray(v), 0, 1) for k, v in metrics.items()})
+    done += size
+    bar.update(done)
+  bar.close()
+  seconds = time.perf_counter() - start
+  metrics = {k: np.concatenate([c[k] for c in collected], axis=1) for k in collected[0]}
+  diverged = _divergences(np.asarray(frozen), metrics)
+  ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
+  ledgers = []
+  for r in range(len(runs)):
+    if "survivors" in metrics:
+      ledgers.append(ledger.as_dict(rounds, metrics["survivors"][r], metrics["local_steps"][r]))
+    else:
+      ledgers.append(ledger.as_dict(rounds))
+  return SweepResult(runs, states.server["params"], states.random_params, states, metrics,
+                     diverged, ledgers, seconds)
+
+
+def _divergences(frozen, metrics):
+  """``None`` or ``{"round", "quantity"}`` per run from the freeze rounds (1-based)."""
+  out = []
+  for r, round_ in enumerate(frozen.tolist()):
+    if round_ == 0:
+      out.append(None)
+      continue
+    quantity = "state"  # the model or a tracker, unless an evaluated metric says more
+    evaluated = "evaluated" not in metrics or bool(metrics["evaluated"][r][round_ - 1])
+    names = (k for k in metrics if k not in ("evaluated", "clients")) if evaluated else ()
+    for name in sorted(names, key=lambda k: k != "objective"):
+      value = np.asarray(metrics[name][r][round_ - 1])
+      if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
+        quantity = name
+        break
+    out.append({"round": int(round_), "quantity": quantity})
+  return out
+
+
+__all__ = ["SweepResult", "sweep"]

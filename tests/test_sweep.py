@@ -1,0 +1,92 @@
+"""fedco.sweep: a grid times seeds in one vmapped program equals the separate runs; a
+diverging run is frozen and reported without touching the others."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedco
+from fedco.problems import portfolio
+from tests import helpers
+
+GRID = {"learning_rate": [0.05, 0.2, 40.0], "beta": [0.5, 0.9]}
+SEEDS = [0, 3]
+ROUNDS = 7
+
+
+def _data():
+  return fedco.FederatedData.from_clients(
+      [{"r": c} for c in helpers.portfolio_clients(sizes=(24, 8, 40, 12), seed=1)])
+
+
+@functools.lru_cache(maxsize=None)
+def _swept():
+  return fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3), rounds=ROUNDS,
+                     grid=GRID, seeds=SEEDS, algorithm_kwargs={"local_steps": 3},
+                     chunk_rounds=4, batch_size=4, clients_per_round=3, eval_every=2)
+
+
+def test_runs_are_the_grid_times_the_seeds():
+  runs = _swept().runs
+  assert len(runs) == 3 * 2 * 2
+  assert runs[0] == {"learning_rate": 0.05, "beta": 0.5, "seed": 0}
+  assert runs[1] == {"learning_rate": 0.05, "beta": 0.5, "seed": 3}
+  assert {(r["learning_rate"], r["beta"], r["seed"]) for r in runs} == {
+      (lr, b, s) for lr in GRID["learning_rate"] for b in GRID["beta"] for s in SEEDS}
+
+
+def test_each_run_equals_its_separate_simulate_call():
+  swept = _swept()
+  compared = 0
+  for r, run in enumerate(swept.runs):
+    if swept.diverged[r] is not None:
+      continue
+    alone = fedco.simulate(portfolio(1.0), fedco.feddro(run["learning_rate"], 3,
+                                                         beta=run["beta"]),
+                           _data(), jnp.zeros(3), rounds=ROUNDS, seed=run["seed"],
+                           batch_size=4, clients_per_round=3, eval_every=2)
+    np.testing.assert_allclose(np.asarray(swept.params[r]), np.asarray(alone.params),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(swept.metrics["objective"][r], alone.metrics["objective"],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(swept.metrics["clients"][r], alone.metrics["clients"])
+    np.testing.assert_allclose(np.asarray(swept.random_params[r]),
+                               np.asarray(alone.random_params), rtol=1e-5, atol=1e-6)
+    assert swept.ledgers[r] == alone.ledger
+    compared += 1
+  assert compared == 8  # every run but the four at learning rate 40
+
+
+def test_a_diverging_run_is_frozen_and_reported_and_does_not_poison_the_others():
+  swept = _swept()
+  for r, run in enumerate(swept.runs):
+    if run["learning_rate"] == 40.0:
+      report = swept.diverged[r]
+      assert report is not None and 1 <= report["round"] <= ROUNDS
+      assert report["quantity"] in ("state", "objective", "client_losses")
+      frozen = np.asarray(swept.params[r])
+      assert np.all(np.isfinite(frozen))  # its last finite state
+      after = swept.metrics["objective"][r][report["round"]:]
+      assert np.all(np.isnan(after))
+      with pytest.raises(fedco.runtime.NonFiniteError):  # the separate run does diverge
+        fedco.simulate(portfolio(1.0), fedco.feddro(40.0, 3, beta=run["beta"]), _data(),
+                       jnp.zeros(3), rounds=ROUNDS, seed=run["seed"], batch_size=4,
+                       clients_per_round=3, eval_every=2)
+    else:
+      assert swept.diverged[r] is None
+      assert np.all(np.isfinite(swept.metrics["objective"][r][1::2]))
+
+
+def test_bad_grids_are_clear_errors():
+  data = _data()
+  for grid, match in (({"local_steps": [1, 2]}, "local_steps"),
+                      ({"learning_rate": []}, "learning_rate"),
+                      ({"momentum": [0.1]}, "momentum"),
+                      ({"beta": [0.5, float("nan")]}, "beta")):
+    with pytest.raises(ValueError, match=match):
+      fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3), rounds=2, grid=grid)
+  with pytest.raises(ValueError, match="seeds"):
+    fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3), rounds=2, seeds=[])
