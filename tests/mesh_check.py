@@ -96,9 +96,18 @@ def main():
   # 10 clients -> 16 slots for all; 3 sampled -> 8 slots for one algorithm per server kind
   configs = [(f"{name}_m{m}", *registry()[name], m) for name in names
              for m in ((None, 3) if name in SAMPLED else (None,))]
-  runs = [compile_all(configs, data, mesh, x0=jnp.full((3,), 0.1), seed=3, rounds=4,
-                      batch_size=4)[0]
-          for mesh in (None, fedco.runtime.client_mesh(8))]
+  compiled = [compile_all(configs, data, mesh, x0=jnp.full((3,), 0.1), seed=3, rounds=4,
+                          batch_size=4) for mesh in (None, fedco.runtime.client_mesh(8))]
+  runs = [outputs for outputs, _ in compiled]
+  # The client axis is laid along the mesh: each round pads the 10 clients to 16 slots,
+  # 2 rows per device, so the round's [slots, 3] leaves are f32[2,3] in the 8-device program
+  # where the one-device program has f32[10,3]. (Persistent client states stay replicated
+  # between rounds, [10, 3] on every device; a few unrelated [2, 3] values exist anyway.)
+  texts = [program.as_text() for _, program in compiled]
+  print(json.dumps({"check": "client_layout",
+                    **{f"{side}_{shape}": text.count(f"f32[{shape},3]")
+                       for side, text in zip(("one_device", "eight_devices"), texts)
+                       for shape in (2, 10, 16)}}), flush=True)
   for (label, _, _, m), (one, one_metrics), (eight, eight_metrics) in zip(configs, *runs):
     one, eight = np.asarray(one.server["params"]), np.asarray(eight.server["params"])
     print(json.dumps({

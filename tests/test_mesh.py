@@ -27,7 +27,17 @@ def mesh_results():
   return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def test_client_axis_is_laid_along_the_mesh(mesh_results):
+  """Equal numbers alone would not show placement: the compiled 8-device program holds each
+  client-stacked state leaf as 2 of the 16 client slots per device, never all clients."""
+  layout = next(r for r in mesh_results if r.get("check") == "client_layout")
+  # measured: [2, 3] 11 -> 604 values, [10, 3] 590 -> 118 (the replicated client states)
+  assert layout["eight_devices_2"] > 10 * max(layout["one_device_2"], 1), layout
+  assert layout["eight_devices_10"] < 0.5 * layout["one_device_10"], layout
+
+
 def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
+  mesh_results = [r for r in mesh_results if "check" not in r]
   names = {r["algorithm"] for r in mesh_results}
   assert len(names) == 18 and len(mesh_results) == 18 + 6
   assert {r["algorithm"] for r in mesh_results if r["clients_per_round"] == 3} == {

@@ -90,3 +90,21 @@ def test_bad_grids_are_clear_errors():
       fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3), rounds=2, grid=grid)
   with pytest.raises(ValueError, match="seeds"):
     fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3), rounds=2, seeds=[])
+
+
+def test_the_random_iterate_is_a_uniformly_random_round():
+  """Over 400 seeds, the round whose model ``random_params`` holds is uniform over the 8
+  rounds (chi-square goodness of fit); a sampler that kept the last round, or favoured
+  early ones, fails."""
+  from scipy import stats
+  rounds, seeds = 8, 400
+  swept = fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3), rounds=rounds,
+                      seeds=range(seeds), algorithm_kwargs={"learning_rate": 0.1,
+                                                            "local_steps": 2},
+                      batch_size=2, evaluate=False, metrics_fn=lambda p: {"x": p})
+  models = np.asarray(swept.metrics["x"])               # [seeds, rounds, d]
+  chosen = np.asarray(swept.random_params)[:, None, :]  # [seeds, 1, d]
+  match = np.all(models == chosen, axis=-1)
+  assert np.all(match.sum(axis=1) == 1)  # every run's random model is exactly one round's
+  counts = np.bincount(np.argmax(match, axis=1), minlength=rounds)
+  assert stats.chisquare(counts).pvalue > 1e-3, counts
