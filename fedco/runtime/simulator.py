@@ -28,7 +28,7 @@ from fedco.algorithms.base import (Algorithm, RoundInfo, as_aggregator, get_fiel
                                    init_trackers, set_fields)
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
-from fedco.runtime import progress as progress_lib
+from fedco.runtime import host
 from fedco.runtime.distributed import ClientBlockData, fetch
 
 PyTree = Any
@@ -729,7 +729,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
              rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
              check_finite: bool = True, checkpoint_dir=None,
              checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
-             progress_metric: str = "objective", **simulator_kwargs) -> SimulationResult:
+             progress_metric: str = "objective", metric_writers=(),
+             metric_labels: Optional[Dict[str, Any]] = None,
+             **simulator_kwargs) -> SimulationResult:
   """Run ``rounds`` rounds and collect the per-round metrics on the host.
 
   Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
@@ -753,7 +755,16 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       newest one and ends bit-identical to an uninterrupted run.
     checkpoint_every: rounds between checkpoints (default: every chunk).
     keep_checkpoints: how many checkpoints to keep.
+    metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
+      ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
+      soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
+    metric_labels: fields added to every written row (default
+      ``{"algorithm": algorithm.name}``).
     **simulator_kwargs: forwarded to :class:`Simulator`.
+
+  Ctrl-C is deferred to the end of the running chunk: the chunk's rows are written, a
+  checkpoint is saved (when checkpointing) and :class:`~fedco.runtime.host.Interrupted`
+  (a ``KeyboardInterrupt``) says up to which round; a second Ctrl-C stops at once.
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
@@ -772,36 +783,53 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
                          "another checkpoint_dir or more rounds")
       collected = [history] if history else []
-  bar = progress_lib.Progress(rounds, label=algorithm.name, enabled=progress)
+  writers = tuple(metric_writers)
+  labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
+  for writer in writers:
+    writer.rewind(done, labels)
+  bar = host.ProgressBar(rounds, label=algorithm.name, enabled=progress, initial=done)
   start = time.perf_counter()
-  while done < rounds:
-    size = min(chunk, rounds - done)
+  try:
+    with host.interrupt_guard() as stop:
+      while done < rounds:
+        size = min(chunk, rounds - done)
+        if ckpt is not None:
+          size = min(size, every - done % every)
+        last_good = state
+        state, metrics = sim.run(state, size)
+        metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
+        collected.append(metrics)
+        if check_finite:
+          try:
+            _check_finite(metrics, state, done)
+          except NonFiniteError as err:
+            if ckpt is not None and collected[:-1]:
+              ckpt.save(done, last_good, _stack(collected[:-1]))
+            err.metrics = _stack(collected)
+            for writer in writers:
+              writer.write(host.rows(metrics, done, labels))
+            raise
+        for writer in writers:
+          writer.write(host.rows(metrics, done, labels))
+        done += size
+        if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
+          ckpt.save(done, state, _stack(collected))
+        shown = None
+        if progress_metric in metrics and np.any(metrics["evaluated"]):
+          values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
+          shown = float(values[-1]) if values.ndim == 1 else None
+        bar.update(done, shown, progress_metric)
+        if stop.requested and done < rounds:
+          raise host.Interrupted(
+              f"interrupted after round {done} of {rounds}: the metrics of rounds 1-{done}"
+              + (" and a checkpoint are" if ckpt is not None else " are") + " written",
+              done)
+  finally:
+    bar.close()
+    host.close_all(writers)
     if ckpt is not None:
-      size = min(size, every - done % every)
-    last_good = state
-    state, metrics = sim.run(state, size)
-    metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
-    collected.append(metrics)
-    if check_finite:
-      try:
-        _check_finite(metrics, state, done)
-      except NonFiniteError as err:
-        if ckpt is not None and collected[:-1]:
-          ckpt.save(done, last_good, _stack(collected[:-1]))
-        err.metrics = _stack(collected)
-        raise
-    done += size
-    if ckpt is not None and (done % every == 0 or done == rounds):
-      ckpt.save(done, state, _stack(collected))
-    shown = None
-    if progress_metric in metrics and np.any(metrics["evaluated"]):
-      values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
-      shown = float(values[-1]) if values.ndim == 1 else None
-    bar.update(done, shown, progress_metric)
+      ckpt.close()
   seconds = time.perf_counter() - start
-  bar.close()
-  if ckpt is not None:
-    ckpt.close()
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
                           _ledger(sim, state, collected, rounds), seconds)
 

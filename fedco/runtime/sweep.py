@@ -30,7 +30,7 @@ import numpy as np
 from fedco import _validate
 from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
                                    set_fields)
-from fedco.runtime import progress as progress_lib
+from fedco.runtime import host
 from fedco.runtime.simulator import SimState, Simulator, _check_dtypes
 
 PyTree = Any
@@ -183,8 +183,8 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   start = time.perf_counter()
   states = init_all(params, keys, values, sim.data)
   frozen = jnp.zeros((len(runs),), jnp.int32)
-  bar = progress_lib.Progress(rounds, label=f"sweep of {len(runs)} {algorithm.name} runs",
-                              enabled=progress)
+  bar = host.ProgressBar(rounds, label=f"sweep of {len(runs)} {algorithm.name} runs",
+                        enabled=progress)
   collected, done = [], 0
   while done < rounds:
     size = min(chunk, rounds - done)

@@ -1,0 +1,244 @@
+"""The host side of a run: metric writers that stream every chunk, a progress bar, Ctrl-C.
+
+Between two compiled chunks of rounds the host writes the chunk's evaluated rows to every
+:class:`MetricWriter` (appended, flushed and fsynced, so a killed run keeps every row of the
+chunks it finished), updates a ``tqdm`` bar whose rate and ETA leave out the first chunk
+(compilation), and checks whether Ctrl-C was pressed: :func:`interrupt_guard` defers SIGINT
+to the end of the running chunk (a second Ctrl-C stops at once), so the run stops cleanly
+with :class:`Interrupted` after what it wrote is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import numpy as np
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C stopped a run between chunks; everything up to ``round`` is written."""
+
+  def __init__(self, message: str, round_: int):
+    super().__init__(message)
+    self.round = round_
+
+  def __str__(self):
+    return self.args[0]
+
+
+def rows(metrics: Mapping[str, np.ndarray], first_round: int,
+         labels: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+  """One row per evaluated round of a chunk: ``{"round": r, **labels, metric: value}``.
+
+  Scalars become floats; small vectors (``client_losses``) lists; ``clients`` and
+  ``evaluated`` are left out.
+  """
+  labels = dict(labels or {})
+  some = next(iter(metrics.values()), None)
+  if some is None:
+    return []
+  count = np.shape(some)[0]
+  evaluated = np.asarray(metrics.get("evaluated", np.ones(count, bool)), bool)
+  out = []
+  for i in np.flatnonzero(evaluated):
+    row = {"round": int(first_round + i + 1), **labels}
+    for name, values in metrics.items():
+      if name in ("evaluated", "clients", "survivors", "local_steps"):
+        continue
+      value = np.asarray(values[i])
+      row[name] = float(value) if value.ndim == 0 else value.tolist()
+    out.append(row)
+  return out
+
+
+class MetricWriter:
+  """Receives each chunk's rows as soon as the chunk is done."""
+
+  def write(self, rows: List[Dict[str, Any]]) -> None:
+    raise NotImplementedError
+
+  def rewind(self, round_: int, labels: Mapping[str, Any]) -> None:
+    """Forget this run's rows after ``round_`` (a resumed run writes them again)."""
+
+  def close(self) -> None:
+    pass
+
+
+def _append(path: str, text: str) -> None:
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _is_later_row_of(row: Mapping[str, Any], round_: int, labels: Mapping[str, Any]) -> bool:
+  return row.get("round", 0) > round_ and all(str(row.get(k)) == str(v)
+                                               for k, v in labels.items())
+
+
+class JsonlWriter(MetricWriter):
+  """Appends one JSON object per row to ``path`` (created with its folder if missing)."""
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+  def write(self, rows):
+    if rows:
+      _append(self.path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+
+  def rewind(self, round_, labels):
+    if not os.path.exists(self.path):
+      return
+    with open(self.path, encoding="utf-8") as f:
+      lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if not _is_later_row_of(json.loads(line), round_, labels)]
+    if len(kept) != len(lines):
+      _replace_file(self.path, "".join(kept))
+
+
+class CsvWriter(MetricWriter):
+  """Appends scalar rows to a CSV file; the columns are fixed by the first rows written
+  (an existing file's header is kept)."""
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+    self.columns = None
+    if os.path.exists(self.path):
+      with open(self.path, encoding="utf-8", newline="") as f:
+        self.columns = next(csv.reader(f), None)
+
+  def write(self, rows):
+    rows = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows]
+    if not rows:
+      return
+    buffer = io.StringIO()
+    if self.columns is None:
+      self.columns = list(dict.fromkeys(k for r in rows for k in r))
+      csv.writer(buffer).writerow(self.columns)
+    writer = csv.DictWriter(buffer, self.columns, extrasaction="ignore")
+    writer.writerows(rows)
+    _append(self.path, buffer.getvalue())
+
+  def rewind(self, round_, labels):
+    if not os.path.exists(self.path):
+      return
+    with open(self.path, encoding="utf-8", newline="") as f:
+      table = list(csv.DictReader(f))
+    kept = [r for r in table
+            if not _is_later_row_of({**r, "round": int(r.get("round") or 0)}, round_, labels)]
+    if len(kept) != len(table):
+      buffer = io.StringIO()
+      writer = csv.DictWriter(buffer, self.columns)
+      writer.writeheader()
+      writer.writerows(kept)
+      _replace_file(self.path, buffer.getvalue())
+
+
+class TensorBoardWriter(MetricWriter):
+  """Scalars ``<label values>/<metric>`` at step ``round`` (needs ``tensorboardX``)."""
+
+  def __init__(self, logdir: str):
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      raise ValueError("TensorBoardWriter needs tensorboardX: pip install tensorboardX") from None
+    self._writer = SummaryWriter(os.fspath(logdir))
+
+  def write(self, rows):
+    for row in rows:
+      prefix = "/".join(str(v) for k, v in row.items()
+                        if k != "round" and isinstance(v, (str, int)) and not isinstance(v, bool))
+      for name, value in row.items():
+        if isinstance(value, float):
+          self._writer.add_scalar(f"{prefix}/{name}" if prefix else name, value, row["round"])
+    self._writer.flush()
+
+  def close(self):
+    self._writer.close()
+
+
+def _replace_file(path: str, text: str) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class ProgressBar:
+  """A ``tqdm`` bar over rounds whose rate and ETA leave out the first chunk (compilation)."""
+
+  def __init__(self, total: int, *, label: str = "", enabled: bool = True, initial: int = 0):
+    self.enabled, self.total = enabled, total
+    self._bar = None
+    self._steady = None  # (rounds done, time) when the first chunk ended
+    if enabled:
+      from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+      self._bar = tqdm(total=total, initial=initial, desc=label, unit="round", leave=True,
+                       bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
+                                  "rounds{postfix}")
+
+  def update(self, done: int, metric: Optional[float] = None, name: str = "objective"):
+    if self._bar is None:
+      return
+    now = time.perf_counter()
+    postfix = {}
+    if self._steady is None:
+      self._steady = (done, now)
+      postfix["rate"] = "compiling done"
+    elif done > self._steady[0]:
+      rate = (done - self._steady[0]) / max(now - self._steady[1], 1e-9)
+      postfix["rounds/s"] = f"{rate:.1f}"
+      postfix["eta"] = f"{(self.total - done) / rate:.0f}s"
+    if metric is not None:
+      postfix[name] = f"{metric:.5g}"
+    self._bar.set_postfix(postfix, refresh=False)
+    self._bar.update(done - self._bar.n)
+
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
+
+
+class _StopRequest:
+  def __init__(self):
+    self.requested = False
+
+
+@contextlib.contextmanager
+def interrupt_guard():
+  """Defer Ctrl-C to the end of the running chunk: yields an object whose ``requested`` is
+  set by the first SIGINT; a second one raises ``KeyboardInterrupt`` at once. A no-op
+  outside the main thread."""
+  stop = _StopRequest()
+  if threading.current_thread() is not threading.main_thread():
+    yield stop
+    return
+
+  def handler(signum, frame):
+    del signum, frame
+    if stop.requested:
+      raise KeyboardInterrupt
+    stop.requested = True
+
+  previous = signal.signal(signal.SIGINT, handler)
+  try:
+    yield stop
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
+def close_all(writers: Iterable[MetricWriter]) -> None:
+  for writer in writers:
+    writer.close()
