@@ -1,6 +1,5 @@
 """Client dropout and stragglers: averages run over the survivors, with the work they did."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

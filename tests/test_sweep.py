@@ -3,7 +3,6 @@ diverging run is frozen and reported without touching the others."""
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -12,7 +12,6 @@ import traceback
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import fedco

@@ -3,8 +3,10 @@
 from fedco.runtime import distributed, host
 from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, MetricWriter,
                                 TensorBoardWriter)
-from fedco.runtime.simulator import (Ledger, NonFiniteError, SimState, SimulationResult, Simulator,
-                                     client_mesh, draw_batch, oracle_args, simulate)
+from fedco.runtime.batching import draw_batch, oracle_args
+from fedco.runtime.ledger import Ledger
+from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
+from fedco.runtime.simulator import SimState, Simulator, client_mesh
 from fedco.runtime.sweep import SweepResult, sweep
 
 __all__ = [

@@ -31,7 +31,8 @@ from fedco import _validate
 from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
                                    set_fields)
 from fedco.runtime import host
-from fedco.runtime.simulator import SimState, Simulator, _check_dtypes
+from fedco.runtime.checks import _check_dtypes
+from fedco.runtime.simulator import SimState, Simulator
 
 PyTree = Any
 

@@ -1,0 +1,215 @@
+"""``simulate``: the host loop around a :class:`~fedco.runtime.Simulator`.
+
+Chunks of rounds run as single jitted calls; between chunks the host fetches the metrics,
+checks them, streams them to the metric writers (:mod:`fedco.runtime.host`), checkpoints,
+updates the progress bar and honours a deferred Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import numpy as np
+
+from fedco import _validate
+from fedco.algorithms.base import Algorithm
+from fedco.data.federated import FederatedData
+from fedco.problems.base import Problem
+from fedco.runtime import host
+from fedco.runtime.distributed import fetch
+from fedco.runtime.simulator import SimState, Simulator
+
+PyTree = Any
+
+
+class NonFiniteError(FloatingPointError):
+  """A run produced a non-finite value.
+
+  Attributes:
+    round: the first evaluated round with a non-finite metric (or the chunk's last round).
+    metrics: host metrics of every round up to and including the failing chunk.
+  """
+
+  def __init__(self, message, round_, metrics):
+    super().__init__(message)
+    self.round, self.metrics = round_, metrics
+
+
+@dataclasses.dataclass
+class SimulationResult:
+  """What :func:`simulate` returns.
+
+  Attributes:
+    params: the server model after the last round.
+    random_params: the server model of a uniformly random round.
+    state: the final :class:`SimState` (resume with ``Simulator.run``).
+    metrics: per-round host arrays: ``objective``, ``client_losses`` ``[R, K]``,
+      ``grad_norm`` (if asked), user metrics, ``evaluated`` (which rounds were evaluated;
+      the others hold NaN) and ``clients`` (sampled ids ``[R, m]``).
+    ledger: communication per client per round and in total.
+    seconds: wall time of the rounds (compilation included).
+  """
+  params: PyTree
+  random_params: PyTree
+  state: SimState
+  metrics: Dict[str, np.ndarray]
+  ledger: Dict[str, Any]
+  seconds: float
+
+
+def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params: PyTree, *,
+             rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
+             check_finite: bool = True, checkpoint_dir=None,
+             checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
+             progress_metric: str = "objective", metric_writers=(),
+             metric_labels: Optional[Dict[str, Any]] = None,
+             **simulator_kwargs) -> SimulationResult:
+  """Run ``rounds`` rounds and collect the per-round metrics on the host.
+
+  Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
+  one jitted ``lax.scan``, and the host logs, checks and checkpoints between chunks.
+
+  Args:
+    problem, algorithm, data: see :class:`Simulator`.
+    params: the initial model ``x_bar_0``.
+    rounds: number of rounds ``>= 1``.
+    seed: an int or a PRNG key.
+    chunk_rounds: rounds per jitted call.
+    progress: print a progress line with rounds per second and ``progress_metric``.
+    progress_metric: the scalar metric the progress line shows (``"objective"`` or one of
+      ``metrics_fn``'s).
+    check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
+      first evaluated round whose metrics, or the server model, stop being finite; it
+      carries the metrics collected so far. With checkpointing, the last good state (the
+      start of the failing chunk) is saved first.
+    checkpoint_dir: save the whole simulation state and the metrics so far there (see
+      :mod:`fedco.checkpoint`); if it already holds a checkpoint, the run resumes from the
+      newest one and ends bit-identical to an uninterrupted run.
+    checkpoint_every: rounds between checkpoints (default: every chunk).
+    keep_checkpoints: how many checkpoints to keep.
+    metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
+      ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
+      soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
+    metric_labels: fields added to every written row (default
+      ``{"algorithm": algorithm.name}``).
+    **simulator_kwargs: forwarded to :class:`Simulator`.
+
+  Ctrl-C is deferred to the end of the running chunk: the chunk's rows are written, a
+  checkpoint is saved (when checkpointing) and :class:`~fedco.runtime.host.Interrupted`
+  (a ``KeyboardInterrupt``) says up to which round; a second Ctrl-C stops at once.
+  """
+  rounds = _validate.positive_int("rounds", rounds)
+  chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
+      "chunk_rounds", chunk_rounds)
+  sim = Simulator(problem, algorithm, data, **simulator_kwargs)
+  state = sim.init(params, seed)
+  collected, done, ckpt = [], 0, None
+  if checkpoint_dir is not None:
+    from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
+    every = chunk if checkpoint_every is None else _validate.positive_int(
+        "checkpoint_every", checkpoint_every)
+    ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
+    if ckpt.latest_round() is not None:
+      done, state, history = ckpt.restore(state)
+      if done > rounds:
+        raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
+                         "another checkpoint_dir or more rounds")
+      collected = [history] if history else []
+  writers = tuple(metric_writers)
+  labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
+  for writer in writers:
+    writer.rewind(done, labels)
+  bar = host.ProgressBar(rounds, label=algorithm.name, enabled=progress, initial=done)
+  start = time.perf_counter()
+  try:
+    with host.interrupt_guard() as stop:
+      while done < rounds:
+        size = min(chunk, rounds - done)
+        if ckpt is not None:
+          size = min(size, every - done % every)
+        last_good = state
+        state, metrics = sim.run(state, size)
+        metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
+        collected.append(metrics)
+        if check_finite:
+          try:
+            _check_finite(metrics, state, done)
+          except NonFiniteError as err:
+            if ckpt is not None and collected[:-1]:
+              ckpt.save(done, last_good, _stack(collected[:-1]))
+            err.metrics = _stack(collected)
+            for writer in writers:
+              writer.write(host.rows(metrics, done, labels))
+            raise
+        for writer in writers:
+          writer.write(host.rows(metrics, done, labels))
+        done += size
+        if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
+          ckpt.save(done, state, _stack(collected))
+        shown = None
+        if progress_metric in metrics and np.any(metrics["evaluated"]):
+          values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
+          shown = float(values[-1]) if values.ndim == 1 else None
+        bar.update(done, shown, progress_metric)
+        if stop.requested and done < rounds:
+          raise host.Interrupted(
+              f"interrupted after round {done} of {rounds}: the metrics of rounds 1-{done}"
+              + (" and a checkpoint are" if ckpt is not None else " are") + " written",
+              done)
+  finally:
+    bar.close()
+    host.close_all(writers)
+    if ckpt is not None:
+      ckpt.close()
+  seconds = time.perf_counter() - start
+  return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
+                          _ledger(sim, state, collected, rounds), seconds)
+
+
+def _ledger(sim, state, collected, rounds):
+  """The run's ledger; with faults, totals count only what surviving clients sent."""
+  ledger = sim.ledger(state)
+  metrics = _stack(collected) if collected else {}
+  if "survivors" not in metrics:
+    return ledger.as_dict(rounds)
+  return ledger.as_dict(rounds, metrics["survivors"], metrics["local_steps"])
+
+
+def _stack(chunks):
+  return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def _check_finite(metrics, state, rounds_before):
+  """Stop at the first evaluated round whose metrics (objective first) are not finite."""
+  evaluated = np.asarray(metrics.get("evaluated", []), bool)
+  names = sorted((k for k, v in metrics.items()
+                  if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
+                                                                      np.floating)),
+                 key=lambda k: k != "objective")
+  first = None
+  for name in names:
+    values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)
+    bad = np.flatnonzero(evaluated & ~np.all(np.isfinite(values), axis=1))
+    if bad.size and (first is None or bad[0] < first[0]):
+      first = (int(bad[0]), name, values[bad[0]])
+  if first is not None:
+    r = rounds_before + first[0] + 1
+    values = first[2]
+    if values.size == 1:
+      what = f"{first[1]} is {values[0]}"
+    else:  # a per-client metric: name the clients
+      bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
+      what = (f"{first[1]} is not finite for client(s) {bad_clients} "
+              f"(values {values[bad_clients].tolist()})")
+    raise NonFiniteError(
+        f"round {r}: {what}; the last evaluated round before it was finite. "
+        "Lower the learning rate or check the problem's exp/log terms.", r, None)
+  leaves = jax.tree.leaves(fetch(state.server["params"]))
+  if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
+    last = int(fetch(state.round))
+    raise NonFiniteError(
+        f"rounds {rounds_before + 1}-{last}: the server model has non-finite "
+        "values", last, None)
