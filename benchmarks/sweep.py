@@ -46,14 +46,7 @@ def setup():
   config = dict(num_clients=10, big=1000, small=20, dataset="digits")
   splits = fedco.data.load("digits")
   fed = dro_fl.build_data((splits.train, splits.test), config, 0)
-  model = models.LogisticRegression(num_classes=10)
-
-  def loss(params, example):
-    return models.cross_entropy(model.apply(params, example["x"]), example["y"])
-
-  def stats(params, example):
-    logits = model.apply(params, example["x"])
-    return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
+  model, loss, stats = dro_fl.logistic_model()
 
   def metrics_fn(p):
     out = {}

@@ -170,13 +170,8 @@ def make(run, config, loss):
   return erm, fedco.fedavg(lr, tau, weighting="samples")
 
 
-def run(workdir, **kwargs) -> Dict[str, Any]:
-  """Runs E1 (or an ablation) and writes the outputs; returns the summary."""
-  config = validate(workdir, **kwargs)
-  splits = fedco.data.load(config["dataset"], config["data_dir"])
-  wd = common.Workdir(config["workdir"])
-  wd.write_config(config)
-  common.start_checkpoints(wd, config)
+def logistic_model():
+  """E1's model and its per-example ``loss`` and ``stats`` (loss, accuracy) functions."""
   model = models.LogisticRegression(num_classes=10)
 
   def loss(params, example):
@@ -186,6 +181,17 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
     logits = model.apply(params, example["x"])
     return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
 
+  return model, loss, stats
+
+
+def run(workdir, **kwargs) -> Dict[str, Any]:
+  """Runs E1 (or an ablation) and writes the outputs; returns the summary."""
+  config = validate(workdir, **kwargs)
+  splits = fedco.data.load(config["dataset"], config["data_dir"])
+  wd = common.Workdir(config["workdir"])
+  wd.write_config(config)
+  common.start_checkpoints(wd, config)
+  model, loss, stats = logistic_model()
   records, finals = [], {}
   for seed in config["seeds"]:
     fed = build_data((splits.train, splits.test), config, seed)
