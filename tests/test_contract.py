@@ -21,7 +21,6 @@ import fedco
 from fedco.algorithms import set_fields
 from fedco.problems import portfolio, portfolio_stationary_point
 from tests import helpers
-from tests import mesh_check
 from tests import registry
 
 LABELS = sorted(registry.CASES)
@@ -217,42 +216,6 @@ def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
   with pytest.raises(ValueError, match="fedco.chain"):
     fedco.simulate(problem, optax.chain(_inactive_clip(), fedco.feddro(0.1)), data,
                    jnp.zeros(3), rounds=1)
-
-
-@functools.lru_cache(maxsize=None)
-def _simulated_pairs():
-  """Every registry configuration as it is, and chained with inactive clips around its
-  injected form, traced into one program (``mesh_check.compile_all``, no evaluation):
-  4 rounds of 3 sampled clients out of 10."""
-  rng = np.random.default_rng(0)
-  clients = [{"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
-             for k in range(10)]
-  data = fedco.FederatedData.from_clients(clients)
-  rows = sum(4 + 3 * k for k in range(10))
-  configs = []
-  for label in LABELS:
-    kw = registry.kwargs(label, local_steps=3, num_examples=rows)
-    alg = registry.factory(label)(**kw)
-    composed = fedco.chain(_inactive_clip(),
-                           fedco.inject_hyperparams(registry.factory(label))(**kw),
-                           _inactive_clip())
-    problem = registry.problem_for(alg)
-    configs += [(f"{label}_plain", problem, alg, 3), (f"{label}_composed", problem, composed, 3)]
-  outputs, _ = mesh_check.compile_all(configs, data, None, x0=jnp.full((3,), 0.1), seed=3,
-                                      rounds=4, batch_size=4, evaluate=False)
-  return {c[0]: out[0] for c, out in zip(configs, outputs)}
-
-
-@pytest.mark.parametrize("label", LABELS)
-def test_chained_and_injected_algorithms_run_in_simulate_with_their_plan(label):
-  runs = _simulated_pairs()
-  plain, composed = runs[f"{label}_plain"], runs[f"{label}_composed"]
-  assert float(np.max(np.abs(np.asarray(plain.server["params"]) - 0.1))) > 1e-2
-  chex.assert_trees_all_close(composed.server["params"], plain.server["params"],
-                              rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(composed.server, plain.server, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(composed.shared, plain.shared, rtol=1e-5, atol=1e-6)
-  assert int(composed.round) == int(plain.round) == 4
 
 
 # ---- injectable hyperparameters ----------------------------------------------------------
