@@ -194,9 +194,8 @@ class ProgressBar:
       return
     now = time.perf_counter()
     postfix = {}
-    if self._steady is None:
+    if self._steady is None:  # the first chunk included compilation: measure from here
       self._steady = (done, now)
-      postfix["rate"] = "compiling done"
     elif done > self._steady[0]:
       rate = (done - self._steady[0]) / max(now - self._steady[1], 1e-9)
       postfix["rounds/s"] = f"{rate:.1f}"
