@@ -123,3 +123,30 @@ def test_tensorboard_writer_and_a_missing_package(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorboardX", None)
   with pytest.raises(ValueError, match="tensorboardX"):
     host.TensorBoardWriter(tmp_path / "tb2")
+
+
+def test_periodic_action_sees_the_whole_state_at_its_rounds():
+  """An action reads Ditto's personal models (client state that ``metrics_fn`` never sees)
+  at rounds 3, 6 and the last; chunks end there, so each row equals a run stopped at that
+  round."""
+  clients = [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7), seed=2)]
+  data = fedco.FederatedData.from_clients(clients)
+  problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
+  spread = lambda state, round_: {
+      "personal_spread": float(np.std(np.asarray(state.clients.personal), axis=0).sum()),
+      "round_in_state": int(state.round)}
+  action = host.PeriodicAction(spread, every_rounds=3)
+  run = lambda rounds, actions=(): fedco.simulate(
+      problem, fedco.ditto(0.1, 2, lam=0.1), data, jnp.zeros(3), rounds=rounds, seed=1,
+      batch_size=2, chunk_rounds=5, actions=actions, metric_labels={"run": "a"})
+  result = run(7, [action])
+  assert [r["round"] for r in result.host_metrics] == [3, 6, 7]
+  assert all(r["round_in_state"] == r["round"] and r["run"] == "a"
+             for r in result.host_metrics)
+  for row in result.host_metrics:
+    alone = run(row["round"])
+    assert row["personal_spread"] == spread(alone.state, row["round"])["personal_spread"]
+  with pytest.raises(ValueError, match="every_rounds"):
+    host.PeriodicAction(spread, every_rounds=0)
+  with pytest.raises(ValueError, match="PeriodicAction"):
+    run(2, [spread])

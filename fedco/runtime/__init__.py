@@ -2,7 +2,7 @@
 
 from fedco.runtime import distributed, host
 from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, MetricWriter,
-                                TensorBoardWriter)
+                                PeriodicAction, TensorBoardWriter)
 from fedco.runtime.batching import draw_batch, oracle_args
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
@@ -12,5 +12,6 @@ from fedco.runtime.sweep import SweepResult, sweep
 __all__ = [
     "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "client_mesh",
     "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "MetricWriter",
-    "TensorBoardWriter", "draw_batch", "oracle_args", "simulate", "SweepResult", "sweep",
+    "PeriodicAction", "TensorBoardWriter", "draw_batch", "oracle_args", "simulate",
+    "SweepResult", "sweep",
 ]

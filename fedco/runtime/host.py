@@ -210,6 +210,39 @@ class ProgressBar:
       self._bar.close()
 
 
+class PeriodicAction:
+  """Calls ``fn(state, round)`` on the host after every ``every_rounds``-th round (and after
+  the last round), with the whole simulation state: personal models, trackers, the server's
+  weights, not only the parameters that ``metrics_fn`` sees. A returned dict of numbers is a
+  row of metrics at that round (streamed to the metric writers, kept in
+  ``SimulationResult.host_metrics``); ``None`` records nothing. The run's chunks end at the
+  action's rounds, so it sees exactly that round's state.
+  """
+
+  def __init__(self, fn, every_rounds: int):
+    if not callable(fn):
+      raise ValueError(f"PeriodicAction needs a callable fn(state, round), got {fn!r}")
+    if isinstance(every_rounds, bool) or not isinstance(every_rounds, int) or every_rounds < 1:
+      raise ValueError(f"every_rounds must be an integer >= 1, got {every_rounds!r}")
+    self.fn, self.every_rounds = fn, every_rounds
+
+  def rounds_to_next(self, done: int) -> int:
+    """Rounds until the action is next due after round ``done``."""
+    return self.every_rounds - done % self.every_rounds
+
+  def due(self, done: int, total: int) -> bool:
+    return done % self.every_rounds == 0 or done == total
+
+  def __call__(self, state, round_: int) -> Optional[Dict[str, Any]]:
+    out = self.fn(state, round_)
+    if out is None:
+      return None
+    if not isinstance(out, Mapping):
+      raise ValueError(f"a PeriodicAction's fn must return a dict of numbers or None, got "
+                       f"{type(out).__name__}")
+    return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()) for k, v in out.items()}
+
+
 class _StopRequest:
   def __init__(self):
     self.requested = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import jax
 import numpy as np
@@ -51,6 +51,9 @@ class SimulationResult:
       the others hold NaN) and ``clients`` (sampled ids ``[R, m]``).
     ledger: communication per client per round and in total.
     seconds: wall time of the rounds (compilation included).
+    host_metrics: the rows the :class:`~fedco.runtime.host.PeriodicAction` s returned in
+      this call, ``{"round": r, **metric_labels, name: value}``, in round order (a resumed
+      run's earlier rows are in its metric writers' files).
   """
   params: PyTree
   random_params: PyTree
@@ -58,13 +61,14 @@ class SimulationResult:
   metrics: Dict[str, np.ndarray]
   ledger: Dict[str, Any]
   seconds: float
+  host_metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params: PyTree, *,
              rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
              check_finite: bool = True, checkpoint_dir=None,
              checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
-             progress_metric: str = "objective", metric_writers=(),
+             progress_metric: str = "objective", metric_writers=(), actions=(),
              metric_labels: Optional[Dict[str, Any]] = None,
              **simulator_kwargs) -> SimulationResult:
   """Run ``rounds`` rounds and collect the per-round metrics on the host.
@@ -93,6 +97,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
       ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
       soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
+    actions: :class:`fedco.runtime.host.PeriodicAction` s, run on the host with the whole
+      state at their rounds (chunks end there); their rows are written and returned in
+      ``host_metrics``.
     metric_labels: fields added to every written row (default
       ``{"algorithm": algorithm.name}``).
     **simulator_kwargs: forwarded to :class:`Simulator`.
@@ -123,6 +130,10 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   for writer in writers:
     writer.rewind(done, labels)
   bar = host.ProgressBar(rounds, label=algorithm.name, enabled=progress, initial=done)
+  actions, host_metrics = tuple(actions), []
+  for action in actions:
+    if not isinstance(action, host.PeriodicAction):
+      raise ValueError(f"actions must be fedco.runtime.host.PeriodicAction s, got {action!r}")
   start = time.perf_counter()
   try:
     with host.interrupt_guard() as stop:
@@ -130,6 +141,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         size = min(chunk, rounds - done)
         if ckpt is not None:
           size = min(size, every - done % every)
+        for action in actions:
+          size = min(size, action.rounds_to_next(done))
         last_good = state
         state, metrics = sim.run(state, size)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
@@ -147,6 +160,10 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         for writer in writers:
           writer.write(host.rows(metrics, done, labels))
         done += size
+        rows = [row for row in (_act(a, state, done, rounds, labels) for a in actions) if row]
+        host_metrics.extend(rows)
+        for writer in writers:
+          writer.write(rows)
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
           ckpt.save(done, state, _stack(collected))
         shown = None
@@ -166,7 +183,15 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       ckpt.close()
   seconds = time.perf_counter() - start
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
-                          _ledger(sim, state, collected, rounds), seconds)
+                          _ledger(sim, state, collected, rounds), seconds, host_metrics)
+
+
+def _act(action, state, done, rounds, labels):
+  """The action's row at round ``done`` (``None`` when it is not due or returns nothing)."""
+  if not action.due(done, rounds):
+    return None
+  out = action(state, done)
+  return None if out is None else {"round": done, **labels, **out}
 
 
 def _ledger(sim, state, collected, rounds):
