@@ -162,7 +162,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         done += size
         rows = [row for row in (_act(a, state, done, rounds, labels) for a in actions) if row]
         host_metrics.extend(rows)
-        for writer in writers:
+        for writer in writers if rows else ():
           writer.write(rows)
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
           ckpt.save(done, state, _stack(collected))
