@@ -503,7 +503,7 @@ def averaging_server() -> optax.GradientTransformation:
 
 
 def param_optimizer(learning_rate: Optional[ScalarOrSchedule], optimizer, *,
-                    default: float) -> optax.GradientTransformation:
+                    default: float, shared_rate: bool = False) -> optax.GradientTransformation:
   """The parameter step.
 
   * ``optimizer=None``: the paper's ``optax.sgd(learning_rate)`` (``default`` when
@@ -512,13 +512,15 @@ def param_optimizer(learning_rate: Optional[ScalarOrSchedule], optimizer, *,
     ``functools.partial(optax.sgd, momentum=0.9)``): ``optimizer(learning_rate)``, so
     ``learning_rate`` (a number, a schedule, or an injected hyperparameter) feeds it.
   * ``optimizer`` an optax transform: used as it is; it has its own step size, so passing
-    ``learning_rate`` too is an error rather than silently ignored.
+    ``learning_rate`` too is an error rather than silently ignored, unless ``shared_rate``:
+    the algorithm's rate also sets other rates (Local-SCGDM's tracker and momentum rates,
+    q-FedAvg's server ``L``), so it is used either way.
   """
   if optimizer is None:
     lr = default if learning_rate is None else learning_rate
     return optax.sgd(_validate.rate("learning_rate", lr))
   if isinstance(optimizer, optax.GradientTransformation):
-    if learning_rate is not None:
+    if learning_rate is not None and not shared_rate:
       raise ValueError(
           "pass learning_rate or optimizer, not both: optimizer is a GradientTransformation "
           "with its own step size; pass a factory (e.g. optimizer=optax.adam) to feed it "

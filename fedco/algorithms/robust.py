@@ -95,10 +95,7 @@ def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: f
   """
   lr = _validate.positive("learning_rate", 0.01 if learning_rate is None else learning_rate)
   _validate.positive("q", q, allow_zero=True)
-  if isinstance(optimizer, optax.GradientTransformation):
-    opt = base.param_optimizer(None, optimizer, default=0.01)
-  else:
-    opt = base.param_optimizer(lr, optimizer, default=0.01)
+  opt = base.param_optimizer(lr, optimizer, default=0.01, shared_rate=True)
   init, update = _local_sgd_with_loss(opt, "qfedavg")
   plan = base.make_plan(local_steps, round_start_loss=("loss",), report=("loss",))
 

@@ -106,10 +106,7 @@ def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5
   _validate.positive("gamma", gamma)
   a_rate = _validate.open_unit("alpha * learning_rate", alpha * learning_rate)
   g_rate = _validate.open_unit("gamma * learning_rate", gamma * learning_rate)
-  if isinstance(optimizer, optax.GradientTransformation):
-    opt = base.param_optimizer(None, optimizer, default=1.0)
-  else:
-    opt = base.param_optimizer(beta * learning_rate, optimizer, default=1.0)
+  opt = base.param_optimizer(beta * learning_rate, optimizer, default=1.0, shared_rate=True)
   plan = base.make_plan(local_steps, every_round=("u", "m"))
 
   def init(params, *, inner_value=None):
