@@ -45,6 +45,11 @@ class Ledger(NamedTuple):
             "total_up": int(total_up),
             "total_down": int(total_down)}
 
+  def run_totals(self, rounds: int, metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """:meth:`as_dict` with a run's fault record from its metrics (``survivors``,
+    ``local_steps``; absent without faults)."""
+    return self.as_dict(rounds, metrics.get("survivors"), metrics.get("local_steps"))
+
 
 def _tree_size(tree) -> int:
   return int(sum(np.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree)))

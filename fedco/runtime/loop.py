@@ -147,6 +147,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         state, metrics = sim.run(state, size)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
         collected.append(metrics)
+        for writer in writers:  # also a diverging chunk's rows: the curve up to it
+          writer.write(host.rows(metrics, done, labels))
         if check_finite:
           try:
             _check_finite(metrics, state, done)
@@ -154,11 +156,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
             if ckpt is not None and collected[:-1]:
               ckpt.save(done, last_good, _stack(collected[:-1]))
             err.metrics = _stack(collected)
-            for writer in writers:
-              writer.write(host.rows(metrics, done, labels))
             raise
-        for writer in writers:
-          writer.write(host.rows(metrics, done, labels))
         done += size
         rows = [row for row in (_act(a, state, done, rounds, labels) for a in actions) if row]
         host_metrics.extend(rows)
@@ -196,11 +194,7 @@ def _act(action, state, done, rounds, labels):
 
 def _ledger(sim, state, collected, rounds):
   """The run's ledger; with faults, totals count only what surviving clients sent."""
-  ledger = sim.ledger(state)
-  metrics = _stack(collected) if collected else {}
-  if "survivors" not in metrics:
-    return ledger.as_dict(rounds)
-  return ledger.as_dict(rounds, metrics["survivors"], metrics["local_steps"])
+  return sim.ledger(state).run_totals(rounds, _stack(collected) if collected else {})
 
 
 def _stack(chunks):

@@ -198,12 +198,9 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   metrics = {k: np.concatenate([c[k] for c in collected], axis=1) for k in collected[0]}
   diverged = _divergences(np.asarray(frozen), metrics)
   ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
-  ledgers = []
-  for r in range(len(runs)):
-    if "survivors" in metrics:
-      ledgers.append(ledger.as_dict(rounds, metrics["survivors"][r], metrics["local_steps"][r]))
-    else:
-      ledgers.append(ledger.as_dict(rounds))
+  faults = {k: v for k, v in metrics.items() if k in ("survivors", "local_steps")}
+  ledgers = [ledger.run_totals(rounds, {k: v[r] for k, v in faults.items()})
+             for r in range(len(runs))]
   return SweepResult(runs, states.server["params"], states.random_params, states, metrics,
                      diverged, ledgers, seconds)
 
