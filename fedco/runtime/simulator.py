@@ -221,12 +221,18 @@ class Simulator:
     if isinstance(seed, (bool, float, str)) or seed is None:
       raise ValueError(f"seed must be an int or a PRNG key, got {seed!r}")
     key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
-    params = jax.tree.map(jnp.asarray, params)
-    _check_dtypes(params, self.data.examples)
-    self._check_shapes(params)
+    params = self._checked_params(params)
     if self.mesh is not None:
       params, key = jax.device_put((params, key), self._replicated)
     return self._init(params, key, self.data)
+
+  def _checked_params(self, params):
+    """``params`` as arrays, refused (``ValueError``) when their dtypes or shapes do not fit
+    the data and problem."""
+    params = jax.tree.map(jnp.asarray, params)
+    _check_dtypes(params, self.data.examples)
+    self._check_shapes(params)
+    return params
 
   def _check_shapes(self, params):
     """Trace the problem on one example so shape mismatches surface as a clear ValueError."""
@@ -516,10 +522,14 @@ class Simulator:
       out.update(self.metrics_fn(params))
     return out
 
+  def _flat_examples(self, data):
+    """The examples of the flat ``(row, owner)`` list that evaluation reads. Client-block
+    data's flat list is every row in order: no gather (it would move rows)."""
+    return data.examples if self.resident else jax.tree.map(lambda a: a[data.flat_rows],
+                                                            data.examples)
+
   def _run_rounds(self, state, data, rounds: int):
-    # Client-block data's flat list is every row in order: no gather (it would move rows).
-    flat_examples = data.examples if self.resident else jax.tree.map(
-        lambda a: a[data.flat_rows], data.examples)
+    flat_examples = self._flat_examples(data)
     return jax.lax.scan(lambda s, x: self._round(data, flat_examples, s, x), state, None,
                         length=rounds)
 

@@ -31,7 +31,6 @@ from fedco import _validate
 from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
                                    set_fields)
 from fedco.runtime import host
-from fedco.runtime.checks import _check_dtypes
 from fedco.runtime.simulator import SimState, Simulator
 
 PyTree = Any
@@ -101,6 +100,11 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.ones([], bool)
 
 
+def _per_run(mask, leaf):
+  """A ``[R]`` mask shaped to broadcast against a ``[R, ...]`` leaf."""
+  return mask.reshape((-1,) + (1,) * (leaf.ndim - 1))
+
+
 def _finite_metrics(metrics) -> jax.Array:
   """Whether this round's evaluated metrics are finite (unevaluated rounds hold NaN)."""
   evaluated = metrics.get("evaluated", jnp.ones([], bool))
@@ -146,9 +150,7 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   first = {k: v for k, v in runs[0].items() if k != "seed"}
   algorithm = injected_factory(**kwargs, **{k: float(v) for k, v in first.items()})
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
-  params = jax.tree.map(jnp.asarray, params)
-  _check_dtypes(params, sim.data.examples)  # Simulator.init's checks
-  sim._check_shapes(params)
+  params = sim._checked_params(params)  # Simulator.init's checks
   values = {k: jnp.asarray([run[k] for run in runs], jnp.result_type(float)) for k in grid}
   keys = jnp.stack([jax.random.PRNGKey(run["seed"]) for run in runs])
 
@@ -160,8 +162,7 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
 
   @functools.partial(jax.jit, static_argnames="length")
   def run_chunk(states, frozen, data, length):
-    flat = data.examples if sim.resident else jax.tree.map(lambda a: a[data.flat_rows],
-                                                           data.examples)
+    flat = sim._flat_examples(data)
 
     def one_round(carry, _):
       states, frozen = carry
@@ -170,12 +171,10 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
       stop = (frozen == 0) & ~ok
       frozen = jnp.where(stop, new.round, frozen)
       keep_old = frozen > 0
-      states = jax.tree.map(
-          lambda a, b: jnp.where(keep_old.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
-          states, new)
+      states = jax.tree.map(lambda a, b: jnp.where(_per_run(keep_old, a), a, b), states, new)
       masked = jax.tree.map(
           lambda m: m if not jnp.issubdtype(m.dtype, jnp.inexact) else jnp.where(
-              (keep_old & ~stop).reshape((-1,) + (1,) * (m.ndim - 1)), jnp.nan, m), metrics)
+              _per_run(keep_old & ~stop, m), jnp.nan, m), metrics)
       return (states, frozen), masked
 
     (states, frozen), metrics = jax.lax.scan(one_round, (states, frozen), None, length=length)
