@@ -9,6 +9,7 @@ tested in several configurations), so a registry entry without settings here fai
 import inspect
 
 import jax.numpy as jnp
+import optax
 
 import fedco
 from fedco.problems import portfolio
@@ -61,6 +62,17 @@ def kwargs(label, *, local_steps=5, num_examples=1):
   if "num_examples" in parameters:
     kw["num_examples"] = num_examples
   return kw
+
+
+def numeric_hyperparams(label):
+  """The test's float arguments for ``label`` that ``inject_hyperparams`` makes state."""
+  static = set(factory(label).static_args)
+  return {k: v for k, v in kwargs(label).items() if k not in static and isinstance(v, float)}
+
+
+def inactive_clip():
+  """A global-norm clip that never bites (composition must then change nothing)."""
+  return optax.clip_by_global_norm(1e12)
 
 
 def build(label, **options):

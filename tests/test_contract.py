@@ -164,19 +164,15 @@ def test_init_without_inner_value_fills_trackers_on_first_update(label, setup):
   chex.assert_trees_all_close(s_bare, s_filled, rtol=1e-6, atol=1e-7)
 
 
-def _inactive_clip():
-  return optax.clip_by_global_norm(1e12)
-
-
 @pytest.mark.parametrize("label", LABELS)
 def test_optax_chain_with_inactive_clip_equals_unchained(label, setup):
   """``optax.chain`` and ``fedco.chain`` pass the oracles through; clipping that never bites
   (before the algorithm: on ``grad h``; after it: on the step) changes nothing."""
   alg = registry.build(label)
   reference, _ = _run(alg, 3)
-  for chained in (optax.chain(_inactive_clip(), alg, _inactive_clip()),
-                  fedco.chain(_inactive_clip(), alg, _inactive_clip()),
-                  fedco.named_chain(("clip", _inactive_clip()), ("alg", alg))):
+  for chained in (optax.chain(registry.inactive_clip(), alg, registry.inactive_clip()),
+                  fedco.chain(registry.inactive_clip(), alg, registry.inactive_clip()),
+                  fedco.named_chain(("clip", registry.inactive_clip()), ("alg", alg))):
     params, _ = _run(chained, 3, algorithm=alg)
     chex.assert_trees_all_close(params, reference, rtol=1e-6, atol=1e-7)
 
@@ -214,18 +210,11 @@ def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
   data = fedco.FederatedData.from_clients(
       [{"r": r} for r in helpers.portfolio_clients(sizes=(8, 8))])
   with pytest.raises(ValueError, match="fedco.chain"):
-    fedco.simulate(problem, optax.chain(_inactive_clip(), fedco.feddro(0.1)), data,
+    fedco.simulate(problem, optax.chain(registry.inactive_clip(), fedco.feddro(0.1)), data,
                    jnp.zeros(3), rounds=1)
 
 
 # ---- injectable hyperparameters ----------------------------------------------------------
-
-
-def _numeric_hyperparams(label):
-  kw = registry.kwargs(label)
-  static = set(registry.factory(label).static_args)
-  return {k: v for k, v in kw.items()
-          if k not in static and isinstance(v, float)}
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -235,7 +224,7 @@ def test_inject_hyperparams_changes_the_step_without_recompiling(label, setup):
   problem, examples, _ = setup
   factory = registry.factory(label)
   kw = registry.kwargs(label)
-  hyper = _numeric_hyperparams(label)
+  hyper = registry.numeric_hyperparams(label)
   assert "learning_rate" in hyper
   for injected in (fedco.inject_hyperparams(factory)(**kw),
                    optax.inject_hyperparams(factory, static_args=factory.static_args)(**kw)):

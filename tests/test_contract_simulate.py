@@ -10,7 +10,6 @@ import functools
 import chex
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import fedco
@@ -18,10 +17,6 @@ from tests import mesh_check
 from tests import registry
 
 LABELS = sorted(registry.CASES)
-
-
-def _inactive_clip():
-  return optax.clip_by_global_norm(1e12)
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,9 +33,9 @@ def _simulated_pairs():
   for label in LABELS:
     kw = registry.kwargs(label, local_steps=3, num_examples=rows)
     alg = registry.factory(label)(**kw)
-    composed = fedco.chain(_inactive_clip(),
+    composed = fedco.chain(registry.inactive_clip(),
                            fedco.inject_hyperparams(registry.factory(label))(**kw),
-                           _inactive_clip())
+                           registry.inactive_clip())
     problem = registry.problem_for(alg)
     configs += [(f"{label}_plain", problem, alg, 3), (f"{label}_composed", problem, composed, 3)]
   outputs, _ = mesh_check.compile_all(configs, data, None, x0=jnp.full((3,), 0.1), seed=3,

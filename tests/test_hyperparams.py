@@ -16,15 +16,9 @@ from tests import registry
 LABELS = sorted(registry.CASES)
 
 
-def _numeric(label):
-  kw = registry.kwargs(label)
-  static = set(registry.factory(label).static_args)
-  return sorted(k for k, v in kw.items() if k not in static and isinstance(v, float))
-
-
 BAD = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan"), "str": "0.1",
        "bool": True, "list": [0.1], "None-like": object()}
-CASES = [(label, arg, bad) for label in LABELS for arg in _numeric(label) for bad in BAD]
+CASES = [(label, arg, bad) for label in LABELS for arg in sorted(registry.numeric_hyperparams(label)) for bad in BAD]
 
 
 def _assert_clear(err, arg):
