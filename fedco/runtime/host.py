@@ -22,6 +22,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
+from fedco import io as fedco_io
+
 
 class Interrupted(KeyboardInterrupt):
   """Ctrl-C stopped a run between chunks; everything up to ``round`` is written."""
@@ -102,7 +104,7 @@ class JsonlWriter(MetricWriter):
       lines = [line for line in f if line.strip()]
     kept = [line for line in lines if not _is_later_row_of(json.loads(line), round_, labels)]
     if len(kept) != len(lines):
-      _replace_file(self.path, "".join(kept))
+      fedco_io.atomic_write(self.path, "".join(kept))
 
 
 class CsvWriter(MetricWriter):
@@ -141,7 +143,7 @@ class CsvWriter(MetricWriter):
       writer = csv.DictWriter(buffer, self.columns)
       writer.writeheader()
       writer.writerows(kept)
-      _replace_file(self.path, buffer.getvalue())
+      fedco_io.atomic_write(self.path, buffer.getvalue())
 
 
 class TensorBoardWriter(MetricWriter):
@@ -165,15 +167,6 @@ class TensorBoardWriter(MetricWriter):
 
   def close(self):
     self._writer.close()
-
-
-def _replace_file(path: str, text: str) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 class ProgressBar:
