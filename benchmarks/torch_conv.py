@@ -97,7 +97,7 @@ from benchmarks import _common as C
 from fedco.models import CNN4, cross_entropy, init_cnn
 from fedco.models.cnn import group_count
 from fedco.models.layers import resolve_impl
-from fedco.runtime.simulator import draw_batch
+from fedco.runtime import ClientView, draw
 
 FLAGS = flags.FLAGS
 C.define_timing_flags("torch_conv", rounds=1, torch_rounds=1, repeats=3, x64_check=True)
@@ -296,10 +296,10 @@ class CentralStepSide:
 def client_round_program(problem, algorithm, data, *, batch_size, local_steps, unroll):
   """A jitted round of fedco's FedAvg arithmetic over all clients (vmapped client models),
   its local-step ``lax.scan`` rolled (``unroll=1``) or unrolled (``unroll=True``)."""
-  ex, index, counts, k = data.examples, data.index, data.counts, data.num_clients
+  ex, starts, counts, k = data.examples, data.offsets, data.counts, data.num_clients
 
-  def client(p, st, key, irow, count):
-    b, w = draw_batch(key, irow, count, ex, batch_size)
+  def client(p, st, key, start, count):
+    b, w = draw(key, ClientView(ex, start, count, data.flat_rows), batch_size, data.max_count)
     grad_h_fn, kwargs = fedco.oracle_args(problem, b, b, None, (w, w, w))
     updates, st = algorithm.update(grad_h_fn(p), st, p, **kwargs)
     return optax.apply_updates(p, updates), st
@@ -312,7 +312,7 @@ def client_round_program(problem, algorithm, data, *, batch_size, local_steps, u
 
     def step(carry, t):
       keys = jax.random.split(jax.random.fold_in(kr, t), k)
-      return jax.vmap(client)(*carry, keys, index, counts), None
+      return jax.vmap(client)(*carry, keys, starts, counts), None
 
     (models, _), _ = jax.lax.scan(step, (models, states), jnp.arange(local_steps),
                                   unroll=unroll)

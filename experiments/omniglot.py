@@ -306,7 +306,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
     fed = omniglot_data.federated(data, split.train, seed,
                                   tasks_per_episode=config["tasks_per_episode"],
                                   episodes_per_client=config["episodes_per_client"], **task)
-    first = np.asarray(fed.index[:, 0])  # every client's first episode: its training tasks
+    first = np.asarray(fed.flat_rows)[np.asarray(fed.offsets)]  # each client's first episode
     train_eval = {k: np.asarray(v)[first].reshape((-1,) + np.shape(v)[2:])
                   for k, v in fed.examples.items() if k != "task_weight"}
     sizes = (train_eval["support_x"].shape[0], config["val_tasks"])

@@ -101,11 +101,9 @@ import numpy as np
 import fedco
 from experiments import common
 from fedco import models
-from fedco.checkpoint import Checkpointer
 from fedco.data import partition
 from fedco.data.datasets import make_federated
 from fedco.problems import personalized
-from fedco.runtime import progress as progress_lib
 
 ALGORITHMS = ("comfedl_damaml", "comfedl_maml", "fedavg", "fedmaml", "tr_maml", "ditto")
 LABELS = {"comfedl_damaml": "ComFedL-DAMAML", "comfedl_maml": "ComFedL-MAML",
@@ -315,11 +313,10 @@ def make(spec, config, apply_fn):
 
 # ---- evaluation --------------------------------------------------------------------------
 
-def _client_rows(examples, index_row, count):
+def _client_rows(data, start, count):
   """A client's whole (padded) data and its weights (``1/n`` on real rows, 0 on padding)."""
-  batch = jax.tree.map(lambda a: a[index_row], examples)
-  weights = (jnp.arange(index_row.shape[0]) < count).astype(jnp.float32) / count
-  return batch, weights
+  view = fedco.runtime.ClientView(data.examples, start, count, data.flat_rows)
+  return fedco.runtime.draw(None, view, None, data.max_count)
 
 
 def make_evaluator(apply_fn, chunk: int):
@@ -340,16 +337,16 @@ def make_evaluator(apply_fn, chunk: int):
 
   def evaluate(server, personal, lr, train, val):
     def one(args):
-      own, t_index, t_count, v_index, v_count = args
-      v_batch, v_weights = _client_rows(val.examples, v_index, v_count)
+      own, t_start, t_count, v_start, v_count = args
+      v_batch, v_weights = _client_rows(val, v_start, v_count)
       global_loss, global_acc = scores(server, v_batch, v_weights)
       if own is None:
-        t_batch, t_weights = _client_rows(train.examples, t_index, t_count)
+        t_batch, t_weights = _client_rows(train, t_start, t_count)
         own = personalized.adapt(apply_fn, loss, server, t_batch, t_weights, lr)
       own_loss, own_acc = scores(own, v_batch, v_weights)
       return own_loss, own_acc, global_loss, global_acc
 
-    xs = (personal, train.index, train.counts, val.index, val.counts)
+    xs = (personal, train.offsets, train.counts, val.offsets, val.counts)
     return jax.lax.map(one, xs, batch_size=min(chunk, NUM_CLIENTS))
 
   return jax.jit(evaluate)
@@ -373,10 +370,6 @@ def _summary_row(per_client: Dict[str, np.ndarray]) -> Dict[str, Any]:
           "val_loss_global_avg": float(np.mean(per_client["val_loss_global"]))}
 
 
-def _finite(tree) -> bool:
-  return all(bool(np.all(np.isfinite(np.asarray(a)))) for a in jax.tree.leaves(tree))
-
-
 class Diverged(Exception):
   def __init__(self, round_, what):
     super().__init__(f"round {round_}: {what}")
@@ -384,77 +377,52 @@ class Diverged(Exception):
 
 
 def simulate_run(spec, config, fed, params, seed, evaluator, apply_fn):
-  """One (run, seed): ``Simulator.run`` in chunks, evaluation at the boundaries.
+  """One (run, seed) through ``fedco.simulate``, evaluated by a host action.
 
-  Returns ``(history, seconds, error)``: ``history`` maps ``round`` ``[E]`` and the
-  per-client metrics ``[E, K]`` (plus ``client_weights`` for TR-MAML) over the evaluated
-  rounds; ``error`` is a :class:`Diverged` or ``None``.
+  The action sees the whole simulation state (Ditto's personal models, TR-MAML's task
+  weights) at round 0 and every ``eval_every`` rounds; its rows are checkpointed with the
+  state, so a resumed run returns every row since round 0. Returns ``(rows, seconds,
+  error)``: ``rows`` hold the round, the per-client metrics ``[K]`` (plus
+  ``client_weights`` for TR-MAML); ``error`` is a :class:`Diverged` or ``None``.
   """
   problem, algorithm, eval_lr = make(spec, config, apply_fn)
-  sim = fedco.Simulator(problem, algorithm, fed.train, batch_size=config["batch_size"],
-                        evaluate=False)
-  state = sim.init(params, seed)
-  rounds, every, save_every = config["rounds"], config["eval_every"], config["checkpoint_every"]
-  ckpt_dir = common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec,
-                                    seed=seed)["checkpoint_dir"]
-  ckpt = Checkpointer(ckpt_dir)
   lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
-  history: Dict[str, np.ndarray] = {}
-  done = 0
 
   def evaluate(state, round_):
     personal = state.clients.personal if eval_lr is None else None
     out = jax.device_get(evaluator(state.server["params"], personal, lr, fed.train, fed.val))
-    row = {"round": np.asarray([round_], np.int32),
-           **{k: np.asarray(v)[None] for k, v in zip(PER_CLIENT_KEYS, out)}}
+    row = dict(zip(PER_CLIENT_KEYS, out), val_acc_avg=np.mean(out[1]))
     if spec["algorithm"] == "tr_maml":
-      row["client_weights"] = np.asarray(state.server_opt_state.p)[None]
-    for k, v in row.items():
-      history[k] = v if k not in history else np.concatenate([history[k], v])
-    if not all(np.all(np.isfinite(v)) for v in out):
-      raise Diverged(round_, "validation metrics are not finite")
+      row["client_weights"] = np.asarray(state.server_opt_state.p)
+    return row
 
+  ckpt_dir = common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec,
+                                    seed=seed)["checkpoint_dir"]
   start = time.perf_counter()
-  bar = progress_lib.Progress(rounds, label=f"{spec['label']} seed {seed}",
-                              enabled=config["progress"])
   try:
-    if ckpt.latest_round() is not None:
-      done, state, history = ckpt.restore(state)
-      if done > rounds:
-        raise ValueError(f"--rounds={rounds} is below round {done} saved in {ckpt_dir}; "
-                         "use more rounds or --noresume")
-    else:
-      evaluate(state, 0)
-    while done < rounds:
-      stop = min(rounds, (done // every + 1) * every, (done // save_every + 1) * save_every)
-      state, _ = sim.run(state, stop - done)
-      done = stop
-      if not _finite(state.server["params"]):
-        raise Diverged(done, "the server model has non-finite values")
-      if done % every == 0 or done == rounds:
-        evaluate(state, done)
-        bar.update(done, float(np.mean(history["val_acc"][-1])), "val_acc_avg")
-      if done % save_every == 0 or done == rounds:
-        ckpt.save(done, state, history)
-    error = None
-  except Diverged as err:
-    error = err
-  finally:
-    bar.close()
-    ckpt.close()
-  return history, time.perf_counter() - start, error
+    result = fedco.simulate(
+        problem, algorithm, fed.train, params, rounds=config["rounds"], seed=seed,
+        batch_size=config["batch_size"], evaluate=False, checkpoint_dir=ckpt_dir,
+        checkpoint_every=config["checkpoint_every"],
+        actions=[fedco.runtime.PeriodicAction(evaluate, config["eval_every"], at_start=True)],
+        metric_labels={"algorithm": spec["label"], "seed": seed},
+        progress=config["progress"], progress_metric="val_acc_avg")
+    rows, error = result.host_metrics, None
+  except fedco.runtime.NonFiniteError as err:
+    rows, error = err.host_metrics, Diverged(err.round, str(err).split(": ", 1)[-1])
+  return rows, time.perf_counter() - start, error
 
 
-def _records(history, spec, seed) -> List[Dict[str, Any]]:
+def _records(rows, spec, seed) -> List[Dict[str, Any]]:
   out = []
-  for i, round_ in enumerate(np.asarray(history.get("round", []))):
-    per_client = {k: history[k][i] for k in PER_CLIENT_KEYS}
+  for row in rows:
+    per_client = {k: np.asarray(row[k]) for k in PER_CLIENT_KEYS}
     if not all(np.all(np.isfinite(v)) for v in per_client.values()):
       break
-    rec = {"round": int(round_), "algorithm": spec["label"], "seed": seed,
+    rec = {"round": int(row["round"]), "algorithm": spec["label"], "seed": seed,
            **_summary_row(per_client), "val_acc_clients": per_client["val_acc"]}
-    if "client_weights" in history:
-      rec["client_weights"] = history["client_weights"][i]
+    if "client_weights" in row:
+      rec["client_weights"] = np.asarray(row["client_weights"])
     out.append(rec)
   return out
 
@@ -479,9 +447,9 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       fed = data[spec["rho"]]
       sizes.setdefault(seed, {"train": fed.train_sizes().tolist(),
                               "val": fed.val_sizes().tolist()})
-      history, seconds, error = simulate_run(spec, config, fed, params, seed, evaluator,
-                                             apply_fn)
-      recs = _records(history, spec, seed)
+      rows, seconds, error = simulate_run(spec, config, fed, params, seed, evaluator,
+                                          apply_fn)
+      recs = _records(rows, spec, seed)
       records.extend(recs)
       if error is not None:
         final = {"diverged": str(error), "diverged_round": error.round}

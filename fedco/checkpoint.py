@@ -17,7 +17,7 @@ names. Arrays local to one process are copied to the host first.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -58,22 +58,27 @@ class Checkpointer:
   def all_rounds(self):
     return sorted(self._manager.all_steps())
 
-  def save(self, round_: int, state, metrics: Dict[str, np.ndarray]) -> None:
+  def save(self, round_: int, state, metrics: Dict[str, np.ndarray],
+           host_rows: Sequence[Dict[str, Any]] = ()) -> None:
     """Write the checkpoint of round ``round_`` (blocks until it is complete on disk).
 
-    A round that is already saved is left as it is (a run is deterministic, so it holds the
-    same state).
+    ``host_rows`` are the host actions' rows so far (JSON-able dicts), restored with
+    ``restore(..., with_host_rows=True)``. A round that is already saved is left as it is
+    (a run is deterministic, so it holds the same state).
     """
     if int(round_) in self._manager.all_steps():
       return
     history = {k: np.asarray(v) for k, v in metrics.items()}
     self._manager.save(int(round_), args=ocp.args.Composite(
         state=ocp.args.StandardSave(jax.tree.map(_savable, state)),
-        history=ocp.args.StandardSave(history)), force=True)
+        history=ocp.args.StandardSave(history),
+        host=ocp.args.JsonSave({"rows": list(host_rows)})), force=True)
     self._manager.wait_until_finished()
 
-  def restore(self, template, round_: Optional[int] = None) -> Tuple[int, Any, Dict]:
-    """``(round, state, metrics)`` of round ``round_`` (default: the newest).
+  def restore(self, template, round_: Optional[int] = None, *,
+              with_host_rows: bool = False) -> Tuple:
+    """``(round, state, metrics)`` of round ``round_`` (default: the newest), and the host
+    actions' rows as a fourth item with ``with_host_rows=True``.
 
     ``template`` is a state of the same structure (e.g. ``Simulator.init(params)``); the
     restored leaves take its pytree structure, shapes and dtypes.
@@ -84,7 +89,8 @@ class Checkpointer:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       restored = self._manager.restore(round_, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore()))
+          state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore(),
+          host=ocp.args.JsonRestore()))
     except (ValueError, KeyError, TypeError) as err:
       lines = [l for l in str(err).splitlines() if l.strip()]
       raise ValueError(
@@ -98,7 +104,9 @@ class Checkpointer:
                        f"simulation: {len(leaves)} arrays, expected {treedef.num_leaves}")
     state = jax.tree.unflatten(treedef, leaves)
     metrics = {k: np.asarray(v) for k, v in dict(restored.history).items()}
-    return round_, state, metrics
+    if not with_host_rows:
+      return round_, state, metrics
+    return round_, state, metrics, list((restored.host or {}).get("rows", []))
 
   def close(self):
     self._manager.close()

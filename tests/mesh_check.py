@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
+from fedco.runtime import rounds as rounds_lib
 from tests import registry as test_registry
 
 
@@ -79,9 +80,9 @@ def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size, **simulato
     return all_configs
 
   placed = {} if mesh is None else {"out_shardings": replicated}  # as Simulator.run places it
-  states = jax.jit(scoped(lambda sim, _, x, k, d: sim._init(x, k, d)), **placed)(
+  states = jax.jit(scoped(lambda sim, _, x, k, d: rounds_lib.init_state(sim.config, x, k, d)), **placed)(
       [None] * len(sims), x0, key, data)
-  run_all = scoped(lambda sim, state, d: sim._run_rounds(state, d, rounds=rounds))
+  run_all = scoped(lambda sim, state, d: rounds_lib.run_rounds(sim.config, state, d, rounds))
   compiled = jax.jit(run_all).lower(states, data).compile()
   return compiled(states, data), compiled
 
@@ -120,5 +121,34 @@ def main():
     }), flush=True)
 
 
+def sweep_check():
+  """``fedco.sweep`` with its runs laid along 8 devices against one device: 8 runs (one per
+  device) and 9 runs (padded to 16), with the per-device shards of the 8-run states."""
+  from fedco.problems import portfolio  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  data = fedco.FederatedData.from_clients(
+      [{"r": rng.normal(0.2 * k, 1.0, size=(3 + k, 3)).astype(np.float32)} for k in range(5)])
+  out = {"check": "sweep"}
+  for rates, seeds in (((0.05, 0.1, 0.2, 0.3), (0, 1)), ((0.05, 0.1, 0.2), (0, 1, 2))):
+    kw = dict(rounds=3, grid={"learning_rate": list(rates)}, seeds=seeds,
+              algorithm_kwargs={"local_steps": 2, "beta": 0.5}, batch_size=4,
+              clients_per_round=3)
+    one = fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3), **kw)
+    eight = fedco.sweep(portfolio(1.0), fedco.feddro, data, jnp.zeros(3),
+                        mesh=fedco.runtime.client_mesh(8), **kw)
+    runs = len(one.runs)
+    out[f"runs_{runs}_params"] = float(np.max(np.abs(np.asarray(one.params) -
+                                                      np.asarray(eight.params))))
+    out[f"runs_{runs}_objective"] = float(np.max(np.abs(one.metrics["objective"] -
+                                                         eight.metrics["objective"])))
+    out[f"runs_{runs}_shape"] = list(np.shape(eight.params))
+    if runs == 8:
+      leaf = eight.state.server["params"]
+      out["shard_shapes"] = sorted({tuple(s.data.shape) for s in leaf.addressable_shards})
+      out["shard_devices"] = len({s.device for s in leaf.addressable_shards})
+  print(json.dumps(out), flush=True)
+
+
 if __name__ == "__main__":
   main()
+  sweep_check()

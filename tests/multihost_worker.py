@@ -140,7 +140,9 @@ def single():
   blocks = distributed.global_data(clients, NUM_CLIENTS, mesh)
   problem, alg = algorithms()["feddro"]
   out.update(max_count=blocks.max_count, rows=blocks.num_examples)
-  for label, data in (("blocks", blocks), ("plain", fedco.FederatedData(*blocks))):
+  for label, data in (("blocks", blocks), ("plain", fedco.FederatedData(
+      blocks.examples, blocks.counts, blocks.offsets, blocks.flat_rows, blocks.flat_owner,
+      blocks.max_count))):
     sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, mesh=mesh)
     if label == "plain":  # the control keeps the rows sharded (Simulator would replicate them)
       sim.data = data

@@ -150,3 +150,26 @@ def test_periodic_action_sees_the_whole_state_at_its_rounds():
     host.PeriodicAction(spread, every_rounds=0)
   with pytest.raises(ValueError, match="PeriodicAction"):
     run(2, [spread])
+
+
+def test_action_rows_start_at_round_zero_are_checkpointed_and_checked(tmp_path):
+  """``at_start`` evaluates the initial state; a resumed run returns every row since round
+  0 (restored with its checkpoint) and equals an uninterrupted run; a non-finite row stops
+  the run with NonFiniteError carrying the rows so far."""
+  data = fedco.FederatedData.from_clients(
+      [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7), seed=2)])
+  problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
+  norm = lambda state, round_: {"norm": float(np.linalg.norm(state.server["params"]))}
+  run = lambda rounds, fn=norm, **kw: fedco.simulate(
+      problem, fedco.fedavg(0.1, 2), data, jnp.ones(3), rounds=rounds, seed=1, batch_size=2,
+      actions=[host.PeriodicAction(fn, 2, at_start=True)], **kw)
+  whole = run(6).host_metrics
+  assert [r["round"] for r in whole] == [0, 2, 4, 6]
+  assert whole[0]["norm"] == pytest.approx(np.sqrt(3.0))
+  run(4, checkpoint_dir=tmp_path / "ck")
+  resumed = run(6, checkpoint_dir=tmp_path / "ck").host_metrics
+  assert resumed == whole
+  blows_up = lambda state, round_: {"norm": float("nan") if round_ == 4 else 1.0}
+  with pytest.raises(fedco.runtime.NonFiniteError, match="round 4: the host metric norm") as err:
+    run(6, blows_up)
+  assert [r["round"] for r in err.value.host_metrics] == [0, 2, 4] and err.value.round == 4

@@ -76,3 +76,13 @@ def test_a_mesh_run_compiles_once():
   for _ in range(3):
     state, _ = sim.run(state, 2)
   assert sim._run._cache_size() == 1
+
+
+def test_sweep_lays_runs_along_the_mesh(mesh_results):
+  """8 runs on 8 devices: each device holds one run's model ([1, 3] shards), and the
+  numbers equal the one-device sweep; 9 runs are padded to 16 and cut back to 9."""
+  check = next(r for r in mesh_results if r.get("check") == "sweep")
+  assert check["shard_shapes"] == [[1, 3]] and check["shard_devices"] == 8, check
+  for runs in (8, 9):
+    assert check[f"runs_{runs}_shape"] == [runs, 3], check
+    assert check[f"runs_{runs}_params"] < 1e-6 and check[f"runs_{runs}_objective"] < 1e-5, check

@@ -22,8 +22,7 @@ def _loop_reference(problem, alg, data, params, rounds, seed, batch_size):
   key, k_init = jax.random.split(key)
   states = []
   for k in range(n):
-    batch, w = draw_batch(jax.random.fold_in(k_init, k), data.index[k], data.counts[k],
-                          data.examples, batch_size)
+    batch, w = draw_batch(jax.random.fold_in(k_init, k), data, k, batch_size)
     states.append(alg.init(params, inner_value=problem.inner_value(params, batch, w)))
   for f in plan.init_fields:
     mean = jax.tree.map(lambda *v: sum(v) / n, *[getattr(s, f) for s in states])
@@ -37,8 +36,7 @@ def _loop_reference(problem, alg, data, params, rounds, seed, batch_size):
       for k in range(n):
         skey = jax.random.fold_in(jax.random.fold_in(k_round, k), t)
         kg, kf, kn = jax.random.split(skey, 3)
-        draws = [draw_batch(kk, data.index[k], data.counts[k], data.examples, batch_size)
-                 for kk in (kg, kf, kn)]
+        draws = [draw_batch(kk, data, k, batch_size) for kk in (kg, kf, kn)]
         _, kwargs = oracle_args(problem, draws[0][0], draws[1][0], draws[2][0],
                                 (draws[0][1], draws[1][1], draws[2][1]))
         upd, states[k] = update(None, states[k], xs[k], round_key=k_round, **kwargs)
@@ -140,14 +138,14 @@ def test_clients_of_very_different_sizes_share_one_array():
              for k in range(10)]
   data = fedco.FederatedData.from_clients(clients)
   assert data.examples["r"].shape == (big + 9 * small, 3)
-  assert data.index.shape == (10, big) and data.index.dtype == jnp.int32
+  # each client is a slice of one row list: no clients x largest-client table
+  assert data.offsets.shape == data.counts.shape == (10,) and data.max_count == big
   assert int(data.counts.sum()) == data.flat_rows.shape[0] == big + 9 * small
   res = fedco.simulate(portfolio(1.0, kind="local"), fedco.comfedl(0.05, 2), data, jnp.zeros(3),
                        rounds=2, batch_size=8, clients_per_round=4)
   assert res.metrics["client_losses"].shape == (2, 10)
   for k in (0, 3):
-    rows = np.asarray(data.index[k, : int(data.counts[k])])
-    np.testing.assert_array_equal(np.asarray(data.examples["r"])[rows], clients[k]["r"])
+    np.testing.assert_array_equal(data.client(k)["r"], clients[k]["r"])
 
 
 def test_non_finite_objective_names_the_round():
@@ -230,3 +228,32 @@ def test_dropped_simulators_are_collected():
     del sim, state
   gc.collect()
   assert sum(r() is not None for r in refs) == 0
+
+
+def test_skewed_clients_cost_memory_in_total_examples_not_clients_times_largest():
+  # one client of 3,000 examples and 2,000 of one: a [K, max_n] table would hold 6e6 entries
+  big, small = 3000, 2000
+  rows = [np.arange(big)] + [np.array([big + k]) for k in range(small)]
+  data = fedco.FederatedData.from_index_lists({"r": np.ones((big + small, 3), np.float32)},
+                                              rows)
+  structure = sum(np.asarray(a).size for a in jax.tree.leaves(data.replace(examples=None)))
+  assert structure <= 4 * (big + small) + 2 * (small + 1)
+  # every client is its slice of the sorted row list; draws read only that slice
+  for k in (0, 1, small):
+    start, count = int(data.offsets[k]), int(data.counts[k])
+    np.testing.assert_array_equal(data.flat_rows[start:start + count], rows[k])
+    _, w, got = draw_batch(jax.random.PRNGKey(k), data, k, 64, return_rows=True)
+    assert set(np.asarray(got).tolist()) <= set(rows[k].tolist())
+    np.testing.assert_allclose(np.sum(w), 1.0, rtol=1e-6)
+
+
+def test_whole_client_batches_pad_with_the_first_row_at_weight_zero():
+  data = fedco.FederatedData.from_index_lists({"r": np.arange(10.0)[:, None]},
+                                              [[4, 2, 7], [9], [0, 1, 3, 5, 6, 8]])
+  for k, expect in ((0, [4, 2, 7, 4, 4, 4]), (1, [9] * 6), (2, [0, 1, 3, 5, 6, 8])):
+    batch, w, got = draw_batch(None, data, k, None, return_rows=True)
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(data.index[k], expect)
+    n = int(data.counts[k])
+    np.testing.assert_allclose(w, [1 / n] * n + [0.0] * (6 - n))
+    np.testing.assert_array_equal(batch["r"][:, 0], expect)

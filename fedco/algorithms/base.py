@@ -77,7 +77,11 @@ class CommPlan(NamedTuple):
       from the same ``y_bar_0``). ``None`` means ``every_step + every_round``.
     round_start: state fields that hold an inner value and are recomputed at the start of
       every round: each of the round's clients evaluates ``g_k(x_bar; zeta)`` at the server
-      model on a fresh batch and the field becomes their mean (MBSGD's ``y_bar``).
+      model on a fresh batch and the field becomes their mean (MBSGD's ``y_bar``), or
+      ``round_start_reduce(values, weights)`` of them when given.
+    round_start_reduce: ``None`` (the weighted mean) or ``(values [S, ...], weights [S]) ->
+      value``, the server's statistic of the clients' ``round_start`` values (weights sum to
+      1 over the surviving clients, 0 elsewhere): normalised ComFedL's log-normaliser.
     round_start_loss: state fields set, at the start of every round, to each client's own
       exact loss (whole training data) at the server model (q-FedAvg's and AFL's ``F_k``).
     report: state fields each client sends up at the end of a round for the server's
@@ -93,6 +97,7 @@ class CommPlan(NamedTuple):
   round_start: Tuple[str, ...] = ()
   round_start_loss: Tuple[str, ...] = ()
   report: Tuple[str, ...] = ()
+  round_start_reduce: Optional[Callable[[Any, Any], Any]] = None
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
@@ -408,13 +413,16 @@ def _schedule_at(schedule, count):
 
 
 def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
-              weighting="uniform", round_start=(), round_start_loss=(), report=()) -> CommPlan:
+              weighting="uniform", round_start=(), round_start_loss=(), report=(),
+              round_start_reduce=None) -> CommPlan:
   """A validated :class:`CommPlan`."""
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
+  if round_start_reduce is not None and not callable(round_start_reduce):
+    raise ValueError(f"round_start_reduce must be callable, got {round_start_reduce!r}")
   return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
                   None if at_init is None else tuple(at_init), weighting, tuple(round_start),
-                  tuple(round_start_loss), tuple(report))
+                  tuple(round_start_loss), tuple(report), round_start_reduce)
 
 
 class RoundInfo(NamedTuple):

@@ -1,6 +1,7 @@
-"""Federated data: the index-table container, loaders, partitioners and the federated set.
+"""Federated data: the container, loaders, partitioners and the federated set.
 
-* :class:`FederatedData`: one examples pytree plus ``[K, max_n]`` client index tables.
+* :class:`FederatedData`: one examples pytree plus each client's slice of one sorted row
+  list (memory ``O(total examples)``); :class:`ClientBlockData`, the multi-process layout.
 * Sources (host NumPy ``{"x": float32, "y": int32}``): :func:`load`, :func:`load_tfds`
   (``tfds.data_source``, no TensorFlow), :func:`load_digits` (scikit-learn, offline).
 * Partitioners (seeded, one index array per client): :func:`iid`, :func:`quantity_skew`,
@@ -16,6 +17,7 @@ from fedco.data.adult import (AdultData, federated_adult, load_adult, proxy_grou
                               resample_proxies)
 from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data import omniglot, sinusoid
+from fedco.data.blocks import ClientBlockData
 from fedco.data.federated import FederatedData
 from fedco.data.imbalanced import load_st, step_imbalance
 from fedco.data.omniglot import load_omniglot
@@ -25,7 +27,7 @@ from fedco.data.sources import (DATASETS, NUM_CLASSES, Splits, load, load_digits
                                 num_classes)
 
 __all__ = [
-    "FederatedData", "FederatedDataset", "make_federated",
+    "ClientBlockData", "FederatedData", "FederatedDataset", "make_federated",
     "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
     "matched_validation",
     "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_tfds", "num_classes",

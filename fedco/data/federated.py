@@ -1,14 +1,20 @@
-"""The federated dataset: one on-device array of examples and per-client index tables.
+"""The federated dataset: one on-device array of examples and each client's slice of one
+sorted row list.
 
-Clients of very different sizes (5000 and 20 examples, say) are not padded copies of their
-data. Every client is a row of an ``int32 [K, max_n]`` index table into one array of examples
-plus a count; batches are gathered by index inside the jitted program. Exact evaluation uses
-the flat list of ``(row, owner)`` pairs, so its cost is ``sum_k n_k``, not ``K * max_n``.
+Clients of very different sizes (50,000 and 1 examples, say) are not padded copies of their
+data, and no ``clients x largest client`` table exists. The clients' example rows are
+concatenated, client by client, into one ``int32`` list ``flat_rows`` of length
+``M = sum_k n_k``; client ``k`` is the slice ``flat_rows[offsets[k] : offsets[k] +
+counts[k]]``. Batches are gathered by position inside the jitted program, and exact
+evaluation reads the same list with each pair's owner (``flat_owner``), so memory and
+evaluation cost are ``O(M)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+import dataclasses
+import functools
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,34 +23,52 @@ import numpy as np
 PyTree = Any
 
 
-class FederatedData(NamedTuple):
-  """Examples plus per-client index tables (a pytree; pass it to jitted code as is).
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["examples", "counts", "offsets", "flat_rows", "flat_owner"],
+                   meta_fields=["max_count"])
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+  """Examples plus each client's slice of one row list (a pytree; pass it to jitted code).
 
   Attributes:
     examples: pytree of arrays with a shared leading axis ``N``.
-    index: ``int32 [K, max_n]``; row ``k``'s first ``counts[k]`` entries are client ``k``'s
-      examples, the rest repeat its first example (never read with non-zero weight).
     counts: ``int32 [K]``, examples per client (each ``>= 1``).
-    flat_rows: ``int32 [M]`` with ``M = sum_k counts[k]``: every (client, example) pair's row.
-    flat_owner: ``int32 [M]``: the client of each pair.
+    offsets: ``int32 [K]``, where client ``k``'s slice of ``flat_rows`` starts
+      (``sum(counts[:k])``).
+    flat_rows: ``int32 [M]`` with ``M = sum_k counts[k]``: the clients' example rows, client
+      by client.
+    flat_owner: ``int32 [M]``: the client of each entry.
+    max_count: the largest client's size (static: whole-data batches have this many rows).
   """
   examples: PyTree
-  index: jax.Array
   counts: jax.Array
+  offsets: jax.Array
   flat_rows: jax.Array
   flat_owner: jax.Array
+  max_count: int
 
   @property
   def num_clients(self) -> int:
-    return int(self.index.shape[0])
-
-  @property
-  def max_count(self) -> int:
-    return int(self.index.shape[1])
+    return int(self.counts.shape[0])
 
   @property
   def num_examples(self) -> int:
     return int(jax.tree.leaves(self.examples)[0].shape[0])
+
+  def replace(self, **changes) -> "FederatedData":
+    """A copy with the given fields changed (``dataclasses.replace``)."""
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def index(self) -> jax.Array:
+    """The ``int32 [K, max_count]`` table of each client's rows, padded with its first row.
+
+    Materialised on request (``K * max_count`` entries) for inspection and small data; the
+    runtime never builds it.
+    """
+    pos = jnp.arange(self.max_count)
+    pos = jnp.where(pos[None, :] < self.counts[:, None], pos[None, :], 0)
+    return self.flat_rows[self.offsets[:, None] + pos]
 
   @classmethod
   def from_index_lists(cls, examples: PyTree, client_indices: Sequence[Any]) -> "FederatedData":
@@ -73,12 +97,11 @@ class FederatedData(NamedTuple):
         raise ValueError(f"client {k} has indices outside [0, {n}): min {ix.min()}, "
                          f"max {ix.max()}")
     counts = np.array([ix.size for ix in rows], np.int32)
-    table = np.stack([np.concatenate([ix, np.full(counts.max() - ix.size, ix[0])])
-                      for ix in rows]).astype(np.int32)
+    offsets = (np.cumsum(counts, dtype=np.int64) - counts).astype(np.int32)
     flat_rows = np.concatenate(rows).astype(np.int32)
-    flat_owner = np.repeat(np.arange(len(rows)), counts).astype(np.int32)
-    return cls(jax.tree.map(jnp.asarray, examples), jnp.asarray(table), jnp.asarray(counts),
-               jnp.asarray(flat_rows), jnp.asarray(flat_owner))
+    flat_owner = np.repeat(np.arange(len(rows), dtype=np.int32), counts)
+    return cls(jax.tree.map(jnp.asarray, examples), jnp.asarray(counts), jnp.asarray(offsets),
+               jnp.asarray(flat_rows), jnp.asarray(flat_owner), int(counts.max()))
 
   @classmethod
   def from_clients(cls, client_examples: Sequence[PyTree]) -> "FederatedData":
@@ -111,7 +134,7 @@ class FederatedData(NamedTuple):
                        f"{type(self.examples).__name__}")
     if key in self.examples:
       raise ValueError(f"key {key!r} already names an example field; pick another key")
-    return self._replace(examples={**self.examples, key: self._owner_labels()})
+    return self.replace(examples={**self.examples, key: self._owner_labels()})
 
   def _owner_labels(self) -> jax.Array:
     """Each example row's client index (``int32``, ``[num_examples]``), for ``with_owner``."""
@@ -125,7 +148,8 @@ class FederatedData(NamedTuple):
 
   def client(self, k: int) -> PyTree:
     """Client ``k``'s examples (host-side convenience; not for the hot path)."""
-    rows = np.asarray(self.index[k, : int(self.counts[k])])
+    start = int(self.offsets[k])
+    rows = np.asarray(self.flat_rows[start:start + int(self.counts[k])])
     return jax.tree.map(lambda a: a[rows], self.examples)
 
   def flat_weights(self) -> jax.Array:

@@ -3,14 +3,16 @@
 from fedco.runtime import distributed, host
 from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, MetricWriter,
                                 PeriodicAction, TensorBoardWriter)
-from fedco.runtime.batching import draw_batch, oracle_args
+from fedco.runtime.batching import ClientView, draw, draw_batch, oracle_args
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
-from fedco.runtime.simulator import SimState, Simulator, client_mesh
+from fedco.runtime.mesh import CLIENTS, client_mesh
+from fedco.runtime.rounds import SimState
+from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import SweepResult, sweep
 
 __all__ = [
-    "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "client_mesh",
+    "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "client_mesh",
     "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "MetricWriter",
     "PeriodicAction", "TensorBoardWriter", "draw_batch", "oracle_args", "simulate",
     "SweepResult", "sweep",

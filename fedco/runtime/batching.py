@@ -1,34 +1,74 @@
-"""Batches and oracles: one client's rows drawn by index, and the keyword arguments an
-algorithm's ``update`` takes, bound to them. Weights are in the run's float type."""
+"""Batches and oracles: one client's rows drawn by position in its slice of the data's row
+list (memory ``O(total examples)``, never ``clients x largest client``), and the keyword
+arguments an algorithm's ``update`` takes, bound to them. Weights are in the run's float
+type."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
+from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 
 
-def draw_batch(key, index_row, count, examples, batch_size: Optional[int], *,
-               return_rows: bool = False):
-  """One client's batch: rows gathered by index, and their weights (summing to 1).
+class ClientView(NamedTuple):
+  """What one client slot reads (the runtime ``vmap``-s it over a round's slots).
 
-  ``batch_size=None`` takes the client's whole data (deterministic; padding rows weigh 0).
-  Otherwise ``batch_size`` positions are drawn uniformly with replacement from the client's
-  ``count`` examples. ``return_rows=True`` also returns the drawn rows of ``examples``
-  (``int32 [b]``), the examples' global ids (primal-dual DRO keeps one weight per row).
+  Attributes:
+    examples: every example (compact layout; not mapped) or the slot's own block of
+      ``max_count`` rows (resident client blocks).
+    start: where the client's rows start in ``row_list`` (compact) or its block (``0``).
+    count: the client's number of examples.
+    row_list: the data's ``flat_rows`` (compact); ``None`` when positions are rows (blocks).
+    id_offset: resident blocks only: the compact example id of the block's first row, so the
+      ids an algorithm sees equal those of a one-process run (``None`` otherwise).
+  """
+  examples: Any
+  start: jax.Array
+  count: jax.Array
+  row_list: Optional[jax.Array] = None
+  id_offset: Optional[jax.Array] = None
+
+
+def draw(key, view: ClientView, batch_size: Optional[int], max_count: int, *,
+         return_rows: bool = False):
+  """One client's batch from its view: rows gathered by position, and weights summing to 1.
+
+  ``batch_size=None`` takes the client's whole data: ``max_count`` positions (static), those
+  past ``count`` repeat the client's first example with weight 0. Otherwise ``batch_size``
+  positions are drawn uniformly with replacement from ``[0, count)``. ``return_rows=True``
+  also returns the examples' ids (``int32 [b]``; primal-dual DRO keeps one weight per id).
   """
   if batch_size is None:
-    rows = index_row
-    weights = (jnp.arange(index_row.shape[0]) < count).astype(_float()) / count
+    pos = jnp.arange(max_count)
+    valid = pos < view.count
+    pos = jnp.where(valid, pos, 0)
+    weights = valid.astype(_float()) / view.count
   else:
-    pos = jax.random.randint(key, (batch_size,), 0, count)
-    rows = index_row[pos]
+    pos = jax.random.randint(key, (batch_size,), 0, view.count)
     weights = jnp.full((batch_size,), 1.0 / batch_size, _float())
-  batch = jax.tree.map(lambda a: a[rows], examples)
-  return (batch, weights, rows) if return_rows else (batch, weights)
+  rows = view.start + pos
+  if view.row_list is not None:
+    rows = view.row_list[rows]
+  batch = jax.tree.map(lambda a: a[rows], view.examples)
+  if not return_rows:
+    return batch, weights
+  return batch, weights, rows if view.id_offset is None else rows + view.id_offset
+
+
+def draw_batch(key, data: FederatedData, client, batch_size: Optional[int], *,
+               return_rows: bool = False):
+  """Client ``client``'s batch of ``data`` (see :func:`draw`): ``(batch, weights)``, and the
+  drawn example rows with ``return_rows=True``. Traceable; ``client`` may be traced.
+
+  Batches are drawn *with replacement*, so ``batch_size`` may exceed a client's size;
+  ``batch_size=None`` is the client's whole data.
+  """
+  view = ClientView(data.examples, data.offsets[client], data.counts[client], data.flat_rows)
+  return draw(key, view, batch_size, data.max_count, return_rows=return_rows)
 
 
 def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=None,

@@ -23,7 +23,7 @@ when that mesh spans processes:
    ``[k max_n, k max_n + n_k)`` (padded by repeating its first example; padding blocks repeat
    the process's first example). ``examples`` is one global ``jax.Array`` sharded over the
    clients axis, built with ``jax.make_array_from_callback``, whose callback runs only for
-   this process's devices and reads only this process's clients. The index table, counts and
+   this process's devices and reads only this process's clients. The counts, offsets and
    flat evaluation list are metadata (derived from the client sizes) and are replicated.
    Sizes are exchanged with one small ``multihost_utils.process_allgather`` (or passed as
    ``client_sizes``), together with a checksum of the example structure, shapes and dtypes.
@@ -57,52 +57,12 @@ import zlib
 from typing import Any, List, Mapping, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedco.data.federated import FederatedData
+from fedco.data.blocks import ClientBlockData
+from fedco.runtime.mesh import CLIENTS
 
 PyTree = Any
-CLIENTS = "clients"  # the simulator's mesh axis (fedco.runtime.simulator.CLIENTS)
-
-
-class ClientBlockData(FederatedData):
-  """:class:`~fedco.data.FederatedData` in client-block layout (see :func:`global_data`).
-
-  ``examples`` leaves have ``num_blocks * max_count`` rows; client ``k`` owns rows
-  ``[k * max_count, k * max_count + counts[k])`` and ``index[k]`` points into its block only.
-  Rows past a client's count, and blocks ``>= num_clients``, are padding. ``flat_rows`` is
-  every row (``arange``) and ``flat_owner`` is ``num_clients`` on padding rows, so segment sums
-  drop them and :meth:`flat_weights` gives them weight 0. The simulator recognises this type
-  and never moves a block off the device that holds it.
-  """
-  __slots__ = ()
-
-  @property
-  def num_blocks(self) -> int:
-    return self.num_examples // self.max_count
-
-  def _owner_labels(self) -> jax.Array:
-    """Each row's client index for :meth:`FederatedData.with_owner`, laid out like the
-    examples and derived from the layout alone (row ``r`` is in block ``r // max_count``),
-    so each device builds its own shard and nothing crosses processes. Padding rows of a
-    client's block carry that client; rows of padding blocks carry ``num_clients - 1`` (a
-    valid index; they are never drawn and weigh 0 in evaluation)."""
-    rows, block, last = self.num_examples, self.max_count, self.num_clients - 1
-    sharding = jax.tree.leaves(self.examples)[0].sharding
-
-    def callback(index):
-      start, stop, _ = index[0].indices(rows)
-      return np.minimum(np.arange(start, stop) // block, last).astype(np.int32)
-
-    return jax.make_array_from_callback((rows,), sharding, callback)
-
-  def flat_weights(self) -> jax.Array:
-    """``1/n_owner`` on real rows, 0 on padding rows."""
-    n = self.num_clients
-    owner = jnp.minimum(self.flat_owner, n - 1)
-    return jnp.where(self.flat_owner < n, 1.0 / self.counts[owner].astype(jnp.result_type(float)),
-                     0.0)
 
 
 def _check_int(name, value, low, high=None):
@@ -328,15 +288,14 @@ def global_data(local_clients, num_clients: int,
     arrays.append(jax.make_array_from_callback((rows,) + a.shape[1:], sharding, callback))
   examples = jax.tree.unflatten(structure, arrays)
 
-  pos = np.arange(max_n)
-  index = np.stack([k * max_n + np.where(pos < counts[k], pos, 0) for k in range(num_clients)])
   owner = np.full((num_blocks, max_n), num_clients, np.int32)
   for k in range(num_clients):
     owner[k, :counts[k]] = k
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  meta = jax.device_put((index.astype(np.int32), counts.astype(np.int32),
-                         np.arange(rows, dtype=np.int32), owner.reshape(-1)), replicated)
-  return ClientBlockData(examples, *meta)
+  offsets = np.arange(num_clients, dtype=np.int32) * max_n  # client k's block starts here
+  meta = jax.device_put((counts.astype(np.int32), offsets, np.arange(rows, dtype=np.int32),
+                         owner.reshape(-1)), replicated)
+  return ClientBlockData(examples, *meta, max_count=max_n)
 
 
 def fetch(tree: PyTree) -> PyTree:

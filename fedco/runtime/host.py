@@ -209,15 +209,18 @@ class PeriodicAction:
   weights, not only the parameters that ``metrics_fn`` sees. A returned dict of numbers is a
   row of metrics at that round (streamed to the metric writers, kept in
   ``SimulationResult.host_metrics``); ``None`` records nothing. The run's chunks end at the
-  action's rounds, so it sees exactly that round's state.
+  action's rounds, so it sees exactly that round's state. ``at_start=True`` also calls it
+  on the initial state (round 0) of a run that starts fresh (not on a resume).
   """
 
-  def __init__(self, fn, every_rounds: int):
+  def __init__(self, fn, every_rounds: int, *, at_start: bool = False):
     if not callable(fn):
       raise ValueError(f"PeriodicAction needs a callable fn(state, round), got {fn!r}")
     if isinstance(every_rounds, bool) or not isinstance(every_rounds, int) or every_rounds < 1:
       raise ValueError(f"every_rounds must be an integer >= 1, got {every_rounds!r}")
-    self.fn, self.every_rounds = fn, every_rounds
+    if not isinstance(at_start, bool):
+      raise ValueError(f"at_start must be a bool, got {at_start!r}")
+    self.fn, self.every_rounds, self.at_start = fn, every_rounds, at_start
 
   def rounds_to_next(self, done: int) -> int:
     """Rounds until the action is next due after round ``done``."""

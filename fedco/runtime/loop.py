@@ -31,11 +31,12 @@ class NonFiniteError(FloatingPointError):
   Attributes:
     round: the first evaluated round with a non-finite metric (or the chunk's last round).
     metrics: host metrics of every round up to and including the failing chunk.
+    host_metrics: the host actions' rows up to and including the failing round.
   """
 
-  def __init__(self, message, round_, metrics):
+  def __init__(self, message, round_, metrics, host_metrics=()):
     super().__init__(message)
-    self.round, self.metrics = round_, metrics
+    self.round, self.metrics, self.host_metrics = round_, metrics, list(host_metrics)
 
 
 @dataclasses.dataclass
@@ -51,9 +52,9 @@ class SimulationResult:
       the others hold NaN) and ``clients`` (sampled ids ``[R, m]``).
     ledger: communication per client per round and in total.
     seconds: wall time of the rounds (compilation included).
-    host_metrics: the rows the :class:`~fedco.runtime.host.PeriodicAction` s returned in
-      this call, ``{"round": r, **metric_labels, name: value}``, in round order (a resumed
-      run's earlier rows are in its metric writers' files).
+    host_metrics: the rows the :class:`~fedco.runtime.host.PeriodicAction` s returned,
+      ``{"round": r, **metric_labels, name: value}``, in round order; a resumed run's
+      earlier rows come back from its checkpoint.
   """
   params: PyTree
   random_params: PyTree
@@ -86,8 +87,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     progress_metric: the scalar metric the progress line shows (``"objective"`` or one of
       ``metrics_fn``'s).
     check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
-      first evaluated round whose metrics, or the server model, stop being finite; it
-      carries the metrics collected so far. With checkpointing, the last good state (the
+      first evaluated round whose metrics, the server model, or an action's row stop being
+      finite; it carries the metrics and action rows collected so far. With checkpointing, the last good state (the
       start of the failing chunk) is saved first.
     checkpoint_dir: save the whole simulation state and the metrics so far there (see
       :mod:`fedco.checkpoint`); if it already holds a checkpoint, the run resumes from the
@@ -98,8 +99,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
       soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
     actions: :class:`fedco.runtime.host.PeriodicAction` s, run on the host with the whole
-      state at their rounds (chunks end there); their rows are written and returned in
-      ``host_metrics``.
+      state at their rounds (chunks end there); their rows are written, checkpointed and
+      returned in ``host_metrics``; ``progress_metric`` may name one of their numbers.
     metric_labels: fields added to every written row (default
       ``{"algorithm": algorithm.name}``).
     **simulator_kwargs: forwarded to :class:`Simulator`.
@@ -113,14 +114,14 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       "chunk_rounds", chunk_rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   state = sim.init(params, seed)
-  collected, done, ckpt = [], 0, None
+  collected, done, ckpt, host_metrics = [], 0, None, []
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
     every = chunk if checkpoint_every is None else _validate.positive_int(
         "checkpoint_every", checkpoint_every)
     ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
     if ckpt.latest_round() is not None:
-      done, state, history = ckpt.restore(state)
+      done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True)
       if done > rounds:
         raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
                          "another checkpoint_dir or more rounds")
@@ -130,13 +131,26 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   for writer in writers:
     writer.rewind(done, labels)
   bar = host.ProgressBar(rounds, label=algorithm.name, enabled=progress, initial=done)
-  actions, host_metrics = tuple(actions), []
+  actions = tuple(actions)
   for action in actions:
     if not isinstance(action, host.PeriodicAction):
       raise ValueError(f"actions must be fedco.runtime.host.PeriodicAction s, got {action!r}")
+
+  def act(due):
+    """Run the due actions on ``state`` at round ``done``; write and check their rows."""
+    rows = [row for row in (_act(a, state, done, labels) for a in actions if due(a)) if row]
+    host_metrics.extend(rows)
+    for writer in writers if rows else ():
+      writer.write(rows)
+    if check_finite:
+      _check_rows_finite(rows, _stack(collected) if collected else {}, host_metrics)
+    return rows
+
   start = time.perf_counter()
   try:
     with host.interrupt_guard() as stop:
+      if done == 0:
+        act(lambda a: a.at_start)
       while done < rounds:
         size = min(chunk, rounds - done)
         if ckpt is not None:
@@ -155,19 +169,18 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           except NonFiniteError as err:
             if ckpt is not None and collected[:-1]:
               ckpt.save(done, last_good, _stack(collected[:-1]))
-            err.metrics = _stack(collected)
+            err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
             raise
         done += size
-        rows = [row for row in (_act(a, state, done, rounds, labels) for a in actions) if row]
-        host_metrics.extend(rows)
-        for writer in writers if rows else ():
-          writer.write(rows)
+        rows = act(lambda a: a.due(done, rounds))
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
-          ckpt.save(done, state, _stack(collected))
+          ckpt.save(done, state, _stack(collected), host_metrics)
         shown = None
         if progress_metric in metrics and np.any(metrics["evaluated"]):
           values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
           shown = float(values[-1]) if values.ndim == 1 else None
+        elif rows and np.ndim(rows[-1].get(progress_metric, ())) == 0:
+          shown = float(rows[-1][progress_metric])
         bar.update(done, shown, progress_metric)
         if stop.requested and done < rounds:
           raise host.Interrupted(
@@ -184,12 +197,21 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
                           _ledger(sim, state, collected, rounds), seconds, host_metrics)
 
 
-def _act(action, state, done, rounds, labels):
-  """The action's row at round ``done`` (``None`` when it is not due or returns nothing)."""
-  if not action.due(done, rounds):
-    return None
+def _act(action, state, done, labels):
+  """The action's row at round ``done`` (``None`` when it returns nothing)."""
   out = action(state, done)
   return None if out is None else {"round": done, **labels, **out}
+
+
+def _check_rows_finite(rows, metrics, host_metrics):
+  """Stop at an action row with a non-finite number (a diverged evaluation)."""
+  for row in rows:
+    for name, value in row.items():
+      values = np.asarray(value)
+      if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
+        shown = np.array2string(values, threshold=8, precision=4)
+        raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
+                             f"({shown})", row["round"], metrics, host_metrics)
 
 
 def _ledger(sim, state, collected, rounds):

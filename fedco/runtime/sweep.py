@@ -10,8 +10,13 @@ being finite is frozen at its last finite state (its later metrics are NaN) and 
 with the round and the quantity; the other runs go on. Results equal separate
 :func:`fedco.simulate` calls up to float round-off (batched instead of single products).
 
+With ``mesh=``, the *runs* are laid along the mesh's clients axis (each device advances
+``R / D`` whole runs; the run count is padded to a multiple of ``D`` with copies of the last
+run, cut off afterwards): independent runs need no communication, so this is the layout
+that scales. Within a run, clients are vmapped on its device.
+
 Limits: the problem and data are shared by all runs (a problem hyperparameter such as a KL
-temperature needs one sweep per value); no mesh placement or checkpoints yet.
+temperature needs one sweep per value); no checkpoints yet.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import numpy as np
 from fedco import _validate
 from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
                                    set_fields)
-from fedco.runtime import host
+from fedco.runtime import evaluation, host, rounds as rounds_lib
+from fedco.runtime.mesh import CLIENTS, check_mesh, replicated
 from fedco.runtime.simulator import SimState, Simulator
 
 PyTree = Any
@@ -116,7 +122,7 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
           rounds: int, grid: Optional[Dict[str, Sequence[float]]] = None,
           seeds: Sequence[int] = (0,), algorithm_kwargs: Optional[Dict[str, Any]] = None,
           chunk_rounds: Optional[int] = None, progress: bool = False,
-          **simulator_kwargs) -> SweepResult:
+          mesh: Optional[jax.sharding.Mesh] = None, **simulator_kwargs) -> SweepResult:
   """Run every combination of ``grid`` times ``seeds`` as one vmapped program.
 
   Args:
@@ -131,14 +137,15 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
     algorithm_kwargs: the factory's other arguments (``local_steps``, ``case``, ...).
     chunk_rounds: rounds per jitted call (default: all, at most 100).
     progress: print a progress line per chunk.
+    mesh: a mesh with a ``"clients"`` axis (:func:`fedco.runtime.client_mesh`) to lay the
+      runs along; ``None``: one device.
     **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
-      ``metrics_fn``, faults, ...; not ``mesh``).
+      ``metrics_fn``, faults, ...).
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
       "chunk_rounds", chunk_rounds)
-  if simulator_kwargs.get("mesh") is not None:
-    raise ValueError("sweep does not lay runs on a mesh yet; pass mesh=None")
+  mesh = check_mesh(mesh)
   grid, kwargs = dict(grid or {}), dict(algorithm_kwargs or {})
   overlap = set(grid) & set(kwargs)
   if overlap:
@@ -151,22 +158,35 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   algorithm = injected_factory(**kwargs, **{k: float(v) for k, v in first.items()})
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   params = sim._checked_params(params)  # Simulator.init's checks
-  values = {k: jnp.asarray([run[k] for run in runs], jnp.result_type(float)) for k in grid}
-  keys = jnp.stack([jax.random.PRNGKey(run["seed"]) for run in runs])
+  devices = 1 if mesh is None else mesh.shape[CLIENTS]
+  padded = runs + [runs[-1]] * (-len(runs) % devices)  # copies of the last run, cut off later
+  values = {k: jnp.asarray([run[k] for run in padded], jnp.result_type(float)) for k in grid}
+  keys = jnp.stack([jax.random.PRNGKey(run["seed"]) for run in padded])
+  by_run = {}
+  if mesh is not None:  # runs along the mesh; the data and initial model on every device
+    along = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CLIENTS))
+    params, data = jax.device_put((params, sim.data), replicated(mesh))
+    keys, values = jax.device_put((keys, values), along)
+    by_run = {"out_shardings": along}
+    per_round = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, CLIENTS))
+  else:
+    data = sim.data
 
-  @jax.jit
+  @functools.partial(jax.jit, **by_run)
   def init_all(params, keys, values, data):
     def one(key, hp):
-      return _set_hyperparams(sim._init_clients(params, key, data), hp)
+      return _set_hyperparams(rounds_lib.init_state(sim.config, params, key, data), hp)
     return jax.vmap(one)(keys, values)
 
-  @functools.partial(jax.jit, static_argnames="length")
+  @functools.partial(jax.jit, static_argnames="length",
+                     **({} if mesh is None else {"out_shardings": (along, along, per_round)}))
   def run_chunk(states, frozen, data, length):
-    flat = sim._flat_examples(data)
+    flat = evaluation.flat_examples(sim.config, data)
 
     def one_round(carry, _):
       states, frozen = carry
-      new, metrics = jax.vmap(lambda s: sim._round(data, flat, s, None))(states)
+      new, metrics = jax.vmap(lambda s: rounds_lib.round_step(sim.config, data, flat, s))(
+          states)
       ok = jax.vmap(_all_finite)(new) & jax.vmap(_finite_metrics)(metrics)
       stop = (frozen == 0) & ~ok
       frozen = jnp.where(stop, new.round, frozen)
@@ -181,21 +201,26 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
     return states, frozen, metrics
 
   start = time.perf_counter()
-  states = init_all(params, keys, values, sim.data)
-  frozen = jnp.zeros((len(runs),), jnp.int32)
+  states = init_all(params, keys, values, data)
+  frozen = jnp.zeros((len(padded),), jnp.int32)
+  if mesh is not None:
+    frozen = jax.device_put(frozen, along)
   bar = host.ProgressBar(rounds, label=f"sweep of {len(runs)} {algorithm.name} runs",
                         enabled=progress)
   collected, done = [], 0
   while done < rounds:
     size = min(chunk, rounds - done)
-    states, frozen, metrics = run_chunk(states, frozen, sim.data, length=size)
-    collected.append({k: np.swapaxes(np.asarray(v), 0, 1) for k, v in metrics.items()})
+    states, frozen, metrics = run_chunk(states, frozen, data, length=size)
+    collected.append({k: np.swapaxes(np.asarray(v), 0, 1)[:len(runs)]
+                      for k, v in metrics.items()})
     done += size
     bar.update(done)
   bar.close()
   seconds = time.perf_counter() - start
   metrics = {k: np.concatenate([c[k] for c in collected], axis=1) for k in collected[0]}
-  diverged = _divergences(np.asarray(frozen), metrics)
+  diverged = _divergences(np.asarray(frozen)[:len(runs)], metrics)
+  if len(padded) > len(runs):
+    states = jax.tree.map(lambda a: a[:len(runs)], states)
   ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
   faults = {k: v for k, v in metrics.items() if k in ("survivors", "local_steps")}
   ledgers = [ledger.run_totals(rounds, {k: v[r] for k, v in faults.items()})

@@ -1,0 +1,138 @@
+"""A simulation's frozen, validated settings: everything the round and the host loop read.
+
+:func:`make_config` checks every argument once (one-line ``ValueError`` naming it) and picks
+the client layout; :func:`check_params` checks a model against the data and problem by
+tracing the problem on one example's shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedco import _validate
+from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
+from fedco.data.federated import FederatedData
+from fedco.problems.base import Problem
+from fedco.runtime import layouts
+from fedco.runtime.checks import _check_dtypes, _check_kinds, _scalar
+from fedco.runtime.mesh import check_mesh
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunConfig:
+  """The validated settings of one simulation (see :class:`~fedco.runtime.Simulator` for
+  their meaning). Frozen: the compiled round closes over it, so nothing can change under it.
+  """
+  problem: Problem
+  algorithm: Algorithm
+  layout: Any  # a layouts.Compact or layouts.Resident
+  num_clients: int
+  clients_per_round: int
+  batch_size: Optional[int]
+  outer_batch_size: Optional[int]
+  paired_batches: bool
+  evaluate: bool
+  exact_grad_norm: bool
+  metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]]
+  eval_every: int
+  mesh: Optional[jax.sharding.Mesh]
+  participation: float
+  straggler_prob: float
+
+  @property
+  def plan(self) -> CommPlan:
+    return self.algorithm.plan
+
+  @property
+  def aggregator(self) -> ServerAggregator:
+    return as_aggregator(self.algorithm.server)
+
+  @property
+  def faults(self) -> bool:
+    return self.participation < 1 or self.straggler_prob > 0
+
+
+def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
+                clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
+                outer_batch_size: Optional[int] = -1, paired_batches: bool = False,
+                evaluate: bool = True, exact_grad_norm: bool = False,
+                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
+                eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
+                participation: float = 1.0, straggler_prob: float = 0.0) -> RunConfig:
+  """Validate a simulation's arguments and choose its client layout."""
+  if not isinstance(problem, Problem):
+    raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
+  if not isinstance(algorithm, Algorithm):
+    hint = ""
+    if isinstance(algorithm, optax.GradientTransformation):
+      hint = ("; optax.chain and optax.inject_hyperparams drop the communication plan: use "
+              "fedco.chain / fedco.inject_hyperparams, which keep it")
+    raise ValueError(f"algorithm must be a fedco Algorithm, got "
+                     f"{type(algorithm).__name__}{hint}")
+  if not isinstance(data, FederatedData):
+    raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
+  _check_kinds(problem, algorithm)
+  n = data.num_clients
+  m = n if clients_per_round is None else clients_per_round
+  if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
+    raise ValueError(f"clients_per_round must be an integer in [1, {n}] (the number of "
+                     f"clients), got {clients_per_round!r}")
+  if batch_size is not None:
+    _validate.positive_int("batch_size", batch_size)
+  if outer_batch_size == -1:
+    outer_batch_size = batch_size
+  if outer_batch_size is not None:
+    _validate.positive_int("outer_batch_size", outer_batch_size)
+  if not isinstance(paired_batches, bool):
+    raise ValueError(f"paired_batches must be a bool, got {paired_batches!r}")
+  if paired_batches and outer_batch_size != batch_size:
+    raise ValueError(f"paired_batches=True draws the outer batch as the inner one, so "
+                     f"outer_batch_size must equal batch_size={batch_size!r}, got "
+                     f"{outer_batch_size!r}")
+  eval_every = _validate.positive_int("eval_every", eval_every)
+  mesh = check_mesh(mesh)
+  _validate.open_unit("participation", participation, closed_right=True)
+  if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
+    raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
+  layout = layouts.for_data(data, m, mesh)
+  return RunConfig(problem, algorithm, layout, n, m, batch_size, outer_batch_size,
+                   paired_batches, evaluate, exact_grad_norm, metrics_fn, eval_every, mesh,
+                   participation, straggler_prob)
+
+
+def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTree:
+  """``params`` as arrays, refused (``ValueError``) when their dtypes or shapes do not fit
+  the data and problem."""
+  params = jax.tree.map(jnp.asarray, params)
+  _check_dtypes(params, data.examples)
+  # Shapes only: indexing a multi-process array on the host would move a row.
+  example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)),
+                         data.examples)
+
+  def trace():
+    if problem.extra is not None:
+      _scalar("extra", jax.eval_shape(problem.extra, params, example))
+    if problem.compositional:
+      y = jax.eval_shape(problem.inner, params, example)
+      if problem.outer_uses_data:
+        _scalar("outer", jax.eval_shape(problem.outer, y, example))
+      else:
+        _scalar("outer", jax.eval_shape(problem.outer, y))
+
+  try:
+    trace()
+  except (TypeError, ValueError, IndexError, KeyError) as err:
+    shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
+    raise ValueError(
+        f"params and data do not fit problem {problem.name!r}: params shapes "
+        f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
+        f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}") from None
+  return params

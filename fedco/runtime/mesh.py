@@ -1,0 +1,49 @@
+"""The ``("clients",)`` device mesh and the helpers that lay a client axis along it."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+PyTree = Any
+CLIENTS = "clients"
+
+
+def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
+  """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices (default all)."""
+  available = jax.device_count()
+  num = available if num_devices is None else num_devices
+  if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= available:
+    raise ValueError(f"num_devices must be an integer in [1, {available}] (the devices "
+                     f"present), got {num_devices!r}")
+  return jax.sharding.Mesh(np.array(jax.devices()[:num]), (CLIENTS,))
+
+
+def check_mesh(mesh) -> Optional[jax.sharding.Mesh]:
+  """``mesh`` if it is ``None`` or a mesh with a ``"clients"`` axis, else a ``ValueError``."""
+  if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh)
+                           or CLIENTS not in mesh.axis_names):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
+                     f"fedco.runtime.client_mesh), got {mesh!r}")
+  return mesh
+
+
+def replicated(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+  """Every device of ``mesh`` holds the whole array."""
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def place(tree: PyTree, mesh: Optional[jax.sharding.Mesh]) -> PyTree:
+  """Lay the leading (client-slot) axis of every leaf along the mesh's clients axis (inside a
+  traced program; nothing without a mesh)."""
+  if mesh is None:
+    return tree
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CLIENTS))
+  return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, sharding), tree)
+
+
+def client_vmap(fn, mesh: Optional[jax.sharding.Mesh], in_axes=0):
+  """``vmap`` over client slots, laid along the mesh's clients axis when there is one."""
+  return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=None if mesh is None else CLIENTS)

@@ -1,0 +1,220 @@
+"""The pure round: the CommPlan interpreter, written against a :class:`RunConfig` and its
+client layout, with no simulator object. ``Simulator`` jits these functions per instance.
+
+A round: sample clients, lay them into slots (:mod:`~fedco.runtime.layouts`), broadcast the
+plan's round fields, refresh ``round_start`` fields, run ``local_steps`` steps as a
+``lax.scan`` of the ``vmap``-ed algorithm ``update`` (averaging ``every_step`` fields after
+each step), hand the surviving clients' values to the server aggregator, write the slots
+back, keep a uniformly random round's model, and evaluate.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedco.algorithms.base import RoundInfo, get_field, init_trackers, set_fields
+from fedco.runtime import evaluation
+from fedco.runtime.batching import _float, draw, oracle_args
+from fedco.runtime.faults import draw_faults
+from fedco.runtime.mesh import place
+
+PyTree = Any
+
+
+class SimState(NamedTuple):
+  """Everything the simulation carries between rounds (a pytree).
+
+  Attributes:
+    round: rounds completed so far.
+    key: the PRNG key for the next round.
+    server: ``{"params": x, field: value}`` for the round-synchronised state fields.
+    server_opt_state: the server transform's state.
+    shared: ``{field: mean}`` for the every-step fields (FedDRO's ``y_bar``).
+    clients: every client's algorithm state, stacked on a leading ``[K]`` axis.
+    random_params: the averaged model of a uniformly random completed round (reservoir
+      sampling), the iterate the FedDRO/DS-FedDRO theorems return.
+  """
+  round: jax.Array
+  key: jax.Array
+  server: Dict[str, PyTree]
+  server_opt_state: Any
+  shared: Dict[str, PyTree]
+  clients: Any
+  random_params: PyTree
+
+
+def mean(tree, w):
+  return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
+
+
+def broadcast(tree, m):
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), tree)
+
+
+def client_weights(cfg, counts, mask=None):
+  """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
+  mask = jnp.ones(counts.shape, bool) if mask is None else mask
+  c = counts.astype(_float()) if cfg.plan.weighting == "samples" else jnp.ones(
+      counts.shape, _float())
+  c = jnp.where(mask, c, 0.0)
+  total = jnp.sum(c)
+  return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def init_state(cfg, params, key, data) -> SimState:
+  """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
+  init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
+  key, k_init = jax.random.split(key)
+  plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
+
+  def client_init(k, view):
+    inner_value = None
+    if cfg.problem.compositional:
+      batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, layout.max_count)
+      inner_value = cfg.problem.inner_value(params, batch, w)
+    return init_trackers(cfg.algorithm.init(params), params, inner_value)
+
+  clients = layout.cut(layout.map(client_init)(*layout.init_views(data)))
+  w = client_weights(cfg, data.counts)
+  means = {f: mean(get_field(clients, f), w) for f in plan.init_fields}
+  clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
+  server = {"params": params}
+  for f in plan.every_round:
+    server[f] = mean(get_field(clients, f), w)
+  shared = {f: mean(get_field(clients, f), w) for f in plan.every_step}
+  return SimState(jnp.zeros([], jnp.int32), key, server,
+                  cfg.aggregator.init(server, data.counts), shared, clients, params)
+
+
+def _client_step(cfg, round_key, local_step, params, cstate, key, view):
+  """One client's local step: draw its batches and call the algorithm's ``update``."""
+  kg, kf, kn = jax.random.split(key, 3)
+  if cfg.paired_batches:  # same key and size: the outer batch is the inner batch's rows
+    kf = kg
+  max_count = cfg.layout.max_count
+  bg, wg = draw(kg, view, cfg.batch_size, max_count)
+  bf, wf, rows = draw(kf, view, cfg.outer_batch_size, max_count, return_rows=True)
+  bn, wn = draw(kn, view, cfg.batch_size, max_count)
+  grad_h_fn, kwargs = oracle_args(cfg.problem, bg, bf, bn, (wg, wf, wn))
+  grad_h = None if grad_h_fn is None else grad_h_fn(params)
+  return cfg.algorithm.update(grad_h, cstate, params, round_key=round_key,
+                              local_step=local_step, example_rows=rows, **kwargs)
+
+
+def _client_losses(cfg, data, params, ids, key):
+  """Each listed client's loss of ``params`` on one fresh mini-batch (server queries)."""
+
+  def one(k, view):
+    batch, weights = draw(jax.random.fold_in(key, k), view, cfg.outer_batch_size,
+                          cfg.layout.max_count)
+    return cfg.problem.client_objective(params, batch, weights)
+
+  return cfg.layout.client_losses(data, one, ids)
+
+
+def _refresh_inner(cfg, cst, params, ckeys, views, w):
+  """``round_start`` fields = mean (or the plan's reduction) over the round's clients of
+  ``g_k(x_bar)``."""
+  keys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, cfg.plan.local_steps)
+
+  def inner_at_server(key, view):
+    batch, weights = draw(key, view, cfg.batch_size, cfg.layout.max_count)
+    return cfg.problem.inner_value(params, batch, weights)
+
+  values = cfg.layout.map(inner_at_server)(keys, views)
+  reduce = cfg.plan.round_start_reduce
+  value = mean(values, w) if reduce is None else reduce(values, w)
+  return set_fields(cst, **{f: broadcast(value, ckeys.shape[0]) for f in cfg.plan.round_start})
+
+
+def _sample(cfg, key):
+  n, m = cfg.num_clients, cfg.clients_per_round
+  if m == n:
+    return jnp.arange(n)
+  return jnp.sort(jax.random.permutation(key, n)[:m])
+
+
+def round_step(cfg, data, flat, state: SimState):
+  """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
+  :func:`~fedco.runtime.evaluation.flat_examples`)."""
+  plan, n, layout, mesh = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh
+  slots = layout.slots
+  key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
+  real = _sample(cfg, k_sample)
+  ids, mask, pick = layout.round_slots(real)
+  cst = layout.take(state.clients, ids)
+  cst = set_fields(cst, **{f: broadcast(state.server[f], slots) for f in plan.every_round},
+                   **{f: broadcast(state.shared[f], slots) for f in plan.every_step})
+  params = broadcast(state.server["params"], slots)
+  views = layout.views(data, ids)
+  alive, steps = draw_faults(cfg, k_sample, ids, mask)
+  w = client_weights(cfg, views.count, alive)
+  ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
+  if plan.round_start:
+    cst = _refresh_inner(cfg, cst, state.server["params"], ckeys, views, w)
+  if plan.round_start_loss:
+    _, losses = evaluation.client_objectives(cfg, state.server["params"], data, flat)
+    cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip")
+                          for f in plan.round_start_loss})
+  params, cst, ckeys = place((params, cst, ckeys), mesh)
+  views = views._replace(start=place(views.start, mesh) if views.start.ndim else views.start,
+                         count=place(views.count, mesh))
+  step_fn = layout.step_map(functools.partial(_client_step, cfg), 3)
+
+  def local_step(carry, t):
+    params, cst = carry
+    skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
+    updates, new_cst = step_fn(k_round, t, params, cst, skeys, views)
+    new_params = optax.apply_updates(params, updates)
+    if cfg.faults:  # dropped clients and finished stragglers keep what they had
+      active = alive & (t < steps)
+      keep = lambda new, old: jnp.where(
+          active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
+      new_params = jax.tree.map(keep, new_params, params)
+      new_cst = jax.tree.map(keep, new_cst, cst)
+    params, cst = new_params, new_cst
+    if plan.every_step:
+      cst = set_fields(cst, **{f: broadcast(mean(get_field(cst, f), w), slots)
+                            for f in plan.every_step})
+    return place((params, cst), mesh), None
+
+  (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
+  shared = {f: mean(get_field(cst, f), w) for f in plan.every_step}
+  client_values = jax.tree.map(pick, {
+      "params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}})
+  info = RoundInfo(real, pick(w), pick(views.count), n, k_agg,
+                   functools.partial(_client_losses, cfg, data), pick(alive))
+  server, server_opt_state = cfg.aggregator.update(
+      state.server, state.server_opt_state, client_values, info)
+  if cfg.faults:  # a round nobody survived changes nothing on the server
+    anyone = jnp.any(alive)
+    server, server_opt_state, shared = jax.tree.map(
+        lambda new, old: jnp.where(anyone, new, old), (server, server_opt_state, shared),
+        (state.server, state.server_opt_state, state.shared))
+  cst = set_fields(cst, **{f: broadcast(server[f], slots) for f in plan.every_round})
+  write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
+  clients = cst if layout.direct else jax.tree.map(
+      lambda a, b: a.at[write].set(b, mode="drop"), state.clients, cst)
+  completed = state.round + 1
+  keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
+  random_params = jax.tree.map(lambda a, b: jnp.where(keep, a, b), server["params"],
+                               state.random_params)
+  new_state = SimState(completed, key, server, server_opt_state, shared, clients,
+                       random_params)
+  metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat)
+  metrics["clients"] = real
+  if cfg.faults:
+    metrics["survivors"] = pick(alive)
+    metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
+  return new_state, metrics
+
+
+def run_rounds(cfg, state: SimState, data, rounds: int):
+  """``rounds`` rounds as one ``lax.scan``: ``(state, stacked metrics)``."""
+  flat = evaluation.flat_examples(cfg, data)
+  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s), state, None, length=rounds)
