@@ -6,6 +6,7 @@ import inspect
 import os
 import traceback
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -87,3 +88,22 @@ def test_inject_hyperparams_with_a_traced_local_steps_is_a_clear_error():
   with pytest.raises(ValueError) as err:  # optax's wrapper without static_args
     optax.inject_hyperparams(fedco.feddro)(0.1, 5).init(jnp.zeros(3))
   assert "local_steps" in str(err.value) and "static_args" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(normalized=True), "gamma"),
+    (dict(normalized=True, gamma=0.0), "gamma"),
+    (dict(gamma=0.5), "normalized=True"),
+    (dict(normalized=1, gamma=0.5), "normalized"),
+])
+def test_normalized_comfedl_arguments_are_checked(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    fedco.comfedl(0.1, 2, **kwargs)
+
+
+def test_normalized_comfedl_needs_a_scalar_inner_value():
+  data = fedco.FederatedData.from_clients([{"r": np.ones((4, 3), np.float32)}] * 2)
+  with pytest.raises(ValueError, match="scalar inner value"):
+    fedco.simulate(fedco.problems.portfolio(1.0, kind="local"),
+                   fedco.comfedl(0.1, 2, normalized=True, gamma=0.5), data, jnp.zeros(3),
+                   rounds=1)

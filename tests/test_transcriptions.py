@@ -17,6 +17,7 @@ Problem (d = 3, p = 2), per example ``e = {A: [p, d], c: [p], b: [d]}``:
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedco
@@ -480,3 +481,65 @@ def test_fedavg_co_case1_with_stragglers(setup):
     x = np.mean(xs, axis=0)
     objs.append(global_objective(C, x))
   check(res, x, np.array(objs), x0)
+
+
+# ---- normalised ComFedL (an inference from the papers' text; see fedco/algorithms/comfedl.py)
+
+
+def _client_loss(x, e):
+  return 0.5 * jnp.sum((jnp.tanh(e["A"] @ x) - e["c"]) ** 2)
+
+
+def _loss_and_grad(c, x):
+  """Client ``c``'s mean loss ``0.5 ||tanh(A x) - c||^2`` and its gradient, float64."""
+  t = np.tanh(c.A @ x)
+  r = t - c.c
+  return 0.5 * np.mean(np.sum(r ** 2, -1)), np.einsum("npd,np->d", c.A, r * (1 - t ** 2)) / c.n
+
+
+def normalized_comfedl_reference(C, x0, lr, gamma, rounds=ROUNDS):
+  """Each round: L = log(1/K sum_k exp(f_k(x_bar)/gamma)) (log-sum-exp), then every client
+  steps x -= lr exp(f_k(x)/gamma - L) grad f_k(x); the server averages."""
+
+  def log_normalizer(x):
+    v = np.array([_loss_and_grad(c, x)[0] for c in C]) / gamma
+    return v.max() + np.log(np.mean(np.exp(v - v.max())))
+
+  def step(k, x, s):
+    f, g = _loss_and_grad(C[k], x)
+    return x - lr * np.exp(f / gamma - s["L"]) * g, s
+
+  x0 = np.asarray(x0, np.float64)
+  return reference(C, x0, {"L": log_normalizer(x0)}, step, rounds=rounds,
+                   on_sync=lambda k, x_bar, s: {**s, "L": log_normalizer(x_bar)},
+                   objective=lambda x: 0.0)[0]
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1e-4])
+def test_normalized_comfedl(setup, gamma):
+  """The float64 transcription, full batch; gamma 1e-4 puts f/gamma near 1e4, where the
+  literal exp-form step is inf in float32 (so the exp-form objective is not evaluated)."""
+  data, C, x0, _ = setup
+  lr = 0.3
+  res = run_fedco(fedco.problems.client_kl_dro(_client_loss, gamma),
+                  fedco.comfedl(lr, STEPS, normalized=True, gamma=gamma), data, x0,
+                  evaluate=False)
+  x_ref = normalized_comfedl_reference(C, x0, lr, gamma)
+  f0 = np.array([_loss_and_grad(c, np.asarray(x0, np.float64))[0] for c in C])
+  assert gamma > 0.1 or f0.max() / gamma > 5e3
+  assert np.max(np.abs(x_ref - np.asarray(x0, np.float64))) > 1e-2
+  # at f/gamma ~ 1e4 float32 holds the exponent f/gamma - L to about 1e4 * 6e-8
+  tol = dict(rtol=RTOL, atol=ATOL) if gamma > 0.1 else dict(rtol=5e-3, atol=5e-4)
+  np.testing.assert_allclose(np.asarray(res.params, np.float64), x_ref, **tol)
+  assert res.ledger["up_per_client_per_round"] == {"params": D, "log_normalizer": 1}
+  assert res.ledger["down_per_client_per_round"] == {"params": D, "log_normalizer": 1}
+  if gamma > 0.1:  # the option composes: injected (gamma static) and chained, same numbers
+    composed = fedco.chain(optax.clip_by_global_norm(1e12), fedco.inject_hyperparams(
+        fedco.comfedl)(lr, STEPS, normalized=True, gamma=gamma))
+    again = run_fedco(fedco.problems.client_kl_dro(_client_loss, gamma), composed, data, x0,
+                      evaluate=False)
+    np.testing.assert_allclose(np.asarray(again.params), np.asarray(res.params), rtol=1e-6)
+  else:  # the literal exp-form step overflows here
+    literal = run_fedco(fedco.problems.client_kl_dro(_client_loss, gamma),
+                        fedco.comfedl(lr, STEPS), data, x0, evaluate=False, check_finite=False)
+    assert not np.all(np.isfinite(np.asarray(literal.params)))

@@ -11,6 +11,24 @@ With the client-level KL-DRO outer ``f = exp(./gamma)`` (deterministic), ``u`` r
 ``exp(l_B(x)/gamma)/gamma * grad l_B(x)``. Named variants ComFedL-MAML and ComFedL-DAMAML are
 this algorithm on the MAML and DA-MAML problems.
 
+**Normalised client weights** (``normalized=True``, an inference from the papers' text, not
+their printed algorithm). On the client-level KL-DRO exp form the literal step weighs client
+``k``'s gradient by ``exp(f_k/gamma)/gamma``, which is about 5e5 at ``gamma = 0.2`` on E1 and
+diverges at round 1. Paper 001 treats the exp form (its eq. 6) and the log form
+``gamma log(1/n sum_i exp(f_i/gamma))`` (eq. 5) as interchangeable and reports the method
+"pretty robust with different values of gamma" over [0.1, 0.5, 1, 5] and that clients with
+easier distributions get a smaller rate; both fit the log form's gradient, whose client
+weights are ``n softmax(f/gamma)_k`` (mean 1 over clients). So with ``normalized=True``:
+each round every sampled client reports its loss at the server model on a fresh batch,
+``f_k(x_bar)``, the server broadcasts the log-normaliser ``L = log(1/m sum_k
+exp(f_k(x_bar)/gamma))`` (log-sum-exp, stable for any ``f/gamma``), and clients step
+
+    y = g_k(x; B),    u = exp(y/gamma - L) J_g(x; B)^T,    x = x - eta u,
+
+i.e. ``exp((f - c)/gamma)/Z`` with the shift ``c`` folded into ``L``. The inner value is the
+client's scalar loss; the problem's outer function is not used (its temperature is
+``gamma``). One more float per client per round goes up (the loss) and down (``L``).
+
 References:
   Wu, Huang et al., "Federated compositional optimization / ComFedL" (papers 000 and 001).
 """
@@ -19,10 +37,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import estimators
+from fedco import _validate, estimators
 from fedco.algorithms import base
 
 
@@ -31,33 +50,73 @@ class ComFedLState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.factory(static=("local_steps", "optimizer"))
+class NormalizedComFedLState(NamedTuple):
+  """``log_normalizer``: this round's ``L``, set by the server before the local steps."""
+  count: jnp.ndarray
+  log_normalizer: jnp.ndarray
+  opt_state: optax.OptState
+
+
+@base.factory(static=("local_steps", "optimizer", "normalized", "gamma"))
 def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
+            normalized: bool = False, gamma: Optional[float] = None,
             optimizer: base.Optimizer = None) -> base.Algorithm:
   """ComFedL.
 
   Args:
     learning_rate: ``eta > 0`` or a schedule; ``None``: 0.01 (paper 001's E1).
     local_steps: ``tau``, local steps per round.
+    normalized: step with the normalised client weights ``exp(f/gamma - L)`` (see the
+      module) instead of the literal ``exp(f/gamma)/gamma``; needs ``gamma``.
+    gamma: the KL temperature of the client-level DRO problem (``normalized`` only).
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
 
   Returns:
     An :class:`~fedco.algorithms.base.Algorithm` (local-inner; sends ``d`` floats up and
-    down per sampled client per round).
+    down per sampled client per round, one more each way when normalised). In a user's own
+    loop with ``normalized=True`` the caller plays the server: set ``log_normalizer`` with
+    ``fedco.algorithms.set_fields`` before a round's updates.
   """
   opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
-  plan = base.make_plan(local_steps)
+  if not isinstance(normalized, bool):
+    raise ValueError(f"normalized must be a bool, got {normalized!r}")
+  if normalized:
+    gamma = _validate.positive("gamma", gamma)
+  elif gamma is not None:
+    raise ValueError(f"gamma={gamma!r} is only used with normalized=True (the literal step "
+                     "reads the temperature from the problem's outer function)")
+  if not normalized:
+    plan = base.make_plan(local_steps)
+  else:
+    def log_normalizer(losses, weights):
+      """``log(sum_k w_k exp(f_k/gamma))`` over the surviving clients (``w`` sums to 1)."""
+      return jax.nn.logsumexp(losses / gamma, b=weights)
+
+    plan = base.make_plan(local_steps, round_start=("log_normalizer",), at_init=(),
+                          round_start_reduce=log_normalizer)
 
   def init(params, *, inner_value=None):
     del inner_value
+    if normalized:
+      return NormalizedComFedLState(jnp.zeros([], jnp.int32),
+                                    jnp.zeros([], jnp.result_type(float)), opt.init(params))
     return ComFedLState(jnp.zeros([], jnp.int32), opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("comfedl", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
+    if normalized:
+      if jnp.shape(sample) != ():
+        raise ValueError("comfedl(normalized=True) needs a scalar inner value (the client's "
+                         f"loss, as in fedco.problems.client_kl_dro), got shape "
+                         f"{jnp.shape(sample)}")
+      weight = jnp.exp(sample / gamma - state.log_normalizer)
+      z = base.add_grads(pullback(weight.astype(sample.dtype)), updates)
+      step, opt_state = opt.update(z, state.opt_state, params)
+      return step, state._replace(count=state.count + 1, opt_state=opt_state)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, sample), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, ComFedLState(state.count + 1, opt_state)
