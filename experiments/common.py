@@ -37,6 +37,7 @@ import math
 import numbers
 import os
 import shutil
+import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -46,7 +47,7 @@ METRICS_CSV = "metrics.csv"
 TENSORBOARD = "tensorboard"
 _STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
-from fedco.io import TMP_PREFIX as _TMP_PREFIX, atomic_write  # noqa: F401 (re-exported)
+from fedco.io import TMP_PREFIX as _TMP_PREFIX, DirectoryLock, atomic_write  # noqa: F401
 
 
 # ---- JSON conversion ---------------------------------------------------------------------
@@ -158,8 +159,12 @@ def check_workdir(workdir, flag: str = "workdir") -> str:
 class Workdir:
   """One run's output directory (created if missing).
 
-  Creating it removes the previous run's ``config.json``, ``metrics.jsonl`` and
-  ``summary.json`` (and stray temporary files), so a directory never mixes two runs.
+  Creating it removes what the previous run of a fedco experiment wrote there, and only that:
+  the workdir keeps a manifest (``.fedco-written.json``) of every output it writes (results,
+  figures, TensorBoard files, run checkpoint directories), so files a user put beside them
+  (another ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The
+  directory is locked for the process (a second process gets a one-line error naming it),
+  and an unwritable directory is a one-line ``ValueError``.
 
   Args:
     path: the directory (``--workdir``).
@@ -172,18 +177,35 @@ class Workdir:
       os.makedirs(self.path, exist_ok=True)
     except OSError as e:
       raise ValueError(f"--{flag}={path!r} cannot be used as a directory: {e}") from None
+    # One process per workdir: another gets a one-line error naming this one; released
+    # when this object goes (or the process dies).
+    lock = DirectoryLock(self.path, what=f"--{flag}").acquire()
+    weakref.finalize(self, lock.release)
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
-    for name in os.listdir(self.path):
-      if name in (CONFIG, METRICS, METRICS_CSV, SUMMARY) or name.startswith(_TMP_PREFIX):
-        os.remove(os.path.join(self.path, name))
-    shutil.rmtree(self.file(TENSORBOARD), ignore_errors=True)
+    self._keep_checkpoints = True
+    for name in read_manifest(self.path):
+      if name.startswith(CHECKPOINTS + os.sep):
+        continue  # run checkpoints stay (resume) unless start_checkpoints says otherwise
+      target = self.file(name)
+      if os.path.isdir(target):
+        shutil.rmtree(target, ignore_errors=True)
+      elif os.path.exists(target):
+        os.remove(target)
+    _write_manifest(self.path, [n for n in read_manifest(self.path)
+                                if n.startswith(CHECKPOINTS + os.sep)])
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
 
+  def record(self, path: str) -> str:
+    """Add ``path`` (inside the workdir) to the manifest of what this workdir wrote."""
+    record_written(self.path, path)
+    return path
+
   def write_json(self, name: str, value: Any) -> str:
     path = self.file(name)
+    self.record(path)
     atomic_write(path, dumps(value, indent=2) + "\n")
     return path
 
@@ -202,6 +224,8 @@ class Workdir:
     self._metrics.extend(dumps(r) for r in records)
     self._rows.extend(records)
     path = self.file(METRICS)
+    for name in (METRICS, METRICS_CSV, TENSORBOARD):
+      self.record(self.file(name))
     atomic_write(path, "".join(line + "\n" for line in self._metrics))
     atomic_write(self.file(METRICS_CSV), _csv(self._rows))
     _write_scalars(self.file(TENSORBOARD), records)
@@ -209,6 +233,7 @@ class Workdir:
 
   def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
     """Save a matplotlib figure as PNG, atomically."""
+    self.record(self.file(name))
     return self.save_figure_to(self.path, fig, name, dpi=dpi)
 
   @staticmethod
@@ -287,17 +312,50 @@ def checkpoint_config(checkpoint_every, resume) -> Dict[str, Any]:
 
 
 def start_checkpoints(wd: "Workdir", config: Mapping[str, Any]) -> None:
-  """With ``--noresume``, delete the workdir's checkpoints so every run starts over."""
-  if not config["resume"]:
-    shutil.rmtree(wd.file(CHECKPOINTS), ignore_errors=True)
+  """With ``--noresume``, delete the run checkpoint directories this workdir wrote (its
+  manifest lists them), so every run starts over; nothing else under ``checkpoints/``."""
+  if config["resume"]:
+    return
+  names = read_manifest(wd.path)
+  for name in names:
+    if name.startswith(CHECKPOINTS + os.sep):
+      shutil.rmtree(wd.file(name), ignore_errors=True)
+  _write_manifest(wd.path, [n for n in names if not n.startswith(CHECKPOINTS + os.sep)])
+
+
+MANIFEST = ".fedco-written.json"
+
+
+def read_manifest(workdir: str) -> List[str]:
+  """The workdir-relative paths fedco's experiments wrote into ``workdir``."""
+  try:
+    with open(os.path.join(workdir, MANIFEST)) as f:
+      names = json.load(f)
+  except (OSError, ValueError):
+    return []
+  return [n for n in names if isinstance(n, str) and not os.path.isabs(n)
+          and ".." not in n.split(os.sep)]
+
+
+def _write_manifest(workdir: str, names: Sequence[str]) -> None:
+  atomic_write(os.path.join(workdir, MANIFEST), json.dumps(sorted(set(names)), indent=1))
+
+
+def record_written(workdir: str, path: str) -> None:
+  """Add ``path`` to ``workdir``'s manifest (before writing it: a kill in between leaves at
+  most a listed path that does not exist)."""
+  name = os.path.relpath(os.path.abspath(path), workdir)
+  names = read_manifest(workdir)
+  if name not in names:
+    _write_manifest(workdir, names + [name])
 
 
 def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict[str, Any]:
   """``simulate``'s checkpoint keyword arguments for one run (``run``: its own settings)."""
   settings = {k: v for k, v in config.items() if k not in PRESENTATION_KEYS}
-  return {"checkpoint_dir": run_checkpoint_dir(config["workdir"], run_label,
-                                               {**settings, **run}),
-          "checkpoint_every": config["checkpoint_every"]}
+  directory = run_checkpoint_dir(config["workdir"], run_label, {**settings, **run})
+  record_written(config["workdir"], directory)
+  return {"checkpoint_dir": directory, "checkpoint_every": config["checkpoint_every"]}
 
 
 def simulate_and_record(simulate, label: str, seed: int, fields, records: List[Dict[str, Any]],
@@ -372,6 +430,9 @@ def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
     ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
     entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
     row = {"algorithm": label, "diverged": len(entry["diverged_seeds"])}
+    notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
+    if notes:  # e.g. "diverged at round 1 (client_weights); try a lower --comfedl_lr"
+      row["note"] = notes[0] if len(notes[0]) <= 80 else "diverged (see summary.json)"
     for k in keys:
       vals = [f[k] for f in ok.values()]
       entry[k] = {"mean": float(np.mean(vals)) if vals else None,

@@ -17,6 +17,8 @@ names. Arrays local to one process are copied to the host first.
 from __future__ import annotations
 
 import os
+import warnings
+import zlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -34,6 +36,52 @@ def _savable(leaf):
   return jax.device_get(leaf)
 
 
+_NO_METRICS = "__no_metrics__"
+
+
+class RunMismatchError(ValueError):
+  """A checkpoint directory holds another run's checkpoints."""
+
+
+class _Damaged(Exception):
+  """A checkpoint that cannot be used (unreadable, incomplete or failing its checksums)."""
+
+
+def _checksums(tree) -> Dict[str, Optional[str]]:
+  """``{path: crc32 of shape, dtype and bytes}`` of every leaf; ``None`` for global arrays
+  held partly by other processes (each process can only read its own shards)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    key = jax.tree_util.keystr(path) or "."
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      out[key] = None
+      continue
+    a = np.ascontiguousarray(np.asarray(leaf))
+    out[key] = f"{zlib.crc32(a.tobytes(), zlib.crc32(f'{a.shape}{a.dtype}'.encode())):08x}"
+  return out
+
+
+def _brief(shapes):
+  text = ", ".join(shapes)
+  return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_run(directory, round_, saved, current):
+  """Refuse a checkpoint written by another run (different fingerprint)."""
+  from fedco.runtime import fingerprint as fp  # pylint: disable=g-import-not-at-top
+  if saved is None:
+    raise RunMismatchError(f"checkpoint of round {round_} in {directory} records no run "
+                           "fingerprint; it cannot be shown to belong to this run. Use another "
+                           "checkpoint_dir, or checkpoint_mismatch='restart' to start over there")
+  if saved.get("fingerprint") == current["fingerprint"]:
+    return
+  diff = fp.differences(saved.get("description") or {}, current["description"])
+  raise RunMismatchError(
+      f"{directory} holds checkpoints of another run (round {round_}; differs in "
+      f"{', '.join(diff[:6]) or 'its fingerprint'}); use another checkpoint_dir, or "
+      "checkpoint_mismatch='restart' to start over there")
+
+
 class Checkpointer:
   """Saves and restores ``(round, SimState, metrics)`` under one directory.
 
@@ -49,7 +97,9 @@ class Checkpointer:
     self.directory = os.path.abspath(os.fspath(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
                                            create=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "history": ocp.StandardCheckpointHandler(),
+        "host": ocp.JsonCheckpointHandler()})
 
   def latest_round(self) -> Optional[int]:
     """The newest saved round, or ``None`` when there is none."""
@@ -59,54 +109,121 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, round_: int, state, metrics: Dict[str, np.ndarray],
-           host_rows: Sequence[Dict[str, Any]] = ()) -> None:
+           host_rows: Sequence[Dict[str, Any]] = (), *,
+           run: Optional[Dict[str, Any]] = None) -> None:
     """Write the checkpoint of round ``round_`` (blocks until it is complete on disk).
 
     ``host_rows`` are the host actions' rows so far (JSON-able dicts), restored with
-    ``restore(..., with_host_rows=True)``. A round that is already saved is left as it is
-    (a run is deterministic, so it holds the same state).
+    ``restore(..., with_host_rows=True)``; ``run`` is the run's ``{"fingerprint",
+    "description"}`` (:mod:`fedco.runtime.fingerprint`), checked on restore. Checksums of
+    every saved array are stored beside them and verified on restore. A round that is
+    already saved is left as it is (a run is deterministic, so it holds the same state).
     """
     if int(round_) in self._manager.all_steps():
       return
     history = {k: np.asarray(v) for k, v in metrics.items()}
+    if not history:  # orbax refuses an empty item (a run that diverged in its first chunk)
+      history = {_NO_METRICS: np.zeros((1,), np.float32)}
+    state = jax.tree.map(_savable, state)
+    meta = {"rows": list(host_rows), "run": run,
+            "checksums": {"state": _checksums(state), "history": _checksums(history)}}
     self._manager.save(int(round_), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.tree.map(_savable, state)),
+        state=ocp.args.StandardSave(state),
         history=ocp.args.StandardSave(history),
-        host=ocp.args.JsonSave({"rows": list(host_rows)})), force=True)
+        host=ocp.args.JsonSave(meta)), force=True)
     self._manager.wait_until_finished()
 
   def restore(self, template, round_: Optional[int] = None, *,
-              with_host_rows: bool = False) -> Tuple:
-    """``(round, state, metrics)`` of round ``round_`` (default: the newest), and the host
-    actions' rows as a fourth item with ``with_host_rows=True``.
+              with_host_rows: bool = False, run: Optional[Dict[str, Any]] = None) -> Tuple:
+    """``(round, state, metrics)`` of round ``round_`` (default: the newest intact one), and
+    the host actions' rows as a fourth item with ``with_host_rows=True``.
 
     ``template`` is a state of the same structure (e.g. ``Simulator.init(params)``); the
-    restored leaves take its pytree structure, shapes and dtypes.
+    restored leaves take its pytree structure, shapes and dtypes. Without ``round_``, a
+    checkpoint that cannot be read or whose arrays fail their checksums is skipped with a
+    warning naming it and the cause, and the next older one is tried.
+
+    Raises:
+      FileNotFoundError: no checkpoint in the directory.
+      RunMismatchError: ``run`` is given and the checkpoint was written by another run (the
+        message names what differs).
+      ValueError: no checkpoint is intact (the message names the directory and each cause).
     """
-    round_ = self.latest_round() if round_ is None else int(round_)
-    if round_ is None:
+    rounds = [int(round_)] if round_ is not None else sorted(self.all_rounds(), reverse=True)
+    if not rounds:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    causes = []
+    for candidate in rounds:
+      try:
+        out = self._restore_one(template, candidate)
+      except _Damaged as err:
+        causes.append(f"round {candidate}: {err}")
+        if round_ is None and candidate != rounds[-1]:
+          warnings.warn(f"checkpoint of round {candidate} in {self.directory} is damaged "
+                        f"({err}); trying an older one", stacklevel=2)
+        continue
+      state, metrics, meta = out
+      if run is not None:
+        _check_run(self.directory, candidate, meta.get("run"), run)
+      if causes and round_ is None:
+        warnings.warn(f"resuming {self.directory} from round {candidate}, the newest intact "
+                      f"checkpoint (damaged: {'; '.join(causes)})", stacklevel=2)
+      if not with_host_rows:
+        return candidate, state, metrics
+      return candidate, state, metrics, list(meta.get("rows", []))
+    raise ValueError(f"no intact checkpoint in {self.directory}: {'; '.join(causes)}")
+
+  def _restore_one(self, template, round_):
+    self._check_fits(template, round_)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       restored = self._manager.restore(round_, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore(),
           host=ocp.args.JsonRestore()))
-    except (ValueError, KeyError, TypeError) as err:
+    except Exception as err:  # pylint: disable=broad-except  # orbax raises many kinds
       lines = [l for l in str(err).splitlines() if l.strip()]
-      raise ValueError(
-          f"checkpoint of round {round_} in {self.directory} does not fit the simulation's "
-          f"state (another model, parameter layout or algorithm?); remove it or use another "
-          f"checkpoint_dir. orbax: {lines[0][:300] if lines else type(err).__name__}") from err
+      raise _Damaged(f"unreadable ({type(err).__name__}: "
+                     f"{lines[0][:200] if lines else 'no message'})") from None
     leaves = jax.tree.leaves(restored.state)
     treedef = jax.tree.structure(template)
     if len(leaves) != treedef.num_leaves:
-      raise ValueError(f"checkpoint of round {round_} in {self.directory} does not match the "
-                       f"simulation: {len(leaves)} arrays, expected {treedef.num_leaves}")
+      raise _Damaged(f"{len(leaves)} arrays where the simulation has {treedef.num_leaves}")
     state = jax.tree.unflatten(treedef, leaves)
     metrics = {k: np.asarray(v) for k, v in dict(restored.history).items()}
-    if not with_host_rows:
-      return round_, state, metrics
-    return round_, state, metrics, list((restored.host or {}).get("rows", []))
+    meta = dict(restored.host or {})
+    sums = meta.get("checksums")
+    if sums is None:
+      raise _Damaged("no checksums (written by an older fedco, or its metadata is damaged)")
+    state_sums = _checksums(jax.tree.map(_savable, state))
+    for name, (want, got) in (("state", (sums.get("state"), state_sums)),
+                              ("metrics", (sums.get("history"), _checksums(metrics)))):
+      if want != got:
+        bad = [k for k in sorted(set(want or {}) | set(got)) if (want or {}).get(k) != got.get(k)]
+        raise _Damaged(f"checksum mismatch in its {name} ({', '.join(bad[:4])})")
+    metrics.pop(_NO_METRICS, None)
+    return state, metrics, meta
+
+  def _check_fits(self, template, round_):
+    """A readable checkpoint whose arrays' shapes differ from the template's was written for
+    another model or algorithm: a ``ValueError``, not damage (no older one is tried)."""
+    try:
+      meta = self._manager.item_metadata(round_)["state"]
+      saved = jax.tree.leaves(meta)
+      saved = sorted(f"{tuple(m.shape)}" for m in saved)
+    except Exception as err:  # pylint: disable=broad-except
+      raise _Damaged(f"unreadable metadata ({type(err).__name__})") from None
+    want = sorted(f"{tuple(np.shape(leaf))}" for leaf in jax.tree.leaves(template))
+    if saved != want:
+      raise ValueError(
+          f"checkpoint of round {round_} in {self.directory} does not fit the simulation's "
+          f"state (another model, parameter layout or algorithm?): it holds {len(saved)} "
+          f"arrays of shapes {_brief(saved)}, the simulation {len(want)} of {_brief(want)}; "
+          "use another checkpoint_dir")
+
+  def delete_all(self) -> None:
+    """Delete every checkpoint of this directory (only the round directories it wrote)."""
+    for round_ in self.all_rounds():
+      self._manager.delete(round_)
 
   def close(self):
     self._manager.close()

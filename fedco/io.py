@@ -40,3 +40,77 @@ def atomic_write(path, data, *, mode: str = "w") -> None:
 def atomic_write_json(path, value, *, indent: int = 2) -> None:
   """``json.dump(value)`` to ``path`` atomically (plain JSON values only)."""
   atomic_write(path, json.dumps(value, indent=indent) + "\n")
+
+
+class DirectoryLock:
+  """An exclusive lock on a directory for one process: ``<directory>/.lock``.
+
+  Held with ``fcntl.flock``, so the operating system releases it when the holder exits or is
+  killed: a stale lock of a dead process is simply free again. The file records the holder
+  (pid, host, start time) for the message another process gets. The lock excludes other
+  *processes*; within one process it is shared (a count), so nested users (an experiment's
+  workdir and a run inside it) never lock themselves out. Use as a context manager or with
+  :meth:`acquire` / :meth:`release`.
+
+  Raises (on acquire):
+    ValueError: another process holds the lock (the message names it), or the directory
+      cannot be created or written.
+  """
+
+  NAME = ".lock"
+  _held = {}  # path -> [open file, count] for the locks this process holds
+
+  def __init__(self, directory, *, what: str = "directory"):
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.path = os.path.join(self.directory, self.NAME)
+    self.what = what
+    self._file = None
+
+  def acquire(self) -> "DirectoryLock":
+    import datetime  # pylint: disable=g-import-not-at-top
+    import fcntl  # pylint: disable=g-import-not-at-top
+    import socket  # pylint: disable=g-import-not-at-top
+    if self._file is not None:
+      return self
+    if self.path in DirectoryLock._held:
+      DirectoryLock._held[self.path][1] += 1
+      self._file = DirectoryLock._held[self.path][0]
+      return self
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+      handle = open(self.path, "a+")  # pylint: disable=consider-using-with
+    except OSError as err:
+      raise ValueError(f"{self.what} {self.directory} cannot be used: {err.strerror}") from None
+    try:
+      fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      handle.seek(0)
+      holder = handle.read().strip() or "another process"
+      handle.close()
+      raise ValueError(f"{self.what} {self.directory} is in use by {holder}; wait for it to "
+                       "finish or use another directory") from None
+    handle.seek(0)
+    handle.truncate()
+    start = datetime.datetime.now().isoformat(timespec="seconds")
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {start}\n")
+    handle.flush()
+    self._file = handle
+    DirectoryLock._held[self.path] = [handle, 1]
+    return self
+
+  def release(self) -> None:
+    if self._file is None:
+      return
+    self._file = None
+    entry = DirectoryLock._held.get(self.path)
+    if entry is not None:
+      entry[1] -= 1
+      if entry[1] == 0:
+        del DirectoryLock._held[self.path]
+        entry[0].close()  # closing releases the flock
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()

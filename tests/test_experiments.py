@@ -95,13 +95,44 @@ def test_workdir_contract(tmp_path):
   with pytest.raises(TypeError, match="object"):
     wd.write_summary({"bad": object()})
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
-  assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "metrics.csv",
-                                                  "metrics.jsonl", "summary.json",
-                                                  "tensorboard"]
+  assert sorted(os.listdir(tmp_path / "run")) == [".fedco-written.json", ".lock", "config.json",
+                                                  "metrics.csv", "metrics.jsonl",
+                                                  "summary.json", "tensorboard"]
   assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == [
       "x", '"[0.0, 1.0, 2.0]"', '""']  # a lone empty field is quoted
   table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
   assert table.splitlines()[2].split() == ["x", "0.1235"]
+
+
+def test_a_workdir_removes_only_what_it_wrote(tmp_path):
+  """A rerun removes the previous run's outputs (manifest-listed) and nothing else: not a
+  user's tensorboard tree, .tmp-* file or checkpoints directory; --noresume removes only the
+  run checkpoint directories the workdir created."""
+  run = tmp_path / "run"
+  wd = common.Workdir(run)
+  wd.write_config({"a": 1})
+  wd.append_metrics([{"round": 1, "x": 0.5}])
+  ours = common.checkpoint_args({"workdir": str(run), "checkpoint_every": 5, "resume": True},
+                                "fedavg", seed=0)["checkpoint_dir"]
+  os.makedirs(ours)
+  for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
+    (run / name).parent.mkdir(parents=True, exist_ok=True)
+    (run / name).write_text("user data")
+  del wd
+  wd = common.Workdir(run)
+  assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+  assert os.path.isdir(ours)  # checkpoints stay for resuming
+  common.start_checkpoints(wd, {"resume": False})
+  assert not os.path.exists(ours)
+  for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
+    assert (run / name).read_text() == "user data", name
+
+
+def test_an_unwritable_workdir_is_a_one_line_error(tmp_path):
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match="--workdir") as err:
+    common.Workdir(tmp_path / "file" / "run")
+  assert "\n" not in str(err.value)
 
 
 def test_e7_binary_runs(tmp_path):

@@ -263,6 +263,7 @@ def test_checkpoints_save_and_resume_across_processes(multihost):
     assert "error" not in c, c.get("error")
     assert c["client_state_spans_processes"], c
     assert c["rounds_saved"] == [2, 3, 4], c  # keep=3 of rounds 1-4
+    assert c["resumed_from_2"], c
     assert c["rounds"] == 4 and c["moved"] > 1e-2, c
     assert c["state_max_diff"] == 0.0 and c["objective_max_diff"] == 0.0, c
     assert c["by_client_split"] and c["by_client_round"] == 2, c

@@ -160,8 +160,19 @@ def factory(*, static: Tuple[str, ...] = ()):
   """
 
   def mark(fn):
-    fn.static_args = tuple(static)
-    return fn
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+      algorithm = fn(*args, **kwargs)
+      if isinstance(algorithm, Algorithm):  # what built it, for run fingerprints
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        algorithm.__dict__["arguments"] = {"factory": fn.__name__, **bound.arguments}
+      return algorithm
+
+    build.static_args = tuple(static)
+    return build
 
   return mark
 

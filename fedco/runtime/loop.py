@@ -8,6 +8,7 @@ updates the progress bar and honours a deferred Ctrl-C.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -18,7 +19,7 @@ from fedco import _validate
 from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
-from fedco.runtime import host
+from fedco.runtime import fingerprint, host
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
 
@@ -30,13 +31,15 @@ class NonFiniteError(FloatingPointError):
 
   Attributes:
     round: the first evaluated round with a non-finite metric (or the chunk's last round).
+    quantity: what was not finite: a metric's name, a host metric's, or ``"model"``.
     metrics: host metrics of every round up to and including the failing chunk.
     host_metrics: the host actions' rows up to and including the failing round.
   """
 
-  def __init__(self, message, round_, metrics, host_metrics=()):
+  def __init__(self, message, round_, metrics, host_metrics=(), quantity="model"):
     super().__init__(message)
     self.round, self.metrics, self.host_metrics = round_, metrics, list(host_metrics)
+    self.quantity = quantity
 
 
 @dataclasses.dataclass
@@ -69,6 +72,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
              rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
              check_finite: bool = True, checkpoint_dir=None,
              checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
+             checkpoint_mismatch: str = "error",
              progress_metric: str = "objective", metric_writers=(), actions=(),
              metric_labels: Optional[Dict[str, Any]] = None,
              **simulator_kwargs) -> SimulationResult:
@@ -91,10 +95,16 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       finite; it carries the metrics and action rows collected so far. With checkpointing, the last good state (the
       start of the failing chunk) is saved first.
     checkpoint_dir: save the whole simulation state and the metrics so far there (see
-      :mod:`fedco.checkpoint`); if it already holds a checkpoint, the run resumes from the
-      newest one and ends bit-identical to an uninterrupted run.
+      :mod:`fedco.checkpoint`); if it already holds a checkpoint of this run (same
+      fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from the newest intact
+      one, says "resumed from round N" on stderr, and ends bit-identical to an
+      uninterrupted run. The directory is locked for the run (a second run gets a one-line
+      ``ValueError`` naming the holder; in a multi-process run, process 0 holds it).
     checkpoint_every: rounds between checkpoints (default: every chunk).
     keep_checkpoints: how many checkpoints to keep.
+    checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
+      does: ``"error"`` (``fedco.checkpoint.RunMismatchError``, naming what differs) or
+      ``"restart"`` (delete that directory's checkpoints and start afresh).
     metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
       ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
       soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
@@ -112,20 +122,43 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
       "chunk_rounds", chunk_rounds)
+  _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   state = sim.init(params, seed)
-  collected, done, ckpt, host_metrics = [], 0, None, []
+  collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
+    from fedco.io import DirectoryLock  # pylint: disable=g-import-not-at-top
     every = chunk if checkpoint_every is None else _validate.positive_int(
         "checkpoint_every", checkpoint_every)
-    ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
-    if ckpt.latest_round() is not None:
-      done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True)
-      if done > rounds:
-        raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
-                         "another checkpoint_dir or more rounds")
-      collected = [history] if history else []
+    lock = DirectoryLock(checkpoint_dir, what="checkpoint_dir")
+    if jax.process_index() == 0:  # a multi-process run shares the directory: one holder
+      lock.acquire()
+    try:
+      description = fingerprint.describe_run(sim, fetch(state.server["params"]), seed, state)
+      run_id = {"fingerprint": fingerprint.fingerprint(description),
+                "description": description}
+      ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
+      if ckpt.latest_round() is not None:
+        try:
+          done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True,
+                                                            run=run_id)
+        except checkpoint_lib.RunMismatchError:
+          if checkpoint_mismatch == "error":
+            raise
+          ckpt.delete_all()
+          history = None
+        if done > rounds:
+          raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
+                           "another checkpoint_dir or more rounds")
+        if done:
+          print(f"resumed from round {done} ({checkpoint_dir})", file=sys.stderr, flush=True)
+        collected = [history] if history else []
+    except BaseException:
+      if ckpt is not None:
+        ckpt.close()
+      lock.release()
+      raise
   writers = tuple(metric_writers)
   labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
   for writer in writers:
@@ -167,14 +200,15 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           try:
             _check_finite(metrics, state, done)
           except NonFiniteError as err:
-            if ckpt is not None and collected[:-1]:
-              ckpt.save(done, last_good, _stack(collected[:-1]))
+            if ckpt is not None:  # the last good state, round 0 included
+              ckpt.save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {},
+                        host_metrics, run=run_id)
             err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
             raise
         done += size
         rows = act(lambda a: a.due(done, rounds))
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
-          ckpt.save(done, state, _stack(collected), host_metrics)
+          ckpt.save(done, state, _stack(collected), host_metrics, run=run_id)
         shown = None
         if progress_metric in metrics and np.any(metrics["evaluated"]):
           values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
@@ -192,6 +226,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     host.close_all(writers)
     if ckpt is not None:
       ckpt.close()
+    if lock is not None:
+      lock.release()
   seconds = time.perf_counter() - start
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
                           _ledger(sim, state, collected, rounds), seconds, host_metrics)
@@ -211,7 +247,7 @@ def _check_rows_finite(rows, metrics, host_metrics):
       if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
         shown = np.array2string(values, threshold=8, precision=4)
         raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
-                             f"({shown})", row["round"], metrics, host_metrics)
+                             f"({shown})", row["round"], metrics, host_metrics, name)
 
 
 def _ledger(sim, state, collected, rounds):
@@ -243,11 +279,19 @@ def _check_finite(metrics, state, rounds_before):
       what = f"{first[1]} is {values[0]}"
     else:  # a per-client metric: name the clients
       bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
-      what = (f"{first[1]} is not finite for client(s) {bad_clients} "
-              f"(values {values[bad_clients].tolist()})")
+      shown = np.array2string(values[bad_clients], threshold=6, precision=4)
+      what = f"{first[1]} is not finite for client(s) {bad_clients[:10]} ({shown})"
+    others = [n for n in names if n != first[1] and not np.all(np.isfinite(
+        np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]]))]
+    if others:
+      what += f", and so are {', '.join(others[:3])}" + (" ..." if len(others) > 3 else "")
+    earlier = np.flatnonzero(evaluated[:first[0]])
+    before = (f"round {rounds_before + int(earlier[-1]) + 1} was finite" if earlier.size
+              else "the rounds before it were finite" if rounds_before
+              else "it was the first evaluated round")
     raise NonFiniteError(
-        f"round {r}: {what}; the last evaluated round before it was finite. "
-        "Lower the learning rate or check the problem's exp/log terms.", r, None)
+        f"round {r}: {what} ({before}). Lower the learning rate, or check the data for NaN "
+        "or out-of-range labels and the problem's exp/log terms.", r, None, (), first[1])
   leaves = jax.tree.leaves(fetch(state.server["params"]))
   if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
     last = int(fetch(state.round))

@@ -1,0 +1,95 @@
+"""Run fingerprints: what makes two simulations the same run, so a checkpoint is resumed only
+by the run that wrote it.
+
+A fingerprint is a digest of a JSON description: the algorithm (registry factory and its
+arguments, the communication plan), the problem (its name and a probe: its client objective
+at the initial model on client 0's first rows, so a changed temperature or loss shows), a
+digest of the data, the seed, a digest of the whole initial ``SimState`` (initial model,
+PRNG key, trackers, injected hyperparameters, optimizer states) and the runtime options.
+Limits: an optax transform chained around an algorithm, or a schedule, is described by its
+type; a changed ``metrics_fn`` body is not seen (its name is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, Tuple
+
+import jax
+import numpy as np
+
+
+def array_digest(tree) -> str:
+  """blake2b of every leaf's shape, dtype and bytes (shape and dtype only for arrays held
+  partly by other processes)."""
+  h = hashlib.blake2b(digest_size=16)
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      h.update(f"{leaf.shape}{leaf.dtype}global".encode())
+      continue
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{a.shape}{a.dtype}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def describe(value) -> Any:
+  """A JSON-able description of an argument value."""
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, (int, float, np.integer, np.floating)):
+    return value.item() if hasattr(value, "item") else value
+  if isinstance(value, (np.ndarray, jax.Array)):
+    return {"array": array_digest(value)}
+  if isinstance(value, dict):
+    return {str(k): describe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [describe(v) for v in value]
+  name = getattr(value, "__qualname__", None) or type(value).__qualname__
+  return f"<{getattr(value, '__module__', '') or type(value).__module__}.{name}>"
+
+
+def describe_run(sim, params, seed, state) -> Dict[str, Any]:
+  """The JSON description of a run (see the module)."""
+  cfg = sim.config
+  algorithm, problem, data = cfg.algorithm, cfg.problem, sim.data
+  plan = {k: describe(v) for k, v in cfg.plan._asdict().items() if k != "round_start_reduce"}
+  probe = None
+  if all(not isinstance(a, jax.Array) or a.is_fully_addressable
+         for a in jax.tree.leaves(data.examples)):
+    start, count = int(data.offsets[0]), min(int(data.counts[0]), 8)
+    rows = np.asarray(data.flat_rows[start:start + count])
+    batch = jax.tree.map(lambda a: a[rows], data.examples)
+    weights = np.full((count,), 1.0 / count, np.result_type(float))
+    probe = array_digest(problem.client_objective(params, batch, weights))
+  return {
+      "algorithm": {"name": algorithm.name,
+                    "arguments": describe(algorithm.__dict__.get("arguments")), "plan": plan},
+      "problem": {"name": problem.name, "kind": problem.kind, "probe": probe},
+      "data": {"digest": array_digest((data.examples, data.counts, data.flat_rows)),
+               "clients": data.num_clients, "examples": data.num_examples},
+      "seed": describe(seed),
+      "initial_state": array_digest(state),
+      "options": {"clients_per_round": cfg.clients_per_round, "batch_size": cfg.batch_size,
+                  "outer_batch_size": cfg.outer_batch_size,
+                  "paired_batches": cfg.paired_batches, "evaluate": cfg.evaluate,
+                  "exact_grad_norm": cfg.exact_grad_norm, "eval_every": cfg.eval_every,
+                  "participation": cfg.participation, "straggler_prob": cfg.straggler_prob,
+                  "metrics_fn": describe(cfg.metrics_fn),
+                  "mesh": None if cfg.mesh is None else dict(cfg.mesh.shape)},
+  }
+
+
+def fingerprint(description: Dict[str, Any]) -> str:
+  return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def differences(saved: Dict[str, Any], current: Dict[str, Any], prefix="") -> Tuple[str, ...]:
+  """The dotted paths at which two descriptions differ (leaves only)."""
+  if not isinstance(saved, dict) or not isinstance(current, dict):
+    return () if saved == current else (prefix.rstrip(".") or "run",)
+  out = []
+  for key in sorted(set(saved) | set(current)):
+    out.extend(differences(saved.get(key), current.get(key), f"{prefix}{key}."))
+  return tuple(out)

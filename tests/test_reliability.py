@@ -1,0 +1,147 @@
+"""Runs that cannot mix or silently corrupt: run fingerprints on checkpoints, checksummed
+checkpoints with fallback to the newest intact one, and a lock per checkpoint directory."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedco
+from fedco import checkpoint
+from fedco.io import DirectoryLock
+from fedco.problems import portfolio
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _data(seed=0):
+  return fedco.FederatedData.from_clients(
+      [{"r": c} for c in helpers.portfolio_clients(seed=seed)])
+
+
+def _run(directory, rounds=4, *, seed=0, lr=0.1, local_steps=2, data=None, **kw):
+  return fedco.simulate(portfolio(1.0), fedco.feddro(lr, local_steps, beta=0.5),
+                        _data() if data is None else data, jnp.zeros(3), rounds=rounds,
+                        seed=seed, batch_size=4, chunk_rounds=1, checkpoint_dir=directory,
+                        **kw)
+
+
+@pytest.fixture(scope="module")
+def straight():
+  return _run(None, 4)
+
+
+@pytest.mark.parametrize("change,named", [
+    (dict(seed=1), "seed"),
+    (dict(lr=0.2), "learning_rate"),
+    (dict(local_steps=3), "local_steps"),
+    (dict(data=_data(seed=5)), "data.digest"),
+    (dict(clients_per_round=2), "clients_per_round"),
+])
+def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path, change, named):
+  _run(tmp_path, 2)
+  with pytest.raises(checkpoint.RunMismatchError, match=named) as err:
+    _run(tmp_path, 4, **change)
+  assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_restart_starts_afresh_and_a_resume_says_so(tmp_path, straight, capsys):
+  _run(tmp_path, 2, seed=1)
+  fresh = _run(tmp_path, 4, checkpoint_mismatch="restart")
+  np.testing.assert_array_equal(fresh.metrics["objective"], straight.metrics["objective"])
+  assert "resumed" not in capsys.readouterr().err
+  _run(tmp_path / "b", 2)
+  resumed = _run(tmp_path / "b", 4)
+  assert "resumed from round 2" in capsys.readouterr().err
+  np.testing.assert_array_equal(resumed.params, straight.params)
+  with pytest.raises(ValueError, match="checkpoint_mismatch"):
+    _run(tmp_path / "c", 1, checkpoint_mismatch="ignore")
+
+
+def _array_files(round_dir):
+  """The state's array data files (orbax OCDBT ``d/`` chunks), largest first."""
+  files = [p for p in pathlib.Path(round_dir, "state").rglob("*")
+           if p.is_file() and p.parent.name == "d"]
+  assert files, list(pathlib.Path(round_dir).rglob("*"))
+  return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
+
+
+def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(tmp_path, straight):
+  _run(tmp_path, 3)
+  for target in _array_files(tmp_path / "3"):  # 64 bytes in the middle of each data file
+    raw = bytearray(target.read_bytes())
+    middle = max(len(raw) // 2 - 32, 0)
+    raw[middle:middle + 64] = bytes(b ^ 0xFF for b in raw[middle:middle + 64])
+    target.write_bytes(bytes(raw))
+  with pytest.warns(UserWarning, match="round 3 .* damaged"):
+    resumed = _run(tmp_path, 4)
+  np.testing.assert_array_equal(resumed.params, straight.params)
+  np.testing.assert_array_equal(resumed.metrics["objective"], straight.metrics["objective"])
+
+
+def test_truncated_and_all_damaged_checkpoints(tmp_path, straight):
+  _run(tmp_path, 2)
+  for round_dir in ("1", "2"):
+    for f in _array_files(tmp_path / round_dir):
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+  with pytest.raises(ValueError, match=r"no intact checkpoint in .*round 2: .*round 1: ") as err:
+    _run(tmp_path, 4)
+  assert "\n" not in str(err.value)
+
+
+def test_checksums_catch_what_the_format_does_not(tmp_path):
+  """A checkpoint whose arrays still decode but differ from what was saved (damage the
+  format cannot see) fails its checksum: the restore names it."""
+  ckpt = checkpoint.Checkpointer(tmp_path)
+  template = {"w": np.arange(6.0, dtype=np.float32)}
+  ckpt.save(1, template, {"objective": np.zeros(1)})
+  ckpt._manager.delete(1)  # pylint: disable=protected-access
+  ckpt.save(1, {"w": np.arange(6.0, dtype=np.float32) + 1}, {"objective": np.zeros(1)})
+  # swap in the first save's checksums: the arrays no longer match them
+  meta = tmp_path / "1" / "host" / "metadata"
+  text = meta.read_text()
+  ckpt2 = checkpoint.Checkpointer(tmp_path / "other")
+  ckpt2.save(1, template, {"objective": np.zeros(1)})
+  meta.write_text((tmp_path / "other" / "1" / "host" / "metadata").read_text())
+  assert meta.read_text() != text
+  with pytest.raises(ValueError, match="checksum mismatch in its state"):
+    ckpt.restore(template)
+
+
+def test_a_locked_directory_refuses_another_process_until_the_holder_dies(tmp_path):
+  """A second process fails at once with one line naming the holder (pid, host, start);
+  once the holder is killed (SIGKILL: no cleanup) the lock is free again. Within one
+  process the lock is shared, so a workdir and a run inside it do not collide."""
+  code = ("import sys, time; from fedco.io import DirectoryLock; "
+          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+          "time.sleep(120)")
+  proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+  try:
+    assert proc.stdout.readline().strip() == b"held"
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"checkpoint_dir {tmp_path} is in use by pid "
+                                         rf"{proc.pid} on .* since ") as err:
+      _run(tmp_path, 1)
+    assert time.perf_counter() - start < 30 and "\n" not in str(err.value)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  with DirectoryLock(tmp_path):  # shared within this process
+    _run(tmp_path, 1)
+  assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
+
+
+def test_an_unwritable_checkpoint_dir_is_a_one_line_error(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ValueError, match="checkpoint_dir .* cannot be used") as err:
+    _run(blocker / "ck", 1)
+  assert "\n" not in str(err.value)
