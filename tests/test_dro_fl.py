@@ -48,8 +48,24 @@ def test_paper_defaults_report_comfedl_divergence_instead_of_crashing(tmp_path):
   summary, records = _outputs_of(tmp_path, dataset="digits", algorithms=("comfedl",))
   assert summary["algorithms"]["comfedl"]["diverged_seeds"] == [0]
   per_seed = summary["algorithms"]["comfedl"]["per_seed"]["0"]
-  assert per_seed["diverged"].startswith(f"round {per_seed['diverged_round']}:")
+  assert per_seed["diverged"] == (f"diverged at round {per_seed['diverged_round']} "
+                                  f"({per_seed['diverged_quantity']}); try a lower --comfedl_lr")
   assert all(r["round"] < per_seed["diverged_round"] for r in records)  # finite rounds only
+  row = next(r for r in summary["table"] if r["algorithm"] == "comfedl")
+  assert row["note"] == per_seed["diverged"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_rounds_past_the_last_evaluation_keep_finite_finals(tmp_path):
+  """7 rounds with evaluation every 3: round 7 is not evaluated; the finals are round 6's,
+  finite, and nothing is reported as diverged. Normalised ComFedL stays finite at the
+  paper's gamma and rate, where the printed step diverges."""
+  summary, _ = _outputs_of(tmp_path, dataset="digits", rounds=7, eval_every=3,
+                           algorithms=("comfedl_normalized", "fedavg"))
+  for name in ("comfedl_normalized", "fedavg"):
+    entry = summary["algorithms"][name]
+    assert entry["diverged_seeds"] == [] and np.isfinite(entry["val_acc_worst"]["mean"])
+    assert entry["per_seed"]["0"]["round"] == 6
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
