@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import fedco
 from fedco import data
 
 
@@ -316,3 +317,21 @@ def test_make_federated_builds_train_and_val_clients():
     data.make_federated(train, test, train_parts, val_parts, "digits", 5)
   with pytest.raises(ValueError, match="train"):
     data.make_federated({"x": train["x"]}, test, train_parts, val_parts, "digits", 10)
+
+
+def test_a_batch_larger_than_a_client_is_warned_about():
+  data = fedco.FederatedData.from_clients([{"r": np.zeros((3, 2), np.float32)},
+                                           {"r": np.zeros((9, 2), np.float32)}])
+  with pytest.warns(UserWarning, match="batch_size=4 is larger than the smallest client "
+                                       r"\(3 examples\).*with replacement"):
+    fedco.Simulator(fedco.problems.portfolio(1.0), fedco.feddro(), data, batch_size=4)
+
+
+def test_non_finite_data_are_named_when_a_run_diverges():
+  rows = np.ones((4, 3), np.float32)
+  rows[2, 1] = np.nan
+  data = fedco.FederatedData.from_clients([{"r": rows}, {"r": np.ones((4, 3), np.float32)}])
+  with pytest.raises(fedco.runtime.NonFiniteError, match=r"non-finite values \(field \['r'\], "
+                                                         r"row 2\): fix the data"):
+    fedco.simulate(fedco.problems.portfolio(1.0), fedco.feddro(0.1, 1), data, np.zeros(3),
+                   rounds=1, batch_size=None)

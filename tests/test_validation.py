@@ -93,7 +93,76 @@ CASES = {
     "e1 workdir": (lambda: dro_fl.validate(""), "--workdir"),
     "e7 beta": (lambda: fedavg_counterexample.validate("w", beta=2.0), "--beta"),
     "e7 rounds": (lambda: fedavg_counterexample.validate("w", rounds=0), "--rounds"),
+    # normalised ComFedL
+    "normalized no gamma": (lambda: fedco.comfedl(normalized=True), "gamma"),
+    "gamma without normalized": (lambda: fedco.comfedl(gamma=0.5), "normalized=True"),
+    "normalized type": (lambda: fedco.comfedl(normalized="yes", gamma=0.5), "normalized"),
+    "plan reduce": (lambda: fedco.algorithms.base.make_plan(1, round_start_reduce=3),
+                    "round_start_reduce"),
+    # host loop and checkpoints
+    "checkpoint_mismatch": (lambda: fedco.simulate(
+        portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=1,
+        checkpoint_mismatch="ignore"), "checkpoint_mismatch"),
+    "unwritable checkpoint_dir": (lambda: fedco.simulate(
+        portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=1,
+        checkpoint_dir=__file__ + "/ck"), "checkpoint_dir"),
+    "action every_rounds": (lambda: fedco.runtime.PeriodicAction(print, 0), "every_rounds"),
+    "action at_start": (lambda: fedco.runtime.PeriodicAction(print, 1, at_start="no"),
+                        "at_start"),
+    "client_mesh": (lambda: fedco.runtime.client_mesh(0), "num_devices"),
+    # data checks
+    "list leaf": (lambda: fedco.FederatedData.from_clients([{"x": [1.0, 2.0]}]),
+                  r"client 0's field \['x'\]"),
+    "scalar leaf": (lambda: fedco.FederatedData.from_clients([{"x": np.float32(1.0)}]),
+                    r"client 0's field \['x'\]"),
+    "ragged features": (lambda: fedco.FederatedData.from_clients(
+        [{"x": np.zeros((2, 3))}, {"x": np.zeros((2, 4))}]), r"client 1's field \['x'\]"),
+    "negative label": (lambda: fedco.FederatedData.from_clients(
+        [{"x": np.zeros((2, 3)), "y": np.array([0, 1])},
+         {"x": np.zeros((2, 3)), "y": np.array([1, -1])}]), "client 1, row 3"),
+    "label past classes": (lambda: fedco.FederatedData.from_clients(
+        [{"x": np.zeros((2, 3)), "y": np.array([0, 10])}], num_classes=10), r"\[0, 10\)"),
+    "num_classes": (lambda: fedco.FederatedData.from_clients(
+        [{"x": np.zeros((2, 3)), "y": np.array([0, 1])}], num_classes=0), "num_classes"),
+    # many runs in one program
+    "sweep grid name": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3),
+                                            rounds=1, grid={"lr": [0.1]}), "grid"),
+    "sweep grid values": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(),
+                                              jnp.zeros(3), rounds=1,
+                                              grid={"learning_rate": []}), "grid"),
+    "sweep seeds": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3),
+                                        rounds=1, seeds=()), "seeds"),
+    "sweep overlap": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3),
+                                          rounds=1, grid={"beta": [0.5]},
+                                          algorithm_kwargs={"beta": 0.5}), "beta"),
+    "sweep mesh": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3),
+                                       rounds=1, mesh="cpu"), "mesh"),
+    # config experiments
+    "adult budget": (lambda: _adult(budget="forever"), "config.budget"),
+    "adult seeds": (lambda: _adult(seeds=("a",)), "config.seeds"),
+    "adult gamma": (lambda: _adult(gamma=0.0), "config.gamma"),
+    "adult learning_rate": (lambda: _adult(**{"short.learning_rate": -1.0}),
+                            "config.short.learning_rate"),
+    "adult algorithm": (lambda: _adult(**{"methods.fedavg.algorithm": "fedsgd"}),
+                        "config.methods.fedavg.algorithm"),
+    "adult problem": (lambda: _adult(**{"methods.fedavg.problem": "dro"}),
+                      "config.methods.fedavg.problem"),
 }
+
+
+def _adult(**changes):
+  """``experiments.adult_dro.check`` of the default config with ``changes`` (dotted keys)."""
+  from experiments import adult_dro  # pylint: disable=g-import-not-at-top
+  from experiments.configs import adult_dro as adult_config  # pylint: disable=g-import-not-at-top
+  config = adult_config.get_config()
+  with config.unlocked():
+    for key, value in changes.items():
+      *parents, last = key.split(".")
+      node = config
+      for part in parents:
+        node = node[part]
+      node[last] = value
+  return adult_dro.check(config)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -106,8 +175,8 @@ def test_bad_input_is_a_clear_value_error(name):
   assert len(str(err.value)) > 15
 
 
-def test_there_are_at_least_thirty_cases():
-  assert len(CASES) >= 30
+def test_there_are_at_least_seventy_cases():
+  assert len(CASES) >= 70
 
 
 def test_binary_reports_bad_flags_without_a_traceback():

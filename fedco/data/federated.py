@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -71,12 +71,18 @@ class FederatedData:
     return self.flat_rows[self.offsets[:, None] + pos]
 
   @classmethod
-  def from_index_lists(cls, examples: PyTree, client_indices: Sequence[Any]) -> "FederatedData":
+  def from_index_lists(cls, examples: PyTree, client_indices: Sequence[Any], *,
+                       num_classes: Optional[int] = None,
+                       label_key: str = "y") -> "FederatedData":
     """Clients given as lists of row indices into ``examples`` (rows may be shared).
 
+    Integer labels (the ``label_key`` field, when present) must lie in ``[0, num_classes)``
+    (``num_classes=None``: only ``>= 0`` is checked): a gather would silently wrap ``-1``
+    to the last class.
+
     Raises:
-      ValueError: no clients, an empty client, an index out of range, or example leaves
-        with different leading sizes.
+      ValueError: no clients, an empty client, an index out of range, example leaves with
+        different leading sizes, or a label out of range (naming the client and row).
     """
     leaves = jax.tree.leaves(examples)
     if not leaves:
@@ -96,6 +102,8 @@ class FederatedData:
       if ix.min() < 0 or ix.max() >= n:
         raise ValueError(f"client {k} has indices outside [0, {n}): min {ix.min()}, "
                          f"max {ix.max()}")
+    if isinstance(examples, dict) and label_key in examples:
+      _check_labels(np.asarray(examples[label_key]), rows, num_classes, label_key)
     counts = np.array([ix.size for ix in rows], np.int32)
     offsets = (np.cumsum(counts, dtype=np.int64) - counts).astype(np.int32)
     flat_rows = np.concatenate(rows).astype(np.int32)
@@ -104,21 +112,41 @@ class FederatedData:
                jnp.asarray(flat_rows), jnp.asarray(flat_owner), int(counts.max()))
 
   @classmethod
-  def from_clients(cls, client_examples: Sequence[PyTree]) -> "FederatedData":
-    """Clients given as separate pytrees of arrays; they are concatenated once."""
+  def from_clients(cls, client_examples: Sequence[PyTree], *,
+                   num_classes: Optional[int] = None, label_key: str = "y") -> "FederatedData":
+    """Clients given as separate pytrees of arrays; they are concatenated once.
+
+    Raises:
+      ValueError: no clients, a client whose structure, field types or trailing shapes
+        differ from client 0's (naming the client and field), or a label out of range.
+    """
     if len(client_examples) == 0:
       raise ValueError("client_examples must hold at least one client, got none")
     structure = jax.tree.structure(client_examples[0])
+    first = None
     for k, ex in enumerate(client_examples):
       if jax.tree.structure(ex) != structure:
         raise ValueError(f"client {k}'s examples have structure {jax.tree.structure(ex)}, "
                          f"expected {structure}")
+      fields = jax.tree_util.tree_flatten_with_path(ex)[0]
+      for path, leaf in fields:
+        name = jax.tree_util.keystr(path) or "examples"
+        if not hasattr(leaf, "shape") or np.ndim(leaf) == 0:
+          raise ValueError(f"client {k}'s field {name} must be an array with a leading "
+                           f"example axis, got {type(leaf).__name__}")
+      shapes = [np.shape(leaf)[1:] for _, leaf in fields]
+      first = shapes if first is None else first
+      for (path, _), shape, want in zip(fields, shapes, first):
+        if shape != want:
+          raise ValueError(f"client {k}'s field {jax.tree_util.keystr(path)} has per-example "
+                           f"shape {shape}, client 0's has {want}")
     sizes = [int(np.shape(jax.tree.leaves(ex)[0])[0]) for ex in client_examples]
     examples = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
                             *client_examples)
     starts = np.cumsum([0] + sizes)
     return cls.from_index_lists(
-        examples, [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))])
+        examples, [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))],
+        num_classes=num_classes, label_key=label_key)
 
   def with_owner(self, key: str = "client") -> "FederatedData":
     """A copy whose examples carry their client's index under ``key`` (``int32``).
@@ -155,3 +183,21 @@ class FederatedData:
   def flat_weights(self) -> jax.Array:
     """Weights of the flat pairs, ``1/n_owner``: summed per owner they give client means."""
     return 1.0 / self.counts[self.flat_owner].astype(jnp.result_type(float))
+
+
+def _check_labels(labels: np.ndarray, rows, num_classes, key):
+  """Integer labels in ``[0, num_classes)``; the error names the client and row."""
+  if not np.issubdtype(labels.dtype, np.integer):
+    return
+  if num_classes is not None and (isinstance(num_classes, bool) or
+                                  not isinstance(num_classes, (int, np.integer)) or
+                                  num_classes < 1):
+    raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
+  high = np.iinfo(labels.dtype).max if num_classes is None else int(num_classes) - 1
+  for k, ix in enumerate(rows):
+    values = labels[ix]
+    bad = np.flatnonzero((values < 0) | (values > high))
+    if bad.size:
+      allowed = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+      raise ValueError(f"label {key!r} of client {k}, row {int(ix[bad[0]])}, is "
+                       f"{int(values[bad[0]])}; labels must be {allowed}")

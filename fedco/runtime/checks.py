@@ -1,12 +1,31 @@
-"""Input checks of a simulation that raise a one-line ``ValueError`` before anything runs."""
+"""Checks of a simulation: its inputs (a one-line ``ValueError`` before anything runs) and,
+between chunks, the finiteness of its metrics, model and host rows (``NonFiniteError``)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedco.algorithms.base import Algorithm
 from fedco.problems.base import Problem
+from fedco.runtime.distributed import fetch
+
+
+class NonFiniteError(FloatingPointError):
+  """A run produced a non-finite value.
+
+  Attributes:
+    round: the first evaluated round with a non-finite metric (or the chunk's last round).
+    quantity: what was not finite: a metric's name, a host metric's, or ``"model"``.
+    metrics: host metrics of every round up to and including the failing chunk.
+    host_metrics: the host actions' rows up to and including the failing round.
+  """
+
+  def __init__(self, message, round_, metrics, host_metrics=(), quantity="model"):
+    super().__init__(message)
+    self.round, self.metrics, self.host_metrics = round_, metrics, list(host_metrics)
+    self.quantity = quantity
 
 
 def _scalar(name, shape_dtype):
@@ -42,3 +61,79 @@ def _check_kinds(problem: Problem, algorithm: Algorithm):
   if problem.kind != kind:
     raise ValueError(f"{algorithm.name} solves {kind}-inner problems, but problem "
                      f"{problem.name!r} is {problem.kind}-inner")
+
+
+def _check_rows_finite(rows, metrics, host_metrics):
+  """Stop at an action row with a non-finite number (a diverged evaluation)."""
+  for row in rows:
+    for name, value in row.items():
+      values = np.asarray(value)
+      if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
+        shown = np.array2string(values, threshold=8, precision=4)
+        raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
+                             f"({shown})", row["round"], metrics, host_metrics, name)
+
+
+def _data_note(data) -> str:
+  """Whether the data themselves hold non-finite values (then the data, not the step size,
+  are the cause), for a NonFiniteError's message."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(data.examples)[0]:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      return ""
+    values = np.asarray(leaf)
+    if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
+      row = int(np.argwhere(~np.isfinite(values))[0][0])
+      return (f"The data hold non-finite values (field {jax.tree_util.keystr(path)}, row "
+              f"{row}): fix the data.")
+  return "The data are finite: the iterates diverged."
+
+
+def _check_finite(metrics, state, rounds_before):
+  """Stop at the first evaluated round whose metrics (objective first) are not finite."""
+  evaluated = np.asarray(metrics.get("evaluated", []), bool)
+  names = sorted((k for k, v in metrics.items()
+                  if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
+                                                                      np.floating)),
+                 key=lambda k: k != "objective")
+  first = None
+  for name in names:
+    values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)
+    bad = np.flatnonzero(evaluated & ~np.all(np.isfinite(values), axis=1))
+    if bad.size and (first is None or bad[0] < first[0]):
+      first = (int(bad[0]), name, values[bad[0]])
+  model_finite = all(bool(np.all(np.isfinite(np.asarray(l))))
+                     for l in jax.tree.leaves(fetch(state.server["params"])))
+  all_nan = first is not None and all(
+      bool(np.all(np.isnan(np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]])))
+      for n in names)
+  if all_nan and not model_finite:  # NaN everywhere: the model itself diverged, say so
+    r = rounds_before + first[0] + 1
+    raise NonFiniteError(
+        f"round {r}: the model diverged (its metrics {', '.join(names[:3])} are not finite "
+        "from this evaluated round on). Lower the learning rate, or check the data for NaN or "
+        "out-of-range labels and the problem's exp/log terms.", r, None, (), "model")
+  if first is not None:
+    r = rounds_before + first[0] + 1
+    values = first[2]
+    if values.size == 1:
+      what = f"{first[1]} is {values[0]}"
+    else:  # a per-client metric: name the clients
+      bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
+      shown = np.array2string(values[bad_clients], threshold=6, precision=4)
+      what = f"{first[1]} is not finite for client(s) {bad_clients[:10]} ({shown})"
+    others = [n for n in names if n != first[1] and not np.all(np.isfinite(
+        np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]]))]
+    if others:
+      what += f", and so are {', '.join(others[:3])}" + (" ..." if len(others) > 3 else "")
+    earlier = np.flatnonzero(evaluated[:first[0]])
+    before = (f"round {rounds_before + int(earlier[-1]) + 1} was finite" if earlier.size
+              else "the rounds before it were finite" if rounds_before
+              else "it was the first evaluated round")
+    raise NonFiniteError(
+        f"round {r}: {what} ({before}). Lower the learning rate, or check the data for NaN "
+        "or out-of-range labels and the problem's exp/log terms.", r, None, (), first[1])
+  if not model_finite:
+    last = int(fetch(state.round))
+    raise NonFiniteError(
+        f"rounds {rounds_before + 1}-{last}: the server model has non-finite "
+        "values", last, None)

@@ -8,6 +8,7 @@ tracing the problem on one example's shapes.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Dict, Optional
 
 import jax
@@ -102,6 +103,13 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   _validate.open_unit("participation", participation, closed_right=True)
   if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
     raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
+  smallest = int(np.min(np.asarray(data.counts)))
+  for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
+    if size is not None and size > smallest:
+      warnings.warn(f"{name}={size} is larger than the smallest client ({smallest} "
+                    "examples): batches are drawn with replacement, so its rows repeat",
+                    stacklevel=3)
+      break
   layout = layouts.for_data(data, m, mesh)
   return RunConfig(problem, algorithm, layout, n, m, batch_size, outer_batch_size,
                    paired_batches, evaluate, exact_grad_norm, metrics_fn, eval_every, mesh,

@@ -20,26 +20,12 @@ from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import fingerprint, host
+from fedco.runtime.checks import (NonFiniteError, _check_finite, _check_rows_finite,
+                                  _data_note)
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
 
 PyTree = Any
-
-
-class NonFiniteError(FloatingPointError):
-  """A run produced a non-finite value.
-
-  Attributes:
-    round: the first evaluated round with a non-finite metric (or the chunk's last round).
-    quantity: what was not finite: a metric's name, a host metric's, or ``"model"``.
-    metrics: host metrics of every round up to and including the failing chunk.
-    host_metrics: the host actions' rows up to and including the failing round.
-  """
-
-  def __init__(self, message, round_, metrics, host_metrics=(), quantity="model"):
-    super().__init__(message)
-    self.round, self.metrics, self.host_metrics = round_, metrics, list(host_metrics)
-    self.quantity = quantity
 
 
 @dataclasses.dataclass
@@ -200,6 +186,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           try:
             _check_finite(metrics, state, done)
           except NonFiniteError as err:
+            err.args = (f"{err.args[0]} {_data_note(sim.data)}",) + err.args[1:]
             if ckpt is not None:  # the last good state, round 0 included
               ckpt.save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {},
                         host_metrics, run=run_id)
@@ -239,17 +226,6 @@ def _act(action, state, done, labels):
   return None if out is None else {"round": done, **labels, **out}
 
 
-def _check_rows_finite(rows, metrics, host_metrics):
-  """Stop at an action row with a non-finite number (a diverged evaluation)."""
-  for row in rows:
-    for name, value in row.items():
-      values = np.asarray(value)
-      if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
-        shown = np.array2string(values, threshold=8, precision=4)
-        raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
-                             f"({shown})", row["round"], metrics, host_metrics, name)
-
-
 def _ledger(sim, state, collected, rounds):
   """The run's ledger; with faults, totals count only what surviving clients sent."""
   return sim.ledger(state).run_totals(rounds, _stack(collected) if collected else {})
@@ -257,44 +233,3 @@ def _ledger(sim, state, collected, rounds):
 
 def _stack(chunks):
   return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-
-
-def _check_finite(metrics, state, rounds_before):
-  """Stop at the first evaluated round whose metrics (objective first) are not finite."""
-  evaluated = np.asarray(metrics.get("evaluated", []), bool)
-  names = sorted((k for k, v in metrics.items()
-                  if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
-                                                                      np.floating)),
-                 key=lambda k: k != "objective")
-  first = None
-  for name in names:
-    values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)
-    bad = np.flatnonzero(evaluated & ~np.all(np.isfinite(values), axis=1))
-    if bad.size and (first is None or bad[0] < first[0]):
-      first = (int(bad[0]), name, values[bad[0]])
-  if first is not None:
-    r = rounds_before + first[0] + 1
-    values = first[2]
-    if values.size == 1:
-      what = f"{first[1]} is {values[0]}"
-    else:  # a per-client metric: name the clients
-      bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
-      shown = np.array2string(values[bad_clients], threshold=6, precision=4)
-      what = f"{first[1]} is not finite for client(s) {bad_clients[:10]} ({shown})"
-    others = [n for n in names if n != first[1] and not np.all(np.isfinite(
-        np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]]))]
-    if others:
-      what += f", and so are {', '.join(others[:3])}" + (" ..." if len(others) > 3 else "")
-    earlier = np.flatnonzero(evaluated[:first[0]])
-    before = (f"round {rounds_before + int(earlier[-1]) + 1} was finite" if earlier.size
-              else "the rounds before it were finite" if rounds_before
-              else "it was the first evaluated round")
-    raise NonFiniteError(
-        f"round {r}: {what} ({before}). Lower the learning rate, or check the data for NaN "
-        "or out-of-range labels and the problem's exp/log terms.", r, None, (), first[1])
-  leaves = jax.tree.leaves(fetch(state.server["params"]))
-  if not all(bool(np.all(np.isfinite(np.asarray(l)))) for l in leaves):
-    last = int(fetch(state.round))
-    raise NonFiniteError(
-        f"rounds {rounds_before + 1}-{last}: the server model has non-finite "
-        "values", last, None)
