@@ -44,6 +44,8 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, name):
   resumed = _run([name, str(ckpt_dir), str(tmp_path / "resumed.npz")])
   resume_run.main(name, "-", str(tmp_path / "reference.npz"), checkpoint=False)  # in process
   assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
+  # it resumed (an identical rerun from scratch would also match the reference)
+  assert f"resumed from round {max(kept)}" in resumed.stderr.read().decode()
   a, b = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")
   for key in ("params", "objective", "clients"):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)

@@ -107,14 +107,16 @@ def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path):
+def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   from experiments import plot
   args = dict(dataset="digits", algorithms=("fedavg", "drfl"), checkpoint_every=3, **FAST)
   first = dro_fl.run(str(tmp_path), **args)
   runs = os.listdir(tmp_path / "checkpoints")
   assert len(runs) == 2 and all(os.listdir(tmp_path / "checkpoints" / r) for r in runs)
+  capsys.readouterr()
   second = dro_fl.run(str(tmp_path), **args)  # restores the finished runs
   assert first["algorithms"] == second["algorithms"]
+  assert capsys.readouterr().err.count("resumed from round 6") == 2  # both runs resumed
   changed = dro_fl.run(str(tmp_path), **{**args, "learning_rate": 0.02})  # new hash
   assert len(os.listdir(tmp_path / "checkpoints")) == 4
   assert changed["algorithms"]["fedavg"] != first["algorithms"]["fedavg"]

@@ -71,7 +71,7 @@ def test_cifar10_under_mock_data_runs_every_algorithm(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_digits_gamma_sweep_reports_divergence_and_resumes(tmp_path):
+def test_digits_gamma_sweep_reports_divergence_and_resumes(tmp_path, capsys):
   # with shift 0, gamma = 0.01 puts exp(L / 0.01) ~ exp(230) = inf (float32) in the step
   args = dict(dataset="digits", per_client=30, rounds=4, eval_every=2, checkpoint_every=2,
               sweep="gamma", shift=0.0, first_order=True, **TINY)
@@ -90,7 +90,9 @@ def test_digits_gamma_sweep_reports_divergence_and_resumes(tmp_path):
   good_dir = [d for d in os.listdir(tmp_path / "checkpoints") if "gamma=5-" in d]
   assert len(good_dir) == 1 and os.listdir(tmp_path / "checkpoints" / good_dir[0])
   # rerunning restores the finished run from its checkpoint (same settings, same hash)
+  capsys.readouterr()
   again = e2.run(str(tmp_path), sweep_values=("5",), **args)
+  assert "resumed from round 4" in capsys.readouterr().err
   for key in e2.FINAL_KEYS:
     assert again["algorithms"]["comfedl_damaml_gamma=5"][key] == good[key]
   _, _, rerun = _outputs(str(tmp_path))

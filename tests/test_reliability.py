@@ -145,3 +145,26 @@ def test_an_unwritable_checkpoint_dir_is_a_one_line_error(tmp_path):
   with pytest.raises(ValueError, match="checkpoint_dir .* cannot be used") as err:
     _run(blocker / "ck", 1)
   assert "\n" not in str(err.value)
+
+
+def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
+  """An experiment binary started on a workdir another process is using stops at once with
+  one line naming the holder, and leaves the directory as it was."""
+  code = ("import sys, time; from fedco.io import DirectoryLock; "
+          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+          "time.sleep(120)")
+  holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+  try:
+    assert holder.stdout.readline().strip() == b"held"
+    before = sorted(os.listdir(tmp_path))
+    second = subprocess.run(
+        [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={tmp_path}",
+         "--rounds=5", "--noprogress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert second.stderr.strip().splitlines()[-1].startswith(
+        f"error: --workdir {tmp_path} is in use by pid {holder.pid}")
+    assert sorted(os.listdir(tmp_path)) == before
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
