@@ -1,6 +1,7 @@
 """Runs that cannot mix or silently corrupt: run fingerprints on checkpoints, checksummed
 checkpoints with fallback to the newest intact one, and a lock per checkpoint directory."""
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -115,25 +116,32 @@ def test_checksums_catch_what_the_format_does_not(tmp_path):
     ckpt.restore(template)
 
 
+@contextlib.contextmanager
+def _held_by_another_process(directory):
+  """A subprocess holding ``DirectoryLock(directory)``; yields it, SIGKILLs it after."""
+  code = ("import sys, time; from fedco.io import DirectoryLock; "
+          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+          "time.sleep(120)")
+  holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+  try:
+    assert holder.stdout.readline().strip() == b"held"
+    yield holder
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+
+
 def test_a_locked_directory_refuses_another_process_until_the_holder_dies(tmp_path):
   """A second process fails at once with one line naming the holder (pid, host, start);
   once the holder is killed (SIGKILL: no cleanup) the lock is free again. Within one
   process the lock is shared, so a workdir and a run inside it do not collide."""
-  code = ("import sys, time; from fedco.io import DirectoryLock; "
-          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
-          "time.sleep(120)")
-  proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
-  try:
-    assert proc.stdout.readline().strip() == b"held"
+  with _held_by_another_process(tmp_path) as holder:
     start = time.perf_counter()
     with pytest.raises(ValueError, match=rf"checkpoint_dir {tmp_path} is in use by pid "
-                                         rf"{proc.pid} on .* since ") as err:
+                                         rf"{holder.pid} on .* since ") as err:
       _run(tmp_path, 1)
     assert time.perf_counter() - start < 30 and "\n" not in str(err.value)
-  finally:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
   with DirectoryLock(tmp_path):  # shared within this process
     _run(tmp_path, 1)
   assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
@@ -150,13 +158,7 @@ def test_an_unwritable_checkpoint_dir_is_a_one_line_error(tmp_path):
 def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
   """An experiment binary started on a workdir another process is using stops at once with
   one line naming the holder, and leaves the directory as it was."""
-  code = ("import sys, time; from fedco.io import DirectoryLock; "
-          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
-          "time.sleep(120)")
-  holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
-  try:
-    assert holder.stdout.readline().strip() == b"held"
+  with _held_by_another_process(tmp_path) as holder:
     before = sorted(os.listdir(tmp_path))
     second = subprocess.run(
         [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={tmp_path}",
@@ -165,6 +167,3 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
     assert second.stderr.strip().splitlines()[-1].startswith(
         f"error: --workdir {tmp_path} is in use by pid {holder.pid}")
     assert sorted(os.listdir(tmp_path)) == before
-  finally:
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
