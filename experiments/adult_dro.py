@@ -153,17 +153,15 @@ def run(config, workdir) -> Dict[str, Any]:
         continue
       m = result.metrics
       evaluated = np.flatnonzero(m["evaluated"])
-      final = {k: float(v[evaluated[-1]]) for k, v in m.items() if np.ndim(v) == 1
-               and k not in ("evaluated",)}
-      final["round"] = int(evaluated[-1]) + 1
+      final = common.final_metrics(m)
       if config.budget == "converged" and evaluated.size > 1:
         change = abs(float(m["train_loss_worst"][evaluated[-1]] -
                            m["train_loss_worst"][evaluated[-2]]))
         final["last_change_train_loss_worst"] = change
         final["converged"] = change < settings["converge_tol"]
       finals.setdefault(label, {})[seed] = final
-      curves += [{"round": int(r) + 1, "algorithm": label, "seed": seed,
-                  "test_acc_doctorate": float(m["test_acc_doctorate"][r])} for r in evaluated]
+      curves += common.evaluated_records(m, lambda _: {"algorithm": label, "seed": seed},
+                                         keys=("test_acc_doctorate",))
   keys = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
   per_method, table = common.seed_statistics(finals, keys, std_in_table=keys[:1])
   fedavg = per_method.get("fedavg", {}).get("test_acc_doctorate", {}).get("mean")

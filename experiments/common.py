@@ -362,8 +362,8 @@ def simulate_and_record(simulate, label: str, seed: int, fields, records: List[D
                         finals: Dict[str, Dict[int, Dict[str, Any]]]):
   """Run ``simulate()`` for one (algorithm, seed) and record it; returns the result or ``None``.
 
-  The evaluated rounds go to ``records`` (with ``fields``) and the last value of every scalar
-  metric, plus ``seconds``, to ``finals[label][seed]``. A run that stops with
+  The evaluated rounds go to ``records`` (with ``fields``) and :func:`final_metrics`, plus
+  ``seconds``, to ``finals[label][seed]``. A run that stops with
   ``fedco.runtime.NonFiniteError`` is reported as diverged (its round and message, and its
   finite records up to then) and the other runs go on.
   """
@@ -376,10 +376,20 @@ def simulate_and_record(simulate, label: str, seed: int, fields, records: List[D
     return None
   m = result.metrics
   records.extend(evaluated_records(m, fields))
-  final = {k: float(v[-1]) for k, v in m.items() if np.ndim(v) == 1 and k != "evaluated"}
+  final = final_metrics(m)
   final["seconds"] = result.seconds
   finals.setdefault(label, {})[seed] = final
   return result
+
+
+def final_metrics(metrics: Mapping[str, np.ndarray]) -> Dict[str, Any]:
+  """Every scalar metric at the last *evaluated* round (a last round that was not evaluated
+  holds NaN), and that ``round``."""
+  last = int(np.flatnonzero(metrics["evaluated"])[-1])
+  final = {k: float(v[last]) for k, v in metrics.items()
+           if np.ndim(v) == 1 and k != "evaluated"}
+  final["round"] = last + 1
+  return final
 
 
 def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,

@@ -241,9 +241,7 @@ def run(workdir, **kwargs) -> Dict[str, Any]:
       m = result.metrics
       records.extend(common.evaluated_records(
           m, lambda _, s=spec: {"algorithm": s["label"], "seed": seed}))
-      last = int(np.flatnonzero(m["evaluated"])[-1])  # the last evaluated round
-      final = {k: float(v[last]) for k, v in m.items() if np.ndim(v) == 1 and k != "evaluated"}
-      final["round"] = last + 1
+      final = common.final_metrics(m)
       if not all(np.isfinite(list(final.values()))):
         final["diverged"] = "non-finite final metrics"
       finals.setdefault(spec["label"], {})[seed] = final
