@@ -183,17 +183,18 @@ class Workdir:
     weakref.finalize(self, lock.release)
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
-    self._keep_checkpoints = True
-    for name in read_manifest(self.path):
-      if name.startswith(CHECKPOINTS + os.sep):
-        continue  # run checkpoints stay (resume) unless start_checkpoints says otherwise
+    # The previous run's outputs go; its run checkpoints stay (resume) unless
+    # start_checkpoints says otherwise.
+    written = read_manifest(self.path)
+    for name in written:
+      if _is_checkpoint(name):
+        continue
       target = self.file(name)
       if os.path.isdir(target):
         shutil.rmtree(target, ignore_errors=True)
       elif os.path.exists(target):
         os.remove(target)
-    _write_manifest(self.path, [n for n in read_manifest(self.path)
-                                if n.startswith(CHECKPOINTS + os.sep)])
+    _write_manifest(self.path, [n for n in written if _is_checkpoint(n)])
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
@@ -318,12 +319,17 @@ def start_checkpoints(wd: "Workdir", config: Mapping[str, Any]) -> None:
     return
   names = read_manifest(wd.path)
   for name in names:
-    if name.startswith(CHECKPOINTS + os.sep):
+    if _is_checkpoint(name):
       shutil.rmtree(wd.file(name), ignore_errors=True)
-  _write_manifest(wd.path, [n for n in names if not n.startswith(CHECKPOINTS + os.sep)])
+  _write_manifest(wd.path, [n for n in names if not _is_checkpoint(n)])
 
 
 MANIFEST = ".fedco-written.json"
+
+
+def _is_checkpoint(name: str) -> bool:
+  """Whether a manifest entry is a run's checkpoint directory."""
+  return name.startswith(CHECKPOINTS + os.sep)
 
 
 def read_manifest(workdir: str) -> List[str]:

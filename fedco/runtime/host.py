@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from fedco import io as fedco_io
+from fedco import _validate, io as fedco_io
 
 
 class Interrupted(KeyboardInterrupt):
@@ -216,11 +216,10 @@ class PeriodicAction:
   def __init__(self, fn, every_rounds: int, *, at_start: bool = False):
     if not callable(fn):
       raise ValueError(f"PeriodicAction needs a callable fn(state, round), got {fn!r}")
-    if isinstance(every_rounds, bool) or not isinstance(every_rounds, int) or every_rounds < 1:
-      raise ValueError(f"every_rounds must be an integer >= 1, got {every_rounds!r}")
     if not isinstance(at_start, bool):
       raise ValueError(f"at_start must be a bool, got {at_start!r}")
-    self.fn, self.every_rounds, self.at_start = fn, every_rounds, at_start
+    self.fn, self.at_start = fn, at_start
+    self.every_rounds = _validate.positive_int("every_rounds", every_rounds)
 
   def rounds_to_next(self, done: int) -> int:
     """Rounds until the action is next due after round ``done``."""
