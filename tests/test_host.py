@@ -173,3 +173,4 @@ def test_action_rows_start_at_round_zero_are_checkpointed_and_checked(tmp_path):
   with pytest.raises(fedco.runtime.NonFiniteError, match="round 4: the host metric norm") as err:
     run(6, blows_up)
   assert [r["round"] for r in err.value.host_metrics] == [0, 2, 4] and err.value.round == 4
+  assert err.value.metrics["clients"].shape[0] == 4  # every round run up to the bad row

@@ -63,15 +63,16 @@ def _check_kinds(problem: Problem, algorithm: Algorithm):
                      f"{problem.name!r} is {problem.kind}-inner")
 
 
-def _check_rows_finite(rows, metrics, host_metrics):
-  """Stop at an action row with a non-finite number (a diverged evaluation)."""
+def _check_rows_finite(rows, host_metrics):
+  """Stop at an action row with a non-finite number (a diverged evaluation); the caller
+  fills in the error's ``metrics``."""
   for row in rows:
     for name, value in row.items():
       values = np.asarray(value)
       if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
         shown = np.array2string(values, threshold=8, precision=4)
         raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
-                             f"({shown})", row["round"], metrics, host_metrics, name)
+                             f"({shown})", row["round"], None, host_metrics, name)
 
 
 def _data_note(data) -> str:

@@ -162,7 +162,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     for writer in writers if rows else ():
       writer.write(rows)
     if check_finite:
-      _check_rows_finite(rows, _stack(collected) if collected else {}, host_metrics)
+      try:
+        _check_rows_finite(rows, host_metrics)
+      except NonFiniteError as err:  # the metrics are stacked only when they are needed
+        err.metrics = _stack(collected) if collected else {}
+        raise
     return rows
 
   start = time.perf_counter()
