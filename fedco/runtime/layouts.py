@@ -90,9 +90,10 @@ class Compact:
         lambda a: jnp.take(a, ids, axis=0, mode="clip"), tree)
 
   def views(self, data, ids) -> ClientView:
-    """The round's slot views (clients ``ids``)."""
-    return ClientView(data.examples, self.take(data.offsets, ids), self.take(data.counts, ids),
-                      data.flat_rows)
+    """The round's slot views (clients ``ids``), laid along the mesh."""
+    start, count = place((self.take(data.offsets, ids), self.take(data.counts, ids)),
+                         self.mesh)
+    return ClientView(data.examples, start, count, data.flat_rows)
 
   def client_losses(self, data, fn, ids):
     """``fn(k, view)`` for each listed client ``k``."""

@@ -162,8 +162,6 @@ def round_step(cfg, data, flat, state: SimState):
     cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip")
                           for f in plan.round_start_loss})
   params, cst, ckeys = place((params, cst, ckeys), mesh)
-  views = views._replace(start=place(views.start, mesh) if views.start.ndim else views.start,
-                         count=place(views.count, mesh))
   step_fn = layout.step_map(functools.partial(_client_step, cfg), 3)
 
   def local_step(carry, t):
