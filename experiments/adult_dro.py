@@ -36,8 +36,6 @@ from fedco import metrics as metrics_lib
 PROBLEMS = ("erm", "kl_exp", "kl_log")
 BUDGETS = ("short", "converged")
 CLIENTS = ("doctorate", "other")
-DEFAULT_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "shared", "data", "adult")
 
 
 def _loss(params, example):
@@ -79,7 +77,7 @@ def check(config) -> Dict[str, Any]:
 
 def load(config):
   """Training clients (doctorate, other) and each client's test rows."""
-  data_dir = config.data_dir or DEFAULT_DATA_DIR
+  data_dir = config.data_dir or fedco.data.adult.DEFAULT_DATA_DIR
   if not os.path.isdir(data_dir):
     raise FileNotFoundError(f"--config.data_dir={data_dir!r} is not a directory holding "
                             "adult.data and adult.test")

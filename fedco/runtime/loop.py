@@ -78,8 +78,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       ``metrics_fn``'s).
     check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
       first evaluated round whose metrics, the server model, or an action's row stop being
-      finite; it carries the metrics and action rows collected so far. With checkpointing, the last good state (the
-      start of the failing chunk) is saved first.
+      finite; it carries the metrics and action rows collected so far. With checkpointing,
+      the last good state (the start of the failing chunk) is saved first.
     checkpoint_dir: save the whole simulation state and the metrics so far there (see
       :mod:`fedco.checkpoint`); if it already holds a checkpoint of this run (same
       fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from the newest intact
