@@ -12,7 +12,8 @@ from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import SweepResult, sweep
 
 __all__ = [
-    "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState", "SimulationResult", "Simulator", "client_mesh",
+    "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState",
+    "SimulationResult", "Simulator", "client_mesh",
     "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "MetricWriter",
     "PeriodicAction", "TensorBoardWriter", "draw_batch", "oracle_args", "simulate",
     "SweepResult", "sweep",
