@@ -90,12 +90,13 @@ def _data_note(data) -> str:
 
 
 def _check_finite(metrics, state, rounds_before):
-  """Stop at the first evaluated round whose metrics (objective first) are not finite."""
+  """Stop at the first evaluated round whose metrics are not finite (naming the objective
+  first, then scalar metrics before per-client vectors)."""
   evaluated = np.asarray(metrics.get("evaluated", []), bool)
   names = sorted((k for k, v in metrics.items()
                   if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
                                                                       np.floating)),
-                 key=lambda k: k != "objective")
+                 key=lambda k: (k != "objective", np.ndim(metrics[k]) > 1))
   first = None
   for name in names:
     values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)

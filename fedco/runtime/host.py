@@ -61,6 +61,12 @@ def rows(metrics: Mapping[str, np.ndarray], first_round: int,
   return out
 
 
+def finite_row(row: Mapping[str, Any]) -> bool:
+  """Whether every number of a row is finite (a diverged round's row is not written)."""
+  return all(np.all(np.isfinite(np.asarray(v, float))) for k, v in row.items()
+             if isinstance(v, (float, list)))
+
+
 class MetricWriter:
   """Receives each chunk's rows as soon as the chunk is done."""
 

@@ -8,6 +8,7 @@ updates the progress bar and honours a deferred Ctrl-C.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -93,7 +94,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       ``"restart"`` (delete that directory's checkpoints and start afresh).
     metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
       ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
-      soon as the chunk is done; a resumed run first rewinds them to its checkpoint.
+      soon as the chunk is done (a diverging chunk's up to the divergence); a resumed run
+      first drops its rows from them and writes its restored rows again.
     actions: :class:`fedco.runtime.host.PeriodicAction` s, run on the host with the whole
       state at their rounds (chunks end there); their rows are written, checkpointed and
       returned in ``host_metrics``; ``progress_metric`` may name one of their numbers.
@@ -147,9 +149,17 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       raise
   writers = tuple(metric_writers)
   labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
+  # The writers get this run's rows afresh: a resumed run's restored rows are written again
+  # (its files may have been replaced since, e.g. by an experiment's rerun), then new ones.
+  restored = (host.rows(collected[0], 0, labels) if collected else []) + list(host_metrics)
   for writer in writers:
-    writer.rewind(done, labels)
-  bar = host.ProgressBar(rounds, label=algorithm.name, enabled=progress, initial=done)
+    writer.rewind(0, labels)
+    if restored:
+      writer.write(restored)
+  name = str(labels.get("method", labels.get("algorithm", algorithm.name)))
+  if "seed" in labels:  # the name every output of an experiment uses, and the seed
+    name += f" seed {labels['seed']}"
+  bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
   actions = tuple(actions)
   for action in actions:
     if not isinstance(action, host.PeriodicAction):
@@ -184,8 +194,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         state, metrics = sim.run(state, size)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
         collected.append(metrics)
-        for writer in writers:  # also a diverging chunk's rows: the curve up to it
-          writer.write(host.rows(metrics, done, labels))
+        chunk_rows = host.rows(metrics, done, labels)
+        if check_finite:  # a diverging chunk's rows up to the divergence: the curve to it
+          chunk_rows = list(itertools.takewhile(host.finite_row, chunk_rows))
+        for writer in writers:
+          writer.write(chunk_rows)
         if check_finite:
           try:
             _check_finite(metrics, state, done)
