@@ -21,7 +21,6 @@ doctorate, non-doctorate and worst test accuracy and the worst training loss.
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any, Dict, List
 
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import common
+from experiments import common, runner
 from fedco import metrics as metrics_lib
 
 PROBLEMS = ("erm", "kl_exp", "kl_log")
@@ -50,29 +49,18 @@ def _stats(params, example):
 
 
 def check(config) -> Dict[str, Any]:
-  """The budget's settings, after checking the config (``ValueError`` naming the field)."""
+  """The checked settings (``ValueError`` naming ``--config.<field>``)."""
+  settings = runner.check_shared(config)
   if config.budget not in BUDGETS:
     raise ValueError(f"--config.budget must be one of {BUDGETS}, got {config.budget!r}")
-  budget = config[config.budget]
-  for name in ("local_steps", "total_steps", "evaluations"):
-    common.check_int(f"config.{config.budget}.{name}", budget[name], 1)
-  common.check_int(f"config.{config.budget}.batch_size", budget.batch_size, 0)
-  common.check_positive(f"config.{config.budget}.learning_rate", budget.learning_rate)
   common.check_positive("config.gamma", config.gamma)
-  try:
-    seeds = tuple(int(s) for s in config.seeds)
-  except (TypeError, ValueError):
-    raise ValueError(f"--config.seeds must be integers, got {config.seeds!r}") from None
-  if not seeds:
-    raise ValueError("--config.seeds must name at least one seed")
-  for label, m in config.methods.items():
-    if m.algorithm not in fedco.ALGORITHMS:
-      raise ValueError(f"config.methods.{label}.algorithm must be one of "
-                       f"{sorted(fedco.ALGORITHMS)}, got {m.algorithm!r}")
-    if m.problem not in PROBLEMS:
-      raise ValueError(f"config.methods.{label}.problem must be one of {PROBLEMS}, got "
-                       f"{m.problem!r}")
-  return {**budget.to_dict(), "seeds": seeds}
+  common.check_positive("config.converge_tol", config.converge_tol)
+  methods = runner.methods(config, extra_keys=("problem",))
+  for label, entry in config.methods.items():
+    if entry.get("problem") not in PROBLEMS:
+      raise ValueError(f"--config.methods.{label}.problem must be one of {PROBLEMS}, got "
+                       f"{entry.get('problem')!r}")
+  return {**settings, "methods": methods}
 
 
 def load(config):
@@ -92,31 +80,27 @@ def load(config):
   return fed, tests
 
 
-def make(method, config, settings):
+def make(method: runner.Method, config):
   """``(problem, algorithm)`` of one method."""
-  factory = fedco.ALGORITHMS[method.algorithm]
-  kwargs = dict(method.hyperparameters.to_dict())
-  if "local_steps" in inspect.signature(factory).parameters:
-    kwargs["local_steps"] = settings["local_steps"]
-  if method.algorithm == "comfedl" and kwargs.get("normalized"):
-    kwargs["gamma"] = config.gamma
-  if method.problem == "erm":
+  form = config.methods[method.label].problem
+  extra = {"gamma": config.gamma} if method.kwargs.get("normalized") else {}
+  if form == "erm":
     problem = fedco.plain(_loss, name="logistic")
-  elif method.problem == "kl_exp":
+  elif form == "kl_exp":
     problem = fedco.problems.client_kl_dro(_loss, config.gamma)
   else:
     problem = fedco.problems.client_kl_dro_log(_loss, config.gamma, len(CLIENTS))
-  return problem, factory(settings["learning_rate"], **kwargs)
+  return problem, method.build(**extra)
 
 
-def run(config, workdir) -> Dict[str, Any]:
+def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
   """Runs every method for every seed and writes the outputs; returns the summary."""
   settings = check(config)
   fed, tests = load(config)
   wd = common.Workdir(workdir)
   wd.write_config(config.to_dict())
-  writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
-             fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
+  common.start_checkpoints(wd, {"resume": options.resume})
+  writers = runner.Writers(wd)
   dim = fed.examples["x"].shape[1]
 
   def metrics_fn(p):
@@ -131,43 +115,41 @@ def run(config, workdir) -> Dict[str, Any]:
 
   finals, curves = {}, []
   for seed in settings["seeds"]:
-    for label, method in config.methods.items():
-      problem, algorithm = make(method, config, settings)
-      steps = algorithm.plan.local_steps
-      rounds = max(1, settings["total_steps"] // steps)
-      every = max(1, rounds // settings["evaluations"])
-      params = {"w": jnp.zeros((dim,)), "b": jnp.zeros(())}
-      try:
-        result = fedco.simulate(
-            problem, algorithm, fed, params, rounds=rounds, seed=seed,
-            batch_size=settings["batch_size"] or None, evaluate=False, eval_every=every,
-            metrics_fn=metrics_fn, metric_writers=writers,
-            metric_labels={"method": label, "seed": seed}, progress=config.progress,
-            progress_metric="test_acc_doctorate")
-      except fedco.runtime.NonFiniteError as err:
-        finals.setdefault(label, {})[seed] = {
-            "diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "
-                        f"--config.{config.budget}.learning_rate", "diverged_round": err.round}
+    for method in settings["methods"]:
+      problem, algorithm = make(method, config)
+      # the same local steps per client for methods without local steps (AFL)
+      scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+      result = runner.simulate_method(
+          method, seed, problem=problem, algorithm=algorithm, data=fed,
+          params={"w": jnp.zeros((dim,)), "b": jnp.zeros(())}, wd=wd, options=options,
+          writers=writers, settings={"budget": config.budget, "gamma": config.gamma,
+                                     "batch_size": settings["batch_size"],
+                                     "rounds": settings["rounds"] * scale,
+                                     "problem": config.methods[method.label].problem},
+          finals=finals, records=curves, progress_metric="test_acc_doctorate",
+          record_keys=("test_acc_doctorate",), rounds=settings["rounds"] * scale,
+          batch_size=settings["batch_size"] or None, evaluate=False,
+          eval_every=settings["eval_every"] * scale, metrics_fn=metrics_fn)
+      if result is None:
         continue
       m = result.metrics
       evaluated = np.flatnonzero(m["evaluated"])
-      final = common.final_metrics(m)
+      final = finals[method.label][seed]
       if config.budget == "converged" and evaluated.size > 1:
         change = abs(float(m["train_loss_worst"][evaluated[-1]] -
                            m["train_loss_worst"][evaluated[-2]]))
         final["last_change_train_loss_worst"] = change
-        final["converged"] = change < settings["converge_tol"]
-      finals.setdefault(label, {})[seed] = final
-      curves += common.evaluated_records(m, lambda _: {"algorithm": label, "seed": seed},
-                                         keys=("test_acc_doctorate",))
+        final["converged"] = change < config.converge_tol
   keys = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
-  per_method, table = common.seed_statistics(finals, keys, std_in_table=keys[:1])
+  per_method, table = common.seed_statistics(finals, keys)
   fedavg = per_method.get("fedavg", {}).get("test_acc_doctorate", {}).get("mean")
   above = {label: entry["test_acc_doctorate"]["mean"] > fedavg
            for label, entry in per_method.items()
            if label != "fedavg" and fedavg is not None
            and entry["test_acc_doctorate"]["mean"] is not None}
-  summary = {"budget": config.budget, "settings": settings, "gamma": config.gamma,
+  summary = {"budget": config.budget,
+             "settings": {k: v for k, v in settings.items() if k != "methods"},
+             "gamma": config.gamma,
              "clients": {"train": np.asarray(fed.counts).tolist(),
                          "test": [int(t["y"].shape[0]) for t in tests]},
              "methods": per_method, "doctorate_test_acc_above_fedavg": above,
@@ -177,7 +159,7 @@ def run(config, workdir) -> Dict[str, Any]:
                             for label, by_seed in finals.items()}
   wd.write_summary(summary)
   _plot(wd, curves, config)
-  if config.progress:
+  if options.progress:
     print(common.format_table(table))
   return summary
 
@@ -185,7 +167,8 @@ def run(config, workdir) -> Dict[str, Any]:
 def _plot(wd, curves: List[Dict[str, Any]], config):
   fig = common.figure(figsize=(6, 4))
   ax = fig.subplots()
-  drawn = common.plot_mean_curves(ax, curves, "test_acc_doctorate", band=0.15)
+  drawn = common.plot_mean_curves(ax, curves, "test_acc_doctorate", band=0.15,
+                                  group="method")
   ax.set_xlabel("round")
   ax.set_ylabel("doctorate client's test accuracy")
   ax.set_title(f"UCI Adult, doctorate vs other ({config.budget} budget)")

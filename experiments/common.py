@@ -428,37 +428,54 @@ def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
 
 
 def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
-                    keys: Sequence[str], *, std_in_table: Sequence[str] = ()):
+                    keys: Sequence[str], *, label_key: str = "method",
+                    std_in_table: Sequence[str] = ()):
   """Per-run mean and standard deviation over the seeds that did not diverge.
 
   Args:
     finals: ``{label: {seed: final values, or {"diverged": message, ...}}}``.
     keys: the final values to summarise.
-    std_in_table: keys whose standard deviation also gets a table column ``<key>_std``.
+    label_key: the table column naming the run (``"method"``; older binaries
+      ``"algorithm"``).
+    std_in_table: ignored (kept for the binaries not yet on configs): every table cell is
+      :func:`mean_std` of its key.
 
   Returns:
     ``(per_run, table)``: ``per_run[label]`` holds ``per_seed``, ``diverged_seeds`` and, per
     key, ``{"mean", "std"}`` (``None`` when every seed diverged); ``table`` has one row per
-    run for :func:`format_table`.
+    run for :func:`format_table`: each key as ``"mean +- std"`` over the finite seeds (the
+    std only with more than one), and for a diverged run a ``note`` saying at which round,
+    in which quantity, and which setting to change.
   """
+  del std_in_table
   per_run, table = {}, []
   for label, by_seed in finals.items():
     ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
     entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {"algorithm": label, "diverged": len(entry["diverged_seeds"])}
+    row = {label_key: label}
     notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
-    if notes:  # e.g. "diverged at round 1 (client_weights); try a lower --comfedl_lr"
-      row["note"] = notes[0] if len(notes[0]) <= 80 else "diverged (see summary.json)"
     for k in keys:
       vals = [f[k] for f in ok.values()]
       entry[k] = {"mean": float(np.mean(vals)) if vals else None,
                   "std": float(np.std(vals)) if vals else None}
-      row[k] = entry[k]["mean"]
-      if k in std_in_table:
-        row[f"{k}_std"] = entry[k]["std"]
+      row[k] = mean_std(vals)
+    if notes:  # e.g. "diverged at round 1 (client_weights); try a lower --config..."
+      seeds = entry["diverged_seeds"]
+      row["note"] = (f"{len(seeds)} of {len(by_seed)} seeds " if len(by_seed) > 1 else "") + (
+          notes[0] if len(notes) == 1 else f"{notes[0]} (and {len(notes) - 1} more)")
     per_run[label] = entry
     table.append(row)
   return per_run, table
+
+
+def mean_std(values: Sequence[float]) -> Optional[str]:
+  """``"0.8123 +- 0.0210"`` over ``values`` (``"0.8123"`` for one value, ``None`` for none)."""
+  if not values:
+    return None
+  mean = float(np.mean(values))
+  if len(values) == 1:
+    return f"{mean:.4f}"
+  return f"{mean:.4f} +- {float(np.std(values)):.4f}"
 
 
 def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) -> str:
@@ -512,7 +529,8 @@ def format_table(rows: Sequence[Mapping[str, Any]],
 
 def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: str = "round",
                      labels: Optional[Sequence[str]] = None, band: Optional[float] = None,
-                     label_names=None, skip_missing: bool = False) -> List[str]:
+                     label_names=None, skip_missing: bool = False,
+                     group: str = "algorithm") -> List[str]:
   """One line per algorithm label: the mean of ``key`` over the records at each ``x`` value.
 
   The records (``metrics.jsonl``-style dicts with an ``"algorithm"`` field, one per seed and
@@ -531,12 +549,13 @@ def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: s
     label_names: the legend text of a label: a mapping (labels it lacks stand for
       themselves) or a callable; default: the label itself.
     skip_missing: leave out the records whose ``key`` is missing or ``None``.
+    group: the record field naming a line (``"method"`` in config experiments).
 
   Returns:
     The labels drawn, in order.
   """
   if labels is None:
-    labels = list(dict.fromkeys(r["algorithm"] for r in records))
+    labels = list(dict.fromkeys(r[group] for r in records))
   if label_names is None:
     name = lambda label: label
   elif callable(label_names):
@@ -544,7 +563,7 @@ def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: s
   else:
     name = lambda label: label_names.get(label, label)
   for label in labels:
-    rows = [r for r in records if r["algorithm"] == label and
+    rows = [r for r in records if r[group] == label and
             (not skip_missing or r.get(key) is not None)]
     xs = sorted({r[x] for r in rows})
     values = [[r[key] for r in rows if r[x] == t] for t in xs]

@@ -1,48 +1,98 @@
-r"""One driver for config-file experiments (the flax examples' convention).
+r"""One driver for every experiment (the flax examples' convention): a config file, overrides.
 
-    python -m experiments.main --config=experiments/configs/adult_dro.py --workdir=runs/adult
+    python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
+    python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
     python -m experiments.main --config=experiments/configs/adult_dro.py \
-        --config.budget=converged --config.seeds=0 --workdir=runs/adult_converged
+        --config.budget=converged --config.seeds=0, --workdir=runs/adult_converged
 
 The config names its experiment (``config.experiment``); the module
-``experiments.<experiment>`` runs it with ``run(config, workdir)``. Bad input ends with one
-``error: ...`` line and exit status 1.
+``experiments.<experiment>`` runs it with ``run(config, workdir, options)``. Every config
+field can be overridden with ``--config.<field>=...`` (nested: ``--config.methods.qfedavg.q=1``).
+The flags below decide how a run goes, never its numbers: rerunning a command resumes its
+runs from their checkpoints in ``--workdir`` (``--noresume`` starts them over). Bad input ends
+with one ``error: ...`` line and exit status 1.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import common, runner
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "An experiments/configs/*.py file.",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "An experiments/configs/*.py file "
+                                          "(':grid' after the path selects a mode).",
                                           lock_config=True)
 flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
+flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the final table.")
+flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workdir (rerunning "
+                  "a command continues it); --noresume deletes them and starts over.")
+flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
+flags.DEFINE_list("methods", [], "Run only these labels of config.methods (default: all).")
 FLAGS = flags.FLAGS
 
-EXPERIMENTS = ("adult_dro",)
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+EXPERIMENTS = tuple(sorted(name[:-3] for name in os.listdir(CONFIG_DIR)
+                           if name.endswith(".py") and not name.startswith("_")))
 
 
 def main(argv):
   del argv
   common.quiet_logs()
-  config = _CONFIG.value
   try:
+    try:
+      config = _CONFIG.value
+      name = None if config is None else config.get("experiment")
+    except OSError:  # ml_collections loads the file lazily
+      raise FileNotFoundError(f"--config={FLAGS['config'].config_filename!r} is not a config "
+                              f"file; available: {', '.join(EXPERIMENTS)} in "
+                              f"experiments/configs/") from None
     if config is None:
       raise ValueError("--config must name an experiments/configs/*.py file")
-    name = config.get("experiment")
     if name not in EXPERIMENTS:
       raise ValueError(f"config.experiment must be one of {EXPERIMENTS}, got {name!r}")
-    importlib.import_module(f"experiments.{name}").run(config, FLAGS.workdir)
+    select(config, FLAGS.methods)
+    options = runner.Options(
+        progress=FLAGS.progress, resume=FLAGS.resume,
+        checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1))
+    importlib.import_module(f"experiments.{name}").run(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)
 
 
+def select(config, labels) -> None:
+  """Keep only the methods ``labels`` (``--methods``) of ``config.methods``."""
+  if not labels:
+    return
+  unknown = [label for label in labels if label not in config.methods]
+  if unknown:
+    raise ValueError(f"--methods: {unknown} are not in config.methods; allowed: "
+                     f"{', '.join(config.methods)}")
+  with config.unlocked():
+    for label in list(config.methods):
+      if label not in labels:
+        del config.methods[label]
+
+
+def parse_flags(argv):
+  """absl's parsing, with a bad ``--config.<field>`` override as one ``error:`` line (an
+  unknown field, a value of the wrong type) instead of ml_collections' traceback."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as err:
+    print(f"error: {err}\nPass --help to see the flags.", file=sys.stderr)
+  except (AttributeError, KeyError, TypeError, ValueError) as err:
+    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    print(f"error: cannot apply the override {', '.join(bad) or '--config'}: {err} (a config "
+          "override must name an existing field, with a value of its type)", file=sys.stderr)
+  sys.exit(1)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

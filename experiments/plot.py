@@ -2,7 +2,7 @@ r"""Regenerate plots from an experiment's ``metrics.jsonl``.
 
     python -m experiments.plot --workdir=runs/e1 --metrics=val_acc_avg,val_acc_worst
 
-One panel per metric; one line per algorithm (the mean over seeds, with a band of +- one
+One panel per metric; one line per method (the mean over seeds, with a band of +- one
 standard deviation when there are several); the x axis is ``--x`` (default ``round``).
 Writes ``--out`` (default ``plot.png``) into the workdir, atomically.
 """
@@ -57,12 +57,13 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
     raise ValueError(f"--metrics: unknown {unknown}; available: {', '.join(available)}")
   if not out.endswith(".png") or os.sep in out:
     raise ValueError(f"--out must be a .png file name inside --workdir, got {out!r}")
-  algorithms = sorted({r.get("algorithm", "run") for r in records})
+  label = lambda r: r.get("method", r.get("algorithm", "run"))
+  algorithms = sorted({label(r) for r in records})
   fig = common.figure(figsize=(5 * len(metrics), 3.8))
   axes = np.atleast_1d(fig.subplots(1, len(metrics)))
   for ax, metric in zip(axes, metrics):
     for alg in algorithms:
-      rows = [r for r in records if r.get("algorithm", "run") == alg and
+      rows = [r for r in records if label(r) == alg and
               isinstance(r.get(metric), (int, float)) and x in r]
       xs = sorted({r[x] for r in rows})
       if not xs:
@@ -74,6 +75,7 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
         std = np.array([np.std(v) for v in values])
         ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
     ax.set_xlabel(x)
+    ax.set_ylabel(metric)
     ax.set_title(metric)
     ax.grid(alpha=0.3)
     if log_y:

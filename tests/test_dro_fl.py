@@ -1,4 +1,5 @@
-"""E1 (experiments.dro_fl): offline digits, MNIST under tfds.testing.mock_data, bad flags."""
+"""E1 (experiments.dro_fl): offline digits, MNIST under tfds.testing.mock_data, the grid
+search, resume, bad config fields."""
 
 import json
 import os
@@ -7,122 +8,197 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import common, dro_fl
+from experiments import common, dro_fl, runner
+from experiments.configs import dro_fl as dro_fl_config
 
-FAST = dict(rounds=6, eval_every=3, seeds=(0,), progress=False)
+QUIET = runner.Options(progress=False)
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
+
+
+def _config(mode="", **changes):
+  config = dro_fl_config.get_config(mode)
+  config.rounds, config.eval_every, config.seeds = 6, 3, (0,)
+  for key, value in changes.items():
+    *parents, last = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[last] = value
+  return config
+
+
+def _keep(config, *labels):
+  for label in list(config.methods):
+    if label not in labels:
+      del config.methods[label]
+  return config
 
 
 def _outputs(workdir):
-  for name in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png"):
+  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy.png"):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   return summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_digits_runs_every_algorithm_and_writes_the_contract(tmp_path):
-  summary, records = _outputs_of(tmp_path, dataset="digits", comfedl_lr=1e-6)
-  assert set(summary["algorithms"]) == set(dro_fl.ALGORITHMS)
-  assert {r["round"] for r in records} == {1, 3, 6}
-  first = records[0]
-  for key in ("train_acc_avg", "train_acc_worst", "val_acc_avg", "val_acc_worst",
-              "train_loss_avg", "train_loss_worst", "val_loss_avg", "val_loss_worst"):
-    assert key in first
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+  """Every method at the paper's settings, 7 rounds with evaluation every 3 (round 7 is not
+  evaluated)."""
+  workdir = tmp_path_factory.mktemp("e1")
+  dro_fl.run(_config(rounds=7), str(workdir), QUIET)
+  return _outputs(str(workdir))
+
+
+def test_every_method_reports_under_its_label_everywhere(default_run):
+  summary, records = default_run
+  labels = set(dro_fl_config.get_config().methods)
+  assert set(summary["methods"]) == labels
+  assert {row["method"] for row in summary["table"]} == labels
+  assert {r["method"] for r in records} == labels - {"comfedl"}  # it diverges at round 1
+  assert {r["round"] for r in records} == {1, 3, 6}  # the first round, then every 3rd
   for r in records:
     assert 0.0 <= r["val_acc_worst"] <= r["val_acc_avg"] <= 1.0
-  weights = [r["client_weights"] for r in records if r["algorithm"] == "comfedl"]
+    assert 0.0 <= r["test_acc_worst"] <= r["test_acc_avg"] <= 1.0
+  weights = [r["client_weights"] for r in records if r["method"] == "comfedl_normalized"]
   assert weights and np.allclose(np.sum(weights[-1]), 1.0, atol=1e-5)
-  fedavg = summary["algorithms"]["fedavg"]
-  assert fedavg["val_acc_avg"]["mean"] > 0.3  # six rounds already learn the digits
-  assert "comfedl_worst_val_at_least_fedavg" in summary
+  assert summary["methods"]["fedavg"]["val_acc_avg"]["mean"] > 0.3  # six rounds learn digits
+  assert "comfedl_normalized_mean_test_worst_at_least_fedavg" in summary
 
 
-def _outputs_of(tmp_path, **kwargs):
-  dro_fl.run(str(tmp_path), **{**FAST, **kwargs})
-  return _outputs(str(tmp_path))
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_paper_defaults_report_comfedl_divergence_instead_of_crashing(tmp_path):
-  summary, records = _outputs_of(tmp_path, dataset="digits", algorithms=("comfedl",))
-  assert summary["algorithms"]["comfedl"]["diverged_seeds"] == [0]
-  per_seed = summary["algorithms"]["comfedl"]["per_seed"]["0"]
-  assert per_seed["diverged"] == (f"diverged at round {per_seed['diverged_round']} "
-                                  f"({per_seed['diverged_quantity']}); try a lower --comfedl_lr")
-  assert all(r["round"] < per_seed["diverged_round"] for r in records)  # finite rounds only
-  row = next(r for r in summary["table"] if r["algorithm"] == "comfedl")
-  assert row["note"] == per_seed["diverged"]
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_rounds_past_the_last_evaluation_keep_finite_finals(tmp_path):
-  """7 rounds with evaluation every 3: round 7 is not evaluated; the finals are round 6's,
-  finite, and nothing is reported as diverged. Normalised ComFedL stays finite at the
-  paper's gamma and rate, where the printed step diverges."""
-  summary, _ = _outputs_of(tmp_path, dataset="digits", rounds=7, eval_every=3,
-                           algorithms=("comfedl_normalized", "fedavg"))
-  for name in ("comfedl_normalized", "fedavg"):
-    entry = summary["algorithms"][name]
+def test_rounds_past_the_last_evaluation_keep_finite_finals(default_run):
+  """7 rounds with evaluation every 3: the finals are round 6's, finite, and nothing but the
+  literal ComFedL is reported as diverged."""
+  summary, _ = default_run
+  for label, entry in summary["methods"].items():
+    if label == "comfedl":
+      continue
     assert entry["diverged_seeds"] == [] and np.isfinite(entry["val_acc_worst"]["mean"])
     assert entry["per_seed"]["0"]["round"] == 6
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_literal_comfedl_divergence_is_reported_in_the_table(default_run):
+  summary, records = default_run
+  entry = summary["methods"]["comfedl"]
+  assert entry["diverged_seeds"] == [0]
+  per_seed = entry["per_seed"]["0"]
+  assert per_seed["diverged"] == (
+      f"diverged at round {per_seed['diverged_round']} ({per_seed['diverged_quantity']}); "
+      "try a lower --config.methods.comfedl.learning_rate")
+  assert per_seed["diverged_quantity"] != "client_weights"  # a scalar metric is named
+  row = next(r for r in summary["table"] if r["method"] == "comfedl")
+  assert row["note"] == per_seed["diverged"] and row["val_acc_worst"] is None
+  fedavg = next(r for r in summary["table"] if r["method"] == "fedavg")
+  assert "+-" not in fedavg["val_acc_worst"]  # one seed: no std
+
+
+def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
+  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(0, 1)), "comfedl_normalized",
+                 "qfedavg")
+  config.grid.learning_rate = (0.01, 0.1)
+  config.grid.gamma = (0.5, 5.0)
+  config.grid.qfedavg.q = (0.2, 1.0)
+  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  grid = summary["grid"]
+  assert grid["select_seed"] == 100
+  assert len(grid["points"]["comfedl_normalized"]) == 4 and len(grid["points"]["qfedavg"]) == 4
+  for label, points in grid["points"].items():
+    best = max((p for p in points if p["score"] is not None), key=lambda p: p["score"])
+    assert grid["chosen"][label] == best
+    chosen = summary["settings"][label]
+    assert chosen["learning_rate"] == best["learning_rate"]
+  assert summary["settings"]["qfedavg"]["q"] == grid["chosen"]["qfedavg"]["q"]
+  assert summary["settings"]["comfedl_normalized"]["gamma"] == (
+      grid["chosen"]["comfedl_normalized"]["gamma"])
+  entry = summary["methods"]["qfedavg"]
+  assert sorted(entry["per_seed"]) == [0, 1] and entry["test_acc_worst"]["std"] is not None
+  row = next(r for r in summary["table"] if r["method"] == "qfedavg")
+  assert "+-" in row["test_acc_worst"]  # two seeds: mean +- std
+
+
+def test_grid_search_scores_are_those_of_a_separate_run(tmp_path):
+  """The sweep's score of a grid point equals a plain run of that point on the selection
+  seed (the vmapped grid is the same computation)."""
+  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(100,)), "fedavg")
+  config.grid.learning_rate = (0.05, 0.2)
+  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  best = summary["grid"]["chosen"]["fedavg"]
+  final = summary["methods"]["fedavg"]["per_seed"][100]
+  np.testing.assert_allclose(best["score"], [final["val_acc_worst"], final["val_acc_avg"]],
+                             atol=1e-6)
+
+
 def test_mnist_end_to_end_under_mock_data(tmp_path):
+  config = _keep(_config(dataset="mnist", big=100, small=5), "comfedl_normalized", "fedavg")
   with tfds.testing.mock_data(num_examples=400):
-    summary, records = _outputs_of(tmp_path, dataset="mnist", big=100, small=5,
-                                   comfedl_lr=1e-6)
+    summary = dro_fl.run(config, str(tmp_path), QUIET)
   assert summary["dataset"] == "mnist"
-  assert set(summary["algorithms"]) == set(dro_fl.ALGORITHMS)
-  assert all(np.isfinite(r["val_acc_avg"]) for r in records)
+  assert all(e["diverged_seeds"] == [] for e in summary["methods"].values())
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_gamma_sweep_runs_comfedl_variants(tmp_path):
-  summary, _ = _outputs_of(tmp_path, dataset="digits", sweep="gamma", sweep_values=("2", "5"),
-                           rounds=3, eval_every=3, comfedl_lr=1e-3)
-  assert set(summary["algorithms"]) == {"comfedl_gamma=2", "comfedl_gamma=5"}
+def test_gamma_ablation_runs_comfedl_variants(tmp_path):
+  config = _config(ablation="gamma", ablation_values=(2.0, 5.0), rounds=3, eval_every=3)
+  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  assert set(summary["methods"]) == {"comfedl_gamma=2", "comfedl_gamma=5"}
+  assert summary["settings"]["comfedl_gamma=5"]["gamma"] == 5.0
 
 
-@pytest.mark.parametrize("kwargs,flag", [
-    (dict(dataset="cifar7"), "--dataset"),
-    (dict(algorithms=("comfedl", "sgd")), "--algorithms"),
-    (dict(rounds=0), "--rounds"),
-    (dict(learning_rate=-0.1), "--learning_rate"),
-    (dict(q=-1.0), "--q"),
-    (dict(tau=1), "--tau"),
-    (dict(seeds=("a",)), "--seeds"),
-    (dict(sweep="lr"), "--sweep"),
-    (dict(sweep="tau", sweep_values=("0",)), "--sweep_values"),
+@pytest.mark.parametrize("changes,field", [
+    (dict(dataset="cifar7"), "--config.dataset"),
+    (dict(mode="search"), "--config.mode"),
+    ({"methods.fedavg.algorithm": "sgd"}, "--config.methods.fedavg.algorithm"),
+    ({"methods.qfedavg.p": 1.0}, "--config.methods.qfedavg.p is not an argument"),
+    (dict(rounds=0), "--config.rounds"),
+    (dict(learning_rate=-0.1), "--config.learning_rate"),
+    ({"methods.drfa.local_steps": 1}, "--config.methods.drfa.local_steps"),
+    (dict(seeds=("a",)), "--config.seeds"),
+    (dict(ablation="lr"), "--config.ablation"),
+    (dict(ablation="local_steps", ablation_values=(0,)), "--config.ablation_values"),
 ])
-def test_bad_flags_name_the_flag(tmp_path, kwargs, flag):
-  with pytest.raises(ValueError, match=flag):
-    dro_fl.validate(str(tmp_path), **kwargs)
+def test_bad_fields_are_named(changes, field):
+  config = _config()
+  with config.unlocked():
+    for key, value in changes.items():
+      *parents, last = key.split(".")
+      node = config
+      for part in parents:
+        node = node[part]
+      node[last] = value
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    dro_fl.check(config)
 
 
 def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
+  config = _config(dataset="mnist", data_dir=str(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError, match="mnist"):
-    dro_fl.run(str(tmp_path / "out"), dataset="mnist", data_dir=str(tmp_path / "empty"), **FAST)
+    dro_fl.run(config, str(tmp_path / "out"), QUIET)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   from experiments import plot
-  args = dict(dataset="digits", algorithms=("fedavg", "drfl"), checkpoint_every=3, **FAST)
-  first = dro_fl.run(str(tmp_path), **args)
+  config = _keep(_config(), "fedavg", "drfa")
+  options = runner.Options(progress=False, checkpoint_every=3)
+  first = dro_fl.run(config, str(tmp_path), options)
   runs = os.listdir(tmp_path / "checkpoints")
   assert len(runs) == 2 and all(os.listdir(tmp_path / "checkpoints" / r) for r in runs)
   capsys.readouterr()
-  second = dro_fl.run(str(tmp_path), **args)  # restores the finished runs
-  assert first["algorithms"] == second["algorithms"]
+  second = dro_fl.run(config, str(tmp_path), options)  # restores the finished runs
+  assert first["table"] == second["table"]
+  strip = lambda s: {m: {k: v for k, v in e["per_seed"][0].items() if k != "seconds"}
+                     for m, e in s["methods"].items()}
+  assert strip(first) == strip(second)
   assert capsys.readouterr().err.count("resumed from round 6") == 2  # both runs resumed
-  changed = dro_fl.run(str(tmp_path), **{**args, "learning_rate": 0.02})  # new hash
+  rows = common.read_jsonl(tmp_path / "metrics.jsonl")
+  assert sorted((r["method"], r["round"]) for r in rows) == [
+      (m, r) for m in ("drfa", "fedavg") for r in (1, 3, 6)]  # written once each
+  config.learning_rate = 0.02
+  changed = dro_fl.run(config, str(tmp_path), options)  # a new hash: new runs
   assert len(os.listdir(tmp_path / "checkpoints")) == 4
-  assert changed["algorithms"]["fedavg"] != first["algorithms"]["fedavg"]
+  assert strip(changed)["fedavg"] != strip(first)["fedavg"]
   with open(tmp_path / "metrics.csv") as f:
     header = f.readline().strip().split(",")
-  assert {"round", "algorithm", "seed", "val_acc_worst"} <= set(header)
+  assert {"round", "method", "seed", "val_acc_worst"} <= set(header)
   out = plot.plot(str(tmp_path), ["val_acc_worst"], out="again.png")
   assert os.path.getsize(out) > 0
   with pytest.raises(ValueError, match="--metrics"):

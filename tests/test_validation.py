@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fedco
-from experiments import dro_fl, fedavg_counterexample
+from experiments import common
 from fedco.data import partition
 from fedco.problems import (client_kl_dro, client_kl_dro_log, portfolio, sample_chi2_dro,
                             sample_kl_dro)
@@ -88,11 +88,13 @@ CASES = {
         portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=2,
         checkpoint_dir="/tmp/fedco-validation-ck", checkpoint_every=0), "checkpoint_every"),
     # binaries
-    "e1 lr": (lambda: dro_fl.validate("w", learning_rate=-1.0), "--learning_rate"),
-    "e1 algorithms": (lambda: dro_fl.validate("w", algorithms=("sgd",)), "--algorithms"),
-    "e1 workdir": (lambda: dro_fl.validate(""), "--workdir"),
-    "e7 beta": (lambda: fedavg_counterexample.validate("w", beta=2.0), "--beta"),
-    "e7 rounds": (lambda: fedavg_counterexample.validate("w", rounds=0), "--rounds"),
+    "e1 lr": (lambda: _check("dro_fl", learning_rate=-1.0), "--config.learning_rate"),
+    "e1 algorithm": (lambda: _check("dro_fl", **{"methods.fedavg.algorithm": "sgd"}),
+                     "--config.methods.fedavg.algorithm"),
+    "workdir": (lambda: common.Workdir(""), "--workdir"),
+    "e7 beta": (lambda: _check("fedavg_counterexample", **{"methods.feddro.beta": 2.0}),
+                "beta"),
+    "e7 rounds": (lambda: _check("fedavg_counterexample", rounds=0), "--config.rounds"),
     # normalised ComFedL
     "normalized no gamma": (lambda: fedco.comfedl(normalized=True), "gamma"),
     "gamma without normalized": (lambda: fedco.comfedl(gamma=0.5), "normalized=True"),
@@ -138,23 +140,23 @@ CASES = {
     "sweep mesh": (lambda: fedco.sweep(portfolio(1.0), fedco.feddro, _data(), jnp.zeros(3),
                                        rounds=1, mesh="cpu"), "mesh"),
     # config experiments
-    "adult budget": (lambda: _adult(budget="forever"), "config.budget"),
-    "adult seeds": (lambda: _adult(seeds=("a",)), "config.seeds"),
-    "adult gamma": (lambda: _adult(gamma=0.0), "config.gamma"),
-    "adult learning_rate": (lambda: _adult(**{"short.learning_rate": -1.0}),
-                            "config.short.learning_rate"),
-    "adult algorithm": (lambda: _adult(**{"methods.fedavg.algorithm": "fedsgd"}),
+    "adult budget": (lambda: _check("adult_dro", budget="forever"), "config.budget"),
+    "adult seeds": (lambda: _check("adult_dro", seeds=("a",)), "config.seeds"),
+    "adult gamma": (lambda: _check("adult_dro", gamma=0.0), "config.gamma"),
+    "adult learning_rate": (lambda: _check("adult_dro", learning_rate=-1.0),
+                            "config.learning_rate"),
+    "adult algorithm": (lambda: _check("adult_dro", **{"methods.fedavg.algorithm": "fedsgd"}),
                         "config.methods.fedavg.algorithm"),
-    "adult problem": (lambda: _adult(**{"methods.fedavg.problem": "dro"}),
+    "adult problem": (lambda: _check("adult_dro", **{"methods.fedavg.problem": "dro"}),
                       "config.methods.fedavg.problem"),
 }
 
 
-def _adult(**changes):
-  """``experiments.adult_dro.check`` of the default config with ``changes`` (dotted keys)."""
-  from experiments import adult_dro  # pylint: disable=g-import-not-at-top
-  from experiments.configs import adult_dro as adult_config  # pylint: disable=g-import-not-at-top
-  config = adult_config.get_config()
+def _check(name, **changes):
+  """``experiments.<name>.check`` of the default config with ``changes`` (dotted keys)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(f"experiments.{name}")
+  config = importlib.import_module(f"experiments.configs.{name}").get_config()
   with config.unlocked():
     for key, value in changes.items():
       *parents, last = key.split(".")
@@ -162,7 +164,7 @@ def _adult(**changes):
       for part in parents:
         node = node[part]
       node[last] = value
-  return adult_dro.check(config)
+  return module.check(config)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -180,8 +182,9 @@ def test_there_are_at_least_seventy_cases():
 
 
 def test_binary_reports_bad_flags_without_a_traceback():
-  out = subprocess.run([sys.executable, "-m", "experiments.dro_fl", "--workdir=/tmp/x",
-                        "--learning_rate=-1"], cwd=ROOT, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, "-m", "experiments.main", "--workdir=/tmp/x",
+                        "--config=experiments/configs/dro_fl.py",
+                        "--config.learning_rate=-1"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
   assert out.returncode == 1
-  assert "error: --learning_rate" in out.stderr and "Traceback" not in out.stderr
+  assert "error: --config.learning_rate" in out.stderr and "Traceback" not in out.stderr

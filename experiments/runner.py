@@ -1,0 +1,255 @@
+"""What every config experiment shares: the vocabulary, the methods, the run loop, grids.
+
+**Vocabulary.** Every ``experiments/configs/<name>.py`` names the same things the same way:
+``experiment`` (the module run), ``seeds``, ``rounds``, ``local_steps``, ``learning_rate``,
+``batch_size`` (``0``: each client's whole data), ``eval_every``, and ``methods``: one entry
+per compared method, keyed by the label every output uses (progress bar, ``metrics.jsonl``,
+``summary.json``, tables and legends), each holding ``algorithm`` (a ``fedco.ALGORITHMS``
+name) and that factory's own arguments (``q``, ``weights_lr``, ``beta``, ...);
+``learning_rate`` or ``local_steps`` inside a method override the shared ones. The paper
+grids live in ``grid``: ``grid.learning_rate`` for every method, ``grid.<algorithm>.<arg>``
+per algorithm (and experiment-specific problem axes such as ``grid.gamma``).
+
+**Options that do not change results** (``--progress``, ``--resume``,
+``--checkpoint_every``) are the driver's flags, not config fields, so ``--help`` lists them
+and a run's checkpoint hash is its config alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+import fedco
+from experiments import common
+
+# The fields every experiment config has (tests/test_configs.py checks each config).
+SHARED = ("experiment", "seeds", "rounds", "local_steps", "learning_rate", "batch_size",
+          "eval_every", "methods")
+METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The driver's flags: how to run, never what (they are left out of checkpoint hashes)."""
+  progress: bool = True
+  resume: bool = True
+  checkpoint_every: int = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One compared method of a config.
+
+  Attributes:
+    label: its key in ``config.methods``: the name in every output.
+    algorithm: the ``fedco.ALGORITHMS`` name.
+    kwargs: the factory's other arguments from the config.
+    learning_rate, local_steps: the shared values or the method's own.
+  """
+  label: str
+  algorithm: str
+  kwargs: Dict[str, Any]
+  learning_rate: float
+  local_steps: int
+
+  @property
+  def factory(self):
+    return fedco.ALGORITHMS[self.algorithm]
+
+  def build(self, **changes):
+    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied."""
+    kwargs = {**self.kwargs, **changes}
+    learning_rate = kwargs.pop("learning_rate", self.learning_rate)
+    if "local_steps" in inspect.signature(self.factory).parameters:
+      kwargs.setdefault("local_steps", self.local_steps)
+    else:
+      kwargs.pop("local_steps", None)
+    return self.factory(learning_rate, **kwargs)
+
+  def settings(self) -> Dict[str, Any]:
+    """Everything that defines the method's runs (for checkpoint hashes and summaries)."""
+    return {"algorithm": self.algorithm, "learning_rate": self.learning_rate,
+            "local_steps": self.local_steps, **self.kwargs}
+
+
+def seeds(config) -> tuple:
+  try:
+    values = tuple(int(s) for s in (config.seeds if not isinstance(config.seeds, int)
+                                    else (config.seeds,)))
+  except (TypeError, ValueError):
+    raise ValueError(f"--config.seeds must be integers, got {config.seeds!r}") from None
+  if not values:
+    raise ValueError("--config.seeds must name at least one seed")
+  if len(set(values)) != len(values):
+    raise ValueError(f"--config.seeds must be distinct, got {values}")
+  return values
+
+
+def check_shared(config) -> Dict[str, Any]:
+  """The shared fields, checked (``ValueError`` naming ``--config.<field>``)."""
+  for name in ("rounds", "local_steps", "eval_every"):
+    common.check_int(f"config.{name}", config[name], 1)
+  common.check_int("config.batch_size", config.batch_size, 0)
+  common.check_positive("config.learning_rate", config.learning_rate)
+  return {"seeds": seeds(config), "rounds": config.rounds, "local_steps": config.local_steps,
+          "learning_rate": float(config.learning_rate), "batch_size": config.batch_size,
+          "eval_every": config.eval_every}
+
+
+def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
+  """The config's methods, each checked against its factory's signature.
+
+  Args:
+    config: the experiment config.
+    extra_keys: method fields the experiment reads itself (``problem``, say), not passed to
+      the factory.
+  """
+  if not config.methods:
+    raise ValueError("--config.methods must name at least one method")
+  out = []
+  for label, entry in config.methods.items():
+    where = f"--config.methods.{label}"
+    if not hasattr(entry, "items") or "algorithm" not in entry:
+      raise ValueError(f"{where} must hold an 'algorithm' (one of "
+                       f"{sorted(fedco.ALGORITHMS)}) and its arguments, got {entry!r}")
+    name = entry["algorithm"]
+    if name not in fedco.ALGORITHMS:
+      raise ValueError(f"{where}.algorithm must be one of {sorted(fedco.ALGORITHMS)}, got "
+                       f"{name!r}")
+    allowed = [p for p in inspect.signature(fedco.ALGORITHMS[name]).parameters
+               if p not in ("learning_rate", "optimizer")]
+    kwargs = {}
+    for key, value in entry.items():
+      if key in METHOD_KEYS or key in extra_keys:
+        continue
+      if key not in allowed:
+        raise ValueError(f"{where}.{key} is not an argument of fedco.{name}; allowed: "
+                         f"{sorted(set(allowed) | {'learning_rate'})}")
+      kwargs[key] = tuple(value) if isinstance(value, list) else value
+    lr = entry.get("learning_rate", config.learning_rate)
+    common.check_positive(f"config.methods.{label}.learning_rate", lr)
+    steps = entry.get("local_steps", config.local_steps)
+    common.check_int(f"config.methods.{label}.local_steps", steps, 1)
+    out.append(Method(label, name, kwargs, float(lr), int(steps)))
+  return out
+
+
+def diverged_note(label: str, err) -> Dict[str, Any]:
+  """A diverged run's final entry: the round, the quantity and the field to change."""
+  return {"diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "
+                      f"--config.methods.{label}.learning_rate",
+          "diverged_round": err.round, "diverged_quantity": err.quantity}
+
+
+class Writers:
+  """The workdir's streamed metric files (``metrics.jsonl``, ``metrics.csv``), written by the
+  runtime as each chunk of rounds finishes."""
+
+  def __init__(self, wd: common.Workdir):
+    self.writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
+                    fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
+
+
+def checkpoint_args(wd: common.Workdir, options: Options, label: str,
+                    settings: Mapping[str, Any]) -> Dict[str, Any]:
+  """``simulate``'s checkpoint arguments for one run: ``checkpoints/<label>-<hash>``."""
+  directory = common.run_checkpoint_dir(wd.path, label, settings)
+  wd.record(directory)
+  return {"checkpoint_dir": directory, "checkpoint_every": options.checkpoint_every}
+
+
+def simulate_method(method: Method, seed: int, *, problem, algorithm, data, params, wd,
+                    options: Options, writers: Writers, settings: Mapping[str, Any],
+                    finals: Dict[str, Dict[int, Any]], records: List[Dict[str, Any]],
+                    progress_metric: str, record_keys: Optional[Sequence[str]] = None,
+                    **simulate_kwargs):
+  """One (method, seed) run through ``fedco.simulate``: streamed metrics, checkpoints
+  (resumed on rerun), a divergence reported as such while the other runs go on.
+
+  Fills ``finals[label][seed]`` (the metrics at the last evaluated round, or the divergence
+  note) and appends the evaluated rounds (up to a divergence) to ``records``; returns the
+  result or ``None``.
+  """
+  fields = lambda _: {"method": method.label, "seed": seed}
+  try:
+    result = fedco.simulate(
+        problem, algorithm, data, params, seed=seed, metric_writers=writers.writers,
+        metric_labels={"method": method.label, "seed": seed}, progress=options.progress,
+        progress_metric=progress_metric,
+        **checkpoint_args(wd, options, f"{method.label}-seed{seed}",
+                          {**settings, "method": method.settings(), "seed": seed}),
+        **simulate_kwargs)
+  except fedco.runtime.NonFiniteError as err:
+    finals.setdefault(method.label, {})[seed] = diverged_note(method.label, err)
+    records.extend(common.evaluated_records(err.metrics, fields, keys=record_keys,
+                                            finite_only=True))
+    return None
+  records.extend(common.evaluated_records(result.metrics, fields, keys=record_keys))
+  final = common.final_metrics(result.metrics)
+  final["seconds"] = result.seconds
+  finals.setdefault(method.label, {})[seed] = final
+  return result
+
+
+# ---- grid search -------------------------------------------------------------------------
+
+def grid_axes(config, method: Method, problem_axes: Mapping[str, Sequence[float]] = ()
+              ) -> Dict[str, tuple]:
+  """The grid of one method: ``grid.learning_rate``, its algorithm's ``grid.<algorithm>``
+  axes, then ``problem_axes`` (experiment-specific, e.g. the KL temperature)."""
+  axes = {"learning_rate": tuple(float(v) for v in config.grid.learning_rate)}
+  own = config.grid.get(method.algorithm)
+  if own is not None:
+    allowed = inspect.signature(method.factory).parameters
+    for name, values in own.items():
+      if name not in allowed:
+        raise ValueError(f"--config.grid.{method.algorithm}.{name} is not an argument of "
+                         f"fedco.{method.algorithm}")
+      axes[name] = tuple(float(v) for v in values)
+  axes.update({k: tuple(float(v) for v in vs) for k, vs in dict(problem_axes).items()})
+  for name, values in axes.items():
+    if not values:
+      raise ValueError(f"--config.grid.{name} must hold at least one value")
+  return axes
+
+
+def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[str],
+           make_problem: Callable[[Dict[str, float]], Any],
+           algorithm_kwargs: Callable[[Dict[str, float]], Dict[str, Any]],
+           score: Callable[[Dict[str, np.ndarray], int], Sequence[float]], data, params,
+           seed: int,
+           rounds: int, progress: bool = False, **simulator_kwargs) -> Dict[str, Any]:
+  """Every point of a method's grid, as one ``fedco.sweep`` program per problem point.
+
+  The algorithm axes (the learning rate and factory arguments) of each problem point run
+  as one vmapped program; ``score(metrics, run)`` rates a run with a tuple compared in order
+  (higher is better: say the worst client's accuracy, then the average to break ties); a
+  diverged run scores ``None``. Returns ``{"points": [{axis: value, ..., "score": s}],
+  "best": point}`` (``None`` if every point diverged; the first of the best on full ties,
+  so the smaller values win).
+  """
+  algorithm_names = [k for k in axes if k not in problem_axes]
+  points = []
+  for problem_values in itertools.product(*(axes[k] for k in problem_axes)):
+    fixed = dict(zip(problem_axes, problem_values))
+    kwargs = {**{k: v for k, v in method.kwargs.items() if k not in axes},
+              **algorithm_kwargs(fixed)}
+    if "local_steps" in inspect.signature(method.factory).parameters:
+      kwargs["local_steps"] = method.local_steps
+    result = fedco.sweep(make_problem(fixed), method.factory, data, params, rounds=rounds,
+                         grid={k: axes[k] for k in algorithm_names}, seeds=(seed,),
+                         algorithm_kwargs=kwargs, progress=progress, **simulator_kwargs)
+    for r, run in enumerate(result.runs):
+      value = None
+      if result.diverged[r] is None:
+        value = [float(v) for v in score(result.metrics, r)]
+        value = value if np.all(np.isfinite(value)) else None
+      points.append({**{k: run[k] for k in algorithm_names}, **fixed, "score": value})
+  finite = [p for p in points if p["score"] is not None]
+  best = max(finite, key=lambda p: p["score"]) if finite else None
+  return {"points": points, "best": best}
