@@ -12,16 +12,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
-from experiments import common  # pylint: disable=g-import-not-at-top
+from experiments import common, runner  # pylint: disable=g-import-not-at-top
 from experiments import fedavg_counterexample as e7  # pylint: disable=g-import-not-at-top
+from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
 
-OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", "distance.png")
+OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
+METHODS = ("fedavg_co_case1", "fedavg_co_case2", "fedavg_co_modified", "feddro")
+E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
+QUIET = runner.Options(progress=False)
 
 
 @pytest.fixture(scope="module")
 def e7_default(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("e7")
-  summary = e7.run(str(workdir), verbose=False)
+  summary = e7.run(get_config(), str(workdir), QUIET)
   return workdir, summary
 
 
@@ -32,12 +36,16 @@ def test_e7_writes_all_outputs(e7_default):
   assert not [n for n in os.listdir(workdir) if n.startswith(".tmp-")]
   config = json.loads((workdir / "config.json").read_text())
   assert config["learning_rate"] == 0.02 and config["local_steps"] == 5
-  assert config["rounds"] == 400 and config["algorithms"] == list(e7.ALGORITHMS)
-  assert json.loads((workdir / "summary.json").read_text()) == summary
+  assert config["rounds"] == 400 and tuple(config["methods"]) == METHODS
+  assert config["methods"]["fedavg_co_case1"] == {"algorithm": "fedavg_co", "case": "I"}
+  assert json.loads((workdir / "summary.json").read_text()) == common.to_jsonable(summary)
   records = common.read_jsonl(workdir / "metrics.jsonl")
-  assert len(records) == 400 * len(e7.ALGORITHMS)
-  assert set(records[0]) == {"round", "step", "algorithm", "distance", "grad_norm"}
-  assert [r["step"] for r in records[:3]] == [5, 10, 15]
+  assert len(records) == 400 * len(METHODS)
+  assert {"round", "method", "seed", "x", "distance", "grad_norm"} <= set(records[0])
+  assert [(r["method"], r["round"]) for r in records[:2]] == [("fedavg_co_case1", 1),
+                                                              ("fedavg_co_case1", 2)]
+  assert [row["method"] for row in summary["table"]] == list(METHODS)
+  assert summary["steps"] == {m: 2000 for m in METHODS}
   assert (workdir / "distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -55,24 +63,36 @@ def test_e7_feddro_and_modified_converge_cases_i_ii_do_not(e7_default):
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs, flag", [
-    ({"learning_rate": 0.0}, "learning_rate"),
-    ({"local_steps": 0}, "local_steps"),
-    ({"rounds": 0}, "rounds"),
-    ({"beta": 1.5}, "beta"),
-    ({"algorithms": "feddro,fedprox"}, "algorithms"),
+@pytest.mark.parametrize("path, value, field", [
+    ("learning_rate", 0.0, "--config.learning_rate"),
+    ("local_steps", 0, "--config.local_steps"),
+    ("rounds", 0, "--config.rounds"),
+    ("eval_every", 0, "--config.eval_every"),
+    ("batch_size", 4, "--config.batch_size"),
+    ("x0", float("nan"), "--config.x0"),
+    ("methods.feddro.beta", 1.5, "--config.methods.feddro"),
+    ("methods.fedavg_co_case1.case", "III", "--config.methods.fedavg_co_case1"),
+    ("methods.feddro.case", "I", "--config.methods.feddro.case"),
 ])
-def test_e7_bad_flags_raise_before_writing(tmp_path, kwargs, flag):
+def test_e7_bad_config_raises_before_writing(tmp_path, path, value, field):
+  config = get_config()
+  *parents, name = path.split(".")
+  parent = config
+  for p in parents:
+    parent = parent[p]
+  setattr(parent, name, value)
   workdir = tmp_path / "out"
-  with pytest.raises(ValueError, match=flag):
-    e7.run(str(workdir), verbose=False, **kwargs)
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    e7.run(config, str(workdir), QUIET)
   assert not workdir.exists()
 
 
 def test_e7_unknown_algorithm_lists_allowed_values(tmp_path):
-  with pytest.raises(ValueError, match="feddro") as info:
-    e7.run(str(tmp_path), algorithms=["fedprox"], verbose=False)
-  assert "algorithms" in str(info.value) and "fedavg_co_case1" in str(info.value)
+  config = get_config()
+  config.methods.feddro.algorithm = "fedprox"
+  with pytest.raises(ValueError, match=r"--config\.methods\.feddro\.algorithm") as info:
+    e7.run(config, str(tmp_path), QUIET)
+  assert "fedavg_co" in str(info.value) and "fedprox" in str(info.value)
 
 
 @pytest.mark.parametrize("workdir", ["", "   ", None, 3])
@@ -138,21 +158,23 @@ def test_an_unwritable_workdir_is_a_one_line_error(tmp_path):
 def test_e7_binary_runs(tmp_path):
   workdir = tmp_path / "e7"
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={workdir}",
-       "--rounds=50", "--noprogress"],
+      [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={workdir}",
+       "--config.rounds=50"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["rounds"] == 50 and summary["steps"] == 250
-  assert "feddro" in proc.stdout
+  assert summary["rounds"] == 50 and summary["steps"]["feddro"] == 250
+  assert "feddro" in proc.stdout  # the final table
 
 
 def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={tmp_path}",
-       "--beta=2"], cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert proc.returncode != 0
-  assert "--beta" in proc.stderr and "Traceback" not in proc.stderr
+      [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={tmp_path}",
+       "--config.methods.feddro.beta=2"], cwd=REPO, capture_output=True, text=True,
+      timeout=120)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.methods.feddro")
+  assert "Traceback" not in proc.stderr
 
 
 def test_tensorboard_scalars_mirror_the_metrics(tmp_path):

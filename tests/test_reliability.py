@@ -161,8 +161,10 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
   with _held_by_another_process(tmp_path) as holder:
     before = sorted(os.listdir(tmp_path))
     second = subprocess.run(
-        [sys.executable, "-m", "experiments.fedavg_counterexample", f"--workdir={tmp_path}",
-         "--rounds=5", "--noprogress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "experiments.main",
+         "--config=experiments/configs/fedavg_counterexample.py", f"--workdir={tmp_path}",
+         "--config.rounds=5", "--noprogress"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120)
     assert second.returncode == 1 and "Traceback" not in second.stderr
     assert second.stderr.strip().splitlines()[-1].startswith(
         f"error: --workdir {tmp_path} is in use by pid {holder.pid}")

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import common, sinusoid
+from experiments import common, runner, sinusoid
+from experiments.configs.sinusoid import get_config
 from fedco.data import sinusoid as sd
 from fedco.models.mlp import MLP, init_mlp
 
@@ -81,90 +82,152 @@ def test_mlp_takes_one_example_or_a_batch():
   assert jax.eval_shape(wide.apply, init_mlp(wide, 2), jnp.ones((2,))).shape == (2,)
 
 
-TINY = dict(iterations=10, p=5, eval_every=1, seeds=(0,), test_tasks=16,
-            episodes_per_client=12, hidden=(8, 8), progress=False)
+QUIET = runner.Options(progress=False)
+
+
+def tiny(**changes):
+  """E3 at tiny settings: 2 rounds of 5 local steps, one seed, a small net and test set."""
+  config = get_config()
+  config.rounds, config.eval_every, config.seeds = 2, 1, (0,)
+  config.test_tasks, config.episodes_per_client, config.hidden = 16, 12, (8, 8)
+  for name, value in changes.items():
+    setattr(config, name, value)
+  return config
 
 
 def _outputs(workdir):
-  for name in ("config.json", "metrics.jsonl", "summary.json", "mse.png", "fit.png"):
+  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "mse.png",
+               "fit.png"):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   return summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
-def test_e3_end_to_end_with_tiny_settings(tmp_path):
-  # two algorithms keep the test fast (each is one XLA compilation); the other two run under
-  # fedco.simulate in tests/test_maml.py and are built below
-  algorithms = ("local_scgdm", "local_bsgd")
-  summary = sinusoid.run(str(tmp_path), **TINY, algorithms=algorithms)
-  written, records = _outputs(str(tmp_path))
-  assert set(written["algorithms"]) == set(algorithms)
-  assert {r["iteration"] for r in records} == {5, 10}
+@pytest.fixture(scope="module")
+def e3_tiny(tmp_path_factory):
+  """Two methods (each is one XLA compilation; the other two run under fedco.simulate in
+  tests/test_maml.py and are built below) for 3 rounds, evaluated every 2: round 3 is not
+  evaluated."""
+  workdir = str(tmp_path_factory.mktemp("e3"))
+  config = tiny(rounds=3, eval_every=2)
+  for label in ("local_scgd", "local_moml"):
+    del config.methods[label]
+  summary = sinusoid.run(config, workdir, QUIET)
+  return workdir, summary
+
+
+def test_e3_end_to_end_with_tiny_settings(e3_tiny):
+  workdir, summary = e3_tiny
+  written, records = _outputs(workdir)
+  labels = {"local_scgdm", "comfedl"}
+  assert set(written["methods"]) == labels
+  assert {r["method"] for r in records} == labels
+  assert {r["round"] for r in records} == {1, 2}  # every evaluated round, streamed
   for r in records:
     for key in ("train_mse", "val_mse", "val_mse_before"):
       assert np.isfinite(r[key]) and r[key] > 0
-  for label in algorithms:
-    entry = written["algorithms"][label]
+  for label in labels:
+    entry = written["methods"][label]
     assert entry["val_mse"]["mean"] == pytest.approx(entry["per_seed"]["0"]["val_mse"])
-    assert entry["diverged_seeds"] == []
-  assert set(written["scgdm_val_below_local_bsgd"]) == {"0"}
+  assert [row["method"] for row in written["table"]] == ["comfedl", "local_scgdm"]
+  assert set(written["local_scgdm_val_below_comfedl"]) == {"0"}
+  assert written["settings"]["local_scgdm"]["learning_rate"] == 1.0
+  assert written["settings"]["comfedl"]["learning_rate"] == 0.01
   assert summary["wall_seconds"] > 0
-  with open(os.path.join(str(tmp_path), "config.json")) as f:
+  with open(os.path.join(workdir, "config.json")) as f:
     assert json.load(f)["inner_lr"] == 0.001
 
 
-def test_e3_builds_each_algorithm_with_the_paper_settings(tmp_path):
-  config = sinusoid.validate(str(tmp_path))
-  specs = {s["algorithm"]: s for s in sinusoid.runs(config)}
-  assert set(specs) == set(sinusoid.ALGORITHMS)
-  names = {"local_scgdm": "local_scgdm", "local_bsgd": "comfedl", "local_scgd": "local_scgd",
-           "local_moml": "local_moml"}
-  for label, spec in specs.items():
-    alg = sinusoid.make_algorithm(spec, config)
-    assert alg.name == names[label] and alg.plan.local_steps == 5
-  assert sinusoid.make_algorithm(specs["local_scgdm"], config).plan.every_round == ("u", "m")
-  assert sinusoid.make_algorithm(specs["local_moml"], config).plan.every_round == ()
-  for sweep, key in (("gamma", "gamma"), ("alpha", "alpha"), ("p", "p")):
-    specs = sinusoid.runs(sinusoid.validate(str(tmp_path), sweep=sweep))
-    assert [s[key] for s in specs] == list(sinusoid.SWEEP_DEFAULTS[sweep])
-    assert all(s["algorithm"] == "local_scgdm" for s in specs)
+def test_e3_rounds_past_the_last_evaluation_keep_finite_finals(e3_tiny):
+  """3 rounds evaluated every 2: the finals are round 2's (iteration 10), finite, and no
+  run is reported as diverged."""
+  _, summary = e3_tiny
+  for label, entry in summary["methods"].items():
+    assert entry["diverged_seeds"] == [], label
+    final = entry["per_seed"][0]
+    assert final["round"] == 2 and final["iteration"] == 10
+    for key in sinusoid.TABLE_KEYS:
+      assert np.isfinite(final[key]) and np.isfinite(entry[key]["mean"]), (label, key)
+  assert all("note" not in row and row["val_mse"] is not None for row in summary["table"])
 
 
-def test_e3_p_sweep_keeps_the_iterations(tmp_path):
-  sinusoid.run(str(tmp_path), **{**TINY, "sweep": "p", "sweep_values": ("1",)})
+def test_e3_builds_each_method_with_the_paper_settings():
+  config = get_config()
+  settings = sinusoid.check(config)
+  methods = {m.label: m for m in sinusoid.runs(settings, config)}
+  assert set(methods) == {"local_scgdm", "comfedl", "local_scgd", "local_moml"}
+  for label, method in methods.items():
+    alg = method.build()
+    assert alg.name == method.algorithm and alg.plan.local_steps == 5
+    assert sinusoid.schedule(method, settings) == {"rounds": 600, "eval_every": 25}
+  assert methods["local_scgdm"].build().plan.every_round == ("u", "m")
+  assert methods["local_moml"].build().plan.every_round == ()
+  for ablation in ("gamma", "alpha", "local_steps"):
+    config = get_config()
+    config.ablation = ablation
+    settings = sinusoid.check(config)
+    runs = sinusoid.runs(settings, config)
+    values = [m.local_steps if ablation == "local_steps" else m.kwargs[ablation]
+              for m in runs]
+    assert values == list(sinusoid.ABLATION_DEFAULTS[ablation])
+    assert all(m.algorithm == "local_scgdm" and m.learning_rate == 1.0 for m in runs)
+    assert [m.label for m in runs] == [f"local_scgdm_{ablation}={v:g}" for v in values]
+  # the local_steps ablation keeps the 3000 meta-iterations and the evaluation points
+  assert [sinusoid.schedule(m, settings) for m in runs] == [
+      {"rounds": 3000, "eval_every": 125}, {"rounds": 1500, "eval_every": 62},
+      {"rounds": 600, "eval_every": 25}, {"rounds": 300, "eval_every": 12}]
+
+
+def test_e3_local_steps_ablation_keeps_the_iterations(tmp_path):
+  sinusoid.run(tiny(ablation="local_steps", ablation_values=(1,)), str(tmp_path), QUIET)
   summary, records = _outputs(str(tmp_path))
-  assert set(summary["algorithms"]) == {"local_scgdm_p=1"}
-  assert max(r["iteration"] for r in records if r["algorithm"] == "local_scgdm_p=1") == 10
+  assert set(summary["methods"]) == {"local_scgdm_local_steps=1"}
+  assert summary["settings"]["local_scgdm_local_steps=1"]["rounds"] == 10
+  assert max(r["round"] for r in records) == 10  # 10 rounds of 1 step = 2 rounds of 5
 
 
-@pytest.mark.parametrize("kwargs,flag", [
-    (dict(algorithms=("local_scgdm", "maml")), "--algorithms"),
-    (dict(iterations=12, p=5), "--iterations"),
-    (dict(iterations=0), "--iterations"),
-    (dict(gamma=1.0), "--gamma"),
-    (dict(alpha=0.8, eta=2.0), "--alpha"),
-    (dict(beta=0.0), "--beta"),
-    (dict(inner_lr=-0.001), "--inner_lr"),
-    (dict(scgd_gamma=1.5), "--scgd_gamma"),
-    (dict(moml_beta=0.0), "--moml_beta"),
-    (dict(num_clients=4), "--num_clients"),
-    (dict(tasks_per_step=6), "--tasks_per_step"),
-    (dict(hidden=("40", "0")), "--hidden"),
-    (dict(hidden=("x",)), "--hidden"),
-    (dict(seeds=("a",)), "--seeds"),
-    (dict(seeds=("0", "0")), "--seeds"),
-    (dict(sweep="lr"), "--sweep"),
-    (dict(sweep="p", sweep_values=("7",)), "--sweep_values"),
-    (dict(sweep="gamma", sweep_values=("1.2",)), "--sweep_values"),
-    (dict(sweep="alpha", sweep_values=("x",)), "--sweep_values"),
-    (dict(first_order="yes"), "--first_order"),
+def _set(config, path, value):
+  *parents, name = path.split(".")
+  for parent in parents:
+    config = config[parent]
+  with config.ignore_type():
+    setattr(config, name, value)
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"methods.local_scgdm.algorithm": "maml"}, "--config.methods.local_scgdm.algorithm"),
+    ({"methods.comfedl.inner_lr": 0.1}, "--config.methods.comfedl.inner_lr"),
+    ({"methods.comfedl.local_steps": 7}, "--config.methods.comfedl.local_steps"),
+    ({"rounds": 0}, "--config.rounds"),
+    ({"eval_every": 0}, "--config.eval_every"),
+    ({"methods.local_scgdm.gamma": 1.0}, "--config.methods.local_scgdm.gamma"),
+    ({"methods.local_scgdm.learning_rate": 2.0}, "--config.methods.local_scgdm.alpha"),
+    ({"methods.local_scgdm.beta": 0.0}, "--config.methods.local_scgdm.beta"),
+    ({"inner_lr": -0.001}, "--config.inner_lr"),
+    ({"methods.local_scgd.gamma": 1.5}, "--config.methods.local_scgd.gamma"),
+    ({"methods.local_moml.beta": 0.0}, "--config.methods.local_moml.beta"),
+    ({"num_clients": 4}, "--config.num_clients"),
+    ({"tasks_per_step": 6}, "--config.tasks_per_step"),
+    ({"hidden": (40, 0)}, "--config.hidden"),
+    ({"hidden": ("x",)}, "--config.hidden"),
+    ({"seeds": ("a",)}, "--config.seeds"),
+    ({"seeds": (0, 0)}, "--config.seeds"),
+    ({"ablation": "lr"}, "--config.ablation"),
+    ({"ablation": "local_steps", "ablation_values": (7,)}, "--config.ablation_values"),
+    ({"ablation": "gamma", "ablation_values": (1.2,)}, "--config.ablation_values"),
+    ({"ablation": "alpha", "ablation_values": ("x",)}, "--config.ablation_values"),
+    ({"first_order": "yes"}, "--config.first_order"),
 ])
-def test_bad_flags_raise_naming_the_flag(tmp_path, kwargs, flag):
-  with pytest.raises(ValueError, match=flag):
-    sinusoid.validate(str(tmp_path), **kwargs)
+def test_bad_config_fields_raise_naming_the_field(changes, field):
+  config = get_config()
+  for path, value in changes.items():
+    _set(config, path, value)
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")) as err:
+    sinusoid.check(config)
+  assert "\n" not in str(err.value)
 
 
 def test_bad_workdir_raises():
   with pytest.raises(ValueError, match="--workdir"):
-    sinusoid.validate("")
+    sinusoid.run(tiny(), "", QUIET)
