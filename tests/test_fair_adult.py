@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import fedco
-from experiments import common, fair_adult
+from experiments import common, fair_adult, runner
+from experiments.configs import fair_adult as fair_config
 from fedco import estimators
 from fedco.algorithms.gcivr import gcivr
 from fedco.data import adult
@@ -336,68 +337,114 @@ def test_gcivr_in_the_runtime_matches_the_parallel_transcription():
 # ---- the experiment ----------------------------------------------------------------------
 
 
+QUIET = runner.Options(progress=False)
+
+
+def _config(**changes):
+  config = fair_config.get_config()
+  config.seeds = (0,)
+  for key, value in changes.items():
+    setattr(config, key, value)
+  return config
+
+
 def test_experiment_end_to_end_on_the_real_data(tmp_path):
   # 5 rounds, evaluated at 1, 2 and 4: the finals are round 4's, not an unevaluated round 5's
-  summary = fair_adult.run(str(tmp_path), rounds=5, eval_every=2, seeds=(0,), progress=False)
-  for name in ("config.json", "metrics.jsonl", "summary.json", "fairness.png"):
+  summary = fair_adult.run(_config(rounds=5, eval_every=2), str(tmp_path), QUIET)
+  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "fairness.png"):
     assert os.path.exists(tmp_path / name), name
   with open(tmp_path / "summary.json") as f:
     assert json.load(f)["rounds"] == 5
   records = common.read_jsonl(tmp_path / "metrics.jsonl")
-  assert {r["algorithm"] for r in records} == set(fair_adult.ALGORITHMS)
+  labels = set(fair_config.get_config().methods)
+  assert labels == {"feddro", "ds_feddro", "gcivr", "fedavg"}
+  assert {r["method"] for r in records} == labels
   assert {r["round"] for r in records} == {1, 2, 4}
   for r in records:
     assert 0.0 <= r["test_acc"] <= 1.0 and np.isfinite(r["train_max_violation"])
     assert len(r["test_violations"]) == G
     assert r["test_max_violation"] == pytest.approx(max(r["test_violations"]))
-  for label, entry in summary["algorithms"].items():
+  for label, entry in summary["methods"].items():
     assert entry["diverged_seeds"] == [] and entry["per_seed"][0]["round"] == 4, label
-    for key in fair_adult.FINAL_KEYS:
+    for key in fair_adult.TABLE_KEYS:
       assert np.isfinite(entry[key]["mean"]), (label, key)
+  assert all("note" not in row for row in summary["table"])
   assert "unconstrained_has_largest_test_violation" in summary
+  settings = summary["settings"]
+  assert settings["gcivr"] == {"algorithm": "gcivr", "learning_rate": 0.01, "local_steps": 1,
+                               "refresh_every": 10}
+  assert settings["ds_feddro"]["server_lr_x"] == 1.3 and settings["feddro"]["beta"] == 0.5
+  assert settings["fedavg"]["local_steps"] == 1 and settings["feddro"]["learning_rate"] == 0.1
 
 
-def test_local_steps_list_and_sweep_label_the_runs(tmp_path):
-  config = fair_adult.validate(str(tmp_path), local_steps=("1", "4"))
-  labels = [s["label"] for s in fair_adult.runs(config)]
-  assert labels == ["feddro_I=1", "feddro_I=4", "ds_feddro_I=1", "ds_feddro_I=4", "gcivr", "sgd"]
-  config = fair_adult.validate(str(tmp_path), sweep="I")
-  assert [s["label"] for s in fair_adult.runs(config)] == [
-      f"{a}_I={i}" for a in ("feddro", "ds_feddro") for i in (1, 2, 4, 8)]
+def test_the_local_steps_ablation_labels_the_runs():
+  config = _config(ablation="local_steps")
+  assert [m.label for m in fair_adult.runs(fair_adult.check(config))] == [
+      f"{a}_local_steps={i}" for a in ("ds_feddro", "feddro") for i in (1, 2, 4, 8)]
+  config.ablation_values = (1, 4)
+  methods = fair_adult.runs(fair_adult.check(config))
+  assert [(m.label, m.local_steps) for m in methods] == [
+      ("ds_feddro_local_steps=1", 1), ("ds_feddro_local_steps=4", 4),
+      ("feddro_local_steps=1", 1), ("feddro_local_steps=4", 4)]
+  assert methods[1].build().plan.local_steps == 4
 
 
-@pytest.mark.parametrize("kwargs,flag", [
-    (dict(algorithms=("feddro", "adam")), "--algorithms"),
-    (dict(rounds=0), "--rounds"),
-    (dict(num_clients=0), "--num_clients"),
-    (dict(local_steps=("0",)), "--local_steps"),
-    (dict(local_steps=("a",)), "--local_steps"),
-    (dict(learning_rate=0.0), "--learning_rate"),
-    (dict(gcivr_lr=-1.0), "--gcivr_lr"),
-    (dict(beta=1.5), "--beta"),
-    (dict(eps=-0.1), "--eps"),
-    (dict(gamma=0.0), "--gamma"),
-    (dict(proxy_noise=1.2), "--proxy_noise"),
-    (dict(refresh_every=0), "--refresh_every"),
-    (dict(sweep="tau"), "--sweep"),
-    (dict(sweep="I", sweep_values=("0",)), "--sweep_values"),
-    (dict(sweep_values=("2",)), "--sweep_values"),
-    (dict(seeds=("x",)), "--seeds"),
+def _set(config, field, value):
+  node = config
+  *path, last = field.split(".")
+  for name in path:
+    node = node[name]
+  node[last] = value
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("methods.feddro.algorithm", "adam", "--config.methods.feddro.algorithm"),
+    ("methods.fedavg.algorithm", "drfa", "--config.methods.fedavg.algorithm must be one of"),
+    ("rounds", 0, "--config.rounds"),
+    ("num_clients", 0, "--config.num_clients"),
+    ("local_steps", 0, "--config.local_steps"),
+    ("learning_rate", 0.0, "--config.learning_rate"),
+    ("methods.gcivr.learning_rate", -1.0, "--config.methods.gcivr.learning_rate"),
+    ("methods.feddro.beta", 1.5, "--config.methods.feddro.beta"),
+    ("methods.ds_feddro.server_lr_y", 0.0, "--config.methods.ds_feddro.server_lr_y"),
+    ("methods.gcivr.beta", 0.5, "--config.methods.gcivr.beta is not an argument"),
+    ("eps", -0.1, "--config.eps"),
+    ("gamma", 0.0, "--config.gamma"),
+    ("proxy_noise", 1.2, "--config.proxy_noise"),
+    ("methods.gcivr.refresh_every", 0, "--config.methods.gcivr.refresh_every"),
+    ("ablation", "tau", "--config.ablation"),
+    ("ablation_values", (2,), "--config.ablation_values needs"),
+    ("seeds", ("x",), "--config.seeds"),
 ])
-def test_bad_flags_name_the_flag(tmp_path, kwargs, flag):
-  with pytest.raises(ValueError, match=flag):
-    fair_adult.validate(str(tmp_path), **kwargs)
+def test_bad_fields_name_the_field(field, value, match):
+  config = fair_config.get_config()
+  with config.unlocked():
+    _set(config, field, value)
+  with pytest.raises(ValueError, match=match):
+    fair_adult.check(config)
+
+
+def test_bad_ablation_values_name_the_field():
+  config = _config(ablation="local_steps", ablation_values=(0,))
+  with pytest.raises(ValueError, match="--config.ablation_values"):
+    fair_adult.check(config)
+  config = _config(ablation="local_steps")
+  del config.methods["feddro"], config.methods["ds_feddro"]
+  with pytest.raises(ValueError, match="--config.ablation=local_steps needs"):
+    fair_adult.check(config)
 
 
 def test_missing_data_is_a_clear_error(tmp_path):
-  with pytest.raises(FileNotFoundError, match="empty"):
-    fair_adult.run(str(tmp_path / "out"), data_dir=str(tmp_path / "empty"), rounds=2,
-                   seeds=(0,), progress=False)
+  with pytest.raises(FileNotFoundError, match="--config.data_dir=.*empty"):
+    fair_adult.run(_config(data_dir=str(tmp_path / "empty"), rounds=2), str(tmp_path / "out"),
+                   QUIET)
+  assert not os.path.exists(tmp_path / "out")
 
 
-def test_binary_exits_cleanly_on_a_bad_flag(tmp_path):
+def test_the_driver_exits_cleanly_on_a_bad_field(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.fair_adult", f"--workdir={tmp_path}", "--rounds=0"],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 1
-  assert proc.stderr.strip().startswith("error: --rounds")
+      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/fair_adult.py",
+       f"--workdir={tmp_path}", "--config.rounds=0"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.rounds")
