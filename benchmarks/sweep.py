@@ -42,10 +42,12 @@ SEEDS = (0, 1, 2)
 
 
 def setup():
-  """E1's data, model, initial parameters and metrics on digits (partition seed 0)."""
-  config = dict(num_clients=10, big=1000, small=20, dataset="digits")
-  splits = fedco.data.load("digits")
-  fed = dro_fl.build_data((splits.train, splits.test), config, 0)
+  """E1's data, model, initial parameters and metrics on digits (partition seed 0; E1's
+  default digits split: 898 training images, a big client of 500, nine of 20)."""
+  from experiments.configs import dro_fl as dro_fl_config  # pylint: disable=g-import-not-at-top
+  config = dro_fl_config.get_config()
+  splits = dro_fl.load(config)
+  fed, _ = dro_fl.build_data((splits.train, splits.test), config, 500, 0)
   model, loss, stats = dro_fl.logistic_model()
 
   def metrics_fn(p):
