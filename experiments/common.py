@@ -47,6 +47,7 @@ METRICS_CSV = "metrics.csv"
 TENSORBOARD = "tensorboard"
 _STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
+STAGING = "in_progress"  # a running run's outputs, moved into the workdir when complete
 from fedco.io import TMP_PREFIX as _TMP_PREFIX, DirectoryLock, atomic_write  # noqa: F401
 
 
@@ -159,12 +160,16 @@ def check_workdir(workdir, flag: str = "workdir") -> str:
 class Workdir:
   """One run's output directory (created if missing).
 
-  Creating it removes what the previous run of a fedco experiment wrote there, and only that:
-  the workdir keeps a manifest (``.fedco-written.json``) of every output it writes (results,
-  figures, TensorBoard files, run checkpoint directories), so files a user put beside them
-  (another ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The
-  directory is locked for the process (a second process gets a one-line error naming it),
-  and an unwritable directory is a one-line ``ValueError``.
+  A run writes its outputs into ``<workdir>/in_progress/`` (streamed metrics included), and
+  :meth:`write_summary`, written last, moves them into the workdir, replacing the previous
+  run's: until the new results are complete the previous ones stay whole (a failed or killed
+  rerun leaves them, and its partial outputs stay in ``in_progress/`` until the next run).
+  Only what a fedco experiment wrote is ever replaced or removed: the workdir keeps a
+  manifest (``.fedco-written.json``) of every output it writes (results, figures,
+  TensorBoard files, run checkpoint directories), so files a user put beside them (another
+  ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The directory is
+  locked for the process (a second process gets a one-line error naming it), and an
+  unwritable directory is a one-line ``ValueError``.
 
   Args:
     path: the directory (``--workdir``).
@@ -183,26 +188,58 @@ class Workdir:
     weakref.finalize(self, lock.release)
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
-    # The previous run's outputs go; its run checkpoints stay (resume) unless
-    # start_checkpoints says otherwise.
-    written = read_manifest(self.path)
-    for name in written:
-      if _is_checkpoint(name):
-        continue
-      target = self.file(name)
-      if os.path.isdir(target):
-        shutil.rmtree(target, ignore_errors=True)
-      elif os.path.exists(target):
-        os.remove(target)
-    _write_manifest(self.path, [n for n in written if _is_checkpoint(n)])
+    self._staged: List[str] = []
+    # A killed run's partial outputs go (they are ours: the manifest lists the folder);
+    # the previous complete results stay until this run's replace them.
+    staging = os.path.join(self.path, STAGING)
+    if STAGING in read_manifest(self.path):
+      shutil.rmtree(staging, ignore_errors=True)
+    elif os.path.exists(staging):
+      raise ValueError(f"--{flag}={path!r} holds {STAGING}/, which fedco did not write; "
+                       "move it away or use another workdir")
+    record_written(self.path, staging)
+    os.makedirs(staging)
+    self._stage = staging
 
   def file(self, name: str) -> str:
-    return os.path.join(self.path, name)
+    """Where this run writes output ``name`` (inside ``in_progress/`` until the summary)."""
+    return os.path.join(self._stage, name)
 
   def record(self, path: str) -> str:
-    """Add ``path`` (inside the workdir) to the manifest of what this workdir wrote."""
-    record_written(self.path, path)
+    """Add ``path`` to the manifest of what this workdir wrote (an output in
+    ``in_progress/`` is listed under its final name when it is moved into place)."""
+    path = os.path.abspath(path)
+    if os.path.dirname(path) == self._stage and self._stage != self.path:
+      name = os.path.basename(path)
+      if name not in self._staged:
+        self._staged.append(name)
+    else:
+      record_written(self.path, path)
     return path
+
+  def commit(self) -> None:
+    """Move this run's outputs into the workdir, replacing the previous run's
+    (``summary.json`` last, so its presence marks complete results); the previous outputs
+    this run did not write again are removed. Later writes go straight to the workdir."""
+    if self._stage == self.path:
+      return
+    previous = [n for n in read_manifest(self.path) if not _is_checkpoint(n) and n != STAGING]
+    staged = sorted(self._staged, key=lambda n: n == SUMMARY)
+    for name in previous:
+      if name not in staged:
+        _remove(self.path, name)
+    _write_manifest(self.path, [n for n in read_manifest(self.path) if n not in previous]
+                    + staged)
+    for name in staged:
+      source = os.path.join(self._stage, name)
+      if not os.path.exists(source):
+        continue
+      if os.path.isdir(source):
+        _remove(self.path, name)
+      os.replace(source, os.path.join(self.path, name))
+    shutil.rmtree(self._stage, ignore_errors=True)
+    _write_manifest(self.path, [n for n in read_manifest(self.path) if n != STAGING])
+    self._stage = self.path
 
   def write_json(self, name: str, value: Any) -> str:
     path = self.file(name)
@@ -215,8 +252,10 @@ class Workdir:
     return self.write_json(CONFIG, dict(config))
 
   def write_summary(self, summary: Mapping[str, Any]) -> str:
-    """``summary.json``: write it last."""
-    return self.write_json(SUMMARY, dict(summary))
+    """``summary.json``: write it last; it completes the run (see :meth:`commit`)."""
+    self.write_json(SUMMARY, dict(summary))
+    self.commit()
+    return os.path.join(self.path, SUMMARY)
 
   def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> str:
     """Add records to ``metrics.jsonl`` (one JSON object per line) and ``metrics.csv`` (one
@@ -235,7 +274,7 @@ class Workdir:
   def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
     """Save a matplotlib figure as PNG, atomically."""
     self.record(self.file(name))
-    return self.save_figure_to(self.path, fig, name, dpi=dpi)
+    return self.save_figure_to(self._stage, fig, name, dpi=dpi)
 
   @staticmethod
   def save_figure_to(directory, fig, name: str, *, dpi: int = 120) -> str:
@@ -341,6 +380,14 @@ def read_manifest(workdir: str) -> List[str]:
     return []
   return [n for n in names if isinstance(n, str) and not os.path.isabs(n)
           and ".." not in n.split(os.sep)]
+
+
+def _remove(workdir: str, name: str) -> None:
+  target = os.path.join(workdir, name)
+  if os.path.isdir(target) and not os.path.islink(target):
+    shutil.rmtree(target, ignore_errors=True)
+  elif os.path.lexists(target):
+    os.remove(target)
 
 
 def _write_manifest(workdir: str, names: Sequence[str]) -> None:

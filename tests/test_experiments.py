@@ -125,27 +125,71 @@ def test_workdir_contract(tmp_path):
 
 
 def test_a_workdir_removes_only_what_it_wrote(tmp_path):
-  """A rerun removes the previous run's outputs (manifest-listed) and nothing else: not a
+  """A rerun replaces the previous run's outputs (manifest-listed) and nothing else: not a
   user's tensorboard tree, .tmp-* file or checkpoints directory; --noresume removes only the
   run checkpoint directories the workdir created."""
   run = tmp_path / "run"
   wd = common.Workdir(run)
   wd.write_config({"a": 1})
   wd.append_metrics([{"round": 1, "x": 0.5}])
-  ours = common.checkpoint_args({"workdir": str(run), "checkpoint_every": 5, "resume": True},
-                                "fedavg", seed=0)["checkpoint_dir"]
+  ours = runner.checkpoint_args(wd, runner.Options(), "fedavg", {"seed": 0})["checkpoint_dir"]
   os.makedirs(ours)
+  wd.write_summary({"done": True})
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
     (run / name).parent.mkdir(parents=True, exist_ok=True)
     (run / name).write_text("user data")
   del wd
   wd = common.Workdir(run)
-  assert not (run / "config.json").exists() and not (run / "metrics.jsonl").exists()
+  wd.write_config({"a": 2})
+  wd.write_summary({"done": True})  # this run wrote no metrics: the old ones go
+  assert json.loads((run / "config.json").read_text()) == {"a": 2}
+  assert not (run / "metrics.jsonl").exists() and not (run / "in_progress").exists()
   assert os.path.isdir(ours)  # checkpoints stay for resuming
   common.start_checkpoints(wd, {"resume": False})
   assert not os.path.exists(ours)
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
     assert (run / name).read_text() == "user data", name
+
+
+def test_a_rerun_replaces_the_results_only_once_it_completes(tmp_path):
+  """A rerun that stops before its summary (killed, or an error) leaves the previous complete
+  results in place, its own partial outputs in in_progress/; the next complete run replaces
+  both."""
+  run = tmp_path / "run"
+  first = common.Workdir(run)
+  first.write_config({"run": 1})
+  first.append_metrics([{"round": 1, "x": 1.0}])
+  first.save_figure(common.figure(), "plot.png")
+  first.write_summary({"run": 1})
+  del first
+  second = common.Workdir(run)  # starts, streams, then dies before its summary
+  second.write_config({"run": 2})
+  second.append_metrics([{"round": 1, "x": 2.0}])
+  assert json.loads((run / "config.json").read_text()) == {"run": 1}
+  assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 1.0}]
+  assert json.loads((run / "summary.json").read_text()) == {"run": 1}
+  assert (run / "plot.png").exists()
+  assert common.read_jsonl(run / "in_progress" / "metrics.jsonl") == [{"round": 1, "x": 2.0}]
+  del second
+  third = common.Workdir(run)
+  assert not (run / "in_progress" / "metrics.jsonl").exists()  # the partial outputs went
+  third.write_config({"run": 3})
+  third.append_metrics([{"round": 1, "x": 3.0}])
+  third.write_summary({"run": 3})
+  assert json.loads((run / "summary.json").read_text()) == {"run": 3}
+  assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 3.0}]
+  assert not (run / "plot.png").exists()  # the previous run's figure: not rewritten, gone
+  assert sorted(common.read_manifest(str(run))) == ["config.json", "metrics.csv",
+                                                    "metrics.jsonl", "summary.json",
+                                                    "tensorboard"]
+
+
+def test_a_folder_named_in_progress_that_fedco_did_not_write_is_left_alone(tmp_path):
+  (tmp_path / "in_progress").mkdir()
+  (tmp_path / "in_progress" / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="in_progress/, which fedco did not write"):
+    common.Workdir(tmp_path)
+  assert (tmp_path / "in_progress" / "notes.txt").read_text() == "mine"
 
 
 def test_an_unwritable_workdir_is_a_one_line_error(tmp_path):
@@ -181,6 +225,7 @@ def test_tensorboard_scalars_mirror_the_metrics(tmp_path):
   wd = common.Workdir(tmp_path / "tb")
   wd.append_metrics([{"round": 3, "algorithm": "feddro", "seed": 1, "loss": 0.25,
                       "weights": [0.5, 0.5]}])
+  wd.write_summary({})
   events = [f for f in os.listdir(tmp_path / "tb" / "tensorboard") if "tfevents" in f]
   assert len(events) == 1
   content = (tmp_path / "tb" / "tensorboard" / events[0]).read_bytes()
