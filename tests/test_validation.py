@@ -95,6 +95,9 @@ CASES = {
     "e7 beta": (lambda: _check("fedavg_counterexample", **{"methods.feddro.beta": 2.0}),
                 "beta"),
     "e7 rounds": (lambda: _check("fedavg_counterexample", rounds=0), "--config.rounds"),
+    "kl log num_clients": (lambda: fedco.Simulator(
+        client_kl_dro_log(lambda p, e: jnp.sum(p * e["r"]), 0.5, 4), fedco.feddro(),
+        _data().with_owner()), "built for num_clients=4, but data holds 3 clients"),
     # normalised ComFedL
     "normalized no gamma": (lambda: fedco.comfedl(normalized=True), "gamma"),
     "gamma without normalized": (lambda: fedco.comfedl(gamma=0.5), "normalized=True"),

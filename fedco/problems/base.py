@@ -62,6 +62,8 @@ class Problem:
     name: a label used in metrics and logs.
     outer_link: optional scalar function applied to the (weighted) mean of the outer's
       values; ``None`` is the identity.
+    num_clients: the number of clients the problem is written for (the client-level DRO
+      log form's ``K``); a simulation on other data is refused. ``None``: any.
   """
 
   inner: Optional[Callable[..., PyTree]]
@@ -71,6 +73,7 @@ class Problem:
   outer_uses_data: bool = False
   name: str = "problem"
   outer_link: Optional[Callable[[jax.Array], jax.Array]] = None
+  num_clients: Optional[int] = None
 
   def __post_init__(self):
     if self.kind not in _KINDS:

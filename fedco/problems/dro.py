@@ -79,7 +79,7 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
   Args:
     loss: per-example loss ``(params, example) -> scalar``.
     gamma: ``gamma > 0``.
-    num_clients: ``K``.
+    num_clients: ``K``; a simulation checks it against its data's clients.
     client_key: the example field holding the owning client's index.
   """
   if not (isinstance(gamma, (int, float)) and gamma > 0):
@@ -94,7 +94,8 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
   def outer(v):
     return kl_dro_value(v, gamma)
 
-  return base.Problem(inner, outer, None, "global", False, "client_kl_dro_log")
+  return base.Problem(inner, outer, None, "global", False, "client_kl_dro_log",
+                      num_clients=num_clients)
 
 
 def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):

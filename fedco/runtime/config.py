@@ -82,6 +82,10 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
     raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
   _check_kinds(problem, algorithm)
   n = data.num_clients
+  if problem.num_clients is not None and problem.num_clients != n:
+    raise ValueError(f"problem {problem.name!r} was built for num_clients="
+                     f"{problem.num_clients}, but data holds {n} clients; build it with "
+                     f"num_clients={n}")
   m = n if clients_per_round is None else clients_per_round
   if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
     raise ValueError(f"clients_per_round must be an integer in [1, {n}] (the number of "
