@@ -22,7 +22,7 @@ average and worst client accuracy and loss on train, validation and test (and, f
 the implied client weights ``softmax(f / gamma)`` of the training losses).
 ``config.ablation = "local_steps"`` or ``"gamma"`` runs the paper's ComFedL ablations;
 ``config.mode = "grid"`` first picks each method's settings from the paper's grids on
-validation (seed ``select_seed``), then reports test over ``config.seeds``.
+validation (seeds ``select_seeds``), then reports test over ``config.seeds``.
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
     python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
@@ -91,9 +91,10 @@ def check(config) -> Dict[str, Any]:
         common.check_int("config.ablation_values", int(v) if v.is_integer() else v, 1)
       else:
         common.check_positive("config.ablation_values", v)
+  select = ()
   if config.mode == "grid":
-    common.check_int("config.select_seed", config.select_seed, 0)
-  return {**settings, "methods": methods, "ablation_values": values,
+    select = runner.seeds(config, "select_seeds")
+  return {**settings, "methods": methods, "ablation_values": values, "select_seeds": select,
           "big": config.big or BIG[config.dataset]}
 
 
@@ -191,30 +192,31 @@ def runs(settings, config) -> List[Dict[str, Any]]:
 
 
 def grid_search(settings, config, splits, options) -> Dict[str, Dict[str, Any]]:
-  """Each method's best grid point on seed ``select_seed``'s validation sets: the highest
-  worst-client accuracy at the last evaluated round, ties broken by the average."""
-  fed, _ = build_data(splits, config, settings["big"], config.select_seed)
+  """Each method's best grid point on the ``select_seeds``' validation sets: the highest
+  worst-client accuracy at the last evaluated round (the mean over the selection seeds),
+  ties broken by the average; a point that diverges on any selection seed is out."""
   model, loss, stats = logistic_model()
-  params = models.init_params(model, fed.train.examples["x"][0], config.select_seed)
-  metrics_fn = make_metrics_fn(stats, {"val": fed.val})  # what the choice sees
-  rounds = settings["rounds"]
-  chosen = {}
-  for method in settings["methods"]:
-    problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
-    axes = runner.grid_axes(config, method, problem_axes)
-    found = runner.search(
-        method, axes, problem_axes=tuple(problem_axes),
-        make_problem=lambda p, m=method: make_problem(m, loss, p.get("gamma", config.gamma)),
-        algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
-        score=lambda metrics, r: [common.final_metrics({k: v[r] for k, v in metrics.items()})[k]
-                                  for k in SCORE], data=fed.train,
-        params=params, seed=config.select_seed, rounds=rounds,
-        batch_size=settings["batch_size"] or None, evaluate=False,
-        eval_every=settings["eval_every"], metrics_fn=metrics_fn)
-    chosen[method.label] = found
-    if options.progress:
-      print(f"grid: {method.label}: {len(found['points'])} points, best {found['best']}",
-            flush=True)
+  searches = {m.label: [] for m in settings["methods"]}
+  for seed in settings["select_seeds"]:
+    fed, _ = build_data(splits, config, settings["big"], seed)
+    params = models.init_params(model, fed.train.examples["x"][0], seed)
+    metrics_fn = make_metrics_fn(stats, {"val": fed.val})  # what the choice sees
+    for method in settings["methods"]:
+      problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
+      searches[method.label].append(runner.search(
+          method, runner.grid_axes(config, method, problem_axes),
+          problem_axes=tuple(problem_axes),
+          make_problem=lambda p, m=method: make_problem(m, loss, p.get("gamma", config.gamma)),
+          algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
+          score=lambda metrics, r: [
+              common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE],
+          data=fed.train, params=params, seed=seed, rounds=settings["rounds"],
+          batch_size=settings["batch_size"] or None, evaluate=False,
+          eval_every=settings["eval_every"], metrics_fn=metrics_fn))
+  chosen = {label: runner.combine(found) for label, found in searches.items()}
+  if options.progress:
+    for label, found in chosen.items():
+      print(f"grid: {label}: {len(found['points'])} points, best {found['best']}", flush=True)
   return chosen
 
 
@@ -236,7 +238,7 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
       if best is None:  # every grid point diverged: keep the paper's settings, reported
         specs.append({"method": method, "gamma": float(config.gamma)})
         continue
-      changes = {k: v for k, v in best.items() if k not in ("score", "gamma")}
+      changes = {k: v for k, v in best.items() if k not in ("score", "per_seed", "gamma")}
       lr = changes.pop("learning_rate")
       specs.append({"method": dataclasses.replace(method, learning_rate=lr,
                                                   kwargs={**method.kwargs, **changes}),
@@ -277,7 +279,7 @@ def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
              "settings": {s["method"].label: {**s["method"].settings(), "gamma": s["gamma"]}
                           for s in specs}}
   if chosen is not None:
-    summary["grid"] = {"select_seed": config.select_seed, "score": list(SCORE),
+    summary["grid"] = {"select_seeds": list(settings["select_seeds"]), "score": list(SCORE),
                        "chosen": {label: c["best"] for label, c in chosen.items()},
                        "points": {label: c["points"] for label, c in chosen.items()}}
   fedavg = per_method.get("fedavg", {})

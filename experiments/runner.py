@@ -77,16 +77,17 @@ class Method:
             "local_steps": self.local_steps, **self.kwargs}
 
 
-def seeds(config) -> tuple:
+def seeds(config, field: str = "seeds") -> tuple:
+  """``config.<field>`` as distinct integers (``ValueError`` naming the field)."""
+  given = config[field]
   try:
-    values = tuple(int(s) for s in (config.seeds if not isinstance(config.seeds, int)
-                                    else (config.seeds,)))
+    values = tuple(int(s) for s in (given if not isinstance(given, int) else (given,)))
   except (TypeError, ValueError):
-    raise ValueError(f"--config.seeds must be integers, got {config.seeds!r}") from None
+    raise ValueError(f"--config.{field} must be integers, got {given!r}") from None
   if not values:
-    raise ValueError("--config.seeds must name at least one seed")
+    raise ValueError(f"--config.{field} must name at least one seed")
   if len(set(values)) != len(values):
-    raise ValueError(f"--config.seeds must be distinct, got {values}")
+    raise ValueError(f"--config.{field} must be distinct, got {values}")
   return values
 
 
@@ -250,6 +251,21 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
         value = [float(v) for v in score(result.metrics, r)]
         value = value if np.all(np.isfinite(value)) else None
       points.append({**{k: run[k] for k in algorithm_names}, **fixed, "score": value})
+  return {"points": points, "best": _best(points)}
+
+
+def _best(points):
   finite = [p for p in points if p["score"] is not None]
-  best = max(finite, key=lambda p: p["score"]) if finite else None
-  return {"points": points, "best": best}
+  return max(finite, key=lambda p: p["score"]) if finite else None
+
+
+def combine(searches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+  """One method's searches on several seeds (same grid, same order) as one: a point's score
+  is the mean of its scores, ``None`` if it diverged on any seed."""
+  points = []
+  for same in zip(*(s["points"] for s in searches)):
+    scores = [p["score"] for p in same]
+    score = (None if any(v is None for v in scores)
+             else [float(v) for v in np.mean(np.asarray(scores), axis=0)])
+    points.append({**same[0], "score": score, "per_seed": scores})
+  return {"points": points, "best": _best(points)}

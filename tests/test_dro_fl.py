@@ -101,7 +101,11 @@ def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
   config.grid.qfedavg.q = (0.2, 1.0)
   summary = dro_fl.run(config, str(tmp_path), QUIET)
   grid = summary["grid"]
-  assert grid["select_seed"] == 100
+  assert grid["select_seeds"] == [100, 101]
+  for points in grid["points"].values():  # a point's score: the mean over the two seeds
+    for p in points:
+      if p["score"] is not None:
+        np.testing.assert_allclose(p["score"], np.mean(p["per_seed"], axis=0), rtol=1e-6)
   assert len(grid["points"]["comfedl_normalized"]) == 4 and len(grid["points"]["qfedavg"]) == 4
   for label, points in grid["points"].items():
     best = max((p for p in points if p["score"] is not None), key=lambda p: p["score"])
@@ -120,7 +124,8 @@ def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
 def test_grid_search_scores_are_those_of_a_separate_run(tmp_path):
   """The sweep's score of a grid point equals a plain run of that point on the selection
   seed (the vmapped grid is the same computation)."""
-  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(100,)), "fedavg")
+  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(100,), select_seeds=(100,)),
+                 "fedavg")
   config.grid.learning_rate = (0.05, 0.2)
   summary = dro_fl.run(config, str(tmp_path), QUIET)
   best = summary["grid"]["chosen"]["fedavg"]
@@ -154,6 +159,7 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
     ({"methods.drfa.local_steps": 1}, "--config.methods.drfa.local_steps"),
     (dict(seeds=("a",)), "--config.seeds"),
     (dict(ablation="lr"), "--config.ablation"),
+    (dict(mode="grid", select_seeds=()), "--config.select_seeds"),
     (dict(ablation="local_steps", ablation_values=(0,)), "--config.ablation_values"),
 ])
 def test_bad_fields_are_named(changes, field):

@@ -36,9 +36,10 @@ def get_config(mode: str = ""):
   # ComFedL's ablations (papers' Fig. 3): "local_steps" or "gamma" over ablation_values.
   config.ablation = "none"
   config.ablation_values = ()  # default: local_steps 1, 2, 5, 10; gamma 0.1, 0.2, 2, 5
-  # mode="grid": every method's grid point runs on seed select_seed's data and is scored by
-  # its validation worst-client accuracy at the last evaluated round.
-  config.select_seed = 100
+  # mode="grid": every method's grid point runs on each selection seed's data (seeds not
+  # reported) and is scored by its validation worst-client accuracy at the last evaluated
+  # round, then the average, each a mean over these seeds.
+  config.select_seeds = (100, 101)
   config.grid = ml_collections.ConfigDict({
       "learning_rate": (0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0),
       "gamma": (0.1, 0.5, 1.0, 5.0),
