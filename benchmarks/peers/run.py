@@ -1,0 +1,164 @@
+r"""fedco against Flower, pfl-research and DrJAX on the same workloads (issue 17).
+
+    python -m benchmarks.peers.run --python_flower=/path/to/flower-venv/bin/python \
+        --python_pfl=/path/to/pfl-venv/bin/python --repeats=3 \
+        --out=benchmarks/results/peers.json
+
+Each peer program (``benchmarks/peers/<peer>_bench.py``, ``jax_bench.py`` for fedco and
+DrJAX) runs in its own process, with its own virtual environment's python (Flower and pfl pin
+older packages than fedco's); the repeats alternate between the sides (side A, B, C, A, B,
+C, ...), so load changes hit every side alike. Per workload and side it records every
+repeat's whole-process wall time (start-up, imports, data, compilation, the rounds), the
+program's own ``setup_seconds`` and per-round times, then medians: steady-state rounds per
+second (``1 / median`` of the round times after the first), client updates per second
+(sampled clients x rounds/s) and the whole-process time; ratios are fedco's over each peer's.
+``check`` compares each peer's final model after 3 whole-data FedAvg rounds with fedco's (the
+same numbers up to float32 round-off). Writes the JSON (``--out``) and a markdown table
+beside it (``.md``). A side whose python is not given is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from absl import app
+from absl import flags
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import workloads  # noqa: E402  pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("python_flower", None, "python of a virtualenv with flwr[simulation], torch")
+flags.DEFINE_string("python_pfl", None, "python of a virtualenv with pfl[pytorch]")
+flags.DEFINE_string("python_jax", sys.executable, "python with fedco and drjax")
+flags.DEFINE_list("workloads", ["check", "logistic", "feddro", "cross_device"], "Workloads.")
+flags.DEFINE_integer("repeats", 3, "Processes per side and workload, alternating.")
+flags.DEFINE_integer("logistic_rounds", 100, "Timed rounds of the logistic workloads.")
+flags.DEFINE_integer("cross_device_rounds", 10, "Timed rounds of the cross-device workload.")
+flags.DEFINE_string("out", "benchmarks/results/peers.json", "Where to write the JSON.")
+
+SIDES = {  # side: (python flag, program, extra arguments)
+    "fedco": ("python_jax", "jax_bench.py", ["--peer=fedco"]),
+    "fedco_xla_conv": ("python_jax", "jax_bench.py", ["--peer=fedco", "--conv_impl=xla"]),
+    "drjax": ("python_jax", "jax_bench.py", ["--peer=drjax"]),
+    "flower": ("python_flower", "flower_bench.py", []),
+    "pfl": ("python_pfl", "pfl_bench.py", []),
+}
+APPLIES = {"fedco_xla_conv": ("cross_device",), "drjax": ("check", "logistic", "cross_device")}
+
+
+def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
+  python_flag, program, extra = SIDES[side]
+  command = [getattr(FLAGS, python_flag), os.path.join(HERE, program),
+             f"--workload={workload}", f"--rounds={rounds}", *extra]
+  start = time.perf_counter()
+  proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+  wall = time.perf_counter() - start
+  lines = [l for l in proc.stdout.strip().splitlines() if l.startswith("{")]
+  if proc.returncode != 0 or not lines:
+    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:],
+            "process_seconds": wall}
+  out = json.loads(lines[-1])
+  out["process_seconds"] = wall
+  out["load_after"] = list(os.getloadavg())
+  return out
+
+
+def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+  ok = [r for r in runs if "error" not in r]
+  if not ok:
+    return {"error": runs[-1].get("error")}
+  steady = [float(np.median(r["round_seconds"][1:] or r["round_seconds"])) for r in ok]
+  per_round = float(np.median(steady))
+  clients = ok[0]["client_updates_per_round"]
+  return {"version": ok[0]["version"], "repeats": len(ok),
+          "rounds_per_second": 1.0 / per_round,
+          "client_updates_per_second": clients / per_round,
+          "process_seconds": float(np.median([r["process_seconds"] for r in ok])),
+          "setup_seconds": float(np.median([r["setup_seconds"] for r in ok])),
+          "rounds": ok[0]["rounds"]}
+
+
+def check_against_fedco(results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+  ref = next((r for r in results.get("fedco", []) if "final_params" in r), None)
+  out = {}
+  for side, runs in results.items():
+    got = next((r for r in runs if "final_params" in r), None)
+    if side == "fedco" or ref is None or got is None:
+      continue
+    diffs = {k: float(np.max(np.abs(np.asarray(got["final_params"][k]) -
+                                    np.asarray(ref["final_params"][k]))))
+             for k in ("w", "b")}
+    scale = max(float(np.max(np.abs(np.asarray(ref["final_params"][k])))) for k in ("w", "b"))
+    out[side] = {"max_abs_diff": max(diffs.values()), "max_abs_fedco": scale,
+                 "equal_to_float32": max(diffs.values()) <= 1e-5 * max(scale, 1.0)}
+  return out
+
+
+def table(summary: Dict[str, Any]) -> str:
+  lines = ["| workload | side | version | rounds/s (steady) | client updates/s | process s "
+           f"| fedco's speed-up |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  for workload, sides in summary["workloads"].items():
+    if workload == "check":
+      continue
+    base = sides.get("fedco", {})
+    for side, s in sides.items():
+      if "error" in s:
+        lines.append(f"| {workload} | {side} | - | failed | | | |")
+        continue
+      ratio = ("" if side == "fedco" or "rounds_per_second" not in base else
+               f"{base['rounds_per_second'] / s['rounds_per_second']:.1f}x rounds/s, "
+               f"{s['process_seconds'] / base['process_seconds']:.1f}x process")
+      lines.append(f"| {workload} | {side} | {s['version']} | {s['rounds_per_second']:.3g} | "
+                   f"{s['client_updates_per_second']:.3g} | {s['process_seconds']:.1f} | "
+                   f"{ratio} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  sys.path.insert(0, ROOT)
+  from benchmarks import _common  # pylint: disable=g-import-not-at-top
+  rounds = {"logistic": FLAGS.logistic_rounds, "feddro": FLAGS.logistic_rounds,
+            "cross_device": FLAGS.cross_device_rounds, "check": 3}
+  record = {"machine": _common.machine_info(), "started": _common.timestamp(),
+            "load_before": list(os.getloadavg()), "workloads": {}, "runs": {}}
+  for workload in FLAGS.workloads:
+    sides = [s for s in SIDES if getattr(FLAGS, SIDES[s][0])
+             and workload in APPLIES.get(s, (workload,))]
+    results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in sides}
+    repeats = 1 if workload == "check" else FLAGS.repeats
+    for i in range(repeats):
+      for side in (sides if i % 2 == 0 else sides[::-1]):
+        results[side].append(run_side(side, workload, rounds[workload]))
+        print(workload, side, i, {k: v for k, v in results[side][-1].items()
+                                  if k in ("setup_seconds", "process_seconds", "error")},
+              flush=True)
+    record["runs"][workload] = {s: [{k: v for k, v in r.items() if k != "final_params"}
+                                    for r in rs] for s, rs in results.items()}
+    if workload == "check":
+      record["workloads"]["check"] = check_against_fedco(results)
+    else:
+      record["workloads"][workload] = {s: summarize(rs) for s, rs in results.items()}
+  record["load_after"] = list(os.getloadavg())
+  record["config"] = {"repeats": FLAGS.repeats, "rounds": rounds,
+                      "workloads": {k: dataclasses.asdict(w)
+                                    for k, w in workloads.WORKLOADS.items()}}
+  _common.write_json(FLAGS.out, record)
+  md = table(record)
+  with open(os.path.splitext(FLAGS.out)[0] + ".md", "w") as f:
+    f.write(md)
+  print(md)
+
+
+if __name__ == "__main__":
+  app.run(main)
