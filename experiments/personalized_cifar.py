@@ -1,251 +1,229 @@
 r"""E2: personalised federated learning on heterogeneous CIFAR-10 (paper 001, Sec. 5.2).
 
-Ten clients; client ``i`` holds a fraction ``rho`` of its ``--per_client`` training images
-from class ``i`` and ``(1 - rho) / 9`` from each other class (``fedco.data.dominant_class``;
-paper: ``rho = 0.28``), and a validation set drawn from the test split with the same class
-mix (``matched_validation``: ``|test| / |train|`` of the client's size, 100 images for 500
-CIFAR-10 training images). Model: the 4-layer CNN of MAML (``fedco.models.CNN4``, GroupNorm
-instead of batch norm because fedco applies the model to one image at a time). Every
-algorithm starts from the same initial model per seed and runs ``tau = --local_steps = 5``
-local steps per round with mini-batches of ``--batch_size``; the paper's settings:
+Ten clients; client ``i`` holds a fraction ``config.rho`` of its ``config.per_client``
+training images from class ``i`` and ``(1 - rho) / 9`` from each other class
+(``fedco.data.dominant_class``; paper: ``rho = 0.28``), and a validation set drawn from the
+test split with the same class mix (``matched_validation``: ``|test| / |train|`` of the
+client's size, 100 images for 500 CIFAR-10 training images). Model: the 4-layer CNN of MAML
+(``fedco.models.CNN4``, GroupNorm instead of batch norm because fedco applies the model to
+one image at a time). Every method starts from the same initial model per seed and runs
+``local_steps = 5`` (tau) local steps per round with mini-batches of ``batch_size``. The
+methods are ``config.methods``, each an algorithm (``fedco.ALGORITHMS``) with its arguments
+and a ``problem`` (``name`` and its settings); the paper's settings (outer rate
+``learning_rate = 0.1`` unless given):
 
 ==================  ==========================================================================
-``comfedl_damaml``  ``fedco.comfedl(0.1)`` on DA-MAML, ``exp((L_k(w - 0.05 grad L_k(w)) -
-                    shift) / gamma)``, ``gamma = 0.5`` (paper 001 eq. 10)
-``comfedl_maml``    ``fedco.comfedl(0.1)`` on MAML with inner lr 0.05 (eq. 7)
-``fedavg``          ``fedco.fedavg(0.1)`` on the cross-entropy, fine-tuned by one step of 0.1
-                    before evaluation ("for fair comparison, FedAvg is trained with one step
-                    at test time")
-``fedmaml``         ``fedco.fedmaml(0.1)`` on MAML with inner lr 0.1
-``tr_maml``         ``fedco.tr_maml(0.1, weights_lr=0.08)`` on MAML with inner lr 0.05
-``ditto``           ``fedco.ditto(0.2, lam=0.1)`` on the cross-entropy; personal models
+``comfedl_damaml``  ``comfedl`` on DA-MAML, ``exp((L_k(w - 0.05 grad L_k(w)) - shift) /
+                    gamma)``, ``gamma = 0.5`` (paper 001 eq. 10; ``problem.inner_lr = 0.05``)
+``comfedl_maml``    ``comfedl`` on MAML with ``problem.inner_lr = 0.05`` (eq. 7)
+``fedavg``          ``fedavg`` on the cross-entropy, fine-tuned by one step of
+                    ``problem.finetune_lr = 0.1`` before evaluation ("for fair comparison,
+                    FedAvg is trained with one step at test time")
+``fedmaml``         ``fedmaml`` on MAML with ``problem.inner_lr = 0.1``
+``tr_maml``         ``tr_maml`` (``weights_lr = 0.08``) on MAML with ``problem.inner_lr =
+                    0.05``
+``ditto``           ``ditto`` (``learning_rate = 0.2``, ``lam = 0.1``) on the cross-entropy;
+                    scored with its personal models
 ==================  ==========================================================================
 
 MAML here is :func:`fedco.problems.personalized.personalized_maml` (one task per client:
 the inner map is ``w - a grad l(w; x, y)`` per image, its batch mean the adapted model on the
 support batch; the outer the loss on an independent query batch; exact second order unless
-``--first_order``).
+``config.first_order``, which also makes FedMAML's exact step its first-order one).
 
-**Evaluation** ("validation loss and accuracy after one personalization step"): at round 0,
-every ``--eval_every`` rounds and at the end, each client ``k`` takes the server model, makes
-ONE gradient step on the mean loss over ALL of its training images (deterministic; the rate
-is the algorithm's inner lr, FedAvg's ``--finetune_lr``) and is scored on its validation set.
+**Evaluation** ("validation loss and accuracy after one personalization step"): a
+``fedco.runtime.PeriodicAction`` at round 0, every ``eval_every`` rounds and at the last
+round: each client ``k`` takes the server model, makes ONE gradient step on the mean loss
+over ALL of its training images (deterministic; the rate is the method's
+``problem.inner_lr``, or ``problem.finetune_lr`` for a method on the cross-entropy) and is
+scored on its validation set.
 Ditto's clients are scored with their personal models as they are (no extra step). Reported:
 mean and worst client validation accuracy, mean and worst validation loss, the same mean
 accuracy/loss of the shared model without personalisation (``*_global``), the per-client
-accuracies, and TR-MAML's client weights ``p``. The evaluation is one jitted program
-(``lax.map`` over chunks of ``--eval_chunk`` clients, each chunk vmapped) shared by all
-algorithms; it runs between chunks of ``fedco.Simulator.run``, which is how Ditto's personal
-models (simulator state) are reached.
+accuracies (``val_acc_clients``), and TR-MAML's client weights ``p``. The evaluation is one
+jitted program (``lax.map`` over chunks of ``eval_chunk`` clients, each chunk vmapped)
+shared by all methods; as an action it sees the whole simulation state (Ditto's personal
+models, TR-MAML's weights) and its rows are streamed and checkpointed with the run.
 
-Ablations (ComFedL-DAMAML only, the paper's Figs. 5-6): ``--sweep=tau`` (``--local_steps``
-in 1, 2, 5, 10), ``--sweep=gamma`` (0.1, 0.5, 1, 5: the paper's grid) and ``--sweep=rho``
-(0.1 = balanced, 0.28, 0.6, 0.8); ``--sweep_values`` overrides.
+Ablations (ComFedL-DAMAML, ``methods.comfedl_damaml``, only; the paper's Figs. 5-6):
+``config.ablation = "local_steps"`` (1, 2, 5, 10), ``"gamma"`` (0.1, 0.5, 1, 5: the paper's
+grid) or ``"rho"`` (0.1 = balanced, 0.28, 0.6, 0.8); ``config.ablation_values`` overrides.
 
-Datasets: ``--dataset=cifar10`` reads TFDS ``cifar10`` prepared as array_record under
-``--data_dir`` (see ``fedco.data.sources``); ``--dataset=digits`` is the offline stand-in
+Datasets: ``dataset = "cifar10"`` reads TFDS ``cifar10`` prepared as array_record under
+``data_dir`` (see ``fedco.data.sources``); ``dataset = "digits"`` is the offline stand-in
 (scikit-learn's 8x8 digits, 1347 training images): images are upsampled 2x by pixel
 repetition to 16x16x1, the smallest input ``CNN4``'s four 2x2 pools accept, and
-``--per_client`` defaults to 120 (each class must supply ``per_client`` images: the 10
-clients together take ``rho + 9 (1 - rho)/9 = 1`` client's worth of every class).
+``per_client`` defaults to 120 (each class must supply ``per_client`` images: the 10
+clients together take ``rho + 9 (1 - rho)/9 = 1`` client's worth of every class). The
+``:digits`` config mode sets it with its 30 rounds::
 
-    python -m experiments.personalized_cifar --workdir=runs/e2 --dataset=digits  # offline
-    python -m experiments.personalized_cifar --workdir=runs/e2 --data_dir=~/tensorflow_datasets
-    python -m experiments.personalized_cifar --workdir=runs/e2_rho --sweep=rho
+    python -m experiments.main --config=experiments/configs/personalized_cifar.py:digits \
+        --workdir=runs/e2                                                        # offline
+    python -m experiments.main --config=experiments/configs/personalized_cifar.py \
+        --config.data_dir=~/tensorflow_datasets --workdir=runs/e2
+    python -m experiments.main --config=experiments/configs/personalized_cifar.py:digits \
+        --config.ablation=rho --workdir=runs/e2_rho
 
 Rounds: the paper gives none. The default 300 for CIFAR-10 (500 images per client: 300
 rounds of 5 batches of 32 are about 100 local epochs) is meant for an accelerator; on 2 CPU
-cores a round of the four MAML-type algorithms takes seconds each. Digits defaults to 30
-rounds (ComFedL-MAML passes 0.95 mean validation accuracy by round 15). ``--per_client=5000``
-uses the whole CIFAR-10 training split (the partition's maximum; lower ``--eval_chunk``
+cores a round of the four MAML-type methods takes seconds each. Digits: 30 rounds
+(ComFedL-MAML passes 0.95 mean validation accuracy by round 15). ``per_client = 5000``
+uses the whole CIFAR-10 training split (the partition's maximum; lower ``eval_chunk``
 then, since evaluation holds a chunk of clients' whole training sets).
 
 **DA-MAML at the paper's settings diverges.** ComFedL's step on ``exp((L - shift)/gamma)``
 is ``exp((L - shift)/gamma) / gamma`` times the MAML gradient: about 200 at ``gamma = 0.5``,
-``shift = 0`` and a loss near ``log 10``, so ``--comfedl_lr=0.1`` diverges within 5 rounds on
-digits; the factor grows with the loss (positive feedback) and falls by ``e^2`` per unit of
-loss decrease. ``--shift=s`` multiplies it by ``exp(-s/gamma)`` (same minimisers: a
+``shift = 0`` and a loss near ``log 10``, so its learning rate 0.1 diverges within 5 rounds
+on digits; the factor grows with the loss (positive feedback) and falls by ``e^2`` per unit
+of loss decrease. ``shift = s`` multiplies it by ``exp(-s/gamma)`` (same minimisers: a
 learning-rate change for DA-MAML only; float32 holds ``(L - s)/gamma < 88``). Measured on
 digits (seed 0, 20 rounds, validation accuracy after one step): ``shift`` 2.3 still
 diverges, 3 trains slowly (0.68, ComFedL-MAML 0.97), 4 nearly stalls (0.30); with
 ``shift = 0``, ``gamma`` 0.1, 0.5 and 1 diverge by round 5 and ``gamma = 5`` reaches 0.87.
-The defaults stay the paper's (as in E1); a diverged run is reported (round) in
-``summary.json`` and the table instead of stopping the others.
+The defaults stay the paper's (as in E1); a diverged run stays in ``summary.json`` and the
+table with its note (round, quantity, the setting to lower) while the others go on.
 
 **CPU speed.** XLA:CPU runs convolution gradients 10-60x slower inside ``lax.scan`` (where
 fedco's simulator runs every local step) than outside (jax issue #12868). ``CNN4``'s default
-``conv_impl="auto"`` therefore computes convolutions as im2col matrix products on the CPU
-(``fedco.models.layers``; same parameters and values); ``--conv_impl=xla`` forces
+``conv_impl = "auto"`` therefore computes convolutions as im2col matrix products on the CPU
+(``fedco.models.layers``; same parameters and values); ``"xla"`` forces
 ``lax.conv_general_dilated``.
 
-Writes ``config.json``, ``metrics.jsonl`` (+ ``metrics.csv``), ``summary.json`` (per-seed
-final values and mean/std over seeds per algorithm) and ``curves.png`` (validation loss,
-mean and worst accuracy against rounds, mean over seeds); prints the final table;
-checkpoints every run under ``--workdir/checkpoints/`` (rerunning resumes; ``--noresume``
-starts over).
+Writes ``config.json``, ``metrics.jsonl`` and ``metrics.csv`` (one row per evaluation and
+run, field ``method``, streamed while runs go; the CSV without the per-client lists),
+``summary.json`` (per-seed final values and mean/std over seeds per method) and
+``curves.png`` (mean validation loss, mean and worst accuracy against rounds, mean +- std
+over seeds); prints the final table; checkpoints every run under ``checkpoints/`` (rerunning
+resumes; the driver's ``--noresume`` starts over).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import sys
-import time
 from typing import Any, Dict, List
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import common
+from experiments import common, runner
 from fedco import models
 from fedco.data import partition
 from fedco.data.datasets import make_federated
 from fedco.problems import personalized
 
-ALGORITHMS = ("comfedl_damaml", "comfedl_maml", "fedavg", "fedmaml", "tr_maml", "ditto")
-LABELS = {"comfedl_damaml": "ComFedL-DAMAML", "comfedl_maml": "ComFedL-MAML",
-          "fedavg": "FedAvg (+1 step)", "fedmaml": "FedMAML", "tr_maml": "TR-MAML",
-          "ditto": "Ditto (personal)"}
 DATASETS = ("cifar10", "digits")
 PER_CLIENT = {"cifar10": 500, "digits": 120}
-ROUNDS = {"cifar10": 300, "digits": 30}
+PROBLEMS = ("da_maml", "maml", "erm")
+PROBLEM_FIELDS = ("name", "inner_lr", "finetune_lr")  # a method's ``problem`` fields
 NUM_CLIENTS = 10
 NUM_CLASSES = 10
-SWEEPS = ("none", "tau", "gamma", "rho")
-SWEEP_DEFAULTS = {"tau": (1, 2, 5, 10), "gamma": (0.1, 0.5, 1.0, 5.0),
-                  "rho": (0.1, 0.28, 0.6, 0.8)}
-SWEPT = "comfedl_damaml"
+ABLATIONS = ("none", "local_steps", "gamma", "rho")
+ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.5, 1.0, 5.0),
+                     "rho": (0.1, 0.28, 0.6, 0.8)}
 FINAL_KEYS = ("val_acc_avg", "val_acc_worst", "val_loss_avg", "val_loss_worst",
               "val_acc_global_avg", "val_loss_global_avg")
-PER_CLIENT_KEYS = ("val_loss", "val_acc", "val_loss_global", "val_acc_global")
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-  flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
-  flags.DEFINE_enum("dataset", "cifar10", list(DATASETS),
-                    "cifar10 (TFDS, prepared) or digits (offline stand-in).")
-  flags.DEFINE_string("data_dir", None, "TFDS data_dir holding cifar10 as array_record.")
-  flags.DEFINE_list("algorithms", list(ALGORITHMS), f"Comma list from {', '.join(ALGORITHMS)}.")
-  flags.DEFINE_integer("rounds", None, "Communication rounds (default: 300 for cifar10, 30 "
-                       "for digits; the paper gives none).")
-  flags.DEFINE_integer("local_steps", 5, "tau: local steps per round.")
-  flags.DEFINE_integer("batch_size", 32, "Mini-batch size per client and step (each of the "
-                       "inner, outer and next-inner batches).")
-  flags.DEFINE_integer("per_client", None, "Training images per client (default: 500 for "
-                       "cifar10, 120 for digits; 5000 is all of CIFAR-10).")
-  flags.DEFINE_float("rho", 0.28, "Fraction of a client's images from its dominant class.")
-  flags.DEFINE_integer("filters", 32, "CNN4 channels per convolution.")
-  flags.DEFINE_bool("first_order", False, "First-order MAML (drop the Hessian terms).")
-  flags.DEFINE_enum("conv_impl", "auto", list(models.layers.CONV_IMPLS),
-                    "CNN4's convolutions: im2col matrix products (matmul; auto on the CPU) "
-                    "or lax.conv_general_dilated (xla; auto elsewhere).")
-  flags.DEFINE_float("comfedl_lr", 0.1, "ComFedL (DA-MAML and MAML) outer learning rate.")
-  flags.DEFINE_float("comfedl_inner_lr", 0.05, "ComFedL's MAML inner learning rate.")
-  flags.DEFINE_float("gamma", 0.5, "DA-MAML temperature gamma.")
-  flags.DEFINE_float("shift", 0.0, "DA-MAML shift: exp((L - shift)/gamma); scales the step "
-                     "by exp(-shift/gamma).")
-  flags.DEFINE_float("fedavg_lr", 0.1, "FedAvg learning rate.")
-  flags.DEFINE_float("finetune_lr", 0.1, "FedAvg's one fine-tuning step before evaluation.")
-  flags.DEFINE_float("fedmaml_lr", 0.1, "FedMAML outer learning rate.")
-  flags.DEFINE_float("fedmaml_inner_lr", 0.1, "FedMAML inner learning rate.")
-  flags.DEFINE_float("trmaml_lr", 0.1, "TR-MAML outer learning rate.")
-  flags.DEFINE_float("trmaml_inner_lr", 0.05, "TR-MAML inner learning rate.")
-  flags.DEFINE_float("trmaml_weight_lr", 0.08, "TR-MAML client-weight learning rate.")
-  flags.DEFINE_float("ditto_lr", 0.2, "Ditto learning rate (global and personal).")
-  flags.DEFINE_float("ditto_lam", 0.1, "Ditto proximal weight lambda.")
-  flags.DEFINE_integer("eval_every", 5, "Evaluate every this many rounds.")
-  flags.DEFINE_integer("eval_chunk", NUM_CLIENTS, "Clients evaluated together (vmapped); "
-                       "lower it to save memory.")
-  flags.DEFINE_list("seeds", ["0", "1", "2"], "Comma list of integer seeds.")
-  flags.DEFINE_enum("sweep", "none", list(SWEEPS),
-                    "Run ComFedL-DAMAML's tau, gamma or rho ablation instead.")
-  flags.DEFINE_list("sweep_values", [], "Values for --sweep (default: see the docstring).")
-  flags.DEFINE_bool("progress", True, "Print a progress line per run.")
-  common.define_checkpoint_flags(50)
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
 
 
 def _check_rho(name, value) -> float:
   return common.check_real(name, value, low=0.0, high=1.0, low_open=False)
 
 
-def validate(workdir, *, dataset="cifar10", data_dir=None, algorithms=ALGORITHMS, rounds=None,
-             local_steps=5, batch_size=32, per_client=None, rho=0.28, filters=32,
-             first_order=False, conv_impl="auto", comfedl_lr=0.1, comfedl_inner_lr=0.05,
-             gamma=0.5, shift=0.0,
-             fedavg_lr=0.1, finetune_lr=0.1, fedmaml_lr=0.1, fedmaml_inner_lr=0.1,
-             trmaml_lr=0.1, trmaml_inner_lr=0.05, trmaml_weight_lr=0.08, ditto_lr=0.2,
-             ditto_lam=0.1, eval_every=5, eval_chunk=NUM_CLIENTS, seeds=(0, 1, 2),
-             sweep="none", sweep_values=(), progress=True, checkpoint_every=50,
-             resume=True) -> Dict[str, Any]:
-  """Checks every setting and returns the run's config; raises ``ValueError`` naming the flag."""
-  if dataset not in DATASETS:
-    raise ValueError(f"--dataset must be one of {DATASETS}, got {dataset!r}")
-  if data_dir is not None and (not isinstance(data_dir, str) or not data_dir.strip()):
-    raise ValueError(f"--data_dir must be a folder path, got {data_dir!r}")
-  algorithms = common.check_names("algorithms", algorithms, ALGORITHMS)
-  if sweep not in SWEEPS:
-    raise ValueError(f"--sweep must be one of {SWEEPS}, got {sweep!r}")
-  rounds = ROUNDS[dataset] if rounds is None else common.check_int("rounds", rounds, 1)
-  for name, value in (("local_steps", local_steps),
-                      ("batch_size", batch_size), ("filters", filters),
-                      ("eval_every", eval_every), ("eval_chunk", eval_chunk)):
-    common.check_int(name, value, 1)
-  per_client = (PER_CLIENT[dataset] if per_client is None
-                else common.check_int("per_client", per_client, 1))
-  rho = _check_rho("rho", rho)
-  if not isinstance(first_order, bool):
-    raise ValueError(f"--first_order must be a bool, got {first_order!r}")
-  if conv_impl not in models.layers.CONV_IMPLS:
-    raise ValueError(f"--conv_impl must be one of {models.layers.CONV_IMPLS}, got {conv_impl!r}")
-  rates = dict(comfedl_lr=comfedl_lr, comfedl_inner_lr=comfedl_inner_lr, gamma=gamma,
-               fedavg_lr=fedavg_lr, finetune_lr=finetune_lr, fedmaml_lr=fedmaml_lr,
-               fedmaml_inner_lr=fedmaml_inner_lr, trmaml_lr=trmaml_lr,
-               trmaml_inner_lr=trmaml_inner_lr, trmaml_weight_lr=trmaml_weight_lr,
-               ditto_lr=ditto_lr)
-  rates = {name: common.check_positive(name, value) for name, value in rates.items()}
-  ditto_lam = common.check_positive("ditto_lam", ditto_lam, allow_zero=True)
-  shift = common.check_real("shift", shift)
-  seeds = common.check_int_list("seeds", seeds, 0, distinct=True)
-  values = ()
-  if sweep != "none":
-    raw = tuple(sweep_values) or SWEEP_DEFAULTS[sweep]
-    try:
-      numbers_ = tuple(float(v) for v in raw)
-    except (TypeError, ValueError):
-      raise ValueError(f"--sweep_values must be numbers, got {sweep_values!r}") from None
-    if sweep == "tau":
-      if not all(float(v).is_integer() for v in numbers_):
-        raise ValueError(f"--sweep_values must be integers >= 1 for --sweep=tau, got "
-                         f"{list(raw)}")
-      values = common.check_int_list("sweep_values", [int(v) for v in numbers_], 1,
-                                     distinct=True)
-    elif sweep == "gamma":
-      values = tuple(common.check_positive("sweep_values", v) for v in numbers_)
+def _check_bool(name, value) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f"--{name} must be True or False, got {value!r}")
+  return value
+
+
+def check(config) -> Dict[str, Any]:
+  """The checked settings (``ValueError`` naming ``--config.<field>``); runs nothing."""
+  settings = runner.check_shared(config)
+  if config.dataset not in DATASETS:
+    raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
+  if not isinstance(config.data_dir, str):
+    raise ValueError(f"--config.data_dir must be a folder path ('' for TFDS's default), got "
+                     f"{config.data_dir!r}")
+  if config.ablation not in ABLATIONS:
+    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
+  common.check_int("config.per_client", config.per_client, 0)
+  _check_rho("config.rho", config.rho)
+  for name in ("filters", "eval_chunk"):
+    common.check_int(f"config.{name}", config[name], 1)
+  _check_bool("config.first_order", config.first_order)
+  if config.conv_impl not in models.layers.CONV_IMPLS:
+    raise ValueError(f"--config.conv_impl must be one of {models.layers.CONV_IMPLS}, got "
+                     f"{config.conv_impl!r}")
+  common.check_positive("config.gamma", config.gamma)
+  common.check_real("config.shift", config.shift)
+  methods = runner.methods(config, extra_keys=("problem",))
+  for m in methods:
+    entry, where = config.methods[m.label], f"--config.methods.{m.label}"
+    fields = entry.get("problem")
+    if not hasattr(fields, "items") or fields.get("name") not in PROBLEMS:
+      raise ValueError(f"{where}.problem must hold a name (one of {PROBLEMS}) and its "
+                       f"settings {PROBLEM_FIELDS[1:]}, got {fields!r}")
+    unknown = sorted(set(fields) - set(PROBLEM_FIELDS))
+    if unknown:
+      raise ValueError(f"{where}.problem.{unknown[0]} is not a problem setting; allowed: "
+                       f"{PROBLEM_FIELDS}")
+    problem = fields.name
+    if m.kwargs.get("normalized"):
+      raise ValueError(
+          f"{where}.normalized: fedco.comfedl(normalized=True) weighs a scalar inner value "
+          f"(the client's loss, as in client-level KL-DRO); the {problem} problem's inner "
+          "value is the adapted model, so it does not apply here")
+    try:  # the factory checks its own arguments
+      m.build()
+    except (TypeError, ValueError) as err:
+      raise ValueError(f"{where}: {err}") from None
+    if problem == "erm":
+      if m.algorithm != "ditto":
+        common.check_positive(f"config.methods.{m.label}.problem.finetune_lr",
+                              fields.get("finetune_lr"))
     else:
-      values = tuple(_check_rho("sweep_values", v) for v in numbers_)
+      common.check_positive(f"config.methods.{m.label}.problem.inner_lr",
+                            fields.get("inner_lr"))
+  values = ()
+  if config.ablation != "none":
+    if not any(config.methods[m.label].problem.name == "da_maml" for m in methods):
+      raise ValueError("--config.ablation needs a method with problem 'da_maml' in "
+                       "--config.methods (the ablated ComFedL-DAMAML)")
+    try:
+      values = tuple(float(v) for v in (config.ablation_values or
+                                        ABLATION_DEFAULTS[config.ablation]))
+    except (TypeError, ValueError):
+      raise ValueError(f"--config.ablation_values must be numbers, got "
+                       f"{config.ablation_values!r}") from None
+    for v in values:
+      if config.ablation == "local_steps":
+        common.check_int("config.ablation_values", int(v) if v.is_integer() else v, 1)
+      elif config.ablation == "gamma":
+        common.check_positive("config.ablation_values", v)
+      else:
+        _check_rho("config.ablation_values", v)
     if len(set(values)) != len(values):
-      raise ValueError(f"--sweep_values lists a value twice: {list(values)}")
-  return {"workdir": common.check_workdir(workdir), "dataset": dataset, "data_dir": data_dir,
-          "algorithms": algorithms, "rounds": rounds, "local_steps": local_steps,
-          "batch_size": batch_size, "per_client": per_client, "rho": rho,
-          "num_clients": NUM_CLIENTS, "filters": filters, "first_order": first_order,
-          "conv_impl": conv_impl,
-          **rates, "shift": shift, "ditto_lam": ditto_lam, "eval_every": eval_every,
-          "eval_chunk": eval_chunk, "seeds": seeds, "sweep": sweep, "sweep_values": values,
-          "progress": progress, **common.checkpoint_config(checkpoint_every, resume)}
+      raise ValueError(f"--config.ablation_values lists a value twice: {list(values)}")
+  return {**settings, "methods": methods, "ablation_values": values,
+          "per_client": config.per_client or PER_CLIENT[config.dataset]}
 
 
 # ---- data --------------------------------------------------------------------------------
 
 def load_splits(config):
   """Train and test arrays with images ``[N, H, W, C]`` (digits upsampled to 16x16x1)."""
-  splits = fedco.data.load(config["dataset"], config["data_dir"])
-  if config["dataset"] != "digits":
+  try:
+    splits = fedco.data.load(config.dataset, config.data_dir or None)
+  except FileNotFoundError:
+    raise FileNotFoundError(
+        f"TFDS {config.dataset} is not prepared as array_record under --config.data_dir="
+        f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build "
+        f"{config.dataset} --file_format=array_record; see fedco.data.sources); to run "
+        "offline use --config.dataset=digits") from None
+  if config.dataset != "digits":
     return splits
   def up(split):  # 8x8 -> 16x16 by pixel repetition: CNN4 needs H, W >= 16
     x = split["x"].reshape(-1, 8, 8, 1).repeat(2, axis=1).repeat(2, axis=2)
@@ -253,62 +231,67 @@ def load_splits(config):
   return type(splits)(up(splits.train), up(splits.test))
 
 
-def build_data(splits, config, rho: float, seed: int):
+def build_data(splits, config, per_client: int, rho: float, seed: int):
   """The dominant-class split of SPEC E2 with matched validation sets from the test split."""
   train, test = splits
   try:
-    parts = partition.dominant_class(train["y"], NUM_CLIENTS, rho, config["per_client"], seed,
+    parts = partition.dominant_class(train["y"], NUM_CLIENTS, rho, per_client, seed,
                                      num_classes=NUM_CLASSES)
   except ValueError as err:
-    raise ValueError(f"--per_client: {err}") from None
+    raise ValueError(f"--config.per_client: {err}") from None
   val_parts = partition.matched_validation(parts, train["y"], test["y"], seed)
-  return make_federated(train, test, parts, val_parts, config["dataset"], NUM_CLASSES,
+  return make_federated(train, test, parts, val_parts, config.dataset, NUM_CLASSES,
                         info={"partition": "dominant_class", "rho": rho,
-                              "per_client": config["per_client"], "seed": seed})
+                              "per_client": per_client, "seed": seed})
 
 
-# ---- runs, problems, algorithms ----------------------------------------------------------
+# ---- runs and problems -------------------------------------------------------------------
 
-def runs(config) -> List[Dict[str, Any]]:
-  """The runs the config asks for: label, algorithm and the settings that vary."""
-  base = {"tau": config["local_steps"], "gamma": config["gamma"], "rho": config["rho"]}
-  if config["sweep"] == "none":
-    return [{"label": a, "algorithm": a, **base} for a in config["algorithms"]]
-  key = config["sweep"]
-  return [{**base, "label": f"{SWEPT}_{key}={v:g}", "algorithm": SWEPT, key: v}
-          for v in config["sweep_values"]]
+def runs(settings, config) -> List[Dict[str, Any]]:
+  """``{"method", "gamma", "rho", "note_label"}`` per run: the config's methods, or the
+  ablation of the first DA-MAML method (``note_label``: the method whose fields a divergence
+  note names)."""
+  base = {"gamma": float(config.gamma), "rho": float(config.rho)}
+  if config.ablation == "none":
+    return [{"method": m, **base, "note_label": m.label} for m in settings["methods"]]
+  ablated = next(m for m in settings["methods"]
+                 if config.methods[m.label].problem.name == "da_maml")
+  out = []
+  for v in settings["ablation_values"]:
+    if config.ablation == "local_steps":
+      method = dataclasses.replace(ablated, label=f"{ablated.label}_local_steps={int(v)}",
+                                   local_steps=int(v))
+      out.append({"method": method, **base, "note_label": ablated.label})
+    else:
+      method = dataclasses.replace(ablated, label=f"{ablated.label}_{config.ablation}={v:g}")
+      out.append({"method": method, **base, config.ablation: v,
+                  "note_label": ablated.label})
+  return out
+
+
+def problem_settings(spec, config) -> Dict[str, Any]:
+  """The method's problem settings (``name``, ``inner_lr``, ``finetune_lr``; DA-MAML's
+  ``gamma`` and ``shift``)."""
+  out = dict(config.methods[spec["note_label"]].problem)
+  if out["name"] == "da_maml":
+    out.update(gamma=spec["gamma"], shift=float(config.shift))
+  return out
 
 
 def make(spec, config, apply_fn):
   """``(problem, algorithm, evaluation step size or None for personal models)``."""
-  name, tau, fo = spec["algorithm"], spec["tau"], config["first_order"]
+  method, fields = spec["method"], problem_settings(spec, config)
   loss = models.cross_entropy
-
-  def maml(inner_lr, gamma=None):
-    return personalized.personalized_maml(apply_fn, inner_lr, loss, first_order=fo,
-                                          gamma=gamma, shift=config["shift"] if gamma else 0.0)
-
-  erm = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
-  if name == "comfedl_damaml":
-    return (maml(config["comfedl_inner_lr"], spec["gamma"]),
-            fedco.comfedl(config["comfedl_lr"], tau), config["comfedl_inner_lr"])
-  if name == "comfedl_maml":
-    return (maml(config["comfedl_inner_lr"]), fedco.comfedl(config["comfedl_lr"], tau),
-            config["comfedl_inner_lr"])
-  if name == "fedavg":
-    return erm, fedco.fedavg(config["fedavg_lr"], tau), config["finetune_lr"]
-  if name == "fedmaml":
-    return (maml(config["fedmaml_inner_lr"]),
-            fedco.fedmaml(config["fedmaml_lr"], tau,
-                          variant="first_order" if fo else "exact"),
-            config["fedmaml_inner_lr"])
-  if name == "tr_maml":
-    return (maml(config["trmaml_inner_lr"]),
-            fedco.tr_maml(config["trmaml_lr"], tau, weights_lr=config["trmaml_weight_lr"]),
-            config["trmaml_inner_lr"])
-  if name == "ditto":
-    return erm, fedco.ditto(config["ditto_lr"], tau, lam=config["ditto_lam"]), None
-  raise ValueError(f"unknown algorithm {name!r}")
+  kind = fields["name"]
+  algorithm = method.build()
+  if kind == "erm":
+    problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
+    eval_lr = None if method.algorithm == "ditto" else fields["finetune_lr"]
+    return problem, algorithm, eval_lr
+  problem = personalized.personalized_maml(
+      apply_fn, fields["inner_lr"], loss, first_order=config.first_order,
+      gamma=fields.get("gamma"), shift=fields.get("shift", 0.0))
+  return problem, algorithm, fields["inner_lr"]
 
 
 # ---- evaluation --------------------------------------------------------------------------
@@ -361,160 +344,174 @@ def _model(filters: int, conv_impl: str, eval_chunk: int):
   return model, apply_fn, make_evaluator(apply_fn, eval_chunk)
 
 
-def _summary_row(per_client: Dict[str, np.ndarray]) -> Dict[str, Any]:
-  return {"val_acc_avg": float(np.mean(per_client["val_acc"])),
-          "val_acc_worst": float(np.min(per_client["val_acc"])),
-          "val_loss_avg": float(np.mean(per_client["val_loss"])),
-          "val_loss_worst": float(np.max(per_client["val_loss"])),
-          "val_acc_global_avg": float(np.mean(per_client["val_acc_global"])),
-          "val_loss_global_avg": float(np.mean(per_client["val_loss_global"]))}
+def evaluation_row(val_loss, val_acc, val_loss_global, val_acc_global) -> Dict[str, Any]:
+  """One evaluation's row from the per-client values ``[K]``."""
+  return {"val_acc_avg": np.mean(val_acc), "val_acc_worst": np.min(val_acc),
+          "val_loss_avg": np.mean(val_loss), "val_loss_worst": np.max(val_loss),
+          "val_acc_global_avg": np.mean(val_acc_global),
+          "val_loss_global_avg": np.mean(val_loss_global),
+          "val_acc_clients": np.asarray(val_acc)}
 
 
-class Diverged(Exception):
-  def __init__(self, round_, what):
-    super().__init__(f"round {round_}: {what}")
-    self.round = round_
+def _finite(row) -> bool:
+  return all(np.all(np.isfinite(np.asarray(row[k], float)))
+             for k in FINAL_KEYS + ("val_acc_clients",))
 
 
-def simulate_run(spec, config, fed, params, seed, evaluator, apply_fn):
+class _EvaluationRows(fedco.runtime.MetricWriter):
+  """Forwards the evaluation action's rows to the workdir's writers, not the simulator's
+  per-round rows, which hold no metric here (``evaluate=False``, no ``metrics_fn``)."""
+
+  def __init__(self, writers, labels):
+    self.writers, self.fields = writers, {"round", *labels}
+
+  def write(self, rows):
+    rows = [r for r in rows if set(r) - self.fields]
+    for w in self.writers if rows else ():
+      w.write(rows)
+
+  def rewind(self, round_, labels):
+    for w in self.writers:
+      w.rewind(round_, labels)
+
+
+def simulate_run(spec, config, settings, fed, params, seed, evaluator, apply_fn, *, wd,
+                 options, writers):
   """One (run, seed) through ``fedco.simulate``, evaluated by a host action.
 
-  The action sees the whole simulation state (Ditto's personal models, TR-MAML's task
-  weights) at round 0 and every ``eval_every`` rounds; its rows are checkpointed with the
-  state, so a resumed run returns every row since round 0. Returns ``(rows, seconds,
-  error)``: ``rows`` hold the round, the per-client metrics ``[K]`` (plus
-  ``client_weights`` for TR-MAML); ``error`` is a :class:`Diverged` or ``None``.
+  The action sees the whole simulation state (Ditto's personal models, TR-MAML's client
+  weights) at round 0, every ``eval_every`` rounds and at the last round; its rows are
+  streamed to ``metrics.jsonl`` / ``metrics.csv`` and checkpointed with the state, so a
+  resumed run returns (and writes again) every row since round 0. Returns ``(rows, seconds, error)``: the
+  action's rows and ``fedco.runtime.NonFiniteError`` or ``None``.
   """
+  method = spec["method"]
   problem, algorithm, eval_lr = make(spec, config, apply_fn)
   lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
 
   def evaluate(state, round_):
+    del round_
     personal = state.clients.personal if eval_lr is None else None
     out = jax.device_get(evaluator(state.server["params"], personal, lr, fed.train, fed.val))
-    row = dict(zip(PER_CLIENT_KEYS, out), val_acc_avg=np.mean(out[1]))
-    if spec["algorithm"] == "tr_maml":
+    row = evaluation_row(*out)
+    if method.algorithm == "tr_maml":
       row["client_weights"] = np.asarray(state.server_opt_state.p)
     return row
 
-  ckpt_dir = common.checkpoint_args(config, f"{spec['label']}-seed{seed}", **spec,
-                                    seed=seed)["checkpoint_dir"]
-  start = time.perf_counter()
+  run_settings = {k: config[k] for k in ("dataset", "rounds", "batch_size", "eval_every",
+                                         "filters", "first_order", "conv_impl",
+                                         "eval_chunk")}
+  run_settings.update(per_client=settings["per_client"], rho=spec["rho"], seed=seed,
+                      method=method.settings(), problem=problem_settings(spec, config))
+  labels = {"method": method.label, "seed": seed}
+  evaluation_rows = _EvaluationRows(writers.writers, labels)
+  error = None
   try:
     result = fedco.simulate(
-        problem, algorithm, fed.train, params, rounds=config["rounds"], seed=seed,
-        batch_size=config["batch_size"], evaluate=False, checkpoint_dir=ckpt_dir,
-        checkpoint_every=config["checkpoint_every"],
-        actions=[fedco.runtime.PeriodicAction(evaluate, config["eval_every"], at_start=True)],
-        metric_labels={"algorithm": spec["label"], "seed": seed},
-        progress=config["progress"], progress_metric="val_acc_avg")
-    rows, error = result.host_metrics, None
+        problem, algorithm, fed.train, params, rounds=settings["rounds"], seed=seed,
+        batch_size=settings["batch_size"] or None, evaluate=False,
+        actions=[fedco.runtime.PeriodicAction(evaluate, settings["eval_every"],
+                                              at_start=True)],
+        metric_writers=[evaluation_rows], metric_labels=labels, progress=options.progress,
+        progress_metric="val_acc_avg",
+        **runner.checkpoint_args(wd, options, f"{method.label}-seed{seed}", run_settings))
+    rows, seconds = result.host_metrics, result.seconds
   except fedco.runtime.NonFiniteError as err:
-    rows, error = err.host_metrics, Diverged(err.round, str(err).split(": ", 1)[-1])
-  return rows, time.perf_counter() - start, error
+    rows, seconds, error = err.host_metrics, None, err
+  return rows, seconds, error
 
 
-def _records(rows, spec, seed) -> List[Dict[str, Any]]:
-  out = []
-  for row in rows:
-    per_client = {k: np.asarray(row[k]) for k in PER_CLIENT_KEYS}
-    if not all(np.all(np.isfinite(v)) for v in per_client.values()):
-      break
-    rec = {"round": int(row["round"]), "algorithm": spec["label"], "seed": seed,
-           **_summary_row(per_client), "val_acc_clients": per_client["val_acc"]}
-    if "client_weights" in row:
-      rec["client_weights"] = np.asarray(row["client_weights"])
-    out.append(rec)
-  return out
-
-
-def run(workdir, **kwargs) -> Dict[str, Any]:
+def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
   """Runs E2 (or an ablation) and writes the outputs; returns the summary."""
-  config = validate(workdir, **kwargs)
+  settings = check(config)
   splits = load_splits(config)
-  wd = common.Workdir(config["workdir"])
-  wd.write_config(config)
-  common.start_checkpoints(wd, config)
-  model, apply_fn, evaluator = _model(config["filters"], config["conv_impl"],
-                                      config["eval_chunk"])
+  wd = common.Workdir(workdir)
+  wd.write_config(config.to_dict())
+  common.start_checkpoints(wd, {"resume": options.resume})
+  writers = runner.Writers(wd)
+  model, apply_fn, evaluator = _model(config.filters, config.conv_impl, config.eval_chunk)
   image_shape = tuple(splits.train["x"].shape[1:])
+  specs = runs(settings, config)
   records, finals, sizes = [], {}, {}
-  for seed in config["seeds"]:
+  for seed in settings["seeds"]:
     params = models.init_cnn(model, image_shape, seed)
     data: Dict[float, Any] = {}
-    for spec in runs(config):
+    for spec in specs:
       if spec["rho"] not in data:
-        data[spec["rho"]] = build_data(splits, config, spec["rho"], seed)
+        data[spec["rho"]] = build_data(splits, config, settings["per_client"], spec["rho"],
+                                       seed)
       fed = data[spec["rho"]]
       sizes.setdefault(seed, {"train": fed.train_sizes().tolist(),
                               "val": fed.val_sizes().tolist()})
-      rows, seconds, error = simulate_run(spec, config, fed, params, seed, evaluator,
-                                          apply_fn)
-      recs = _records(rows, spec, seed)
-      records.extend(recs)
-      if error is not None:
-        final = {"diverged": str(error), "diverged_round": error.round}
-      elif not recs:
-        final = {"diverged": "no finite evaluation"}
+      label = spec["method"].label
+      rows, seconds, error = simulate_run(spec, config, settings, fed, params, seed,
+                                          evaluator, apply_fn, wd=wd, options=options,
+                                          writers=writers)
+      good = []
+      for row in rows:  # the evaluations up to a divergence
+        if not _finite(row):
+          break
+        good.append(row)
+      records.extend(good)
+      if error is not None:  # the note names the config field to change
+        final = runner.diverged_note(spec["note_label"], error)
       else:
-        final = {k: recs[-1][k] for k in FINAL_KEYS}
-        final["val_acc_clients"] = recs[-1]["val_acc_clients"]
-      final["seconds"] = seconds
-      finals.setdefault(spec["label"], {})[seed] = final
-  wd.append_metrics(records)
-  summary = summarize(finals, config, sizes)
-  wd.write_summary(summary)
-  plot(wd, records, config)
-  if config["progress"]:
+        final = {k: good[-1][k] for k in FINAL_KEYS + ("val_acc_clients", "round")}
+        final["seconds"] = seconds
+      finals.setdefault(label, {})[seed] = final
+  summary = summarize(finals, settings, config, sizes, specs)
+  plot(wd, records, config, [s["method"].label for s in specs])
+  wd.write_summary(summary)  # last: it moves the outputs into place
+  if options.progress:
     print(common.format_table(summary["table"]))
   return summary
 
 
-def summarize(finals, config, sizes) -> Dict[str, Any]:
-  per_algorithm, table = common.seed_statistics(
-      finals, FINAL_KEYS, std_in_table=("val_acc_avg", "val_acc_worst"))
-  return {"dataset": config["dataset"], "rounds": config["rounds"],
-          "local_steps": config["local_steps"], "rho": config["rho"],
-          "per_client": config["per_client"], "sweep": config["sweep"],
-          "seeds": list(config["seeds"]), "client_sizes": sizes,
-          "algorithms": per_algorithm, "table": table}
+def summarize(finals, settings, config, sizes, specs) -> Dict[str, Any]:
+  per_method, table = common.seed_statistics(finals, FINAL_KEYS)
+  return {"dataset": config.dataset, "rounds": settings["rounds"],
+          "local_steps": settings["local_steps"], "rho": config.rho,
+          "per_client": settings["per_client"], "ablation": config.ablation,
+          "ablation_values": list(settings["ablation_values"]),
+          "seeds": list(settings["seeds"]), "client_sizes": sizes,
+          "settings": {s["method"].label: {**s["method"].settings(),
+                                           "problem": problem_settings(s, config),
+                                           "rho": s["rho"]}
+                       for s in specs},
+          "methods": per_method, "table": table}
 
 
-def plot(wd, records, config):
+def plot(wd, records, config, labels):
+  """``curves.png`` (see :func:`figure`)."""
+  fig = figure(records, config, labels)
+  common.save_with_legend(wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines),
+                          fontsize=8)
+
+
+def figure(records, config, labels):
+  """Mean validation loss, mean and worst-client validation accuracy after personalisation
+  against rounds, mean +- std over seeds (one line style and marker per method)."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   fig = common.figure(figsize=(14, 4))
   axes = fig.subplots(1, 3)
-  panels = (("val_loss_avg", "mean validation loss"),
-            ("val_acc_avg", "mean validation accuracy"),
-            ("val_acc_worst", "worst-client validation accuracy"))
-  for ax, (key, title) in zip(axes, panels):
-    common.plot_mean_curves(ax, records, key, band=0.15, label_names=LABELS)
+  drawn = [label for label in labels if any(r["method"] == label for r in records)]
+  panels = (("val_loss_avg", "mean validation loss", "validation loss (mean over clients)"),
+            ("val_acc_avg", "mean validation accuracy",
+             "validation accuracy (mean over clients)"),
+            ("val_acc_worst", "worst-client validation accuracy",
+             "validation accuracy (worst client)"))
+  setting = "" if config.ablation == "rho" else f" (rho={config.rho:g})"
+  for ax, (key, title, ylabel) in zip(axes, panels):
+    common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
+    for i, line in enumerate(ax.get_lines()):  # methods can coincide: vary the style too
+      line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
+      line.set_marker(MARKERS[i % len(MARKERS)])
+      line.set_markersize(3)
     ax.set_xlabel("round")
-    ax.set_title(f"{config['dataset']} (rho={config['rho']:g}): {title}", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"{config.dataset}{setting}: {title}", fontsize=9)
     ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, axes[0], "curves.png", legend=bool(records), fontsize=8)
-
-
-def main(argv):
-  del argv
-  common.quiet_logs()
-  try:
-    run(FLAGS.workdir, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
-        algorithms=FLAGS.algorithms, rounds=FLAGS.rounds, local_steps=FLAGS.local_steps,
-        batch_size=FLAGS.batch_size, per_client=FLAGS.per_client, rho=FLAGS.rho,
-        filters=FLAGS.filters, first_order=FLAGS.first_order,
-        conv_impl=FLAGS.conv_impl, comfedl_lr=FLAGS.comfedl_lr,
-        comfedl_inner_lr=FLAGS.comfedl_inner_lr, gamma=FLAGS.gamma, shift=FLAGS.shift,
-        fedavg_lr=FLAGS.fedavg_lr, finetune_lr=FLAGS.finetune_lr, fedmaml_lr=FLAGS.fedmaml_lr,
-        fedmaml_inner_lr=FLAGS.fedmaml_inner_lr, trmaml_lr=FLAGS.trmaml_lr,
-        trmaml_inner_lr=FLAGS.trmaml_inner_lr, trmaml_weight_lr=FLAGS.trmaml_weight_lr,
-        ditto_lr=FLAGS.ditto_lr, ditto_lam=FLAGS.ditto_lam, eval_every=FLAGS.eval_every,
-        eval_chunk=FLAGS.eval_chunk, seeds=FLAGS.seeds, sweep=FLAGS.sweep,
-        sweep_values=FLAGS.sweep_values, progress=FLAGS.progress,
-        checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume)
-  except (ValueError, FileNotFoundError, ImportError) as err:
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(1)
-
-
-if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  fig.suptitle("after one personalisation step from the server model (Ditto: its personal "
+               "models); mean +- std over seeds", fontsize=9)
+  return fig

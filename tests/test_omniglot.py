@@ -7,8 +7,11 @@ classes, labels, shots) is checked on a small synthetic :class:`OmniglotData` wh
 are noise, so every rotated drawing identifies its character, drawing and rotation.
 """
 
+import dataclasses
 import json
 import os
+import pathlib
+import subprocess
 import sys
 
 import jax
@@ -18,11 +21,13 @@ import pytest
 import tensorflow_datasets as tfds
 
 import fedco
-from experiments import common
+from experiments import common, runner
 from experiments import omniglot as e4
+from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
 
 MOCK_EXAMPLES = 300
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +219,21 @@ def test_paired_batches_score_the_outer_on_the_inner_sample():
 
 # ---- E4 ----------------------------------------------------------------------------------
 
+def _tiny(**changes):
+  """A tiny E4 config: 2-way 1-shot on a random 3/2/2 alphabet split of the mock data."""
+  config = e4_config.get_config()
+  config.alphabet_split, config.split_sizes = "random", (3, 2, 2)
+  config.ways, config.shots, config.query, config.tasks_per_episode = 2, 1, 1, 1
+  config.rounds, config.local_steps, config.eval_every, config.filters = 2, 2, 1, 8
+  config.episodes_per_client, config.val_tasks, config.test_tasks = 4, 4, 3
+  config.seeds = (0,)
+  for key, value in changes.items():
+    setattr(config, key, value)
+  return config
+
+
 def test_task_maml_normalises_a_task_as_one_batch():
-  config = e4.validate("unused", ways=3, filters=4)
-  model, meta = e4.make_model(config)
+  model, meta = e4.make_model(_tiny(ways=3, filters=4))
   params = fedco.models.init_cnn(model, (28, 28, 1), 0)
   x = np.random.default_rng(0).integers(0, 256, (6, 28, 28, 1)).astype(np.uint8)
   x[:3] = 0
@@ -231,73 +248,130 @@ def test_task_maml_normalises_a_task_as_one_batch():
   assert np.abs(np.asarray(single) - np.asarray(logits)).max() > 0.1
 
 
-TINY = dict(alphabet_split="random", split_sizes=("3", "2", "2"), ways=2, shots=1, query=1,
-            tasks_per_episode=1, rounds=2, local_steps=2, filters=8, episodes_per_client=4,
-            val_tasks=4, test_tasks=3, eval_every=1, seeds=("0",), progress=False)
-
-
 def test_e4_end_to_end_with_tiny_settings(tmp_path):
-  # one algorithm keeps the test fast (each is one XLA compilation of a second-order MAML
-  # step through the CNN); the others are built with their settings below
+  """One method keeps the test fast (each is one XLA compilation of a second-order MAML
+  step through the CNN); 3 rounds with evaluation every 2: round 3 is not evaluated, so the
+  finals are round 2's, finite, and nothing is reported as diverged."""
+  config = _tiny(rounds=3, eval_every=2)
+  for label in ("comfedl", "local_scgd"):
+    del config.methods[label]
   with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
-    summary = e4.run(str(tmp_path), **TINY, algorithms=("local_scgdm",))
-  for name in ("config.json", "metrics.jsonl", "summary.json", "curves.png"):
+    summary = e4.run(config, str(tmp_path), runner.Options(progress=False))
+  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "curves.png"):
     assert os.path.exists(tmp_path / name), name
-  records = common.read_jsonl(tmp_path / "metrics.jsonl")
-  assert [(r["round"], r["iteration"]) for r in records] == [(1, 2), (2, 4)]
+  records = common.read_jsonl(tmp_path / "metrics.jsonl")  # streamed by the runtime
+  assert [r["round"] for r in records] == [1, 2]
   for r in records:
-    assert r["algorithm"] == "local_scgdm" and r["seed"] == 0
+    assert r["method"] == "local_scgdm" and r["seed"] == 0
     assert np.isfinite(r["train_loss"]) and r["train_loss"] > 0
     assert 0 <= r["val_acc"] <= 1 and 0 <= r["train_acc"] <= 1
   written = json.loads((tmp_path / "summary.json").read_text())
-  entry = written["algorithms"]["local_scgdm"]
-  assert entry["diverged_seeds"] == []
-  assert entry["val_acc"]["mean"] == pytest.approx(entry["per_seed"]["0"]["val_acc"])
-  assert 0 <= entry["per_seed"]["0"]["test_acc"] <= 1
+  entry = written["methods"]["local_scgdm"]
+  final = entry["per_seed"]["0"]
+  assert entry["diverged_seeds"] == [] and "diverged" not in final
+  assert final["round"] == 2 and final["iteration"] == 4
+  assert final["val_acc"] == pytest.approx(records[-1]["val_acc"])
+  assert entry["val_acc"]["mean"] == pytest.approx(final["val_acc"])
+  assert 0 <= final["test_acc"] <= 1
+  assert [row["method"] for row in written["table"]] == ["local_scgdm"]
+  assert "note" not in written["table"][0]
   assert written["setting"] == "2-way 1-shot" and summary["wall_seconds"] > 0
-  config = json.loads((tmp_path / "config.json").read_text())
-  assert config["inner_lr"] == 0.4 and len(config["alphabets"]["train"]) == 3
+  assert len(written["alphabets"]["train"]) == 3
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["inner_lr"] == 0.4 and saved["experiment"] == "omniglot"
 
 
-def test_e4_defaults_are_the_paper_settings(tmp_path):
-  config = e4.validate(str(tmp_path))
-  assert (config["ways"], config["shots"], config["query"], config["inner_lr"]) == (5, 1, 15, 0.4)
-  assert config["alphabet_split"] == "vinyals" and config["split_sizes"] == (33, 5, 12)
-  assert config["filters"] == 64 and config["rotations"]
-  specs = {s["algorithm"]: s for s in e4.runs(config)}
-  names = {"local_scgdm": "local_scgdm", "local_bsgd": "comfedl", "local_scgd": "local_scgd"}
-  assert set(specs) == set(names)
-  for label, spec in specs.items():
-    alg = e4.make_algorithm(spec, config)
-    assert alg.name == names[label] and alg.plan.local_steps == 5
-  assert specs["local_scgdm"] == {"label": "local_scgdm", "algorithm": "local_scgdm", "p": 5,
-                                  "eta": 1.0, "beta": 0.1, "alpha": 0.9, "gamma": 0.99}
-  assert specs["local_bsgd"]["bsgd_lr"] == 0.1
-  assert (specs["local_scgd"]["scgd_lr"], specs["local_scgd"]["scgd_gamma"]) == (0.1, 0.99)
-  assert e4.make_algorithm(specs["local_scgdm"], config).plan.every_round == ("u", "m")
+def test_e4_figure_labels_every_axis_with_integer_ticks():
+  records = [{"round": r, "iteration": 2 * r, "method": m, "seed": s,
+              "train_loss": 1.0 / r + 0.01 * s, "val_acc": 0.5}  # every method coincides
+             for m in ("local_scgdm", "comfedl", "local_scgd") for s in (0, 1)
+             for r in (1, 2)]
+  fig = e4.figure(records, _tiny(), ["local_scgdm", "comfedl", "local_scgd"])
+  assert len(fig.axes) == 2
+  for ax in fig.axes:
+    assert ax.get_xlabel().startswith("meta-iteration") and ax.get_ylabel()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    styles = {(line.get_linestyle(), line.get_marker()) for line in ax.get_lines()}
+    assert len(styles) == 3  # coinciding methods stay distinguishable
 
 
-@pytest.mark.parametrize("kwargs,flag", [
-    (dict(algorithms=("local_scgdm", "local_moml")), "--algorithms"),
-    (dict(ways=1), "--ways"),
-    (dict(shots=0), "--shots"),
-    (dict(shots=5, query=16), "--shots \\+ --query"),
-    (dict(tasks_per_episode=0), "--tasks_per_episode"),
-    (dict(inner_lr=0.0), "--inner_lr"),
-    (dict(eval_inner_steps=-1), "--eval_inner_steps"),
-    (dict(gamma=1.0), "--gamma"),
-    (dict(alpha=0.9, eta=2.0), "--alpha"),
-    (dict(scgd_gamma=1.5), "--scgd_gamma"),
-    (dict(filters=0), "--filters"),
-    (dict(alphabet_split="background"), "--alphabet_split"),
-    (dict(split_sizes=("3", "2")), "--split_sizes"),
-    (dict(split_sizes=("3", "2", "x"), alphabet_split="random"), "--split_sizes"),
-    (dict(split_sizes=("3", "2", "2")), "--split_sizes"),
-    (dict(data_dir=""), "--data_dir"),
-    (dict(seeds=("0", "0")), "--seeds"),
-    (dict(rotations="yes"), "--rotations"),
-    (dict(test_tasks=-1), "--test_tasks"),
+def test_e4_defaults_are_the_paper_settings():
+  config = e4_config.get_config()
+  assert (config.ways, config.shots, config.query, config.inner_lr) == (5, 1, 15, 0.4)
+  assert config.alphabet_split == "vinyals" and tuple(config.split_sizes) == (33, 5, 12)
+  assert config.filters == 64 and config.rotations and config.batch_size == 1
+  assert (config.rounds, config.local_steps, config.learning_rate) == (1000, 5, 0.1)
+  settings = e4.check(config)
+  methods = {m.label: m for m in settings["methods"]}
+  assert set(methods) == {"local_scgdm", "comfedl", "local_scgd"}
+  for label, method in methods.items():
+    alg = method.build()
+    assert alg.name == label and alg.plan.local_steps == 5
+  assert methods["local_scgdm"].learning_rate == 1.0
+  assert methods["local_scgdm"].kwargs == {"beta": 0.1, "alpha": 0.9, "gamma": 0.99}
+  assert methods["comfedl"].learning_rate == 0.1 and methods["comfedl"].kwargs == {}
+  assert methods["local_scgd"].learning_rate == 0.1
+  assert methods["local_scgd"].kwargs == {"gamma": 0.99}
+  assert methods["local_scgdm"].build().plan.every_round == ("u", "m")
+  # a method with its own local_steps keeps the meta-iterations and evaluation points
+  own = dataclasses.replace(methods["comfedl"], local_steps=10)
+  assert e4.schedule(own, settings) == {"rounds": 500, "eval_every": 5}
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(ways=1), "--config.ways"),
+    (dict(shots=0), "--config.shots"),
+    (dict(shots=5, query=16), r"--config.shots \+ --config.query"),
+    (dict(tasks_per_episode=0), "--config.tasks_per_episode"),
+    (dict(inner_lr=0.0), "--config.inner_lr"),
+    (dict(eval_inner_steps=-1), "--config.eval_inner_steps"),
+    (dict(filters=0), "--config.filters"),
+    (dict(batch_size=2), "--config.batch_size"),
+    (dict(alphabet_split="background"), "--config.alphabet_split"),
+    (dict(split_sizes=(3, 2)), "--config.split_sizes"),
+    (dict(split_sizes=(3, 2, 2)), "--config.split_sizes"),
+    (dict(seeds=(0, 0)), "--config.seeds"),
+    (dict(test_tasks=-1), "--config.test_tasks"),
+    (dict(local_steps=0), "--config.local_steps"),
 ])
-def test_bad_flags_raise_naming_the_flag(tmp_path, kwargs, flag):
-  with pytest.raises(ValueError, match=flag):
-    e4.validate(str(tmp_path), **kwargs)
+def test_bad_fields_name_the_field(changes, field):
+  config = e4_config.get_config()
+  for key, value in changes.items():
+    setattr(config, key, value)
+  with pytest.raises(ValueError, match=field):
+    e4.check(config)
+
+
+@pytest.mark.parametrize("label,key,value,field", [
+    ("local_scgdm", "gamma", 1.0, "--config.methods.local_scgdm.gamma"),
+    ("local_scgdm", "learning_rate", 2.0, "--config.methods.local_scgdm"),
+    ("local_scgd", "gamma", 1.5, "--config.methods.local_scgd.gamma"),
+    ("comfedl", "local_steps", 3, "--config.methods.comfedl.local_steps must divide"),
+])
+def test_bad_method_fields_name_the_field(label, key, value, field):
+  config = e4_config.get_config()
+  config.methods[label][key] = value
+  with pytest.raises(ValueError, match=field):
+    e4.check(config)
+
+
+def test_missing_omniglot_is_one_line_naming_the_field(tmp_path):
+  with pytest.raises(FileNotFoundError) as err:
+    e4.run(_tiny(data_dir=str(tmp_path / "empty")), str(tmp_path / "out"),
+           runner.Options(progress=False))
+  assert "\n" not in str(err.value) and "--config.data_dir" in str(err.value)
+  assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_the_driver_runs_the_omniglot_config_and_reports_errors_in_one_line(tmp_path):
+  run = lambda *args: subprocess.run(
+      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/omniglot.py",
+       f"--workdir={tmp_path}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  missing = run(f"--config.data_dir={tmp_path / 'empty'}")
+  assert missing.returncode == 1 and "Traceback" not in missing.stderr
+  last = missing.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: TFDS omniglot") and "--config.data_dir" in last
+  bad = run("--config.alphabet_split=background")
+  assert bad.returncode == 1
+  assert bad.stderr.strip().splitlines()[-1].startswith("error: --config.alphabet_split")

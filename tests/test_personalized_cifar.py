@@ -1,146 +1,284 @@
-"""E2 (experiments.personalized_cifar): mock CIFAR-10 end to end, an offline digits sweep with
-a diverging run and a resume, the loop-friendly convolution, bad flags.
+"""E2 (experiments.personalized_cifar) through its config: mock CIFAR-10 end to end, offline
+digits runs with a diverging method and a resume, the ablations, the figure, bad fields.
 
 Compilation dominates (one simulator program per run, 5-12 s each on 2 busy cores), so runs
 are tiny (4 filters, a few rounds, one seed) and use first-order MAML, which halves each
-compile. Second order through the binary's convolution is checked at the operation level
-(``test_loop_friendly_conv_matches_lax_to_second_order``); the exact MAML problem itself in
-``tests/test_personalized.py``.
+compile. Second order through the convolution is checked at the operation level
+(``tests/test_layers.py``); the exact MAML problem itself in ``tests/test_personalized.py``.
 """
 
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import common
+from experiments import common, runner
 from experiments import personalized_cifar as e2
+from experiments.configs import personalized_cifar as e2_config
 
-TINY = dict(filters=4, batch_size=4, seeds=(0,), progress=False)
-RECORD_KEYS = {"round", "algorithm", "seed", "val_acc_avg", "val_acc_worst", "val_loss_avg",
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUIET = runner.Options(progress=False)
+LABELS = ("comfedl_damaml", "comfedl_maml", "fedavg", "fedmaml", "tr_maml", "ditto")
+RECORD_KEYS = {"round", "method", "seed", "val_acc_avg", "val_acc_worst", "val_loss_avg",
                "val_loss_worst", "val_acc_global_avg", "val_loss_global_avg",
                "val_acc_clients"}
+
+
+def _tiny(mode="", methods=LABELS, **changes):
+  config = e2_config.get_config(mode)
+  config.filters, config.batch_size, config.seeds, config.first_order = 4, 4, (0,), True
+  for label in list(config.methods):
+    if label not in methods:
+      del config.methods[label]
+  for key, value in changes.items():
+    setattr(config, key, value)
+  return config
 
 
 def _outputs(workdir):
   for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "curves.png"):
     assert os.path.exists(os.path.join(workdir, name)), name
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
   with open(os.path.join(workdir, "config.json")) as f:
     config = json.load(f)
-  return config, summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return config, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def mock_cifar(tmp_path_factory):
+  """Every method on mock CIFAR-10, 2 rounds (one compiled chunk per method): gamma = 5
+  keeps DA-MAML's step exp(L / gamma) / gamma near 0.3."""
+  workdir = tmp_path_factory.mktemp("e2")
+  config = _tiny(per_client=20, rounds=2, eval_every=2, gamma=5.0)
+  with tfds.testing.mock_data(num_examples=500):
+    summary = e2.run(config, str(workdir), QUIET)
+  return summary, workdir, config
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_cifar10_under_mock_data_runs_every_algorithm(tmp_path):
-  # gamma = 5 keeps DA-MAML's step exp(L / gamma) / gamma near 0.3 (gamma = 0.5 diverges)
-  with tfds.testing.mock_data(num_examples=500):
-    e2.run(str(tmp_path), dataset="cifar10", per_client=20, rounds=2, eval_every=2,
-           gamma=5.0, first_order=True, **TINY)
-  config, summary, records = _outputs(str(tmp_path))
-  assert config["dataset"] == "cifar10" and config["num_clients"] == 10
-  assert config["per_client"] == 20 and config["rho"] == 0.28 and config["first_order"]
-  assert set(summary["algorithms"]) == set(e2.ALGORITHMS)
-  assert summary["client_sizes"]["0"]["train"] == [20] * 10
-  for label in e2.ALGORITHMS:
-    entry = summary["algorithms"][label]
+def test_cifar10_under_mock_data_runs_every_method(mock_cifar):
+  summary, workdir, _ = mock_cifar
+  config, records = _outputs(str(workdir))
+  assert config["dataset"] == "cifar10" and config["per_client"] == 20
+  assert config["rho"] == 0.28 and config["first_order"]
+  assert set(summary["methods"]) == set(LABELS)
+  assert summary["client_sizes"][0]["train"] == [20] * 10
+  assert summary["settings"]["ditto"]["learning_rate"] == 0.2
+  assert summary["settings"]["comfedl_damaml"]["problem"] == {
+      "name": "da_maml", "inner_lr": 0.05, "gamma": 5.0, "shift": 0.0}
+  for label in LABELS:
+    entry = summary["methods"][label]
     assert entry["diverged_seeds"] == [], (label, entry["per_seed"])
     for key in e2.FINAL_KEYS:
       assert np.isfinite(entry[key]["mean"]) and entry[key]["std"] == 0.0
-    rows = [r for r in records if r["algorithm"] == label]
+    rows = [r for r in records if r["method"] == label]
     assert [r["round"] for r in rows] == [0, 2]
     for r in rows:
       assert RECORD_KEYS <= set(r)
       assert len(r["val_acc_clients"]) == 10
       assert 0.0 <= r["val_acc_worst"] <= r["val_acc_avg"] <= 1.0
       assert r["val_loss_avg"] <= r["val_loss_worst"]
-  weights = [r["client_weights"] for r in records if r["algorithm"] == "tr_maml"]
+  weights = [r["client_weights"] for r in records if r["method"] == "tr_maml"]
   assert len(weights) == 2 and np.allclose(np.sum(weights, axis=1), 1.0, atol=1e-5)
   assert np.allclose(weights[0], 0.1)  # uniform at round 0
   # every run starts from the same model; at round 0 personalisation is one step from it
   # (Ditto's personal models are still the initial model)
-  first = {r["algorithm"]: r for r in records if r["round"] == 0}
+  first = {r["method"]: r for r in records if r["round"] == 0}
   assert len({r["val_loss_global_avg"] for r in first.values()}) == 1
   ditto = first["ditto"]
   assert ditto["val_loss_avg"] == pytest.approx(ditto["val_loss_global_avg"], rel=1e-5)
-  table = {row["algorithm"] for row in summary["table"]}
-  assert table == set(e2.ALGORITHMS)
+  assert sorted(row["method"] for row in summary["table"]) == sorted(LABELS)
+  assert all("note" not in row for row in summary["table"])
+
+
+def test_figure_labels_every_axis_with_integer_round_ticks():
+  # two seeds of every method over rounds 0 and 2, two methods identical (they coincide)
+  records = [{"round": r, "method": m, "seed": s, "val_loss_avg": 2.0 - 0.1 * r + 0.01 * s,
+              "val_acc_avg": 0.1 * r + (0.05 if m == "fedavg" else 0.0),
+              "val_acc_worst": 0.05 * r}
+             for m in LABELS for s in (0, 1) for r in (0, 2)]
+  fig = e2.figure(records, e2_config.get_config(), list(LABELS))
+  assert len(fig.axes) == 3
+  for ax in fig.axes:
+    assert ax.get_xlabel() == "round" and ax.get_ylabel()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert len(ax.get_lines()) == len(LABELS)
+    styles = {(line.get_linestyle(), line.get_marker()) for line in ax.get_lines()}
+    assert len(styles) == len(LABELS)  # coinciding methods stay distinguishable
+  assert len({ax.get_ylabel() for ax in fig.axes}) == 3
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_digits_gamma_sweep_reports_divergence_and_resumes(tmp_path, capsys):
-  # with shift 0, gamma = 0.01 puts exp(L / 0.01) ~ exp(230) = inf (float32) in the step
-  args = dict(dataset="digits", per_client=30, rounds=4, eval_every=2, checkpoint_every=2,
-              sweep="gamma", shift=0.0, first_order=True, **TINY)
-  summary = e2.run(str(tmp_path), sweep_values=("5", "0.01"), **args)
-  config, _, records = _outputs(str(tmp_path))
-  assert config["dataset"] == "digits" and config["sweep_values"] == [5.0, 0.01]
-  assert summary["client_sizes"][0]["train"] == [30] * 10
-  algos = summary["algorithms"]
-  good, bad = algos["comfedl_damaml_gamma=5"], algos["comfedl_damaml_gamma=0.01"]
-  assert set(algos) == {"comfedl_damaml_gamma=5", "comfedl_damaml_gamma=0.01"}
-  assert good["diverged_seeds"] == [] and np.isfinite(good["val_acc_avg"]["mean"])
+def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, capsys):
+  """ComFedL-DAMAML at the paper's gamma = 0.5, shift 0 diverges within a few rounds; 5
+  rounds with evaluation every 2: the evaluation action also runs at round 5, so FedAvg's
+  finals are round 5's, finite, not a false divergence."""
+  config = _tiny("digits", methods=("comfedl_damaml", "fedavg"), per_client=30, rounds=5,
+                 eval_every=2)
+  summary = e2.run(config, str(tmp_path), QUIET)
+  saved, records = _outputs(str(tmp_path))
+  assert saved["dataset"] == "digits" and summary["client_sizes"][0]["train"] == [30] * 10
+  bad, good = summary["methods"]["comfedl_damaml"], summary["methods"]["fedavg"]
   assert bad["diverged_seeds"] == [0] and bad["val_acc_avg"]["mean"] is None
-  assert bad["per_seed"][0]["diverged"].startswith("round ")
-  assert [r["round"] for r in records if r["algorithm"] == "comfedl_damaml_gamma=5"] == [0, 2, 4]
-  assert [r["round"] for r in records if r["algorithm"] == "comfedl_damaml_gamma=0.01"] == [0]
-  good_dir = [d for d in os.listdir(tmp_path / "checkpoints") if "gamma=5-" in d]
-  assert len(good_dir) == 1 and os.listdir(tmp_path / "checkpoints" / good_dir[0])
-  # rerunning restores the finished run from its checkpoint (same settings, same hash)
+  note = bad["per_seed"][0]["diverged"]
+  assert note.startswith("diverged at round ") and note.endswith(
+      "try a lower --config.methods.comfedl_damaml.learning_rate")
+  rows = {row["method"]: row for row in summary["table"]}
+  assert set(rows) == {"comfedl_damaml", "fedavg"} and rows["comfedl_damaml"]["note"] == note
+  assert rows["comfedl_damaml"]["val_acc_avg"] is None and "note" not in rows["fedavg"]
+  assert good["diverged_seeds"] == [] and np.isfinite(good["val_acc_avg"]["mean"])
+  fedavg_rows = [r for r in records if r["method"] == "fedavg"]
+  assert [r["round"] for r in fedavg_rows] == [0, 2, 4, 5]
+  final = good["per_seed"][0]
+  assert final["round"] == 5 and final["val_acc_avg"] == fedavg_rows[-1]["val_acc_avg"]
+  runs = os.listdir(tmp_path / "checkpoints")
+  assert len(runs) == 2 and any(d.startswith("fedavg-seed0-") for d in runs)
+  # rerunning restores the finished run from its checkpoint (same settings, same hash) and
+  # writes its restored evaluations to the new metrics files
   capsys.readouterr()
-  again = e2.run(str(tmp_path), sweep_values=("5",), **args)
-  assert "resumed from round 4" in capsys.readouterr().err
+  del config.methods["comfedl_damaml"]
+  again = e2.run(config, str(tmp_path), QUIET)
+  assert "resumed from round 5" in capsys.readouterr().err
   for key in e2.FINAL_KEYS:
-    assert again["algorithms"]["comfedl_damaml_gamma=5"][key] == good[key]
-  _, _, rerun = _outputs(str(tmp_path))
-  assert rerun == [r for r in records if r["algorithm"] == "comfedl_damaml_gamma=5"]
+    assert again["methods"]["fedavg"][key] == good[key]
+  _, rerun = _outputs(str(tmp_path))
+  assert rerun == fedavg_rows
+  with open(tmp_path / "metrics.csv") as f:
+    assert len(f.read().strip().splitlines()) == 1 + 4  # header + the four evaluations
 
 
-def test_runs_of_a_sweep():
-  config = e2.validate("/tmp/unused", sweep="rho", sweep_values=("0.1", "0.8"))
-  runs = e2.runs(config)
-  assert [r["label"] for r in runs] == ["comfedl_damaml_rho=0.1", "comfedl_damaml_rho=0.8"]
-  assert [r["rho"] for r in runs] == [0.1, 0.8]
-  tau = e2.runs(e2.validate("/tmp/unused", sweep="tau"))
-  assert [r["tau"] for r in tau] == [1, 2, 5, 10]
-  assert e2.validate("/tmp/unused", dataset="digits")["rounds"] == e2.ROUNDS["digits"]
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_digits_gamma_ablation_labels_and_notes(tmp_path):
+  # with shift 0, gamma = 0.01 puts exp(L / 0.01) ~ exp(230) = inf (float32) in the step
+  config = _tiny("digits", methods=("comfedl_damaml",), per_client=30, rounds=2,
+                 eval_every=2, ablation="gamma", ablation_values=(5.0, 0.01))
+  summary = e2.run(config, str(tmp_path), QUIET)
+  _, records = _outputs(str(tmp_path))
+  methods = summary["methods"]
+  assert list(methods) == ["comfedl_damaml_gamma=5", "comfedl_damaml_gamma=0.01"]
+  good, bad = methods["comfedl_damaml_gamma=5"], methods["comfedl_damaml_gamma=0.01"]
+  assert good["diverged_seeds"] == [] and np.isfinite(good["val_acc_avg"]["mean"])
+  assert bad["diverged_seeds"] == [0]
+  # the note names the config field to change, not the ablation's label
+  assert bad["per_seed"][0]["diverged"].endswith("--config.methods.comfedl_damaml.learning_rate")
+  assert summary["settings"]["comfedl_damaml_gamma=0.01"]["problem"]["gamma"] == 0.01
+  assert [r["round"] for r in records if r["method"] == "comfedl_damaml_gamma=5"] == [0, 2]
 
 
-@pytest.mark.parametrize("kwargs,flag", [
-    (dict(dataset="mnist"), "--dataset"),
-    (dict(algorithms=("fedavg", "sgd")), "--algorithms"),
-    (dict(algorithms=()), "--algorithms"),
-    (dict(rounds=0), "--rounds"),
-    (dict(local_steps=0), "--local_steps"),
-    (dict(per_client=0), "--per_client"),
-    (dict(rho=1.5), "--rho"),
-    (dict(conv_impl="cudnn"), "--conv_impl"),
-    (dict(gamma=0.0), "--gamma"),
-    (dict(comfedl_lr=-0.1), "--comfedl_lr"),
-    (dict(trmaml_weight_lr=0.0), "--trmaml_weight_lr"),
-    (dict(ditto_lam=-1.0), "--ditto_lam"),
-    (dict(shift=float("nan")), "--shift"),
-    (dict(filters=0), "--filters"),
-    (dict(eval_chunk=0), "--eval_chunk"),
-    (dict(seeds=("a",)), "--seeds"),
-    (dict(sweep="lr"), "--sweep"),
-    (dict(sweep="tau", sweep_values=("1.5",)), "--sweep_values"),
-    (dict(sweep="rho", sweep_values=("2",)), "--sweep_values"),
-    (dict(sweep="gamma", sweep_values=("x",)), "--sweep_values"),
+def test_ablation_runs_and_defaults():
+  config = _tiny(ablation="rho", ablation_values=(0.1, 0.8))
+  specs = e2.runs(e2.check(config), config)
+  assert [s["method"].label for s in specs] == ["comfedl_damaml_rho=0.1",
+                                               "comfedl_damaml_rho=0.8"]
+  assert [s["rho"] for s in specs] == [0.1, 0.8]
+  config = _tiny(ablation="local_steps")
+  specs = e2.runs(e2.check(config), config)
+  assert [s["method"].local_steps for s in specs] == [1, 2, 5, 10]
+  assert specs[0]["method"].label == "comfedl_damaml_local_steps=1"
+  assert e2_config.get_config("digits").rounds == 30
+  assert e2.check(e2_config.get_config("digits"))["per_client"] == 120
+  assert e2.check(e2_config.get_config())["per_client"] == 500
+  default = e2_config.get_config()
+  assert [default[k] for k in runner.SHARED[1:-1]] == [(0, 1, 2), 300, 5, 0.1, 32, 5]
+  methods = {m.label: m for m in e2.check(default)["methods"]}
+  assert set(methods) == set(LABELS)
+  assert methods["tr_maml"].kwargs == {"weights_lr": 0.08}
+  assert methods["ditto"].kwargs == {"lam": 0.1, "personal_lr": None}
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(dataset="mnist"), "--config.dataset"),
+    (dict(rounds=0), "--config.rounds"),
+    (dict(local_steps=0), "--config.local_steps"),
+    (dict(per_client=-1), "--config.per_client"),
+    (dict(rho=1.5), "--config.rho"),
+    (dict(conv_impl="cudnn"), "--config.conv_impl"),
+    (dict(gamma=0.0), "--config.gamma"),
+    (dict(shift=float("nan")), "--config.shift"),
+    (dict(filters=0), "--config.filters"),
+    (dict(eval_chunk=0), "--config.eval_chunk"),
+    (dict(seeds=("a",)), "--config.seeds"),
+    (dict(ablation="lr"), "--config.ablation"),
+    (dict(ablation="local_steps", ablation_values=(1.5,)), "--config.ablation_values"),
+    (dict(ablation="rho", ablation_values=(2.0,)), "--config.ablation_values"),
+    (dict(ablation="gamma", ablation_values=("x",)), "--config.ablation_values"),
 ])
-def test_bad_flags_name_the_flag(tmp_path, kwargs, flag):
-  with pytest.raises(ValueError, match=flag):
-    e2.validate(str(tmp_path), **kwargs)
+def test_bad_fields_name_the_field(changes, field):
+  config = e2_config.get_config()
+  for key, value in changes.items():
+    with config.unlocked():
+      config[key] = value
+  with pytest.raises(ValueError, match=field):
+    e2.check(config)
 
 
-def test_per_client_beyond_the_data_names_the_flag(tmp_path):
-  with pytest.raises(ValueError, match="--per_client"):
-    e2.run(str(tmp_path), dataset="digits", per_client=500, **TINY)
+@pytest.mark.parametrize("label,key,value,field", [
+    ("comfedl_maml", "learning_rate", -0.1, "--config.methods.comfedl_maml.learning_rate"),
+    ("tr_maml", "weights_lr", 0.0, "--config.methods.tr_maml: weights_lr"),
+    ("ditto", "lam", -1.0, "--config.methods.ditto: lam"),
+    ("ditto", "algorithm", "sgd", "--config.methods.ditto.algorithm"),
+    ("comfedl_damaml", "q", 1.0, "--config.methods.comfedl_damaml.q"),
+])
+def test_bad_method_fields_name_the_field(label, key, value, field):
+  config = e2_config.get_config()
+  config.methods[label][key] = value
+  with pytest.raises(ValueError, match=field):
+    e2.check(config)
 
 
-def test_missing_cifar10_is_a_clear_error(tmp_path):
-  with pytest.raises(FileNotFoundError, match="cifar10"):
-    e2.run(str(tmp_path / "out"), dataset="cifar10", data_dir=str(tmp_path / "empty"), **TINY)
+@pytest.mark.parametrize("label,key,value,field", [
+    ("fedmaml", "inner_lr", 0.0, "--config.methods.fedmaml.problem.inner_lr"),
+    ("fedavg", "finetune_lr", None, "--config.methods.fedavg.problem.finetune_lr"),
+    ("fedavg", "name", "dro", "--config.methods.fedavg.problem must hold a name"),
+    ("ditto", "inner_lr2", 0.1, "--config.methods.ditto.problem.inner_lr2 is not"),
+])
+def test_bad_problem_fields_name_the_field(label, key, value, field):
+  config = e2_config.get_config()
+  config.methods[label].problem[key] = value
+  with pytest.raises(ValueError, match=field):
+    e2.check(config)
+
+
+def test_ablation_without_a_da_maml_method_and_normalised_comfedl_are_refused():
+  config = _tiny(methods=("fedavg",), ablation="gamma")
+  with pytest.raises(ValueError, match="--config.ablation needs a method with problem"):
+    e2.check(config)
+  config = _tiny(methods=())
+  config.methods["comfedl_damaml_normalized"] = {
+      "algorithm": "comfedl", "problem": {"name": "da_maml", "inner_lr": 0.05},
+      "normalized": True, "gamma": 0.5}
+  with pytest.raises(ValueError, match="normalized.*adapted model"):
+    e2.check(config)
+
+
+def test_per_client_beyond_the_data_names_the_field(tmp_path):
+  with pytest.raises(ValueError, match="--config.per_client"):
+    e2.run(_tiny("digits", per_client=500), str(tmp_path), QUIET)
+
+
+def test_missing_cifar10_is_one_line_naming_the_offline_dataset(tmp_path):
+  config = _tiny(data_dir=str(tmp_path / "empty"))
+  with pytest.raises(FileNotFoundError) as err:
+    e2.run(config, str(tmp_path / "out"), QUIET)
+  message = str(err.value)
+  assert "\n" not in message and "cifar10" in message
+  assert "--config.data_dir" in message and "--config.dataset=digits" in message
+
+
+def test_the_driver_reports_missing_data_and_bad_fields_in_one_line(tmp_path):
+  run = lambda *args: subprocess.run(
+      [sys.executable, "-m", "experiments.main",
+       "--config=experiments/configs/personalized_cifar.py", f"--workdir={tmp_path}", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  missing = run(f"--config.data_dir={tmp_path / 'empty'}")
+  assert missing.returncode == 1 and "Traceback" not in missing.stderr
+  last = missing.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: TFDS cifar10") and "--config.dataset=digits" in last
+  bad = run("--config.ablation=tau")
+  assert bad.returncode == 1
+  assert bad.stderr.strip().splitlines()[-1].startswith("error: --config.ablation must be")
