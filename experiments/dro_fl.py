@@ -52,7 +52,6 @@ from fedco.problems import kl_dro_weights
 DATASETS = ("digits", "mnist", "fashion_mnist")
 BIG = {"digits": 500, "mnist": 5000, "fashion_mnist": 5000}  # the big client's default
 MODES = ("run", "grid")
-ABLATIONS = ("none", "local_steps", "gamma")
 ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.2, 2.0, 5.0)}
 SPLITS = ("train", "val", "test")
 SCORE = ("val_acc_worst", "val_acc_avg")  # the grid's choice: the worst client, then the mean
@@ -67,8 +66,6 @@ def check(config) -> Dict[str, Any]:
     raise ValueError(f"--config.mode must be one of {MODES}, got {config.mode!r}")
   if config.dataset not in DATASETS:
     raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
-  if config.ablation not in ABLATIONS:
-    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
   common.check_int("config.num_clients", config.num_clients, 2)
   common.check_int("config.big", config.big, 0)
   common.check_int("config.small", config.small, 1)
@@ -78,19 +75,7 @@ def check(config) -> Dict[str, Any]:
     if m.algorithm == "drfa" and m.local_steps < 2:
       raise ValueError(f"--config.methods.{m.label}.local_steps must be >= 2 for drfa (its "
                        f"snapshot step is in 1..local_steps-1), got {m.local_steps}")
-  values = ()
-  if config.ablation != "none":
-    try:
-      values = tuple(float(v) for v in (config.ablation_values or
-                                        ABLATION_DEFAULTS[config.ablation]))
-    except (TypeError, ValueError):
-      raise ValueError(f"--config.ablation_values must be numbers, got "
-                       f"{config.ablation_values!r}") from None
-    for v in values:
-      if config.ablation == "local_steps":
-        common.check_int("config.ablation_values", int(v) if v.is_integer() else v, 1)
-      else:
-        common.check_positive("config.ablation_values", v)
+  values = runner.ablation(config, ABLATION_DEFAULTS)
   select = ()
   if config.mode == "grid":
     select = runner.seeds(config, "select_seeds")

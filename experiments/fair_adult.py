@@ -63,7 +63,6 @@ from fedco.problems import fairness as fair
 ALGORITHMS = ("feddro", "ds_feddro", "gcivr", "fedavg")
 UNCONSTRAINED = ("fedavg",)
 LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
-ABLATIONS = ("none", "local_steps")
 ABLATION_DEFAULT = (1, 2, 4, 8)
 TABLE_KEYS = ("test_acc", "test_max_violation", "train_acc", "train_max_violation")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -76,8 +75,6 @@ def check(config) -> Dict[str, Any]:
   if not isinstance(config.data_dir, str):
     raise ValueError(f"--config.data_dir must be a folder path (or empty: "
                      f"{adult.DEFAULT_DATA_DIR}), got {config.data_dir!r}")
-  if config.ablation not in ABLATIONS:
-    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
   common.check_int("config.num_clients", config.num_clients, 1)
   common.check_positive("config.alpha", config.alpha)
   common.check_positive("config.gamma", config.gamma)
@@ -96,16 +93,10 @@ def check(config) -> Dict[str, Any]:
         common.check_positive(f"config.methods.{m.label}.{name}", m.kwargs[name])
     if "refresh_every" in m.kwargs:
       common.check_int(f"config.methods.{m.label}.refresh_every", m.kwargs["refresh_every"], 1)
-  values = ()
-  if config.ablation == "local_steps":
-    values = common.check_int_list("config.ablation_values",
-                                   config.ablation_values or ABLATION_DEFAULT, 1,
-                                   distinct=True)
-    if not any(m.algorithm in LOCAL for m in methods):
-      raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
-                       "--config.methods")
-  elif config.ablation_values:
-    raise ValueError("--config.ablation_values needs --config.ablation=local_steps")
+  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
+  if values and not any(m.algorithm in LOCAL for m in methods):
+    raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
+                     "--config.methods")
   return {**settings, "methods": methods, "ablation_values": values,
           "data_dir": config.data_dir or adult.DEFAULT_DATA_DIR}
 

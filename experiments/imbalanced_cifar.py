@@ -80,7 +80,6 @@ from fedco.models.layers import CONV_IMPLS
 PROBLEMS = {"feddro": "kl_dro", "ds_feddro": "kl_dro", "mbsgd": "kl_dro",
             "fedavg_co": "kl_dro", "fastdro": "erm", "primal_dual_dro": "erm"}
 LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
-ABLATIONS = ("none", "local_steps")
 ABLATION_DEFAULT = (1, 2, 4, 8, 16, 32)
 MODELS = ("resnet20", "cnn4", "linear")
 TABLE_KEYS = ("test_acc", "train_acc", "test_minority_acc", "train_objective")
@@ -104,8 +103,6 @@ def check(config) -> Dict[str, Any]:
   if config.conv_impl not in CONV_IMPLS:
     raise ValueError(f"--config.conv_impl must be one of {CONV_IMPLS}, got "
                      f"{config.conv_impl!r}")
-  if config.ablation not in ABLATIONS:
-    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
   for name in ("width", "num_clients", "lr_drop_round"):
     common.check_int(f"config.{name}", config[name], 1)
   common.check_int("config.eval_examples", config.eval_examples, 0)
@@ -134,16 +131,10 @@ def check(config) -> Dict[str, Any]:
     for name in ("server_lr_x", "server_lr_y", "weights_lr"):
       if name in m.kwargs:
         common.check_positive(f"config.methods.{m.label}.{name}", m.kwargs[name])
-  values = ()
-  if config.ablation == "local_steps":
-    values = common.check_int_list("config.ablation_values",
-                                   config.ablation_values or ABLATION_DEFAULT, 1,
-                                   distinct=True)
-    if not any(m.algorithm in LOCAL for m in methods):
-      raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
-                       "--config.methods")
-  elif config.ablation_values:
-    raise ValueError("--config.ablation_values needs --config.ablation=local_steps")
+  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
+  if values and not any(m.algorithm in LOCAL for m in methods):
+    raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
+                     "--config.methods")
   return {**settings, "methods": methods, "ablation_values": values}
 
 

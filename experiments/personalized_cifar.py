@@ -120,7 +120,6 @@ PROBLEMS = ("da_maml", "maml", "erm")
 PROBLEM_FIELDS = ("name", "inner_lr", "finetune_lr")  # a method's ``problem`` fields
 NUM_CLIENTS = 10
 NUM_CLASSES = 10
-ABLATIONS = ("none", "local_steps", "gamma", "rho")
 ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.5, 1.0, 5.0),
                      "rho": (0.1, 0.28, 0.6, 0.8)}
 FINAL_KEYS = ("val_acc_avg", "val_acc_worst", "val_loss_avg", "val_loss_worst",
@@ -147,8 +146,6 @@ def check(config) -> Dict[str, Any]:
   if not isinstance(config.data_dir, str):
     raise ValueError(f"--config.data_dir must be a folder path ('' for TFDS's default), got "
                      f"{config.data_dir!r}")
-  if config.ablation not in ABLATIONS:
-    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
   common.check_int("config.per_client", config.per_client, 0)
   _check_rho("config.rho", config.rho)
   for name in ("filters", "eval_chunk"):
@@ -187,26 +184,12 @@ def check(config) -> Dict[str, Any]:
     else:
       common.check_positive(f"config.methods.{m.label}.problem.inner_lr",
                             fields.get("inner_lr"))
-  values = ()
-  if config.ablation != "none":
-    if not any(config.methods[m.label].problem.name == "da_maml" for m in methods):
-      raise ValueError("--config.ablation needs a method with problem 'da_maml' in "
-                       "--config.methods (the ablated ComFedL-DAMAML)")
-    try:
-      values = tuple(float(v) for v in (config.ablation_values or
-                                        ABLATION_DEFAULTS[config.ablation]))
-    except (TypeError, ValueError):
-      raise ValueError(f"--config.ablation_values must be numbers, got "
-                       f"{config.ablation_values!r}") from None
-    for v in values:
-      if config.ablation == "local_steps":
-        common.check_int("config.ablation_values", int(v) if v.is_integer() else v, 1)
-      elif config.ablation == "gamma":
-        common.check_positive("config.ablation_values", v)
-      else:
-        _check_rho("config.ablation_values", v)
-    if len(set(values)) != len(values):
-      raise ValueError(f"--config.ablation_values lists a value twice: {list(values)}")
+  values = runner.ablation(config, ABLATION_DEFAULTS)
+  if values and not any(config.methods[m.label].problem.name == "da_maml" for m in methods):
+    raise ValueError("--config.ablation needs a method with problem 'da_maml' in "
+                     "--config.methods (the ablated ComFedL-DAMAML)")
+  for v in values if config.ablation == "rho" else ():
+    _check_rho("config.ablation_values", v)
   return {**settings, "methods": methods, "ablation_values": values,
           "per_client": config.per_client or PER_CLIENT[config.dataset]}
 

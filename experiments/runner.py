@@ -140,6 +140,35 @@ def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
   return out
 
 
+def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
+  """``config.ablation``'s values, checked: ``config.ablation_values`` or the paper's
+  ``defaults[config.ablation]``; distinct integers ``>= 1`` for ``local_steps``, distinct
+  positive numbers otherwise; none for ``"none"``."""
+  allowed = ("none",) + tuple(defaults)
+  if config.ablation not in allowed:
+    raise ValueError(f"--config.ablation must be one of {allowed}, got {config.ablation!r}")
+  if config.ablation == "none":
+    if config.ablation_values:
+      raise ValueError(f"--config.ablation_values needs --config.ablation (one of "
+                       f"{allowed[1:]})")
+    return ()
+  given = config.ablation_values or defaults[config.ablation]
+  try:
+    values = tuple(float(v) for v in given)
+  except (TypeError, ValueError):
+    raise ValueError(f"--config.ablation_values must be numbers, got {given!r}") from None
+  if config.ablation == "local_steps":
+    if not all(v.is_integer() for v in values):
+      raise ValueError(f"--config.ablation_values must be integers >= 1 for local_steps, got "
+                       f"{given!r}")
+    return common.check_int_list("config.ablation_values", values, 1, distinct=True)
+  for v in values:
+    common.check_positive("config.ablation_values", v)
+  if len(set(values)) != len(values):
+    raise ValueError(f"--config.ablation_values lists a value twice: {values}")
+  return values
+
+
 def diverged_note(label: str, err) -> Dict[str, Any]:
   """A diverged run's final entry: the round, the quantity and the field to change."""
   return {"diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "

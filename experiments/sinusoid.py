@@ -63,7 +63,6 @@ from fedco.data import sinusoid as sinusoid_data
 from fedco.models.mlp import MLP, init_mlp
 from fedco.problems.maml import MAML
 
-ABLATIONS = ("none", "gamma", "alpha", "local_steps")
 ABLATION_DEFAULTS = {"gamma": (0.3, 0.5, 0.7, 0.9), "alpha": (0.5, 0.7, 0.8, 0.9),
                      "local_steps": (1, 2, 5, 10)}
 # Local-SCGDM at the paper's settings: the ablations' base when config.methods has none.
@@ -93,8 +92,6 @@ def _build(method: runner.Method, where: str, **changes):
 def check(config) -> Dict[str, Any]:
   """The checked settings (``ValueError`` naming ``--config.<field>``)."""
   settings = runner.check_shared(config)
-  if config.ablation not in ABLATIONS:
-    raise ValueError(f"--config.ablation must be one of {ABLATIONS}, got {config.ablation!r}")
   for name in ("inner_steps", "num_clients", "tasks_per_step", "shots", "query_shots",
                "test_tasks", "episodes_per_client"):
     common.check_int(f"config.{name}", config[name], 1)
@@ -117,27 +114,16 @@ def check(config) -> Dict[str, Any]:
     if iterations % m.local_steps:
       raise ValueError(f"{where}.local_steps must divide the {iterations} meta-iterations "
                        f"(config.rounds * config.local_steps), got {m.local_steps}")
-  values = ()
-  if config.ablation != "none":
-    try:
-      values = tuple(float(v) for v in (config.ablation_values or
-                                        ABLATION_DEFAULTS[config.ablation]))
-    except (TypeError, ValueError):
-      raise ValueError(f"--config.ablation_values must be numbers, got "
-                       f"{config.ablation_values!r}") from None
-    if len(set(values)) != len(values):
-      raise ValueError(f"--config.ablation_values lists a value twice: {values}")
+  values = runner.ablation(config, ABLATION_DEFAULTS)
+  if values:
     base = ablation_base(methods, settings)
-    for v in values:
-      if config.ablation == "local_steps":
-        common.check_int("config.ablation_values", int(v) if v.is_integer() else v, 1)
-        if iterations % int(v):
-          raise ValueError(f"--config.ablation_values must divide the {iterations} "
-                           f"meta-iterations (config.rounds * config.local_steps), got {v:g}")
-      else:
-        _build(base, "--config.ablation_values", **{config.ablation: v})
+  for v in values:
     if config.ablation == "local_steps":
-      values = tuple(int(v) for v in values)
+      if iterations % v:
+        raise ValueError(f"--config.ablation_values must divide the {iterations} "
+                         f"meta-iterations (config.rounds * config.local_steps), got {v}")
+    else:
+      _build(base, "--config.ablation_values", **{config.ablation: v})
   return {**settings, "methods": methods, "ablation_values": values, "hidden": hidden,
           "iterations": iterations}
 
