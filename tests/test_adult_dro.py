@@ -1,11 +1,9 @@
 """DRO-FL on UCI Adult (doctorate vs other) through the config driver, on the real data."""
 
-import json
 import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from experiments import adult_dro, common, runner

@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from absl import app
 from absl import flags
@@ -43,8 +43,14 @@ flags.DEFINE_string("python_jax", sys.executable, "python with fedco and drjax")
 flags.DEFINE_list("workloads", ["check", "logistic", "feddro", "cross_device"], "Workloads.")
 flags.DEFINE_integer("repeats", 3, "Processes per side and workload, alternating.")
 flags.DEFINE_integer("logistic_rounds", 100, "Timed rounds of the logistic workloads.")
+flags.DEFINE_integer("feddro_rounds", 20, "Timed FedDRO rounds (Flower and pfl: 5 of theirs "
+                     "each).")
 flags.DEFINE_integer("cross_device_rounds", 10, "Timed rounds of the cross-device workload.")
+flags.DEFINE_list("sides", [], "Only these sides (default: every side whose python is "
+                  "given).")
 flags.DEFINE_string("out", "benchmarks/results/peers.json", "Where to write the JSON.")
+flags.DEFINE_bool("resummarize", False, "Recompute the summary and table of --out from its "
+                  "recorded runs (no new runs).")
 
 SIDES = {  # side: (python flag, program, extra arguments)
     "fedco": ("python_jax", "jax_bench.py", ["--peer=fedco"]),
@@ -83,7 +89,9 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
   return {"version": ok[0]["version"], "repeats": len(ok),
           "rounds_per_second": 1.0 / per_round,
           "client_updates_per_second": clients / per_round,
-          "process_seconds": float(np.median([r["process_seconds"] for r in ok])),
+          "process_seconds": float(np.median([r["process_seconds"] -
+                                              r.get("duplicate_run_seconds", 0.0)
+                                              for r in ok])),
           "setup_seconds": float(np.median([r["setup_seconds"] for r in ok])),
           "rounds": ok[0]["rounds"]}
 
@@ -106,7 +114,7 @@ def check_against_fedco(results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, A
 
 def table(summary: Dict[str, Any]) -> str:
   lines = ["| workload | side | version | rounds/s (steady) | client updates/s | process s "
-           f"| fedco's speed-up |", "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| fedco's speed-up |", "| --- | --- | --- | --- | --- | --- | --- |"]
   for workload, sides in summary["workloads"].items():
     if workload == "check":
       continue
@@ -128,13 +136,22 @@ def main(argv):
   del argv
   sys.path.insert(0, ROOT)
   from benchmarks import _common  # pylint: disable=g-import-not-at-top
-  rounds = {"logistic": FLAGS.logistic_rounds, "feddro": FLAGS.logistic_rounds,
+  if FLAGS.resummarize:
+    with open(FLAGS.out) as f:
+      record = json.load(f)
+    for workload, by_side in record["runs"].items():
+      if workload != "check":
+        record["workloads"][workload] = {s: summarize(rs) for s, rs in by_side.items()}
+    _write(record)
+    return
+  rounds = {"logistic": FLAGS.logistic_rounds, "feddro": FLAGS.feddro_rounds,
             "cross_device": FLAGS.cross_device_rounds, "check": 3}
   record = {"machine": _common.machine_info(), "started": _common.timestamp(),
             "load_before": list(os.getloadavg()), "workloads": {}, "runs": {}}
   for workload in FLAGS.workloads:
     sides = [s for s in SIDES if getattr(FLAGS, SIDES[s][0])
-             and workload in APPLIES.get(s, (workload,))]
+             and workload in APPLIES.get(s, (workload,)) and (not FLAGS.sides
+                                                              or s in FLAGS.sides)]
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in sides}
     repeats = 1 if workload == "check" else FLAGS.repeats
     for i in range(repeats):
@@ -153,6 +170,11 @@ def main(argv):
   record["config"] = {"repeats": FLAGS.repeats, "rounds": rounds,
                       "workloads": {k: dataclasses.asdict(w)
                                     for k, w in workloads.WORKLOADS.items()}}
+  _write(record)
+
+
+def _write(record):
+  from benchmarks import _common  # pylint: disable=g-import-not-at-top
   _common.write_json(FLAGS.out, record)
   md = table(record)
   with open(os.path.splitext(FLAGS.out)[0] + ".md", "w") as f:
