@@ -157,8 +157,8 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
   if config.budget == "converged":
     summary["converged"] = {label: all(f.get("converged", False) for f in by_seed.values())
                             for label, by_seed in finals.items()}
-  wd.write_summary(summary)
   _plot(wd, curves, config)
+  wd.write_summary(summary)
   if options.progress:
     print(common.format_table(table))
   return summary

@@ -224,21 +224,23 @@ class Workdir:
     if self._stage == self.path:
       return
     previous = [n for n in read_manifest(self.path) if not _is_checkpoint(n) and n != STAGING]
-    staged = sorted(self._staged, key=lambda n: n == SUMMARY)
-    for name in previous:
+    staged = [n for n in sorted(self._staged, key=lambda n: n == SUMMARY)
+              if os.path.exists(os.path.join(self._stage, n))  # announced, never written: out
+              and not (os.path.isdir(os.path.join(self._stage, n)) and n not in previous
+                       and os.path.exists(os.path.join(self.path, n)))]  # a user's folder
+    _write_manifest(self.path, read_manifest(self.path) + staged)
+    for name in staged:  # the new outputs first (os.replace overwrites a file) ...
+      if os.path.isdir(os.path.join(self._stage, name)):
+        _remove(self.path, name)
+      os.replace(os.path.join(self._stage, name), os.path.join(self.path, name))
+    for name in previous:  # ... then the previous run's outputs this run did not rewrite
       if name not in staged:
         _remove(self.path, name)
-    _write_manifest(self.path, [n for n in read_manifest(self.path) if n not in previous]
-                    + staged)
-    for name in staged:
-      source = os.path.join(self._stage, name)
-      if not os.path.exists(source):
-        continue
-      if os.path.isdir(source):
-        _remove(self.path, name)
-      os.replace(source, os.path.join(self.path, name))
-    shutil.rmtree(self._stage, ignore_errors=True)
-    _write_manifest(self.path, [n for n in read_manifest(self.path) if n != STAGING])
+    _write_manifest(self.path, [n for n in read_manifest(self.path)
+                                if n not in previous or n in staged])
+    if not os.listdir(self._stage):
+      os.rmdir(self._stage)
+      _write_manifest(self.path, [n for n in read_manifest(self.path) if n != STAGING])
     self._stage = self.path
 
   def write_json(self, name: str, value: Any) -> str:
@@ -322,11 +324,6 @@ def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
   return buf.getvalue()
 
 
-# Config keys that do not change a run's numbers (left out of its checkpoint hash).
-PRESENTATION_KEYS = ("workdir", "progress", "resume", "algorithms", "seeds", "sweep",
-                     "sweep_values", "checkpoint_every")
-
-
 def quiet_logs() -> None:
   """Show absl/orbax logs from WARNING up unless the user passed ``--verbosity``.
 
@@ -337,20 +334,6 @@ def quiet_logs() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def define_checkpoint_flags(every: int) -> None:
-  """``--checkpoint_every`` and ``--resume`` for an experiment binary."""
-  from absl import flags
-  flags.DEFINE_integer("checkpoint_every", every, "Rounds between checkpoints of each run.")
-  flags.DEFINE_bool("resume", True, "Resume runs from checkpoints in --workdir (rerunning "
-                    "continues); --noresume deletes them and starts over.")
-
-
-def checkpoint_config(checkpoint_every, resume) -> Dict[str, Any]:
-  """The validated checkpoint settings of a config."""
-  return {"checkpoint_every": check_int("checkpoint_every", checkpoint_every, 1),
-          "resume": bool(resume)}
-
-
 def start_checkpoints(wd: "Workdir", config: Mapping[str, Any]) -> None:
   """With ``--noresume``, delete the run checkpoint directories this workdir wrote (its
   manifest lists them), so every run starts over; nothing else under ``checkpoints/``."""
@@ -359,7 +342,7 @@ def start_checkpoints(wd: "Workdir", config: Mapping[str, Any]) -> None:
   names = read_manifest(wd.path)
   for name in names:
     if _is_checkpoint(name):
-      shutil.rmtree(wd.file(name), ignore_errors=True)
+      shutil.rmtree(os.path.join(wd.path, name), ignore_errors=True)
   _write_manifest(wd.path, [n for n in names if not _is_checkpoint(n)])
 
 
@@ -403,38 +386,6 @@ def record_written(workdir: str, path: str) -> None:
     _write_manifest(workdir, names + [name])
 
 
-def checkpoint_args(config: Mapping[str, Any], run_label: str, /, **run) -> Dict[str, Any]:
-  """``simulate``'s checkpoint keyword arguments for one run (``run``: its own settings)."""
-  settings = {k: v for k, v in config.items() if k not in PRESENTATION_KEYS}
-  directory = run_checkpoint_dir(config["workdir"], run_label, {**settings, **run})
-  record_written(config["workdir"], directory)
-  return {"checkpoint_dir": directory, "checkpoint_every": config["checkpoint_every"]}
-
-
-def simulate_and_record(simulate, label: str, seed: int, fields, records: List[Dict[str, Any]],
-                        finals: Dict[str, Dict[int, Dict[str, Any]]]):
-  """Run ``simulate()`` for one (algorithm, seed) and record it; returns the result or ``None``.
-
-  The evaluated rounds go to ``records`` (with ``fields``) and :func:`final_metrics`, plus
-  ``seconds``, to ``finals[label][seed]``. A run that stops with
-  ``fedco.runtime.NonFiniteError`` is reported as diverged (its round and message, and its
-  finite records up to then) and the other runs go on.
-  """
-  from fedco.runtime import NonFiniteError  # pylint: disable=g-import-not-at-top
-  try:
-    result = simulate()
-  except NonFiniteError as err:
-    finals.setdefault(label, {})[seed] = {"diverged": str(err), "diverged_round": err.round}
-    records.extend(evaluated_records(err.metrics, fields, finite_only=True))
-    return None
-  m = result.metrics
-  records.extend(evaluated_records(m, fields))
-  final = final_metrics(m)
-  final["seconds"] = result.seconds
-  finals.setdefault(label, {})[seed] = final
-  return result
-
-
 def final_metrics(metrics: Mapping[str, np.ndarray]) -> Dict[str, Any]:
   """Every scalar metric at the last *evaluated* round (a last round that was not evaluated
   holds NaN), and that ``round``."""
@@ -475,17 +426,13 @@ def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
 
 
 def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
-                    keys: Sequence[str], *, label_key: str = "method",
-                    std_in_table: Sequence[str] = ()):
+                    keys: Sequence[str], *, label_key: str = "method"):
   """Per-run mean and standard deviation over the seeds that did not diverge.
 
   Args:
     finals: ``{label: {seed: final values, or {"diverged": message, ...}}}``.
     keys: the final values to summarise.
-    label_key: the table column naming the run (``"method"``; older binaries
-      ``"algorithm"``).
-    std_in_table: ignored (kept for the binaries not yet on configs): every table cell is
-      :func:`mean_std` of its key.
+    label_key: the table column naming the run.
 
   Returns:
     ``(per_run, table)``: ``per_run[label]`` holds ``per_seed``, ``diverged_seeds`` and, per
@@ -494,7 +441,6 @@ def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
     std only with more than one), and for a diverged run a ``note`` saying at which round,
     in which quantity, and which setting to change.
   """
-  del std_in_table
   per_run, table = {}, []
   for label, by_seed in finals.items():
     ok = {s: f for s, f in by_seed.items() if "diverged" not in f}

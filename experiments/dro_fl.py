@@ -77,6 +77,9 @@ def check(config) -> Dict[str, Any]:
                        f"snapshot step is in 1..local_steps-1), got {m.local_steps}")
   values = runner.ablation(config, ABLATION_DEFAULTS)
   select = ()
+  if config.mode == "grid" and config.ablation != "none":
+    raise ValueError("--config.ablation runs ComFedL's ablation at given settings; it cannot "
+                     "be combined with the grid search (the :grid mode)")
   if config.mode == "grid":
     select = runner.seeds(config, "select_seeds")
   return {**settings, "methods": methods, "ablation_values": values, "select_seeds": select,
@@ -158,20 +161,22 @@ def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None):
 
 
 def runs(settings, config) -> List[Dict[str, Any]]:
-  """``(method, gamma)`` per run: the config's methods, or ComFedL's ablation."""
+  """``(method, gamma)`` per run: the config's methods, or ComFedL's ablation (of the
+  config's normalised ComFedL, else its printed one)."""
   if config.ablation == "none":
     return [{"method": m, "gamma": float(config.gamma)} for m in settings["methods"]]
-  base = next((m for m in settings["methods"] if m.algorithm == "comfedl"),
-              runner.Method("comfedl", "comfedl", {"normalized": True},
-                            settings["learning_rate"], settings["local_steps"]))
+  comfedl = [m for m in settings["methods"] if m.algorithm == "comfedl"]
+  comfedl.sort(key=lambda m: not m.kwargs.get("normalized"))  # the stable one first
+  base = comfedl[0] if comfedl else runner.Method(
+      "comfedl_normalized", "comfedl", {"normalized": True}, settings["learning_rate"],
+      settings["local_steps"])
   out = []
   for v in settings["ablation_values"]:
     if config.ablation == "local_steps":
-      method = dataclasses.replace(base, label=f"{base.label}_local_steps={int(v)}",
-                                   local_steps=int(v))
+      method = base.variant(f"{base.label}_local_steps={int(v)}", local_steps=int(v))
       out.append({"method": method, "gamma": float(config.gamma)})
     else:
-      out.append({"method": dataclasses.replace(base, label=f"{base.label}_gamma={v:g}"),
+      out.append({"method": base.variant(f"{base.label}_gamma={v:g}"),
                   "gamma": v})
   return out
 
@@ -248,8 +253,8 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           eval_every=settings["eval_every"],
           metrics_fn=make_metrics_fn(stats, clients, gamma if solves_dro(method) else None))
   summary = summarize(finals, settings, config, chosen, specs)
-  wd.write_summary(summary)
   plot(wd, records, config, [s["method"].label for s in specs])
+  wd.write_summary(summary)
   if options.progress:
     print(common.format_table(summary["table"]))
   return summary

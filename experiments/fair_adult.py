@@ -46,7 +46,6 @@ and per seed; each method's settings) and ``fairness.png``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any, Dict, List
@@ -105,7 +104,7 @@ def runs(settings) -> List[runner.Method]:
   """The methods run: the config's, or the feddro / ds_feddro ones once per ablation value."""
   if not settings["ablation_values"]:
     return list(settings["methods"])
-  return [dataclasses.replace(m, label=f"{m.label}_local_steps={v}", local_steps=v)
+  return [m.variant(f"{m.label}_local_steps={v}", local_steps=v)
           for m in settings["methods"] if m.algorithm in LOCAL
           for v in settings["ablation_values"]]
 
@@ -183,10 +182,10 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           batch_size=settings["batch_size"] or None, evaluate=False,
           eval_every=settings["eval_every"], metrics_fn=metrics_fn)
   summary = summarize(finals, settings, config, methods, time.perf_counter() - start)
-  wd.write_summary(summary)
   fig, legend_ax = plot(records, config, [m.label for m in methods])
   common.save_with_legend(wd, fig, legend_ax, "fairness.png", legend=bool(legend_ax.lines),
                           fontsize=8)
+  wd.write_summary(summary)
   if options.progress:
     print(common.format_table(summary["table"]))
     print(f"wall time {summary['seconds']:.1f} s")

@@ -111,8 +111,8 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
         r["step"] = r["round"] * method.local_steps
       records.extend(run_records)
   summary = summarize(finals, settings)
-  wd.write_summary(summary)
   plot(wd, records, settings)
+  wd.write_summary(summary)
   if options.progress:
     print(f"E7 after {settings['rounds']} rounds, x* = {X_STAR:g}")
     print(common.format_table(summary["table"]))

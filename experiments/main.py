@@ -2,8 +2,8 @@ r"""One driver for every experiment (the flax examples' convention): a config fi
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
     python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
-    python -m experiments.main --config=experiments/configs/adult_dro.py \
-        --config.budget=converged --config.seeds=0, --workdir=runs/adult_converged
+    python -m experiments.main --config=experiments/configs/adult_dro.py:converged \
+        --config.seeds=0, --workdir=runs/adult_converged
 
 The config names its experiment (``config.experiment``); the module
 ``experiments.<experiment>`` runs it with ``run(config, workdir, options)``. Every config
@@ -48,7 +48,9 @@ def main(argv):
     try:
       config = _CONFIG.value
       name = None if config is None else config.get("experiment")
-    except OSError:  # ml_collections loads the file lazily
+    except (OSError, ValueError) as err:  # ml_collections loads the file lazily
+      if isinstance(err, ValueError):  # a get_config(mode) refusing its mode
+        raise ValueError(f"--config: {err}") from None
       raise FileNotFoundError(f"--config={FLAGS['config'].config_filename!r} is not a config "
                               f"file; available: {', '.join(EXPERIMENTS)} in "
                               f"experiments/configs/") from None
@@ -86,7 +88,10 @@ def parse_flags(argv):
   try:
     return FLAGS(argv)
   except flags.Error as err:
-    print(f"error: {err}\nPass --help to see the flags.", file=sys.stderr)
+    lines = [l for l in str(err).strip().splitlines() if l.strip()]
+    if len(lines) > 1:  # a config file that raised: its own last line, not the traceback
+      lines = [f"--config: {lines[-1].split(': ', 1)[-1]}"]
+    print(f"error: {lines[0]}\nPass --help to see the flags.", file=sys.stderr)
   except (AttributeError, KeyError, TypeError, ValueError) as err:
     bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
     print(f"error: cannot apply the override {', '.join(bad) or '--config'}: {err} (a config "

@@ -50,12 +50,19 @@ class Method:
     algorithm: the ``fedco.ALGORITHMS`` name.
     kwargs: the factory's other arguments from the config.
     learning_rate, local_steps: the shared values or the method's own.
+    source: the ``config.methods`` label it comes from when it is a variant (an ablation's
+      ``comfedl_gamma=2`` of ``comfedl``): the field a divergence note names.
   """
   label: str
   algorithm: str
   kwargs: Dict[str, Any]
   learning_rate: float
   local_steps: int
+  source: str = ""
+
+  def variant(self, label: str, **changes) -> "Method":
+    """This method with other settings under another label (an ablation's run)."""
+    return dataclasses.replace(self, label=label, source=self.source or self.label, **changes)
 
   @property
   def factory(self):
@@ -215,7 +222,8 @@ def simulate_method(method: Method, seed: int, *, problem, algorithm, data, para
                           {**settings, "method": method.settings(), "seed": seed}),
         **simulate_kwargs)
   except fedco.runtime.NonFiniteError as err:
-    finals.setdefault(method.label, {})[seed] = diverged_note(method.label, err)
+    finals.setdefault(method.label, {})[seed] = diverged_note(method.source or method.label,
+                                                              err)
     records.extend(common.evaluated_records(err.metrics, fields, keys=record_keys,
                                             finite_only=True))
     return None

@@ -49,7 +49,6 @@ before and after adaptation, first seed) and prints the final table.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Dict, List
 
@@ -147,9 +146,9 @@ def runs(settings, config) -> List[runner.Method]:
   for v in settings["ablation_values"]:
     label = f"{base.label}_{key}={v:g}"
     if key == "local_steps":
-      out.append(dataclasses.replace(base, label=label, local_steps=int(v)))
+      out.append(base.variant(label, local_steps=int(v)))
     else:
-      out.append(dataclasses.replace(base, label=label, kwargs={**base.kwargs, key: v}))
+      out.append(base.variant(label, kwargs={**base.kwargs, key: v}))
   return out
 
 

@@ -94,3 +94,20 @@ def test_the_driver_help_lists_how_to_run_flags():
   for flag in ("--config", "--workdir", "--methods", "--[no]resume", "--checkpoint_every",
                "--[no]progress"):
     assert flag in out.stdout + out.stderr, flag
+
+
+def test_the_driver_methods_flag_keeps_only_the_named_labels():
+  config = _config("dro_fl")
+  driver.select(config, ["fedavg", "drfa"])
+  assert sorted(config.methods) == ["drfa", "fedavg"]
+  with pytest.raises(ValueError, match="--methods: \\['sgd'\\] are not in config.methods"):
+    driver.select(_config("dro_fl"), ["sgd"])
+  config = _config("dro_fl")
+  driver.select(config, [])  # no --methods: every method
+  assert len(config.methods) == 5
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_unknown_mode_is_refused(name):
+  with pytest.raises(ValueError, match="mode"):
+    _config(name, "no_such_mode")

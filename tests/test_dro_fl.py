@@ -145,8 +145,8 @@ def test_mnist_end_to_end_under_mock_data(tmp_path):
 def test_gamma_ablation_runs_comfedl_variants(tmp_path):
   config = _config(ablation="gamma", ablation_values=(2.0, 5.0), rounds=3, eval_every=3)
   summary = dro_fl.run(config, str(tmp_path), QUIET)
-  assert set(summary["methods"]) == {"comfedl_gamma=2", "comfedl_gamma=5"}
-  assert summary["settings"]["comfedl_gamma=5"]["gamma"] == 5.0
+  assert set(summary["methods"]) == {"comfedl_normalized_gamma=2", "comfedl_normalized_gamma=5"}
+  assert summary["settings"]["comfedl_normalized_gamma=5"]["gamma"] == 5.0
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -160,6 +160,7 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
     (dict(seeds=("a",)), "--config.seeds"),
     (dict(ablation="lr"), "--config.ablation"),
     (dict(mode="grid", select_seeds=()), "--config.select_seeds"),
+    (dict(mode="grid", ablation="gamma"), "--config.ablation runs"),
     (dict(ablation="local_steps", ablation_values=(0,)), "--config.ablation_values"),
 ])
 def test_bad_fields_are_named(changes, field):

@@ -140,13 +140,15 @@ def test_a_workdir_removes_only_what_it_wrote(tmp_path):
     (run / name).write_text("user data")
   del wd
   wd = common.Workdir(run)
+  assert os.path.isdir(ours)  # checkpoints stay for resuming ...
+  common.start_checkpoints(wd, {"resume": False})  # ... unless --noresume, as a run starts
+  assert not os.path.exists(ours)
   wd.write_config({"a": 2})
-  wd.write_summary({"done": True})  # this run wrote no metrics: the old ones go
+  wd.record(wd.file(common.METRICS))  # announced (a writer was opened) but never written
+  wd.write_summary({"done": True})  # so the previous metrics go all the same
   assert json.loads((run / "config.json").read_text()) == {"a": 2}
   assert not (run / "metrics.jsonl").exists() and not (run / "in_progress").exists()
-  assert os.path.isdir(ours)  # checkpoints stay for resuming
-  common.start_checkpoints(wd, {"resume": False})
-  assert not os.path.exists(ours)
+  assert "metrics.jsonl" not in common.read_manifest(str(run))
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
     assert (run / name).read_text() == "user data", name
 

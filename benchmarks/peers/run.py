@@ -67,7 +67,10 @@ def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
   command = [getattr(FLAGS, python_flag), os.path.join(HERE, program),
              f"--workload={workload}", f"--rounds={rounds}", *extra]
   start = time.perf_counter()
-  proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+  try:
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+  except subprocess.TimeoutExpired:
+    return {"error": ["timed out after 3600 s"], "process_seconds": 3600.0}
   wall = time.perf_counter() - start
   lines = [l for l in proc.stdout.strip().splitlines() if l.startswith("{")]
   if proc.returncode != 0 or not lines:
@@ -136,6 +139,9 @@ def main(argv):
   del argv
   sys.path.insert(0, ROOT)
   from benchmarks import _common  # pylint: disable=g-import-not-at-top
+  unknown = [s for s in FLAGS.sides if s not in SIDES]
+  if unknown:
+    raise app.UsageError(f"--sides: unknown {unknown}; allowed: {', '.join(SIDES)}")
   if FLAGS.resummarize:
     with open(FLAGS.out) as f:
       record = json.load(f)

@@ -18,6 +18,9 @@ def get_config(budget: str = ""):
   config = ml_collections.ConfigDict()
   config.experiment = "adult_dro"
   config.budget = budget or "short"
+  if config.budget not in BUDGETS:
+    raise ValueError(f"the adult_dro config's mode (budget) must be one of {BUDGETS}, got "
+                     f"{budget!r}")
   config.data_dir = ""  # default: ../shared/data/adult beside the checkout
   config.seeds = (0, 1, 2)
   # Methods without local steps (AFL) run rounds * local_steps rounds of one step.

@@ -13,6 +13,8 @@ def get_config(mode: str = ""):
   from paper 001 Sec. 5.3's grids, then report test over the seeds."""
   config = ml_collections.ConfigDict()
   config.experiment = "dro_fl"
+  if mode not in ("", "grid"):
+    raise ValueError(f"the dro_fl config's mode must be 'grid' (or none), got {mode!r}")
   config.mode = mode or "run"  # "run" | "grid"
   config.dataset = "digits"  # or "mnist", "fashion_mnist" (TFDS, prepared under data_dir)
   config.data_dir = ""

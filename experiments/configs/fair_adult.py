@@ -10,7 +10,8 @@ import ml_collections
 
 def get_config(mode: str = ""):
   """E6 at its chosen settings (``mode`` is unused: E6 has one mode)."""
-  del mode
+  if mode:
+    raise ValueError(f"the fair_adult config has no modes (E6 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "fair_adult"
   config.data_dir = ""  # folder with adult.data and adult.test; "": ../shared/data/adult

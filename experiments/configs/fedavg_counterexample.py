@@ -9,7 +9,8 @@ import ml_collections
 
 def get_config(mode: str = ""):
   """E7: two clients, one-dimensional ``x``, no noise (deterministic runs)."""
-  del mode  # E7 has one mode
+  if mode:
+    raise ValueError(f"the fedavg_counterexample config has no modes (E7 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "fedavg_counterexample"
   config.seeds = (0,)  # the runs are deterministic (no noise, full data): one seed suffices

@@ -12,7 +12,8 @@ import ml_collections
 
 def get_config(mode: str = ""):
   """E5 at the paper's settings (``mode`` is unused: E5 has one mode)."""
-  del mode
+  if mode:
+    raise ValueError(f"the imbalanced_cifar config has no modes (E5 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "imbalanced_cifar"
   config.dataset = "cifar10"  # "cifar10", "cifar100" (TFDS, -ST version) or "digits" (offline)

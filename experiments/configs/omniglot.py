@@ -10,7 +10,8 @@ import ml_collections
 
 def get_config(mode: str = ""):
   """E4 at paper 003's 5-way 1-shot settings (1000 rounds of 5 local steps)."""
-  del mode  # E4 has one mode
+  if mode:
+    raise ValueError(f"the omniglot config has no modes (E4 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "omniglot"
   config.data_dir = ""  # TFDS data_dir holding omniglot as array_record ("": TFDS's default)

@@ -10,7 +10,8 @@ import ml_collections
 
 def get_config(mode: str = ""):
   """E3 at paper 003's settings (3000 meta-iterations: 600 rounds of 5 local steps)."""
-  del mode  # E3 has one mode
+  if mode:
+    raise ValueError(f"the sinusoid config has no modes (E3 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "sinusoid"
   config.seeds = (0, 1, 2)

@@ -73,6 +73,8 @@ class MetricWriter:
   def write(self, rows: List[Dict[str, Any]]) -> None:
     raise NotImplementedError
 
+  can_rewind = True  # False: rewind is a no-op, so a resumed run does not rewrite rows
+
   def rewind(self, round_: int, labels: Mapping[str, Any]) -> None:
     """Forget this run's rows after ``round_`` (a resumed run writes them again)."""
 
@@ -154,6 +156,8 @@ class CsvWriter(MetricWriter):
 
 class TensorBoardWriter(MetricWriter):
   """Scalars ``<label values>/<metric>`` at step ``round`` (needs ``tensorboardX``)."""
+
+  can_rewind = False  # event files are append-only: a resumed run does not replay its rows
 
   def __init__(self, logdir: str):
     try:

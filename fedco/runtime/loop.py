@@ -154,7 +154,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   restored = (host.rows(collected[0], 0, labels) if collected else []) + list(host_metrics)
   for writer in writers:
     writer.rewind(0, labels)
-    if restored:
+    if restored and writer.can_rewind:  # a writer that cannot drop rows keeps its old ones
       writer.write(restored)
   name = str(labels.get("method", labels.get("algorithm", algorithm.name)))
   if "seed" in labels:  # the name every output of an experiment uses, and the seed
@@ -169,8 +169,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     """Run the due actions on ``state`` at round ``done``; write and check their rows."""
     rows = [row for row in (_act(a, state, done, labels) for a in actions if due(a)) if row]
     host_metrics.extend(rows)
-    for writer in writers if rows else ():
-      writer.write(rows)
+    finite = [row for row in rows if host.finite_row(row)]  # a diverged row is not written
+    for writer in writers if finite else ():
+      writer.write(finite)
     if check_finite:
       try:
         _check_rows_finite(rows, host_metrics)
