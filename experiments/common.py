@@ -580,6 +580,18 @@ def sweep_label_names(names: Mapping[str, str], sep: str = "_I="):
   return name
 
 
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
+def distinguish(line, i: int) -> None:
+  """Style the ``i``-th line of a panel apart from the others: its own line style and hollow
+  marker, later lines thinner, so a line drawn over an equal one leaves it visible."""
+  line.set(linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
+           markerfacecolor="none", linewidth=max(0.8, 2.6 - 0.3 * i),
+           markersize=max(3.0, 8.0 - 0.8 * i))
+
+
 def save_with_legend(wd: "Workdir", fig, legend_ax, name: str, *, legend: bool = True,
                      **legend_kwargs) -> str:
   """Put the legend on ``legend_ax`` (when ``legend``: say, when any line was drawn), lay

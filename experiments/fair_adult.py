@@ -64,8 +64,6 @@ UNCONSTRAINED = ("fedavg",)
 LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
 ABLATION_DEFAULT = (1, 2, 4, 8)
 TABLE_KEYS = ("test_acc", "test_max_violation", "train_acc", "train_max_violation")
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
 def check(config) -> Dict[str, Any]:
@@ -229,10 +227,7 @@ def plot(records, config, labels):
     for i, label in enumerate(drawn):
       common.plot_mean_curves(ax, records, key, labels=[label], band=0.15, group="method",
                               skip_missing=True)
-      # later lines thinner, with hollow markers: a line over an equal one leaves it visible
-      ax.lines[-1].set(linestyle=LINESTYLES[i % len(LINESTYLES)],
-                       marker=MARKERS[i % len(MARKERS)], markerfacecolor="none",
-                       linewidth=max(0.8, 2.6 - 0.3 * i), markersize=max(3.0, 8.0 - 0.8 * i))
+      common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
     if "violation" in key:
       ax.axhline(0.0, color="k", lw=0.8, ls=":")
     ax.grid(alpha=0.3)

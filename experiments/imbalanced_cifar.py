@@ -84,8 +84,6 @@ MODELS = ("resnet20", "cnn4", "linear")
 TABLE_KEYS = ("test_acc", "train_acc", "test_minority_acc", "train_objective")
 _EVAL_CHUNK = 256
 # Line styles and markers cycled over the methods, so lines that coincide stay visible.
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
 def check(config) -> Dict[str, Any]:
@@ -347,11 +345,7 @@ def plot(records, config, labels):
     for i, label in enumerate(drawn):
       common.plot_mean_curves(ax, records, key, labels=[label], band=0.15, group="method",
                               skip_missing=True)
-      # later lines thinner, with hollow markers: a line drawn over an equal one (FedDRO and
-      # MBSGD coincide at I = 1) leaves the one below visible
-      ax.lines[-1].set(linestyle=LINESTYLES[i % len(LINESTYLES)],
-                       marker=MARKERS[i % len(MARKERS)], markerfacecolor="none",
-                       linewidth=max(0.8, 2.6 - 0.3 * i), markersize=max(3.0, 8.0 - 0.8 * i))
+      common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
     ax.grid(alpha=0.3)
   legend_ax = next((ax for ax in axes.ravel() if ax.lines), axes[0, 0])
   return fig, legend_ax

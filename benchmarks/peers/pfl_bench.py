@@ -292,15 +292,7 @@ class FedDRO(FederatedNNAlgorithm):
 
 def feddro_lines() -> int:
   """Code lines (no blanks, comments or docstrings) of the FedDRO section above."""
-  with open(os.path.abspath(__file__)) as f:
-    lines = f.read().split("FEDDRO_LINES")[1].split("# end FedDRO")[0].splitlines()[1:]
-  count, in_doc = 0, False
-  for line in (l.strip() for l in lines):
-    if in_doc or line.startswith('"""'):
-      in_doc = (line.count('"""') == 1) != in_doc  # a docstring opens or closes here
-      continue
-    count += bool(line) and not line.startswith("#")
-  return count
+  return workloads.code_lines(os.path.abspath(__file__))
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -73,6 +73,20 @@ def images_as_float(x: np.ndarray) -> np.ndarray:
   return x.astype(np.float32) / 255.0
 
 
+def code_lines(path: str, start: str = "FEDDRO_LINES", end: str = "# end FedDRO") -> int:
+  """Code lines (no blanks, comments or docstrings) of a program's section between the
+  markers: how many lines expressing a method took in a framework."""
+  with open(path) as f:
+    lines = f.read().split(start)[1].split(end)[0].splitlines()[1:]
+  count, in_doc = 0, False
+  for line in (l.strip() for l in lines):
+    if in_doc or line.startswith('"""'):
+      in_doc = (line.count('"""') == 1) != in_doc  # a docstring opens or closes here
+      continue
+    count += bool(line) and not line.startswith("#")
+  return count
+
+
 def report(peer: str, version: str, workload: str, round_seconds: List[float],
            setup_seconds: float, **extra) -> Dict:
   """The JSON every peer program prints as its last line (the driver parses it)."""
