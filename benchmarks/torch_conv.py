@@ -94,6 +94,7 @@ import torch.nn.functional as F
 
 import fedco
 from benchmarks import _common as C
+from benchmarks.peers.torch_cnn4 import TorchCNN4  # the network of the peers' programs too
 from fedco.models import CNN4, cross_entropy, init_cnn
 from fedco.models.cnn import group_count
 from fedco.models.layers import resolve_impl
@@ -142,24 +143,6 @@ def make_problem(filters, lr, local_steps, conv_impl="auto"):
 
 # ---- the PyTorch network and weight conversion -----------------------------------------------
 
-class TorchCNN4(torch.nn.Module):
-  """``fedco.models.CNN4`` in ``torch.nn`` (NCHW)."""
-
-  def __init__(self, filters=32, num_classes=NUM_CLASSES, in_channels=CHANNELS, size=32):
-    super().__init__()
-    layers, c = [], in_channels
-    for _ in range(4):
-      layers += [torch.nn.Conv2d(c, filters, 3, padding=1, bias=False),
-                 torch.nn.GroupNorm(group_count(filters), filters, eps=1e-5),
-                 torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
-      c = filters
-    self.features = torch.nn.Sequential(*layers)
-    self.logits = torch.nn.Linear(filters * (size // 16) ** 2, num_classes)
-
-  def forward(self, x):
-    return self.logits(torch.flatten(self.features(x), 1))
-
-
 def _conv_names(i):
   return 4 * i, 4 * i + 1  # Sequential index of block i's conv and GroupNorm
 
@@ -195,7 +178,7 @@ def from_torch_state(state, filters, size) -> Dict[str, Any]:
 
 def torch_model(params, filters, size):
   """A ``TorchCNN4`` holding ``params`` (float32, or float64 when the params are)."""
-  model = TorchCNN4(filters, size=size)
+  model = TorchCNN4(filters, NUM_CLASSES, CHANNELS, size, groups=group_count(filters))
   if jax.tree.leaves(params)[0].dtype == np.float64:
     model = model.double()
   model.load_state_dict(to_torch_state(params, filters, size))

@@ -67,36 +67,18 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 
+import torch_cnn4  # noqa: E402
 import workloads  # noqa: E402
 
 SEED = 0
 RESULTS = {}  # filled by the ServerApp (a thread of this process)
 
 
-# ---- models: the logistic model and E2's CNN4 (as benchmarks/torch_conv.py's TorchCNN4) ----
-
-class TorchCNN4(torch.nn.Module):
-  """``fedco.models.CNN4`` in ``torch.nn`` (NCHW): four blocks of conv 3x3 (32 filters, no
-  bias), GroupNorm(8 groups), ReLU, 2x2 max-pool; then a dense layer."""
-
-  def __init__(self, filters=32, num_classes=workloads.CLASSES, in_channels=3, size=32):
-    super().__init__()
-    layers, c = [], in_channels
-    for _ in range(4):
-      layers += [torch.nn.Conv2d(c, filters, 3, padding=1, bias=False),
-                 torch.nn.GroupNorm(8, filters, eps=1e-5),
-                 torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
-      c = filters
-    self.features = torch.nn.Sequential(*layers)
-    self.logits = torch.nn.Linear(filters * (size // 16) ** 2, num_classes)
-
-  def forward(self, x):
-    return self.logits(torch.flatten(self.features(x), 1))
-
+# ---- models: the logistic model and E2's CNN4 (torch_cnn4.TorchCNN4) ----
 
 def make_model(workload: str) -> torch.nn.Module:
   if workload == "cross_device":
-    return TorchCNN4()  # torch's own initialisation (seeded on the server)
+    return torch_cnn4.TorchCNN4()  # torch's own initialisation (seeded on the server)
   model = torch.nn.Linear(workloads.FEATURES, workloads.CLASSES)  # w [10, 784], b [10]
   with torch.no_grad():
     model.weight.zero_()

@@ -86,6 +86,7 @@ from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
 from pfl.stats import MappedVectorStatistics  # noqa: E402
 
+import torch_cnn4  # noqa: E402
 import workloads  # noqa: E402
 
 SEED = 0
@@ -122,26 +123,11 @@ class Logistic(_PflModule):
     return self.linear(x)
 
 
-class TorchCNN4(_PflModule):
-  """``fedco.models.CNN4`` in ``torch.nn`` (NCHW): four blocks of conv 3x3 (32 filters, no
-  bias), GroupNorm(8 groups), ReLU, 2x2 max-pool; then a dense layer. torch's own init."""
-
-  def __init__(self, filters=32, num_classes=workloads.CLASSES, in_channels=3, size=32):
-    super().__init__()
-    layers, c = [], in_channels
-    for _ in range(4):
-      layers += [torch.nn.Conv2d(c, filters, 3, padding=1, bias=False),
-                 torch.nn.GroupNorm(8, filters, eps=1e-5),
-                 torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
-      c = filters
-    self.features = torch.nn.Sequential(*layers)
-    self.logits = torch.nn.Linear(filters * (size // 16) ** 2, num_classes)
+class TorchCNN4(_PflModule, torch_cnn4.TorchCNN4):
+  """E2's CNN4 (``torch_cnn4.TorchCNN4``) with pfl's ``loss`` and ``metrics``."""
 
   def inputs(self, x):  # uint8 NCHW -> float32 in [0, 1], per batch (workloads.images_as_float)
     return x.to(torch.float32) / 255.0
-
-  def forward(self, x):
-    return self.logits(torch.flatten(self.features(x), 1))
 
 
 def make_model(workload: str) -> _PflModule:
