@@ -32,3 +32,16 @@ def tanh_problem_data(sizes=(3, 5, 8), d=3, p=2, seed=0):
 
 def zeros(d):
   return jnp.zeros((d,), jnp.float32)
+
+
+def override(config, changes):
+  """``config`` with ``changes`` (dotted keys, ``"methods.fedavg.q"``) applied, new fields
+  allowed; returns ``config``."""
+  with config.unlocked():
+    for key, value in changes.items():
+      *parents, last = key.split(".")
+      node = config
+      for part in parents:
+        node = node[part]
+      node[last] = value
+  return config

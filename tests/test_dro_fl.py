@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 
 from experiments import common, dro_fl, runner
 from experiments.configs import dro_fl as dro_fl_config
+from tests import helpers
 
 QUIET = runner.Options(progress=False)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
@@ -18,13 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeW
 def _config(mode="", **changes):
   config = dro_fl_config.get_config(mode)
   config.rounds, config.eval_every, config.seeds = 6, 3, (0,)
-  for key, value in changes.items():
-    *parents, last = key.split(".")
-    node = config
-    for part in parents:
-      node = node[part]
-    node[last] = value
-  return config
+  return helpers.override(config, changes)
 
 
 def _keep(config, *labels):
@@ -164,14 +159,7 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
     (dict(ablation="local_steps", ablation_values=(0,)), "--config.ablation_values"),
 ])
 def test_bad_fields_are_named(changes, field):
-  config = _config()
-  with config.unlocked():
-    for key, value in changes.items():
-      *parents, last = key.split(".")
-      node = config
-      for part in parents:
-        node = node[part]
-      node[last] = value
+  config = helpers.override(_config(), changes)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     dro_fl.check(config)
 

@@ -160,14 +160,7 @@ def _check(name, **changes):
   import importlib  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(f"experiments.{name}")
   config = importlib.import_module(f"experiments.configs.{name}").get_config()
-  with config.unlocked():
-    for key, value in changes.items():
-      *parents, last = key.split(".")
-      node = config
-      for part in parents:
-        node = node[part]
-      node[last] = value
-  return module.check(config)
+  return module.check(helpers.override(config, changes))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
