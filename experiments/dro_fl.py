@@ -40,6 +40,7 @@ import dataclasses
 from typing import Any, Dict, List
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 import fedco
 from experiments import common, runner
@@ -253,7 +254,7 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           eval_every=settings["eval_every"],
           metrics_fn=make_metrics_fn(stats, clients, gamma if solves_dro(method) else None))
   summary = summarize(finals, settings, config, chosen, specs)
-  plot(wd, records, config, [s["method"].label for s in specs])
+  plot(wd, records, config, [s["method"].label for s in specs], finals)
   wd.write_summary(summary)
   if options.progress:
     print(common.format_table(summary["table"]))
@@ -283,15 +284,28 @@ def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
   return summary
 
 
-def plot(wd, records, config, labels):
+def plot(wd, records, config, labels, finals):
+  """Mean +- std over seeds of every method; one that diverged before its first evaluation
+  has no curve, so its legend entry says where it diverged."""
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
   for ax, key, title in zip(axes, ("val_acc_avg", "val_acc_worst"),
                             ("average client accuracy", "worst client accuracy")):
     common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
+    for i, line in enumerate(ax.lines):  # methods that coincide stay visible
+      common.distinguish(line, i)
+      line.set(markevery=max(1, len(line.get_xdata()) // 12))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(f"validation {title}")
     ax.set_title(f"{config.dataset}: {title}")
     ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, axes[0], "accuracy.png", legend=bool(drawn))
+  for label in labels:
+    if label not in drawn:
+      rounds = sorted({f["diverged_round"] for f in finals.get(label, {}).values()
+                       if "diverged_round" in f})
+      where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
+      axes[0].plot([], [], linestyle="none", marker="x", color="black",
+                   label=f"{label} ({where})")
+  common.save_with_legend(wd, fig, axes[0], "accuracy.png", legend=bool(labels))

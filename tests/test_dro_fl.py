@@ -198,3 +198,17 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   assert os.path.getsize(out) > 0
   with pytest.raises(ValueError, match="--metrics"):
     plot.plot(str(tmp_path), ["nope"])
+
+
+def test_the_figure_names_a_method_that_diverged_before_any_curve(monkeypatch):
+  drawn = {}
+  monkeypatch.setattr(common, "save_with_legend",
+                      lambda wd, fig, ax, name, **kw: drawn.update(fig=fig, ax=ax))
+  records = [{"method": "fedavg", "seed": 0, "round": r, "val_acc_avg": 0.5,
+              "val_acc_worst": 0.4} for r in (1, 2)]
+  finals = {"comfedl": {0: {"diverged": "...", "diverged_round": 1}}, "fedavg": {0: {}}}
+  dro_fl.plot(None, records, _config(), ["comfedl", "fedavg"], finals)
+  texts = drawn["ax"].get_legend_handles_labels()[1]
+  assert texts == ["fedavg", "comfedl (diverged at round 1)"]
+  for ax in drawn["fig"].axes:
+    assert ax.get_xlabel() == "round" and ax.get_ylabel().startswith("validation")
