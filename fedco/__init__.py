@@ -4,7 +4,8 @@ Algorithms are optax-style transformations with a communication plan and a serve
 transform; the runtime simulates many clients in one jitted program.
 """
 
-from fedco import algorithms, data, estimators, metrics, models, problems, runtime
+from fedco import (algorithms, compression, data, estimators, metrics, models, privacy,
+                   problems, runtime)
 from fedco.algorithms import (Algorithm, CommPlan, afl, chain, comfedl, drfa, ds_feddro,
                               fedavg, fedavg_co, feddro, gcivr, init_trackers,
                               inject_hyperparams, local_moml, local_scgd, local_scgdm, mbsgd,
@@ -41,7 +42,8 @@ ALGORITHMS = {
 __all__ = [
     "per_fedavg", "fedmaml", "tr_maml", "ditto",
     "fastdro", "primal_dual_dro",
-    "local_moml", "gcivr", "algorithms", "data", "estimators", "problems", "runtime",
+    "local_moml", "gcivr", "algorithms", "compression", "privacy", "data", "estimators",
+    "problems", "runtime",
     "Algorithm", "CommPlan", "comfedl", "ds_feddro", "fedavg", "fedavg_co", "feddro",
     "local_scgd", "local_scgdm", "mbsgd", "qfedavg", "drfa", "afl", "FederatedData",
     "Problem", "global_inner", "local_inner", "plain", "Simulator", "SimulationResult",

@@ -149,6 +149,31 @@ def sweep_check():
   print(json.dumps(out), flush=True)
 
 
+def uplink_check():
+  """FedDRO with privacy (noise on the mean and clipping), compression (top-k with error
+  feedback on the model, quantization on the every-step ``y``), 3 of 10 clients sampled and
+  client dropout, through ``fedco.simulate`` on one device and on 8."""
+  from fedco.problems import portfolio  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(2)
+  data = fedco.FederatedData.from_clients(
+      [{"r": rng.normal(0.1 * k, 1.0, size=(4 + 2 * k, 3)).astype(np.float32)}
+       for k in range(10)])
+  kw = dict(rounds=4, batch_size=4, clients_per_round=3, participation=0.8,
+            compression={"params": fedco.compression.top_k(0.5),
+                         "y": fedco.compression.stochastic_quantization(8)},
+            privacy=fedco.privacy.gaussian(0.5, noise_multiplier=0.3))
+  runs = [fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2), data, jnp.full((3,), 0.1),
+                         mesh=mesh, **kw) for mesh in (None, fedco.runtime.client_mesh(8))]
+  one, eight = (np.asarray(r.params) for r in runs)
+  print(json.dumps({
+      "check": "uplink", "params": float(np.max(np.abs(one - eight))),
+      "objective": float(np.max(np.abs(runs[0].metrics["objective"] -
+                                       runs[1].metrics["objective"]))),
+      "epsilon": [float(r.metrics["epsilon"][-1]) for r in runs],
+      "moved": float(np.max(np.abs(one - 0.1)))}), flush=True)
+
+
 if __name__ == "__main__":
   main()
   sweep_check()
+  uplink_check()

@@ -6,9 +6,14 @@ beside the other contract tests.)
 """
 
 import functools
+import hashlib
+import json
+import os
 
 import chex
+import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 
@@ -53,3 +58,25 @@ def test_chained_and_injected_algorithms_run_in_simulate_with_their_plan(label):
   chex.assert_trees_all_close(composed.server, plain.server, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(composed.shared, plain.shared, rtol=1e-5, atol=1e-6)
   assert int(composed.round) == int(plain.round) == 4
+
+
+def _digest(tree):
+  h = hashlib.sha256()
+  for a in jax.tree.leaves(tree):
+    a = np.asarray(a)
+    h.update(str(a.dtype).encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+  return h.hexdigest()[:24]
+
+
+def test_runs_without_compression_or_privacy_are_bit_identical_to_before_them():
+  """The final states (every leaf's bytes) of every registry configuration equal those
+  recorded before ``compression=`` / ``privacy=`` existed (``tests/data``, made with the
+  commit before them on this jax); a different jax may round differently, so then skip."""
+  with open(os.path.join(os.path.dirname(__file__), "data", "plain_run_digests.json")) as f:
+    recorded = json.load(f)
+  if (recorded["jax"], recorded["jaxlib"]) != (jax.__version__, jaxlib.__version__):
+    pytest.skip(f"digests were recorded with jax {recorded['jax']}, this is {jax.__version__}")
+  runs = _simulated_pairs()
+  now = {label: _digest(runs[f"{label}_plain"]) for label in LABELS}
+  assert now == recorded["digests"]

@@ -50,6 +50,14 @@ def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
     assert r["objective"] < 1e-5, label
 
 
+def test_privacy_and_compression_agree_on_one_and_eight_devices(mesh_results):
+  """Clipping, noise, codecs and their per-client state with sampling and dropout."""
+  check = next(r for r in mesh_results if r.get("check") == "uplink")
+  assert check["moved"] > 1e-2, check
+  assert check["params"] < 1e-5 and check["objective"] < 1e-5, check
+  assert check["epsilon"][0] == check["epsilon"][1] > 0, check
+
+
 def test_mesh_argument_is_checked():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
   with pytest.raises(ValueError, match="mesh"):

@@ -92,7 +92,8 @@ def _data_note(data) -> str:
 def _check_finite(metrics, state, rounds_before):
   """Stop at the first evaluated round whose metrics are not finite (naming the objective
   first, then scalar metrics before per-client vectors)."""
-  evaluated = np.asarray(metrics.get("evaluated", []), bool)
+  count = len(metrics["clients"]) if "clients" in metrics else 0
+  evaluated = np.asarray(metrics.get("evaluated", np.ones(count, bool)), bool)
   names = sorted((k for k, v in metrics.items()
                   if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
                                                                       np.floating)),

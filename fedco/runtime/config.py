@@ -20,7 +20,7 @@ from fedco import _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
-from fedco.runtime import layouts
+from fedco.runtime import layouts, uplink
 from fedco.runtime.checks import _check_dtypes, _check_kinds, _scalar
 from fedco.runtime.mesh import check_mesh
 
@@ -47,6 +47,7 @@ class RunConfig:
   mesh: Optional[jax.sharding.Mesh]
   participation: float
   straggler_prob: float
+  uplink: Optional[Any] = None  # an uplink.Uplink: codecs and privacy of the uploads
 
   @property
   def plan(self) -> CommPlan:
@@ -67,7 +68,8 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                 evaluate: bool = True, exact_grad_norm: bool = False,
                 metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
                 eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
-                participation: float = 1.0, straggler_prob: float = 0.0) -> RunConfig:
+                participation: float = 1.0, straggler_prob: float = 0.0,
+                compression=None, privacy=None) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
   if not isinstance(problem, Problem):
     raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
@@ -115,9 +117,10 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                     stacklevel=3)
       break
   layout = layouts.for_data(data, m, mesh)
+  link = uplink.make_uplink(algorithm, n, m, compression, privacy)
   return RunConfig(problem, algorithm, layout, n, m, batch_size, outer_batch_size,
                    paired_batches, evaluate, exact_grad_norm, metrics_fn, eval_every, mesh,
-                   participation, straggler_prob)
+                   participation, straggler_prob, link)
 
 
 def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTree:

@@ -63,7 +63,7 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
     batch = jax.tree.map(lambda a: a[rows], data.examples)
     weights = np.full((count,), 1.0 / count, np.result_type(float))
     probe = array_digest(problem.client_objective(params, batch, weights))
-  return {
+  description = {
       "algorithm": {"name": algorithm.name,
                     "arguments": describe(algorithm.__dict__.get("arguments")), "plan": plan},
       "problem": {"name": problem.name, "kind": problem.kind, "probe": probe},
@@ -79,6 +79,9 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
                   "metrics_fn": describe(cfg.metrics_fn),
                   "mesh": None if cfg.mesh is None else dict(cfg.mesh.shape)},
   }
+  if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
+    description["options"]["uplink"] = describe(cfg.uplink.describe())
+  return description
 
 
 def fingerprint(description: Dict[str, Any]) -> str:

@@ -1,8 +1,9 @@
-"""What a run sent: floats per client per round by item, and run totals under faults."""
+"""What a run sent: floats and bytes per client per round by item, and run totals under
+faults; with ``privacy``, the mechanism and the epsilon spent."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -14,36 +15,65 @@ class Ledger(NamedTuple):
   ``per_step_up`` are the items sent after every local step (FedDRO's ``y``), counted in
   ``up`` for a full round of ``local_steps``; a straggler sends them only for the steps it
   did, and a dropped client sends nothing up (:meth:`as_dict` with the run's fault record).
+  ``up_bytes`` / ``down_bytes`` are the same in bytes: a compressed field costs its codec's
+  bits (:mod:`fedco.compression`), any other its floats' size. ``uplink`` describes the
+  codecs and the privacy mechanism (``None`` without them).
   """
   up: Dict[str, int]
   down: Dict[str, int]
   clients_per_round: int
   per_step_up: Dict[str, int] = {}
   local_steps: int = 1
+  up_bytes: Dict[str, float] = {}
+  down_bytes: Dict[str, float] = {}
+  per_step_up_bytes: Dict[str, float] = {}
+  uplink: Optional[Dict[str, Any]] = None
 
   def per_round(self) -> Dict[str, int]:
     """Total floats over all participating clients in one round, both directions."""
     return {"up": self.clients_per_round * sum(self.up.values()),
             "down": self.clients_per_round * sum(self.down.values())}
 
-  def as_dict(self, rounds: int, survivors=None, local_steps=None) -> Dict[str, Any]:
-    """Per-client items and run totals; ``survivors`` (``bool [rounds, m]``) and
-    ``local_steps`` (``[rounds, m]``, steps each client did) count only what was sent."""
-    totals = self.per_round()
-    total_up, total_down = totals["up"] * rounds, totals["down"] * rounds
+  def _totals(self, per_client_up, per_step_up, per_client_down, rounds, survivors,
+              local_steps):
+    """Run totals of one unit (floats or bytes) over participating clients."""
+    total_up = self.clients_per_round * sum(per_client_up.values()) * rounds
+    total_down = self.clients_per_round * sum(per_client_down.values()) * rounds
     if survivors is not None:
       alive = np.asarray(survivors, bool)
       steps = np.where(alive, np.asarray(local_steps), 0)
-      per_step = sum(self.per_step_up.values())
-      per_round = sum(self.up.values()) - self.local_steps * per_step
+      per_step = sum(per_step_up.values())
+      per_round = sum(per_client_up.values()) - self.local_steps * per_step
       total_up = int(alive.sum()) * per_round + int(steps.sum()) * per_step
-      total_down = alive.size * sum(self.down.values())
-    return {"up_per_client_per_round": dict(self.up),
-            "down_per_client_per_round": dict(self.down),
-            "clients_per_round": self.clients_per_round,
-            "rounds": rounds,
-            "total_up": int(total_up),
-            "total_down": int(total_down)}
+      total_down = alive.size * sum(per_client_down.values())
+    return total_up, total_down
+
+  def as_dict(self, rounds: int, survivors=None, local_steps=None) -> Dict[str, Any]:
+    """Per-client items and run totals; ``survivors`` (``bool [rounds, m]``) and
+    ``local_steps`` (``[rounds, m]``, steps each client did) count only what was sent."""
+    total_up, total_down = self._totals(self.up, self.per_step_up, self.down, rounds,
+                                        survivors, local_steps)
+    out = {"up_per_client_per_round": dict(self.up),
+           "down_per_client_per_round": dict(self.down),
+           "clients_per_round": self.clients_per_round,
+           "rounds": rounds,
+           "total_up": int(total_up),
+           "total_down": int(total_down)}
+    if self.up_bytes:
+      bytes_up, bytes_down = self._totals(self.up_bytes, self.per_step_up_bytes,
+                                          self.down_bytes, rounds, survivors, local_steps)
+      out.update(bytes_up_per_client_per_round=dict(self.up_bytes),
+                 bytes_down_per_client_per_round=dict(self.down_bytes),
+                 total_bytes_up=float(bytes_up), total_bytes_down=float(bytes_down))
+    if self.uplink is not None:
+      out["uplink"] = dict(self.uplink)
+      if self.uplink.get("noise_multiplier"):  # 0: clipping only, no epsilon
+        from fedco import privacy  # pylint: disable=g-import-not-at-top
+        u = self.uplink
+        out["uplink"]["epsilon"] = privacy.epsilon_spent(
+            u["noise_multiplier"], u["sampling_rate"], sum(u["messages_per_round"].values()),
+            rounds, u["delta"])
+    return out
 
   def run_totals(self, rounds: int, metrics: Dict[str, Any]) -> Dict[str, Any]:
     """:meth:`as_dict` with a run's fault record from its metrics (``survivors``,

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from fedco import _validate
+from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
@@ -39,8 +40,10 @@ class SimulationResult:
     state: the final :class:`SimState` (resume with ``Simulator.run``).
     metrics: per-round host arrays: ``objective``, ``client_losses`` ``[R, K]``,
       ``grad_norm`` (if asked), user metrics, ``evaluated`` (which rounds were evaluated;
-      the others hold NaN) and ``clients`` (sampled ids ``[R, m]``).
-    ledger: communication per client per round and in total.
+      the others hold NaN), ``clients`` (sampled ids ``[R, m]``) and, under ``privacy``
+      with noise, ``epsilon`` (spent by the end of each round).
+    ledger: communication per client per round and in total, in floats and bytes (see
+      :class:`~fedco.runtime.Ledger`).
     seconds: wall time of the rounds (compilation included).
     host_metrics: the rows the :class:`~fedco.runtime.host.PeriodicAction` s returned,
       ``{"round": r, **metric_labels, name: value}``, in round order; a resumed run's
@@ -111,7 +114,13 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
       "chunk_rounds", chunk_rounds)
   _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
+  private = simulator_kwargs.get("privacy")
+  if isinstance(private, privacy_lib.ClientDP) and private.rounds is None:
+    # a target epsilon is spent over this run's rounds
+    simulator_kwargs["privacy"] = dataclasses.replace(private, rounds=rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
+  link = sim.config.uplink
+  spends = link is not None and link.private and link.noise_multiplier > 0
   state = sim.init(params, seed)
   collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
   if checkpoint_dir is not None:
@@ -194,6 +203,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         last_good = state
         state, metrics = sim.run(state, size)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
+        if spends:  # the privacy spent by the end of each round
+          metrics["epsilon"] = link.epsilon(np.arange(done + 1, done + size + 1))
         collected.append(metrics)
         chunk_rows = host.rows(metrics, done, labels)
         if check_finite:  # a diverging chunk's rows up to the divergence: the curve to it

@@ -38,6 +38,8 @@ class SimState(NamedTuple):
     clients: every client's algorithm state, stacked on a leading ``[K]`` axis.
     random_params: the averaged model of a uniformly random completed round (reservoir
       sampling), the iterate the FedDRO/DS-FedDRO theorems return.
+    uplink: every client's codec state per compressed field (``{field: [K, ...]}``,
+      :mod:`~fedco.runtime.uplink`); ``()`` without compression.
   """
   round: jax.Array
   key: jax.Array
@@ -46,6 +48,7 @@ class SimState(NamedTuple):
   shared: Dict[str, PyTree]
   clients: Any
   random_params: PyTree
+  uplink: Any = ()
 
 
 def mean(tree, w):
@@ -87,8 +90,11 @@ def init_state(cfg, params, key, data) -> SimState:
   for f in plan.every_round:
     server[f] = mean(get_field(clients, f), w)
   shared = {f: mean(get_field(clients, f), w) for f in plan.every_step}
+  uplink = ()
+  if cfg.uplink is not None and cfg.uplink.codecs:
+    uplink = cfg.uplink.init(server, shared, clients, n)
   return SimState(jnp.zeros([], jnp.int32), key, server,
-                  cfg.aggregator.init(server, data.counts), shared, clients, params)
+                  cfg.aggregator.init(server, data.counts), shared, clients, params, uplink)
 
 
 def _client_step(cfg, round_key, local_step, params, cstate, key, view):
@@ -117,9 +123,10 @@ def _client_losses(cfg, data, params, ids, key):
   return cfg.layout.client_losses(data, one, ids)
 
 
-def _refresh_inner(cfg, cst, params, ckeys, views, w):
+def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
   """``round_start`` fields = mean (or the plan's reduction) over the round's clients of
-  ``g_k(x_bar)``."""
+  ``g_k(x_bar)``. ``channel = (codec states, key, ids, alive)`` sends the fields the uplink
+  handles through it; returns ``(cst, codec states)``."""
   keys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, cfg.plan.local_steps)
 
   def inner_at_server(key, view):
@@ -128,8 +135,24 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w):
 
   values = cfg.layout.map(inner_at_server)(keys, views)
   reduce = cfg.plan.round_start_reduce
-  value = mean(values, w) if reduce is None else reduce(values, w)
-  return set_fields(cst, **{f: broadcast(value, ckeys.shape[0]) for f in cfg.plan.round_start})
+  plain = lambda: mean(values, w) if reduce is None else reduce(values, w)
+  if channel is None:
+    value = plain()
+    return set_fields(cst, **{f: broadcast(value, ckeys.shape[0])
+                              for f in cfg.plan.round_start}), None
+  ust, key, ids, alive = channel
+  up, fields = cfg.uplink, {}
+  for i, f in enumerate(cfg.plan.round_start):
+    if not up.handles(f):
+      fields[f] = plain()
+      continue
+    k = jax.random.fold_in(key, i)
+    if reduce is None:
+      fields[f], ust = up.send_mean(f, values, None, w, ust, k, ids, alive)
+    else:
+      sent, ust = up.send_each(f, values, None, w, ust, k, ids, alive, shared_noise=False)
+      fields[f] = reduce(sent, w)
+  return set_fields(cst, **{f: broadcast(v, ckeys.shape[0]) for f, v in fields.items()}), ust
 
 
 def _sample(cfg, key):
@@ -142,9 +165,11 @@ def _sample(cfg, key):
 def round_step(cfg, data, flat, state: SimState):
   """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
   :func:`~fedco.runtime.evaluation.flat_examples`)."""
-  plan, n, layout, mesh = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh
+  plan, n, layout, mesh, up = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh, cfg.uplink
   slots = layout.slots
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
+  # The uplink's randomness: its own stream, so runs without one keep every other draw.
+  k_up = None if up is None else jax.random.fold_in(state.key, 1)
   real = _sample(cfg, k_sample)
   ids, mask, pick = layout.round_slots(real)
   cst = layout.take(state.clients, ids)
@@ -155,17 +180,24 @@ def round_step(cfg, data, flat, state: SimState):
   alive, steps = draw_faults(cfg, k_sample, ids, mask)
   w = client_weights(cfg, views.count, alive)
   ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
+  ust = () if up is None else layout.take(state.uplink, ids)
   if plan.round_start:
-    cst = _refresh_inner(cfg, cst, state.server["params"], ckeys, views, w)
+    channel = None
+    if up is not None and up.fields(plan.round_start):
+      channel = (ust, jax.random.fold_in(k_up, 0), ids, alive)
+    cst, sent = _refresh_inner(cfg, cst, state.server["params"], ckeys, views, w, channel)
+    ust = ust if sent is None else sent
   if plan.round_start_loss:
     _, losses = evaluation.client_objectives(cfg, state.server["params"], data, flat)
     cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip")
                           for f in plan.round_start_loss})
   params, cst, ckeys = place((params, cst, ckeys), mesh)
   step_fn = layout.step_map(functools.partial(_client_step, cfg), 3)
+  step_channel = () if up is None else up.fields(plan.every_step)
 
   def local_step(carry, t):
-    params, cst = carry
+    params, cst, ust = carry
+    before = cst
     skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
     updates, new_cst = step_fn(k_round, t, params, cst, skeys, views)
     new_params = optax.apply_updates(params, updates)
@@ -177,16 +209,30 @@ def round_step(cfg, data, flat, state: SimState):
       new_cst = jax.tree.map(keep, new_cst, cst)
     params, cst = new_params, new_cst
     if plan.every_step:
-      cst = set_fields(cst, **{f: broadcast(mean(get_field(cst, f), w), slots)
-                            for f in plan.every_step})
-    return place((params, cst), mesh), None
+      means = {}
+      for i, f in enumerate(plan.every_step):
+        if f in step_channel:  # the delta from the y_bar the step started from
+          reference = jax.tree.map(lambda a: a[0], get_field(before, f))
+          k = jax.random.fold_in(jax.random.fold_in(k_up, 1 + i), t)
+          means[f], ust = up.send_mean(f, get_field(cst, f), reference, w, ust, k, ids,
+                                       alive)
+        else:
+          means[f] = mean(get_field(cst, f), w)
+      cst = set_fields(cst, **{f: broadcast(v, slots) for f, v in means.items()})
+    return place((params, cst), mesh) + (ust,), None
 
-  (params, cst), _ = jax.lax.scan(local_step, (params, cst), jnp.arange(plan.local_steps))
-  shared = {f: mean(get_field(cst, f), w) for f in plan.every_step}
-  client_values = jax.tree.map(pick, {
-      "params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}})
-  info = RoundInfo(real, pick(w), pick(views.count), n, k_agg,
-                   functools.partial(_client_losses, cfg, data), pick(alive))
+  (params, cst, ust), _ = jax.lax.scan(local_step, (params, cst, ust),
+                                       jnp.arange(plan.local_steps))
+  shared = ({f: mean(get_field(cst, f), w) for f in plan.every_step} if not step_channel
+            else {f: jax.tree.map(lambda a: a[0], get_field(cst, f)) for f in plan.every_step})
+  uploads = {"params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}}
+  client_losses = functools.partial(_client_losses, cfg, data)
+  if up is not None:
+    uploads, ust = _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive)
+    if up.private:
+      client_losses = _unprivate_losses
+  client_values = jax.tree.map(pick, uploads)
+  info = RoundInfo(real, pick(w), pick(views.count), n, k_agg, client_losses, pick(alive))
   server, server_opt_state = cfg.aggregator.update(
       state.server, state.server_opt_state, client_values, info)
   if cfg.faults:  # a round nobody survived changes nothing on the server
@@ -196,20 +242,46 @@ def round_step(cfg, data, flat, state: SimState):
         (state.server, state.server_opt_state, state.shared))
   cst = set_fields(cst, **{f: broadcast(server[f], slots) for f in plan.every_round})
   write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
-  clients = cst if layout.direct else jax.tree.map(
-      lambda a, b: a.at[write].set(b, mode="drop"), state.clients, cst)
+  write_back = lambda old, new: new if layout.direct else jax.tree.map(
+      lambda a, b: a.at[write].set(b, mode="drop"), old, new)
+  clients = write_back(state.clients, cst)
+  uplink = write_back(state.uplink, ust) if up is not None and up.codecs else state.uplink
   completed = state.round + 1
   keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
   random_params = jax.tree.map(lambda a, b: jnp.where(keep, a, b), server["params"],
                                state.random_params)
   new_state = SimState(completed, key, server, server_opt_state, shared, clients,
-                       random_params)
+                       random_params, uplink)
   metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat)
   metrics["clients"] = real
   if cfg.faults:
     metrics["survivors"] = pick(alive)
     metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
   return new_state, metrics
+
+
+def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):
+  """The round-end uploads of the fields the uplink handles, as the server decodes them:
+  the model and ``every_round`` fields as deltas from the server's copies, ``report``
+  fields as they are. Noise lands once on the weighted mean unless the server reads every
+  client's values (a ``ServerAggregator``) or the field is a report."""
+  up, out = cfg.uplink, dict(uploads)
+  for i, f in enumerate(uploads):
+    if not up.handles(f):
+      continue
+    report = f in cfg.plan.report and f not in cfg.plan.every_round and f != "params"
+    reference = None if report else state.server[f]
+    out[f], ust = up.send_each(f, uploads[f], reference, w, ust,
+                               jax.random.fold_in(k_up, 1000 + i), ids, alive,
+                               shared_noise=not (report or up.server_reads_each))
+  return out, ust
+
+
+def _unprivate_losses(*args, **kwargs):
+  del args, kwargs
+  raise ValueError("this algorithm's server queries client losses outside its communication "
+                   "plan (DRFA's loss queries), which privacy does not cover; run it "
+                   "without privacy=")
 
 
 def run_rounds(cfg, state: SimState, data, rounds: int):

@@ -25,9 +25,11 @@ import functools
 from typing import Any, Callable, Dict, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedco import _validate
+from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, get_field
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
@@ -73,6 +75,14 @@ class Simulator:
     straggler_prob: the probability that a surviving client is a straggler this round and
       does only a uniform number of local steps in ``{1, ..., I - 1}``; a straggler counts
       in the averages with the work it did.
+    compression: ``{field: codec}`` (:mod:`fedco.compression`) for fields the plan sends
+      (``"params"`` and its state fields): each client's upload of the field is its delta
+      from the server's copy, encoded by the codec (state kept per client); the ledger
+      counts the codec's bits. See :mod:`fedco.runtime.uplink`.
+    privacy: a :func:`fedco.privacy.gaussian` mechanism: every sent field clipped per
+      client and Gaussian noise added where the server combines them; :meth:`epsilon` is
+      the epsilon spent (``fedco.simulate`` calibrates a target epsilon to its rounds and
+      reports it per round as ``epsilon``).
     eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round
       and after round 1; other rounds skip the work (``lax.cond``) and hold NaN, and
       ``metrics["evaluated"]`` marks the evaluated rounds.
@@ -85,12 +95,14 @@ class Simulator:
                exact_grad_norm: bool = False,
                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
                eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
-               participation: float = 1.0, straggler_prob: float = 0.0):
+               participation: float = 1.0, straggler_prob: float = 0.0,
+               compression=None, privacy=None):
     self.config = cfg = config.make_config(
         problem, algorithm, data, clients_per_round=clients_per_round, batch_size=batch_size,
         outer_batch_size=outer_batch_size, paired_batches=paired_batches, evaluate=evaluate,
         exact_grad_norm=exact_grad_norm, metrics_fn=metrics_fn, eval_every=eval_every,
-        mesh=mesh, participation=participation, straggler_prob=straggler_prob)
+        mesh=mesh, participation=participation, straggler_prob=straggler_prob,
+        compression=compression, privacy=privacy)
     self.problem, self.algorithm, self.plan = problem, algorithm, algorithm.plan
     self.num_clients, self.clients_per_round = cfg.num_clients, cfg.clients_per_round
     self.batch_size, self.outer_batch_size = cfg.batch_size, cfg.outer_batch_size
@@ -128,10 +140,12 @@ class Simulator:
     return self._run(state, self.data, rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
-    """Floats per participating client per round, split by what was sent."""
+    """Floats and bytes per participating client per round, split by what was sent."""
     n, steps = self.num_clients, self.plan.local_steps
-    size = lambda f: _tree_size(get_field(state.clients, f)) // n
-    up = {"params": _tree_size(state.server["params"])}
+    field = lambda f: (state.server["params"] if f == "params"
+                       else jax.tree.map(lambda a: a[0], get_field(state.clients, f)))
+    size = lambda f: _tree_size(field(f))
+    up = {"params": size("params")}
     for f in self.plan.every_round:
       up[f] = size(f)
     for f in self.plan.every_step:
@@ -142,7 +156,29 @@ class Simulator:
     for f in self.plan.report:  # sent up only
       up[f] = up.get(f, 0) + size(f)
     per_step = {f: size(f) for f in self.plan.every_step}
-    return Ledger(up, down, self.clients_per_round, per_step, steps)
+    link = self.config.uplink
+    codecs = {} if link is None else link.codecs
+    messages = privacy_lib.messages_per_round(self.plan)
+
+    dtype = lambda f: jnp.result_type(*jax.tree.leaves(field(f)))
+    itemsize = lambda f: np.dtype(dtype(f)).itemsize
+
+    def message_bytes(f):  # one message of the field: the codec's bits, or its floats
+      if f in codecs:
+        return codecs[f].payload_bits(size(f), dtype(f)) / 8
+      return size(f) * itemsize(f)
+
+    up_bytes = {f: messages[f] * message_bytes(f) for f in up}
+    down_bytes = {f: down[f] * itemsize(f) for f in down}
+    per_step_bytes = {f: message_bytes(f) for f in self.plan.every_step}
+    return Ledger(up, down, self.clients_per_round, per_step, steps, up_bytes, down_bytes,
+                  per_step_bytes, None if link is None else link.describe())
+
+  def epsilon(self, rounds):
+    """Epsilon spent after ``rounds`` rounds (int or sequence) under ``privacy``, else
+    ``None``."""
+    link = self.config.uplink
+    return None if link is None else link.epsilon(rounds)
 
 
 __all__ = ["CLIENTS", "SimState", "Simulator", "client_mesh"]

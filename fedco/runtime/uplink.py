@@ -1,0 +1,227 @@
+"""What a round does to the uploads of fields that have a codec or a privacy mechanism.
+
+A client's upload of a field is its *delta* from a value the server already holds (the
+shared ``y_bar`` an ``every_step`` field started the step from; the server's model and
+``every_round`` fields for the round's end) or, for values the server has no copy of
+(``round_start`` inner values, ``report`` fields), the value itself. On the client the
+delta passes through the field's codec (:mod:`fedco.compression`, its state kept per
+client) and is clipped to the field's bound (:mod:`fedco.privacy`); the server decodes it,
+adds it back to its reference and adds Gaussian noise: once to the weighted mean where that
+is all it uses (``mean``), or to each client's value where it reads them all (``each``).
+
+Fields with neither a codec nor a clip bound take the runtime's plain path, unchanged, so a
+run without ``compression`` and ``privacy`` is bit-identical to one before they existed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedco import compression as compression_lib
+from fedco import privacy as privacy_lib
+from fedco.algorithms.base import ServerAggregator, get_field
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Uplink:
+  """The per-field codecs and clip bounds of a run, and its noise multiplier.
+
+  Attributes:
+    codecs: ``{field: Codec}``.
+    clip: ``{field: bound}`` (every sent field under privacy; empty without).
+    noise_multiplier: ``z`` (0 without privacy).
+    privacy: the :class:`~fedco.privacy.ClientDP` (resolved ``noise_multiplier``) or ``None``.
+    messages: messages per sampled client per round, by field (the accountant's count).
+    sampling_rate: ``clients_per_round / K``.
+    server_reads_each: the server reads every client's params and ``every_round`` values (a
+      ``ServerAggregator``), so their noise goes on each upload.
+  """
+  codecs: Mapping[str, compression_lib.Codec]
+  clip: Mapping[str, float]
+  noise_multiplier: float
+  privacy: Optional[privacy_lib.ClientDP]
+  messages: Mapping[str, int]
+  sampling_rate: float
+  server_reads_each: bool
+
+  def handles(self, field: str) -> bool:
+    return field in self.codecs or field in self.clip
+
+  def fields(self, names) -> Tuple[str, ...]:
+    return tuple(f for f in names if self.handles(f))
+
+  @property
+  def private(self) -> bool:
+    return self.privacy is not None
+
+  def epsilon(self, rounds):
+    """Epsilon spent after ``rounds`` rounds (int or sequence), ``None`` without privacy."""
+    if self.privacy is None:
+      return None
+    return privacy_lib.epsilon_spent(self.noise_multiplier, self.sampling_rate,
+                                     sum(self.messages.values()), rounds,
+                                     self.privacy.delta)
+
+  def describe(self) -> Dict[str, Any]:
+    """What a fingerprint and a ledger record about the uplink."""
+    out: Dict[str, Any] = {"codecs": {f: c.name for f, c in sorted(self.codecs.items())}}
+    if self.privacy is not None:
+      out.update(clip=dict(sorted(self.clip.items())), noise_multiplier=self.noise_multiplier,
+                 delta=self.privacy.delta, messages_per_round=dict(self.messages),
+                 sampling_rate=self.sampling_rate)
+    return out
+
+  # ---- per-client codec state ----------------------------------------------------------
+
+  def init(self, server, shared, clients, num_clients: int) -> Dict[str, PyTree]:
+    """Every client's codec state per field, stacked on a leading ``[K]`` axis."""
+    out = {}
+    for f, codec in self.codecs.items():
+      template = _reference(f, server, shared, clients)
+      state = codec.init(template)
+      out[f] = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)),
+                            state)
+    return out
+
+  # ---- one message of one field from the round's slots ----------------------------------
+
+  def encode(self, field: str, values, reference, ustate, keys, alive):
+    """Client side: ``(deltas as the server decodes them, new codec states)``; ``values``
+    and ``keys`` have a leading slots axis, ``reference`` has none (``None``: zeros)."""
+    if reference is None:
+      deltas = values
+    else:
+      deltas = jax.tree.map(lambda v, r: v - r, values, reference)
+    codec = self.codecs.get(field)
+    if codec is not None:
+      coded, new = jax.vmap(lambda d, s, k: codec.update(d, s, key=k))(
+          deltas, ustate[field], keys)
+      keep = lambda n, o: jnp.where(alive.reshape(alive.shape + (1,) * (n.ndim - 1)), n, o)
+      ustate = {**ustate, field: jax.tree.map(keep, new, ustate[field])}
+      deltas = coded
+    bound = self.clip.get(field)
+    if bound is not None:
+      clip = optax.clip_by_global_norm(bound)
+      deltas = jax.vmap(lambda d: clip.update(d, optax.EmptyState())[0])(deltas)
+    return deltas, ustate
+
+  def send_mean(self, field, values, reference, weights, ustate, key, ids, alive):
+    """The server's weighted mean of one message (plus noise): ``(mean, codec states)``.
+    ``key`` is the message's; client ``ids`` are folded into it for the codecs."""
+    keys = _client_keys(key, ids)
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
+    mean = jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), deltas)
+    if self.noise_multiplier and field in self.clip:
+      std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
+      mean = _add_noise(mean, std, jax.random.fold_in(key, 1))
+    if reference is not None:
+      mean = jax.tree.map(jnp.add, reference, mean)
+    return mean, ustate
+
+  def send_each(self, field, values, reference, weights, ustate, key, ids, alive, *,
+                shared_noise: bool):
+    """Every client's value as the server decodes it: ``(values, codec states)``. With
+    ``shared_noise`` the server averages them with ``weights`` (summing to 1), so one noise
+    draw added to all lands once on that mean; otherwise each value gets its own."""
+    keys = _client_keys(key, ids)
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
+    if self.noise_multiplier and field in self.clip:
+      nkey = jax.random.fold_in(key, 1)
+      if shared_noise:
+        std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
+        noise = _add_noise(jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), deltas),
+                           std, nkey)
+        deltas = jax.tree.map(lambda d, z: d + z, deltas, noise)
+      else:
+        std = self.noise_multiplier * self.clip[field]
+        deltas = _add_noise(deltas, std, nkey)
+    if reference is not None:
+      deltas = jax.tree.map(lambda d, r: d + r, deltas, reference)
+    return deltas, ustate
+
+
+def _client_keys(key, ids):
+  """Each slot's codec key: the message key folded with the slot's client id, so a client's
+  randomness does not depend on which others were sampled."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(key, 0), ids)
+
+
+def _add_noise(tree, std, key):
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(key, len(leaves))
+  noisy = [a + (std * jax.random.normal(k, a.shape)).astype(a.dtype)
+           for a, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, noisy)
+
+
+def _reference(field, server, shared, clients):
+  """One client's value of ``field``'s shape: the server's copy or client 0's."""
+  if field in server:
+    return server[field]
+  if field in shared:
+    return shared[field]
+  return jax.tree.map(lambda a: a[0], get_field(clients, field))
+
+
+def sent_fields(plan) -> Tuple[str, ...]:
+  """Every field a client sends up: ``params`` and the plan's communicated state fields."""
+  names = ("params",) + tuple(plan.every_step) + tuple(plan.every_round) + tuple(
+      plan.round_start) + tuple(plan.report)
+  return tuple(dict.fromkeys(names))
+
+
+def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression,
+                privacy) -> Optional[Uplink]:
+  """Validate ``compression`` and ``privacy`` against the algorithm's plan (one-line
+  ``ValueError`` naming the argument); ``None`` when both are absent."""
+  if not compression and privacy is None:
+    return None
+  plan = algorithm.plan
+  sent = sent_fields(plan)
+  codecs = {}
+  if compression:
+    if not isinstance(compression, Mapping):
+      raise ValueError(f"compression must be a dict {{field: fedco.compression codec}}, got "
+                       f"{type(compression).__name__}")
+    for field, codec in compression.items():
+      if field not in sent:
+        raise ValueError(f"compression names field {field!r}, which {algorithm.name} does "
+                         f"not send; it sends {list(sent)}")
+      if not isinstance(codec, compression_lib.Codec):
+        raise ValueError(f"compression[{field!r}] must be a fedco.compression codec "
+                         f"(stochastic_quantization, top_k, ...), got {codec!r}")
+      codecs[field] = codec
+  clip, z = {}, 0.0
+  messages = privacy_lib.messages_per_round(plan)
+  rate = clients_per_round / num_clients
+  if privacy is not None:
+    if not isinstance(privacy, privacy_lib.ClientDP):
+      raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+    missing = [f for f in sent if privacy.clip_of(f) is None]
+    if missing:
+      raise ValueError(f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
+                       f"{list(sent)}, and every upload must be clipped")
+    if isinstance(privacy.clip, Mapping):
+      unknown = sorted(set(privacy.clip) - set(sent))
+      if unknown:
+        raise ValueError(f"privacy.clip names {unknown}, which {algorithm.name} does not "
+                         f"send; it sends {list(sent)}")
+    clip = {f: float(privacy.clip_of(f)) for f in sent}
+    if privacy.noise_multiplier is None:
+      if privacy.rounds is None:
+        raise ValueError("privacy was given a target epsilon but no rounds to spend it "
+                         "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
+                         "fills in its own)")
+      z = privacy_lib.calibrate(privacy.epsilon, privacy.delta, rate, sum(messages.values()),
+                                privacy.rounds)
+      privacy = dataclasses.replace(privacy, noise_multiplier=z)
+    z = float(privacy.noise_multiplier)
+  return Uplink(codecs, clip, z, privacy, messages, rate,
+                isinstance(algorithm.server, ServerAggregator))
