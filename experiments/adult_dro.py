@@ -158,6 +158,12 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
     summary["converged"] = {label: all(f.get("converged", False) for f in by_seed.values())
                             for label, by_seed in finals.items()}
   _plot(wd, curves, config)
+  tradeoff = runner.tradeoff(wd, settings["methods"], finals, "epsilon",
+                             (("test_acc_doctorate", "doctorate client's test accuracy"),
+                              ("test_acc_worst", "worst client's test accuracy")),
+                             "privacy.png")
+  if tradeoff is not None:
+    summary["epsilon_tradeoff"] = tradeoff
   wd.write_summary(summary)
   if options.progress:
     print(common.format_table(table))

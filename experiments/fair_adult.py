@@ -73,6 +73,10 @@ def check(config) -> Dict[str, Any]:
     raise ValueError(f"--config.data_dir must be a folder path (or empty: "
                      f"{adult.DEFAULT_DATA_DIR}), got {config.data_dir!r}")
   common.check_int("config.num_clients", config.num_clients, 1)
+  common.check_int("config.clients_per_round", config.clients_per_round, 0)
+  if config.clients_per_round > config.num_clients:
+    raise ValueError(f"--config.clients_per_round must be at most --config.num_clients="
+                     f"{config.num_clients} (0: all), got {config.clients_per_round}")
   common.check_positive("config.alpha", config.alpha)
   common.check_positive("config.gamma", config.gamma)
   common.check_positive("config.eps", config.eps, allow_zero=True)
@@ -178,8 +182,17 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           options=options, writers=writers, settings=shared, finals=finals, records=records,
           progress_metric="test_max_violation", rounds=settings["rounds"],
           batch_size=settings["batch_size"] or None, evaluate=False,
-          eval_every=settings["eval_every"], metrics_fn=metrics_fn)
+          eval_every=settings["eval_every"], metrics_fn=metrics_fn,
+          clients_per_round=config.clients_per_round or None)
   summary = summarize(finals, settings, config, methods, time.perf_counter() - start)
+  for x, name, panels in (
+      ("epsilon", "privacy.png", (("test_acc", "test accuracy"),
+                                  ("test_max_violation", "test max violation"))),
+      ("bytes_up", "compression.png", (("train_objective", "training objective"),
+                                       ("test_acc", "test accuracy")))):
+    entry = runner.tradeoff(wd, methods, finals, x, panels, name)
+    if entry is not None:
+      summary[f"{x}_tradeoff"] = entry
   fig, legend_ax = plot(records, config, [m.label for m in methods])
   common.save_with_legend(wd, fig, legend_ax, "fairness.png", legend=bool(legend_ax.lines),
                           fontsize=8)

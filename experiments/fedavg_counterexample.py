@@ -112,6 +112,11 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
       records.extend(run_records)
   summary = summarize(finals, settings)
   plot(wd, records, settings)
+  tradeoff = runner.tradeoff(wd, settings["methods"], finals, "bytes_up",
+                             (("objective", "final objective Phi(x)"),
+                              ("distance", "final |x - x*|")), "compression.png")
+  if tradeoff is not None:
+    summary["bytes_up_tradeoff"] = tradeoff
   wd.write_summary(summary)
   if options.progress:
     print(f"E7 after {settings['rounds']} rounds, x* = {X_STAR:g}")

@@ -31,6 +31,10 @@ from experiments import common
 SHARED = ("experiment", "seeds", "rounds", "local_steps", "learning_rate", "batch_size",
           "eval_every", "methods")
 METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
+# What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
+# curve a private or compressed method belongs to (figures group by it).
+UPLINK_KEYS = ("privacy", "compression", "curve")
+CODECS = {"quantize": ("bits", "scale"), "top_k": ("fraction", "error_feedback")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,9 @@ class Method:
     learning_rate, local_steps: the shared values or the method's own.
     source: the ``config.methods`` label it comes from when it is a variant (an ablation's
       ``comfedl_gamma=2`` of ``comfedl``): the field a divergence note names.
+    uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
+      ``compression`` (``{field: {codec: quantize | top_k, bits, scale, fraction,
+      error_feedback}}``) and ``curve`` settings, checked; empty when it has none.
   """
   label: str
   algorithm: str
@@ -59,6 +66,7 @@ class Method:
   learning_rate: float
   local_steps: int
   source: str = ""
+  uplink: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def variant(self, label: str, **changes) -> "Method":
     """This method with other settings under another label (an ablation's run)."""
@@ -81,7 +89,27 @@ class Method:
   def settings(self) -> Dict[str, Any]:
     """Everything that defines the method's runs (for checkpoint hashes and summaries)."""
     return {"algorithm": self.algorithm, "learning_rate": self.learning_rate,
-            "local_steps": self.local_steps, **self.kwargs}
+            "local_steps": self.local_steps, **self.kwargs, **self.uplink}
+
+  @property
+  def curve(self) -> str:
+    """The trade-off curve the method is a point of (its label without one)."""
+    return self.uplink.get("curve", self.label)
+
+  def simulator_kwargs(self) -> Dict[str, Any]:
+    """``privacy=`` and ``compression=`` for ``fedco.simulate`` from :attr:`uplink`."""
+    out = {}
+    private = self.uplink.get("privacy")
+    if private:
+      out["privacy"] = fedco.privacy.gaussian(**private)
+    codecs = self.uplink.get("compression")
+    if codecs:
+      out["compression"] = {
+          field: (fedco.compression.stochastic_quantization if spec["codec"] == "quantize"
+                  else fedco.compression.top_k)(**{k: v for k, v in spec.items()
+                                                   if k != "codec"})
+          for field, spec in codecs.items()}
+    return out
 
 
 def seeds(config, field: str = "seeds") -> tuple:
@@ -133,7 +161,7 @@ def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
                if p not in ("learning_rate", "optimizer")]
     kwargs = {}
     for key, value in entry.items():
-      if key in METHOD_KEYS or key in extra_keys:
+      if key in METHOD_KEYS or key in UPLINK_KEYS or key in extra_keys:
         continue
       if key not in allowed:
         raise ValueError(f"{where}.{key} is not an argument of fedco.{name}; allowed: "
@@ -143,7 +171,56 @@ def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
     common.check_positive(f"config.methods.{label}.learning_rate", lr)
     steps = entry.get("local_steps", config.local_steps)
     common.check_int(f"config.methods.{label}.local_steps", steps, 1)
-    out.append(Method(label, name, kwargs, float(lr), int(steps)))
+    out.append(Method(label, name, kwargs, float(lr), int(steps),
+                      uplink=_uplink(where, entry)))
+  return out
+
+
+def _plain(value):
+  """A config value as plain Python (ConfigDicts to dicts, lists to tuples)."""
+  if hasattr(value, "items"):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return tuple(_plain(v) for v in value)
+  return value
+
+
+def _uplink(where: str, entry) -> Dict[str, Any]:
+  """A method's ``privacy``, ``compression`` and ``curve``, checked by building them (a
+  one-line ``ValueError`` naming the field)."""
+  out = {}
+  private = entry.get("privacy")
+  if private:
+    private = _plain(private)
+    allowed = ("epsilon", "noise_multiplier", "delta", "clip")
+    unknown = sorted(set(private) - set(allowed))
+    if unknown:
+      raise ValueError(f"{where}.privacy.{unknown[0]} is not a privacy setting; allowed: "
+                       f"{list(allowed)}")
+    try:
+      fedco.privacy.gaussian(**private)
+    except ValueError as err:
+      raise ValueError(f"{where}.privacy: {err}") from None
+    out["privacy"] = private
+  codecs = entry.get("compression")
+  if codecs:
+    codecs = _plain(codecs)
+    for field, spec in codecs.items():
+      name = spec.get("codec") if isinstance(spec, dict) else None
+      if name not in CODECS:
+        raise ValueError(f"{where}.compression.{field}.codec must be one of {list(CODECS)}, "
+                         f"got {name!r}")
+      unknown = sorted(set(spec) - {"codec", *CODECS[name]})
+      if unknown:
+        raise ValueError(f"{where}.compression.{field}.{unknown[0]} is not a {name} setting; "
+                         f"allowed: {list(CODECS[name])}")
+    out["compression"] = codecs
+    try:
+      Method("", "", {}, 1.0, 1, uplink=out).simulator_kwargs()
+    except ValueError as err:
+      raise ValueError(f"{where}.compression: {err}") from None
+  if entry.get("curve"):
+    out["curve"] = str(entry["curve"])
   return out
 
 
@@ -213,6 +290,7 @@ def simulate_method(method: Method, seed: int, *, problem, algorithm, data, para
   result or ``None``.
   """
   fields = lambda _: {"method": method.label, "seed": seed}
+  simulate_kwargs = {**method.simulator_kwargs(), **simulate_kwargs}
   try:
     result = fedco.simulate(
         problem, algorithm, data, params, seed=seed, metric_writers=writers.writers,
@@ -230,6 +308,9 @@ def simulate_method(method: Method, seed: int, *, problem, algorithm, data, para
   records.extend(common.evaluated_records(result.metrics, fields, keys=record_keys))
   final = common.final_metrics(result.metrics)
   final["seconds"] = result.seconds
+  final["bytes_up"] = result.ledger["total_bytes_up"]
+  if "epsilon" in result.metrics:
+    final["epsilon"] = float(result.metrics["epsilon"][-1])
   finals.setdefault(method.label, {})[seed] = final
   return result
 
@@ -306,3 +387,62 @@ def combine(searches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
              else [float(v) for v in np.mean(np.asarray(scores), axis=0)])
     points.append({**same[0], "score": score, "per_seed": scores})
   return {"points": points, "best": _best(points)}
+
+
+# ---- privacy and compression trade-offs ----------------------------------------------------
+
+TRADEOFF_AXES = {"epsilon": ("privacy", "epsilon spent (delta in the method's settings)"),
+                 "bytes_up": ("compression", "bytes sent up, whole run")}
+
+
+def tradeoff(wd, methods: Sequence[Method], finals, x: str,
+             panels: Sequence[tuple], name: str) -> Optional[Dict[str, Any]]:
+  """The methods with ``privacy`` (``x="epsilon"``) or ``compression`` (``x="bytes_up"``)
+  as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs, one panel each, with
+  each curve's points (mean over seeds, std bars) against ``x`` and its method without the
+  setting as a dashed line. Saves ``name`` in ``wd``; returns the summary's ``tradeoff``
+  entry (``None`` when no method has the setting)."""
+  setting, xlabel = TRADEOFF_AXES[x]
+  keys = [x] + [k for k, _ in panels]
+  points = [m for m in methods if setting in m.uplink]
+  if not points:
+    return None
+  per_run = {}
+  for label, by_seed in finals.items():  # a method without the setting has no epsilon
+    ok = [f for f in by_seed.values() if "diverged" not in f]
+    stats = lambda vals: {"mean": float(np.mean(vals)) if vals else None,
+                          "std": float(np.std(vals)) if vals else None}
+    per_run[label] = {k: stats([f[k] for f in ok if k in f]) for k in keys}
+    per_run[label]["diverged_seeds"] = sorted(s for s, f in by_seed.items() if "diverged" in f)
+  curves = list(dict.fromkeys(m.curve for m in points))
+  reference = {c: next((m.label for m in methods if m.label == c and setting not in m.uplink),
+                       None) for c in curves}
+  rows = []
+  for m in methods:
+    if m.curve not in curves or m.label not in per_run:
+      continue
+    entry = per_run[m.label]
+    rows.append({"curve": m.curve, "method": m.label,
+                 **{k: entry[k]["mean"] for k in keys}, "diverged_seeds": entry["diverged_seeds"],
+                 **{f"{k}_std": entry[k]["std"] for k in keys[1:]}})
+  fig = common.figure(figsize=(5.5 * len(panels), 4.2))
+  axes = np.atleast_1d(fig.subplots(1, len(panels)))
+  for ax, (key, label) in zip(axes, panels):
+    for i, curve in enumerate(curves):
+      color = f"C{i}"
+      own = sorted((r for r in rows if r["curve"] == curve and r["method"] != reference[curve]
+                    and r[x] is not None and r[key] is not None), key=lambda r: r[x])
+      if own:
+        ax.errorbar([r[x] for r in own], [r[key] for r in own],
+                    yerr=[r[f"{key}_std"] or 0.0 for r in own], color=color, marker="o",
+                    capsize=3, label=curve)
+      base = next((r for r in rows if r["method"] == reference[curve]), None)
+      if base is not None and base[key] is not None:
+        ax.axhline(base[key], color=color, ls="--", lw=1.0,
+                   label=f"{curve} without {setting}")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3, which="both")
+  common.save_with_legend(wd, fig, axes[0], name, legend=bool(axes[0].lines), fontsize=8)
+  return {"x": x, "figure": name, "points": rows}
