@@ -436,11 +436,25 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
         ax.errorbar([r[x] for r in own], [r[key] for r in own],
                     yerr=[r[f"{key}_std"] or 0.0 for r in own], color=color, marker="o",
                     capsize=3, label=curve)
+        if x == "bytes_up":  # which codec each point is
+          for r in own:
+            ax.annotate(r["method"].removeprefix(curve + "_"), (r[x], r[key]), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points", color=color)
+      if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
+        ax.plot([], [], color=color, marker="x", ls="none",
+                label=f"{curve} with {setting}: diverged")  # no point to draw, still named
       base = next((r for r in rows if r["method"] == reference[curve]), None)
       if base is not None and base[key] is not None:
         ax.axhline(base[key], color=color, ls="--", lw=1.0,
                    label=f"{curve} without {setting}")
+        if base[x] is not None:  # the uncompressed run's own bytes
+          ax.plot([base[x]], [base[key]], marker="*", ms=10, color=color, ls="none")
     ax.set_xscale("log")
+    from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    if x == "epsilon":  # a few epsilons: label them as they are
+      ax.set_xticks(sorted({r[x] for r in rows if r[x] is not None}))
+      ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%.3g"))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(label)
     ax.grid(alpha=0.3, which="both")
