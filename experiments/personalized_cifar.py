@@ -157,7 +157,7 @@ def check(config) -> Dict[str, Any]:
   common.check_positive("config.gamma", config.gamma)
   common.check_real("config.shift", config.shift)
   methods = runner.methods(config, extra_keys=("problem",))
-  for m in methods:
+  for i, m in enumerate(methods):
     entry, where = config.methods[m.label], f"--config.methods.{m.label}"
     fields = entry.get("problem")
     if not hasattr(fields, "items") or fields.get("name") not in PROBLEMS:
@@ -169,10 +169,14 @@ def check(config) -> Dict[str, Any]:
                        f"{PROBLEM_FIELDS}")
     problem = fields.name
     if m.kwargs.get("normalized"):
-      raise ValueError(
-          f"{where}.normalized: fedco.comfedl(normalized=True) weighs a scalar inner value "
-          f"(the client's loss, as in client-level KL-DRO); the {problem} problem's inner "
-          "value is the adapted model, so it does not apply here")
+      if problem != "da_maml":
+        raise ValueError(
+            f"{where}.normalized: fedco.comfedl(normalized=True) normalises exp(loss/gamma) "
+            f"weights, which the da_maml problem has and the {problem} problem does not")
+      if m.kwargs.get("gamma") is not None:
+        raise ValueError(f"{where}.gamma: a normalised ComFedL-DAMAML weighs by DA-MAML's "
+                         f"own temperature, --config.gamma ({config.gamma}); leave it unset")
+      m = methods[i] = dataclasses.replace(m, kwargs={**m.kwargs, "gamma": float(config.gamma)})
     try:  # the factory checks its own arguments
       m.build()
     except (TypeError, ValueError) as err:
@@ -266,7 +270,10 @@ def make(spec, config, apply_fn):
   method, fields = spec["method"], problem_settings(spec, config)
   loss = models.cross_entropy
   kind = fields["name"]
-  algorithm = method.build()
+  if method.kwargs.get("normalized"):  # its weights' temperature is the run's DA-MAML gamma
+    algorithm = method.build(gamma=fields["gamma"])
+  else:
+    algorithm = method.build()
   if kind == "erm":
     problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
     eval_lr = None if method.algorithm == "ditto" else fields["finetune_lr"]

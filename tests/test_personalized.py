@@ -106,3 +106,40 @@ def test_bad_arguments():
     personalized.personalized_maml(model.apply, 0.1, None)
   with pytest.raises(ValueError, match="outer_link"):
     fedco.Problem(None, None, lambda p, e: 0.0, outer_link=jnp.exp)
+
+
+def test_normalised_comfedl_on_da_maml_steps_on_the_query_loss_inside_the_link():
+  """One round, whole-data batches, 3 clients: the server model equals the mean of each
+  client's steps ``x - eta exp(F_k(x)/gamma - L) grad F_k(x)``, where ``F_k`` is the MAML
+  loss (query loss of the adapted model, inside DA-MAML's link) and ``L`` is
+  ``log(1/3 sum_k exp(F_k(x_bar)/gamma))`` from the clients' reports at the server model."""
+  model, params, _, _ = setup()
+  rng = np.random.default_rng(3)
+  clients = [{"x": rng.normal(size=(n, 2)).astype(np.float32),
+              "y": rng.integers(0, 3, n).astype(np.int32)} for n in (4, 6, 5)]
+  gamma, eta, steps = 0.5, 0.2, 2
+  problem = personalized.personalized_maml(model.apply, A, cross_entropy, gamma=gamma,
+                                           shift=1.0)
+  alg = fedco.comfedl(eta, steps, normalized=True, gamma=gamma)
+  result = fedco.simulate(problem, alg, fedco.FederatedData.from_clients(clients), params,
+                          rounds=1, batch_size=None, evaluate=False)
+  batches = [{k: jnp.asarray(v) for k, v in c.items()} for c in clients]
+  loss = lambda p, b: direct(model, p, b, b)  # whole data: support = query
+  log_z = jax.nn.logsumexp(jnp.array([loss(params, b) for b in batches]) / gamma,
+                           b=jnp.full(3, 1 / 3))
+  finals = []
+  for b in batches:
+    x = params
+    for _ in range(steps):
+      value, grad = jax.value_and_grad(loss)(x, b)
+      weight = jnp.exp(value / gamma - log_z)
+      x = jax.tree.map(lambda p, g: p - eta * weight * g, x, grad)
+    finals.append(x)
+  expected = jax.tree.map(lambda *xs: sum(xs) / 3, *finals)
+  moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(expected), jax.tree.leaves(params)))
+  assert moved > 1e-3
+  for got, want in zip(jax.tree.leaves(result.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
+  np.testing.assert_allclose(
+      result.state.clients.log_normalizer[0], log_z, rtol=1e-5)

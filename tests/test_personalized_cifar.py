@@ -244,16 +244,33 @@ def test_bad_problem_fields_name_the_field(label, key, value, field):
     e2.check(config)
 
 
-def test_ablation_without_a_da_maml_method_and_normalised_comfedl_are_refused():
+def test_ablation_without_a_da_maml_method_and_misplaced_normalisation_are_refused():
   config = _tiny(methods=("fedavg",), ablation="gamma")
   with pytest.raises(ValueError, match="--config.ablation needs a method with problem"):
     e2.check(config)
-  config = _tiny(methods=())
-  config.methods["comfedl_damaml_normalized"] = {
-      "algorithm": "comfedl", "problem": {"name": "da_maml", "inner_lr": 0.05},
-      "normalized": True, "gamma": 0.5}
-  with pytest.raises(ValueError, match="normalized.*adapted model"):
+  config = _tiny(methods=("comfedl_maml",))
+  config.methods.comfedl_maml["normalized"] = True
+  with pytest.raises(ValueError, match="comfedl_maml.normalized: .* the maml problem does not"):
     e2.check(config)
+  config = _tiny(methods=("comfedl_damaml",))
+  config.methods.comfedl_damaml.normalized = True
+  with config.unlocked():
+    config.methods.comfedl_damaml.gamma = 2.0
+  with pytest.raises(ValueError, match="comfedl_damaml.gamma: .*leave it unset"):
+    e2.check(config)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_digits_normalised_comfedl_damaml_trains_where_the_literal_step_diverges(tmp_path):
+  """At gamma 0.5 and shift 0 the literal step (about exp(L/0.5)/0.5 times the MAML
+  gradient) diverges within 5 rounds (test above); normalised weights do not."""
+  config = _tiny("digits", methods=("comfedl_damaml",), per_client=30, rounds=5,
+                 eval_every=5)
+  config.methods.comfedl_damaml.normalized = True
+  summary = e2.run(config, str(tmp_path), QUIET)
+  entry = summary["methods"]["comfedl_damaml"]
+  assert entry["diverged_seeds"] == [] and np.isfinite(entry["val_acc_avg"]["mean"])
+  assert summary["settings"]["comfedl_damaml"]["gamma"] == 0.5
 
 
 def test_per_client_beyond_the_data_names_the_field(tmp_path):

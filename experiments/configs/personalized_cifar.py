@@ -47,7 +47,9 @@ def get_config(mode: str = ""):
   # step, also its one personalisation step at evaluation) or ``finetune_lr`` (an "erm"
   # method's personalisation step at evaluation; Ditto is scored with its personal models).
   config.methods = ml_collections.ConfigDict({
-      "comfedl_damaml": {"algorithm": "comfedl",
+      # normalized=True: client weights exp(L_k/gamma - L) normalised over the round's
+      # clients (fedco.comfedl's normalised step; its gamma is config.gamma)
+      "comfedl_damaml": {"algorithm": "comfedl", "normalized": False,
                          "problem": {"name": "da_maml", "inner_lr": 0.05}},
       "comfedl_maml": {"algorithm": "comfedl", "problem": {"name": "maml", "inner_lr": 0.05}},
       "fedavg": {"algorithm": "fedavg", "problem": {"name": "erm", "finetune_lr": 0.1}},

@@ -82,6 +82,11 @@ class CommPlan(NamedTuple):
     round_start_reduce: ``None`` (the weighted mean) or ``(values [S, ...], weights [S]) ->
       value``, the server's statistic of the clients' ``round_start`` values (weights sum to
       1 over the surviving clients, 0 elsewhere): normalised ComFedL's log-normaliser.
+    round_start_value: what each client evaluates at the server model for the
+      ``round_start`` fields: ``"inner"`` (``g_k(x_bar; zeta)``) or ``"pre_link"`` (its loss
+      before the problem's ``outer_link``: the unlinked outer on a fresh query batch at the
+      inner value, DA-MAML's query loss at the adapted model; the inner value itself for
+      problems without a link, such as client-level KL-DRO, whose inner is the loss).
     round_start_loss: state fields set, at the start of every round, to each client's own
       exact loss (whole training data) at the server model (q-FedAvg's and AFL's ``F_k``).
     report: state fields each client sends up at the end of a round for the server's
@@ -98,6 +103,7 @@ class CommPlan(NamedTuple):
   round_start_loss: Tuple[str, ...] = ()
   report: Tuple[str, ...] = ()
   round_start_reduce: Optional[Callable[[Any, Any], Any]] = None
+  round_start_value: str = "inner"
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
@@ -425,15 +431,17 @@ def _schedule_at(schedule, count):
 
 def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
               weighting="uniform", round_start=(), round_start_loss=(), report=(),
-              round_start_reduce=None) -> CommPlan:
+              round_start_reduce=None, round_start_value="inner") -> CommPlan:
   """A validated :class:`CommPlan`."""
+  _validate.one_of("round_start_value", round_start_value, ("inner", "pre_link"))
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   if round_start_reduce is not None and not callable(round_start_reduce):
     raise ValueError(f"round_start_reduce must be callable, got {round_start_reduce!r}")
   return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
                   None if at_init is None else tuple(at_init), weighting, tuple(round_start),
-                  tuple(round_start_loss), tuple(report), round_start_reduce)
+                  tuple(round_start_loss), tuple(report), round_start_reduce,
+                  round_start_value)
 
 
 class RoundInfo(NamedTuple):

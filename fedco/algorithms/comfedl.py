@@ -25,9 +25,19 @@ exp(f_k(x_bar)/gamma))`` (log-sum-exp, stable for any ``f/gamma``), and clients 
 
     y = g_k(x; B),    u = exp(y/gamma - L) J_g(x; B)^T,    x = x - eta u,
 
-i.e. ``exp((f - c)/gamma)/Z`` with the shift ``c`` folded into ``L``. The inner value is the
-client's scalar loss; the problem's outer function is not used (its temperature is
-``gamma``). One more float per client per round goes up (the loss) and down (``L``).
+i.e. ``exp((f - c)/gamma)/Z`` with the shift ``c`` folded into ``L``. On client-level
+KL-DRO the inner value is the client's scalar loss ``f``; the problem's outer function is
+not used (its temperature is ``gamma``). On a problem whose outer carries an ``outer_link``
+(ComFedL-DAMAML: ``exp((L_k(y) - shift)/gamma)`` around the query loss ``L_k`` of the adapted
+model ``y = g_k(x)``) the loss is the one inside the link: clients report ``L_k`` at the
+adapted server model on fresh support and query batches (the plan's
+``round_start_value="pre_link"``) and step
+
+    y = g_k(x; B),    u = exp(L_k(y; B~)/gamma - L) J_g(x; B)^T grad L_k(y; B~),
+
+the gradient of ``gamma log(1/m sum_k exp(L_k/gamma))`` with the normaliser frozen for the
+round (the link's shift cancels in the normalisation). One more float per client per round
+goes up (the loss) and down (``L``).
 
 References:
   Wu, Huang et al., "Federated compositional optimization / ComFedL" (papers 000 and 001).
@@ -95,7 +105,7 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
       return jax.nn.logsumexp(losses / gamma, b=weights)
 
     plan = base.make_plan(local_steps, round_start=("log_normalizer",), at_init=(),
-                          round_start_reduce=log_normalizer)
+                          round_start_reduce=log_normalizer, round_start_value="pre_link")
 
   def init(params, *, inner_value=None):
     del inner_value
@@ -104,15 +114,25 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
                                     jnp.zeros([], jnp.result_type(float)), opt.init(params))
     return ComFedLState(jnp.zeros([], jnp.int32), opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
+  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None,
+             unlinked_outer_fn=None, **unused):
     del unused
     inner_fn, outer_fn, _ = base.oracles("comfedl", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
+    if normalized and unlinked_outer_fn is not None:  # the loss inside the problem's link
+      loss, grad_y = jax.value_and_grad(unlinked_outer_fn)(sample)
+      weight = jnp.exp(loss / gamma - state.log_normalizer).astype(loss.dtype)
+      z = base.add_grads(pullback(jax.tree.map(lambda g: weight * g, grad_y)), updates)
+      step, opt_state = opt.update(z, state.opt_state, params)
+      return step, state._replace(count=state.count + 1, opt_state=opt_state)
     if normalized:
-      if jnp.shape(sample) != ():
+      leaves = jax.tree.leaves(sample)
+      if len(leaves) != 1 or jax.tree.structure(sample).num_nodes != 1 or jnp.shape(
+          leaves[0]) != ():
         raise ValueError("comfedl(normalized=True) needs a scalar inner value (the client's "
-                         f"loss, as in fedco.problems.client_kl_dro), got shape "
-                         f"{jnp.shape(sample)}")
+                         "loss, as in fedco.problems.client_kl_dro) or a problem with an "
+                         "outer_link (DA-MAML), got an inner value of shapes "
+                         f"{jax.tree.map(jnp.shape, sample)} and no link")
       weight = jnp.exp(sample / gamma - state.log_normalizer)
       z = base.add_grads(pullback(weight.astype(sample.dtype)), updates)
       step, opt_state = opt.update(z, state.opt_state, params)

@@ -111,6 +111,10 @@ class Problem:
   def _link(self, value):
     return value if self.outer_link is None else self.outer_link(value)
 
+  def unlinked_outer_value(self, y: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
+    """The mean outer value before ``outer_link`` (DA-MAML's query loss of ``y``)."""
+    return weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch), weights)
+
   def extra_value(self, params: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
     """``h(x; B)``, or 0 when the problem has no extra term."""
     if self.extra is None:

@@ -77,7 +77,9 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
 
   Returns ``(grad_h_fn, kwargs)``: ``grad_h_fn(params)`` is ``grad h(x; outer_batch)`` (or
   ``None`` without an extra term), and ``kwargs`` holds ``inner_fn``, ``outer_fn`` and
-  ``next_inner_fn`` for compositional problems and, when there is an extra term,
+  ``next_inner_fn`` for compositional problems (and ``unlinked_outer_fn``, the outer's
+  batch mean before the problem's ``outer_link``, when it has one) and, when there is an
+  extra term,
   ``extra_fn`` (the value of ``h``), ``example_losses_fn`` (``x -> [b]``, the per-example
   values ``h(x; xi_i)`` of the outer batch, for sample-reweighting baselines such as
   FastDRO) and ``example_weights`` (``[b]``, the outer batch's weights; 0 on padding).
@@ -98,6 +100,8 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
         inner_fn=lambda x: problem.inner_value(x, inner_batch, wg),
         outer_fn=lambda y: problem.outer_value(y, outer_batch, wf),
         next_inner_fn=lambda x: problem.inner_value(x, next_inner_batch, wn))
+    if problem.outer_link is not None:  # the loss inside the link (normalised ComFedL)
+      kwargs["unlinked_outer_fn"] = lambda y: problem.unlinked_outer_value(y, outer_batch, wf)
   grad_h = None
   if problem.extra is not None:
     grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)

@@ -54,7 +54,9 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
   """The JSON description of a run (see the module)."""
   cfg = sim.config
   algorithm, problem, data = cfg.algorithm, cfg.problem, sim.data
-  plan = {k: describe(v) for k, v in cfg.plan._asdict().items() if k != "round_start_reduce"}
+  # round_start_value changes nothing without an outer link: older fingerprints stay
+  plan = {k: describe(v) for k, v in cfg.plan._asdict().items() if k != "round_start_reduce"
+          and not (k == "round_start_value" and (v == "inner" or problem.outer_link is None))}
   probe = None
   if all(not isinstance(a, jax.Array) or a.is_fully_addressable
          for a in jax.tree.leaves(data.examples)):

@@ -129,9 +129,17 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
   handles through it; returns ``(cst, codec states)``."""
   keys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, cfg.plan.local_steps)
 
+  problem = cfg.problem
+  unlinked = cfg.plan.round_start_value == "pre_link" and problem.outer_link is not None
+
   def inner_at_server(key, view):
     batch, weights = draw(key, view, cfg.batch_size, cfg.layout.max_count)
-    return cfg.problem.inner_value(params, batch, weights)
+    value = problem.inner_value(params, batch, weights)
+    if unlinked:  # the query loss before the link, on a fresh query batch
+      query, query_weights = draw(jax.random.fold_in(key, 1), view, cfg.outer_batch_size,
+                                  cfg.layout.max_count)
+      value = problem.unlinked_outer_value(value, query, query_weights)
+    return value
 
   values = cfg.layout.map(inner_at_server)(keys, views)
   reduce = cfg.plan.round_start_reduce
