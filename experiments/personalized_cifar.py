@@ -403,6 +403,7 @@ def simulate_run(spec, config, settings, fed, params, seed, evaluator, apply_fn,
         actions=[fedco.runtime.PeriodicAction(evaluate, settings["eval_every"],
                                               at_start=True)],
         metric_writers=[evaluation_rows], metric_labels=labels, progress=options.progress,
+        **method.simulator_kwargs(),
         progress_metric="val_acc_avg",
         **runner.checkpoint_args(wd, options, f"{method.label}-seed{seed}", run_settings))
     rows, seconds = result.host_metrics, result.seconds

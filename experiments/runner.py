@@ -352,6 +352,9 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
   "best": point}`` (``None`` if every point diverged; the first of the best on full ties,
   so the smaller values win).
   """
+  if method.uplink.get("privacy") or method.uplink.get("compression"):
+    raise ValueError(f"--config.methods.{method.label}: a grid search runs fedco.sweep, "
+                     f"which reports no epsilon; search without privacy or compression")
   algorithm_names = [k for k in axes if k not in problem_axes]
   points = []
   for problem_values in itertools.product(*(axes[k] for k in problem_axes)):

@@ -46,11 +46,14 @@ class Codec(optax.GradientTransformationExtraArgs):
     payload_bits: ``(size, dtype) -> int``: bits of one message of a field with ``size``
       numbers of ``dtype``.
     name: a short label for ledgers and fingerprints.
+    memory: whether the state carries what earlier messages left unsent (error feedback),
+      which only makes sense for uploads that are changes of one quantity over time.
   """
 
-  def __new__(cls, init, update, payload_bits: Callable[[int, Any], int], name: str):
+  def __new__(cls, init, update, payload_bits: Callable[[int, Any], int], name: str,
+              memory: bool = False):
     self = super().__new__(cls, init, update)
-    self.__dict__.update(payload_bits=payload_bits, name=name)
+    self.__dict__.update(payload_bits=payload_bits, name=name, memory=memory)
     return self
 
   def __repr__(self):
@@ -127,7 +130,7 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
   def payload_bits(size, dtype):
     return size * bits + (0 if scale is not None else 2 * _float_bits(dtype))
 
-  name = f"quantize{bits}" + ("" if scale is None else f"_scale{scale:g}")
+  name = f"quantize{bits}" + ("" if scale is None else f"_scale{scale!r}")
   return Codec(init, update, payload_bits, name)
 
 
@@ -178,8 +181,8 @@ def top_k(fraction: float, error_feedback: bool = True) -> Codec:
   def payload_bits(size, dtype):
     return count(size) * (_float_bits(dtype) + _index_bits(size))
 
-  name = f"top{fraction:g}" + ("_ef" if error_feedback else "")
-  return Codec(init, update, payload_bits, name)
+  name = f"top{fraction!r}" + ("_ef" if error_feedback else "")
+  return Codec(init, update, payload_bits, name, memory=error_feedback)
 
 
 __all__ = ["Codec", "identity", "stochastic_quantization", "top_k", "QuantizationState",

@@ -129,16 +129,31 @@ def round_event(noise_multiplier: float, sampling_rate: float, messages: int):
   return dp_accounting.PoissonSampledDpEvent(sampling_rate, composed)
 
 
-def run_event(noise_multiplier: float, sampling_rate: float, messages: int, rounds: int):
-  """The whole run's event: :func:`round_event` composed ``rounds`` times."""
+def init_event(noise_multiplier: float, messages: int):
+  """The ``at_init`` means before round 1: ``messages`` Gaussian mechanisms over every
+  client (no subsampling)."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  return dp_accounting.SelfComposedDpEvent(
+  return dp_accounting.ComposedDpEvent(
+      [dp_accounting.GaussianDpEvent(noise_multiplier)] * int(messages))
+
+
+def run_event(noise_multiplier: float, sampling_rate: float, messages: int, rounds: int, *,
+              init_messages: int = 0):
+  """The whole run's event: :func:`init_event` once, then :func:`round_event` composed
+  ``rounds`` times."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  rounds_ = dp_accounting.SelfComposedDpEvent(
       round_event(noise_multiplier, sampling_rate, messages), int(rounds))
+  if not init_messages:
+    return rounds_
+  return dp_accounting.ComposedDpEvent([init_event(noise_multiplier, init_messages), rounds_])
 
 
 def epsilon_spent(noise_multiplier: float, sampling_rate: float, messages: int, rounds,
-                  delta: float):
-  """Epsilon after each of ``rounds`` (an int: a float; a sequence: an array), RDP."""
+                  delta: float, *, init_messages: int = 0):
+  """Epsilon after each of ``rounds`` (an int: a float; a sequence: an array), RDP; with
+  ``init_messages`` Gaussian mechanisms of every client before round 1 (the ``at_init``
+  means), not subsampled."""
   from dp_accounting import rdp  # pylint: disable=g-import-not-at-top
   scalar = np.ndim(rounds) == 0
   counts = np.atleast_1d(np.asarray(rounds, np.int64))
@@ -150,16 +165,22 @@ def epsilon_spent(noise_multiplier: float, sampling_rate: float, messages: int, 
     accountant.compose(round_event(noise_multiplier, sampling_rate, messages), 1)
     orders = np.asarray(accountant._orders)  # pylint: disable=protected-access
     per_round = np.asarray(accountant._rdp)  # pylint: disable=protected-access
-    out = np.array([rdp.rdp_privacy_accountant.compute_epsilon(orders, t * per_round, delta)[0]
-                    if t > 0 else 0.0 for t in counts])
+    at_init = np.zeros_like(per_round)
+    if init_messages:
+      first = rdp.RdpAccountant()
+      first.compose(init_event(noise_multiplier, init_messages))
+      at_init = np.asarray(first._rdp)  # pylint: disable=protected-access
+    out = np.array([rdp.rdp_privacy_accountant.compute_epsilon(
+        orders, at_init + t * per_round, delta)[0] for t in counts])
   return float(out[0]) if scalar else out
 
 
 def calibrate(epsilon: float, delta: float, sampling_rate: float, messages: int,
-              rounds: int, *, rtol: float = 1e-6) -> float:
+              rounds: int, *, init_messages: int = 0, rtol: float = 1e-6) -> float:
   """The smallest noise multiplier whose run spends at most ``epsilon`` (RDP), to a
   relative ``rtol``: bisection on ``z``, over which the spent epsilon decreases."""
-  spent = lambda z: epsilon_spent(z, sampling_rate, messages, rounds, delta)
+  spent = lambda z: epsilon_spent(z, sampling_rate, messages, rounds, delta,
+                                  init_messages=init_messages)
   low, high = 0.0, 1.0
   while spent(high) > epsilon:
     low, high = high, 2 * high
@@ -172,5 +193,5 @@ def calibrate(epsilon: float, delta: float, sampling_rate: float, messages: int,
   return high
 
 
-__all__ = ["ClientDP", "gaussian", "messages_per_round", "round_event", "run_event",
-           "epsilon_spent", "calibrate"]
+__all__ = ["ClientDP", "gaussian", "messages_per_round", "round_event", "init_event",
+           "run_event", "epsilon_spent", "calibrate"]

@@ -98,10 +98,11 @@ def test_noise_on_the_model_mean_has_the_calibrated_std():
   assert abs(steps.mean()) < 4 * expected / np.sqrt(steps.size)
 
 
-@pytest.mark.parametrize("shared_noise", [True, False])
-def test_noise_per_message_std(shared_noise):
-  """The every-step mean gets ``z C max(w)``; per-upload noise (servers that read every
-  client's value) ``z C`` on each value."""
+@pytest.mark.parametrize("path", ["mean", "shared", "each"])
+def test_noise_per_message_std(path):
+  """The every-step mean gets ``z C max(w)``, and so does the mean of values that share one
+  draw (the model under an averaging server); per-upload noise (servers that read every
+  client's value) is ``z C`` on each value, drawn per client."""
   up = uplink_lib.Uplink({}, {"y": 0.3}, 1.5, fedco.privacy.gaussian(0.3, noise_multiplier=1.5),
                          {"y": 1}, 1.0, False)
   weights = jnp.array([0.1, 0.2, 0.3, 0.4])
@@ -109,14 +110,27 @@ def test_noise_per_message_std(shared_noise):
   ids, alive = jnp.arange(4), jnp.ones(4, bool)
 
   def one(key):
-    if shared_noise:
+    if path == "mean":
       return up.send_mean("y", values, jnp.zeros(500), weights, {}, key, ids, alive)[0]
-    return up.send_each("y", values, None, weights, {}, key, ids, alive,
-                        shared_noise=False)[0]
+    sent = up.send_each("y", values, None, weights, {}, key, ids, alive,
+                        shared_noise=path == "shared")[0]
+    if path == "shared":  # one draw on every value: the weighted mean carries it once
+      return jnp.tensordot(weights, sent, axes=1), jnp.max(jnp.abs(sent[0] - sent[3]))
+    return sent, 0.0
 
-  out = np.asarray(jax.vmap(one)(jax.random.split(jax.random.PRNGKey(2), 40)))
-  expected = 1.5 * 0.3 * (0.4 if shared_noise else 1.0)
+
+  keys = jax.random.split(jax.random.PRNGKey(2), 40)
+  if path == "mean":
+    out = np.asarray(jax.vmap(one)(keys))
+  else:
+    out, spread = jax.vmap(one)(keys)
+    out = np.asarray(out)
+    if path == "shared":
+      assert float(jnp.max(spread)) == 0.0  # the same draw on every client's value
+  expected = 1.5 * 0.3 * (1.0 if path == "each" else 0.4)
   assert abs(out.std() / expected - 1) < 0.03
+  if path == "each":  # independent per client
+    assert abs(np.corrcoef(out[:, 0].ravel(), out[:, 1].ravel())[0, 1]) < 0.05
 
 
 def test_clipping_bounds_each_clients_delta():
@@ -142,10 +156,14 @@ def _private_feddro_run():
                                      delta=1e-5))
 
 
-def _direct_epsilon(z, q, messages, rounds, delta):
+def _direct_epsilon(z, q, messages, rounds, delta, init_messages=1):
+  """The mean of the trackers' start over all clients (``init_messages`` Gaussians), then
+  ``rounds`` of ``messages`` Gaussians on a Poisson sample at rate ``q``."""
+  gaussian = dp_accounting.GaussianDpEvent(z)
   event = dp_accounting.PoissonSampledDpEvent(
-      q, dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(z)] * messages))
+      q, dp_accounting.ComposedDpEvent([gaussian] * messages))
   accountant = rdp.RdpAccountant()
+  accountant.compose(dp_accounting.ComposedDpEvent([gaussian] * init_messages))
   accountant.compose(event, rounds)
   return accountant.get_epsilon(delta)
 
@@ -156,6 +174,7 @@ def test_reported_epsilon_equals_a_direct_dp_accounting_computation():
   np.testing.assert_allclose(result.metrics["epsilon"], direct, rtol=1e-9)
   uplink = result.ledger["uplink"]
   assert uplink["messages_per_round"] == {"params": 1, "y": 2}
+  assert uplink["messages_at_init"] == 1
   assert uplink["epsilon"] == pytest.approx(direct[-1], rel=1e-9)
   assert np.all(np.isfinite(result.metrics["objective"]))
 
@@ -248,3 +267,32 @@ def test_drfa_loss_queries_are_refused_under_privacy():
     fedco.simulate(problem, fedco.drfa(0.1, 2), data,
                    jnp.full((3,), 0.3), rounds=1, batch_size=4, evaluate=False,
                    privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0))
+
+
+def test_the_trackers_start_is_private_too():
+  """FedDRO's y_bar_0 is every client's inner value at x_0: clipped and noised like any
+  upload (with noise 0, the mean of the clipped values)."""
+  data = _portfolio_data()
+  problem, alg = fedco.problems.portfolio(1.0), fedco.feddro(0.05, 2)
+  start = lambda **kw: fedco.Simulator(problem, alg, data, batch_size=4, **kw).init(
+      jnp.full((3,), 0.3), 0).shared["y"]
+  plain = start()
+  clipped = start(privacy=fedco.privacy.gaussian(1e-3, noise_multiplier=0.0))
+  noisy = start(privacy=fedco.privacy.gaussian(1e-3, noise_multiplier=1e3))
+  assert float(jnp.linalg.norm(jnp.ravel(clipped))) <= 1e-3 + 1e-9
+  assert float(jnp.linalg.norm(jnp.ravel(plain))) > 0.01
+  assert float(jnp.max(jnp.abs(noisy - clipped))) > 0.01
+
+
+@pytest.mark.parametrize("algorithm, kwargs, message", [
+    (lambda: fedco.fedavg(0.1, 2), dict(privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0)),
+     "privacy needs uniform client weights: fedavg weighs clients by their data sizes"),
+    (lambda: fedco.mbsgd(0.1), dict(compression={"y": fedco.compression.top_k(0.5)}),
+     r"compression\['y'\] keeps an error-feedback memory, but mbsgd sends 'y' as a value"),
+])
+def test_private_data_sizes_and_memory_on_values_are_refused(algorithm, kwargs, message):
+  problem = fedco.problems.portfolio(1.0)
+  if algorithm().problem_kind == "plain":
+    problem = fedco.plain(lambda x, e: jnp.sum((x - e["r"]) ** 2))
+  with pytest.raises(ValueError, match=message):
+    fedco.Simulator(problem, algorithm(), _portfolio_data(), **kwargs)

@@ -58,6 +58,8 @@ def get_config(budget: str = ""):
     methods = {}
     for label in PRIVATE_METHODS:
       entry = config.methods[label].to_dict()
+      if entry.get("weighting") == "samples":  # data sizes are private: refused under DP
+        entry["weighting"] = "uniform"
       methods[label] = entry
       for eps in EPSILONS:
         methods[f"{label}_eps{eps:g}"] = {**entry, "curve": label, "privacy": {

@@ -23,6 +23,8 @@ def _private(methods, epsilons):
   """Each method as it is and once per epsilon (``<label>_eps<e>``, curve ``<label>``)."""
   out = {}
   for label, entry in methods.items():
+    if entry["algorithm"] == "fedavg":  # data-size weights are private: refused under DP
+      entry = {**entry, "weighting": "uniform"}
     out[label] = dict(entry)
     clip = {k: v for k, v in CLIP.items() if k == "params" or entry["algorithm"] != "fedavg"}
     for eps in epsilons:

@@ -416,7 +416,9 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
       return server, InjectedServerState(optax.safe_increment(state.count), values, inner)
 
     return template.replace(init=client.init, update=client.update,
-                            server=ServerAggregator(server_init, server_update))
+                            server=ServerAggregator(
+                                server_init, server_update,
+                                as_aggregator(template.server).reads_each))
 
   build.static_args = tuple(sorted(static))
   return build
@@ -480,9 +482,13 @@ class ServerAggregator(NamedTuple):
     update: ``(server_values, state, client_values, info: RoundInfo) ->
       (server_values, state)``; ``client_values`` holds the round's clients' ``params``,
       ``every_round`` and ``report`` fields, stacked on a leading ``[m]`` axis.
+    reads_each: whether ``update`` reads the clients' values one by one (q-FedAvg, AFL,
+      DRFA...) rather than only their weighted mean (:func:`optax_aggregator`); privacy
+      noise then goes on each upload instead of once on the mean.
   """
   init: Callable[..., Any]
   update: Callable[..., Tuple[Any, Any]]
+  reads_each: bool = True
 
 
 def weighted_client_mean(tree: PyTree, weights: jax.Array) -> PyTree:
@@ -503,7 +509,7 @@ def optax_aggregator(tx: optax.GradientTransformation) -> ServerAggregator:
     updates, state = tx.update(pseudo_grad, state, server)
     return optax.apply_updates(server, updates), state
 
-  return ServerAggregator(init, update)
+  return ServerAggregator(init, update, reads_each=False)
 
 
 def as_aggregator(server) -> ServerAggregator:

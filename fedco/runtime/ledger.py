@@ -72,7 +72,7 @@ class Ledger(NamedTuple):
         u = self.uplink
         out["uplink"]["epsilon"] = privacy.epsilon_spent(
             u["noise_multiplier"], u["sampling_rate"], sum(u["messages_per_round"].values()),
-            rounds, u["delta"])
+            rounds, u["delta"], init_messages=u["messages_at_init"])
     return out
 
   def run_totals(self, rounds: int, metrics: Dict[str, Any]) -> Dict[str, Any]:

@@ -84,15 +84,22 @@ def init_state(cfg, params, key, data) -> SimState:
 
   clients = layout.cut(layout.map(client_init)(*layout.init_views(data)))
   w = client_weights(cfg, data.counts)
-  means = {f: mean(get_field(clients, f), w) for f in plan.init_fields}
+  up = cfg.uplink
+  if up is not None and up.private:  # the trackers' common start is the clients' data too
+    k_noise = jax.random.fold_in(k_init, _UPLINK_STREAM)
+    means = {f: up.private_init_mean(f, get_field(clients, f), w,
+                                     jax.random.fold_in(k_noise, i))
+             for i, f in enumerate(plan.init_fields)}
+  else:
+    means = {f: mean(get_field(clients, f), w) for f in plan.init_fields}
   clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
   server = {"params": params}
   for f in plan.every_round:
     server[f] = mean(get_field(clients, f), w)
   shared = {f: mean(get_field(clients, f), w) for f in plan.every_step}
   uplink = ()
-  if cfg.uplink is not None and cfg.uplink.codecs:
-    uplink = cfg.uplink.init(server, shared, clients, n)
+  if up is not None and up.codecs:
+    uplink = up.init(server, shared, clients, n)
   return SimState(jnp.zeros([], jnp.int32), key, server,
                   cfg.aggregator.init(server, data.counts), shared, clients, params, uplink)
 
@@ -176,8 +183,9 @@ def round_step(cfg, data, flat, state: SimState):
   plan, n, layout, mesh, up = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh, cfg.uplink
   slots = layout.slots
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
-  # The uplink's randomness: its own stream, so runs without one keep every other draw.
-  k_up = None if up is None else jax.random.fold_in(state.key, 1)
+  # The uplink's randomness: its own stream (a constant no split index or client id
+  # reaches), so it is independent of the sampling and runs without one keep every draw.
+  k_up = None if up is None else jax.random.fold_in(state.key, _UPLINK_STREAM)
   real = _sample(cfg, k_sample)
   ids, mask, pick = layout.round_slots(real)
   cst = layout.take(state.clients, ids)
@@ -206,6 +214,7 @@ def round_step(cfg, data, flat, state: SimState):
   def local_step(carry, t):
     params, cst, ust = carry
     before = cst
+    sending = alive & (t < steps) if cfg.faults else alive  # who sends this step's fields
     skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
     updates, new_cst = step_fn(k_round, t, params, cst, skeys, views)
     new_params = optax.apply_updates(params, updates)
@@ -223,7 +232,7 @@ def round_step(cfg, data, flat, state: SimState):
           reference = jax.tree.map(lambda a: a[0], get_field(before, f))
           k = jax.random.fold_in(jax.random.fold_in(k_up, 1 + i), t)
           means[f], ust = up.send_mean(f, get_field(cst, f), reference, w, ust, k, ids,
-                                       alive)
+                                       sending)
         else:
           means[f] = mean(get_field(cst, f), w)
       cst = set_fields(cst, **{f: broadcast(v, slots) for f, v in means.items()})
@@ -266,6 +275,10 @@ def round_step(cfg, data, flat, state: SimState):
     metrics["survivors"] = pick(alive)
     metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
   return new_state, metrics
+
+
+# Folded into a key for the uplink's draws: beyond any client id and split index.
+_UPLINK_STREAM = 0x75706C6B
 
 
 def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):

@@ -24,7 +24,7 @@ import optax
 
 from fedco import compression as compression_lib
 from fedco import privacy as privacy_lib
-from fedco.algorithms.base import ServerAggregator, get_field
+from fedco.algorithms.base import as_aggregator, get_field
 
 PyTree = Any
 
@@ -41,7 +41,9 @@ class Uplink:
     messages: messages per sampled client per round, by field (the accountant's count).
     sampling_rate: ``clients_per_round / K``.
     server_reads_each: the server reads every client's params and ``every_round`` values (a
-      ``ServerAggregator``), so their noise goes on each upload.
+      ``ServerAggregator`` with ``reads_each``), so their noise goes on each upload.
+    init_messages: the ``at_init`` fields every client sends once, before round 1 (their
+      mean starts every client's trackers); clipped and noised like the rest.
   """
   codecs: Mapping[str, compression_lib.Codec]
   clip: Mapping[str, float]
@@ -50,6 +52,7 @@ class Uplink:
   messages: Mapping[str, int]
   sampling_rate: float
   server_reads_each: bool
+  init_messages: int = 0
 
   def handles(self, field: str) -> bool:
     return field in self.codecs or field in self.clip
@@ -67,7 +70,7 @@ class Uplink:
       return None
     return privacy_lib.epsilon_spent(self.noise_multiplier, self.sampling_rate,
                                      sum(self.messages.values()), rounds,
-                                     self.privacy.delta)
+                                     self.privacy.delta, init_messages=self.init_messages)
 
   def describe(self) -> Dict[str, Any]:
     """What a fingerprint and a ledger record about the uplink."""
@@ -75,7 +78,9 @@ class Uplink:
     if self.privacy is not None:
       out.update(clip=dict(sorted(self.clip.items())), noise_multiplier=self.noise_multiplier,
                  delta=self.privacy.delta, messages_per_round=dict(self.messages),
-                 sampling_rate=self.sampling_rate)
+                 messages_at_init=self.init_messages, sampling_rate=self.sampling_rate,
+                 accounting="RDP; fixed-size client samples accounted as Poisson at "
+                            "clients_per_round / K")
     return out
 
   # ---- per-client codec state ----------------------------------------------------------
@@ -90,26 +95,47 @@ class Uplink:
                             state)
     return out
 
+  def private_init_mean(self, field: str, values, weights, key):
+    """The ``at_init`` mean of ``field`` over all clients: each value clipped, noise of
+    ``z clip max(weights)`` on the mean (the trackers' start is data too)."""
+    clip = optax.clip_by_global_norm(self.clip[field])
+    clipped = jax.vmap(lambda v: clip.update(v, optax.EmptyState())[0])(values)
+    mean = jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), clipped)
+    if not self.noise_multiplier:
+      return mean
+    return _add_noise(mean, self.noise_multiplier * self.clip[field] * jnp.max(weights), key)
+
   # ---- one message of one field from the round's slots ----------------------------------
 
-  def encode(self, field: str, values, reference, ustate, keys, alive):
+  def encode(self, field: str, values, reference, ustate, keys, sending):
     """Client side: ``(deltas as the server decodes them, new codec states)``; ``values``
-    and ``keys`` have a leading slots axis, ``reference`` has none (``None``: zeros)."""
+    and ``keys`` have a leading slots axis, ``reference`` has none (``None``: zeros).
+    Slots not ``sending`` (dropped clients, finished stragglers) send nothing: their
+    decoded delta is 0 and their codec state is kept."""
     if reference is None:
       deltas = values
     else:
       deltas = jax.tree.map(lambda v, r: v - r, values, reference)
+    mask = lambda a: sending.reshape(sending.shape + (1,) * (a.ndim - 1))
     codec = self.codecs.get(field)
+    new = None
     if codec is not None:
       coded, new = jax.vmap(lambda d, s, k: codec.update(d, s, key=k))(
           deltas, ustate[field], keys)
-      keep = lambda n, o: jnp.where(alive.reshape(alive.shape + (1,) * (n.ndim - 1)), n, o)
-      ustate = {**ustate, field: jax.tree.map(keep, new, ustate[field])}
       deltas = coded
     bound = self.clip.get(field)
     if bound is not None:
       clip = optax.clip_by_global_norm(bound)
-      deltas = jax.vmap(lambda d: clip.update(d, optax.EmptyState())[0])(deltas)
+      clipped = jax.vmap(lambda d: clip.update(d, optax.EmptyState())[0])(deltas)
+      if isinstance(new, compression_lib.TopKState) and jax.tree.leaves(new.error):
+        # error feedback keeps what clipping removed too, so it is sent later
+        new = compression_lib.TopKState(jax.tree.map(
+            lambda e, c, k: e + c - k, new.error, deltas, clipped))
+      deltas = clipped
+    if new is not None:
+      ustate = {**ustate, field: jax.tree.map(lambda n, o: jnp.where(mask(n), n, o), new,
+                                              ustate[field])}
+    deltas = jax.tree.map(lambda d: jnp.where(mask(d), d, jnp.zeros_like(d)), deltas)
     return deltas, ustate
 
   def send_mean(self, field, values, reference, weights, ustate, key, ids, alive):
@@ -139,9 +165,12 @@ class Uplink:
         noise = _add_noise(jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), deltas),
                            std, nkey)
         deltas = jax.tree.map(lambda d, z: d + z, deltas, noise)
-      else:
+      else:  # each client's own draw, keyed by its id (not its slot)
         std = self.noise_multiplier * self.clip[field]
-        deltas = _add_noise(deltas, std, nkey)
+        noise = jax.vmap(lambda k: _add_noise(
+            jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), deltas), std, k))(
+                jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids))
+        deltas = jax.tree.map(jnp.add, deltas, noise)
     if reference is not None:
       deltas = jax.tree.map(lambda d, r: d + r, deltas, reference)
     return deltas, ustate
@@ -173,8 +202,13 @@ def _reference(field, server, shared, clients):
 def sent_fields(plan) -> Tuple[str, ...]:
   """Every field a client sends up: ``params`` and the plan's communicated state fields."""
   names = ("params",) + tuple(plan.every_step) + tuple(plan.every_round) + tuple(
-      plan.round_start) + tuple(plan.report)
+      plan.round_start) + tuple(plan.report) + tuple(plan.init_fields)
   return tuple(dict.fromkeys(names))
+
+
+def delta_fields(plan) -> Tuple[str, ...]:
+  """The fields sent as changes from a server copy (the others are sent as values)."""
+  return ("params",) + tuple(plan.every_step) + tuple(plan.every_round)
 
 
 def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression,
@@ -197,6 +231,12 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
       if not isinstance(codec, compression_lib.Codec):
         raise ValueError(f"compression[{field!r}] must be a fedco.compression codec "
                          f"(stochastic_quantization, top_k, ...), got {codec!r}")
+      if codec.memory and field not in delta_fields(plan):
+        raise ValueError(f"compression[{field!r}] keeps an error-feedback memory, but "
+                         f"{algorithm.name} sends {field!r} as a value (not a change from "
+                         f"a server copy): last round's remainder would enter a new "
+                         f"statistic; use stochastic_quantization or "
+                         f"top_k(error_feedback=False)")
       codecs[field] = codec
   clip, z = {}, 0.0
   messages = privacy_lib.messages_per_round(plan)
@@ -204,6 +244,11 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
   if privacy is not None:
     if not isinstance(privacy, privacy_lib.ClientDP):
       raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+    if plan.weighting != "uniform":
+      raise ValueError(f"privacy needs uniform client weights: {algorithm.name} weighs "
+                       f"clients by their data sizes (weighting={plan.weighting!r}), which "
+                       f"are private and set the noise's scale; build it with "
+                       f"weighting='uniform' where it has that argument")
     missing = [f for f in sent if privacy.clip_of(f) is None]
     if missing:
       raise ValueError(f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
@@ -220,8 +265,9 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
                          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
                          "fills in its own)")
       z = privacy_lib.calibrate(privacy.epsilon, privacy.delta, rate, sum(messages.values()),
-                                privacy.rounds)
+                                privacy.rounds, init_messages=len(plan.init_fields))
       privacy = dataclasses.replace(privacy, noise_multiplier=z)
     z = float(privacy.noise_multiplier)
   return Uplink(codecs, clip, z, privacy, messages, rate,
-                isinstance(algorithm.server, ServerAggregator))
+                as_aggregator(algorithm.server).reads_each,
+                len(plan.init_fields) if privacy is not None else 0)
