@@ -189,9 +189,15 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
   """A method's ``privacy``, ``compression`` and ``curve``, checked by building them (a
   one-line ``ValueError`` naming the field)."""
   out = {}
-  private = entry.get("privacy")
+
+  def mapping(name, shape):
+    value = entry.get(name)
+    if value and not hasattr(value, "items"):
+      raise ValueError(f"{where}.{name} must be {shape}, got {value!r}")
+    return _plain(value) if value else None
+
+  private = mapping("privacy", "{epsilon or noise_multiplier, delta, clip}")
   if private:
-    private = _plain(private)
     allowed = ("epsilon", "noise_multiplier", "delta", "clip")
     unknown = sorted(set(private) - set(allowed))
     if unknown:
@@ -202,9 +208,8 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
     except ValueError as err:
       raise ValueError(f"{where}.privacy: {err}") from None
     out["privacy"] = private
-  codecs = entry.get("compression")
+  codecs = mapping("compression", "{field: {codec: ..., ...}}")
   if codecs:
-    codecs = _plain(codecs)
     for field, spec in codecs.items():
       name = spec.get("codec") if isinstance(spec, dict) else None
       if name not in CODECS:

@@ -39,28 +39,20 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
     assert setting in m.settings()
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"methods.feddro_eps8.privacy.epsilon": -1.0},
+@pytest.mark.parametrize("mode, changes, message", [
+    ("privacy", {"methods.feddro_eps8.privacy.epsilon": -1.0},
      r"--config.methods.feddro_eps8.privacy: epsilon must be > 0"),
-    ({"methods.feddro_eps8.privacy.sigma": 1.0},
+    ("privacy", {"methods.feddro_eps8.privacy.sigma": 1.0},
      r"--config.methods.feddro_eps8.privacy.sigma is not a privacy setting"),
-])
-def test_bad_method_privacy_is_one_line_naming_it(changes, message):
-  config = helpers.override(_config("fair_adult", "privacy"), changes)
-  with pytest.raises(ValueError, match=message):
-    fair_adult.check(config)
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"methods.feddro_q4.compression.y.codec": "zip"},
+    ("compression", {"methods.feddro_q4.compression.y.codec": "zip"},
      r"--config.methods.feddro_q4.compression.y.codec must be one of \['quantize', 'top_k'\]"),
-    ({"methods.feddro_q4.compression.y.fraction": 0.5},
+    ("compression", {"methods.feddro_q4.compression.y.fraction": 0.5},
      r"--config.methods.feddro_q4.compression.y.fraction is not a quantize setting"),
-    ({"methods.feddro_q4.compression.y.bits": 0},
+    ("compression", {"methods.feddro_q4.compression.y.bits": 0},
      r"--config.methods.feddro_q4.compression: bits must be"),
 ])
-def test_bad_method_compression_is_one_line_naming_it(changes, message):
-  config = helpers.override(_config("fair_adult", "compression"), changes)
+def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, message):
+  config = helpers.override(_config("fair_adult", mode), changes)
   with pytest.raises(ValueError, match=message):
     fair_adult.check(config)
 

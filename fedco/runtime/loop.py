@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import sys
 import time
+import warnings
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -118,6 +119,12 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   if isinstance(private, privacy_lib.ClientDP) and private.rounds is None:
     # a target epsilon is spent over this run's rounds
     simulator_kwargs["privacy"] = dataclasses.replace(private, rounds=rounds)
+  elif (isinstance(private, privacy_lib.ClientDP) and private.epsilon is not None
+        and private.rounds != rounds):
+    warnings.warn(f"privacy's epsilon={private.epsilon} is calibrated for "
+                  f"rounds={private.rounds}, but this run has rounds={rounds}: it spends "
+                  f"{'more' if rounds > private.rounds else 'less'}; metrics['epsilon'] "
+                  f"says how much", stacklevel=2)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   link = sim.config.uplink
   spends = link is not None and link.private and link.noise_multiplier > 0

@@ -263,7 +263,7 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
       if privacy.rounds is None:
         raise ValueError("privacy was given a target epsilon but no rounds to spend it "
                          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
-                         "fills in its own)")
+                         "fills in its own; Simulator and fedco.sweep need it)")
       z = privacy_lib.calibrate(privacy.epsilon, privacy.delta, rate, sum(messages.values()),
                                 privacy.rounds, init_messages=len(plan.init_fields))
       privacy = dataclasses.replace(privacy, noise_multiplier=z)
