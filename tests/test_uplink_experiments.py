@@ -78,11 +78,10 @@ def test_e6_privacy_mode_reports_epsilon_per_method(tmp_path):
       "rounds": 4, "eval_every": 2, "seeds": (0,), "num_clients": 40,
       "clients_per_round": 10})
   with config.unlocked():
-    config.methods = {k: config.methods[k] for k in ("fedavg", "fedavg_eps8", "feddro_eps1")}
+    config.methods = {k: config.methods[k] for k in ("feddro", "feddro_eps1")}
   summary = fair_adult.run(config, str(tmp_path), runner.Options(progress=False))
   points = {p["method"]: p for p in summary["epsilon_tradeoff"]["points"]}
-  assert points["fedavg"]["epsilon"] is None
-  assert points["fedavg_eps8"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
+  assert points["feddro"]["epsilon"] is None
   assert points["feddro_eps1"]["epsilon"] == pytest.approx(1.0, rel=1e-3)
   assert os.path.isfile(tmp_path / "privacy.png")
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
