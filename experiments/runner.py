@@ -358,8 +358,9 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
   so the smaller values win).
   """
   if method.uplink.get("privacy") or method.uplink.get("compression"):
-    raise ValueError(f"--config.methods.{method.label}: a grid search runs fedco.sweep, "
-                     f"which reports no epsilon; search without privacy or compression")
+    raise ValueError(f"--config.methods.{method.label}: a grid search picks settings on "
+                     f"its runs, which spends privacy no accountant counts; search without "
+                     f"privacy or compression")
   algorithm_names = [k for k in axes if k not in problem_axes]
   points = []
   for problem_values in itertools.product(*(axes[k] for k in problem_axes)):

@@ -296,3 +296,18 @@ def test_private_data_sizes_and_memory_on_values_are_refused(algorithm, kwargs, 
     problem = fedco.plain(lambda x, e: jnp.sum((x - e["r"]) ** 2))
   with pytest.raises(ValueError, match=message):
     fedco.Simulator(problem, algorithm(), _portfolio_data(), **kwargs)
+
+
+def test_a_private_sweep_reports_each_runs_epsilon_as_simulate_does():
+  data = _portfolio_data()
+  kwargs = dict(rounds=3, batch_size=4, clients_per_round=3, evaluate=False,
+                privacy=fedco.privacy.gaussian(1.0, epsilon=2.0))
+  swept = fedco.sweep(fedco.problems.portfolio(1.0), fedco.feddro, data, jnp.full((3,), 0.3),
+                      grid={"learning_rate": [0.02, 0.05]}, seeds=(0,),
+                      algorithm_kwargs={"local_steps": 2}, **kwargs)
+  alone = fedco.simulate(fedco.problems.portfolio(1.0), fedco.feddro(0.02, 2), data,
+                         jnp.full((3,), 0.3), **kwargs)
+  assert swept.metrics["epsilon"].shape == (2, 3)
+  np.testing.assert_allclose(swept.metrics["epsilon"][0], alone.metrics["epsilon"])
+  assert swept.metrics["epsilon"][0, -1] == pytest.approx(2.0, rel=1e-4)
+  chex.assert_trees_all_close(swept.params[0], alone.params, rtol=1e-5, atol=1e-6)

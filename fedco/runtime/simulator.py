@@ -141,7 +141,7 @@ class Simulator:
 
   def ledger(self, state: SimState) -> Ledger:
     """Floats and bytes per participating client per round, split by what was sent."""
-    n, steps = self.num_clients, self.plan.local_steps
+    steps = self.plan.local_steps
     field = lambda f: (state.server["params"] if f == "params"
                        else jax.tree.map(lambda a: a[0], get_field(state.clients, f)))
     size = lambda f: _tree_size(field(f))

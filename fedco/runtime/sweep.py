@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedco import _validate
+from fedco import privacy as privacy_lib
 from fedco.algorithms.base import (Algorithm, InjectedServerState, get_field, inject_hyperparams,
                                    set_fields)
 from fedco.runtime import evaluation, host, rounds as rounds_lib
@@ -140,7 +141,8 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
     mesh: a mesh with a ``"clients"`` axis (:func:`fedco.runtime.client_mesh`) to lay the
       runs along; ``None``: one device.
     **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
-      ``metrics_fn``, faults, ...).
+      ``metrics_fn``, faults, ``compression``, ``privacy`` (a target epsilon is spent over
+      ``rounds``; ``metrics["epsilon"]`` per run and round), ...).
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
@@ -156,6 +158,9 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
     algorithm_factory(**kwargs, **{k: v for k, v in run.items() if k != "seed"})
   first = {k: v for k, v in runs[0].items() if k != "seed"}
   algorithm = injected_factory(**kwargs, **{k: float(v) for k, v in first.items()})
+  private = simulator_kwargs.get("privacy")
+  if isinstance(private, privacy_lib.ClientDP) and private.rounds is None:
+    simulator_kwargs["privacy"] = dataclasses.replace(private, rounds=rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   params = sim._checked_params(params)  # Simulator.init's checks
   devices = 1 if mesh is None else mesh.shape[CLIENTS]
@@ -219,6 +224,9 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   seconds = time.perf_counter() - start
   metrics = {k: np.concatenate([c[k] for c in collected], axis=1) for k in collected[0]}
   diverged = _divergences(np.asarray(frozen)[:len(runs)], metrics)
+  link = sim.config.uplink
+  if link is not None and link.private and link.noise_multiplier > 0:  # as simulate's
+    metrics["epsilon"] = np.tile(link.epsilon(np.arange(1, rounds + 1)), (len(runs), 1))
   if len(padded) > len(runs):
     states = jax.tree.map(lambda a: a[:len(runs)], states)
   ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
