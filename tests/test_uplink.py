@@ -260,13 +260,13 @@ def test_bad_codec_and_mechanism_arguments(call, message):
     call()
 
 
-def test_drfa_loss_queries_are_refused_under_privacy():
-  data = _portfolio_data()
+@pytest.mark.parametrize("injected", [False, True])
+def test_drfa_loss_queries_are_refused_under_privacy(injected):
   problem = fedco.plain(lambda x, e: jnp.sum((x - e["r"]) ** 2))
+  drfa = fedco.inject_hyperparams(fedco.drfa) if injected else fedco.drfa
   with pytest.raises(ValueError, match="queries client losses outside its communication plan"):
-    fedco.simulate(problem, fedco.drfa(0.1, 2), data,
-                   jnp.full((3,), 0.3), rounds=1, batch_size=4, evaluate=False,
-                   privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0))
+    fedco.Simulator(problem, drfa(0.1, 2), _portfolio_data(), batch_size=4,
+                    privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0))
 
 
 def test_the_trackers_start_is_private_too():

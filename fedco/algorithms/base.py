@@ -416,9 +416,8 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
       return server, InjectedServerState(optax.safe_increment(state.count), values, inner)
 
     return template.replace(init=client.init, update=client.update,
-                            server=ServerAggregator(
-                                server_init, server_update,
-                                as_aggregator(template.server).reads_each))
+                            server=as_aggregator(template.server)._replace(
+                                init=server_init, update=server_update))
 
   build.static_args = tuple(sorted(static))
   return build
@@ -485,10 +484,13 @@ class ServerAggregator(NamedTuple):
     reads_each: whether ``update`` reads the clients' values one by one (q-FedAvg, AFL,
       DRFA...) rather than only their weighted mean (:func:`optax_aggregator`); privacy
       noise then goes on each upload instead of once on the mean.
+    queries_losses: whether ``update`` calls ``info.client_losses`` (DRFA's loss queries:
+      uploads outside the communication plan, which privacy refuses).
   """
   init: Callable[..., Any]
   update: Callable[..., Tuple[Any, Any]]
   reads_each: bool = True
+  queries_losses: bool = False
 
 
 def weighted_client_mean(tree: PyTree, weights: jax.Array) -> PyTree:

@@ -169,7 +169,8 @@ def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int
     lam = base.project_simplex(lam + gamma * tau * v)
     return {**server, "params": x_new}, WeightsState(lam)
 
-  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
+  return base.Algorithm(init, update, plan,
+                        base.ServerAggregator(server_init, server_update, queries_losses=True),
                         "drfa", "plain")
 
 

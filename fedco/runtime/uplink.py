@@ -244,6 +244,9 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
   if privacy is not None:
     if not isinstance(privacy, privacy_lib.ClientDP):
       raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+    if as_aggregator(algorithm.server).queries_losses:
+      raise ValueError(f"privacy cannot cover {algorithm.name}: its server queries client "
+                       f"losses outside its communication plan (DRFA's loss queries)")
     if plan.weighting != "uniform":
       raise ValueError(f"privacy needs uniform client weights: {algorithm.name} weighs "
                        f"clients by their data sizes (weighting={plan.weighting!r}), which "
