@@ -13,8 +13,9 @@ BUDGETS = ("short", "converged")
 MODES = BUDGETS + ("privacy",)
 # The privacy mode: one L2 bound for every upload (a round's model change is at most
 # 10 steps x 0.1 x a logistic gradient; y and the reported losses are losses of about 0.3),
-# delta 1e-5, and these epsilons for the whole run. DRFA is left out: its server queries
-# client losses outside its communication plan, which fedco.privacy refuses.
+# delta 1e-5, and these epsilons for the whole run. FedAvg weighs the two clients
+# uniformly here (data-size weights are private: refused under privacy). DRFA is left out:
+# its server queries client losses outside its communication plan, which is refused.
 CLIP = 1.0
 EPSILONS = (1.0, 8.0, 64.0)
 PRIVATE_METHODS = ("fedavg", "qfedavg", "afl", "comfedl_normalized", "feddro")
