@@ -34,7 +34,10 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
 # curve a private or compressed method belongs to (figures group by it).
 UPLINK_KEYS = ("privacy", "compression", "curve")
-CODECS = {"quantize": ("bits", "scale"), "top_k": ("fraction", "error_feedback")}
+CODECS = {"quantize": ("bits", "scale"), "top_k": ("fraction", "error_feedback"),
+          "adaptive": ("bits", "initial_scale", "grow", "shrink")}
+CODEC_FACTORIES = {"quantize": "stochastic_quantization", "top_k": "top_k",
+                   "adaptive": "adaptive_quantization"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +108,8 @@ class Method:
     codecs = self.uplink.get("compression")
     if codecs:
       out["compression"] = {
-          field: (fedco.compression.stochastic_quantization if spec["codec"] == "quantize"
-                  else fedco.compression.top_k)(**{k: v for k, v in spec.items()
-                                                   if k != "codec"})
+          field: getattr(fedco.compression, CODEC_FACTORIES[spec["codec"]])(
+              **{k: v for k, v in spec.items() if k != "codec"})
           for field, spec in codecs.items()}
     return out
 

@@ -185,5 +185,65 @@ def top_k(fraction: float, error_feedback: bool = True) -> Codec:
   return Codec(init, update, payload_bits, name, memory=error_feedback)
 
 
-__all__ = ["Codec", "identity", "stochastic_quantization", "top_k", "QuantizationState",
-           "TopKState"]
+class AdaptiveState(NamedTuple):
+  """Adaptive quantization's memory, which the server mirrors from the codes it receives:
+  the last decoded value and the current grid half-range, per number."""
+  decoded: jax.Array
+  scale: jax.Array
+
+
+def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
+                          shrink: float = 0.5) -> Codec:
+  """Differential quantization with an adaptive step (ADPCM with stochastic rounding).
+
+  Each number is sent as the change from its last decoded value, stochastically rounded to
+  a grid of ``2**bits - 1`` levels over ``[-s, s]`` (zero is a level), so the decoded value
+  is unbiased while the change is within ``s``. The half-range ``s`` of each number adapts
+  from the code alone, on both sides (Jayant's rule): an outermost code multiplies it by
+  ``grow`` (a change beyond ``s`` is clipped to it, biased, and the grid widens), a zero
+  code by ``shrink``, any other keeps it. Nothing but the codes is sent, so a message costs
+  ``bits`` per number, and when the uploads settle (a converging tracker) the grid shrinks
+  with them and the quantization error vanishes, which a fixed grid or a per-message range
+  cannot give a one-number field. The server keeps each client's decoded values and scales
+  (``K`` copies of the field).
+
+  Args:
+    bits: bits per number, at least 2 (three levels: ``-s``, 0, ``s``).
+    initial_scale: the first half-range ``s_0 > 0`` (about the first upload's size).
+    grow, shrink: the step multipliers, ``grow > 1 > shrink > 0``.
+  """
+  bits = _validate.positive_int("bits", bits, minimum=2)
+  if bits > 24:
+    raise ValueError(f"bits must be at most 24, got {bits}")
+  initial_scale = _validate.positive("initial_scale", initial_scale)
+  if not (isinstance(grow, (int, float)) and grow > 1):
+    raise ValueError(f"grow must be a number > 1, got {grow!r}")
+  if not (isinstance(shrink, (int, float)) and 0 < shrink < 1):
+    raise ValueError(f"shrink must be a number in (0, 1), got {shrink!r}")
+  half = 2 ** (bits - 1) - 1  # codes -half .. half
+
+  def init(value):
+    flat, _ = ravel_pytree(value)
+    return AdaptiveState(jnp.zeros_like(flat), jnp.full(flat.shape, initial_scale, flat.dtype))
+
+  def update(value, state, params=None, *, key=None, **extra_args):
+    del params, extra_args
+    if key is None:
+      raise ValueError("adaptive_quantization needs key= (a PRNG key per message)")
+    flat, unravel = ravel_pytree(value)
+    step = state.scale / half
+    position = jnp.clip((flat - state.decoded) / step, -half, half)
+    below = jnp.floor(position)
+    code = below + (jax.random.uniform(key, flat.shape, flat.dtype) < position - below)
+    decoded = state.decoded + code * step
+    factor = jnp.where(jnp.abs(code) >= half, grow, jnp.where(code == 0, shrink, 1.0))
+    # floor: the grid step stays a normal float (a flushed-to-zero step would divide by 0)
+    scale = jnp.maximum(state.scale * factor, 4 * half * jnp.finfo(flat.dtype).tiny)
+    return unravel(decoded), AdaptiveState(decoded, scale.astype(flat.dtype))
+
+  name = f"adaptive{bits}_scale{initial_scale!r}_grow{grow!r}_shrink{shrink!r}"
+  return Codec(init, update, lambda size, dtype: size * bits, name)
+
+
+__all__ = ["Codec", "identity", "stochastic_quantization", "adaptive_quantization", "top_k",
+           "QuantizationState", "AdaptiveState", "TopKState"]

@@ -49,6 +49,27 @@ def test_stochastic_quantization_is_unbiased_and_on_its_grid(scale):
   assert codec.payload_bits(6, jnp.float32) == 6 * 2 + (64 if scale is None else 0)
 
 
+def test_adaptive_quantization_is_unbiased_in_range_and_its_error_vanishes():
+  codec = fedco.compression.adaptive_quantization(3, 2.0)
+  value = jnp.array([0.37, -1.2, 1.99])
+  state = codec.init(value)
+  keys = jax.random.split(jax.random.PRNGKey(4), 40_000)
+  draws = np.asarray(jax.jit(jax.vmap(lambda k: codec.update(value, state, key=k)[0]))(keys))
+  np.testing.assert_allclose(np.round(draws / (2.0 / 3)), draws / (2.0 / 3), atol=1e-4)
+  std_err = draws.std(axis=0) / np.sqrt(len(keys))
+  assert np.all(np.abs(draws.mean(axis=0) - value) < 5 * std_err)
+  # a settling sequence (a converging tracker): the decoded values close in on it
+  target = jnp.array([1.5, -1.5])
+  state, key, errors = codec.init(target), jax.random.PRNGKey(5), []
+  for t in range(300):
+    key, k = jax.random.split(key)
+    upload = target + 0.9 ** t * jnp.array([0.4, -0.7])
+    decoded, state = codec.update(upload, state, key=k)
+    errors.append(float(jnp.max(jnp.abs(decoded - upload))))
+  assert max(errors[:5]) > 1e-2 and max(errors[-20:]) < 1e-6
+  assert codec.payload_bits(2, jnp.float32) == 6  # the codes alone
+
+
 def test_top_k_with_error_feedback_sends_the_whole_sum_over_time():
   codec = fedco.compression.top_k(0.25)
   uploads = jax.random.normal(jax.random.PRNGKey(1), (60, 8))
@@ -251,6 +272,8 @@ def test_bad_uplink_arguments_are_one_line_errors(kwargs, message):
     (lambda: fedco.compression.stochastic_quantization(0), "bits"),
     (lambda: fedco.compression.stochastic_quantization(4, scale=-1.0), "scale"),
     (lambda: fedco.compression.top_k(0.0), "fraction"),
+    (lambda: fedco.compression.adaptive_quantization(1, 1.0), "bits"),
+    (lambda: fedco.compression.adaptive_quantization(3, 1.0, shrink=1.5), "shrink"),
     (lambda: fedco.privacy.gaussian(1.0), "exactly one of noise_multiplier and epsilon"),
     (lambda: fedco.privacy.gaussian(-1.0, noise_multiplier=1.0), "clip"),
     (lambda: fedco.privacy.gaussian(1.0, epsilon=1.0, delta=2.0), "delta"),
