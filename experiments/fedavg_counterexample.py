@@ -113,8 +113,8 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
   summary = summarize(finals, settings)
   plot(wd, records, settings)
   tradeoff = runner.tradeoff(wd, settings["methods"], finals, "bytes_up",
-                             (("objective", "final objective Phi(x)"),
-                              ("distance", "final |x - x*|")), "compression.png")
+                             (("objective", "final objective Phi(x)", "log"),
+                              ("distance", "final |x - x*|", "log")), "compression.png")
   if tradeoff is not None:
     summary["bytes_up_tradeoff"] = tradeoff
   wd.write_summary(summary)

@@ -409,12 +409,13 @@ TRADEOFF_AXES = {"epsilon": ("privacy", "epsilon spent (delta in the method's se
 def tradeoff(wd, methods: Sequence[Method], finals, x: str,
              panels: Sequence[tuple], name: str) -> Optional[Dict[str, Any]]:
   """The methods with ``privacy`` (``x="epsilon"``) or ``compression`` (``x="bytes_up"``)
-  as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs, one panel each, with
+  as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs (or triples ending in
+  ``"log"`` for a log y axis), one panel each, with
   each curve's points (mean over seeds, std bars) against ``x`` and its method without the
   setting as a dashed line. Saves ``name`` in ``wd``; returns the summary's ``tradeoff``
   entry (``None`` when no method has the setting)."""
   setting, xlabel = TRADEOFF_AXES[x]
-  keys = [x] + [k for k, _ in panels]
+  keys = [x] + [p[0] for p in panels]
   points = [m for m in methods if setting in m.uplink]
   if not points:
     return None
@@ -438,7 +439,9 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
                  **{f"{k}_std": entry[k]["std"] for k in keys[1:]}})
   fig = common.figure(figsize=(5.5 * len(panels), 4.2))
   axes = np.atleast_1d(fig.subplots(1, len(panels)))
-  for ax, (key, label) in zip(axes, panels):
+  for ax, (key, label, *scale) in zip(axes, panels):
+    if scale == ["log"]:
+      ax.set_yscale("log")
     for i, curve in enumerate(curves):
       color = f"C{i}"
       own = sorted((r for r in rows if r["curve"] == curve and r["method"] != reference[curve]
@@ -449,7 +452,10 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
                     capsize=3, label=curve)
         if x == "bytes_up":  # which codec each point is
           for r in own:
-            ax.annotate(r["method"].removeprefix(curve + "_"), (r[x], r[key]), fontsize=7,
+            short = r["method"].removeprefix(curve + "_")
+            if short == r["method"]:  # e.g. feddro_y3bit_adaptive on curve feddro_adaptive
+              short = short.removeprefix(curve.split("_")[0] + "_")
+            ax.annotate(short, (r[x], r[key]), fontsize=7,
                         xytext=(4, 4), textcoords="offset points", color=color)
       if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
         ax.plot([], [], color=color, marker="x", ls="none",

@@ -26,7 +26,8 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
   methods = runner.methods(config, extra_keys=("problem",))
   setting = "privacy" if mode == "privacy" else "compression"
   points = [m for m in methods if setting in m.uplink]
-  assert points and all(m.curve in {x.label for x in methods} for m in points)
+  # every mode compares with a plain method: some curve is drawn against its dashed line
+  assert points and {m.curve for m in points} & {x.label for x in methods}
   for m in points:
     kwargs = m.simulator_kwargs()
     if setting == "privacy":

@@ -45,7 +45,7 @@ def get_config(mode: str = ""):
         for bits in (8, 4, 3, 2)}, **{
         # ADPCM: each client's change from its last decoded y on a grid that shrinks as
         # the tracker settles, so the error vanishes at convergence
-        f"feddro_y{bits}bit_adaptive": {**feddro, "curve": "feddro", "compression": {
+        f"feddro_y{bits}bit_adaptive": {**feddro, "curve": "feddro_adaptive", "compression": {
             "y": {"codec": "adaptive", "bits": bits, "initial_scale": Y_SCALE}}}
         for bits in (4, 3)}})
   return config
