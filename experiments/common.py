@@ -431,7 +431,7 @@ def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
 
   Args:
     finals: ``{label: {seed: final values, or {"diverged": message, ...}}}``.
-    keys: the final values to summarise.
+    keys: the final values to summarise (``None`` for one no seed reports).
     label_key: the table column naming the run.
 
   Returns:
@@ -447,8 +447,8 @@ def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
     entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
     row = {label_key: label}
     notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
-    for k in keys:
-      vals = [f[k] for f in ok.values()]
+    for k in keys:  # a key no seed reports (epsilon without privacy) summarises to None
+      vals = [f[k] for f in ok.values()] if any(k in f for f in ok.values()) else []
       entry[k] = {"mean": float(np.mean(vals)) if vals else None,
                   "std": float(np.std(vals)) if vals else None}
       row[k] = mean_std(vals)

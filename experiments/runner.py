@@ -34,10 +34,10 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
 # curve a private or compressed method belongs to (figures group by it).
 UPLINK_KEYS = ("privacy", "compression", "curve")
-CODECS = {"quantize": ("bits", "scale"), "top_k": ("fraction", "error_feedback"),
-          "adaptive": ("bits", "initial_scale", "grow", "shrink")}
-CODEC_FACTORIES = {"quantize": "stochastic_quantization", "top_k": "top_k",
-                   "adaptive": "adaptive_quantization"}
+# config codec name -> (fedco.compression factory, its config fields)
+CODECS = {"quantize": ("stochastic_quantization", ("bits", "scale")),
+          "top_k": ("top_k", ("fraction", "error_feedback")),
+          "adaptive": ("adaptive_quantization", ("bits", "initial_scale", "grow", "shrink"))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Method:
     codecs = self.uplink.get("compression")
     if codecs:
       out["compression"] = {
-          field: getattr(fedco.compression, CODEC_FACTORIES[spec["codec"]])(
+          field: getattr(fedco.compression, CODECS[spec["codec"]][0])(
               **{k: v for k, v in spec.items() if k != "codec"})
           for field, spec in codecs.items()}
     return out
@@ -217,10 +217,10 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
       if name not in CODECS:
         raise ValueError(f"{where}.compression.{field}.codec must be one of {list(CODECS)}, "
                          f"got {name!r}")
-      unknown = sorted(set(spec) - {"codec", *CODECS[name]})
+      unknown = sorted(set(spec) - {"codec", *CODECS[name][1]})
       if unknown:
         raise ValueError(f"{where}.compression.{field}.{unknown[0]} is not a {name} setting; "
-                         f"allowed: {list(CODECS[name])}")
+                         f"allowed: {list(CODECS[name][1])}")
     out["compression"] = codecs
     try:
       Method("", "", {}, 1.0, 1, uplink=out).simulator_kwargs()
@@ -419,13 +419,7 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
   points = [m for m in methods if setting in m.uplink]
   if not points:
     return None
-  per_run = {}
-  for label, by_seed in finals.items():  # a method without the setting has no epsilon
-    ok = [f for f in by_seed.values() if "diverged" not in f]
-    stats = lambda vals: {"mean": float(np.mean(vals)) if vals else None,
-                          "std": float(np.std(vals)) if vals else None}
-    per_run[label] = {k: stats([f[k] for f in ok if k in f]) for k in keys}
-    per_run[label]["diverged_seeds"] = sorted(s for s, f in by_seed.items() if "diverged" in f)
+  per_run, _ = common.seed_statistics(finals, keys)  # no epsilon without privacy: None
   curves = list(dict.fromkeys(m.curve for m in points))
   reference = {c: next((m.label for m in methods if m.label == c and setting not in m.uplink),
                        None) for c in curves}

@@ -79,6 +79,23 @@ class QuantizationState(NamedTuple):
   """Stochastic quantization keeps nothing between messages."""
 
 
+def _check_bits(bits, minimum=1) -> int:
+  bits = _validate.positive_int("bits", bits, minimum=minimum)
+  if bits > 24:
+    raise ValueError(f"bits must be at most 24 (a float32 carries 24 significant bits), "
+                     f"got {bits}")
+  return bits
+
+
+def _stochastic_round(position, key, codec_name):
+  """``position`` rounded down or up at random, up with probability its fractional part,
+  so the rounded value is ``position`` in expectation."""
+  if key is None:
+    raise ValueError(f"{codec_name} needs key= (a PRNG key per message)")
+  below = jnp.floor(position)
+  return below + (jax.random.uniform(key, position.shape, position.dtype) < position - below)
+
+
 def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
   """Unbiased stochastic quantization to ``bits`` bits per number.
 
@@ -97,10 +114,7 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
     bits: bits per number, at least 1 (``2**bits`` levels).
     scale: ``None`` or the fixed half-range ``r > 0``.
   """
-  bits = _validate.positive_int("bits", bits)
-  if bits > 24:
-    raise ValueError(f"bits must be at most 24 (a float32 carries 24 significant bits), "
-                     f"got {bits}")
+  bits = _check_bits(bits)
   if scale is not None:
     scale = _validate.positive("scale", scale)
   levels = 2 ** bits - 1  # grid steps
@@ -111,8 +125,6 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
 
   def update(value, state, params=None, *, key=None, **extra_args):
     del params, extra_args
-    if key is None:
-      raise ValueError("stochastic_quantization needs key= (a PRNG key per message)")
     flat, unravel = ravel_pytree(value)
     if scale is None:
       lo, hi = jnp.min(flat), jnp.max(flat)
@@ -122,9 +134,8 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
     step = (hi - lo) / levels
     safe = jnp.where(step > 0, step, 1.0)
     position = (flat - lo) / safe  # in [0, levels]
-    below = jnp.floor(position)
-    up = jax.random.uniform(key, flat.shape, flat.dtype) < position - below
-    decoded = jnp.where(step > 0, lo + (below + up) * step, flat)
+    level = _stochastic_round(position, key, "stochastic_quantization")
+    decoded = jnp.where(step > 0, lo + level * step, flat)
     return unravel(decoded), state
 
   def payload_bits(size, dtype):
@@ -212,9 +223,7 @@ def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
     initial_scale: the first half-range ``s_0 > 0`` (about the first upload's size).
     grow, shrink: the step multipliers, ``grow > 1 > shrink > 0``.
   """
-  bits = _validate.positive_int("bits", bits, minimum=2)
-  if bits > 24:
-    raise ValueError(f"bits must be at most 24, got {bits}")
+  bits = _check_bits(bits, minimum=2)
   initial_scale = _validate.positive("initial_scale", initial_scale)
   if not (isinstance(grow, (int, float)) and grow > 1):
     raise ValueError(f"grow must be a number > 1, got {grow!r}")
@@ -228,13 +237,10 @@ def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
 
   def update(value, state, params=None, *, key=None, **extra_args):
     del params, extra_args
-    if key is None:
-      raise ValueError("adaptive_quantization needs key= (a PRNG key per message)")
     flat, unravel = ravel_pytree(value)
     step = state.scale / half
     position = jnp.clip((flat - state.decoded) / step, -half, half)
-    below = jnp.floor(position)
-    code = below + (jax.random.uniform(key, flat.shape, flat.dtype) < position - below)
+    code = _stochastic_round(position, key, "adaptive_quantization")
     decoded = state.decoded + code * step
     factor = jnp.where(jnp.abs(code) >= half, grow, jnp.where(code == 0, shrink, 1.0))
     # floor: the grid step stays a normal float (a flushed-to-zero step would divide by 0)

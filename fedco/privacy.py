@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from typing import Dict, Mapping, Optional, Union
 
 import numpy as np
@@ -51,6 +52,19 @@ class ClientDP:
   epsilon: Optional[float] = None
   delta: float = 1e-5
   rounds: Optional[int] = None
+
+  def over(self, rounds: int) -> "ClientDP":
+    """This mechanism for a run of ``rounds`` rounds: a target epsilon without ``rounds``
+    is spent over them; one calibrated for other rounds warns that the run spends more
+    or less (``metrics["epsilon"]`` says how much)."""
+    if self.rounds is None:
+      return dataclasses.replace(self, rounds=rounds)
+    if self.epsilon is not None and self.rounds != rounds:
+      warnings.warn(f"privacy's epsilon={self.epsilon} is calibrated for "
+                    f"rounds={self.rounds}, but this run has rounds={rounds}: it spends "
+                    f"{'more' if rounds > self.rounds else 'less'}; metrics['epsilon'] "
+                    f"says how much", stacklevel=3)
+    return self
 
   def clip_of(self, field: str) -> Optional[float]:
     if isinstance(self.clip, Mapping):

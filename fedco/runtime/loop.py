@@ -11,7 +11,6 @@ import dataclasses
 import itertools
 import sys
 import time
-import warnings
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -116,15 +115,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       "chunk_rounds", chunk_rounds)
   _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
   private = simulator_kwargs.get("privacy")
-  if isinstance(private, privacy_lib.ClientDP) and private.rounds is None:
-    # a target epsilon is spent over this run's rounds
-    simulator_kwargs["privacy"] = dataclasses.replace(private, rounds=rounds)
-  elif (isinstance(private, privacy_lib.ClientDP) and private.epsilon is not None
-        and private.rounds != rounds):
-    warnings.warn(f"privacy's epsilon={private.epsilon} is calibrated for "
-                  f"rounds={private.rounds}, but this run has rounds={rounds}: it spends "
-                  f"{'more' if rounds > private.rounds else 'less'}; metrics['epsilon'] "
-                  f"says how much", stacklevel=2)
+  if isinstance(private, privacy_lib.ClientDP):
+    simulator_kwargs["privacy"] = private.over(rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   link = sim.config.uplink
   spends = link is not None and link.private and link.noise_multiplier > 0

@@ -159,8 +159,8 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   first = {k: v for k, v in runs[0].items() if k != "seed"}
   algorithm = injected_factory(**kwargs, **{k: float(v) for k, v in first.items()})
   private = simulator_kwargs.get("privacy")
-  if isinstance(private, privacy_lib.ClientDP) and private.rounds is None:
-    simulator_kwargs["privacy"] = dataclasses.replace(private, rounds=rounds)
+  if isinstance(private, privacy_lib.ClientDP):
+    simulator_kwargs["privacy"] = private.over(rounds)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   params = sim._checked_params(params)  # Simulator.init's checks
   devices = 1 if mesh is None else mesh.shape[CLIENTS]

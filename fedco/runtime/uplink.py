@@ -24,7 +24,7 @@ import optax
 
 from fedco import compression as compression_lib
 from fedco import privacy as privacy_lib
-from fedco.algorithms.base import as_aggregator, get_field
+from fedco.algorithms.base import as_aggregator, get_field, weighted_client_mean
 
 PyTree = Any
 
@@ -98,9 +98,7 @@ class Uplink:
   def private_init_mean(self, field: str, values, weights, key):
     """The ``at_init`` mean of ``field`` over all clients: each value clipped, noise of
     ``z clip max(weights)`` on the mean (the trackers' start is data too)."""
-    clip = optax.clip_by_global_norm(self.clip[field])
-    clipped = jax.vmap(lambda v: clip.update(v, optax.EmptyState())[0])(values)
-    mean = jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), clipped)
+    mean = weighted_client_mean(_clip_each(values, self.clip[field]), weights)
     if not self.noise_multiplier:
       return mean
     return _add_noise(mean, self.noise_multiplier * self.clip[field] * jnp.max(weights), key)
@@ -125,8 +123,7 @@ class Uplink:
       deltas = coded
     bound = self.clip.get(field)
     if bound is not None:
-      clip = optax.clip_by_global_norm(bound)
-      clipped = jax.vmap(lambda d: clip.update(d, optax.EmptyState())[0])(deltas)
+      clipped = _clip_each(deltas, bound)
       if isinstance(new, compression_lib.TopKState) and jax.tree.leaves(new.error):
         # error feedback keeps what clipping removed too, so it is sent later
         new = compression_lib.TopKState(jax.tree.map(
@@ -143,7 +140,7 @@ class Uplink:
     ``key`` is the message's; client ``ids`` are folded into it for the codecs."""
     keys = _client_keys(key, ids)
     deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
-    mean = jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), deltas)
+    mean = weighted_client_mean(deltas, weights)
     if self.noise_multiplier and field in self.clip:
       std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
       mean = _add_noise(mean, std, jax.random.fold_in(key, 1))
@@ -160,16 +157,15 @@ class Uplink:
     deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
     if self.noise_multiplier and field in self.clip:
       nkey = jax.random.fold_in(key, 1)
+      one = jax.tree.map(lambda a: a[0], deltas)  # one upload's shapes
       if shared_noise:
         std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
-        noise = _add_noise(jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), deltas),
-                           std, nkey)
+        noise = _noise(one, std, nkey)
         deltas = jax.tree.map(lambda d, z: d + z, deltas, noise)
       else:  # each client's own draw, keyed by its id (not its slot)
         std = self.noise_multiplier * self.clip[field]
-        noise = jax.vmap(lambda k: _add_noise(
-            jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), deltas), std, k))(
-                jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids))
+        noise = jax.vmap(lambda k: _noise(one, std, k))(
+            jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids))
         deltas = jax.tree.map(jnp.add, deltas, noise)
     if reference is not None:
       deltas = jax.tree.map(lambda d, r: d + r, deltas, reference)
@@ -182,12 +178,22 @@ def _client_keys(key, ids):
   return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(key, 0), ids)
 
 
-def _add_noise(tree, std, key):
+def _clip_each(values, bound):
+  """Each upload (leading slots axis) clipped to global L2 norm ``bound``."""
+  clip = optax.clip_by_global_norm(bound)
+  return jax.vmap(lambda v: clip.update(v, optax.EmptyState())[0])(values)
+
+
+def _noise(tree, std, key):
+  """Gaussian noise of standard deviation ``std`` shaped and typed like ``tree``."""
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, len(leaves))
-  noisy = [a + (std * jax.random.normal(k, a.shape)).astype(a.dtype)
-           for a, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, noisy)
+  return jax.tree.unflatten(treedef, [(std * jax.random.normal(k, a.shape)).astype(a.dtype)
+                                      for a, k in zip(leaves, keys)])
+
+
+def _add_noise(tree, std, key):
+  return jax.tree.map(jnp.add, tree, _noise(tree, std, key))
 
 
 def _reference(field, server, shared, clients):
