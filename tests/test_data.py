@@ -9,6 +9,7 @@ empty or wrongly formatted directories (the FileNotFoundError path).
 import io
 import json
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -146,6 +147,27 @@ def test_matched_validation_reuses_with_warning_when_a_class_runs_out():
   assert np.all(test_labels[val[1]] == 0)  # 20 of class 0 from a pool of 12: reuse
 
 
+def test_matched_validation_independent_sets_exceed_the_split_share():
+  # 9 small clients x 40 + a big one from a test split of 200: only independent draws fit.
+  train_labels, test_labels = _labels(90), _labels(20, seed=1)  # 900 / 200
+  parts = data.quantity_skew(train_labels, 10, big=500, small=20, seed=0, big_client=3)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # every class holds enough: no reuse warning
+    val = data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.2,
+                                  min_size=40, disjoint=False)
+  assert [v.size for v in val] == [40] * 3 + [100] + [40] * 6
+  for tp, vp in zip(parts, val):
+    assert np.unique(vp).size == vp.size  # no repeats within a client
+    want = np.bincount(train_labels[tp], minlength=10) / tp.size * vp.size
+    assert np.all(np.abs(np.bincount(test_labels[vp], minlength=10) - want) < 1.0)
+  assert sum(v.size for v in val) > test_labels.size  # they overlap
+  _assert_same(val, data.matched_validation(parts, train_labels, test_labels, seed=0,
+                                            ratio=0.2, min_size=40, disjoint=False))
+  with pytest.warns(RuntimeWarning, match="ran out"):  # shared pools run out instead
+    data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.2,
+                            min_size=40)
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda: data.iid(10, 0, seed=0), "num_clients"),
     (lambda: data.iid(3, 5, seed=0), "num_clients"),
@@ -172,6 +194,8 @@ def test_matched_validation_reuses_with_warning_when_a_class_runs_out():
      "per_client"),
     (lambda: data.dominant_class(np.zeros(10, int), 2, 0.5, 2, seed=0), "num_classes"),
     (lambda: data.matched_validation([], _labels(10), _labels(10), seed=0), "train_parts"),
+    (lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0,
+                                     disjoint=1), "disjoint"),
     (lambda: data.matched_validation([np.array([], int)], _labels(10), _labels(10), seed=0),
      "train_parts"),
     (lambda: data.matched_validation([np.array([1000])], _labels(10), _labels(10), seed=0),

@@ -3,6 +3,7 @@ search, resume, bad config fields."""
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -127,6 +128,34 @@ def test_grid_search_scores_are_those_of_a_separate_run(tmp_path):
   final = summary["methods"]["fedavg"]["per_seed"][100]
   np.testing.assert_allclose(best["score"], [final["val_acc_worst"], final["val_acc_avg"]],
                              atol=1e-6)
+
+
+def _client_labels(data):
+  rows, offsets, counts = (np.asarray(a) for a in (data.flat_rows, data.offsets, data.counts))
+  labels = np.asarray(data.examples["y"])
+  return [labels[rows[o:o + c]] for o, c in zip(offsets, counts)], rows, offsets, counts
+
+
+def test_digits_heldout_sets_hold_min_heldout_images_with_the_client_class_mix():
+  config = _config()
+  splits = dro_fl.load(config)
+  for floor, small in ((0, 100), (10, 10)):  # 0: digits' 100; 10: the size ratio's 10
+    config.min_heldout = floor
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", RuntimeWarning)  # no class runs out: each draws its own
+      fed, test_clients = dro_fl.build_data((splits.train, splits.test), config,
+                                            dro_fl.check(config), 0)
+    train_labels, *_ = _client_labels(fed.train)
+    for held_out in (fed.val, test_clients):
+      labels, rows, offsets, counts = _client_labels(held_out)
+      sizes = sorted(counts.tolist())  # the big client's: half its 500 (the size ratio)
+      assert sizes[:9] == [small] * 9 and 249 <= sizes[9] <= 251
+      for k, (lt, lh) in enumerate(zip(train_labels, labels)):
+        assert np.unique(rows[offsets[k]:offsets[k] + counts[k]]).size == counts[k]
+        want = np.bincount(lt, minlength=10) / lt.size * lh.size
+        assert np.all(np.abs(np.bincount(lh, minlength=10) - want) < 1.0)
+    val_rows = set(np.asarray(fed.val.flat_rows).tolist())
+    assert not val_rows & set(np.asarray(test_clients.flat_rows).tolist())  # two halves
 
 
 def test_mnist_end_to_end_under_mock_data(tmp_path):

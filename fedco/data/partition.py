@@ -263,7 +263,7 @@ def dominant_class(labels, num_clients: int, rho: float, per_client: int, seed: 
 
 def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_labels,
                        seed: int, ratio: Optional[float] = None,
-                       min_size: int = 10) -> Parts:
+                       min_size: int = 10, disjoint: bool = True) -> Parts:
   """Per-client validation sets from the test split, matched to each training set.
 
   SPEC E1 Choice: client ``k`` with ``n_k`` training examples gets
@@ -274,12 +274,19 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
   remainder). On SPEC E1 (MNIST, 5000 + 9 * 20) that is 833 images for the big client and
   10 (the floor) for each small one.
 
-  Examples are drawn without replacement from per-class pools shared by all clients, so
-  validation sets are disjoint while the test split lasts. Clients are served from the
+  With ``disjoint=True``, examples are drawn without replacement from per-class pools shared
+  by all clients, so validation sets are disjoint while the test split lasts. Clients are
+  served from the
   smallest training set up, so if a class runs out it is the larger clients that are
   short: their missing examples of that class are then drawn from the whole class (without
   replacement within the client where the class is large enough, with replacement
   otherwise), overlapping other clients' sets, and a ``RuntimeWarning`` says so.
+
+  With ``disjoint=False``, each client draws its set on its own from the whole test split
+  (without replacement within the client; with replacement, and a ``RuntimeWarning``, only
+  where it wants more of a class than the split holds). Sets then overlap between clients,
+  which lets a ``min_size`` larger than the split's share per client measure each client's
+  accuracy on its own class mix finely (E1 on digits: 10-image sets move in steps of 0.1).
 
   Args:
     train_parts: ``K`` index arrays into the training split (e.g. from a partitioner).
@@ -289,6 +296,8 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
     ratio: validation/training size ratio per client, ``> 0``; ``None`` uses
       ``N_test / N_train``.
     min_size: least validation examples per client, ``>= 1``.
+    disjoint: draw from pools shared by the clients (sets disjoint while the split lasts),
+      or each client on its own (sets may overlap).
 
   Returns:
     ``K`` index arrays into the **test** split.
@@ -313,6 +322,8 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
     ratio = test_labels.size / train_labels.size
   _validate.positive("ratio", ratio)
   min_size = _validate.positive_int("min_size", min_size)
+  if not isinstance(disjoint, bool):
+    raise ValueError(f"disjoint must be a bool, got {disjoint!r}")
   rng = _check_seed(seed)
   num_classes = int(max(train_labels.max(), test_labels.max())) + 1
   by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
@@ -328,6 +339,8 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
       if by_class[c].size == 0:
         raise ValueError(f"client {k}'s training set has class {c}, which the test split "
                          f"(test_labels) lacks")
+      if not disjoint:  # a fresh pool per client
+        pools[c], used[c] = rng.permutation(by_class[c]), 0
       fresh = pools[c][used[c]:used[c] + want[c]]
       used[c] += fresh.size
       rows.append(fresh)
@@ -336,9 +349,11 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
         rest = np.setdiff1d(by_class[c], fresh)
         replace = rest.size < short
         rows.append(rng.choice(by_class[c] if replace else rest, size=short, replace=replace))
+        where = ("its validation set overlaps other clients'" if disjoint else
+                 f"the class holds {by_class[c].size}")
         warnings.warn(
             f"matched_validation: test class {c} ran out; client {k} reuses {short} "
-            f"examples of it {'with' if replace else 'without'} replacement (its "
-            f"validation set overlaps other clients')", RuntimeWarning, stacklevel=2)
+            f"examples of it {'with' if replace else 'without'} replacement ({where})",
+            RuntimeWarning, stacklevel=2)
     out[k] = np.sort(np.concatenate(rows))
   return out
