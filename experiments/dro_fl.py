@@ -161,7 +161,17 @@ def gamma_kwargs(method, gamma) -> Dict[str, Any]:
   return {"gamma": gamma} if method.kwargs.get("normalized") else {}
 
 
-def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None):
+def dro_weights(method, gamma, train):
+  """``(gamma, prior)`` of the implied client weights a DRO method reports, or ``(None,
+  None)``: its KL ball is centred at the uniform prior, or at the data sizes with
+  ``weighting="samples"``."""
+  if not solves_dro(method):
+    return None, None
+  sizes = method.kwargs.get("weighting") == "samples"
+  return gamma, (np.asarray(train.counts, np.float32) if sizes else None)
+
+
+def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None, prior=None):
   def metrics_fn(p):
     out = {}
     for split, data in clients.items():
@@ -171,7 +181,7 @@ def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None):
       out[f"{split}_loss_avg"], out[f"{split}_loss_worst"] = metrics_lib.summarize(losses,
                                                                                   worst="max")
       if split == "train" and gamma is not None:
-        out["client_weights"] = kl_dro_weights(losses, gamma)
+        out["client_weights"] = kl_dro_weights(losses, gamma, prior)
     return out
   return metrics_fn
 
@@ -268,7 +278,7 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           records=records, progress_metric="val_acc_worst", rounds=settings["rounds"],
           batch_size=settings["batch_size"] or None, evaluate=False,
           eval_every=settings["eval_every"],
-          metrics_fn=make_metrics_fn(stats, clients, gamma if solves_dro(method) else None))
+          metrics_fn=make_metrics_fn(stats, clients, *dro_weights(method, gamma, fed.train)))
   summary = summarize(finals, settings, config, chosen, specs)
   plot(wd, records, config, [s["method"].label for s in specs], finals)
   wd.write_summary(summary)

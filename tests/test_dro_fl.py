@@ -166,6 +166,19 @@ def test_mnist_end_to_end_under_mock_data(tmp_path):
   assert all(e["diverged_seeds"] == [] for e in summary["methods"].values())
 
 
+def test_comfedl_data_size_prior_from_the_config(tmp_path):
+  """--config.methods.comfedl_normalized.weighting=samples: the KL ball around the data
+  mixture; the reported implied weights carry that prior (the big client's 500 of 680
+  training images outweigh nine 20-image clients)."""
+  config = _keep(_config(rounds=3, eval_every=3), "comfedl_normalized")
+  config.methods.comfedl_normalized.weighting = "samples"
+  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  assert summary["settings"]["comfedl_normalized"]["weighting"] == "samples"
+  weights = np.array([r["client_weights"] for r in common.read_jsonl(
+      tmp_path / "metrics.jsonl")][-1])
+  assert np.isclose(weights.sum(), 1.0, atol=1e-5) and weights.max() > 0.5
+
+
 def test_gamma_ablation_runs_comfedl_variants(tmp_path):
   config = _config(ablation="gamma", ablation_values=(2.0, 5.0), rounds=3, eval_every=3)
   summary = dro_fl.run(config, str(tmp_path), QUIET)

@@ -85,6 +85,11 @@ def test_kl_dro_value_and_weights_are_stable_and_correct():
   value = kl_dro_value(huge, 1.0)
   assert np.isfinite(float(value)) and abs(float(value) - (1e4 - np.log(3))) < 1e-1
   assert np.all(np.isfinite(np.asarray(kl_dro_weights(huge, 1.0))))
+  prior = np.array([500.0, 20.0, 20.0])  # a data-size prior: r_k ~ p_k exp(l_k / gamma)
+  tilted = prior * np.exp(np.asarray(losses) / gamma)
+  np.testing.assert_allclose(np.asarray(kl_dro_weights(losses, gamma, prior)),
+                             tilted / tilted.sum(), rtol=1e-6)
+  assert np.all(np.isfinite(np.asarray(kl_dro_weights(huge, 1.0, prior))))
 
 
 def test_client_kl_dro_step_is_exp_weighted_gradient():

@@ -497,20 +497,23 @@ def _loss_and_grad(c, x):
   return 0.5 * np.mean(np.sum(r ** 2, -1)), np.einsum("npd,np->d", c.A, r * (1 - t ** 2)) / c.n
 
 
-def normalized_comfedl_reference(C, x0, lr, gamma, rounds=ROUNDS):
-  """Each round: L = log(1/K sum_k exp(f_k(x_bar)/gamma)) (log-sum-exp), then every client
-  steps x -= lr exp(f_k(x)/gamma - L) grad f_k(x); the server averages."""
+def normalized_comfedl_reference(C, x0, lr, gamma, rounds=ROUNDS, weights=None):
+  """Each round: L = log(sum_k p_k exp(f_k(x_bar)/gamma)) (log-sum-exp; p uniform, or
+  ``weights`` normalised), then every client steps x -= lr exp(f_k(x)/gamma - L) grad f_k(x);
+  the server averages with p."""
+  p = np.ones(len(C)) if weights is None else np.asarray(weights, np.float64)
+  p = p / p.sum()
 
   def log_normalizer(x):
     v = np.array([_loss_and_grad(c, x)[0] for c in C]) / gamma
-    return v.max() + np.log(np.mean(np.exp(v - v.max())))
+    return v.max() + np.log(np.sum(p * np.exp(v - v.max())))
 
   def step(k, x, s):
     f, g = _loss_and_grad(C[k], x)
     return x - lr * np.exp(f / gamma - s["L"]) * g, s
 
   x0 = np.asarray(x0, np.float64)
-  return reference(C, x0, {"L": log_normalizer(x0)}, step, rounds=rounds,
+  return reference(C, x0, {"L": log_normalizer(x0)}, step, rounds=rounds, weights=weights,
                    on_sync=lambda k, x_bar, s: {**s, "L": log_normalizer(x_bar)},
                    objective=lambda x: 0.0)[0]
 
@@ -543,3 +546,17 @@ def test_normalized_comfedl(setup, gamma):
     literal = run_fedco(fedco.problems.client_kl_dro(_client_loss, gamma),
                         fedco.comfedl(lr, STEPS), data, x0, evaluate=False, check_finite=False)
     assert not np.all(np.isfinite(np.asarray(literal.params)))
+
+
+def test_normalized_comfedl_data_size_prior(setup):
+  """weighting="samples": the KL ball around the data mixture p_k = n_k/N (clients of 3, 5
+  and 8 examples), in both the normaliser and the server's average."""
+  data, C, x0, _ = setup
+  lr, gamma = 0.3, 0.5
+  res = run_fedco(fedco.problems.client_kl_dro(_client_loss, gamma),
+                  fedco.comfedl(lr, STEPS, normalized=True, gamma=gamma, weighting="samples"),
+                  data, x0, evaluate=False)
+  x_ref = normalized_comfedl_reference(C, x0, lr, gamma, weights=[c.n for c in C])
+  np.testing.assert_allclose(np.asarray(res.params, np.float64), x_ref, rtol=RTOL, atol=ATOL)
+  uniform = normalized_comfedl_reference(C, x0, lr, gamma)
+  assert np.max(np.abs(x_ref - uniform)) > 1e-2  # the prior matters on these clients

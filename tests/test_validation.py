@@ -101,6 +101,7 @@ CASES = {
     # normalised ComFedL
     "normalized no gamma": (lambda: fedco.comfedl(normalized=True), "gamma"),
     "gamma without normalized": (lambda: fedco.comfedl(gamma=0.5), "normalized=True"),
+    "comfedl weighting": (lambda: fedco.comfedl(weighting="sizes"), "weighting"),
     "normalized type": (lambda: fedco.comfedl(normalized="yes", gamma=0.5), "normalized"),
     "plan reduce": (lambda: fedco.algorithms.base.make_plan(1, round_start_reduce=3),
                     "round_start_reduce"),

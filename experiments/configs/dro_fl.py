@@ -32,8 +32,11 @@ def get_config(mode: str = ""):
   config.min_heldout = 0
   config.gamma = 0.2  # the KL temperature of the client-level DRO problem (ComFedL's)
   config.methods = ml_collections.ConfigDict({
-      "comfedl": {"algorithm": "comfedl"},
-      "comfedl_normalized": {"algorithm": "comfedl", "normalized": True},
+      # weighting: the prior of ComFedL's KL ball, "uniform" (the papers') or "samples"
+      # (the clients' data sizes: tends to FedAvg's objective as gamma grows).
+      "comfedl": {"algorithm": "comfedl", "weighting": "uniform"},
+      "comfedl_normalized": {"algorithm": "comfedl", "normalized": True,
+                             "weighting": "uniform"},
       "drfa": {"algorithm": "drfa", "weights_lr": 0.08},
       "qfedavg": {"algorithm": "qfedavg", "q": 0.2},
       "fedavg": {"algorithm": "fedavg", "weighting": "samples"},

@@ -39,6 +39,14 @@ the gradient of ``gamma log(1/m sum_k exp(L_k/gamma))`` with the normaliser froz
 round (the link's shift cancels in the normalisation). One more float per client per round
 goes up (the loss) and down (``L``).
 
+**The prior over clients** (``weighting``). The papers' problem centres the KL ball at the
+uniform ``1/K``: the server averages uniformly and ``L`` is the uniform mean. With
+``weighting="samples"`` the centre is the clients' data mixture ``p_k = n_k / N``: the server
+averages with ``p_k`` and ``L = log(sum_k p_k exp(f_k/gamma))``, so the rounds follow
+``gamma log sum_k p_k exp(f_k/gamma)``, which tends to FedAvg's objective ``sum_k p_k f_k`` as
+``gamma`` grows (the uniform prior tends to uniformly weighted FedAvg instead). On the
+literal step the same weights turn the exp form into ``sum_k p_k exp(f_k/gamma)``.
+
 References:
   Wu, Huang et al., "Federated compositional optimization / ComFedL" (papers 000 and 001).
 """
@@ -67,10 +75,10 @@ class NormalizedComFedLState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.factory(static=("local_steps", "optimizer", "normalized", "gamma"))
+@base.factory(static=("local_steps", "optimizer", "normalized", "gamma", "weighting"))
 def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
             normalized: bool = False, gamma: Optional[float] = None,
-            optimizer: base.Optimizer = None) -> base.Algorithm:
+            weighting: str = "uniform", optimizer: base.Optimizer = None) -> base.Algorithm:
   """ComFedL.
 
   Args:
@@ -79,6 +87,9 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
     normalized: step with the normalised client weights ``exp(f/gamma - L)`` (see the
       module) instead of the literal ``exp(f/gamma)/gamma``; needs ``gamma``.
     gamma: the KL temperature of the client-level DRO problem (``normalized`` only).
+    weighting: the prior of the client-level problem and the server's averaging weights:
+      ``"uniform"`` (``1/K``, the papers') or ``"samples"`` (the data sizes ``n_k / N``;
+      see the module).
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
@@ -98,14 +109,15 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
     raise ValueError(f"gamma={gamma!r} is only used with normalized=True (the literal step "
                      "reads the temperature from the problem's outer function)")
   if not normalized:
-    plan = base.make_plan(local_steps)
+    plan = base.make_plan(local_steps, weighting=weighting)
   else:
     def log_normalizer(losses, weights):
       """``log(sum_k w_k exp(f_k/gamma))`` over the surviving clients (``w`` sums to 1)."""
       return jax.nn.logsumexp(losses / gamma, b=weights)
 
     plan = base.make_plan(local_steps, round_start=("log_normalizer",), at_init=(),
-                          round_start_reduce=log_normalizer, round_start_value="pre_link")
+                          round_start_reduce=log_normalizer, round_start_value="pre_link",
+                          weighting=weighting)
 
   def init(params, *, inner_value=None):
     del inner_value

@@ -38,9 +38,14 @@ def kl_dro_value(losses: jax.Array, gamma: float) -> jax.Array:
   return gamma * (jax.nn.logsumexp(losses / gamma, axis=-1) - jnp.log(n))
 
 
-def kl_dro_weights(losses: jax.Array, gamma: float) -> jax.Array:
-  """The worst-case client weights ``r = softmax(l / gamma)``."""
-  return jax.nn.softmax(losses / gamma, axis=-1)
+def kl_dro_weights(losses: jax.Array, gamma: float, prior=None) -> jax.Array:
+  """The worst-case client weights ``r = softmax(l / gamma)``, or with a ``prior`` (the KL
+  ball's centre, e.g. the data sizes; normalised here) ``r_k ~ prior_k exp(l_k / gamma)``."""
+  logits = losses / gamma
+  if prior is not None:
+    prior = jnp.asarray(prior, logits.dtype)
+    logits = logits + jnp.log(prior / jnp.sum(prior, axis=-1, keepdims=True))
+  return jax.nn.softmax(logits, axis=-1)
 
 
 def log_exp_form_value(losses: jax.Array, gamma: float) -> jax.Array:
