@@ -284,7 +284,25 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
   wd.write_summary(summary)
   if options.progress:
     print(common.format_table(summary["table"]))
+    for line in paired_lines(summary["against_fedavg"]):
+      print(line)
   return summary
+
+
+def paired_lines(paired) -> List[str]:
+  """One line per ComFedL run that finished a seed: its worst-client accuracy minus
+  FedAvg's, paired by seed, mean +- standard error per split."""
+  lines = []
+  for label, splits in paired.items():
+    seeds = splits["train"]["seeds"]
+    if not seeds:
+      continue
+    cells = [f"{split} {d['difference']:+.3f}" + (
+        f" +- {d['stderr']:.3f}" if d["stderr"] is not None else "")
+             for split, d in splits.items()]
+    lines.append(f"{label} - fedavg, worst-client accuracy paired by seed ({seeds} "
+                 f"seed{'s' if seeds > 1 else ''}; +- standard error): {', '.join(cells)}")
+  return lines
 
 
 def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
@@ -300,15 +318,31 @@ def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
     summary["grid"] = {"select_seeds": list(settings["select_seeds"]), "score": list(SCORE),
                        "chosen": {label: c["best"] for label, c in chosen.items()},
                        "points": {label: c["points"] for label, c in chosen.items()}}
-  fedavg = per_method.get("fedavg", {})
-  for label in per_method:
-    if not label.startswith("comfedl") or not fedavg:
-      continue
-    for split in ("train", "val", "test"):
-      ours, base = per_method[label][f"{split}_acc_worst"], fedavg[f"{split}_acc_worst"]
-      summary[f"{label}_mean_{split}_worst_at_least_fedavg"] = (
-          None if ours["mean"] is None or base["mean"] is None else ours["mean"] >= base["mean"])
+  summary["against_fedavg"] = against_fedavg(per_method)
   return summary
+
+
+def against_fedavg(per_method) -> Dict[str, Any]:
+  """Each ComFedL run's worst-client accuracy minus FedAvg's, paired by seed (same data and
+  initial model), per split: the mean difference over the seeds both finished, its standard
+  error (``None`` with one seed) and whether it is ``>= 0``; ``{}`` without a ``fedavg``."""
+  fedavg = per_method.get("fedavg")
+  out = {}
+  for label, entry in per_method.items():
+    if fedavg is None or not label.startswith("comfedl"):
+      continue
+    seeds = [s for s, f in entry["per_seed"].items()
+             if "diverged" not in f and "diverged" not in fedavg["per_seed"].get(s, {
+                 "diverged": True})]
+    out[label] = {}
+    for split in ("train", "val", "test"):
+      key = f"{split}_acc_worst"
+      d = np.array([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds])
+      out[label][split] = {
+          "difference": float(d.mean()) if d.size else None,
+          "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
+          "seeds": len(seeds), "at_least_fedavg": bool(d.mean() >= 0) if d.size else None}
+  return out
 
 
 def plot(wd, records, config, labels, finals):

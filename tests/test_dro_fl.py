@@ -60,7 +60,21 @@ def test_every_method_reports_under_its_label_everywhere(default_run):
   weights = [r["client_weights"] for r in records if r["method"] == "comfedl_normalized"]
   assert weights and np.allclose(np.sum(weights[-1]), 1.0, atol=1e-5)
   assert summary["methods"]["fedavg"]["val_acc_avg"]["mean"] > 0.3  # six rounds learn digits
-  assert "comfedl_normalized_mean_test_worst_at_least_fedavg" in summary
+  paired = summary["against_fedavg"]
+  assert set(paired) == {"comfedl", "comfedl_normalized"}
+  assert paired["comfedl"]["val"] == {"difference": None, "stderr": None, "seeds": 0,
+                                      "at_least_fedavg": None}  # diverged on every seed
+  for split, d in paired["comfedl_normalized"].items():  # one seed: no standard error
+    per_seed = {m: summary["methods"][m]["per_seed"]["0"] for m in ("comfedl_normalized",
+                                                                     "fedavg")}
+    want = per_seed["comfedl_normalized"][f"{split}_acc_worst"] - per_seed["fedavg"][
+        f"{split}_acc_worst"]
+    assert d["seeds"] == 1 and d["stderr"] is None and np.isclose(d["difference"], want)
+    assert d["at_least_fedavg"] == (want >= 0)
+  [line] = dro_fl.paired_lines(paired)  # the printed line: no std error with one seed
+  assert line.startswith("comfedl_normalized - fedavg") and "(1 seed;" in line
+  assert f"test {paired['comfedl_normalized']['test']['difference']:+.3f}," not in line
+  assert line.endswith(f"test {paired['comfedl_normalized']['test']['difference']:+.3f}")
 
 
 def test_rounds_past_the_last_evaluation_keep_finite_finals(default_run):
