@@ -20,7 +20,9 @@ The compared methods are ``config.methods`` (the paper's settings: ``local_steps
 
 Reported per evaluation (streamed to ``metrics.jsonl`` / ``metrics.csv`` while runs go):
 average and worst client accuracy and loss on train, validation and test (and, for ComFedL,
-the implied client weights ``softmax(f / gamma)`` of the training losses).
+the implied client weights ``softmax(f / gamma)`` of the training losses, times the data
+sizes with ``weighting="samples"``), and after the runs each ComFedL method's worst-client
+accuracy minus FedAvg's, paired by seed (``against_fedavg``).
 ``config.ablation = "local_steps"`` or ``"gamma"`` runs the paper's ComFedL ablations;
 ``config.mode = "grid"`` first picks each method's settings from the paper's grids on
 validation (seeds ``select_seeds``), then reports test over ``config.seeds``.
@@ -318,30 +320,36 @@ def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
     summary["grid"] = {"select_seeds": list(settings["select_seeds"]), "score": list(SCORE),
                        "chosen": {label: c["best"] for label, c in chosen.items()},
                        "points": {label: c["points"] for label, c in chosen.items()}}
-  summary["against_fedavg"] = against_fedavg(per_method)
+  algorithms = {s["method"].label: s["method"].algorithm for s in specs}
+  summary["against_fedavg"] = against_fedavg(
+      per_method, [label for label, a in algorithms.items() if a == "comfedl"],
+      next((label for label, a in algorithms.items() if a == "fedavg"), None))
   return summary
 
 
-def against_fedavg(per_method) -> Dict[str, Any]:
-  """Each ComFedL run's worst-client accuracy minus FedAvg's, paired by seed (same data and
-  initial model), per split: the mean difference over the seeds both finished, its standard
-  error (``None`` with one seed) and whether it is ``>= 0``; ``{}`` without a ``fedavg``."""
-  fedavg = per_method.get("fedavg")
+def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
+  """Each of ``labels``' (the ComFedL runs') worst-client accuracy minus the FedAvg run's
+  (``fedavg_label``: the first ``fedavg`` method), paired by seed (same data and initial
+  model), per split: the mean difference over the seeds both finished (rounded to 1e-6, so
+  that equal accuracies of sets of different sizes compare equal), its standard error
+  (``None`` with one seed) and whether it is ``>= 0``; ``{}`` without a FedAvg run."""
+  fedavg = per_method.get(fedavg_label)
   out = {}
-  for label, entry in per_method.items():
-    if fedavg is None or not label.startswith("comfedl"):
-      continue
+  for label in labels if fedavg is not None else ():
+    entry = per_method[label]
     seeds = [s for s, f in entry["per_seed"].items()
              if "diverged" not in f and "diverged" not in fedavg["per_seed"].get(s, {
                  "diverged": True})]
     out[label] = {}
     for split in ("train", "val", "test"):
       key = f"{split}_acc_worst"
-      d = np.array([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds])
+      d = np.round([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds],
+                   6)
+      mean = round(float(d.mean()), 6) if d.size else None
       out[label][split] = {
-          "difference": float(d.mean()) if d.size else None,
+          "difference": mean,
           "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
-          "seeds": len(seeds), "at_least_fedavg": bool(d.mean() >= 0) if d.size else None}
+          "seeds": len(seeds), "at_least_fedavg": None if mean is None else mean >= 0}
   return out
 
 

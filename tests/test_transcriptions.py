@@ -301,6 +301,19 @@ def test_comfedl(setup):
   check(res, x_ref, objs, x0)
 
 
+def test_comfedl_by_data_size(setup):
+  """weighting="samples" on the printed step: the server averages by data size (clients of
+  3, 5 and 8 examples); the reported objective stays the problem's uniform mean."""
+  data, C, x0, _ = setup
+  lr = 0.3
+  res = run_fedco(LOCAL, fedco.comfedl(lr, STEPS, weighting="samples"), data, x0)
+  x_ref, objs = reference(C, x0, {}, comfedl_step(C, lr), weights=[c.n for c in C],
+                          objective=lambda x: local_objective(C, x))
+  check(res, x_ref, objs, x0)
+  uniform, _ = reference(C, x0, {}, comfedl_step(C, lr), objective=lambda x: 0.0)
+  assert np.max(np.abs(x_ref - uniform)) > 1e-3  # the weights matter here
+
+
 def test_local_scgd(setup):
   data, C, x0, y_bar0 = setup
   lr, gamma = 0.3, 0.6

@@ -5,7 +5,8 @@ Each sampled client starts from the server model and, for ``tau`` local steps, d
 
     y = g_k(x; B),    u = J_g(x; B)^T grad f_k(y; B~) + grad h_k(x),    x = x - eta u;
 
-the server averages the sampled clients' models (unweighted). The inner value is fresh every
+the server averages the sampled clients' models (uniformly; by data size with
+``weighting="samples"``). The inner value is fresh every
 step (no tracker), so ComFedL is biased for a fixed batch and relies on ``b`` for accuracy.
 With the client-level KL-DRO outer ``f = exp(./gamma)`` (deterministic), ``u`` reduces to
 ``exp(l_B(x)/gamma)/gamma * grad l_B(x)``. Named variants ComFedL-MAML and ComFedL-DAMAML are
@@ -45,7 +46,9 @@ uniform ``1/K``: the server averages uniformly and ``L`` is the uniform mean. Wi
 averages with ``p_k`` and ``L = log(sum_k p_k exp(f_k/gamma))``, so the rounds follow
 ``gamma log sum_k p_k exp(f_k/gamma)``, which tends to FedAvg's objective ``sum_k p_k f_k`` as
 ``gamma`` grows (the uniform prior tends to uniformly weighted FedAvg instead). On the
-literal step the same weights turn the exp form into ``sum_k p_k exp(f_k/gamma)``.
+literal step the same weights turn the exp form into ``sum_k p_k exp(f_k/gamma)``. The
+problem's reported ``objective`` stays its own uniform mean over clients (as for FedAvg by
+data size).
 
 References:
   Wu, Huang et al., "Federated compositional optimization / ComFedL" (papers 000 and 001).

@@ -349,11 +349,13 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
         rest = np.setdiff1d(by_class[c], fresh)
         replace = rest.size < short
         rows.append(rng.choice(by_class[c] if replace else rest, size=short, replace=replace))
-        where = ("its validation set overlaps other clients'" if disjoint else
-                 f"the class holds {by_class[c].size}")
-        warnings.warn(
-            f"matched_validation: test class {c} ran out; client {k} reuses {short} "
-            f"examples of it {'with' if replace else 'without'} replacement ({where})",
-            RuntimeWarning, stacklevel=2)
+        if disjoint:
+          what = (f"test class {c} ran out; client {k} reuses {short} examples of it "
+                  f"{'with' if replace else 'without'} replacement (its validation set "
+                  f"overlaps other clients')")
+        else:
+          what = (f"client {k} wants {want[c]} examples of test class {c}, which holds "
+                  f"{by_class[c].size}; {short} are drawn again with replacement")
+        warnings.warn(f"matched_validation: {what}", RuntimeWarning, stacklevel=2)
     out[k] = np.sort(np.concatenate(rows))
   return out
