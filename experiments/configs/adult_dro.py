@@ -26,8 +26,9 @@ def get_config(budget: str = ""):
   learning rate 0.1, 1,200 local steps per client in all; ``"converged"``: 3,000 rounds of 10
   full-batch steps at rate 1.0, a method counting as converged when its worst training loss
   moved by less than ``converge_tol`` between the last two evaluations (100 rounds apart;
-  every method but DRFL's randomly timed weight step settles within it); ``"privacy"``: the short budget, each of ``PRIVATE_METHODS`` as it is and at
-  each of ``EPSILONS``."""
+  every method but DRFL, whose randomly timed weight step keeps it moving, settles within
+  it); ``"privacy"``: the short budget, each of ``PRIVATE_METHODS`` as it is and at each of
+  ``EPSILONS``."""
   if budget not in MODES + ("",):
     raise ValueError(f"the adult_dro config's mode must be one of {MODES}, got {budget!r}")
   config = ml_collections.ConfigDict()

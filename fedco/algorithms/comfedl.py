@@ -6,8 +6,8 @@ Each sampled client starts from the server model and, for ``tau`` local steps, d
     y = g_k(x; B),    u = J_g(x; B)^T grad f_k(y; B~) + grad h_k(x),    x = x - eta u;
 
 the server averages the sampled clients' models (uniformly; by data size with
-``weighting="samples"``). The inner value is fresh every
-step (no tracker), so ComFedL is biased for a fixed batch and relies on ``b`` for accuracy.
+``weighting="samples"``). The inner value is fresh every step (no tracker), so ComFedL is
+biased for a fixed batch and relies on ``b`` for accuracy.
 With the client-level KL-DRO outer ``f = exp(./gamma)`` (deterministic), ``u`` reduces to
 ``exp(l_B(x)/gamma)/gamma * grad l_B(x)``. Named variants ComFedL-MAML and ComFedL-DAMAML are
 this algorithm on the MAML and DA-MAML problems.

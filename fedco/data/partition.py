@@ -276,10 +276,9 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
 
   With ``disjoint=True``, examples are drawn without replacement from per-class pools shared
   by all clients, so validation sets are disjoint while the test split lasts. Clients are
-  served from the
-  smallest training set up, so if a class runs out it is the larger clients that are
-  short: their missing examples of that class are then drawn from the whole class (without
-  replacement within the client where the class is large enough, with replacement
+  served from the smallest training set up, so if a class runs out it is the larger clients
+  that are short: their missing examples of that class are then drawn from the whole class
+  (without replacement within the client where the class is large enough, with replacement
   otherwise), overlapping other clients' sets, and a ``RuntimeWarning`` says so.
 
   With ``disjoint=False``, each client draws its set on its own from the whole test split
