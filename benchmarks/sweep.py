@@ -43,7 +43,7 @@ SEEDS = (0, 1, 2)
 
 def setup():
   """E1's data, model, initial parameters and metrics on digits (partition seed 0; E1's
-  default digits split: 898 training images, a big client of 500, nine of 20)."""
+  default digits split: 899 training images, a big client of 500, nine of 20)."""
   from experiments.configs import dro_fl as dro_fl_config  # pylint: disable=g-import-not-at-top
   config = dro_fl_config.get_config()
   splits = dro_fl.load(config)

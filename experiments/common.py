@@ -482,6 +482,15 @@ def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) ->
   return os.path.join(workdir, CHECKPOINTS, f"{safe}-{digest}")
 
 
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+  """The SHA-256 of a file's bytes (hex): a data file's identity in checkpoint hashes."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(chunk), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
 def read_jsonl(path) -> List[Dict[str, Any]]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]

