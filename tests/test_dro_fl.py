@@ -63,7 +63,7 @@ def test_every_method_reports_under_its_label_everywhere(default_run):
   paired = summary["against_fedavg"]
   assert set(paired) == {"comfedl", "comfedl_normalized"}
   assert paired["comfedl"]["val"] == {"difference": None, "stderr": None, "seeds": 0,
-                                      "at_least_fedavg": None}  # diverged on every seed
+                                      "lost_seeds": 1, "at_least_fedavg": False}
   for split, d in paired["comfedl_normalized"].items():  # one seed: no standard error
     per_seed = {m: summary["methods"][m]["per_seed"]["0"] for m in ("comfedl_normalized",
                                                                      "fedavg")}
@@ -71,7 +71,8 @@ def test_every_method_reports_under_its_label_everywhere(default_run):
         f"{split}_acc_worst"]
     assert d["seeds"] == 1 and d["stderr"] is None and np.isclose(d["difference"], want)
     assert d["at_least_fedavg"] == (round(want, 6) >= 0)
-  [line] = dro_fl.paired_lines(paired)  # the printed line: no std error with one seed
+  diverged, line = dro_fl.paired_lines(paired)  # the printed lines: no std error, one seed
+  assert diverged == "comfedl - fedavg: diverged on 1 seed that fedavg finished"
   assert line.startswith("comfedl_normalized - fedavg") and "(1 seed;" in line
   assert f"test {paired['comfedl_normalized']['test']['difference']:+.3f}," not in line
   assert line.endswith(f"test {paired['comfedl_normalized']['test']['difference']:+.3f}")
@@ -88,9 +89,17 @@ def test_against_fedavg_pairs_seeds_both_finished_and_finds_methods_by_algorithm
   per_method["dro"]["per_seed"][0]["val_acc_worst"] = 0.95 - 3e-8
   paired = dro_fl.against_fedavg(per_method, ["dro"], "base")
   assert set(paired) == {"dro"}
+  # seed 2, which FedAvg finished and the DRO run did not, is a loss the mean does not see
   assert paired["dro"]["val"] == {"difference": 0.0, "stderr": None, "seeds": 1,
-                                  "at_least_fedavg": True}
+                                  "lost_seeds": 1, "at_least_fedavg": False}
   assert np.isclose(paired["dro"]["train"]["difference"], 0.1)
+  assert dro_fl.paired_lines(paired) == [
+      "dro - fedavg, worst-client accuracy paired by seed (1 seed; +- standard error): "
+      "train +0.100, val +0.000, test +0.000; diverged on 1 seed that fedavg finished"]
+  per_method["base"]["per_seed"][2] = {"diverged": "..."}  # both diverged on seed 2
+  assert dro_fl.against_fedavg(per_method, ["dro"], "base")["dro"]["val"] == {
+      "difference": 0.0, "stderr": None, "seeds": 1, "lost_seeds": 0,
+      "at_least_fedavg": True}
   assert dro_fl.against_fedavg(per_method, ["dro"], None) == {}
 
 
@@ -198,22 +207,27 @@ def test_mnist_end_to_end_under_mock_data(tmp_path):
 
 
 def test_npz_dataset_runs_like_the_named_one_and_its_content_is_hashed(tmp_path):
-  """--config.dataset=<file>.npz: digits saved as an archive give the digits run's numbers;
-  new content at the same path starts new runs instead of resuming the old ones."""
+  """--config.dataset=<file>.npz: digits saved as an archive give the digits run's numbers
+  (and the digits run keeps its checkpoint hash); new content at the same path starts new
+  runs instead of resuming the old ones; the model has as many outputs as the labels need."""
   train, test = dro_fl.load(_config())
   path = tmp_path / "digits.npz"
   np.savez(path, x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
   config = _keep(_config(rounds=3, eval_every=3, big=500, min_heldout=100), "fedavg")
   options = runner.Options(progress=False, checkpoint_every=3)
   named = dro_fl.run(config, str(tmp_path / "named"), QUIET)
+  # the digest of this digits run's settings before .npz files existed: resumable still
+  assert os.listdir(tmp_path / "named" / "checkpoints") == ["fedavg-seed0-74fb40e1d5a8"]
   config.dataset = str(path)
   from_npz = dro_fl.run(config, str(tmp_path / "npz"), options)
-  assert from_npz["data_sha256"] == common.file_sha256(path)
+  assert from_npz["data_sha256"] == common.file_digest(path)
   assert from_npz["table"] == named["table"]
-  np.savez(path, x_train=1.0 - train["x"], y_train=train["y"], x_test=1.0 - test["x"],
-           y_test=test["y"])
+  # new content at the same path, with labels 5..14: 15 classes, not E1's usual 10
+  np.savez(path, x_train=train["x"], y_train=train["y"] + 5, x_test=test["x"],
+           y_test=test["y"] + 5)
   changed = dro_fl.run(config, str(tmp_path / "npz"), options)
   assert len(os.listdir(tmp_path / "npz" / "checkpoints")) == 2  # not resumed
+  assert changed["methods"]["fedavg"]["diverged_seeds"] == []
   assert changed["table"] != from_npz["table"]
   with pytest.raises(FileNotFoundError, match="--config.dataset: no such .npz file"):
     dro_fl.check(_config(dataset=str(tmp_path / "none.npz")))

@@ -37,6 +37,8 @@ TFDS is imported lazily (inside the loaders), so ``import fedco`` stays fast.
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from typing import Any, Dict, NamedTuple, Optional, Union
 
 import numpy as np
@@ -260,9 +262,10 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"path: no such .npz file: {os.path.abspath(path)}")
+  unreadable = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
   try:
     archive = np.load(path, allow_pickle=False)
-  except (OSError, ValueError):
+  except unreadable:
     raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is not") from None
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is a single "
@@ -272,17 +275,26 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
     if missing:
       raise ValueError(f"path: {path} must hold the arrays {NPZ_KEYS}, missing {missing} "
                        f"(it has {sorted(archive.files)})")
-    arrays = {k: archive[k] for k in NPZ_KEYS}
+    arrays = {}
+    for key in NPZ_KEYS:
+      try:
+        arrays[key] = archive[key]
+      except unreadable as err:  # object arrays (pickles), damaged members
+        raise ValueError(f"path: {key} in {path} cannot be read as a numeric array "
+                         f"({type(err).__name__})") from None
   splits = []
   for split in ("train", "test"):
     x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
     if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0] or not y.size:
       raise ValueError(f"path: x_{split} must be [N, ...] and y_{split} [N] with the same "
                        f"N >= 1, got shapes {x.shape} and {y.shape} in {path}")
-    if (not np.issubdtype(y.dtype, np.number) or np.any(y != np.round(y))
-        or y.min() < 0):
-      raise ValueError(f"path: y_{split} must hold whole numbers >= 0 (class labels), got "
-                       f"dtype {y.dtype}, min {y.min()} in {path}")
+    if x.dtype.kind not in "biuf":
+      raise ValueError(f"path: x_{split} must hold real numbers, got dtype {x.dtype} in "
+                       f"{path}")
+    if (y.dtype.kind not in "biuf" or not np.all(np.isfinite(y)) or np.any(y != np.round(y))
+        or y.min() < 0 or y.max() >= 2**31):
+      raise ValueError(f"path: y_{split} must hold class labels, whole numbers in "
+                       f"[0, 2**31), got dtype {y.dtype} in {path}")
     splits.append({"x": x.astype(np.float32), "y": y.astype(np.int32)})
   if splits[0]["x"].shape[1:] != splits[1]["x"].shape[1:]:
     raise ValueError(f"path: x_train and x_test must have the same example shape, got "
