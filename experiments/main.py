@@ -7,7 +7,10 @@ r"""One driver for every experiment (the flax examples' convention): a config fi
 
 The config names its experiment (``config.experiment``); the module
 ``experiments.<experiment>`` runs it with ``run(config, workdir, options)``. Every config
-field can be overridden with ``--config.<field>=...`` (nested: ``--config.methods.qfedavg.q=1``).
+field can be overridden with ``--config.<field>=...`` (nested: ``--config.methods.qfedavg.q=1``),
+and every method takes its own ``--config.methods.<label>.learning_rate=`` or
+``.local_steps=`` even where the config file leaves it to the shared value (the field a
+divergence note names).
 The flags below decide how a run goes, never its numbers: rerunning a command resumes its
 runs from their checkpoints in ``--workdir`` (``--noresume`` starts them over). Bad input ends
 with one ``error: ...`` line and exit status 1.
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
+import warnings
 
 from absl import app
 from absl import flags
@@ -39,11 +44,17 @@ FLAGS = flags.FLAGS
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 EXPERIMENTS = tuple(sorted(name[:-3] for name in os.listdir(CONFIG_DIR)
                            if name.endswith(".py") and not name.startswith("_")))
+# A method's own rate or local steps: ml_collections overrides only fields a config file
+# sets, so the driver takes these from the command line itself (parse_flags) and sets them.
+METHOD_OVERRIDE = re.compile(r"--config\.methods\.([^.=]+)\.(learning_rate|local_steps)=(.*)")
+_method_overrides = []
 
 
 def main(argv):
   del argv
   common.quiet_logs()
+  warnings.simplefilter("once")  # a warning once per run, as one line
+  warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
   try:
     try:
       config = _CONFIG.value
@@ -58,6 +69,7 @@ def main(argv):
       raise ValueError("--config must name an experiments/configs/*.py file")
     if name not in EXPERIMENTS:
       raise ValueError(f"config.experiment must be one of {EXPERIMENTS}, got {name!r}")
+    set_method_fields(config, _method_overrides)
     select(config, FLAGS.methods)
     options = runner.Options(
         progress=FLAGS.progress, resume=FLAGS.resume,
@@ -82,20 +94,51 @@ def select(config, labels) -> None:
         del config.methods[label]
 
 
+def set_method_fields(config, overrides) -> None:
+  """Sets ``(label, field, text)`` from ``--config.methods.<label>.<field>=<text>``."""
+  for label, field, text in overrides:
+    name = f"--config.methods.{label}.{field}"
+    if label not in config.methods:
+      raise ValueError(f"{name}: {label!r} is not in config.methods; allowed: "
+                       f"{', '.join(config.methods)}")
+    try:
+      value = float(text) if field == "learning_rate" else int(text)
+    except ValueError:
+      kind = "a number" if field == "learning_rate" else "an integer"
+      raise ValueError(f"{name} must be {kind}, got {text!r}") from None
+    with config.unlocked():
+      config.methods[label][field] = value
+
+
 def parse_flags(argv):
   """absl's parsing, with a bad ``--config.<field>`` override as one ``error:`` line (an
-  unknown field, a value of the wrong type) instead of ml_collections' traceback."""
+  unknown field, a value of the wrong type) instead of ml_collections' traceback; takes the
+  methods' ``learning_rate`` / ``local_steps`` out for :func:`set_method_fields`."""
+  rest = []
+  for arg in argv:
+    match = METHOD_OVERRIDE.fullmatch(arg)
+    if match:
+      _method_overrides.append(match.groups())
+    else:
+      rest.append(arg)
+  sys.argv[:] = rest  # ml_collections reads its overrides from sys.argv itself
   try:
-    return FLAGS(argv)
+    return FLAGS(rest)
   except flags.Error as err:
     lines = [l for l in str(err).strip().splitlines() if l.strip()]
     if len(lines) > 1:  # a config file that raised: its own last line, not the traceback
       lines = [f"--config: {lines[-1].split(': ', 1)[-1]}"]
-    print(f"error: {lines[0]}\nPass --help to see the flags.", file=sys.stderr)
+    print(f"error: {lines[0]} (see --help)", file=sys.stderr)
   except (AttributeError, KeyError, TypeError, ValueError) as err:
-    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-    print(f"error: cannot apply the override {', '.join(bad) or '--config'}: {err} (a config "
-          "override must name an existing field, with a value of its type)", file=sys.stderr)
+    while err.args and isinstance(err.args[0], Exception):  # AttributeError(KeyError(...))
+      err = err.args[0]
+    text = f"no field {err.args[0]}" if isinstance(err, KeyError) and err.args else err
+    text = " ".join(str(text).split())  # one line (ml_collections adds "Did you mean ...")
+    overrides = [a.split("=")[0] for a in rest[1:] if a.startswith("--config.")]
+    named = re.search(r"'([^']+)'", text)  # the missing field, where the message names it
+    bad = [o for o in overrides if named and named.group(1) in o.split(".")] or overrides
+    print(f"error: cannot apply {', '.join(bad) or '--config'}: {text} (a config override "
+          "must name an existing field, with a value of its type)", file=sys.stderr)
   sys.exit(1)
 
 

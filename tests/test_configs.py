@@ -109,6 +109,23 @@ def test_the_driver_methods_flag_keeps_only_the_named_labels():
   assert len(config.methods) == 5
 
 
+def test_a_method_takes_its_own_rate_and_steps_from_the_command_line():
+  """--config.methods.<label>.learning_rate / .local_steps where the file sets neither."""
+  config = _config("dro_fl")
+  assert "learning_rate" not in config.methods.comfedl
+  match = driver.METHOD_OVERRIDE.fullmatch("--config.methods.comfedl.learning_rate=1e-7")
+  driver.set_method_fields(config, [match.groups(), ("drfa", "local_steps", "3")])
+  methods = {m.label: m for m in runner.methods(config)}
+  assert methods["comfedl"].learning_rate == 1e-7 and methods["drfa"].local_steps == 3
+  assert methods["fedavg"].learning_rate == config.learning_rate  # the others keep theirs
+  for override, message in ((("sgd", "learning_rate", "0.1"), "'sgd' is not in config"),
+                            (("fedavg", "learning_rate", "x"), "must be a number, got 'x'"),
+                            (("fedavg", "local_steps", "2.5"), "must be an integer")):
+    with pytest.raises(ValueError, match=f"--config.methods.{override[0]}.{override[1]}"
+                                         f".*{message}"):
+      driver.set_method_fields(_config("dro_fl"), [override])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_an_unknown_mode_is_refused(name):
   with pytest.raises(ValueError, match="mode"):

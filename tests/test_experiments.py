@@ -205,11 +205,16 @@ def test_e7_binary_runs(tmp_path):
   workdir = tmp_path / "e7"
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={workdir}",
-       "--config.rounds=50"],
+       "--config.rounds=50", "--config.methods.feddro.local_steps=3",
+       "--config.methods.fedavg_co_case1.learning_rate=0.01"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["rounds"] == 50 and summary["steps"]["feddro"] == 250
+  # a method's own local_steps and learning_rate, which the config file leaves shared
+  assert summary["rounds"] == 50 and summary["steps"]["feddro"] == 150
+  assert summary["steps"]["fedavg_co_case2"] == 250
+  assert summary["settings"]["fedavg_co_case1"]["learning_rate"] == 0.01
+  assert summary["settings"]["fedavg_co_case2"]["learning_rate"] == 0.02
   assert "feddro" in proc.stdout  # the final table
 
 

@@ -185,3 +185,15 @@ def test_binary_reports_bad_flags_without_a_traceback():
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
   assert out.returncode == 1
   assert "error: --config.learning_rate" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_binary_names_the_misspelled_override_in_one_line():
+  out = subprocess.run([sys.executable, "-m", "experiments.main", "--workdir=/tmp/x",
+                        "--config=experiments/configs/dro_fl.py", "--config.seeds=0,",
+                        "--config.roundz=5"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      "error: cannot apply --config.roundz: no field 'roundz' Did you mean \"rounds\" instead "
+      "of \"roundz\"? (a config override must name an existing field, with a value of its "
+      "type)"]

@@ -204,7 +204,7 @@ class ProgressBar:
       postfix["rounds/s"] = f"{rate:.1f}"
       postfix["eta"] = f"{(self.total - done) / rate:.0f}s"
     if metric is not None:
-      postfix[name] = f"{metric:.5g}"
+      postfix[name] = f"{metric:#.4g}"  # 4 digits, trailing zeros kept: 0.9000, 0.5582
     self._bar.set_postfix(postfix, refresh=False)
     self._bar.update(done - self._bar.n)
 
