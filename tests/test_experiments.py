@@ -203,14 +203,17 @@ def test_an_unwritable_workdir_is_a_one_line_error(tmp_path):
 
 def test_e7_binary_runs(tmp_path):
   workdir = tmp_path / "e7"
+  flagfile = tmp_path / "flags"
+  flagfile.write_text("--config.methods.feddro.local_steps=3\n")
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={workdir}",
-       "--config.rounds=50", "--config.methods.feddro.local_steps=3",
-       "--config.methods.fedavg_co_case1.learning_rate=0.01"],
+       "--config.rounds=50", f"--flagfile={flagfile}",
+       "--config.methods.fedavg_co_case1.learning_rate", "0.01"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   summary = json.loads((workdir / "summary.json").read_text())
-  # a method's own local_steps and learning_rate, which the config file leaves shared
+  # a method's own local_steps (from a flag file) and learning_rate (its value after a
+  # space), which the config file leaves shared
   assert summary["rounds"] == 50 and summary["steps"]["feddro"] == 150
   assert summary["steps"]["fedavg_co_case2"] == 250
   assert summary["settings"]["fedavg_co_case1"]["learning_rate"] == 0.01
