@@ -13,7 +13,9 @@ and every method takes its own ``--config.methods.<label>.learning_rate=`` or
 divergence note names).
 The flags below decide how a run goes, never its numbers: rerunning a command resumes its
 runs from their checkpoints in ``--workdir`` (``--noresume`` starts them over). Bad input ends
-with one ``error: ...`` line and exit status 1.
+with one ``error: ...`` line and exit status 1. Ctrl-C stops after the running chunk of
+rounds (its rows and a checkpoint written) with one line and exit status 130; a second
+Ctrl-C ends the process at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+import fedco
 from experiments import common, runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "An experiments/configs/*.py file "
@@ -77,10 +80,22 @@ def main(argv):
     options = runner.Options(
         progress=FLAGS.progress, resume=FLAGS.resume,
         checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1))
-    importlib.import_module(f"experiments.{name}").run(config, FLAGS.workdir, options)
+    module = importlib.import_module(f"experiments.{name}")
+    with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
+      module.run(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt as err:  # fedco.runtime.Interrupted, or Ctrl-C outside a run
+    print(interrupted_line(err), file=sys.stderr)
+    sys.exit(130)
+
+
+def interrupted_line(err) -> str:
+  """The one line a stopped run prints: what was written and how to go on."""
+  what = str(err) if isinstance(err, fedco.runtime.Interrupted) else "interrupted"
+  return (f"{what}; rerun the same command to resume (finished runs and checkpoints are "
+          "kept)")
 
 
 def select(config, labels) -> None:

@@ -104,14 +104,14 @@ def test_against_fedavg_pairs_seeds_both_finished_and_finds_methods_by_algorithm
 
 
 def test_rounds_past_the_last_evaluation_keep_finite_finals(default_run):
-  """7 rounds with evaluation every 3: the finals are round 6's, finite, and nothing but the
-  literal ComFedL is reported as diverged."""
+  """7 rounds with evaluation every 3: the last round is evaluated too, so the finals are
+  round 7's, finite, and nothing but the literal ComFedL is reported as diverged."""
   summary, _ = default_run
   for label, entry in summary["methods"].items():
     if label == "comfedl":
       continue
     assert entry["diverged_seeds"] == [] and np.isfinite(entry["val_acc_worst"]["mean"])
-    assert entry["per_seed"]["0"]["round"] == 6
+    assert entry["per_seed"]["0"]["round"] == 7
 
 
 def test_the_literal_comfedl_divergence_is_reported_in_the_table(default_run):

@@ -207,7 +207,7 @@ def test_e7_binary_runs(tmp_path):
   flagfile.write_text("--config.methods.feddro.local_steps=3\n")
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={workdir}",
-       "--config.rounds=50", f"--flagfile={flagfile}",
+       "--config.rounds=50", "--config.eval_every=7", f"--flagfile={flagfile}",
        "--config.methods.fedavg_co_case1.learning_rate", "0.01"],
       cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
@@ -219,6 +219,14 @@ def test_e7_binary_runs(tmp_path):
   assert summary["settings"]["fedavg_co_case1"]["learning_rate"] == 0.01
   assert summary["settings"]["fedavg_co_case2"]["learning_rate"] == 0.02
   assert "feddro" in proc.stdout  # the final table
+  # evaluated every 7 rounds and at the last, 50, whose values are the finals
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert sorted({r["round"] for r in rows}) == [1, 7, 14, 21, 28, 35, 42, 49, 50]
+  for label, entry in summary["methods"].items():
+    final = entry["per_seed"]["0"]
+    last = [r for r in rows if r["method"] == label and r["round"] == 50]
+    assert final["round"] == 50 and np.isfinite(final["distance"]), label
+    assert final["distance"] == pytest.approx(last[0]["distance"]), label
 
 
 def test_e7_binary_bad_flag_exits_cleanly(tmp_path):

@@ -250,8 +250,8 @@ def test_task_maml_normalises_a_task_as_one_batch():
 
 def test_e4_end_to_end_with_tiny_settings(tmp_path):
   """One method keeps the test fast (each is one XLA compilation of a second-order MAML
-  step through the CNN); 3 rounds with evaluation every 2: round 3 is not evaluated, so the
-  finals are round 2's, finite, and nothing is reported as diverged."""
+  step through the CNN); 3 rounds with evaluation every 2 and at the last round, whose
+  metrics are the finals: finite, and nothing is reported as diverged."""
   config = _tiny(rounds=3, eval_every=2)
   for label in ("comfedl", "local_scgd"):
     del config.methods[label]
@@ -260,7 +260,7 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
   for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "curves.png"):
     assert os.path.exists(tmp_path / name), name
   records = common.read_jsonl(tmp_path / "metrics.jsonl")  # streamed by the runtime
-  assert [r["round"] for r in records] == [1, 2]
+  assert [r["round"] for r in records] == [1, 2, 3]
   for r in records:
     assert r["method"] == "local_scgdm" and r["seed"] == 0
     assert np.isfinite(r["train_loss"]) and r["train_loss"] > 0
@@ -269,7 +269,7 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
   entry = written["methods"]["local_scgdm"]
   final = entry["per_seed"]["0"]
   assert entry["diverged_seeds"] == [] and "diverged" not in final
-  assert final["round"] == 2 and final["iteration"] == 4
+  assert final["round"] == 3 and final["iteration"] == 6
   assert final["val_acc"] == pytest.approx(records[-1]["val_acc"])
   assert entry["val_acc"]["mean"] == pytest.approx(final["val_acc"])
   assert 0 <= final["test_acc"] <= 1

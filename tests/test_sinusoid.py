@@ -107,8 +107,8 @@ def _outputs(workdir):
 @pytest.fixture(scope="module")
 def e3_tiny(tmp_path_factory):
   """Two methods (each is one XLA compilation; the other two run under fedco.simulate in
-  tests/test_maml.py and are built below) for 3 rounds, evaluated every 2: round 3 is not
-  evaluated."""
+  tests/test_maml.py and are built below) for 3 rounds, evaluated every 2 and at the last
+  round."""
   workdir = str(tmp_path_factory.mktemp("e3"))
   config = tiny(rounds=3, eval_every=2)
   for label in ("local_scgd", "local_moml"):
@@ -123,7 +123,7 @@ def test_e3_end_to_end_with_tiny_settings(e3_tiny):
   labels = {"local_scgdm", "comfedl"}
   assert set(written["methods"]) == labels
   assert {r["method"] for r in records} == labels
-  assert {r["round"] for r in records} == {1, 2}  # every evaluated round, streamed
+  assert {r["round"] for r in records} == {1, 2, 3}  # every evaluated round, streamed
   for r in records:
     for key in ("train_mse", "val_mse", "val_mse_before"):
       assert np.isfinite(r[key]) and r[key] > 0
@@ -140,13 +140,13 @@ def test_e3_end_to_end_with_tiny_settings(e3_tiny):
 
 
 def test_e3_rounds_past_the_last_evaluation_keep_finite_finals(e3_tiny):
-  """3 rounds evaluated every 2: the finals are round 2's (iteration 10), finite, and no
-  run is reported as diverged."""
+  """3 rounds evaluated every 2: the finals are the last round's (iteration 15), finite,
+  and no run is reported as diverged."""
   _, summary = e3_tiny
   for label, entry in summary["methods"].items():
     assert entry["diverged_seeds"] == [], label
     final = entry["per_seed"][0]
-    assert final["round"] == 2 and final["iteration"] == 10
+    assert final["round"] == 3 and final["iteration"] == 15
     for key in sinusoid.TABLE_KEYS:
       assert np.isfinite(final[key]) and np.isfinite(entry[key]["mean"]), (label, key)
   assert all("note" not in row and row["val_mse"] is not None for row in summary["table"])

@@ -2,7 +2,7 @@
 
 from fedco.runtime import distributed, host
 from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, MetricWriter,
-                                PeriodicAction, TensorBoardWriter)
+                                PeriodicAction, TensorBoardWriter, interrupt_guard)
 from fedco.runtime.batching import ClientView, draw, draw_batch, oracle_args
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
@@ -15,6 +15,6 @@ __all__ = [
     "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState",
     "SimulationResult", "Simulator", "client_mesh",
     "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "MetricWriter",
-    "PeriodicAction", "TensorBoardWriter", "draw_batch", "oracle_args", "simulate",
+    "PeriodicAction", "TensorBoardWriter", "interrupt_guard", "draw_batch", "oracle_args", "simulate",
     "SweepResult", "sweep",
 ]

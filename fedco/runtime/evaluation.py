@@ -1,6 +1,7 @@
 """Evaluation inside the compiled round: the exact objective over every client's data, the
 per-client losses, optional exact gradient norm and the user's ``metrics_fn``, on the rounds
-``eval_every`` selects (other rounds hold NaN placeholders and skip the work)."""
+``eval_every`` selects, round 1 and the run's last round (other rounds hold NaN placeholders
+and skip the work)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ def client_objectives(cfg, params, data, flat):
                               cfg.num_clients)
 
 
-def maybe_metrics(cfg, completed, params, data, flat):
-  """Metrics after round ``completed``, or NaN placeholders on rounds that skip them."""
+def maybe_metrics(cfg, completed, params, data, flat, final_round):
+  """Metrics after round ``completed``, or NaN placeholders on rounds that skip them.
+
+  Due after round 1, every ``eval_every``-th round and ``final_round`` (the run's last, a
+  traced integer, so runs of any length share one compiled chunk)."""
   compute = lambda p: metrics(cfg, p, data, flat)
   if cfg.eval_every == 1:
     out = compute(params)
@@ -35,7 +39,7 @@ def maybe_metrics(cfg, completed, params, data, flat):
   skip = lambda p: jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype)
                                 if jnp.issubdtype(s.dtype, jnp.inexact)
                                 else jnp.zeros(s.shape, s.dtype), shapes)
-  due = (completed == 1) | (completed % cfg.eval_every == 0)
+  due = (completed == 1) | (completed % cfg.eval_every == 0) | (completed == final_round)
   out = jax.lax.cond(due, compute, skip, params)
   return {**out, "evaluated": due}
 

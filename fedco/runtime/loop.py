@@ -108,7 +108,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
 
   Ctrl-C is deferred to the end of the running chunk: the chunk's rows are written, a
   checkpoint is saved (when checkpointing) and :class:`~fedco.runtime.host.Interrupted`
-  (a ``KeyboardInterrupt``) says up to which round; a second Ctrl-C stops at once.
+  (a ``KeyboardInterrupt``) says up to which round. It is never dropped: a Ctrl-C during
+  the last chunk still raises ``Interrupted`` (the finished result is its ``result``), one
+  during a chunk that diverges raises it instead of the ``NonFiniteError`` (chained as its
+  cause), and under an enclosing :func:`~fedco.runtime.host.interrupt_guard` one that came
+  before the call stops it before round 1. A second Ctrl-C ends the process at once.
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
@@ -189,8 +193,16 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     return rows
 
   start = time.perf_counter()
+
+  def interrupted(when):
+    written = " and a checkpoint are" if ckpt is not None else " are"
+    rows = f"the metrics of rounds 1-{done}{written} written" if done else "nothing is lost"
+    return host.Interrupted(f"interrupted {name} {when}: {rows}", done)
+
   try:
     with host.interrupt_guard() as stop:
+      if stop.requested:  # Ctrl-C came before this run (a guard around a loop of runs)
+        raise interrupted(f"before round {done + 1} of {rounds}")
       if done == 0:
         act(lambda a: a.at_start)
       while done < rounds:
@@ -200,7 +212,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
         for action in actions:
           size = min(size, action.rounds_to_next(done))
         last_good = state
-        state, metrics = sim.run(state, size)
+        state, metrics = sim.run(state, size, final_round=rounds)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
         if spends:  # the privacy spent by the end of each round
           metrics["epsilon"] = link.epsilon(np.arange(done + 1, done + size + 1))
@@ -219,6 +231,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
               ckpt.save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {},
                         host_metrics, run=run_id)
             err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
+            if stop.requested:  # the user asked to stop: that, not the divergence, ends it
+              raise interrupted(f"in rounds {done + 1}-{done + size} of {rounds}, which "
+                                f"diverged ({err.args[0]})") from err
             raise
         done += size
         rows = act(lambda a: a.due(done, rounds))
@@ -232,10 +247,12 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           shown = float(rows[-1][progress_metric])
         bar.update(done, shown, progress_metric)
         if stop.requested and done < rounds:
-          raise host.Interrupted(
-              f"interrupted after round {done} of {rounds}: the metrics of rounds 1-{done}"
-              + (" and a checkpoint are" if ckpt is not None else " are") + " written",
-              done)
+          raise interrupted(f"after round {done} of {rounds}")
+      if stop.requested:  # during the last chunk: the run is complete, and still stops
+        err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
+        err.result = _result(sim, state, collected, rounds, time.perf_counter() - start,
+                             host_metrics)
+        raise err
   finally:
     bar.close()
     host.close_all(writers)
@@ -243,7 +260,10 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
       ckpt.close()
     if lock is not None:
       lock.release()
-  seconds = time.perf_counter() - start
+  return _result(sim, state, collected, rounds, time.perf_counter() - start, host_metrics)
+
+
+def _result(sim, state, collected, rounds, seconds, host_metrics):
   return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
                           _ledger(sim, state, collected, rounds), seconds, host_metrics)
 

@@ -177,9 +177,10 @@ def _sample(cfg, key):
   return jnp.sort(jax.random.permutation(key, n)[:m])
 
 
-def round_step(cfg, data, flat, state: SimState):
+def round_step(cfg, data, flat, state: SimState, final_round):
   """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
-  :func:`~fedco.runtime.evaluation.flat_examples`)."""
+  :func:`~fedco.runtime.evaluation.flat_examples`; ``final_round``, the run's last round,
+  is always evaluated)."""
   plan, n, layout, mesh, up = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh, cfg.uplink
   slots = layout.slots
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
@@ -269,7 +270,8 @@ def round_step(cfg, data, flat, state: SimState):
                                state.random_params)
   new_state = SimState(completed, key, server, server_opt_state, shared, clients,
                        random_params, uplink)
-  metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat)
+  metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat,
+                                     final_round)
   metrics["clients"] = real
   if cfg.faults:
     metrics["survivors"] = pick(alive)
@@ -305,7 +307,11 @@ def _unprivate_losses(*args, **kwargs):
                    "without privacy=")
 
 
-def run_rounds(cfg, state: SimState, data, rounds: int):
-  """``rounds`` rounds as one ``lax.scan``: ``(state, stacked metrics)``."""
+def run_rounds(cfg, state: SimState, data, rounds: int, final_round=None):
+  """``rounds`` rounds as one ``lax.scan``: ``(state, stacked metrics)``. ``final_round``
+  (the run's last round, evaluated whatever ``eval_every`` says) defaults to this call's
+  last round."""
   flat = evaluation.flat_examples(cfg, data)
-  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s), state, None, length=rounds)
+  final_round = state.round + rounds if final_round is None else final_round
+  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s, final_round), state, None,
+                      length=rounds)

@@ -83,9 +83,10 @@ class Simulator:
       client and Gaussian noise added where the server combines them; :meth:`epsilon` is
       the epsilon spent (``fedco.simulate`` calibrates a target epsilon to its rounds and
       reports it per round as ``epsilon``).
-    eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round
-      and after round 1; other rounds skip the work (``lax.cond``) and hold NaN, and
-      ``metrics["evaluated"]`` marks the evaluated rounds.
+    eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round,
+      after round 1 and after the run's last round (:meth:`run`'s ``final_round``); other
+      rounds skip the work (``lax.cond``) and hold NaN, and ``metrics["evaluated"]`` marks
+      the evaluated rounds.
   """
 
   def __init__(self, problem: Problem, algorithm: Algorithm, data: FederatedData, *,
@@ -113,8 +114,7 @@ class Simulator:
     self.data = cfg.layout.place_data(data)  # placed once: every run sees the same shardings
     # Per-instance jits of pure functions (never a global cache keyed on ``self``), so a
     # dropped simulator and its data are collected.
-    self._run = jax.jit(functools.partial(rounds_lib.run_rounds, cfg),
-                        static_argnames="rounds")
+    self._run = jax.jit(functools.partial(_run_rounds, cfg), static_argnames="rounds")
     self._init_jit = jax.jit(functools.partial(rounds_lib.init_state, cfg))
 
   def init(self, params: PyTree, seed=0) -> SimState:
@@ -132,12 +132,19 @@ class Simulator:
     """``params`` as arrays, refused when they do not fit the data and problem."""
     return config.check_params(params, self.data, self.problem)
 
-  def run(self, state: SimState, rounds: int):
-    """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``."""
+  def run(self, state: SimState, rounds: int, *, final_round: Optional[int] = None):
+    """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``.
+
+    ``final_round`` is the run's last round, evaluated whatever ``eval_every`` says
+    (default: this call's last round; :func:`fedco.simulate` passes its ``rounds``, so its
+    chunks share one program)."""
     _validate.positive_int("rounds", rounds)
+    if final_round is None:
+      final_round = -1  # a traced sentinel: this call's last round (see run_rounds)
+    final_round = _validate.positive_int("final_round", final_round, minimum=-1)
     if self.mesh is not None:  # same input shardings every call: no second compilation
       state = jax.device_put(state, self._replicated)
-    return self._run(state, self.data, rounds=rounds)
+    return self._run(state, self.data, np.int32(final_round), rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
     """Floats and bytes per participating client per round, split by what was sent."""
@@ -179,6 +186,12 @@ class Simulator:
     ``None``."""
     link = self.config.uplink
     return None if link is None else link.epsilon(rounds)
+
+
+def _run_rounds(cfg, state, data, final_round, *, rounds):
+  """``run_rounds`` with ``final_round`` traced; ``-1``: this call's last round."""
+  final_round = jnp.where(final_round < 0, state.round + rounds, final_round)
+  return rounds_lib.run_rounds(cfg, state, data, rounds, final_round)
 
 
 __all__ = ["CLIENTS", "SimState", "Simulator", "client_mesh"]

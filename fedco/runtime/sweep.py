@@ -143,6 +143,10 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
     **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
       ``metrics_fn``, faults, ``compression``, ``privacy`` (a target epsilon is spent over
       ``rounds``; ``metrics["epsilon"]`` per run and round), ...).
+
+  Ctrl-C stops the sweep after the running chunk with :class:`fedco.runtime.Interrupted`
+  (a sweep keeps no checkpoints; one during the last chunk carries the finished
+  ``result``), as :func:`fedco.simulate` does.
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
@@ -190,8 +194,8 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
 
     def one_round(carry, _):
       states, frozen = carry
-      new, metrics = jax.vmap(lambda s: rounds_lib.round_step(sim.config, data, flat, s))(
-          states)
+      new, metrics = jax.vmap(
+          lambda s: rounds_lib.round_step(sim.config, data, flat, s, rounds))(states)
       ok = jax.vmap(_all_finite)(new) & jax.vmap(_finite_metrics)(metrics)
       stop = (frozen == 0) & ~ok
       frozen = jnp.where(stop, new.round, frozen)
@@ -213,15 +217,33 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
   bar = host.ProgressBar(rounds, label=f"sweep of {len(runs)} {algorithm.name} runs",
                         enabled=progress)
   collected, done = [], 0
-  while done < rounds:
-    size = min(chunk, rounds - done)
-    states, frozen, metrics = run_chunk(states, frozen, data, length=size)
-    collected.append({k: np.swapaxes(np.asarray(v), 0, 1)[:len(runs)]
-                      for k, v in metrics.items()})
-    done += size
-    bar.update(done)
-  bar.close()
-  seconds = time.perf_counter() - start
+  try:
+    with host.interrupt_guard() as stop:
+      if stop.requested:  # Ctrl-C came before this sweep (a guard around a loop of runs)
+        raise host.Interrupted(f"interrupted a sweep of {len(runs)} runs before round 1",
+                               0)
+      while done < rounds:
+        size = min(chunk, rounds - done)
+        states, frozen, metrics = run_chunk(states, frozen, data, length=size)
+        collected.append({k: np.swapaxes(np.asarray(v), 0, 1)[:len(runs)]
+                          for k, v in metrics.items()})
+        done += size
+        bar.update(done)
+        if stop.requested:  # a sweep keeps no checkpoints: its rows are the result
+          err = host.Interrupted(f"interrupted a sweep of {len(runs)} runs after round "
+                                 f"{done} of {rounds}", done)
+          if done == rounds:
+            err.result = _result(sim, runs, states, frozen, collected, rounds,
+                                 time.perf_counter() - start, padded)
+          raise err
+  finally:
+    bar.close()
+  return _result(sim, runs, states, frozen, collected, rounds, time.perf_counter() - start,
+                 padded)
+
+
+def _result(sim, runs, states, frozen, collected, rounds, seconds, padded) -> SweepResult:
+  """The finished sweep's :class:`SweepResult`."""
   metrics = {k: np.concatenate([c[k] for c in collected], axis=1) for k in collected[0]}
   diverged = _divergences(np.asarray(frozen)[:len(runs)], metrics)
   link = sim.config.uplink

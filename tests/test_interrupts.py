@@ -1,0 +1,204 @@
+"""A Ctrl-C is never lost: ``simulate`` and ``sweep`` raise ``Interrupted`` after writing what
+is complete, whether the stop came in the middle of a run, in its last chunk, in a chunk that
+diverges, or between two runs under one guard; the driver says so in one line and exits 130;
+a second Ctrl-C ends the process without a crash.
+
+In-process, a metric writer sends SIGINT to its own process when it receives a chosen round:
+the handler runs at once (Python checks signals between bytecodes), exactly as a Ctrl-C
+that arrived while that chunk ran, so every landing point is deterministic.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedco
+from fedco.problems import portfolio
+from fedco.runtime import host
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+DATA = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
+
+
+class CtrlCAt(host.MetricWriter):
+  """Keeps the rows it receives; sends SIGINT to this process on receiving ``round_``."""
+
+  def __init__(self, round_):
+    self.round, self.rows = round_, []
+
+  def write(self, rows):
+    self.rows.extend(rows)
+    if any(row["round"] == self.round for row in rows):
+      os.kill(os.getpid(), signal.SIGINT)
+
+
+def _simulate(writer, rounds=9, learning_rate=0.01, chunk_rounds=3, **kwargs):
+  return fedco.simulate(portfolio(1.0), fedco.feddro(learning_rate, 2, beta=0.5), DATA,
+                        jnp.zeros(3), rounds=rounds, seed=0, batch_size=4,
+                        chunk_rounds=chunk_rounds, metric_writers=[writer], **kwargs)
+
+
+def test_a_ctrl_c_mid_run_stops_after_the_chunk_with_its_rows_and_checkpoint(tmp_path):
+  writer = CtrlCAt(4)
+  with pytest.raises(host.Interrupted, match="after round 6 of 9") as err:
+    _simulate(writer, checkpoint_dir=tmp_path)
+  assert err.value.round == 6 and err.value.result is None
+  assert [r["round"] for r in writer.rows] == list(range(1, 7))
+  assert "6" in os.listdir(tmp_path)
+
+
+def test_a_ctrl_c_in_the_last_chunk_is_not_dropped(tmp_path):
+  """The run is complete; it still stops, with the finished result on the exception."""
+  writer = CtrlCAt(8)
+  with pytest.raises(host.Interrupted, match=r"at its end \(round 9 of 9, complete\)") as err:
+    _simulate(writer, checkpoint_dir=tmp_path)
+  assert err.value.round == 9
+  assert [r["round"] for r in writer.rows] == list(range(1, 10))
+  assert int(err.value.result.state.round) == 9
+  np.testing.assert_allclose(err.value.result.metrics["objective"][-1],
+                             writer.rows[-1]["objective"], rtol=1e-6)
+  assert "9" in os.listdir(tmp_path)
+
+
+def test_a_ctrl_c_in_a_diverging_chunk_stops_instead_of_reporting_divergence():
+  writer = CtrlCAt(1)  # the first chunk diverges at round 2
+  with pytest.raises(host.Interrupted, match=r"in rounds 1-3 of 30, which diverged \(round 2"
+                     ) as err:
+    _simulate(writer, rounds=30, learning_rate=1e6)
+  assert isinstance(err.value.__cause__, fedco.runtime.NonFiniteError)
+  assert writer.rows and all(host.finite_row(r) for r in writer.rows)
+
+
+def test_a_ctrl_c_between_two_runs_stops_the_second_before_it_starts():
+  first, second = CtrlCAt(None), CtrlCAt(None)
+  with pytest.raises(host.Interrupted, match="before round 1 of 9"):
+    with fedco.runtime.interrupt_guard():
+      _simulate(first)
+      os.kill(os.getpid(), signal.SIGINT)  # while the host is between the runs
+      _simulate(second)
+  assert len(first.rows) == 9 and second.rows == []
+  # the guard is gone: the default handler is back
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_inside_a_guard_that_runs_nothing_more_is_raised_at_its_end():
+  with pytest.raises(host.Interrupted, match="the block ended after Ctrl-C"):
+    with fedco.runtime.interrupt_guard():
+      os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_sweep_stops_before_it_starts_after_a_chunk_and_in_its_last_chunk(monkeypatch):
+  def sweep(ctrl_c_at):
+    def update(self, done, *args, **kwargs):  # runs on the host after every chunk
+      del self, args, kwargs
+      if done == ctrl_c_at:
+        os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(host.ProgressBar, "update", update)
+    return fedco.sweep(portfolio(1.0), fedco.feddro, DATA, jnp.zeros(3), rounds=4,
+                       grid={"learning_rate": [0.01, 0.02]},
+                       algorithm_kwargs={"local_steps": 2, "beta": 0.5}, batch_size=4,
+                       chunk_rounds=2)
+
+  with pytest.raises(host.Interrupted, match="after round 2 of 4") as err:
+    sweep(2)
+  assert err.value.round == 2 and err.value.result is None
+  with pytest.raises(host.Interrupted, match="after round 4 of 4") as err:
+    sweep(4)
+  assert err.value.result.metrics["objective"].shape == (2, 4)
+  with pytest.raises(host.Interrupted, match="before round 1"):
+    with fedco.runtime.interrupt_guard():
+      os.kill(os.getpid(), signal.SIGINT)
+      sweep(None)
+
+
+def _driver(workdir, *flags):
+  return subprocess.Popen(
+      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
+       f"--workdir={workdir}", "--config.rounds=3000", "--config.seeds=0,",
+       "--methods=fedavg,comfedl", "--noprogress", "--checkpoint_every=10", *flags],
+      cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path, proc, timeout=240):
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None and not path.exists():
+    time.sleep(0.02)
+  assert proc.poll() is None, proc.communicate()
+
+
+def test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130(tmp_path):
+  proc = _driver(tmp_path)
+  metrics = tmp_path / "in_progress" / "metrics.jsonl"
+  _wait_for(metrics, proc)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == 130, err[-3000:]
+  lines = [l for l in err.strip().splitlines() if not l.startswith("warning: ")]  # config's
+  assert len(lines) == 1, err[-3000:]
+  assert lines[0].startswith("interrupted fedavg seed 0 after round "), lines
+  assert lines[0].endswith("rerun the same command to resume (finished runs and "
+                           "checkpoints are kept)")
+  done = int(lines[0].split()[6])
+  rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+  assert rows and rows[-1]["round"] == done and rows[-1]["method"] == "fedavg"
+  assert not any(row["method"] == "comfedl" for row in rows)  # the next run never started
+  assert "released by pid" in (tmp_path / ".lock").read_text()
+  assert "summary.json" not in os.listdir(tmp_path) and out == ""
+
+
+def test_a_second_ctrl_c_ends_the_process_at_once_without_a_crash(tmp_path):
+  """Two Ctrl-Cs 0.25 s apart while the program loads and compiles: the process ends by
+  SIGINT at once (exit status 130 in a shell), never a segmentation fault."""
+  proc = _driver(tmp_path)
+  _wait_for(tmp_path / "in_progress", proc)
+  proc.send_signal(signal.SIGINT)
+  time.sleep(0.25)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == -signal.SIGINT, err[-3000:]
+  assert "Segmentation" not in err and "Fatal Python error" not in err, err[-3000:]
+  assert "second Ctrl-C: stopping now" in err
+
+
+# ---- the last round is always evaluated ----------------------------------------------------
+
+def _evaluated(rounds, eval_every, chunk_rounds=2):
+  return _simulate(CtrlCAt(None), rounds=rounds, eval_every=eval_every,
+                   chunk_rounds=chunk_rounds)
+
+
+@pytest.mark.parametrize("rounds,eval_every,expected", [(5, 3, [1, 3, 5]), (2, 3, [1, 2]),
+                                                        (6, 3, [1, 3, 6]), (1, 4, [1])])
+def test_simulate_evaluates_round_one_every_eval_every_and_the_last(rounds, eval_every,
+                                                                    expected):
+  every_round = _evaluated(rounds, 1)
+  result = _evaluated(rounds, eval_every)
+  evaluated = np.flatnonzero(result.metrics["evaluated"]) + 1
+  assert evaluated.tolist() == expected
+  np.testing.assert_allclose(result.metrics["objective"][evaluated - 1],
+                             every_round.metrics["objective"][evaluated - 1], rtol=1e-6)
+
+
+def test_sweep_and_simulator_run_evaluate_the_last_round():
+  result = fedco.sweep(portfolio(1.0), fedco.feddro, DATA, jnp.zeros(3), rounds=5,
+                       grid={"learning_rate": [0.01, 0.02]},
+                       algorithm_kwargs={"local_steps": 2, "beta": 0.5}, batch_size=4,
+                       chunk_rounds=2, eval_every=3)
+  assert np.all(np.isfinite(result.metrics["objective"][:, [0, 2, 4]]))
+  assert (np.flatnonzero(result.metrics["evaluated"][0]) + 1).tolist() == [1, 3, 5]
+  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.01, 2, beta=0.5), DATA, batch_size=4,
+                        eval_every=10)
+  state, metrics = sim.run(sim.init(jnp.zeros(3)), 4)  # by default, the call's last round
+  assert (np.flatnonzero(metrics["evaluated"]) + 1).tolist() == [1, 4]
+  _, metrics = sim.run(state, 3, final_round=20)  # a chunk of a longer run
+  assert not np.any(metrics["evaluated"])
