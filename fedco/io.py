@@ -42,12 +42,22 @@ def atomic_write_json(path, value, *, indent: int = 2) -> None:
   atomic_write(path, json.dumps(value, indent=indent) + "\n")
 
 
+def _rewrite(handle, text: str) -> None:
+  handle.seek(0)
+  handle.truncate()
+  handle.write(text)
+  handle.flush()
+
+
 class DirectoryLock:
   """An exclusive lock on a directory for one process: ``<directory>/.lock``.
 
   Held with ``fcntl.flock``, so the operating system releases it when the holder exits or is
-  killed: a stale lock of a dead process is simply free again. The file records the holder
-  (pid, host, start time) for the message another process gets. The lock excludes other
+  killed: a stale lock of a dead process is simply free again, and the next process takes it
+  over. While held, the file records the holder (``held by pid ... since ...``) for the
+  message another process gets; a clean release rewrites it to ``released by pid ... at
+  ...``. The file itself stays (removing a lock file while another process may be opening
+  it would let two processes hold two different files). The lock excludes other
   *processes*; within one process it is shared (a count), so nested users (an experiment's
   workdir and a run inside it) never lock themselves out. Use as a context manager or with
   :meth:`acquire` / :meth:`release`.
@@ -85,15 +95,13 @@ class DirectoryLock:
       fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       handle.seek(0)
-      holder = handle.read().strip() or "another process"
+      holder = handle.read().strip().removeprefix("held by ") or "another process"
       handle.close()
-      raise ValueError(f"{self.what} {self.directory} is in use by {holder}; wait for it to "
-                       "finish or use another directory") from None
-    handle.seek(0)
-    handle.truncate()
+      raise ValueError(f"{self.what} {self.directory} is in use by a running process ({holder}); "
+                       "wait for it to finish, stop it, or use another directory (a lock "
+                       "of a process that died frees itself)") from None
     start = datetime.datetime.now().isoformat(timespec="seconds")
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {start}\n")
-    handle.flush()
+    _rewrite(handle, f"held by pid {os.getpid()} on {socket.gethostname()} since {start}\n")
     self._file = handle
     DirectoryLock._held[self.path] = [handle, 1]
     return self
@@ -106,7 +114,13 @@ class DirectoryLock:
     if entry is not None:
       entry[1] -= 1
       if entry[1] == 0:
+        import datetime  # pylint: disable=g-import-not-at-top
         del DirectoryLock._held[self.path]
+        try:  # say so, while still holding it: a reader never sees a held lock as free
+          now = datetime.datetime.now().isoformat(timespec="seconds")
+          _rewrite(entry[0], f"released by pid {os.getpid()} at {now}\n")
+        except (OSError, ValueError):  # the directory went away, or interpreter shutdown
+          pass
         entry[0].close()  # closing releases the flock
 
   def __enter__(self):

@@ -138,13 +138,17 @@ def test_a_locked_directory_refuses_another_process_until_the_holder_dies(tmp_pa
   process the lock is shared, so a workdir and a run inside it do not collide."""
   with _held_by_another_process(tmp_path) as holder:
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=rf"checkpoint_dir {tmp_path} is in use by pid "
-                                         rf"{holder.pid} on .* since ") as err:
+    with pytest.raises(ValueError, match=rf"checkpoint_dir {tmp_path} is in use by a running "
+                                         rf"process \(pid {holder.pid} on .* since .*\); wait "
+                                         "for it to finish, stop it, or use another") as err:
       _run(tmp_path, 1)
     assert time.perf_counter() - start < 30 and "\n" not in str(err.value)
-  with DirectoryLock(tmp_path):  # shared within this process
+  with DirectoryLock(tmp_path):  # shared within this process; the killed holder's is free
+    assert (tmp_path / ".lock").read_text().startswith(f"held by pid {os.getpid()} on ")
     _run(tmp_path, 1)
-  assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
+    assert (tmp_path / ".lock").read_text().startswith(f"held by pid {os.getpid()} on ")
+  # released visibly: the file no longer reads like a holder's
+  assert (tmp_path / ".lock").read_text().startswith(f"released by pid {os.getpid()} at ")
 
 
 def test_an_unwritable_checkpoint_dir_is_a_one_line_error(tmp_path):
@@ -167,5 +171,5 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
         timeout=120)
     assert second.returncode == 1 and "Traceback" not in second.stderr
     assert second.stderr.strip().splitlines()[-1].startswith(
-        f"error: --workdir {tmp_path} is in use by pid {holder.pid}")
+        f"error: --workdir {tmp_path} is in use by a running process (pid {holder.pid}")
     assert sorted(os.listdir(tmp_path)) == before
