@@ -11,6 +11,7 @@ the public ``Simulator.init``/``run``/``simulate`` path on a mesh (placement, ho
 is covered by the other tests of ``tests/test_mesh.py`` and by ``tests/test_multihost.py``.
 """
 
+import dataclasses
 import json
 import sys
 
@@ -48,7 +49,8 @@ SAMPLED = ("comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml")  
 def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size, **simulator_options):
   """Every configuration of ``configs`` from ONE compiled program.
 
-  ``configs`` is a list of ``(label, problem, algorithm, clients_per_round)``. Each runs as
+  ``configs`` is a list of ``(label, problem, algorithm, clients_per_round)``, optionally
+  with a fifth entry: fields of the simulator's ``RunConfig`` to replace. Each runs as
   ``fedco.simulate`` runs it (``Simulator.init``'s ``_init``, then ``Simulator.run``'s
   ``_run_rounds`` for ``rounds`` rounds), but all of them are traced into one ``jax.jit`` for
   the inits and one for the rounds: compiling a few large programs costs about half as much
@@ -60,7 +62,10 @@ def compile_all(configs, data, mesh, *, x0, seed, rounds, batch_size, **simulato
   """
   labels = [c[0] for c in configs]
   sims = [fedco.Simulator(problem, alg, data, batch_size=batch_size, clients_per_round=m,
-                          mesh=mesh, **simulator_options) for _, problem, alg, m in configs]
+                          mesh=mesh, **simulator_options) for _, problem, alg, m, *_ in configs]
+  for sim, config in zip(sims, configs):
+    if len(config) > 4:  # traced below from sim.config
+      sim.config = dataclasses.replace(sim.config, **config[4])
   data = sims[0].data  # the same for every simulator (replicated once on a mesh)
   x0, key = jnp.asarray(x0), jax.random.PRNGKey(seed)  # as Simulator.init(x0, seed)
   replicated = None
