@@ -1,9 +1,10 @@
 """Every algorithm of ``fedco.ALGORITHMS`` with the settings the tests use.
 
-The one registry is ``fedco.ALGORITHMS`` (name -> factory). This module only says which
-keyword arguments each registry entry gets in tests (some entries, like ``fedavg_co``, are
-tested in several configurations), so a registry entry without settings here fails
-``tests/test_contract.py::test_every_registry_algorithm_has_test_settings``.
+The one registry is ``fedco.ALGORITHMS`` (name -> factory); each algorithm declares its
+test configurations where it is defined (``@fedco.extend.register(settings={label:
+kwargs})``), so a new algorithm is covered by the contract, hyperparameter, simulate, mesh
+and multi-process tests without an entry here. This module derives the labels and adds
+the helpers those tests share.
 """
 
 import inspect
@@ -15,32 +16,7 @@ import fedco
 from fedco.problems import portfolio
 
 # registry name -> [(label, keyword arguments; local_steps only where a test must not set it)]
-SETTINGS = {
-    "comfedl": [("comfedl", dict(learning_rate=0.1))],
-    "local_scgd": [("local_scgd", dict(learning_rate=0.1, gamma=0.9))],
-    "local_scgdm": [("local_scgdm", dict(learning_rate=1.0, beta=0.1, alpha=0.8, gamma=0.7))],
-    "fedavg": [("fedavg", dict(learning_rate=0.1))],
-    "fedavg_co": [(f"fedavg_co_{case}", dict(learning_rate=0.1, case=case))
-                  for case in ("I", "II", "modified")],
-    "mbsgd": [("mbsgd", dict(learning_rate=0.1))],
-    "feddro": [("feddro", dict(learning_rate=0.1, beta=0.5))],
-    "ds_feddro": [("ds_feddro", dict(learning_rate=0.1, beta=0.5))],
-    "qfedavg": [("qfedavg", dict(learning_rate=0.1, q=0.2))],
-    "drfa": [("drfa", dict(learning_rate=0.1, weights_lr=0.08))],
-    "afl": [("afl", dict(learning_rate=0.1, weights_lr=0.1))],
-    "gcivr": [("gcivr", dict(learning_rate=0.1, refresh_every=5))],
-    # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
-    "local_moml": [("local_moml", dict(learning_rate=0.1, beta=0.7, first_order=False))],
-    # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
-    "fastdro": [("fastdro", dict(learning_rate=0.1, geometry="cvar", size=0.5))],
-    # N p_i-weighted steps on 130 rows: more than one local step diverges at this rate
-    "primal_dual_dro": [("primal_dual_dro", dict(learning_rate=0.1, local_steps=1,
-                                                 weights_lr=0.01))],
-    "per_fedavg": [("per_fedavg", dict(learning_rate=0.1))],
-    "fedmaml": [("fedmaml", dict(learning_rate=0.1))],
-    "tr_maml": [("tr_maml", dict(learning_rate=0.1, weights_lr=0.08))],
-    "ditto": [("ditto", dict(learning_rate=0.1, lam=0.1))],
-}
+SETTINGS = {name: list(factory.settings.items()) for name, factory in fedco.ALGORITHMS.items()}
 
 CASES = {label: (name, kwargs) for name, entries in SETTINGS.items()
          for label, kwargs in entries}

@@ -74,7 +74,9 @@ class CommPlan(NamedTuple):
     every_round: state fields aggregated with the parameters at the end of every round,
       through the server transform (Local-SCGDM's ``u`` and ``m``, DS-FedDRO's ``y``).
     at_init: state fields averaged over all clients once, after ``init`` (every client starts
-      from the same ``y_bar_0``). ``None`` means ``every_step + every_round``.
+      from the same ``y_bar_0``): trackers of the inner value, never fields that start equal
+      everywhere (under privacy each is a message, clipped, noised and accounted). Default:
+      none.
     round_start: state fields that hold an inner value and are recomputed at the start of
       every round: each of the round's clients evaluates ``g_k(x_bar; zeta)`` at the server
       model on a fresh batch and the field becomes their mean (MBSGD's ``y_bar``), or
@@ -97,7 +99,7 @@ class CommPlan(NamedTuple):
   local_steps: int
   every_step: Tuple[str, ...] = ()
   every_round: Tuple[str, ...] = ()
-  at_init: Optional[Tuple[str, ...]] = None
+  at_init: Tuple[str, ...] = ()
   weighting: str = "uniform"
   round_start: Tuple[str, ...] = ()
   round_start_loss: Tuple[str, ...] = ()
@@ -107,9 +109,13 @@ class CommPlan(NamedTuple):
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
-    if self.at_init is not None:
-      return tuple(self.at_init)
-    return tuple(self.every_step) + tuple(self.every_round)
+    return tuple(self.at_init or ())
+
+  @property
+  def fields(self) -> Tuple[str, ...]:
+    """Every state field the plan names, each once, in plan order."""
+    return tuple(dict.fromkeys(self.every_step + self.every_round + self.init_fields
+                               + self.round_start + self.round_start_loss + self.report))
 
 
 class Algorithm(optax.GradientTransformationExtraArgs):
@@ -158,15 +164,51 @@ ScalarOrSchedule = optax.ScalarOrSchedule
 Optimizer = Optional[Any]
 
 
+# Annotations of arguments that inject_hyperparams would mistake for hyperparameters: an int
+# becomes a traced number, an optimizer factory (a callable) a schedule. (Strings and bools
+# stay static by their value.)
+_STRUCTURAL = {"int", "Optimizer", "base.Optimizer"}
+
+
+def _structural(annotation) -> bool:
+  """Whether an annotation (a string under ``from __future__ import annotations``) is an
+  int or an optimizer, alone or with ``None``."""
+  text = annotation if isinstance(annotation, str) else getattr(
+      annotation, "__name__", repr(annotation))
+  names = {n.strip() for n in text.replace("Optional[", "").replace("Union[", "").replace(
+      "typing.", "").replace("]", "").split(",")} - {"None"}
+  return bool(names) and names <= _STRUCTURAL
+
+
 def factory(*, static: Tuple[str, ...] = ()):
   """Marks an algorithm factory's structural arguments (``static_args``).
 
   :func:`inject_hyperparams` keeps these static (a compiled program depends on them:
   ``local_steps``, counts, the ``optimizer``); every other numeric argument becomes state.
+  Checked when the factory is decorated: ``static`` must name arguments of the factory, and
+  every argument annotated ``int`` (or ``Optional[int]``) or ``Optimizer`` must be in it:
+  under ``inject_hyperparams`` an int would silently become a traced number and an
+  optimizer factory a schedule. (``str`` and ``bool`` arguments stay static by value.)
+
+  Raises:
+    ValueError: ``static`` names an unknown argument, or leaves out a structural one.
   """
+  static = (static,) if isinstance(static, str) else tuple(static)
 
   def mark(fn):
     signature = inspect.signature(fn)
+    name = getattr(fn, "__name__", repr(fn))
+    unknown = [a for a in static if a not in signature.parameters]
+    if unknown:
+      raise ValueError(f"@factory(static=...) of {name} names {unknown}, which are not its "
+                       f"arguments; allowed: {list(signature.parameters)}")
+    missing = [p.name for p in signature.parameters.values()
+               if p.name not in static and p.annotation is not inspect.Parameter.empty
+               and _structural(p.annotation)]
+    if missing:
+      raise ValueError(f"@factory(static=...) of {name} leaves out {missing}: arguments "
+                       f"annotated int or Optimizer shape the compiled program and must be "
+                       f"static (add them to static=)")
 
     @functools.wraps(fn)
     def build(*args, **kwargs):
@@ -181,6 +223,73 @@ def factory(*, static: Tuple[str, ...] = ()):
     return build
 
   return mark
+
+
+# name -> factory of every registered algorithm: fedco.ALGORITHMS.
+REGISTRY: dict = {}
+
+
+def register(*, settings: dict):
+  """Adds a :func:`factory` to ``fedco.ALGORITHMS`` under its function name.
+
+  Built-in algorithms are registered in their own module, so adding one is that module and
+  its tests; ``fedco.ALGORITHMS``, ``fedco.<name>``, the test suite's coverage and the mesh
+  and multi-process checks follow. A user's algorithm needs no registration to run
+  anywhere (``simulate``, ``sweep``, :func:`fedco.testing.check_algorithm`); registering it
+  makes it a name the experiment configs accept (``methods.<label>.algorithm``).
+
+  Args:
+    settings: ``{label: keyword arguments}``: small configurations that converge on the
+      test problem (``fedco.testing``'s portfolio), run by the contract tests; more than one
+      label tests several configurations (``fedavg_co``'s cases).
+
+  Raises:
+    ValueError: the name is taken, the function is not a :func:`factory`, or ``settings``
+      is empty or names arguments the factory does not take.
+  """
+  if not isinstance(settings, dict) or not settings:
+    raise ValueError(f"register(settings=...) needs a non-empty dict {{label: kwargs}}, "
+                     f"got {settings!r}")
+
+  def add(fn):
+    name = getattr(fn, "__name__", None)
+    if not hasattr(fn, "static_args"):
+      raise ValueError(f"register: decorate {name} with @factory(static=...) first (under "
+                       "@register)")
+    if name in REGISTRY and REGISTRY[name] is not fn:
+      raise ValueError(f"register: an algorithm named {name!r} is registered already")
+    parameters = inspect.signature(fn).parameters
+    for label, kwargs in settings.items():
+      unknown = set(kwargs) - set(parameters)
+      if unknown:
+        raise ValueError(f"register: settings[{label!r}] of {name} names {sorted(unknown)}, "
+                         "which are not its arguments")
+    fn.settings = {label: dict(kwargs) for label, kwargs in settings.items()}
+    REGISTRY[name] = fn
+    return fn
+
+  return add
+
+
+def at_round_start(local_step, count, local_steps: int) -> jax.Array:
+  """Whether this ``update`` is the first local step of a round.
+
+  The runtime passes ``local_step`` (``0 .. local_steps - 1``); in a user's own loop it is
+  ``None`` and the step count tells (``count % local_steps == 0``, every ``local_steps``
+  calls starting with the first). Use it where a client does something once a round:
+  anchor to the round's model (FedProx, Ditto), reset a per-round accumulator.
+  """
+  if local_step is None:
+    return jnp.asarray(count) % local_steps == 0
+  return jnp.asarray(local_step) == 0
+
+
+def at_round_end(local_step, count, local_steps: int) -> jax.Array:
+  """Whether this ``update`` is the last local step of a round (see :func:`at_round_start`):
+  where a client prepares what it uploads (SCAFFOLD's control variate)."""
+  if local_step is None:
+    return jnp.asarray(count) % local_steps == local_steps - 1
+  return jnp.asarray(local_step) == local_steps - 1
 
 
 # ---- trackers filled from the first inner sample ------------------------------------------
@@ -430,17 +539,24 @@ def _schedule_at(schedule, count):
   return schedule(count)
 
 
-def make_plan(local_steps, *, every_step=(), every_round=(), at_init=None,
+def make_plan(local_steps, *, every_step=(), every_round=(), at_init=(),
               weighting="uniform", round_start=(), round_start_loss=(), report=(),
               round_start_reduce=None, round_start_value="inner") -> CommPlan:
-  """A validated :class:`CommPlan`."""
+  """A validated :class:`CommPlan` (see its attributes; ``at_init`` defaults to none)."""
   _validate.one_of("round_start_value", round_start_value, ("inner", "pre_link"))
+  if at_init is None:
+    raise ValueError("at_init must be a tuple of field names (() for none), got None")
+  for what, names in (("every_step", every_step), ("every_round", every_round),
+                      ("at_init", at_init), ("round_start", round_start),
+                      ("round_start_loss", round_start_loss), ("report", report)):
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+      raise ValueError(f"{what} must be a tuple of field names, got {names!r}")
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   if round_start_reduce is not None and not callable(round_start_reduce):
     raise ValueError(f"round_start_reduce must be callable, got {round_start_reduce!r}")
   return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
-                  None if at_init is None else tuple(at_init), weighting, tuple(round_start),
+                  tuple(at_init), weighting, tuple(round_start),
                   tuple(round_start_loss), tuple(report), round_start_reduce,
                   round_start_value)
 

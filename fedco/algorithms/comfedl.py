@@ -83,6 +83,7 @@ class NormalizedComFedLState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"comfedl": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer", "normalized", "gamma", "weighting"))
 def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
             normalized: bool = False, gamma: Optional[float] = None,

@@ -46,6 +46,7 @@ class FedAvgCOState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"fedavg": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
 def fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
            weighting: str = "samples", optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -75,6 +76,8 @@ def fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
   return base.Algorithm(init, update, plan, base.averaging_server(), "fedavg", "plain")
 
 
+@base.register(settings={f"fedavg_co_{case}": dict(learning_rate=0.1, case=case)
+                           for case in ("I", "II", "modified")})
 @base.factory(static=("local_steps", "optimizer"))
 def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
               case: str = "II", optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -94,9 +97,9 @@ def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
   if case == "I":
     plan = base.make_plan(period, at_init=("y",))
   elif case == "II":
-    plan = base.make_plan(period, every_round=("y",))
+    plan = base.make_plan(period, every_round=("y",), at_init=("y",))
   else:
-    plan = base.make_plan(period, every_step=("y",))
+    plan = base.make_plan(period, every_step=("y",), at_init=("y",))
   name = {"I": "fedavg_co_case1", "II": "fedavg_co_case2", "modified": "fedavg_co_modified"}[case]
 
   def init(params, *, inner_value=None):
@@ -112,7 +115,7 @@ def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
     y = state.y
     if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
       # keyed on the runtime's local step (a straggler's count lags); count in a user loop
-      first = (state.count % period == 0) if local_step is None else (local_step == 0)
+      first = base.at_round_start(local_step, state.count, period)
       y = base.select(first & (state.count > 0), sample, y)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
@@ -128,6 +131,7 @@ class MBSGDState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"mbsgd": dict(learning_rate=0.1)})
 @base.factory(static=("optimizer",))
 def mbsgd(learning_rate: Optional[base.ScalarOrSchedule] = None, *,
           optimizer: base.Optimizer = None) -> base.Algorithm:

@@ -51,6 +51,7 @@ class FedDROState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"feddro": dict(learning_rate=0.1, beta=0.5)})
 @base.factory(static=("local_steps", "optimizer"))
 def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
            beta: float = 0.5, optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -70,7 +71,7 @@ def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
   _validate.open_unit("beta", beta, closed_right=True)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.hybrid(beta)
-  plan = base.make_plan(local_steps, every_step=("y",))
+  plan = base.make_plan(local_steps, every_step=("y",), at_init=("y",))
 
   def init(params, *, inner_value=None):
     y = base.pending_or(inner_value, tracker.init)
@@ -91,6 +92,7 @@ def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
   return base.Algorithm(init, update, plan, base.averaging_server(), "feddro", "global")
 
 
+@base.register(settings={"ds_feddro": dict(learning_rate=0.1, beta=0.5)})
 @base.factory(static=("local_steps", "optimizer"))
 def ds_feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
               beta: float = 0.5, server_lr_x: float = 1.3, server_lr_y: float = 1.4,
@@ -110,7 +112,7 @@ def ds_feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
   _validate.positive("server_lr_y", server_lr_y)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.moving_average(beta)
-  plan = base.make_plan(local_steps, every_round=("y",))
+  plan = base.make_plan(local_steps, every_round=("y",), at_init=("y",))
   server = optax.multi_transform(
       {"x": optax.sgd(server_lr_x), "y": optax.sgd(server_lr_y)},
       lambda tree: {k: jax.tree.map(lambda _, k=k: "x" if k == "params" else "y", v)

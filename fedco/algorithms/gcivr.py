@@ -75,6 +75,7 @@ def adagrad(learning_rate) -> optax.GradientTransformation:
   return optax.adagrad(learning_rate, initial_accumulator_value=0.0, eps=1e-10)
 
 
+@base.register(settings={"gcivr": dict(learning_rate=0.1, refresh_every=5)})
 @base.factory(static=("local_steps", "refresh_every", "optimizer"))
 def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
           refresh_every: int = 10, optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -92,7 +93,7 @@ def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
   q = _validate.positive_int("refresh_every", refresh_every)
   opt = base.param_optimizer(learning_rate, adagrad if optimizer is None else optimizer,
                              default=0.01)
-  plan = base.make_plan(local_steps, every_step=("y", "J", "v"))
+  plan = base.make_plan(local_steps, every_step=("y", "J", "v"), at_init=("y", "J", "v"))
 
   def init(params, *, inner_value=None):
     y = base.pending_or(inner_value, lambda v: v)

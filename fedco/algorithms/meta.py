@@ -159,6 +159,7 @@ def _hessian_free(next_inner_fn, params, cotangent, layout, delta):
   return jax.tree.map(diagonal_sum, plus, minus)
 
 
+@base.register(settings={"per_fedavg": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
 def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
                variant: str = "exact", delta: float = 1e-3,
@@ -225,6 +226,7 @@ def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
   return base.Algorithm(init, update, plan, base.averaging_server(), "per_fedavg", "local")
 
 
+@base.register(settings={"fedmaml": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
 def fedmaml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
             variant: str = "exact", delta: float = 1e-3,
@@ -254,14 +256,7 @@ class TRMAMLServerState(NamedTuple):
   p: jnp.ndarray
 
 
-def _round_start(local_step, count, local_steps):
-  """Whether this is the round's first step: ``local_step == 0`` when the runtime gives it,
-  else (a user's own loop) ``count % local_steps == 0``."""
-  if local_step is None:
-    return count % local_steps == 0
-  return jnp.asarray(local_step) == 0
-
-
+@base.register(settings={"tr_maml": dict(learning_rate=0.1, weights_lr=0.08)})
 @base.factory(static=("local_steps", "optimizer"))
 def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
             weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -312,7 +307,7 @@ def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
       value = value + extra_fn(params)
     z = base.add_grads(pullback(grad_y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
-    start = _round_start(local_step, state.count, steps)
+    start = base.at_round_start(local_step, state.count, steps)
     loss = jnp.where(start, jnp.asarray(value, state.loss.dtype), state.loss)
     return step, TRMAMLState(state.count + 1, loss, opt_state)
 
@@ -347,6 +342,7 @@ class DittoState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"ditto": dict(learning_rate=0.1, lam=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
 def ditto(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
           lam: float = 0.1, personal_lr: Optional[float] = None, weighting: str = "samples",
@@ -394,7 +390,7 @@ def ditto(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
     del unused
     base.require("updates (the gradient of the client loss)", updates, "ditto")
     base.require("extra_fn", extra_fn, "ditto")
-    anchor = base.select(_round_start(local_step, state.count, steps), params, state.anchor)
+    anchor = base.select(base.at_round_start(local_step, state.count, steps), params, state.anchor)
     v = state.personal
     grad_v = jax.grad(extra_fn)(v)
     personal = jax.tree.map(lambda p, g, a: p - eta_p * (g + lam * (p - a)), v, grad_v, anchor)

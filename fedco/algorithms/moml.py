@@ -73,6 +73,9 @@ def _slot_mask(grad_u, layout):
   return jnp.any(jnp.stack(per_leaf), axis=0)
 
 
+# the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
+@base.register(settings={"local_moml": dict(learning_rate=0.1, beta=0.7,
+                                                first_order=False)})
 @base.factory(static=("local_steps", "optimizer"))
 def local_moml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
                beta: float = 0.7, first_order: bool = True,

@@ -79,6 +79,7 @@ def _local_sgd_with_loss(opt, name):
   return init, update
 
 
+@base.register(settings={"qfedavg": dict(learning_rate=0.1, q=0.2)})
 @base.factory(static=("local_steps", "optimizer"))
 def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: float = 0.2,
             optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -119,6 +120,7 @@ def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: f
                         "qfedavg", "plain")
 
 
+@base.register(settings={"drfa": dict(learning_rate=0.1, weights_lr=0.08)})
 @base.factory(static=("local_steps", "optimizer"))
 def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
          weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -174,6 +176,7 @@ def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int
                         "drfa", "plain")
 
 
+@base.register(settings={"afl": dict(learning_rate=0.1, weights_lr=0.1)})
 @base.factory(static=("optimizer",))
 def afl(learning_rate: Optional[base.ScalarOrSchedule] = None, *, weights_lr: float = 0.1,
         optimizer: base.Optimizer = None) -> base.Algorithm:

@@ -171,6 +171,9 @@ def _example_losses(example_losses_fn, name):
                       name)
 
 
+# sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
+@base.register(settings={"fastdro": dict(learning_rate=0.1, geometry="cvar",
+                                             size=0.5)})
 @base.factory(static=("local_steps", "iterations", "optimizer"))
 def fastdro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
             geometry: str = "chi2", size: float = 1.0, iterations: int = 60,
@@ -219,6 +222,9 @@ class PrimalDualState(NamedTuple):
   opt_state: optax.OptState
 
 
+# N p_i-weighted steps on 130 rows: more than one local step diverges at this rate
+@base.register(settings={"primal_dual_dro": dict(learning_rate=0.1, local_steps=1,
+                                                   weights_lr=0.01)})
 @base.factory(static=("local_steps", "num_examples", "optimizer"))
 def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
                     local_steps: int = 1, *, num_examples: int, weights_lr: float = 0.01,
@@ -241,7 +247,8 @@ def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
   reg = _validate.positive("reg", reg, allow_zero=True)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   period = _validate.positive_int("local_steps", local_steps)
-  plan = base.make_plan(period, every_round=("p",), report=("ascent",), weighting="samples")
+  plan = base.make_plan(period, every_round=("p",), report=("ascent",), weighting="samples",
+                        at_init=("p",))
 
   def init(params, *, inner_value=None):
     del inner_value
@@ -261,7 +268,7 @@ def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
     losses, vjp = jax.vjp(losses_fn, params)
     (z,) = vjp(importance.astype(losses.dtype))
     step, opt_state = opt.update(z, state.opt_state, params)
-    first = (state.count % period == 0) if local_step is None else (local_step == 0)
+    first = base.at_round_start(local_step, state.count, period)
     ascent = jnp.where(first, 0.0, state.ascent)
     ascent = ascent.at[rows].add(jax.lax.stop_gradient(w * losses).astype(ascent.dtype))
     return step, PrimalDualState(state.count + 1, state.p, ascent, opt_state)

@@ -46,6 +46,7 @@ class SCGDMState(NamedTuple):
   opt_state: optax.OptState
 
 
+@base.register(settings={"local_scgd": dict(learning_rate=0.1, gamma=0.9)})
 @base.factory(static=("local_steps", "optimizer"))
 def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
                gamma: float = 0.9, optimizer: base.Optimizer = None) -> base.Algorithm:
@@ -62,7 +63,7 @@ def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
   _validate.open_unit("gamma", gamma, closed_right=True)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   tracker = estimators.moving_average(gamma)
-  plan = base.make_plan(local_steps, every_round=("u",))
+  plan = base.make_plan(local_steps, every_round=("u",), at_init=("u",))
 
   def init(params, *, inner_value=None):
     u = base.pending_or(inner_value, tracker.init)
@@ -81,6 +82,7 @@ def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
   return base.Algorithm(init, update, plan, base.averaging_server(), "local_scgd", "local")
 
 
+@base.register(settings={"local_scgdm": dict(learning_rate=1.0, beta=0.1, alpha=0.8, gamma=0.7)})
 @base.factory(static=("local_steps", "optimizer"))
 def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5, *,
                 beta: float = 0.01, alpha: float = 0.8, gamma: float = 0.7,
@@ -107,7 +109,7 @@ def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5
   a_rate = _validate.open_unit("alpha * learning_rate", alpha * learning_rate)
   g_rate = _validate.open_unit("gamma * learning_rate", gamma * learning_rate)
   opt = base.param_optimizer(beta * learning_rate, optimizer, default=1.0, shared_rate=True)
-  plan = base.make_plan(local_steps, every_round=("u", "m"))
+  plan = base.make_plan(local_steps, every_round=("u", "m"), at_init=("u", "m"))
 
   def init(params, *, inner_value=None):
     u = base.pending_or(inner_value, lambda v: v)

@@ -1,0 +1,101 @@
+"""Write your own algorithm: the public pieces, and the contract they follow.
+
+An algorithm is a factory decorated with :func:`factory` that returns an :class:`Algorithm`:
+an ``optax.GradientTransformationExtraArgs`` (``init``, ``update``) plus a communication
+plan (:func:`make_plan`), a server and a name. Written with this module alone, in your own
+file, it runs everywhere a built-in one does: your own loop, ``optax.chain``,
+:func:`fedco.inject_hyperparams`, :func:`fedco.simulate`, :func:`fedco.sweep`, a device
+mesh, several processes, checkpoints, privacy and compression; and
+:func:`fedco.testing.check_algorithm` checks it as fedco's own suite checks the built-ins.
+
+A minimal algorithm (local SGD with server averaging; ``fedco.fedavg`` is the full one)::
+
+  import jax.numpy as jnp
+  import optax
+  from typing import NamedTuple, Optional
+  from fedco import extend
+
+  class State(NamedTuple):
+    count: jnp.ndarray
+    opt_state: optax.OptState
+
+  @extend.factory(static=("local_steps", "optimizer"))
+  def local_sgd(learning_rate: Optional[extend.ScalarOrSchedule] = None,
+                local_steps: int = 5, *, optimizer: extend.Optimizer = None):
+    opt = extend.param_optimizer(learning_rate, optimizer, default=0.1)
+
+    def init(params, *, inner_value=None):
+      del inner_value
+      return State(jnp.zeros([], jnp.int32), opt.init(params))
+
+    def update(updates, state, params=None, **unused):  # updates: grad h (plain problems)
+      step, opt_state = opt.update(updates, state.opt_state, params)
+      return step, State(state.count + 1, opt_state)
+
+    return extend.Algorithm(init, update, extend.make_plan(local_steps),
+                            extend.averaging_server(), "local_sgd", "plain")
+
+The client-state contract (what the runtime does with your state):
+
+* **Per client, private.** Each client keeps its own copy of the whole state from round to
+  round (stacked on a ``[K]`` axis; with ``fedco.runtime.distributed``, where its data
+  live). Fields the plan does not name never leave the client: control variates,
+  personal models, error-feedback memories, optimizer moments.
+* **Broadcast and aggregated.** ``every_round`` fields are sent up with the model at the end
+  of each round, combined by the server, and the server's value overwrites the field in
+  every participating client's state at the start of its next round. ``every_step``
+  fields are averaged over the round's clients after every local step (plain mean, no
+  server transform). ``at_init`` fields are averaged over all clients once, before round 1
+  (default: none; name only trackers that start from each client's own sample).
+* **Recomputed.** ``round_start`` fields are set at the start of each round to the mean
+  over the round's clients of ``g_k(x_bar)`` (or the plan's ``round_start_reduce``);
+  ``round_start_loss`` fields to each client's exact loss at the server model.
+* **Reported.** ``report`` fields are sent up at the end of a round for a
+  :class:`ServerAggregator` to read (not broadcast back).
+* **Fields are found by name** anywhere in the state (:func:`get_field`), so chains and
+  injected hyperparameters keep working; keep plan field names unique in the state.
+* **Uploading a change.** A client "sends a delta" by what it leaves in a broadcast field:
+  the server sees ``server_value - weighted mean of the clients' values`` (an optax
+  server gets it as the pseudo-gradient; :func:`optax_aggregator`), so a client that
+  writes ``c + delta_c`` into the broadcast field ``c`` uploads ``delta_c``. Under
+  compression and privacy that delta (from the server's copy) is what is encoded and
+  clipped.
+* **What a server sees.** An optax transform receives pseudo-gradients
+  ``{"params": ..., field: ...}`` of the weighted mean; a :class:`ServerAggregator`
+  receives every client's ``params``, ``every_round`` and ``report`` values stacked on a
+  leading ``[m]`` axis and a :class:`RoundInfo` (the clients' ids, weights, data sizes,
+  ``K``, who survived): what partial-participation scaling (SCAFFOLD's ``|S| / N``) reads.
+* **Position in the round.** ``update`` receives ``local_step`` (``0 .. local_steps - 1``)
+  from the runtime and ``None`` in a user's loop: use :func:`at_round_start` /
+  :func:`at_round_end`, which fall back to the state's step count.
+* **Dropout and stragglers.** A dropped client takes no step and its state is left as it
+  was; its values do not count (weight 0). A straggler stops after fewer steps: its state
+  after its last step is what it uploads, so compute an upload at every step (it is then
+  right whenever the client stops) rather than only at :func:`at_round_end`.
+* **Trackers of the inner value** (``y``, ``u``) have the inner value's structure, which
+  ``params`` does not give: start them with :func:`pending_or` and call
+  :func:`fill_pending` first in ``update``; the runtime fills them at ``init`` with
+  :func:`init_trackers`.
+* **State structure and dtypes stay fixed** across updates (a ``lax.scan`` carry);
+  start every float field in the dtype ``update`` returns (``jnp.zeros_like(params)``,
+  not a Python ``0.0``).
+"""
+
+from fedco.algorithms.base import (Algorithm, CommPlan, InjectedServerState, Optimizer,
+                                   Pending, RoundInfo, ScalarOrSchedule, ServerAggregator,
+                                   add_grads, as_aggregator, at_round_end, at_round_start,
+                                   averaging_server, factory, fill_pending, get_field,
+                                   has_pending, init_trackers, make_plan, optax_aggregator,
+                                   oracles, param_optimizer, pending_or, project_simplex,
+                                   register, require, select, set_fields,
+                                   weighted_client_mean)
+from fedco.estimators import compositional_grad, inner_vjp
+
+__all__ = [
+    "Algorithm", "CommPlan", "InjectedServerState", "Optimizer", "Pending", "RoundInfo",
+    "ScalarOrSchedule", "ServerAggregator", "add_grads", "as_aggregator", "at_round_end",
+    "at_round_start", "averaging_server", "compositional_grad", "factory", "fill_pending",
+    "get_field", "has_pending", "init_trackers", "inner_vjp", "make_plan",
+    "optax_aggregator", "oracles", "param_optimizer", "pending_or", "project_simplex",
+    "register", "require", "select", "set_fields", "weighted_client_mean",
+]
