@@ -1,0 +1,514 @@
+"""Check your algorithm as fedco checks its own: a chex-based contract kit.
+
+:func:`check_algorithm` runs an algorithm factory through the contract every built-in
+algorithm meets (fedco's own test suite calls it on every entry of ``fedco.ALGORITHMS``)::
+
+  import fedco.testing
+  report = fedco.testing.check_algorithm(my_factory, learning_rate=0.1, local_steps=3)
+  # {"builds": "passed", "state": "passed", ..., "mesh": "skipped: ..."}
+
+Each check raises :class:`ContractError` (an ``AssertionError``) naming the algorithm, the
+check and what broke; the report says which passed and which were skipped and why. The
+checks (``checks=`` picks some):
+
+* ``builds``: the factory returns an :class:`~fedco.extend.Algorithm` directly and under
+  :func:`fedco.inject_hyperparams`; every field its plan names exists in its state.
+* ``state``: a jitted step traces once over several updates, and the state keeps its tree
+  structure, shapes and dtypes (a ``lax.scan`` carry must; a weak-typed field that the
+  first update makes strong retraces every jitted loop).
+* ``jit``: the same steps with and without ``jax.jit`` agree.
+* ``chain``: ``optax.chain`` and ``fedco.chain`` with clips that never bite, before and
+  after it, give the bare algorithm's steps (the oracles pass through).
+* ``inject``: :func:`fedco.inject_hyperparams` from ``init(params)`` plus
+  :func:`fedco.init_trackers` gives the same steps, and a changed ``learning_rate`` changes
+  them without a new trace.
+* ``simulate``: :func:`fedco.simulate` (vmapped clients, scanned steps and rounds) equals
+  :func:`loop_reference`, a per-client Python loop of the transform and its plan.
+* ``server``: the server uses the uploads: after one round the server model moved.
+* ``sweep``: :func:`fedco.sweep` over two learning rates equals two ``simulate`` runs.
+* ``resume``: a run checkpointed halfway and resumed ends bit-identical to one without a
+  stop.
+* ``mesh``: the run on a mesh of up to 8 devices equals the one-device run (skipped with
+  one device: set ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` before importing
+  jax).
+
+The default problem is the portfolio problem of the algorithm's kind (SPEC 4.7; a plain
+quadratic-plus-quartic loss for ``"plain"`` algorithms) on three clients of different
+sizes and means; pass ``problem``, ``data`` and ``params`` for your own.
+
+For float64 NumPy transcription tests, :func:`run_float64` runs ``fedco.simulate`` in
+float64 with full-batch oracles and returns each round's server model and clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import tempfile
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedco.algorithms import base
+from fedco.data.federated import FederatedData
+from fedco.problems import Problem, plain, portfolio
+from fedco.runtime import batching, host, mesh as mesh_lib
+from fedco.runtime.loop import simulate
+from fedco.runtime.simulator import Simulator
+from fedco.runtime.sweep import sweep
+
+PyTree = Any
+
+CHECKS = ("builds", "state", "jit", "chain", "inject", "simulate", "server", "sweep",
+          "resume", "mesh")
+ROUNDS, STEPS = 3, 3
+
+
+class ContractError(AssertionError):
+  """An algorithm broke the contract: the message names the algorithm, check and what."""
+
+
+# ---- defaults --------------------------------------------------------------------------------
+
+
+def default_problem(kind: str) -> Problem:
+  """The problem the kit uses for an algorithm of ``problem_kind`` ``kind``: the portfolio
+  problem (local- or global-inner), or a plain per-example loss on the same data."""
+  if kind == "plain":
+    return plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
+  return portfolio(1.0, kind=kind)
+
+
+def default_data(sizes: Sequence[int] = (12, 5, 20), seed: int = 0) -> FederatedData:
+  """Three clients of different sizes whose returns have different means (heterogeneous)."""
+  rng = np.random.default_rng(seed)
+  return FederatedData.from_clients(
+      [{"r": rng.normal(0.2 * (k + 1), 1.0, size=(n, 3)).astype(np.float32)}
+       for k, n in enumerate(sizes)])
+
+
+def default_params() -> jax.Array:
+  return jnp.full((3,), 0.1, jnp.float32)
+
+
+# ---- the kit ---------------------------------------------------------------------------------
+
+
+def check_algorithm(factory: Callable[..., base.Algorithm], *, problem: Optional[Problem] = None,
+                    data: Optional[FederatedData] = None, params: Optional[PyTree] = None,
+                    checks: Optional[Sequence[str]] = None, rtol: float = 1e-5,
+                    atol: float = 1e-6, **factory_kwargs) -> Dict[str, str]:
+  """Runs the contract checks (module docstring) on ``factory(**factory_kwargs)``.
+
+  Args:
+    factory: an algorithm factory, ideally decorated with :func:`fedco.extend.factory`
+      (its ``static_args`` keep structural arguments static under ``inject_hyperparams``).
+    problem: a :class:`~fedco.problems.Problem` of the algorithm's kind (default:
+      :func:`default_problem`).
+    data: the clients (default: :func:`default_data`, three heterogeneous clients).
+    params: the initial model (default: ``[0.1, 0.1, 0.1]``).
+    checks: names from :data:`CHECKS` (default: all).
+    rtol, atol: tolerances of the comparisons that are not bit-for-bit.
+    **factory_kwargs: the configuration to check (default: the first of a registered
+      factory's ``settings``); ``local_steps`` defaults to 3 where the factory takes it.
+
+  Returns:
+    ``{check: "passed" or "skipped: <why>"}`` in :data:`CHECKS` order.
+
+  Raises:
+    ContractError: a check failed; the message names the algorithm, the check and what
+      broke.
+    ValueError: an unknown check name.
+  """
+  chosen = CHECKS if checks is None else tuple(checks)
+  unknown = [c for c in chosen if c not in CHECKS]
+  if unknown:
+    raise ValueError(f"checks: {unknown} are not checks; allowed: {list(CHECKS)}")
+  kit = _Kit(factory, problem, data, params, rtol, atol, factory_kwargs)
+  report = {}
+  for name in CHECKS:
+    if name in chosen:
+      report[name] = getattr(kit, f"check_{name}")() or "passed"
+  return report
+
+
+def _fail(name, check, what):
+  raise ContractError(f"fedco.testing.check_algorithm({name}): {check}: {what}")
+
+
+def _leaf_paths(tree):
+  return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+class _Kit:
+  """The shared set-up of the checks (one problem, one data set, one configuration)."""
+
+  def __init__(self, factory, problem, data, params, rtol, atol, kwargs):
+    if not callable(factory):
+      raise ValueError(f"factory must be an algorithm factory, got {factory!r}")
+    self.factory = factory
+    parameters = inspect.signature(factory).parameters
+    kwargs = dict(kwargs)
+    if not kwargs and getattr(factory, "settings", None):
+      kwargs = dict(next(iter(factory.settings.values())))
+    if "local_steps" in parameters:
+      kwargs.setdefault("local_steps", STEPS)
+    self.kwargs = kwargs
+    self.algorithm = factory(**kwargs)
+    self.name = getattr(self.algorithm, "name", getattr(factory, "__name__", "factory"))
+    if not isinstance(self.algorithm, base.Algorithm):
+      _fail(self.name, "builds", f"the factory returned {type(self.algorithm).__name__}, not a "
+            "fedco.extend.Algorithm")
+    self.problem = default_problem(self.algorithm.problem_kind) if problem is None else problem
+    self.data = default_data() if data is None else data
+    self.params = default_params() if params is None else params
+    self.rtol, self.atol = rtol, atol
+    examples = jax.tree.map(lambda a: jnp.asarray(a)[np.asarray(self.data.flat_rows)],
+                            self.data.examples)
+    n = int(self.data.flat_rows.shape[0])
+    weights = jnp.full((n,), 1.0 / n, jnp.float32)
+    self.grad_h_fn, self.oracles = batching.oracle_args(self.problem, examples, examples,
+                                                        examples, (weights,) * 3)
+    self.oracles["example_rows"] = jnp.arange(n, dtype=jnp.int32)
+
+  # the user's own loop: full-batch oracles on the pooled data --------------------------------
+
+  def init(self, opt):
+    inner = self.oracles["inner_fn"](self.params) if "inner_fn" in self.oracles else None
+    return base.init_trackers(opt.init(self.params), self.params, inner)
+
+  def step_fn(self, opt):
+    plan = self.algorithm.plan
+
+    def step(params, state):
+      for field in plan.round_start:  # the caller plays the server (MBSGD's y_bar)
+        state = base.set_fields(state, **{field: self.oracles["inner_fn"](params)})
+      grads = None if self.grad_h_fn is None else self.grad_h_fn(params)
+      updates, state = opt.update(grads, state, params, round_key=jax.random.PRNGKey(0),
+                                  **self.oracles)
+      return optax.apply_updates(params, updates), state
+
+    return step
+
+  def run(self, opt, steps=3, jit=True, state=None):
+    step = self.step_fn(opt)
+    step = jax.jit(step) if jit else step
+    params, state = self.params, self.init(opt) if state is None else state
+    for _ in range(steps):
+      params, state = step(params, state)
+    return params, state
+
+  def close(self, what, check, a, b, rtol=None, atol=None):
+    try:
+      chex.assert_trees_all_close(a, b, rtol=self.rtol if rtol is None else rtol,
+                                  atol=self.atol if atol is None else atol)
+    except AssertionError as err:
+      _fail(self.name, check, f"{what} differ: {str(err).splitlines()[0][:300]}")
+
+  # the checks -------------------------------------------------------------------------------
+
+  def check_builds(self):
+    try:
+      injected = base.inject_hyperparams(self.factory)(**self.kwargs)
+    except Exception as err:  # pylint: disable=broad-except
+      _fail(self.name, "builds", f"inject_hyperparams(factory)(...) failed: {err}")
+    if not isinstance(injected, base.Algorithm):
+      _fail(self.name, "builds", "inject_hyperparams(factory) did not return an Algorithm")
+    state = self.init(self.algorithm)
+    for field in self.algorithm.plan.fields:
+      try:
+        base.get_field(state, field)
+      except (KeyError, ValueError) as err:
+        del err
+        _fail(self.name, "builds", f"the plan names field {field!r}, which the state does "
+              f"not have (its fields: {_leaf_paths(state)})")
+
+  def check_state(self):
+    opt = self.algorithm
+    state = self.init(opt)
+    params, new = self.params, state
+    plain_step = jax.jit(self.step_fn(opt))
+    for _ in range(2):  # first: what each update returns, field by field
+      params, new = plain_step(params, new)
+      if jax.tree.structure(new) != jax.tree.structure(state):
+        _fail(self.name, "state", f"update changed the state's structure: "
+              f"{jax.tree.structure(state)} -> {jax.tree.structure(new)}")
+      for path, before, after in zip(_leaf_paths(state), jax.tree.leaves(state),
+                                     jax.tree.leaves(new)):
+        b, a = jnp.asarray(before), jnp.asarray(after)
+        if (b.dtype, b.shape) != (a.dtype, a.shape):
+          _fail(self.name, "state", f"state{path} changed from {b.dtype}{list(b.shape)} to "
+                f"{a.dtype}{list(a.shape)} across updates")
+        if getattr(before, "weak_type", False) != getattr(after, "weak_type", False):
+          _fail(self.name, "state", f"state{path} changed weak type across updates (start it "
+                "as jnp.asarray(value, dtype) or jnp.zeros_like(params))")
+    chex.assert_trees_all_equal_dtypes(params, self.params)
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(self.step_fn(opt), n=1))
+    params, new = self.params, state
+    try:
+      for _ in range(3):
+        params, new = step(params, new)
+    except AssertionError as err:
+      _fail(self.name, "state", f"a jitted step traced again on the state it returned ("
+            f"{str(err).splitlines()[0][:200]})")
+
+  def check_jit(self):
+    jitted, _ = self.run(self.algorithm, jit=True)
+    eager, _ = self.run(self.algorithm, jit=False)
+    self.close("the steps with and without jax.jit", "jit", jitted, eager)
+
+  def check_chain(self):
+    reference, _ = self.run(self.algorithm)
+    clip = optax.clip_by_global_norm(1e12)
+    for label, chained in (("optax.chain", optax.chain(clip, self.algorithm, clip)),
+                           ("fedco.chain", base.chain(clip, self.algorithm, clip))):
+      got, _ = self.run(chained)
+      self.close(f"{label}(inactive clip, algorithm, inactive clip) and the bare algorithm's "
+                 "steps", "chain", got, reference)
+
+  def check_inject(self):
+    injected = base.inject_hyperparams(self.factory)(**self.kwargs)
+    state = self.init(injected)  # init(params) + init_trackers: what the runtime does
+    if "learning_rate" not in getattr(state, "hyperparams", {}):
+      return "skipped: learning_rate is not an injectable number in this configuration"
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(self.step_fn(injected), n=1))
+
+    def two(state):
+      p, s = step(self.params, state)
+      return step(p, s)[0]
+
+    reference, _ = self.run(self.algorithm, steps=2)
+    try:
+      first = two(state)
+      state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
+      second = two(state)
+    except AssertionError as err:
+      _fail(self.name, "inject", f"a changed hyperparameter traced the step again "
+            f"({str(err).splitlines()[0][:200]})")
+    self.close("inject_hyperparams(factory) and the factory's steps", "inject", first,
+               reference)
+    if float(jnp.max(jnp.abs(jnp.asarray(jax.tree.leaves(second)[0])
+                             - jnp.asarray(jax.tree.leaves(first)[0])))) == 0:
+      _fail(self.name, "inject", "halving the injected learning_rate changed nothing")
+
+  def simulate(self, algorithm=None, rounds=ROUNDS, data=None, **kwargs):
+    kwargs.setdefault("batch_size", None)  # full batch: the loop reference's oracles
+    return simulate(self.problem, self.algorithm if algorithm is None else algorithm,
+                    self.data if data is None else data, self.params, rounds=rounds, seed=0,
+                    **kwargs)
+
+  def simulated(self):
+    """The server values after each of ``ROUNDS`` rounds of ``fedco.simulate``'s program
+    (one compiled round, run round by round; shared by the checks that need a run)."""
+    if not hasattr(self, "_simulated"):
+      sim = Simulator(self.problem, self.algorithm, self.data, batch_size=None,
+                      evaluate=False)
+      state, servers = sim.init(self.params, 0), []
+      for _ in range(ROUNDS):
+        state, _ = sim.run(state, 1, final_round=ROUNDS)
+        servers.append(jax.device_get(state.server))
+      self._simulated = servers
+    return self._simulated
+
+  def check_simulate(self):
+    expected = loop_reference(self.problem, self.algorithm, self.data, self.params,
+                              rounds=ROUNDS, seed=0)
+    self.close("fedco.simulate's server and the per-client loop's (loop_reference)",
+               "simulate", self.simulated()[-1], expected, rtol=max(self.rtol, 2e-5))
+
+  def check_server(self):
+    moved = self.simulated()[0]["params"]
+    if all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved),
+                                                jax.tree.leaves(self.params))):
+      _fail(self.name, "server", "after a round the server model equals the round's start: "
+            "the server ignores the clients' uploads")
+
+  def check_sweep(self):
+    if "learning_rate" not in self.kwargs or not isinstance(self.kwargs["learning_rate"],
+                                                            (int, float)):
+      return "skipped: no numeric learning_rate in this configuration"
+    rates = [float(self.kwargs["learning_rate"]), 0.5 * float(self.kwargs["learning_rate"])]
+    others = {k: v for k, v in self.kwargs.items() if k != "learning_rate"}
+    swept = sweep(self.problem, self.factory, self.data, self.params, rounds=ROUNDS,
+                  grid={"learning_rate": rates}, algorithm_kwargs=others, batch_size=None,
+                  evaluate=False)
+    for i, rate in enumerate(rates):
+      alone = self.simulate(algorithm=self.factory(**others, learning_rate=rate),
+                            evaluate=False).params
+      self.close(f"fedco.sweep's run {i} (learning_rate={rate}) and its simulate run",
+                 "sweep", jax.tree.map(lambda a, i=i: a[i], swept.params), alone)
+
+  def check_resume(self):
+    straight = self.simulate(rounds=4, evaluate=False)
+    with tempfile.TemporaryDirectory() as directory:
+      checkpoints = os.path.join(directory, "run")
+      with contextlib.redirect_stderr(open(os.devnull, "w", encoding="utf-8")):
+        self.simulate(rounds=2, evaluate=False, checkpoint_dir=checkpoints)
+        resumed = self.simulate(rounds=4, evaluate=False, checkpoint_dir=checkpoints)
+    try:
+      chex.assert_trees_all_equal(resumed.state, straight.state)
+    except AssertionError as err:
+      _fail(self.name, "resume", f"a run resumed from round 2 differs from one without a stop "
+            f"({str(err).splitlines()[0][:200]})")
+
+  def check_mesh(self):
+    devices = min(jax.device_count(), 8)
+    if devices < 2:
+      return ("skipped: one device (set XLA_FLAGS=--xla_force_host_platform_device_count=8 "
+              "before importing jax)")
+    one = self.simulate(evaluate=False)
+    laid = self.simulate(evaluate=False, mesh=mesh_lib.client_mesh(devices))
+    self.close(f"the run on a {devices}-device mesh and on one device", "mesh",
+               jax.device_get(laid.state.server), jax.device_get(one.state.server))
+    return None
+
+
+# ---- a per-client Python loop of the plan ------------------------------------------------------
+
+
+def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedData,
+                   params: PyTree, *, rounds: int, seed: int = 0) -> Dict[str, PyTree]:
+  """The server values ``{"params": x, field: ...}`` after ``rounds`` rounds, computed as
+  Python loops over clients and steps from the algorithm's transform and plan.
+
+  Every client takes part in every round with full-batch oracles (its whole data), so the
+  result must equal ``fedco.simulate(..., batch_size=None)``; it shares with the runtime
+  only the key schedule (``round_key``, the server's key), the batch layout
+  (:func:`fedco.runtime.draw_batch`) and :func:`fedco.runtime.oracle_args`. It follows the
+  plan's contract (:mod:`fedco.extend`): ``at_init`` means over all clients; per round,
+  ``every_round`` fields broadcast, ``round_start`` and ``round_start_loss`` fields
+  refreshed, ``every_step`` fields averaged after each step, then the server combines the
+  models, ``every_round`` and ``report`` fields (an optax transform on the weighted mean's
+  pseudo-gradient, or a ``ServerAggregator`` given every client's values).
+  """
+  n, plan = data.num_clients, algorithm.plan
+  aggregator = base.as_aggregator(algorithm.server)
+  counts = jnp.asarray(data.counts)
+  if plan.weighting == "samples":
+    w = counts.astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
+  else:
+    w = jnp.full((n,), 1.0 / n, jnp.float32)
+  full = [batching.draw_batch(jax.random.PRNGKey(0), data, k, None, return_rows=True)
+          for k in range(n)]
+
+  def mean(values):
+    return jax.tree.map(lambda *v: jnp.tensordot(w, jnp.stack(v), axes=1), *values)
+
+  @jax.jit
+  def client_step(state, model, batch, weights, rows, round_key, t):
+    """One client's step on its whole data (jitted once: the loop stays fast)."""
+    grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
+    grads = None if grad_h_fn is None else grad_h_fn(model)
+    step, state = algorithm.update(grads, state, model, round_key=round_key, local_step=t,
+                                   example_rows=rows, **kwargs)
+    return optax.apply_updates(model, step), state
+
+  def with_field(states, field, value):
+    return [base.set_fields(s, **{field: value}) for s in states]
+
+  key = jax.random.PRNGKey(seed)
+  key, _ = jax.random.split(key)
+  states = []
+  for k in range(n):
+    batch, weights, _ = full[k]
+    inner = problem.inner_value(params, batch, weights) if problem.compositional else None
+    states.append(base.init_trackers(algorithm.init(params), params, inner))
+  for field in plan.init_fields:
+    states = with_field(states, field, mean([base.get_field(s, field) for s in states]))
+  server = {"params": params,
+            **{f: mean([base.get_field(s, f) for s in states]) for f in plan.every_round}}
+  shared = {f: mean([base.get_field(s, f) for s in states]) for f in plan.every_step}
+  server_state = aggregator.init(server, counts)
+  ids = jnp.arange(n)
+  for _ in range(rounds):
+    key, _, k_round, _, k_agg = jax.random.split(key, 5)
+    for f in plan.every_round:
+      states = with_field(states, f, server[f])
+    for f in plan.every_step:
+      states = with_field(states, f, shared[f])
+    if plan.round_start:
+      values = []
+      for k in range(n):
+        batch, weights, _ = full[k]
+        value = problem.inner_value(server["params"], batch, weights)
+        if plan.round_start_value == "pre_link" and problem.outer_link is not None:
+          value = problem.unlinked_outer_value(value, batch, weights)
+        values.append(value)
+      value = (mean(values) if plan.round_start_reduce is None
+               else plan.round_start_reduce(jnp.stack(values), w))
+      for f in plan.round_start:
+        states = with_field(states, f, value)
+    for f in plan.round_start_loss:
+      states = [base.set_fields(s, **{f: problem.client_objective(server["params"],
+                                                                   *full[k][:2])})
+                for k, s in enumerate(states)]
+    models = [server["params"]] * n
+    for t in range(plan.local_steps):
+      for k in range(n):
+        models[k], states[k] = client_step(states[k], models[k], *full[k], k_round,
+                                           jnp.asarray(t))
+      for f in plan.every_step:
+        states = with_field(states, f, mean([base.get_field(s, f) for s in states]))
+    shared = {f: base.get_field(states[0], f) for f in plan.every_step}
+    uploads = {"params": models, **{f: [base.get_field(s, f) for s in states]
+                                    for f in plan.every_round + plan.report}}
+    stacked = {f: jax.tree.map(lambda *v: jnp.stack(v), *values)
+               for f, values in uploads.items()}
+
+    def client_losses(x, which, loss_key):
+      del loss_key  # full batch: every draw is the client's whole data
+      return jnp.stack([problem.client_objective(x, *full[int(k)][:2]) for k in which])
+
+    info = base.RoundInfo(ids, w, counts, n, k_agg, client_losses, jnp.ones((n,), bool))
+    server, server_state = aggregator.update(server, server_state, stacked, info)
+  return server
+
+
+# ---- float64 transcriptions ---------------------------------------------------------------------
+
+
+def run_float64(problem: Problem, algorithm: base.Algorithm, clients: Sequence[Dict[str, Any]],
+                params: PyTree, *, rounds: int, seed: int = 0, **simulate_kwargs):
+  """``fedco.simulate`` in float64 with full-batch oracles, for NumPy transcription tests.
+
+  Args:
+    problem, algorithm: as for :func:`fedco.simulate`.
+    clients: each client's examples (a dict of arrays), cast to float64.
+    params: the initial model, cast to float64.
+    rounds: rounds to run.
+    seed: the simulation seed (client sampling under ``clients_per_round``).
+    **simulate_kwargs: more :func:`fedco.simulate` arguments (``clients_per_round``, ...).
+
+  Returns:
+    ``{"params": final model, "trajectory": [model after round 1, ...], "clients":
+    [sampled ids of round 1, ...]}`` as float64 NumPy arrays (ids as int lists), to compare
+    with a transcription that loops over the same clients.
+  """
+  trajectory = []
+
+  def record(state, round_):
+    del round_
+    trajectory.append(jax.tree.map(lambda a: np.asarray(a, np.float64),
+                                   jax.device_get(state.server["params"])))
+
+  with jax.enable_x64(True):
+    data = FederatedData.from_clients(
+        [jax.tree.map(lambda a: np.asarray(a, np.float64), c) for c in clients])
+    x0 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+    result = simulate(problem, algorithm, data, x0, rounds=rounds, seed=seed,
+                      batch_size=None, evaluate=False,
+                      actions=[host.PeriodicAction(record, 1)], **simulate_kwargs)
+    final = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(result.params))
+  return {"params": final, "trajectory": trajectory,
+          "clients": [list(map(int, ids)) for ids in np.asarray(result.metrics["clients"])]}
+
+
+__all__ = ["CHECKS", "ContractError", "check_algorithm", "default_data", "default_params",
+           "default_problem", "loop_reference", "run_float64"]
