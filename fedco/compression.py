@@ -225,10 +225,9 @@ def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
   """
   bits = _check_bits(bits, minimum=2)
   initial_scale = _validate.positive("initial_scale", initial_scale)
-  if not (isinstance(grow, (int, float)) and grow > 1):
-    raise ValueError(f"grow must be a number > 1, got {grow!r}")
-  if not (isinstance(shrink, (int, float)) and 0 < shrink < 1):
-    raise ValueError(f"shrink must be a number in (0, 1), got {shrink!r}")
+  initial_scale = _validate.real("initial_scale", initial_scale)
+  grow = _validate.interval("grow", grow, 1)
+  shrink = _validate.interval("shrink", shrink, 0, 1)
   half = 2 ** (bits - 1) - 1  # codes -half .. half
 
   def init(value):

@@ -88,10 +88,8 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
     raise ValueError(f"problem {problem.name!r} was built for num_clients="
                      f"{problem.num_clients}, but data holds {n} clients; build it with "
                      f"num_clients={n}")
-  m = n if clients_per_round is None else clients_per_round
-  if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
-    raise ValueError(f"clients_per_round must be an integer in [1, {n}] (the number of "
-                     f"clients), got {clients_per_round!r}")
+  m = n if clients_per_round is None else _validate.positive_int(
+      "clients_per_round", clients_per_round, maximum=n, note="the number of clients")
   if batch_size is not None:
     _validate.positive_int("batch_size", batch_size)
   if outer_batch_size == -1:
@@ -107,8 +105,7 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   eval_every = _validate.positive_int("eval_every", eval_every)
   mesh = check_mesh(mesh)
   _validate.open_unit("participation", participation, closed_right=True)
-  if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
-    raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
+  straggler_prob = _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
   smallest = int(np.min(np.asarray(data.counts)))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
