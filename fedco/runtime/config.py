@@ -8,11 +8,13 @@ tracing the problem on one example's shapes.
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
+from flax import errors as flax_errors
 import numpy as np
 import optax
 
@@ -120,6 +122,11 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                    participation, straggler_prob, link)
 
 
+_FLAX_SHAPE = re.compile(
+    r'parameter "(?P<name>[^"]*)" in "(?P<scope>[^"]*)".*?expected to generate shape '
+    r'(?P<want>\([^)]*\)).*?received has shape (?P<got>\([^)]*\))')
+
+
 def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTree:
   """``params`` as arrays, refused (``ValueError``) when their dtypes or shapes do not fit
   the data and problem."""
@@ -141,7 +148,17 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
 
   try:
     trace()
-  except (TypeError, ValueError, IndexError, KeyError) as err:
+  except flax_errors.ScopeParamShapeError as err:  # a flax model's parameter, wrong shape
+    found = _FLAX_SHAPE.search(str(err))
+    if found is None:
+      raise ValueError(f"params do not fit problem {problem.name!r}: "
+                       f"{str(err).splitlines()[0]}") from None
+    raise ValueError(
+        f"params do not fit problem {problem.name!r}: the model's parameter "
+        f"{found['name']!r} in {found['scope']!r} has shape {found['want']}, but params give "
+        f"it shape {found['got']}; build params with the model's init (e.g. "
+        f"fedco.models.init_params)") from None
+  except (TypeError, ValueError, IndexError, KeyError, flax_errors.FlaxError) as err:
     shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
     raise ValueError(
         f"params and data do not fit problem {problem.name!r}: params shapes "
