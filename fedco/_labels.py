@@ -19,6 +19,10 @@ import numpy as np
 _ACTIVE = threading.local()  # a stack of {id(tracer): _Source}
 
 
+class LabelError(ValueError):
+  """Labels outside the logits' classes (a ``ValueError``)."""
+
+
 class _Source:
   """A traced example field and the host values it stands for (range computed once)."""
 
@@ -52,7 +56,7 @@ def from_data(example, source, rows=None, what: str = "data.examples"):
   sources = {}
   traced = jax.tree_util.tree_flatten_with_path(example)[0]
   values = jax.tree.leaves(source)
-  if len(traced) == len(values):
+  if len(traced) == len(values) and (rows is None or _concrete_integers(rows)):
     for (path, tracer), value in zip(traced, values):
       if isinstance(tracer, jax.core.Tracer) and _concrete_integers(value):
         sources[id(tracer)] = _Source(tracer, what + jax.tree_util.keystr(path), value, rows)
@@ -74,17 +78,17 @@ def check(label, num_classes: int, what: str) -> None:
       if source is not None and source.tracer is label:
         found = source.range()
         if found is not None and (found[0] < 0 or found[1] >= num_classes):
-          raise ValueError(
+          raise LabelError(
               f"the labels {source.name} lie in [{found[0]}, {found[1]}], but {what}'s "
               f"logits have {num_classes} classes: labels must be in [0, {num_classes}) "
-              f"(num_classes= when building the data checks them there)")
+              f"(num_classes={num_classes} when building the data checks them there)")
         return
     return
   values = np.asarray(label)
   if not np.issubdtype(values.dtype, np.integer):
-    raise ValueError(f"{what}: label must be an integer class index in [0, {num_classes}), "
+    raise LabelError(f"{what}: label must be an integer class index in [0, {num_classes}), "
                      f"got {label!r}")
   if values.size and (values.min() < 0 or values.max() >= num_classes):
     shown = values.item() if values.ndim == 0 else f"values in [{values.min()}, {values.max()}]"
-    raise ValueError(f"{what}: label must be a class index in [0, {num_classes}) (the logits' "
+    raise LabelError(f"{what}: label must be a class index in [0, {num_classes}) (the logits' "
                      f"last axis), got {shown}")

@@ -18,7 +18,7 @@ from flax import errors as flax_errors
 import numpy as np
 import optax
 
-from fedco import _validate
+from fedco import _labels, _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
@@ -136,18 +136,26 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
   example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)),
                          data.examples)
 
+  def over_data(fn):  # labels read from the example are checked against the data's values
+    def traced(*args):
+      with _labels.from_data(args[-1], data.examples, data.flat_rows):
+        return fn(*args)
+    return traced
+
   def trace():
     if problem.extra is not None:
-      _scalar("extra", jax.eval_shape(problem.extra, params, example))
+      _scalar("extra", jax.eval_shape(over_data(problem.extra), params, example))
     if problem.compositional:
-      y = jax.eval_shape(problem.inner, params, example)
+      y = jax.eval_shape(over_data(problem.inner), params, example)
       if problem.outer_uses_data:
-        _scalar("outer", jax.eval_shape(problem.outer, y, example))
+        _scalar("outer", jax.eval_shape(over_data(problem.outer), y, example))
       else:
         _scalar("outer", jax.eval_shape(problem.outer, y))
 
   try:
     trace()
+  except _labels.LabelError:  # already names the labels and the allowed range
+    raise
   except flax_errors.ScopeParamShapeError as err:  # a flax model's parameter, wrong shape
     found = _FLAX_SHAPE.search(str(err))
     if found is None:
