@@ -42,6 +42,14 @@ def _value(name: str, value, what: str):
   return number
 
 
+def plain(value):
+  """A NumPy scalar or 0-d NumPy array as the Python number it holds; anything else as is
+  (so names and run fingerprints built from a number do not depend on its NumPy type)."""
+  if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+    return value.item()
+  return value
+
+
 def real(name: str, value) -> float:
   """A concrete finite real number as a Python ``float``; else ``ValueError``."""
   number = _value(name, value, "a finite real number")

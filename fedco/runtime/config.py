@@ -107,7 +107,8 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   eval_every = _validate.positive_int("eval_every", eval_every)
   mesh = check_mesh(mesh)
   _validate.open_unit("participation", participation, closed_right=True)
-  straggler_prob = _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
+  _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
+  straggler_prob = _validate.plain(straggler_prob)  # as given: it is in run fingerprints
   smallest = int(np.min(np.asarray(data.counts)))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
