@@ -14,11 +14,20 @@ import jax
 import numpy as np
 
 
+def _is_bool(value) -> bool:
+  return isinstance(value, (bool, np.bool_)) or (
+      isinstance(value, (np.ndarray, jax.Array)) and value.dtype == np.bool_)
+
+
 def _value(name: str, value, what: str):
-  """``float(value)`` for a concrete real number, ``None`` for a tracer; else ``ValueError``."""
+  """``float(value)`` for a concrete real number, ``None`` for a tracer; else ``ValueError``.
+
+  Real numbers are Python's, NumPy's scalars (``np.float32``, ``np.int64``, ...) and 0-d
+  arrays of an integer or floating dtype; bools are refused, and so are NaN and infinities.
+  """
   if isinstance(value, jax.core.Tracer):
     return None
-  if isinstance(value, (bool, np.bool_)):
+  if _is_bool(value):
     raise ValueError(f"{name} must be {what}, got the bool {value!r}")
   if isinstance(value, numbers.Real):
     number = float(value)
@@ -30,6 +39,42 @@ def _value(name: str, value, what: str):
     raise ValueError(f"{name} must be {what}, got {value!r}")
   if not math.isfinite(number):
     raise ValueError(f"{name} must be finite ({what}), got {value!r}")
+  return number
+
+
+def plain(value):
+  """A NumPy scalar or 0-d NumPy array as the Python number it holds; anything else as is
+  (so names and run fingerprints built from a number do not depend on its NumPy type)."""
+  if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+    return value.item()
+  return value
+
+
+def real(name: str, value) -> float:
+  """A concrete finite real number as a Python ``float``; else ``ValueError``."""
+  number = _value(name, value, "a finite real number")
+  if number is None:
+    raise ValueError(f"{name} must be a concrete number, got a JAX tracer")
+  return number
+
+
+def interval(name: str, value, low=None, high=None, *, closed_low: bool = False,
+             closed_high: bool = False) -> float:
+  """A concrete finite number in the interval ``(low, high)`` (a ``None`` end is open to
+  infinity; ``closed_*`` include that end) as a Python ``float``; else ``ValueError``."""
+  parts = []
+  if low is not None:
+    parts.append(f"{'>=' if closed_low else '>'} {low}")
+  if high is not None:
+    parts.append(f"{'<=' if closed_high else '<'} {high}")
+  what = "a finite number" + (" " + " and ".join(parts) if parts else "")
+  number = _value(name, value, what)
+  if number is None:
+    raise ValueError(f"{name} must be {what}, got a JAX tracer")
+  ok = ((low is None or (number >= low if closed_low else number > low))
+        and (high is None or (number <= high if closed_high else number < high)))
+  if not ok:
+    raise ValueError(f"{name} must be {what}, got {value!r}")
   return number
 
 
@@ -60,15 +105,25 @@ def open_unit(name: str, value, *, closed_right: bool = False):
   return value
 
 
-def positive_int(name: str, value, *, minimum: int = 1):
-  """Raise ``ValueError`` unless ``value`` is a (static) integer ``>= minimum``."""
+def positive_int(name: str, value, *, minimum: int = 1, maximum=None, note: str = ""):
+  """``int(value)`` for a (static) integer in ``[minimum, maximum]`` (no upper bound when
+  ``maximum`` is None); else ``ValueError`` (``note`` says what ``maximum`` is).
+
+  Integers are Python's, NumPy's (``np.int64``, ...) and 0-d NumPy arrays of an integer
+  dtype; bools are refused.
+  """
   if isinstance(value, (jax.core.Tracer, jax.Array)):
     raise ValueError(
         f"{name} must be a static Python int, got a JAX array; under "
         f"optax.inject_hyperparams list it in static_args (fedco.inject_hyperparams does)")
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
-      or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+  if (isinstance(value, np.ndarray) and value.ndim == 0
+      and np.issubdtype(value.dtype, np.integer)):
+    value = value[()]
+  allowed = (f">= {minimum}" if maximum is None
+             else f"in [{minimum}, {maximum}]" + (f" ({note})" if note else ""))
+  if _is_bool(value) or not isinstance(value, numbers.Integral) or value < minimum or (
+      maximum is not None and value > maximum):
+    raise ValueError(f"{name} must be an integer {allowed}, got {value!r}")
   return int(value)
 
 

@@ -116,7 +116,7 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
   """
   bits = _check_bits(bits)
   if scale is not None:
-    scale = _validate.positive("scale", scale)
+    scale = _validate.plain(_validate.positive("scale", scale))
   levels = 2 ** bits - 1  # grid steps
 
   def init(value):
@@ -167,7 +167,7 @@ def top_k(fraction: float, error_feedback: bool = True) -> Codec:
     fraction: the share of numbers sent, in ``(0, 1]``.
     error_feedback: keep the unsent remainder in the client's state.
   """
-  fraction = _validate.open_unit("fraction", fraction, closed_right=True)
+  fraction = _validate.plain(_validate.open_unit("fraction", fraction, closed_right=True))
   if not isinstance(error_feedback, bool):
     raise ValueError(f"error_feedback must be a bool, got {error_feedback!r}")
 
@@ -224,11 +224,10 @@ def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
     grow, shrink: the step multipliers, ``grow > 1 > shrink > 0``.
   """
   bits = _check_bits(bits, minimum=2)
-  initial_scale = _validate.positive("initial_scale", initial_scale)
-  if not (isinstance(grow, (int, float)) and grow > 1):
-    raise ValueError(f"grow must be a number > 1, got {grow!r}")
-  if not (isinstance(shrink, (int, float)) and 0 < shrink < 1):
-    raise ValueError(f"shrink must be a number in (0, 1), got {shrink!r}")
+  initial_scale = _validate.plain(_validate.positive("initial_scale", initial_scale))
+  _validate.interval("grow", grow, 1)
+  _validate.interval("shrink", shrink, 0, 1)
+  grow, shrink = _validate.plain(grow), _validate.plain(shrink)
   half = 2 ** (bits - 1) - 1  # codes -half .. half
 
   def init(value):

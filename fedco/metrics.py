@@ -7,6 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from fedco import _labels
 from fedco.data.federated import FederatedData
 
 
@@ -22,7 +23,12 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
     examples = data.examples
   else:
     examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
-  values = jax.vmap(fn, in_axes=(None, 0))(params, examples)
+
+  def checked(p, example):  # a label read from the example: checked against the data
+    with _labels.from_data(example, data.examples, data.flat_rows):
+      return fn(p, example)
+
+  values = jax.vmap(checked, in_axes=(None, 0))(params, examples)
   weights = data.flat_weights()
   return jax.tree.map(
       lambda v: jax.ops.segment_sum(

@@ -495,10 +495,13 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
   def build(*args, **kwargs) -> Algorithm:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
+    # NumPy scalars as Python numbers: optax injects only those (and arrays), not np.float32
+    bound.arguments.update({k: v.item() for k, v in bound.arguments.items()
+                            if isinstance(v, (np.integer, np.floating))})
     numeric, schedules, other = _classify(bound.arguments, static)
     at_zero = {k: _schedule_at(v, 0) for k, v in schedules.items()}
     template = algorithm_factory(**other, **numeric, **at_zero)  # validates concrete values
-    client = client_factory(*args, **kwargs)
+    client = client_factory(*bound.args, **bound.kwargs)
 
     def hyperparams_at(count, values, dtype):
       return {**values, **{k: _float_dtype(_schedule_at(v, count), dtype)

@@ -19,6 +19,7 @@ from typing import Union
 
 import numpy as np
 
+from fedco import _validate
 from fedco.data import sources
 
 ST_DATASETS = ("cifar10", "cifar100", "digits")
@@ -38,18 +39,14 @@ def step_imbalance(labels, num_classes: int, keep_fraction: float = 0.02) -> np.
       ``(0, 1]``.
   """
   labels = np.asarray(labels)
-  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
-      or num_classes < 2:
-    raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+  num_classes = _validate.positive_int("num_classes", num_classes, minimum=2)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
     raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape "
                      f"{labels.shape}")
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
     raise ValueError(f"labels must lie in [0, num_classes={num_classes}), got min "
                      f"{labels.min()}, max {labels.max()}")
-  if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)) \
-      or not 0 < keep_fraction <= 1:
-    raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction!r}")
+  keep_fraction = _validate.interval("keep_fraction", keep_fraction, 0, 1, closed_high=True)
   keep = np.ones(labels.shape, bool)
   for c in range(num_classes // 2):
     rows = np.flatnonzero(labels == c)

@@ -293,6 +293,9 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
       except unreadable as err:  # object arrays (pickles), damaged members
         raise ValueError(f"path: {key} in {path} cannot be read as a numeric array "
                          f"({type(err).__name__})") from None
+      if not isinstance(arrays[key], np.ndarray):  # a member not stored as {key}.npy: bytes
+        raise ValueError(f"path: {key} in {path} is not a NumPy array (the archive's member "
+                         f"{key!r} is raw bytes, not {key}.npy); save the arrays with np.savez")
   splits = []
   for split in ("train", "test"):
     x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]

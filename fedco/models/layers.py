@@ -39,11 +39,13 @@ as in ``nn.Conv``, same initializer), so a checkpoint moves between them.
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence, Tuple, Union
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedco import _validate
 
@@ -63,14 +65,14 @@ def resolve_impl(impl: str) -> str:
 
 def _pairs(name: str, value, rank: int = 2) -> Tuple[int, ...]:
   try:
-    value = (value,) * rank if isinstance(value, int) else tuple(value)
+    value = (value,) * rank if isinstance(value, numbers.Integral) else tuple(value)
   except TypeError:
     raise ValueError(f"{name} must be a positive int or {rank} positive ints, got "
                      f"{value!r}") from None
-  if len(value) != rank or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                               for v in value):
+  if len(value) != rank or any(isinstance(v, (bool, np.bool_))
+                               or not isinstance(v, numbers.Integral) or v < 1 for v in value):
     raise ValueError(f"{name} must be a positive int or {rank} positive ints, got {value!r}")
-  return value
+  return tuple(int(v) for v in value)
 
 
 def conv2d(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding: Padding = "SAME",

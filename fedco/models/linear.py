@@ -6,6 +6,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedco import _labels
+
 
 class LogisticRegression(nn.Module):
   """``logits = W vec(x) + b`` for ONE example (any shape; it is flattened).
@@ -40,9 +42,34 @@ def init_params(model: nn.Module, example_x, seed: int = 0):
 
 
 def cross_entropy(logits: jax.Array, label: jax.Array) -> jax.Array:
-  """``logsumexp(logits) - logits[label]`` for one example."""
-  return jax.nn.logsumexp(logits) - jnp.take(logits, label)
+  """``logsumexp(logits) - logits[label]`` for one example: ``logits [C]``, ``label`` an
+  integer class in ``[0, C)``.
+
+  A label outside ``[0, C)`` never stands for another class (NumPy's ``logits[-1]`` would be
+  class ``C - 1``): a concrete one is a ``ValueError``, a traced one gives NaN, which a
+  simulation's finite checks stop at. While a simulation checks its params, and in
+  ``fedco.metrics.per_client_mean``, a traced label read straight from the data's examples
+  (``example["y"]``) is checked against the data's values: a ``ValueError`` before the run.
+  :func:`accuracy` treats labels the same way.
+  """
+  logits = jnp.asarray(logits)
+  classes = logits.shape[-1]
+  _labels.check(label, classes, "cross_entropy")
+  label = jnp.asarray(label)
+  valid = (label >= 0) & (label < classes)
+  loss = jax.nn.logsumexp(logits) - jnp.take(logits, jnp.clip(label, 0, classes - 1))
+  return jnp.where(valid, loss, jnp.nan)
 
 
 def accuracy(logits: jax.Array, label: jax.Array) -> jax.Array:
-  return (jnp.argmax(logits) == label).astype(jnp.float32)
+  """``1.0`` if ``argmax(logits) == label`` else ``0.0``, for one example (``logits [C]``).
+
+  Labels outside ``[0, C)`` are refused (concrete) or give NaN (traced), as in
+  :func:`cross_entropy`.
+  """
+  logits = jnp.asarray(logits)
+  classes = logits.shape[-1]
+  _labels.check(label, classes, "accuracy")
+  label = jnp.asarray(label)
+  valid = (label >= 0) & (label < classes)
+  return jnp.where(valid, (jnp.argmax(logits) == label).astype(jnp.float32), jnp.nan)

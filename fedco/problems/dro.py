@@ -29,6 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedco import _validate
 from fedco.problems import base
 
 
@@ -66,8 +67,7 @@ def client_kl_dro(loss, gamma: float):
     loss: per-example loss ``(params, example) -> scalar``.
     gamma: the KL regularisation ``gamma > 0``.
   """
-  if not (isinstance(gamma, (int, float)) and gamma > 0):
-    raise ValueError(f"gamma must be a number > 0, got {gamma!r}")
+  gamma = _validate.interval("gamma", gamma, 0)
   return base.Problem(loss, lambda y: jnp.exp(y / gamma), None, "local", False,
                       "client_kl_dro")
 
@@ -87,10 +87,8 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
     num_clients: ``K``; a simulation checks it against its data's clients.
     client_key: the example field holding the owning client's index.
   """
-  if not (isinstance(gamma, (int, float)) and gamma > 0):
-    raise ValueError(f"gamma must be a number > 0, got {gamma!r}")
-  if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
-    raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+  gamma = _validate.interval("gamma", gamma, 0)
+  num_clients = _validate.positive_int("num_clients", num_clients)
 
   def inner(params, example):
     onehot = jax.nn.one_hot(example[client_key], num_clients, dtype=jnp.float32)
@@ -118,8 +116,8 @@ def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):
     lam: ``lambda > 0``.
     shift: the constant above.
   """
-  if not (isinstance(lam, (int, float)) and lam > 0):
-    raise ValueError(f"lam must be a number > 0, got {lam!r}")
+  lam = _validate.interval("lam", lam, 0)
+  shift = _validate.real("shift", shift)
   return base.Problem(lambda p, e: jnp.exp((loss(p, e) - shift) / lam),
                       lambda y: shift / lam + jnp.log(y), None, "global", False,
                       "sample_kl_dro")
@@ -149,8 +147,7 @@ def sample_chi2_dro(loss, lam: float):
     loss: per-example loss ``(params, example) -> scalar``.
     lam: ``lambda > 0``.
   """
-  if not (isinstance(lam, (int, float)) and lam > 0):
-    raise ValueError(f"lam must be a number > 0, got {lam!r}")
+  lam = _validate.interval("lam", lam, 0)
 
   def extra(params, example):
     l = loss(params, example)

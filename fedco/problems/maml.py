@@ -58,7 +58,6 @@ any pytree; the pointwise loss defaults to the squared error.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Callable, Optional
 
 import jax
@@ -168,8 +167,7 @@ class MAML:
 
   def da_problem(self, gamma: float, shift: float = 0.0, name: str = "da_maml") -> base.Problem:
     _validate.positive("gamma", gamma)
-    if isinstance(shift, bool) or not isinstance(shift, numbers.Real):
-      raise ValueError(f"shift must be a number, got {shift!r}")
+    shift = _validate.real("shift", shift)
     return base.local_inner(self.inner, self.da_outer(gamma, shift), outer_uses_data=True,
                             name=name)
 

@@ -24,7 +24,6 @@ fedco algorithm for local-inner problems (ComFedL, Per-FedAvg, TR-MAML, ...) run
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable, Optional
 
 import jax
@@ -82,8 +81,7 @@ def personalized_maml(apply_fn: Callable, inner_lr: float, loss: Callable, *,
     raise ValueError(f"first_order must be a bool, got {first_order!r}")
   if gamma is not None:
     _validate.positive("gamma", gamma)
-  if isinstance(shift, bool) or not isinstance(shift, numbers.Real):
-    raise ValueError(f"shift must be a number, got {shift!r}")
+  shift = _validate.real("shift", shift)
   per_example = example_loss(apply_fn, loss)
 
   def inner(params, example):

@@ -38,7 +38,14 @@ _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
 
 def _check_dtypes(params, examples):
-  """fedco computes in float32 (or float64): refuse half precision clearly."""
+  """fedco computes in float32 (or float64): refuse integer or bool params (nothing to
+  differentiate) and half precision clearly."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dtype = jnp.asarray(leaf).dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise ValueError(
+          f"params{jax.tree_util.keystr(path)} has dtype {dtype}; params must be float32 or "
+          "float64 arrays (they are differentiated), e.g. jnp.asarray(params, jnp.float32)")
   for what, tree in (("params", params), ("data.examples", examples)):
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       if jnp.asarray(leaf).dtype in _LOW_PRECISION:

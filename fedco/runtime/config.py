@@ -8,15 +8,17 @@ tracing the problem on one example's shapes.
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
+from flax import errors as flax_errors
 import numpy as np
 import optax
 
-from fedco import _validate
+from fedco import _labels, _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
@@ -88,10 +90,8 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
     raise ValueError(f"problem {problem.name!r} was built for num_clients="
                      f"{problem.num_clients}, but data holds {n} clients; build it with "
                      f"num_clients={n}")
-  m = n if clients_per_round is None else clients_per_round
-  if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
-    raise ValueError(f"clients_per_round must be an integer in [1, {n}] (the number of "
-                     f"clients), got {clients_per_round!r}")
+  m = n if clients_per_round is None else _validate.positive_int(
+      "clients_per_round", clients_per_round, maximum=n, note="the number of clients")
   if batch_size is not None:
     _validate.positive_int("batch_size", batch_size)
   if outer_batch_size == -1:
@@ -107,8 +107,8 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   eval_every = _validate.positive_int("eval_every", eval_every)
   mesh = check_mesh(mesh)
   _validate.open_unit("participation", participation, closed_right=True)
-  if not (isinstance(straggler_prob, (int, float)) and 0 <= straggler_prob < 1):
-    raise ValueError(f"straggler_prob must be a number in [0, 1), got {straggler_prob!r}")
+  _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
+  straggler_prob = _validate.plain(straggler_prob)  # as given: it is in run fingerprints
   smallest = int(np.min(np.asarray(data.counts)))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
@@ -123,6 +123,11 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
                    participation, straggler_prob, link)
 
 
+_FLAX_SHAPE = re.compile(
+    r'parameter "(?P<name>[^"]*)" in "(?P<scope>[^"]*)".*?expected to generate shape '
+    r'(?P<want>\([^)]*\)).*?received has shape (?P<got>\([^)]*\))')
+
+
 def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTree:
   """``params`` as arrays, refused (``ValueError``) when their dtypes or shapes do not fit
   the data and problem."""
@@ -132,19 +137,37 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
   example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)),
                          data.examples)
 
+  def over_data(fn):  # labels read from the example are checked against the data's values
+    def traced(*args):
+      with _labels.from_data(args[-1], data.examples, data.flat_rows):
+        return fn(*args)
+    return traced
+
   def trace():
     if problem.extra is not None:
-      _scalar("extra", jax.eval_shape(problem.extra, params, example))
+      _scalar("extra", jax.eval_shape(over_data(problem.extra), params, example))
     if problem.compositional:
-      y = jax.eval_shape(problem.inner, params, example)
+      y = jax.eval_shape(over_data(problem.inner), params, example)
       if problem.outer_uses_data:
-        _scalar("outer", jax.eval_shape(problem.outer, y, example))
+        _scalar("outer", jax.eval_shape(over_data(problem.outer), y, example))
       else:
         _scalar("outer", jax.eval_shape(problem.outer, y))
 
   try:
     trace()
-  except (TypeError, ValueError, IndexError, KeyError) as err:
+  except _labels.LabelError:  # already names the labels and the allowed range
+    raise
+  except flax_errors.ScopeParamShapeError as err:  # a flax model's parameter, wrong shape
+    found = _FLAX_SHAPE.search(str(err))
+    if found is None:
+      raise ValueError(f"params do not fit problem {problem.name!r}: "
+                       f"{str(err).splitlines()[0]}") from None
+    raise ValueError(
+        f"params do not fit problem {problem.name!r}: the model's parameter "
+        f"{found['name']!r} in {found['scope']!r} has shape {found['want']}, but params give "
+        f"it shape {found['got']}; build params with the model's init (e.g. "
+        f"fedco.models.init_params)") from None
+  except (TypeError, ValueError, IndexError, KeyError, flax_errors.FlaxError) as err:
     shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
     raise ValueError(
         f"params and data do not fit problem {problem.name!r}: params shapes "

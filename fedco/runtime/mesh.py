@@ -7,6 +7,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from fedco import _validate
+
 PyTree = Any
 CLIENTS = "clients"
 
@@ -14,10 +16,8 @@ CLIENTS = "clients"
 def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
   """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices (default all)."""
   available = jax.device_count()
-  num = available if num_devices is None else num_devices
-  if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= available:
-    raise ValueError(f"num_devices must be an integer in [1, {available}] (the devices "
-                     f"present), got {num_devices!r}")
+  num = available if num_devices is None else _validate.positive_int(
+      "num_devices", num_devices, maximum=available, note="the devices present")
   return jax.sharding.Mesh(np.array(jax.devices()[:num]), (CLIENTS,))
 
 

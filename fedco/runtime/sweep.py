@@ -25,8 +25,9 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import numbers
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,9 +79,19 @@ def _grid_runs(factory, grid, seeds, static):
       raise ValueError(f"grid: {name!r} is not a numeric hyperparameter of "
                        f"{getattr(factory, '__name__', factory)}; allowed: {numeric}")
     values = grid[name]
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+      values = grid[name] = list(values)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
       raise ValueError(f"grid[{name!r}] must be a non-empty list of numbers, got {values!r}")
-  seeds = [_validate.positive_int("seeds", s, minimum=0) for s in seeds]
+    for i, value in enumerate(values):  # jnp.asarray of them all must work
+      _validate.real(f"grid[{name!r}][{i}]", value)
+  if isinstance(seeds, numbers.Integral) and not isinstance(seeds, (bool, np.bool_)):
+    raise ValueError(f"seeds must be a non-empty list of integers >= 0, got the int {seeds!r}: "
+                     f"for {int(seeds)} runs pass seeds=range({int(seeds)}), for the seed "
+                     f"{int(seeds)} alone seeds=[{int(seeds)}]")
+  if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+    raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+  seeds = [_validate.positive_int(f"seeds[{i}]", s, minimum=0) for i, s in enumerate(seeds)]
   if not seeds:
     raise ValueError("seeds must be a non-empty list of integers >= 0")
   combos = itertools.product(*(grid[n] for n in names))
