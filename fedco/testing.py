@@ -273,36 +273,37 @@ class _Kit:
                  "steps", "chain", got, reference)
 
   def check_inject(self):
-    injected = base.inject_hyperparams(self.factory)(**self.kwargs)
-    state = self.init(injected)  # init(params) + init_trackers: what the runtime does
-    if "learning_rate" not in getattr(state, "hyperparams", {}):
-      return "skipped: learning_rate is not an injectable number in this configuration"
-    chex.clear_trace_counter()
-    step = jax.jit(chex.assert_max_traces(self.step_fn(injected), n=1))
+    static = getattr(self.factory, "static_args", ())
+    for label, injected_factory in (
+        ("fedco.inject_hyperparams", base.inject_hyperparams(self.factory)),
+        ("optax.inject_hyperparams", optax.inject_hyperparams(self.factory,
+                                                              static_args=static))):
+      injected = injected_factory(**self.kwargs)
+      state = self.init(injected)  # init(params) + init_trackers: what the runtime does
+      if "learning_rate" not in getattr(state, "hyperparams", {}):
+        return "skipped: learning_rate is not an injectable number in this configuration"
+      chex.clear_trace_counter()
+      step = jax.jit(chex.assert_max_traces(self.step_fn(injected), n=1))
 
-    def two(state):
-      p, s = step(self.params, state)
-      return step(p, s)[0]
+      def two(state, step=step):
+        p, s = step(self.params, state)
+        return step(p, s)[0]
 
-    reference, _ = self.run(self.algorithm, steps=2)
-    try:
-      first = two(state)
-      state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
-      second = two(state)
-    except AssertionError as err:
-      _fail(self.name, "inject", f"a changed hyperparameter traced the step again "
-            f"({str(err).splitlines()[0][:200]})")
-    self.close("inject_hyperparams(factory) and the factory's steps", "inject", first,
-               reference)
-    if float(jnp.max(jnp.abs(jnp.asarray(jax.tree.leaves(second)[0])
-                             - jnp.asarray(jax.tree.leaves(first)[0])))) == 0:
-      _fail(self.name, "inject", "halving the injected learning_rate changed nothing")
-
-  def simulate(self, algorithm=None, rounds=ROUNDS, data=None, **kwargs):
-    kwargs.setdefault("batch_size", None)  # full batch: the loop reference's oracles
-    return simulate(self.problem, self.algorithm if algorithm is None else algorithm,
-                    self.data if data is None else data, self.params, rounds=rounds, seed=0,
-                    **kwargs)
+      reference, _ = self.run(self.algorithm, steps=2)
+      try:
+        first = two(state)
+        state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
+        second = two(state)
+      except AssertionError as err:
+        _fail(self.name, "inject", f"{label}: the step traced again (from init(params) and "
+              f"init_trackers, or after a changed hyperparameter: "
+              f"{str(err).splitlines()[0][:200]})")
+      self.close(f"{label}(factory) and the factory's steps", "inject", first, reference)
+      if all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first),
+                                                  jax.tree.leaves(second))):
+        _fail(self.name, "inject", f"{label}: halving the injected learning_rate changed "
+              "nothing")
+    return None
 
   def simulated(self):
     """The server values after each of ``ROUNDS`` rounds of ``fedco.simulate``'s program

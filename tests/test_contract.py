@@ -1,5 +1,10 @@
 """Optax contract tests over every algorithm of ``fedco.ALGORITHMS``.
 
+The checks a user's algorithm gets too (fixed state dtypes, one trace, jit = no jit,
+inactive clips in chains, injected hyperparameters, simulate = a per-client loop) run
+through ``fedco.testing.check_algorithm`` in ``tests/test_kit_registry.py``; these are the
+rest.
+
 Each algorithm is used the way a user would in their own (centralised, one-client) loop:
 ``init``/``update`` with keyword-only oracle arguments, then ``optax.apply_updates``; then
 composed with optax (``optax.chain``, ``fedco.chain``, ``inject_hyperparams``) in that loop
@@ -113,42 +118,6 @@ def test_ignores_unknown_extra_args(label, setup):
 
 
 @pytest.mark.parametrize("label", LABELS)
-def test_does_not_recompile_and_keeps_dtypes(label, setup):
-  chex.clear_trace_counter()
-  problem, examples, _ = setup
-  opt = registry.build(label)
-  params = jnp.full((3,), 0.1, jnp.float32)
-  state = _init(opt, problem, examples, params)
-  step = jax.jit(chex.assert_max_traces(_step_fn(opt, problem, examples), n=1))
-  p1, s1 = step(params, state)
-  p2, s2 = step(p1, s1)
-  p3, _ = step(p2, s2)
-  chex.assert_trees_all_equal_dtypes(p3, params)
-  chex.assert_trees_all_equal_dtypes(s2, state)
-  chex.assert_trees_all_equal_shapes(s2, state)
-
-
-class JitAndNoJitAgree(chex.TestCase):
-  """``chex.variants``: the same steps with and without ``jax.jit``."""
-
-  @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.named_parameters((label, label) for label in LABELS)
-  def test_jit_and_no_jit_agree(self, label):
-    problem, examples, _ = _setup()
-    opt = registry.build(label)
-    params = jnp.full((3,), 0.1, jnp.float32)
-    state = _init(opt, problem, examples, params)
-    step = self.variant(_step_fn(opt, problem, examples))
-    reference = _step_fn(opt, problem, examples)
-    p, s, rp, rs = params, state, params, state
-    for _ in range(3):
-      p, s = step(p, s)
-      rp, rs = reference(rp, rs)
-    chex.assert_trees_all_close(p, rp, rtol=1e-5, atol=1e-6)
-    chex.assert_trees_all_close(s, rs, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("label", LABELS)
 def test_init_without_inner_value_fills_trackers_on_first_update(label, setup):
   """``init(params)`` (optax's signature) works for every algorithm; the first update fills
   the trackers from its own sample, which here (full batch) is the inner value itself."""
@@ -162,19 +131,6 @@ def test_init_without_inner_value_fills_trackers_on_first_update(label, setup):
   assert not fedco.algorithms.base.has_pending(s_bare)
   chex.assert_trees_all_close(p_bare, p_filled, rtol=1e-6, atol=1e-7)
   chex.assert_trees_all_close(s_bare, s_filled, rtol=1e-6, atol=1e-7)
-
-
-@pytest.mark.parametrize("label", LABELS)
-def test_optax_chain_with_inactive_clip_equals_unchained(label, setup):
-  """``optax.chain`` and ``fedco.chain`` pass the oracles through; clipping that never bites
-  (before the algorithm: on ``grad h``; after it: on the step) changes nothing."""
-  alg = registry.build(label)
-  reference, _ = _run(alg, 3)
-  for chained in (optax.chain(registry.inactive_clip(), alg, registry.inactive_clip()),
-                  fedco.chain(registry.inactive_clip(), alg, registry.inactive_clip()),
-                  fedco.named_chain(("clip", registry.inactive_clip()), ("alg", alg))):
-    params, _ = _run(chained, 3, algorithm=alg)
-    chex.assert_trees_all_close(params, reference, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -215,38 +171,6 @@ def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
 
 
 # ---- injectable hyperparameters ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("label", LABELS)
-def test_inject_hyperparams_changes_the_step_without_recompiling(label, setup):
-  """Every numeric hyperparameter is state: changing one between calls changes the step
-  and reuses the compiled program (``chex.assert_max_traces``)."""
-  problem, examples, _ = setup
-  factory = registry.factory(label)
-  kw = registry.kwargs(label)
-  hyper = registry.numeric_hyperparams(label)
-  assert "learning_rate" in hyper
-  for injected in (fedco.inject_hyperparams(factory)(**kw),
-                   optax.inject_hyperparams(factory, static_args=factory.static_args)(**kw)):
-    chex.clear_trace_counter()
-    params = jnp.full((3,), 0.1, jnp.float32)
-    state = _init(injected, problem, examples, params)
-    assert set(hyper) <= set(state.hyperparams)
-    step = jax.jit(chex.assert_max_traces(
-        _step_fn(injected, problem, examples, registry.build(label)), n=1))
-
-    def two_steps(state):  # GCIVR's first step is 0 by design
-      p, s = step(params, state)
-      return step(p, s)[0]
-
-    p1 = two_steps(state)
-    reference, _ = _run(registry.build(label), 2)
-    chex.assert_trees_all_close(p1, reference, rtol=1e-6, atol=1e-7)
-    state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
-    p2 = two_steps(state)  # the same compiled program
-    halved, _ = _run(factory(**{**kw, "learning_rate": 0.5 * kw["learning_rate"]}), 2)
-    chex.assert_trees_all_close(p2, halved, rtol=1e-5, atol=1e-7)
-    assert float(jnp.max(jnp.abs(p2 - p1))) > 0
 
 
 def test_inject_hyperparams_takes_schedules_and_server_rates():
