@@ -44,11 +44,13 @@ import numpy as np
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 METRICS_CSV = "metrics.csv"
+OUTPUT_FILES = (CONFIG, METRICS, METRICS_CSV, SUMMARY)  # the files every run writes
 TENSORBOARD = "tensorboard"
 _STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
 STAGING = "in_progress"  # a running run's outputs, moved into the workdir when complete
 from fedco.io import TMP_PREFIX as _TMP_PREFIX, DirectoryLock, atomic_write  # noqa: F401
+from fedco.io import remove_stale_temporaries
 
 
 # ---- JSON conversion ---------------------------------------------------------------------
@@ -169,7 +171,9 @@ class Workdir:
   TensorBoard files, run checkpoint directories), so files a user put beside them (another
   ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The directory is
   locked for the process (a second process gets a one-line error naming it), and an
-  unwritable directory is a one-line ``ValueError``.
+  unwritable directory is a one-line ``ValueError``. A run killed while writing a file
+  leaves its temporary ``.tmp-<name>.<random>``; the next ``Workdir`` (holding the lock)
+  removes those of the files fedco writes there.
 
   Args:
     path: the directory (``--workdir``).
@@ -186,6 +190,10 @@ class Workdir:
     # when this object goes (or the process dies).
     lock = DirectoryLock(self.path, what=f"--{flag}").acquire()
     weakref.finalize(self, lock.release)
+    # A process killed while writing one of our files left its temporary file; no other
+    # process writes here while we hold the lock, so the ones of our files are stale.
+    remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES] + [
+        n for n in read_manifest(self.path) if os.sep not in n])
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
     self._staged: List[str] = []

@@ -1,0 +1,97 @@
+"""Misuse of the experiment driver and its workdir: one ``error:`` line instead of a traceback,
+nothing of a user's overwritten, nothing of a killed run's left behind, no noise from a damaged
+checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
+  sys.path.insert(0, REPO)
+
+from experiments import common  # pylint: disable=g-import-not-at-top
+
+E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
+ENV = {**os.environ, "PYTHONPATH": REPO}
+
+
+def _driver(*args, timeout=120):
+  return subprocess.run([sys.executable, "-m", "experiments.main", *args], cwd=REPO, env=ENV,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(proc, *fragments):
+  """``proc`` exited 1 with exactly one ``error: ...`` line holding ``fragments``."""
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1, proc.stderr
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+  for fragment in fragments:
+    assert fragment in lines[0], (fragment, lines[0])
+  return lines[0]
+
+
+# ---- 1: a killed write's temporary file goes with the next run ----------------------------
+
+def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
+  """A SIGKILL during ``atomic_write`` leaves its ``.tmp-<name>.<random>`` file; the next
+  Workdir on the directory (holding its lock) removes those of the files fedco writes there,
+  and nothing of a user's, even named alike."""
+  run = tmp_path / "run"
+  wd = common.Workdir(run)
+  wd.write_config({"a": 1})
+  wd.write_summary({"done": True})
+  del wd
+  code = textwrap.dedent("""
+      import os, sys, time
+      from experiments import common
+      wd = common.Workdir(sys.argv[1])
+      def stall(f):
+        f.write("[")
+        print("writing", flush=True)
+        time.sleep(60)
+      common.atomic_write(os.path.join(wd.path, common.MANIFEST), stall)
+      """)
+  child = subprocess.Popen([sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV,
+                           stdout=subprocess.PIPE, text=True)
+  try:
+    assert child.stdout.readline().strip() == "writing"
+  finally:
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+  stale = [n for n in os.listdir(run) if n.startswith(".tmp-.fedco-written.json.")]
+  assert len(stale) == 1, os.listdir(run)
+  ours = [".tmp-summary.json.a1b2c3d4", ".tmp-config.json.zz_9yy8x"]
+  users = [".tmp-mine", ".tmp-notes.txt.a1b2c3d4", ".tmp-summary.json.bak",
+           ".tmp-summary.json.a1b2c3d4.keep"]
+  for name in ours + users:
+    (run / name).write_text("x")
+  (run / ".tmp-metrics.jsonl.dir12345").mkdir()  # a directory is never ours
+  common.Workdir(run)
+  left = set(os.listdir(run))
+  assert not left & set(stale + ours), sorted(left)
+  assert set(users) | {".tmp-metrics.jsonl.dir12345"} <= left, sorted(left)
+  assert json.loads((run / "summary.json").read_text()) == {"done": True}
+
+
+def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp_path):
+  run = tmp_path / "run"
+  code = ("import sys, time; from fedco.io import DirectoryLock; "
+          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+          "time.sleep(60)")
+  holder = subprocess.Popen([sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    (run / ".tmp-.fedco-written.json.abcd1234").write_text("[")  # its write in progress
+    with pytest.raises(ValueError, match="in use"):
+      common.Workdir(run)
+    assert (run / ".tmp-.fedco-written.json.abcd1234").exists()
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
