@@ -190,6 +190,11 @@ class Workdir:
     # when this object goes (or the process dies).
     lock = DirectoryLock(self.path, what=f"--{flag}").acquire()
     weakref.finalize(self, lock.release)
+    try:  # before anything is written or removed
+      _check_outputs(self.path, flag)
+    except ValueError:
+      lock.release()
+      raise
     # A process killed while writing one of our files left its temporary file; no other
     # process writes here while we hold the lock, so the ones of our files are stale.
     remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES] + [
@@ -293,6 +298,16 @@ class Workdir:
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
                  mode="wb")
     return path
+
+
+def _check_outputs(workdir: str, flag: str) -> None:
+  """Refuse (``ValueError``) a workdir where a run could not write its output files or would
+  replace one it did not write: a directory where fedco writes a file."""
+  for name in (MANIFEST, *OUTPUT_FILES):
+    target = os.path.join(workdir, name)
+    if os.path.isdir(target):
+      raise ValueError(f"--{flag}: {target} is a directory, where fedco writes a file; move "
+                       "it away or use another workdir")
 
 
 def _write_scalars(logdir: str, records: Sequence[Mapping[str, Any]]) -> None:

@@ -95,3 +95,31 @@ def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
+
+
+# ---- 3, 5: outputs in the way are refused before the run starts ---------------------------
+
+@pytest.mark.parametrize("name", [common.SUMMARY, common.METRICS, common.METRICS_CSV,
+                                  common.CONFIG, common.MANIFEST])
+def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path, name):
+  run = tmp_path / "run"
+  wd = common.Workdir(run)
+  wd.write_config({"a": 1})
+  wd.append_metrics([{"round": 1, "x": 0.5}])
+  wd.write_summary({"done": True})
+  del wd
+  os.remove(run / name)
+  (run / name).mkdir()
+  (run / name / "keep").write_text("mine")
+  with pytest.raises(ValueError, match=f"{name}.*directory.*move it away") as err:
+    common.Workdir(run)
+  assert "\n" not in str(err.value) and str(run / name) in str(err.value)
+  assert (run / name / "keep").read_text() == "mine"
+  assert not (run / common.STAGING).exists() or name == common.MANIFEST
+
+
+def test_the_driver_refuses_a_summary_directory_in_one_line(tmp_path):
+  (tmp_path / "summary.json").mkdir()
+  proc = _driver(E7_CONFIG, f"--workdir={tmp_path}", "--config.rounds=2", "--noprogress")
+  _one_error_line(proc, str(tmp_path / "summary.json"), "directory", "move it away")
+  assert os.listdir(tmp_path / "summary.json") == []
