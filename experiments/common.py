@@ -301,13 +301,20 @@ class Workdir:
 
 
 def _check_outputs(workdir: str, flag: str) -> None:
-  """Refuse (``ValueError``) a workdir where a run could not write its output files or would
-  replace one it did not write: a directory where fedco writes a file."""
+  """Refuse (``ValueError``) a workdir where a run could not write its output files (a
+  directory in the way) or would replace files fedco did not write (not in the manifest)."""
   for name in (MANIFEST, *OUTPUT_FILES):
     target = os.path.join(workdir, name)
     if os.path.isdir(target):
       raise ValueError(f"--{flag}: {target} is a directory, where fedco writes a file; move "
                        "it away or use another workdir")
+  ours = read_manifest(workdir)
+  theirs = [n for n in OUTPUT_FILES
+            if n not in ours and os.path.lexists(os.path.join(workdir, n))]
+  if theirs:
+    raise ValueError(f"--{flag}: {workdir} holds {', '.join(theirs)}, which fedco did not "
+                     f"write (its {MANIFEST} does not list them) and a run would replace; move "
+                     f"{'them' if len(theirs) > 1 else 'it'} away or use another workdir")
 
 
 def _write_scalars(logdir: str, records: Sequence[Mapping[str, Any]]) -> None:

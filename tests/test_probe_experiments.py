@@ -115,7 +115,7 @@ def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path,
     common.Workdir(run)
   assert "\n" not in str(err.value) and str(run / name) in str(err.value)
   assert (run / name / "keep").read_text() == "mine"
-  assert not (run / common.STAGING).exists() or name == common.MANIFEST
+  assert not (run / common.STAGING).exists()
 
 
 def test_the_driver_refuses_a_summary_directory_in_one_line(tmp_path):
@@ -123,3 +123,32 @@ def test_the_driver_refuses_a_summary_directory_in_one_line(tmp_path):
   proc = _driver(E7_CONFIG, f"--workdir={tmp_path}", "--config.rounds=2", "--noprogress")
   _one_error_line(proc, str(tmp_path / "summary.json"), "directory", "move it away")
   assert os.listdir(tmp_path / "summary.json") == []
+
+
+def test_a_users_own_outputs_in_a_fresh_workdir_are_refused(tmp_path):
+  (tmp_path / "summary.json").write_text('{"mine": 1}')
+  (tmp_path / "metrics.csv").write_text("mine\n")
+  (tmp_path / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="did not write") as err:
+    common.Workdir(tmp_path)
+  message = str(err.value)
+  assert "\n" not in message
+  assert "summary.json" in message and "metrics.csv" in message and "notes.txt" not in message
+  assert "move them away or use another workdir" in message
+  assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
+  assert (tmp_path / "metrics.csv").read_text() == "mine\n"
+  assert not (tmp_path / common.STAGING).exists()
+  os.remove(tmp_path / "summary.json")
+  os.remove(tmp_path / "metrics.csv")
+  wd = common.Workdir(tmp_path)  # a user's other files are no obstacle
+  wd.write_summary({"ours": 1})
+  del wd
+  common.Workdir(tmp_path)  # and fedco's own (in the manifest) are replaced as before
+  assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_the_driver_refuses_a_users_summary_in_one_line(tmp_path):
+  (tmp_path / "summary.json").write_text('{"mine": 1}')
+  proc = _driver(E7_CONFIG, f"--workdir={tmp_path}", "--config.rounds=2", "--noprogress")
+  _one_error_line(proc, "summary.json", "did not write", "another workdir")
+  assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
