@@ -196,3 +196,50 @@ def test_the_driver_refuses_a_users_summary_in_one_line(tmp_path):
   proc = _driver(E7_CONFIG, f"--workdir={tmp_path}", "--config.rounds=2", "--noprogress")
   _one_error_line(proc, "summary.json", "did not write", "another workdir")
   assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
+
+
+# ---- 4: --config and --flagfile that name no usable file ---------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["--config=experiments/configs/nope.py", "--config.rounds=2"],
+    ["--config=experiments/configs/nope.py:grid", "--config.seeds=0,"],
+    ["--config", "experiments/configs/nope.py", "--config.rounds=2"],
+    ["--config=README.md"],
+    ["--config=README.md", "--config.rounds=2"],
+    ["--config=experiments/configs"],
+])
+def test_a_config_that_is_no_config_file_is_one_error_line(tmp_path, args):
+  proc = _driver(*args, f"--workdir={tmp_path / 'run'}")
+  line = _one_error_line(proc, "--config", "is not a config file", "fedavg_counterexample",
+                         "dro_fl", "experiments/configs/")
+  assert args[0].split("=")[-1].split(":")[0] in line or args[1] in line
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_that_fails_to_load_is_one_error_line(tmp_path):
+  broken = tmp_path / "broken.py"
+  broken.write_text("def get_config(:\n")
+  proc = _driver(f"--config={broken}", "--config.rounds=2", f"--workdir={tmp_path / 'run'}")
+  _one_error_line(proc, "--config", str(broken), "SyntaxError")
+  plain = tmp_path / "plain.py"
+  plain.write_text("X = 1\n")
+  proc = _driver(f"--config={plain}", f"--workdir={tmp_path / 'run'}")
+  _one_error_line(proc, "--config", "is not a config file", "get_config")
+
+
+@pytest.mark.parametrize("case", ["missing", "missing, no --config", "directory", "nested"])
+def test_a_flagfile_that_cannot_be_read_is_one_error_line(tmp_path, case):
+  """Also before ``--config`` is looked at (ml_collections reads the flag files as the
+  driver's module is imported)."""
+  missing = tmp_path / "missing.flags"
+  named = {"directory": tmp_path}.get(case, missing)
+  flagfile = named
+  if case == "nested":
+    flagfile = tmp_path / "outer.flags"
+    flagfile.write_text(f"--config.rounds=2\n--flagfile={missing}\n")
+  args = [] if "no --config" in case else [E7_CONFIG]
+  proc = _driver(*args, f"--flagfile={flagfile}", f"--workdir={tmp_path / 'run'}")
+  _one_error_line(proc, "--flagfile", str(named),
+                  "Is a directory" if case == "directory" else "No such file",
+                  "a readable file of flags")
+  assert not (tmp_path / "run").exists()
