@@ -170,10 +170,12 @@ class Workdir:
   manifest (``.fedco-written.json``) of every output it writes (results, figures,
   TensorBoard files, run checkpoint directories), so files a user put beside them (another
   ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The directory is
-  locked for the process (a second process gets a one-line error naming it), and an
-  unwritable directory is a one-line ``ValueError``. A run killed while writing a file
-  leaves its temporary ``.tmp-<name>.<random>``; the next ``Workdir`` (holding the lock)
-  removes those of the files fedco writes there.
+  locked for the process (a second process gets a one-line error naming it). An unwritable
+  directory is a one-line ``ValueError``; so is a directory, or a file fedco did not write,
+  where it writes its manifest, ``config.json``, ``metrics.jsonl``,
+  ``metrics.csv`` or ``summary.json`` (checked before anything is written). A run killed while
+  writing one of those leaves its temporary ``.tmp-<name>.<random>``; the next ``Workdir``
+  (holding the lock) removes it.
 
   Args:
     path: the directory (``--workdir``).
@@ -196,9 +198,9 @@ class Workdir:
       lock.release()
       raise
     # A process killed while writing one of our files left its temporary file; no other
-    # process writes here while we hold the lock, so the ones of our files are stale.
-    remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES] + [
-        n for n in read_manifest(self.path) if os.sep not in n])
+    # process writes them while we hold the lock, so those are stale. (Not figures':
+    # ``experiments.plot`` writes PNGs here without the lock; ours go to in_progress/.)
+    remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES])
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
     self._staged: List[str] = []

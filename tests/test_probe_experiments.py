@@ -68,7 +68,8 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
   assert len(stale) == 1, os.listdir(run)
   ours = [".tmp-summary.json.a1b2c3d4", ".tmp-config.json.zz_9yy8x"]
   users = [".tmp-mine", ".tmp-notes.txt.a1b2c3d4", ".tmp-summary.json.bak",
-           ".tmp-summary.json.a1b2c3d4.keep"]
+           ".tmp-summary.json.a1b2c3d4.keep",
+           ".tmp-plot.png.a1b2c3d4"]  # experiments.plot writes figures without the lock
   for name in ours + users:
     (run / name).write_text("x")
   (run / ".tmp-metrics.jsonl.dir12345").mkdir()  # a directory is never ours
