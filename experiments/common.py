@@ -44,11 +44,13 @@ import numpy as np
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 METRICS_CSV = "metrics.csv"
+OUTPUT_FILES = (CONFIG, METRICS, METRICS_CSV, SUMMARY)  # the files every run writes
 TENSORBOARD = "tensorboard"
 _STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
 STAGING = "in_progress"  # a running run's outputs, moved into the workdir when complete
 from fedco.io import TMP_PREFIX as _TMP_PREFIX, DirectoryLock, atomic_write  # noqa: F401
+from fedco.io import remove_stale_temporaries
 
 
 # ---- JSON conversion ---------------------------------------------------------------------
@@ -168,8 +170,12 @@ class Workdir:
   manifest (``.fedco-written.json``) of every output it writes (results, figures,
   TensorBoard files, run checkpoint directories), so files a user put beside them (another
   ``tensorboard/`` tree, their own ``.tmp-*`` files) are never touched. The directory is
-  locked for the process (a second process gets a one-line error naming it), and an
-  unwritable directory is a one-line ``ValueError``.
+  locked for the process (a second process gets a one-line error naming it). An unwritable
+  directory is a one-line ``ValueError``; so is a directory, or a file fedco did not write,
+  where it writes its manifest, ``config.json``, ``metrics.jsonl``,
+  ``metrics.csv`` or ``summary.json`` (checked before anything is written). A run killed while
+  writing one of those leaves its temporary ``.tmp-<name>.<random>``; the next ``Workdir``
+  (holding the lock) removes it.
 
   Args:
     path: the directory (``--workdir``).
@@ -186,6 +192,15 @@ class Workdir:
     # when this object goes (or the process dies).
     lock = DirectoryLock(self.path, what=f"--{flag}").acquire()
     weakref.finalize(self, lock.release)
+    try:  # before anything is written or removed
+      _check_outputs(self.path, flag)
+    except ValueError:
+      lock.release()
+      raise
+    # A process killed while writing one of our files left its temporary file; no other
+    # process writes them while we hold the lock, so those are stale. (Not figures':
+    # ``experiments.plot`` writes PNGs here without the lock; ours go to in_progress/.)
+    remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES])
     self._metrics: List[str] = []
     self._rows: List[Dict[str, Any]] = []
     self._staged: List[str] = []
@@ -285,6 +300,23 @@ class Workdir:
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
                  mode="wb")
     return path
+
+
+def _check_outputs(workdir: str, flag: str) -> None:
+  """Refuse (``ValueError``) a workdir where a run could not write its output files (a
+  directory in the way) or would replace files fedco did not write (not in the manifest)."""
+  for name in (MANIFEST, *OUTPUT_FILES):
+    target = os.path.join(workdir, name)
+    if os.path.isdir(target):
+      raise ValueError(f"--{flag}: {target} is a directory, where fedco writes a file; move "
+                       "it away or use another workdir")
+  ours = read_manifest(workdir)
+  theirs = [n for n in OUTPUT_FILES
+            if n not in ours and os.path.lexists(os.path.join(workdir, n))]
+  if theirs:
+    raise ValueError(f"--{flag}: {workdir} holds {', '.join(theirs)}, which fedco did not "
+                     f"write (its {MANIFEST} does not list them) and a run would replace; move "
+                     f"{'them' if len(theirs) > 1 else 'it'} away or use another workdir")
 
 
 def _write_scalars(logdir: str, records: Sequence[Mapping[str, Any]]) -> None:

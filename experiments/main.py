@@ -33,9 +33,24 @@ from ml_collections import config_flags
 import fedco
 from experiments import common, runner
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "An experiments/configs/*.py file "
-                                          "(':grid' after the path selects a mode).",
-                                          lock_config=True)
+
+def _define_config():
+  """``--config``. ml_collections reads the command line's ``--flagfile`` s already here; one
+  that cannot be read is left for :func:`parse_flags` to report as one line."""
+  define = lambda: config_flags.DEFINE_config_file(
+      "config", None, "An experiments/configs/*.py file (':grid' after the path selects a "
+      "mode).", lock_config=True)
+  try:
+    return define()
+  except flags.CantOpenFlagFileError:
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+      return define()
+    finally:
+      sys.argv = argv
+
+
+_CONFIG = _define_config()
 flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
 flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the final table.")
 flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workdir (rerunning "
@@ -162,21 +177,89 @@ def _take_method_overrides(argv):
   return rest
 
 
+class _Unusable(Exception):
+  """A ``--flagfile`` or ``--config`` that names no file of its kind (one ``error:`` line)."""
+
+
+FLAGFILE = re.compile(r"--?flagfile(?:=(.*))?", re.S)
+CONFIG_FLAG = re.compile(r"--?config(?:=(.*))?", re.S)
+
+
+def _values(argv, pattern):
+  """The values ``argv`` gives the flag ``pattern`` matches (``--f=v`` or ``--f v``)."""
+  out, i = [], 1
+  while i < len(argv) and argv[i] != "--":
+    match = pattern.fullmatch(argv[i])
+    if match:
+      if match.group(1) is None:
+        i += 1
+        out.append(argv[i] if i < len(argv) else "")
+      else:
+        out.append(match.group(1))
+    i += 1
+  return out
+
+
+def _flagfile_error(path, reason) -> _Unusable:
+  return _Unusable(f"--flagfile={path!r} cannot be read ({reason}); it must name a readable "
+                   "file of flags, one per line")
+
+
+def _check_flagfiles(argv) -> None:
+  for path in _values(argv, FLAGFILE):
+    try:
+      with open(path):
+        pass
+    except OSError as err:
+      raise _flagfile_error(path, err.strerror or type(err).__name__) from None
+
+
+def _not_a_config(path, why: str = "") -> _Unusable:
+  return _Unusable(f"--config={path!r} is not a config file{why}; available: "
+                   f"{', '.join(EXPERIMENTS)} in experiments/configs/")
+
+
+def _config_file(argv):
+  """The file the last ``--config`` of ``argv`` names (``None`` without one): a ``.py`` file,
+  or :class:`_Unusable` (ml_collections would load anything as Python, with a traceback)."""
+  values = _values(argv, CONFIG_FLAG)
+  if not values:
+    return None
+  path = values[-1].split(":", 1)[0]
+  if not (path.endswith(".py") and os.path.isfile(path)):
+    raise _not_a_config(path)
+  return path
+
+
 def parse_flags(argv):
   """absl's parsing, with a bad ``--config.<field>`` override as one ``error:`` line (an
   unknown field, a value of the wrong type) instead of ml_collections' traceback; takes the
-  methods' ``learning_rate`` / ``local_steps`` out for :func:`set_method_fields`."""
-  rest = []
+  methods' ``learning_rate`` / ``local_steps`` out for :func:`set_method_fields`. A
+  ``--flagfile`` that cannot be read, a ``--config`` that names no config file or one that
+  fails to load are one ``error:`` line too."""
+  rest, config_file = [], None
   try:
+    _check_flagfiles(argv)
     rest = _take_method_overrides(argv)
+    config_file = _config_file(rest)
     sys.argv[:] = rest  # ml_collections reads its overrides from sys.argv itself
     return FLAGS(rest)
+  except _Unusable as err:
+    print(f"error: {err}", file=sys.stderr)
+  except flags.CantOpenFlagFileError as err:  # one named inside a flag file
+    text = " ".join(str(err).split()).removeprefix("ERROR:: ")
+    match = re.search(r"\[Errno \d+\] ([^:]+): '(.*)'$", text)
+    print(f"error: {_flagfile_error(*match.group(2, 1)) if match else text}", file=sys.stderr)
   except flags.Error as err:
     lines = [l for l in str(err).strip().splitlines() if l.strip()]
     if len(lines) > 1:  # a config file that raised: its own last line, not the traceback
       lines = [f"--config: {lines[-1].split(': ', 1)[-1]}"]
     print(f"error: {lines[0]} (see --help)", file=sys.stderr)
   except (AttributeError, KeyError, TypeError, ValueError) as err:
+    if isinstance(err, AttributeError) and "'get_config'" in str(err) and config_file:
+      print(f"error: {_not_a_config(config_file, ' (it defines no get_config())')}",
+            file=sys.stderr)
+      sys.exit(1)
     while err.args and isinstance(err.args[0], Exception):  # AttributeError(KeyError(...))
       err = err.args[0]
     text = f"no field {err.args[0]}" if isinstance(err, KeyError) and err.args else err
@@ -187,6 +270,12 @@ def parse_flags(argv):
     bad = [o for o in overrides if named and named.group(1) in o.split(".")] or overrides
     print(f"error: cannot apply {', '.join(bad) or '--config'}: {text} (a config override "
           "must name an existing field, with a value of its type)", file=sys.stderr)
+  except Exception as err:  # pylint: disable=broad-except  # the config file's own code
+    if config_file is None:
+      raise
+    lines = [l for l in str(err).splitlines() if l.strip()] or [""]
+    print(f"error: --config={config_file!r} cannot be loaded: {type(err).__name__}: "
+          f"{lines[0].strip()}", file=sys.stderr)
   sys.exit(1)
 
 

@@ -16,7 +16,10 @@ names. Arrays local to one process are copied to the host first.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 import warnings
 import zlib
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -26,6 +29,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fedco import _validate
+
+try:  # orbax runs each restore's reads through this in a fresh asyncio loop
+  from orbax.checkpoint._src import asyncio_utils as _orbax_asyncio
+except ImportError:  # pragma: no cover  # another orbax layout: restores run as orbax has them
+  _orbax_asyncio = None
 
 
 def _savable(leaf):
@@ -59,6 +67,89 @@ def _checksums(tree) -> Dict[str, Optional[str]]:
     a = np.ascontiguousarray(np.asarray(leaf))
     out[key] = f"{zlib.crc32(a.tobytes(), zlib.crc32(f'{a.shape}{a.dtype}'.encode())):08x}"
   return out
+
+
+# ---- reads that end with their restore --------------------------------------------------
+#
+# orbax runs a restore's reads as tasks of a fresh asyncio loop and closes the loop as soon as
+# one fails (a damaged file), with the others still in flight: each then reports on stderr as
+# it ends ("RuntimeError: Event loop is closed" from TensorStore's callback) or is collected
+# ("Exception ignored in: <coroutine _read_array_index_and_device_put ...>"), dozens of lines
+# after the restore itself said "damaged". Within `_reads_finish()`, such a loop first lets the
+# reads it started end (a damaged checkpoint's few files: quick; a minute at most), so a failed
+# restore leaves nothing running. orbax's own way is kept for everything else.
+
+_RESTORES = [0]  # restores of ours in progress (any thread: orbax may read in a pool)
+_RESTORES_LOCK = threading.Lock()
+_ORBAX_RUN = getattr(_orbax_asyncio, "_run_sync_via_new_loop", None)
+_LEFT_READS_S = 60.0
+
+
+def _run_sync_via_new_loop(coro):
+  """orbax's ``asyncio_utils._run_sync_via_new_loop``; during a restore of ours, a failure
+  lets the loop's other tasks end before the loop closes."""
+  if not _RESTORES[0]:
+    return _ORBAX_RUN(coro)
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  except Exception:
+    _let_tasks_end(loop)
+    raise
+  finally:
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def _let_tasks_end(loop) -> None:
+  left = asyncio.all_tasks(loop)
+  if not left:
+    return
+  _, late = loop.run_until_complete(asyncio.wait(left, timeout=_LEFT_READS_S))
+  for task in late:
+    task.cancel()
+  if late:
+    loop.run_until_complete(asyncio.wait(late, timeout=5.0))
+  for task in left:  # their errors are the same damage: retrieved, so asyncio logs none
+    if task.done() and not task.cancelled():
+      task.exception()
+
+
+@contextlib.contextmanager
+def _reads_finish():
+  if _ORBAX_RUN is None:  # another orbax: nothing to change
+    yield
+    return
+  with _RESTORES_LOCK:
+    _RESTORES[0] += 1
+    # pylint: disable-next=protected-access
+    _orbax_asyncio._run_sync_via_new_loop = _run_sync_via_new_loop
+  try:
+    yield
+  finally:
+    with _RESTORES_LOCK:
+      _RESTORES[0] -= 1
+
+
+def _cause(err: BaseException) -> BaseException:
+  """The innermost cause of ``err`` (TensorStore's own error under orbax's wrapper)."""
+  seen = {id(err)}
+  while err.__cause__ is not None and id(err.__cause__) not in seen:
+    err = err.__cause__
+    seen.add(id(err))
+  return err
+
+
+def _fallback_note(directory, causes, used) -> str:
+  """One line: the damaged checkpoints ``causes`` (``(round, cause)``), the one ``used``."""
+  rounds = ", ".join(str(r) for r, _ in causes)
+  if len(causes) == 1:
+    what = f"checkpoint of round {rounds} in {directory} is damaged ({causes[0][1]})"
+  else:
+    detail = "; ".join(f"round {r}: {e}" for r, e in causes)
+    what = f"checkpoints of rounds {rounds} in {directory} are damaged ({detail})"
+  return f"{what}; resuming from round {used}, the newest intact one"
 
 
 def _brief(shapes):
@@ -140,8 +231,9 @@ class Checkpointer:
 
     ``template`` is a state of the same structure (e.g. ``Simulator.init(params)``); the
     restored leaves take its pytree structure, shapes and dtypes. Without ``round_``, a
-    checkpoint that cannot be read or whose arrays fail their checksums is skipped with a
-    warning naming it and the cause, and the next older one is tried.
+    checkpoint that cannot be read or whose arrays fail their checksums is skipped and the
+    next older one is tried; the one used then comes with one warning naming the damaged ones
+    and their causes.
 
     Raises:
       FileNotFoundError: no checkpoint in the directory.
@@ -157,30 +249,29 @@ class Checkpointer:
       try:
         out = self._restore_one(template, candidate)
       except _Damaged as err:
-        causes.append(f"round {candidate}: {err}")
-        if round_ is None and candidate != rounds[-1]:
-          warnings.warn(f"checkpoint of round {candidate} in {self.directory} is damaged "
-                        f"({err}); trying an older one", stacklevel=2)
+        causes.append((candidate, err))
         continue
       state, metrics, meta = out
       if run is not None:
         _check_run(self.directory, candidate, meta.get("run"), run)
       if causes and round_ is None:
-        warnings.warn(f"resuming {self.directory} from round {candidate}, the newest intact "
-                      f"checkpoint (damaged: {'; '.join(causes)})", stacklevel=2)
+        warnings.warn(_fallback_note(self.directory, causes, candidate), stacklevel=2)
       if not with_host_rows:
         return candidate, state, metrics
       return candidate, state, metrics, list(meta.get("rows", []))
-    raise ValueError(f"no intact checkpoint in {self.directory}: {'; '.join(causes)}")
+    raise ValueError(f"no intact checkpoint in {self.directory}: "
+                     f"{'; '.join(f'round {r}: {e}' for r, e in causes)}")
 
   def _restore_one(self, template, round_):
     self._check_fits(template, round_)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
-      restored = self._manager.restore(round_, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore(),
-          host=ocp.args.JsonRestore()))
+      with _reads_finish():
+        restored = self._manager.restore(round_, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore(),
+            host=ocp.args.JsonRestore()))
     except Exception as err:  # pylint: disable=broad-except  # orbax raises many kinds
+      err = _cause(err)
       lines = [l for l in str(err).splitlines() if l.strip()]
       raise _Damaged(f"unreadable ({type(err).__name__}: "
                      f"{lines[0][:200] if lines else 'no message'})") from None
@@ -207,7 +298,8 @@ class Checkpointer:
     """A readable checkpoint whose arrays' shapes differ from the template's was written for
     another model or algorithm: a ``ValueError``, not damage (no older one is tried)."""
     try:
-      meta = self._manager.item_metadata(round_)["state"]
+      with _reads_finish():
+        meta = self._manager.item_metadata(round_)["state"]
       saved = jax.tree.leaves(meta)
       saved = sorted(f"{tuple(m.shape)}" for m in saved)
     except Exception as err:  # pylint: disable=broad-except

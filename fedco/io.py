@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+from typing import Iterable, List
 
 TMP_PREFIX = ".tmp-"
 
@@ -35,6 +37,35 @@ def atomic_write(path, data, *, mode: str = "w") -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def remove_stale_temporaries(directory, names: Iterable[str]) -> List[str]:
+  """Remove the temporary files that :func:`atomic_write` left in ``directory`` for the files
+  ``names`` (a process killed while writing one); returns the names removed.
+
+  Only regular files named ``.tmp-<name>.<8 random characters>`` (``mkstemp``'s names) go,
+  never a directory, a link or any other file. A write in progress has such a file too: call
+  this only while holding the lock its writers hold (a workdir's :class:`DirectoryLock`).
+  """
+  names = sorted(set(names))
+  if not names:
+    return []
+  pattern = re.compile("|".join(re.escape(f"{TMP_PREFIX}{name}.") + "[a-z0-9_]{8}"
+                                for name in names))
+  removed = []
+  try:
+    with os.scandir(os.fspath(directory)) as entries:
+      stale = [e for e in entries
+               if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+  except OSError:
+    return removed
+  for entry in stale:
+    try:
+      os.remove(entry.path)
+    except OSError:
+      continue
+    removed.append(entry.name)
+  return sorted(removed)
 
 
 def atomic_write_json(path, value, *, indent: int = 2) -> None:
