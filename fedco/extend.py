@@ -78,7 +78,8 @@ The client-state contract (what the runtime does with your state):
   :func:`init_trackers`.
 * **State structure and dtypes stay fixed** across updates (a ``lax.scan`` carry);
   start every float field in the dtype ``update`` returns (``jnp.zeros_like(params)``,
-  not a Python ``0.0``).
+  not a Python ``0.0``), from :func:`strong` params (weak-typed params would make
+  ``zeros_like`` and optax states weak until the first update).
 """
 
 from fedco.algorithms.base import (Algorithm, CommPlan, InjectedServerState, Optimizer,
@@ -87,7 +88,7 @@ from fedco.algorithms.base import (Algorithm, CommPlan, InjectedServerState, Opt
                                    averaging_server, factory, fill_pending, get_field,
                                    has_pending, init_trackers, make_plan, optax_aggregator,
                                    oracles, param_optimizer, pending_or, project_simplex,
-                                   register, require, select, set_fields,
+                                   register, require, select, set_fields, strong,
                                    weighted_client_mean)
 from fedco.estimators import compositional_grad, inner_vjp
 
@@ -97,5 +98,5 @@ __all__ = [
     "at_round_start", "averaging_server", "compositional_grad", "factory", "fill_pending",
     "get_field", "has_pending", "init_trackers", "inner_vjp", "make_plan",
     "optax_aggregator", "oracles", "param_optimizer", "pending_or", "project_simplex",
-    "register", "require", "select", "set_fields", "weighted_client_mean",
+    "register", "require", "select", "set_fields", "strong", "weighted_client_mean",
 ]

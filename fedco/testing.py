@@ -158,6 +158,9 @@ class _Kit:
       kwargs = dict(next(iter(factory.settings.values())))
     if "local_steps" in parameters:
       kwargs.setdefault("local_steps", STEPS)
+    self.data = default_data() if data is None else data
+    if "num_examples" in parameters:  # per-example state (primal-dual DRO's row weights)
+      kwargs.setdefault("num_examples", self.data.num_examples)
     self.kwargs = kwargs
     self.algorithm = factory(**kwargs)
     self.name = getattr(self.algorithm, "name", getattr(factory, "__name__", "factory"))
@@ -165,7 +168,6 @@ class _Kit:
       _fail(self.name, "builds", f"the factory returned {type(self.algorithm).__name__}, not a "
             "fedco.extend.Algorithm")
     self.problem = default_problem(self.algorithm.problem_kind) if problem is None else problem
-    self.data = default_data() if data is None else data
     self.params = default_params() if params is None else params
     self.rtol, self.atol = rtol, atol
     examples = jax.tree.map(lambda a: jnp.asarray(a)[np.asarray(self.data.flat_rows)],
@@ -248,6 +250,7 @@ class _Kit:
           _fail(self.name, "state", f"state{path} changed weak type across updates (start it "
                 "as jnp.asarray(value, dtype) or jnp.zeros_like(params))")
     chex.assert_trees_all_equal_dtypes(params, self.params)
+    self._check_weak_start(opt)
     chex.clear_trace_counter()
     step = jax.jit(chex.assert_max_traces(self.step_fn(opt), n=1))
     params, new = self.params, state
@@ -257,6 +260,25 @@ class _Kit:
     except AssertionError as err:
       _fail(self.name, "state", f"a jitted step traced again on the state it returned ("
             f"{str(err).splitlines()[0][:200]})")
+
+  def _check_weak_start(self, opt):
+    """From weak-typed float32 params (what ``jnp.full(shape, 0.1)`` makes), no state field
+    may change weak type in the first update: ``jnp.zeros_like`` of weak params is weak,
+    and a jitted loop whose carry turns strong traces twice."""
+    leaves = jax.tree.leaves(self.params)
+    if not leaves or any(jnp.asarray(p).dtype != jnp.float32 for p in leaves):
+      return
+    weak = jax.tree.map(lambda p: jnp.full(jnp.shape(p), 0.1), self.params)
+    inner = self.oracles["inner_fn"](weak) if "inner_fn" in self.oracles else None
+    state = base.init_trackers(opt.init(weak), weak, inner)
+    _, new = jax.jit(self.step_fn(opt))(weak, state)
+    for path, before, after in zip(_leaf_paths(state), jax.tree.leaves(state),
+                                   jax.tree.leaves(new)):
+      if getattr(before, "weak_type", False) and not getattr(after, "weak_type", False):
+        _fail(self.name, "state", f"state{path} starts weak-typed from weak-typed params "
+              "(jnp.zeros_like or arithmetic on them) and the first update makes it strong, "
+              "so a jitted loop traces twice: start it as jnp.zeros(jnp.shape(p), "
+              "jnp.result_type(p)) or with an explicit dtype")
 
   def check_jit(self):
     jitted, _ = self.run(self.algorithm, jit=True)

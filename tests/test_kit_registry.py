@@ -10,13 +10,20 @@ import fedco.testing
 from tests import registry
 
 LABELS = sorted(registry.CASES)
+ROWS = fedco.testing.default_data().num_examples  # primal-dual DRO's row weights
+
+
+def _kwargs(label):
+  return registry.kwargs(label, local_steps=3, num_examples=ROWS)
+
+
 CHECKS = ("builds", "state", "jit", "chain", "inject", "simulate", "server")
 
 
 @pytest.mark.parametrize("label", LABELS)
 def test_every_registry_configuration_meets_the_contract(label):
   report = fedco.testing.check_algorithm(registry.factory(label), checks=CHECKS,
-                                         **registry.kwargs(label, local_steps=3))
+                                         **_kwargs(label))
   assert set(report) == set(CHECKS)
   assert all(v == "passed" for v in report.values()), report
 
@@ -24,5 +31,5 @@ def test_every_registry_configuration_meets_the_contract(label):
 @pytest.mark.parametrize("label", ["feddro", "drfa", "primal_dual_dro"])
 def test_sweep_and_resume_for_an_every_step_a_loss_querying_and_a_row_weighting_server(label):
   report = fedco.testing.check_algorithm(registry.factory(label), checks=("sweep", "resume"),
-                                         **registry.kwargs(label, local_steps=3))
+                                         **_kwargs(label))
   assert report == {"sweep": "passed", "resume": "passed"}, report

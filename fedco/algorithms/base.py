@@ -271,6 +271,16 @@ def register(*, settings: dict):
   return add
 
 
+def strong(tree: PyTree) -> PyTree:
+  """``tree`` with every leaf a strongly typed array of its own dtype.
+
+  Build state from ``strong(params)`` in ``init``: ``jnp.zeros_like`` and optax states of
+  weak-typed params (``jnp.full(shape, 0.1)``) are weak-typed, the first update makes them
+  strong, and a jitted loop over the state then traces twice. A no-op on strong arrays.
+  """
+  return jax.tree.map(lambda a: jnp.asarray(a, jnp.result_type(a)), tree)
+
+
 def at_round_start(local_step, count, local_steps: int) -> jax.Array:
   """Whether this ``update`` is the first local step of a round.
 

@@ -96,6 +96,7 @@ def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
   plan = base.make_plan(local_steps, every_step=("y", "J", "v"), at_init=("y", "J", "v"))
 
   def init(params, *, inner_value=None):
+    params = base.strong(params)
     y = base.pending_or(inner_value, lambda v: v)
     J = base.Pending("inner_jacobian")
     if inner_value is not None:

@@ -384,6 +384,7 @@ def ditto(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
 
   def init(params, *, inner_value=None):
     del inner_value
+    params = base.strong(params)
     return DittoState(jnp.zeros([], jnp.int32), params, params, opt.init(params))
 
   def update(updates, state, params=None, *, extra_fn=None, local_step=None, **unused):

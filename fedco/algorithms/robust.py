@@ -141,6 +141,7 @@ def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int
 
   def init(params, *, inner_value=None):
     del inner_value
+    params = base.strong(params)
     return SnapshotState(jnp.zeros([], jnp.int32), params, opt.init(params))
 
   def update(updates, state, params=None, *, round_key=None, **unused):

@@ -113,7 +113,7 @@ def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5
 
   def init(params, *, inner_value=None):
     u = base.pending_or(inner_value, lambda v: v)
-    m = jax.tree.map(jnp.zeros_like, params)
+    m = jax.tree.map(jnp.zeros_like, base.strong(params))
     return SCGDMState(jnp.zeros([], jnp.int32), u, m, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
