@@ -327,6 +327,12 @@ class _Kit:
               "nothing")
     return None
 
+  def simulate(self, algorithm=None, rounds=ROUNDS, data=None, **kwargs):
+    kwargs.setdefault("batch_size", None)  # full batch: the loop reference's oracles
+    return simulate(self.problem, self.algorithm if algorithm is None else algorithm,
+                    self.data if data is None else data, self.params, rounds=rounds, seed=0,
+                    **kwargs)
+
   def simulated(self):
     """The server values after each of ``ROUNDS`` rounds of ``fedco.simulate``'s program
     (one compiled round, run round by round; shared by the checks that need a run)."""

@@ -10,39 +10,17 @@ what it wrote is complete; a Ctrl-C is never dropped (a second one ends the proc
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
-import signal
-import sys
-import threading
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
 from fedco import _validate, io as fedco_io
-
-
-class Interrupted(KeyboardInterrupt):
-  """Ctrl-C stopped a run between chunks; everything up to ``round`` is written.
-
-  Attributes:
-    round: the last round whose rows (and, when checkpointing, checkpoint) are written;
-      ``None`` when no run was under way.
-    result: what the run returned when the stop came during its last chunk (it finished),
-      else ``None``.
-  """
-
-  def __init__(self, message: str, round_: Optional[int], result: Any = None):
-    super().__init__(message)
-    self.round = round_
-    self.result = result
-
-  def __str__(self):
-    return self.args[0]
+from fedco.runtime.interrupts import Interrupted, interrupt_guard  # noqa: F401 (re-exported)
 
 
 def rows(metrics: Mapping[str, np.ndarray], first_round: int,
@@ -255,79 +233,6 @@ class PeriodicAction:
       raise ValueError(f"a PeriodicAction's fn must return a dict of numbers or None, got "
                        f"{type(out).__name__}")
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()) for k, v in out.items()}
-
-
-class _StopRequest:
-  def __init__(self):
-    self.requested = False
-
-
-_guards = []  # the stop request of the active guard in this process (its main thread)
-
-
-def _in_notebook() -> bool:
-  """In a Jupyter kernel, Ctrl-C is the kernel's interrupt: never end the process there."""
-  return "ipykernel" in sys.modules
-
-
-def _end_process(signum, frame):
-  """The second Ctrl-C: end the process as an unhandled Ctrl-C does (exit by SIGINT).
-
-  Raising ``KeyboardInterrupt`` here instead can land inside XLA's compiler, which is not
-  safe to unwind through (a segmentation fault was observed). Checkpoints, streamed rows and
-  results are written atomically, so nothing is half-written and a rerun resumes.
-  """
-  del frame
-  os.write(2, b"\nsecond Ctrl-C: stopping now\n")
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-  os.kill(os.getpid(), signum)
-
-
-@contextlib.contextmanager
-def interrupt_guard():
-  """Defer Ctrl-C: a block of runs that one Ctrl-C stops at the next safe point.
-
-  Yields an object whose ``requested`` the first SIGINT sets. ``fedco.simulate`` and
-  ``fedco.sweep`` run under this guard: they stop after the running chunk with
-  :class:`Interrupted`, after writing every finished row and checkpoint, also when the stop
-  came during their last chunk or a diverging one. Guards nest: a guard around a loop of
-  runs (the experiment driver's) shares its request with the runs inside, so a Ctrl-C
-  between two runs stops the next one before it starts, and one that came while the block
-  ran no run raises :class:`Interrupted` when the block ends. A second Ctrl-C ends the
-  process at once (exit by SIGINT; in a Jupyter kernel, ``KeyboardInterrupt``). A no-op
-  outside the main thread.
-
-  Example::
-
-    with fedco.runtime.interrupt_guard():
-      for seed in range(3):  # one Ctrl-C stops the loop after a finished chunk
-        fedco.simulate(problem, algorithm, data, params, rounds=100, seed=seed)
-  """
-  if threading.current_thread() is not threading.main_thread():
-    yield _StopRequest()
-    return
-  if _guards:  # nested: the outer guard's request, raised by the runs or the outer guard
-    yield _guards[-1]
-    return
-  stop = _StopRequest()
-
-  def handler(signum, frame):
-    if stop.requested:
-      if _in_notebook():
-        raise KeyboardInterrupt
-      _end_process(signum, frame)
-    stop.requested = True
-
-  previous = signal.signal(signal.SIGINT, handler)
-  _guards.append(stop)
-  try:
-    yield stop
-  finally:
-    _guards.pop()
-    signal.signal(signal.SIGINT, previous)
-  if stop.requested:  # a stop that no run inside the block honoured
-    raise Interrupted("interrupted: the block ended after Ctrl-C; everything it ran is "
-                      "written", None)
 
 
 def close_all(writers: Iterable[MetricWriter]) -> None:
