@@ -29,13 +29,12 @@ Two ways to use them:
 * **Registered algorithms** :func:`fedadam`, :func:`fedyogi`, :func:`fedadagrad`: plain
   FedAvg clients (local SGD on ``updates = grad h_k``) with that server.
 
-**Defaults** (the paper's, Sec. 5 and App. D): ``b1 = 0.9``, ``b2 = 0.99`` for FedAdam and
-FedYogi; ``b1 = 0`` for FedAdagrad ("as typical versions of Adagrad do not use momentum";
-its ``v`` has no ``b2``, so it takes none); ``tau = 1e-3`` (the value of the paper's
-experiments), argument ``adaptivity`` (fedco's ``tau`` is the local step count). The paper
-tunes the server rate ``eta`` per task; ``server_lr = 0.01`` is this module's default, not
-the paper's. The client mean is uniform over the round's clients
-(Algorithm 2's ``1/|S| sum``); ``weighting="samples"`` is offered.
+**Defaults** (the paper's experiments): ``b1 = 0.9``, ``b2 = 0.99`` for FedAdam and FedYogi;
+``b1 = 0`` for FedAdagrad (Adagrad without momentum; its ``v`` has no ``b2``, so it takes
+none); ``tau = 1e-3``, argument ``adaptivity`` (fedco's ``tau`` is the local step count).
+The paper tunes the server rate ``eta`` per task; ``server_lr = 0.01`` is this module's
+default, not the paper's. The client mean is uniform over the round's clients (Algorithm
+2's ``1/|S| sum``); ``weighting="samples"`` is offered.
 
 Reference:
   Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan, "Adaptive federated
