@@ -16,7 +16,9 @@ The compared methods are ``config.methods`` (the paper's settings: ``local_steps
   ``fedco.comfedl``);
 * DRFL (``drfa``) with client-weight rate ``weights_lr = 0.08``;
 * q-FedAvg (``qfedavg``) with ``q = 0.2``;
-* FedAvg (``fedavg``) with sample-weighted averaging.
+* FedAvg (``fedavg``) with sample-weighted averaging;
+* with ``dro_fl.py:extended``, also SCAFFOLD (``scaffold``), FedProx (``fedprox``,
+  ``mu = 0.01``) and FedAdam (``fedadam``, ``server_lr = 0.01``), on the plain loss as FedAvg.
 
 Reported per evaluation (streamed to ``metrics.jsonl`` / ``metrics.csv`` while runs go):
 average and worst client accuracy and loss on train, validation and test (and, for ComFedL,

@@ -79,7 +79,7 @@ def test_every_config_field_is_documented_in_the_readme():
   readme = (ROOT / "README.md").read_text()
   missing = []
   for name in NAMES:
-    modes = {"dro_fl": ("", "grid"), "fair_adult": ("", "privacy", "compression"),
+    modes = {"dro_fl": ("", "grid", "extended"), "fair_adult": ("", "privacy", "compression"),
              "fedavg_counterexample": ("", "compression"),
              "adult_dro": ("", "privacy")}.get(name, ("",))
     for mode in modes:
@@ -128,6 +128,18 @@ def test_a_method_takes_its_own_rate_and_steps_from_the_command_line():
     with pytest.raises(ValueError, match=f"--config.methods.{override[0]}.{override[1]}"
                                          f".*{message}"):
       driver.set_method_fields(_config("dro_fl"), [override])
+
+
+def test_dro_fl_extended_adds_scaffold_fedprox_and_fedadam():
+  """E1's ``:extended`` mode: the default methods plus three FedAvg variants, checked."""
+  module = importlib.import_module("experiments.dro_fl")
+  default, extended = _config("dro_fl"), _config("dro_fl", "extended")
+  assert extended.mode == "run"
+  assert sorted(extended.methods) == sorted([*default.methods, "scaffold", "fedprox",
+                                             "fedadam"])
+  methods = {m.label: m for m in module.check(extended)["methods"]}
+  assert {label: methods[label].algorithm for label in ("scaffold", "fedprox", "fedadam")} == {
+      "scaffold": "scaffold", "fedprox": "fedprox", "fedadam": "fedadam"}
 
 
 @pytest.mark.parametrize("name", NAMES)
