@@ -87,6 +87,16 @@ def positive(name: str, value, *, allow_zero: bool = False):
   return value
 
 
+def bounded(name: str, value, low=None, high=None, *, closed_low: bool = False,
+            closed_high: bool = False):
+  """``value`` unless it is a concrete number outside ``(low, high)`` (``closed_*`` include
+  that end) or not finite; a traced (injected) hyperparameter passes as it is."""
+  if isinstance(value, jax.core.Tracer):
+    return value
+  interval(name, value, low, high, closed_low=closed_low, closed_high=closed_high)
+  return value
+
+
 def rate(name: str, value):
   """A step size: a finite number ``> 0`` or an optax schedule (a callable of the step)."""
   if callable(value) and not isinstance(value, (jax.Array, np.ndarray)):

@@ -76,6 +76,9 @@ The client-state contract (what the runtime does with your state):
   ``params`` does not give: start them with :func:`pending_or` and call
   :func:`fill_pending` first in ``update``; the runtime fills them at ``init`` with
   :func:`init_trackers`.
+* **Arguments are checked** with :func:`positive`, :func:`bounded`, :func:`positive_int`,
+  :func:`one_of` and :func:`rate`: a one-line ``ValueError`` naming the argument for a bad
+  concrete value, NumPy scalars accepted, injected (traced) hyperparameters passed through.
 * **State structure and dtypes stay fixed** across updates (a ``lax.scan`` carry);
   start every float field in the dtype ``update`` returns (``jnp.zeros_like(params)``,
   not a Python ``0.0``), from :func:`strong` params (weak-typed params would make
@@ -91,8 +94,10 @@ from fedco.algorithms.base import (Algorithm, CommPlan, InjectedServerState, Opt
                                    register, require, select, set_fields, strong,
                                    weighted_client_mean)
 from fedco.estimators import compositional_grad, inner_vjp
+from fedco._validate import bounded, one_of, positive, positive_int, rate
 
 __all__ = [
+    "bounded", "one_of", "positive", "positive_int", "rate",  # argument checks, one line each
     "Algorithm", "CommPlan", "InjectedServerState", "Optimizer", "Pending", "RoundInfo",
     "ScalarOrSchedule", "ServerAggregator", "add_grads", "as_aggregator", "at_round_end",
     "at_round_start", "averaging_server", "compositional_grad", "factory", "fill_pending",

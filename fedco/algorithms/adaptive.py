@@ -43,13 +43,10 @@ Reference:
 
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedco import extend
@@ -61,28 +58,6 @@ class AdaptiveServerState(NamedTuple):
   """The server's moments of ``params``: ``m`` (first) and ``v`` (second)."""
   m: Any
   v: Any
-
-
-def _number(name: str, value, what: str, ok: Callable[[float], bool]):
-  """``value`` unless it is a concrete number that is not finite or not ``ok`` (a traced
-  hyperparameter passes): a one-line ``ValueError`` naming ``name``."""
-  if isinstance(value, jax.core.Tracer):
-    return value
-  real = not isinstance(value, (bool, np.bool_)) and (
-      isinstance(value, numbers.Real) or (isinstance(value, (np.ndarray, jax.Array))
-                                          and np.ndim(value) == 0
-                                          and np.issubdtype(value.dtype, np.floating)))
-  if not real or not math.isfinite(float(value)) or not ok(float(value)):
-    raise ValueError(f"{name} must be {what}, got {value!r}")
-  return value
-
-
-def _positive(name, value):
-  return _number(name, value, "a finite number > 0", lambda v: v > 0)
-
-
-def _decay(name, value):
-  return _number(name, value, "a number in [0, 1)", lambda v: 0 <= v < 1)
 
 
 def _second_moment(rule: str, b2):
@@ -119,8 +94,9 @@ def adaptive_server(rule: str, server_lr: float = 0.01, *, b1: float = 0.9,
   """
   if rule not in RULES:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-  eta, b1, b2, tau = (_positive("server_lr", server_lr), _decay("b1", b1), _decay("b2", b2),
-                      _positive("adaptivity", adaptivity))
+  decay = lambda name, value: extend.bounded(name, value, 0, 1, closed_low=True)
+  eta, b1, b2, tau = (extend.positive("server_lr", server_lr), decay("b1", b1),
+                      decay("b2", b2), extend.positive("adaptivity", adaptivity))
   second = _second_moment(rule, b2)
   where = f"the fed{rule} server"
 

@@ -27,13 +27,10 @@ Reference:
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedco import extend
@@ -44,20 +41,6 @@ class FedProxState(NamedTuple):
   count: jnp.ndarray
   anchor: Any
   opt_state: optax.OptState
-
-
-def _nonnegative(name: str, value):
-  """``value`` unless it is a concrete number that is not finite and ``>= 0`` (a traced
-  hyperparameter passes): a one-line ``ValueError`` naming ``name``."""
-  if isinstance(value, jax.core.Tracer):
-    return value
-  ok = not isinstance(value, (bool, np.bool_)) and (
-      isinstance(value, numbers.Real) or (isinstance(value, (np.ndarray, jax.Array))
-                                          and np.ndim(value) == 0
-                                          and np.issubdtype(value.dtype, np.floating)))
-  if not ok or not math.isfinite(float(value)) or not float(value) >= 0:
-    raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-  return value
 
 
 @extend.register(settings={"fedprox": dict(learning_rate=0.1, mu=0.01)})
@@ -86,7 +69,7 @@ def fedprox(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps
       (then no ``learning_rate``).
   """
   opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
-  mu = _nonnegative("mu", mu)
+  mu = extend.positive("mu", mu, allow_zero=True)
   plan = extend.make_plan(local_steps, weighting=weighting)
   steps = plan.local_steps
 

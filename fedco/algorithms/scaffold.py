@@ -42,13 +42,10 @@ Reference:
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedco import extend
@@ -63,20 +60,6 @@ class ScaffoldState(NamedTuple):
   c_i: Any
   c_plus: Any
   opt_state: optax.OptState
-
-
-def _positive(name: str, value):
-  """``value`` unless it is a concrete number that is not finite and ``> 0`` (a traced
-  hyperparameter passes): a one-line ``ValueError`` naming ``name``."""
-  if isinstance(value, jax.core.Tracer):
-    return value
-  ok = not isinstance(value, (bool, np.bool_)) and (
-      isinstance(value, numbers.Real) or (isinstance(value, (np.ndarray, jax.Array))
-                                          and np.ndim(value) == 0
-                                          and np.issubdtype(value.dtype, np.floating)))
-  if not ok or not math.isfinite(float(value)) or not float(value) > 0:
-    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-  return value
 
 
 @extend.register(settings={"scaffold": dict(learning_rate=0.1, server_lr=1.0)})
@@ -109,12 +92,13 @@ def scaffold(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_step
     ``result.state.server["c"]``.
   """
   opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
-  eta_g = _positive("server_lr", server_lr)
+  eta_g = extend.positive("server_lr", server_lr)
   plan = extend.make_plan(local_steps, every_round=("c",))
   steps = plan.local_steps
 
   def init(params, *, inner_value=None):
     del inner_value
+    params = extend.strong(params)
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return ScaffoldState(jnp.zeros([], jnp.int32), zeros(), zeros(), zeros(), zeros(),
                          opt.init(params))
