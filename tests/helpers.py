@@ -45,3 +45,27 @@ def override(config, changes):
         node = node[part]
       node[last] = value
   return config
+
+
+# ---- heterogeneous least squares (SCAFFOLD, FedProx, adaptive servers) --------------------
+
+LSQ_DIM = 4
+LEAST_SQUARES = fedco.plain(lambda x, e: 0.5 * (e["a"] @ x - e["b"]) ** 2)
+
+
+def least_squares_clients(sizes, *, spread=3.0, seed=0):
+  """Per-client ``{a: [n, D], b: [n]}`` in float64, each client with its own optimum
+  (``spread`` times a standard normal): far apart, so FedAvg's client drift shows."""
+  rng = np.random.default_rng(seed)
+  clients = []
+  for n in sizes:
+    a = rng.normal(size=(n, LSQ_DIM))
+    x_star = spread * rng.normal(size=LSQ_DIM)
+    clients.append({"a": a, "b": a @ x_star + 0.1 * rng.normal(size=n)})
+  return clients
+
+
+def least_squares_grad(client, x):
+  """``grad h_i(x) = A^T (A x - b) / n`` in float64."""
+  a, b = client["a"], client["b"]
+  return a.T @ (a @ x - b) / a.shape[0]

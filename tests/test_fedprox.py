@@ -12,24 +12,16 @@ import numpy as np
 import pytest
 
 import fedco
+from tests import helpers
 
-D = 4
-PROBLEM = fedco.problems.plain(lambda x, e: 0.5 * (e["a"] @ x - e["b"]) ** 2)
+D = helpers.LSQ_DIM
+PROBLEM = helpers.LEAST_SQUARES
+grad = helpers.least_squares_grad
 SIZES = (4, 7, 10, 5, 13)
 
 
 def make_clients(sizes=SIZES, seed=0):
-  rng = np.random.default_rng(seed)
-  clients = []
-  for n in sizes:
-    a = rng.normal(size=(n, D))
-    clients.append({"a": a, "b": a @ (3.0 * rng.normal(size=D)) + 0.1 * rng.normal(size=n)})
-  return clients
-
-
-def grad(client, x):
-  a, b = client["a"], client["b"]
-  return a.T @ (a @ x - b) / a.shape[0]
+  return helpers.least_squares_clients(sizes, seed=seed)
 
 
 def fedprox_reference(clients, x0, lr, mu, local_steps, sampled, steps_done=None):

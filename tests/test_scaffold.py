@@ -12,27 +12,17 @@ import numpy as np
 import pytest
 
 import fedco
+from tests import helpers
 
-D = 4
-PROBLEM = fedco.problems.plain(lambda x, e: 0.5 * (e["a"] @ x - e["b"]) ** 2)
+D = helpers.LSQ_DIM
+PROBLEM = helpers.LEAST_SQUARES
+grad = helpers.least_squares_grad
 
 
 def make_clients(num_clients=6, sizes=None, spread=3.0, seed=0):
   """Per-client ``{a: [n, D], b: [n]}`` with far-apart client optima."""
-  rng = np.random.default_rng(seed)
   sizes = sizes or [6 + (k % 3) for k in range(num_clients)]
-  clients = []
-  for n in sizes:
-    a = rng.normal(size=(n, D))
-    x_star = spread * rng.normal(size=D)
-    clients.append({"a": a, "b": a @ x_star + 0.1 * rng.normal(size=n)})
-  return clients
-
-
-def grad(client, x):
-  """``grad h_i(x) = A^T (A x - b) / n`` in float64."""
-  a, b = client["a"], client["b"]
-  return a.T @ (a @ x - b) / a.shape[0]
+  return helpers.least_squares_clients(sizes, spread=spread, seed=seed)
 
 
 def scaffold_reference(clients, x0, lr, local_steps, server_lr, sampled, survivors=None,
