@@ -14,7 +14,6 @@ and in ``fedco.simulate``. Settings per registry entry live in ``tests/registry.
 import functools
 import inspect
 
-from absl.testing import parameterized
 import chex
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,6 @@ beside the other contract tests.)
 import functools
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
