@@ -233,10 +233,15 @@ class _Kit:
   def check_state(self):
     opt = self.algorithm
     state = self.init(opt)
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(self.step_fn(opt), n=1))
     params, new = self.params, state
-    plain_step = jax.jit(self.step_fn(opt))
-    for _ in range(2):  # first: what each update returns, field by field
-      params, new = plain_step(params, new)
+    for _ in range(3):  # one compiled step; each state it returns is compared field by field
+      try:
+        params, new = step(params, new)
+      except AssertionError as err:
+        _fail(self.name, "state", f"a jitted step traced again on the state it returned ("
+              f"{str(err).splitlines()[0][:200]})")
       if jax.tree.structure(new) != jax.tree.structure(state):
         _fail(self.name, "state", f"update changed the state's structure: "
               f"{jax.tree.structure(state)} -> {jax.tree.structure(new)}")
@@ -251,15 +256,6 @@ class _Kit:
                 "as jnp.asarray(value, dtype) or jnp.zeros_like(params))")
     chex.assert_trees_all_equal_dtypes(params, self.params)
     self._check_weak_start(opt)
-    chex.clear_trace_counter()
-    step = jax.jit(chex.assert_max_traces(self.step_fn(opt), n=1))
-    params, new = self.params, state
-    try:
-      for _ in range(3):
-        params, new = step(params, new)
-    except AssertionError as err:
-      _fail(self.name, "state", f"a jitted step traced again on the state it returned ("
-            f"{str(err).splitlines()[0][:200]})")
 
   def _check_weak_start(self, opt):
     """From weak-typed float32 params (what ``jnp.full(shape, 0.1)`` makes), no state field
