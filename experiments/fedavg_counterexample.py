@@ -49,6 +49,9 @@ CLIENTS = ((1.0, 2.0), (3.0, -6.0))
 X_STAR = 1.0
 CONVERGED_BELOW = 1e-3
 TABLE_KEYS = ("x", "distance", "grad_norm")
+PROGRESS = "distance"
+TRADEOFF = {"bytes_up": (("objective", "final objective Phi(x)", "log"),
+                         ("distance", "final |x - x*|", "log"))}
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
@@ -65,96 +68,54 @@ def data() -> fedco.FederatedData:
       [{"a": np.array([a], np.float32), "b": np.array([b], np.float32)} for a, b in CLIENTS])
 
 
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``)."""
-  settings = runner.check_shared(config)
-  if settings["batch_size"] != 0:
+def check(config) -> None:
+  """E7's own fields (``ValueError`` naming ``--config.<field>``)."""
+  if config.batch_size != 0:
     raise ValueError(f"--config.batch_size must be 0 (each client's whole data: its one "
                      f"example) in E7, got {config.batch_size!r}")
   common.check_real("config.x0", config.x0)
-  methods = runner.methods(config)
-  for m in methods:
-    try:
-      m.build()
-    except ValueError as err:
-      raise ValueError(f"--config.methods.{m.label} is invalid for fedco.{m.algorithm}: "
-                       f"{err}") from None
-  return {**settings, "methods": methods, "x0": float(config.x0)}
 
 
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs E7 and writes its outputs into ``workdir``; returns the summary.
-
-  Raises:
-    ValueError: a bad config field (the message names it); nothing is written then.
-  """
-  settings = check(config)
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  prob, fed = problem(), data()
-  x0 = jnp.asarray(settings["x0"], jnp.float32)
-  shared = {k: settings[k] for k in ("rounds", "batch_size", "eval_every", "x0")}
-  records, finals = [], {}
-  for seed in settings["seeds"]:
-    for method in settings["methods"]:
-      run_records: List[Dict[str, Any]] = []
-      runner.simulate_method(
-          method, seed, problem=prob, algorithm=method.build(), data=fed, params=x0, wd=wd,
-          options=options, writers=writers, settings=shared, finals=finals,
-          records=run_records, progress_metric="distance", record_keys=TABLE_KEYS,
-          rounds=settings["rounds"], batch_size=None, exact_grad_norm=True,
-          eval_every=settings["eval_every"],
-          metrics_fn=lambda x: {"x": x, "distance": jnp.abs(x - X_STAR)})
-      for r in run_records:
-        r["step"] = r["round"] * method.local_steps
-      records.extend(run_records)
-  summary = summarize(finals, settings)
-  plot(wd, records, settings)
-  tradeoff = runner.tradeoff(wd, settings["methods"], finals, "bytes_up",
-                             (("objective", "final objective Phi(x)", "log"),
-                              ("distance", "final |x - x*|", "log")), "compression.png")
-  if tradeoff is not None:
-    summary["bytes_up_tradeoff"] = tradeoff
-  wd.write_summary(summary)
-  if options.progress:
-    print(f"E7 after {settings['rounds']} rounds, x* = {X_STAR:g}")
-    print(common.format_table(summary["table"]))
-  return summary
+def build(config, method, seed, prepared) -> runner.Run:
+  del seed, prepared
+  return runner.Run(problem(), method.build(), data(), jnp.asarray(config.x0, jnp.float32),
+                    metrics_fn=lambda x: {"x": x, "distance": jnp.abs(x - X_STAR)},
+                    simulate={"exact_grad_norm": True}, record_keys=TABLE_KEYS)
 
 
-def summarize(finals, settings) -> Dict[str, Any]:
-  per_method, table = common.seed_statistics(finals, TABLE_KEYS)
-  mean = lambda label, key: per_method[label][key]["mean"]
+def summarize(config, outcome) -> Dict[str, Any]:
+  mean = lambda label, key: outcome.per_method[label][key]["mean"]
   converged = {label: all("diverged" not in f and f["distance"] < CONVERGED_BELOW
-                          for f in by_seed.values()) for label, by_seed in finals.items()}
-  for row in table:
+                          for f in by_seed.values())
+               for label, by_seed in outcome.finals.items()}
+  for row in outcome.table:
     row["converged"] = converged[row["method"]]
+  labels = list(outcome.per_method)
   return {
-      "experiment": "fedavg_counterexample", "x_star": X_STAR, "x0": settings["x0"],
-      "rounds": settings["rounds"], "seeds": list(settings["seeds"]),
-      "steps": {m.label: settings["rounds"] * m.local_steps for m in settings["methods"]},
+      "x_star": X_STAR, "x0": config.x0, "rounds": config.rounds,
+      "steps": {m.label: config.rounds * m.local_steps for m in outcome.methods},
       "converged_below": CONVERGED_BELOW,
-      "final_distance": {label: mean(label, "distance") for label in per_method},
-      "final_grad_norm": {label: mean(label, "grad_norm") for label in per_method},
-      "final_x": {label: mean(label, "x") for label in per_method},
-      "converged": converged, "methods": per_method, "table": table,
-      "settings": {m.label: m.settings() for m in settings["methods"]},
-  }
+      "final_distance": {label: mean(label, "distance") for label in labels},
+      "final_grad_norm": {label: mean(label, "grad_norm") for label in labels},
+      "final_x": {label: mean(label, "x") for label in labels}, "converged": converged}
 
 
-def plot(wd, records, settings):
+def report(summary) -> List[str]:
+  return [f"E7 after {summary['rounds']} rounds, x* = {X_STAR:g}"]
+
+
+def plot(wd, config, outcome):
   """``|x_bar - x*|`` against local steps (log scale), from ``x0``; mean +- std over seeds."""
   fig = common.figure(figsize=(6.4, 4.2))
   ax = fig.add_subplot()
-  labels = [m.label for m in settings["methods"]]
-  drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  start = abs(settings["x0"] - X_STAR)
+  drawn = outcome.drawn()
+  steps_of = {m.label: m.local_steps for m in outcome.methods}
+  start = abs(config.x0 - X_STAR)
   for i, label in enumerate(drawn):
-    rows = [r for r in records if r["method"] == label]
-    steps = sorted({r["step"] for r in rows})
-    values = [[r["distance"] for r in rows if r["step"] == s] for s in steps]
+    rows = [r for r in outcome.records if r["method"] == label]
+    step = lambda r: r["round"] * steps_of[label]
+    steps = sorted({step(r) for r in rows})
+    values = [[r["distance"] for r in rows if step(r) == s] for s in steps]
     xs = np.array([0] + steps)
     mean = np.array([start] + [np.mean(v) for v in values])
     std = np.array([0.0] + [np.std(v) for v in values])
@@ -165,14 +126,14 @@ def plot(wd, records, settings):
     line, = ax.plot(xs, positive(mean), linestyle=LINESTYLES[i % len(LINESTYLES)],
                     marker=MARKERS[i % len(MARKERS)], markersize=4,
                     markevery=(i * every // len(drawn), every), label=label)
-    if len(settings["seeds"]) > 1:
+    if len(outcome.seeds) > 1:
       ax.fill_between(xs, positive(mean - std), positive(mean + std),
                       color=line.get_color(), alpha=0.15)
   ax.axhline(CONVERGED_BELOW, color="gray", linestyle=":", linewidth=1,
              label=f"{CONVERGED_BELOW:g} (converged)")
   ax.set_yscale("log")
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.set_xlabel(f"local steps (round x local_steps, local_steps = {settings['local_steps']})")
+  ax.set_xlabel(f"local steps (round x local_steps, local_steps = {config.local_steps})")
   ax.set_ylabel(r"$|\bar{x} - x^*|$")
   ax.set_title("E7: two-client counterexample, Phi(x) = (2x-2)^2/2, x* = 1")
   ax.grid(alpha=0.3)

@@ -1,27 +1,24 @@
 r"""One driver for every experiment (the flax examples' convention): a config file, overrides.
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
-    python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
-    python -m experiments.main --config=experiments/configs/adult_dro.py:converged \
+    python -m experiments.main --config=experiments/configs/dro_fl_grid.py --workdir=runs/e1g
+    python -m experiments.main --config=experiments/configs/adult_dro_converged.py \
         --config.seeds=0, --workdir=runs/adult_converged
 
-The config names its experiment (``config.experiment``); the module
-``experiments.<experiment>`` runs it with ``run(config, workdir, options)``. Every config
-field can be overridden with ``--config.<field>=...`` (nested: ``--config.methods.qfedavg.q=1``),
-and every method takes its own ``--config.methods.<label>.learning_rate=`` or
-``.local_steps=`` even where the config file leaves it to the shared value (the field a
-divergence note names).
-The flags below decide how a run goes, never its numbers: rerunning a command resumes its
-runs from their checkpoints in ``--workdir`` (``--noresume`` starts them over). Bad input ends
-with one ``error: ...`` line and exit status 1. Ctrl-C stops after the running chunk of
-rounds (its rows and a checkpoint written) with one line and exit status 130; a second
-Ctrl-C ends the process at once.
+The config names its experiment (``config.experiment``), which
+:func:`experiments.runner.train_and_evaluate` runs. Every config field can be overridden
+with ``--config.<field>=...`` (nested: ``--config.methods.qfedavg.q=1``; every method's
+``learning_rate`` and ``local_steps`` too). The flags below decide how a run goes, never its
+numbers: rerunning a command resumes its runs from their checkpoints in ``--workdir``
+(``--noresume`` starts them over). Bad input ends with one ``error: ...`` line and exit
+status 1. Ctrl-C stops after the running chunk of rounds (its rows and a checkpoint
+written) with one line and exit status 130; a second Ctrl-C ends the process at once.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
+import pathlib
 import re
 import sys
 import warnings
@@ -34,23 +31,11 @@ import fedco
 from experiments import common, runner
 
 
-def _define_config():
-  """``--config``. ml_collections reads the command line's ``--flagfile`` s already here; one
-  that cannot be read is left for :func:`parse_flags` to report as one line."""
-  define = lambda: config_flags.DEFINE_config_file(
-      "config", None, "An experiments/configs/*.py file (':grid' after the path selects a "
-      "mode).", lock_config=True)
-  try:
-    return define()
-  except flags.CantOpenFlagFileError:
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-      return define()
-    finally:
-      sys.argv = argv
-
-
-_CONFIG = _define_config()
+# The command line ml_collections reads its overrides from: the one parse_flags parses
+# (filled there; empty while flags are defined, so nothing is read at import).
+_ARGV: list = []
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "An experiments/configs/*.py file.", lock_config=True, sys_argv=_ARGV)
 flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
 flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the final table.")
 flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workdir (rerunning "
@@ -60,13 +45,12 @@ flags.DEFINE_list("methods", [], "Run only these labels of config.methods (defau
 FLAGS = flags.FLAGS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-EXPERIMENTS = tuple(sorted(name[:-3] for name in os.listdir(CONFIG_DIR)
-                           if name.endswith(".py") and not name.startswith("_")))
-# A method's own rate or local steps: ml_collections overrides only fields a config file
-# sets, so the driver takes these from the command line itself (parse_flags) and sets them.
-METHOD_OVERRIDE = re.compile(
-    r"--?config\.methods\.([^.=]+)\.(learning_rate|local_steps)(?:=(.*))?")
-_method_overrides = []
+# The experiment modules: experiments/<name>.py with a build() (see experiments.runner).
+EXPERIMENTS = tuple(sorted(
+    path.stem for path in pathlib.Path(CONFIG_DIR).parent.glob("*.py")
+    if "\ndef build(" in path.read_text()))
+CONFIGS = tuple(sorted(name for name in os.listdir(CONFIG_DIR)
+                       if name.endswith(".py") and not name.startswith("_")))
 
 
 def main(argv):
@@ -81,23 +65,22 @@ def main(argv):
       config = _CONFIG.value
       name = None if config is None else config.get("experiment")
     except (OSError, ValueError) as err:  # ml_collections loads the file lazily
-      if isinstance(err, ValueError):  # a get_config(mode) refusing its mode
+      if isinstance(err, ValueError):
         raise ValueError(f"--config: {err}") from None
       raise FileNotFoundError(f"--config={FLAGS['config'].config_filename!r} is not a config "
-                              f"file; available: {', '.join(EXPERIMENTS)} in "
-                              f"experiments/configs/") from None
+                              f"file; available in experiments/configs/: "
+                              f"{', '.join(CONFIGS)}") from None
     if config is None:
       raise ValueError("--config must name an experiments/configs/*.py file")
     if name not in EXPERIMENTS:
-      raise ValueError(f"config.experiment must be one of {EXPERIMENTS}, got {name!r}")
-    set_method_fields(config, _method_overrides)
+      raise ValueError(f"config.experiment must name a module of experiments/ with a build() "
+                       f"(one of {EXPERIMENTS}), got {name!r}")
     select(config, FLAGS.methods)
     options = runner.Options(
         progress=FLAGS.progress, resume=FLAGS.resume,
         checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1))
-    module = importlib.import_module(f"experiments.{name}")
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
-      module.run(config, FLAGS.workdir, options)
+      runner.train_and_evaluate(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(1)
@@ -134,47 +117,6 @@ def _format_warning(message, category, *args, **kwargs):
   if issubclass(category, (UserWarning, RuntimeWarning)):
     return f"warning: {message}\n"
   return _default_format_warning(message, category, *args, **kwargs)
-
-
-def set_method_fields(config, overrides) -> None:
-  """Sets ``(label, field, text)`` from ``--config.methods.<label>.<field>=<text>``."""
-  for label, field, text in overrides:
-    name = f"--config.methods.{label}.{field}"
-    if label not in config.methods:
-      raise ValueError(f"{name}: {label!r} is not in config.methods; allowed: "
-                       f"{', '.join(config.methods)}")
-    try:
-      value = float(text) if field == "learning_rate" else int(text)
-    except ValueError:
-      kind = "a number" if field == "learning_rate" else "an integer"
-      raise ValueError(f"{name} must be {kind}, got {text!r}") from None
-    with config.unlocked():  # a new value, whatever type or reference the file's had
-      if field in config.methods[label]:
-        del config.methods[label][field]
-      config.methods[label][field] = value
-
-
-def _take_method_overrides(argv):
-  """``argv`` (its ``--flagfile`` s expanded) without the methods' ``learning_rate`` /
-  ``local_steps`` overrides, which go to ``_method_overrides``."""
-  _method_overrides.clear()
-  argv = FLAGS.read_flags_from_files(argv, force_gnu=False)
-  rest, i = argv[:1], 1
-  while i < len(argv):
-    if argv[i] == "--":
-      rest += argv[i:]
-      break
-    match = METHOD_OVERRIDE.fullmatch(argv[i])
-    if match:
-      label, field, value = match.groups()
-      if value is None:  # --config.methods.<label>.<field> <value>
-        value = argv[i + 1] if i + 1 < len(argv) else ""
-        i += 1
-      _method_overrides.append((label, field, value))
-    else:
-      rest.append(argv[i])
-    i += 1
-  return rest
 
 
 class _Unusable(Exception):
@@ -215,8 +157,8 @@ def _check_flagfiles(argv) -> None:
 
 
 def _not_a_config(path, why: str = "") -> _Unusable:
-  return _Unusable(f"--config={path!r} is not a config file{why}; available: "
-                   f"{', '.join(EXPERIMENTS)} in experiments/configs/")
+  return _Unusable(f"--config={path!r} is not a config file{why}; available in "
+                   f"experiments/configs/: {', '.join(CONFIGS)}")
 
 
 def _config_file(argv):
@@ -225,25 +167,26 @@ def _config_file(argv):
   values = _values(argv, CONFIG_FLAG)
   if not values:
     return None
-  path = values[-1].split(":", 1)[0]
+  path, _, mode = values[-1].partition(":")
   if not (path.endswith(".py") and os.path.isfile(path)):
     raise _not_a_config(path)
+  if mode:  # the old "dro_fl.py:grid": variants are files now
+    raise _not_a_config(values[-1], f" (variants are files: {path[:-3]}_{mode}.py)")
   return path
 
 
 def parse_flags(argv):
   """absl's parsing, with a bad ``--config.<field>`` override as one ``error:`` line (an
-  unknown field, a value of the wrong type) instead of ml_collections' traceback; takes the
-  methods' ``learning_rate`` / ``local_steps`` out for :func:`set_method_fields`. A
+  unknown field, a value of the wrong type) instead of ml_collections' traceback. A
   ``--flagfile`` that cannot be read, a ``--config`` that names no config file or one that
   fails to load are one ``error:`` line too."""
   rest, config_file = [], None
   try:
     _check_flagfiles(argv)
-    rest = _take_method_overrides(argv)
+    rest = FLAGS.read_flags_from_files(argv, force_gnu=False)
     config_file = _config_file(rest)
-    sys.argv[:] = rest  # ml_collections reads its overrides from sys.argv itself
-    return FLAGS(rest)
+    _ARGV[:] = argv
+    return FLAGS(argv)
   except _Unusable as err:
     print(f"error: {err}", file=sys.stderr)
   except flags.CantOpenFlagFileError as err:  # one named inside a flag file

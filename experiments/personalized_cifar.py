@@ -32,7 +32,7 @@ support batch; the outer the loss on an independent query batch; exact second or
 ``config.first_order``, which also makes FedMAML's exact step its first-order one).
 
 **Evaluation** ("validation loss and accuracy after one personalization step"): a
-``fedco.runtime.PeriodicAction`` at round 0, every ``eval_every`` rounds and at the last
+``fedco.runtime.RoundAction`` at round 0, every ``eval_every`` rounds and at the last
 round: each client ``k`` takes the server model, makes ONE gradient step on the mean loss
 over ALL of its training images (deterministic; the rate is the method's
 ``problem.inner_lr``, or ``problem.finetune_lr`` for a method on the cross-entropy) and is
@@ -348,7 +348,7 @@ def _finite(row) -> bool:
              for k in FINAL_KEYS + ("val_acc_clients",))
 
 
-class _EvaluationRows(fedco.runtime.MetricWriter):
+class _EvaluationRows(fedco.runtime.RowWriter):
   """Forwards the evaluation action's rows to the workdir's writers, not the simulator's
   per-round rows, which hold no metric here (``evaluate=False``, no ``metrics_fn``)."""
 
@@ -400,7 +400,7 @@ def simulate_run(spec, config, settings, fed, params, seed, evaluator, apply_fn,
     result = fedco.simulate(
         problem, algorithm, fed.train, params, rounds=settings["rounds"], seed=seed,
         batch_size=settings["batch_size"] or None, evaluate=False,
-        actions=[fedco.runtime.PeriodicAction(evaluate, settings["eval_every"],
+        actions=[fedco.runtime.RoundAction(evaluate, settings["eval_every"],
                                               at_start=True)],
         metric_writers=[evaluation_rows], metric_labels=labels, progress=options.progress,
         **method.simulator_kwargs(),

@@ -1,27 +1,53 @@
-"""What every config experiment shares: the vocabulary, the methods, the run loop, grids.
+"""The experiment skeleton: :func:`train_and_evaluate` runs every experiment of ``experiments/``.
 
-**Vocabulary.** Every ``experiments/configs/<name>.py`` names the same things the same way:
-``experiment`` (the module run), ``seeds``, ``rounds``, ``local_steps``, ``learning_rate``,
-``batch_size`` (``0``: each client's whole data), ``eval_every``, and ``methods``: one entry
-per compared method, keyed by the label every output uses (progress bar, ``metrics.jsonl``,
-``summary.json``, tables and legends), each holding ``algorithm`` (a ``fedco.ALGORITHMS``
-name) and that factory's own arguments (``q``, ``weights_lr``, ``beta``, ...);
-``learning_rate`` or ``local_steps`` inside a method override the shared ones. The paper
-grids live in ``grid``: ``grid.learning_rate`` for every method, ``grid.<algorithm>.<arg>``
-per algorithm (and experiment-specific problem axes such as ``grid.gamma``).
+An experiment is a module ``experiments/<name>.py`` holding its science only; this module
+owns the rest: the workdir and its lock, config checks, checkpoints (resumed on rerun), the
+metric writers, the seeds x methods loop through ``fedco.simulate``, divergence notes, the
+final table, the trade-off figures and ``summary.json``.
 
-**Options that do not change results** (``--progress``, ``--resume``,
-``--checkpoint_every``) are the driver's flags, not config fields, so ``--help`` lists them
-and a run's checkpoint hash is its config alone.
+**An experiment module** defines (only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are
+required):
+
+* ``TABLE_KEYS``: the final values its table shows (mean +- std over the seeds);
+* ``PROGRESS``: the metric the progress bar shows;
+* ``check(config)``: its own fields, checked (``ValueError`` naming ``--config.<field>``);
+* ``setup(config)``: what every run shares (data loaded once), passed to ``prepare``;
+* ``methods(config, setup)``: the runs (default: :func:`methods`; an ablation's variants);
+* ``prepare(config, seed, setup)``: what the runs of one seed share (data, initial model);
+* ``build(config, method, seed, prepared) -> Run``: one run's problem, algorithm, data,
+  initial model and metrics;
+* ``finish(config, method, seed, result, final)``: add values to a finished run's ``final``;
+* ``summarize(config, outcome) -> dict``: the summary's own entries (the runner adds
+  ``seeds``, ``settings``, ``methods`` and ``table``);
+* ``plot(wd, config, outcome)``: its figures;
+* ``report(summary) -> lines``: lines printed after the table;
+* ``TRADEOFF``: ``{"epsilon" | "bytes_up": panels}``, each panel ``(metric, axis label[,
+  "log"])``: the privacy and compression trade-off figures, drawn when a method has
+  ``privacy`` or ``compression``.
+
+**The config** (``experiments/configs/<name>.py``) is the only source of truth. Every config
+names the shared fields :data:`SHARED` the same way; ``methods`` holds one entry per compared
+method, keyed by the label every output uses, with ``algorithm`` (a ``fedco.ALGORITHMS``
+name) and that factory's own arguments; each entry's ``learning_rate`` and ``local_steps``
+are the shared values unless it sets them (:func:`experiments.configs.methods` declares them
+as placeholders, so ``--config.methods.<label>.learning_rate=`` always works).
+
+**A run's identity** (its checkpoint folder) is derived here alone: the config without the
+fields that only choose runs (:data:`CHOOSING`), the method's settings, the seed, the run's
+schedule and a digest of its data and initial model; a rerun with the same identity resumes,
+any change starts afresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import inspect
 import itertools
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
 
 import fedco
@@ -30,6 +56,9 @@ from experiments import common
 # The fields every experiment config has (tests/test_configs.py checks each config).
 SHARED = ("experiment", "seeds", "rounds", "local_steps", "learning_rate", "batch_size",
           "eval_every", "methods")
+# Config fields that choose which runs happen, not what a run is (left out of identities).
+CHOOSING = ("experiment", "seeds", "methods", "ablation", "ablation_values", "grid",
+            "select_seeds", "mode", "data_dir")
 METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
 # curve a private or compressed method belongs to (figures group by it).
@@ -42,7 +71,7 @@ CODECS = {"quantize": ("stochastic_quantization", ("bits", "scale")),
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """The driver's flags: how to run, never what (they are left out of checkpoint hashes)."""
+  """The driver's flags: how to run, never what (they are left out of run identities)."""
   progress: bool = True
   resume: bool = True
   checkpoint_every: int = 50
@@ -50,18 +79,18 @@ class Options:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """One compared method of a config.
+  """One compared run of an experiment.
 
   Attributes:
-    label: its key in ``config.methods``: the name in every output.
+    label: its key in ``config.methods`` (or a variant's): the name in every output.
     algorithm: the ``fedco.ALGORITHMS`` name.
     kwargs: the factory's other arguments from the config.
     learning_rate, local_steps: the shared values or the method's own.
     source: the ``config.methods`` label it comes from when it is a variant (an ablation's
-      ``comfedl_gamma=2`` of ``comfedl``): the field a divergence note names.
+      ``comfedl_gamma=2`` of ``comfedl``): the entry a divergence note names.
     uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
-      ``compression`` (``{field: {codec: quantize | top_k, bits, scale, fraction,
-      error_feedback}}``) and ``curve`` settings, checked; empty when it has none.
+      ``compression`` (``{field: {codec, ...}}``) and ``curve`` settings; empty without.
+    problem: the experiment's own settings of this run (a KL temperature, a problem form).
   """
   label: str
   algorithm: str
@@ -70,29 +99,32 @@ class Method:
   local_steps: int
   source: str = ""
   uplink: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  problem: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def variant(self, label: str, **changes) -> "Method":
     """This method with other settings under another label (an ablation's run)."""
     return dataclasses.replace(self, label=label, source=self.source or self.label, **changes)
 
   @property
-  def factory(self):
-    return fedco.ALGORITHMS[self.algorithm]
+  def entry(self) -> str:
+    """The ``config.methods`` label this run comes from."""
+    return self.source or self.label
 
   def build(self, **changes):
     """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied."""
+    factory = fedco.ALGORITHMS[self.algorithm]
     kwargs = {**self.kwargs, **changes}
     learning_rate = kwargs.pop("learning_rate", self.learning_rate)
-    if "local_steps" in inspect.signature(self.factory).parameters:
+    if "local_steps" in inspect.signature(factory).parameters:
       kwargs.setdefault("local_steps", self.local_steps)
     else:
       kwargs.pop("local_steps", None)
-    return self.factory(learning_rate, **kwargs)
+    return factory(learning_rate, **kwargs)
 
   def settings(self) -> Dict[str, Any]:
-    """Everything that defines the method's runs (for checkpoint hashes and summaries)."""
+    """Everything that defines the method's runs (for identities and summaries)."""
     return {"algorithm": self.algorithm, "learning_rate": self.learning_rate,
-            "local_steps": self.local_steps, **self.kwargs, **self.uplink}
+            "local_steps": self.local_steps, **self.kwargs, **self.uplink, **self.problem}
 
   @property
   def curve(self) -> str:
@@ -102,17 +134,75 @@ class Method:
   def simulator_kwargs(self) -> Dict[str, Any]:
     """``privacy=`` and ``compression=`` for ``fedco.simulate`` from :attr:`uplink`."""
     out = {}
-    private = self.uplink.get("privacy")
-    if private:
-      out["privacy"] = fedco.privacy.gaussian(**private)
-    codecs = self.uplink.get("compression")
-    if codecs:
+    if self.uplink.get("privacy"):
+      out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
+    if self.uplink.get("compression"):
       out["compression"] = {
           field: getattr(fedco.compression, CODECS[spec["codec"]][0])(
               **{k: v for k, v in spec.items() if k != "codec"})
-          for field, spec in codecs.items()}
+          for field, spec in self.uplink["compression"].items()}
     return out
 
+
+@dataclasses.dataclass
+class Run:
+  """What an experiment's ``build`` returns: one (method, seed) run.
+
+  Attributes:
+    problem, algorithm, data, params: ``fedco.simulate``'s first four arguments.
+    metrics_fn: evaluated on the server model every ``eval_every`` rounds.
+    evaluate: a host evaluation ``fn(state) -> row`` that needs the whole state (personal
+      models): run at round 0, every ``eval_every`` rounds and the last; then its rows are
+      the run's metrics.
+    rounds, eval_every: this run's own (default: the config's).
+    simulate: ``fedco.simulate``'s other arguments (``exact_grad_norm=True``, ...).
+    record_keys: the metrics kept for figures (default: every scalar or vector metric).
+  """
+  problem: Any
+  algorithm: Any
+  data: Any
+  params: Any
+  metrics_fn: Optional[Callable] = None
+  evaluate: Optional[Callable] = None
+  rounds: Optional[int] = None
+  eval_every: Optional[int] = None
+  simulate: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  record_keys: Optional[Sequence[str]] = None
+
+
+@dataclasses.dataclass
+class Outcome:
+  """Every run's results, for an experiment's ``summarize`` and ``plot``.
+
+  Attributes:
+    methods: the runs' methods, in order.
+    seeds: the config's seeds.
+    finals: ``{label: {seed: final values or a divergence note}}``.
+    records: one dict per evaluated round of every run (``round``, ``method``, ``seed``,
+      metrics), up to a divergence.
+    results: ``{(label, seed): fedco.SimulationResult}`` of the runs that finished.
+    per_method, table: :func:`common.seed_statistics` of ``finals`` over ``TABLE_KEYS``.
+    setup: what the experiment's ``setup`` returned.
+  """
+  methods: List[Method]
+  seeds: tuple
+  finals: Dict[str, Dict[int, Dict[str, Any]]] = dataclasses.field(default_factory=dict)
+  records: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  results: Dict[tuple, Any] = dataclasses.field(default_factory=dict)
+  per_method: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  table: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  setup: Any = None
+
+  @property
+  def labels(self) -> List[str]:
+    return [m.label for m in self.methods]
+
+  def drawn(self) -> List[str]:
+    """The labels with at least one finite evaluation (a curve to draw)."""
+    return [m.label for m in self.methods if any(r["method"] == m.label for r in self.records)]
+
+
+# ---- the config ----------------------------------------------------------------------------
 
 def seeds(config, field: str = "seeds") -> tuple:
   """``config.<field>`` as distinct integers (``ValueError`` naming the field)."""
@@ -128,24 +218,22 @@ def seeds(config, field: str = "seeds") -> tuple:
   return values
 
 
-def check_shared(config) -> Dict[str, Any]:
+def check_shared(config) -> None:
   """The shared fields, checked (``ValueError`` naming ``--config.<field>``)."""
+  seeds(config)
   for name in ("rounds", "local_steps", "eval_every"):
     common.check_int(f"config.{name}", config[name], 1)
   common.check_int("config.batch_size", config.batch_size, 0)
   common.check_positive("config.learning_rate", config.learning_rate)
-  return {"seeds": seeds(config), "rounds": config.rounds, "local_steps": config.local_steps,
-          "learning_rate": float(config.learning_rate), "batch_size": config.batch_size,
-          "eval_every": config.eval_every}
 
 
-def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
+def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]:
   """The config's methods, each checked against its factory's signature.
 
   Args:
     config: the experiment config.
-    extra_keys: method fields the experiment reads itself (``problem``, say), not passed to
-      the factory.
+    extra_keys: method fields the experiment reads itself (``problem``: a problem form or
+      settings), kept in :attr:`Method.problem`, not passed to the factory.
   """
   if not config.methods:
     raise ValueError("--config.methods must name at least one method")
@@ -161,21 +249,30 @@ def methods(config, *, extra_keys: Sequence[str] = ()) -> List[Method]:
                        f"{name!r}")
     allowed = [p for p in inspect.signature(fedco.ALGORITHMS[name]).parameters
                if p not in ("learning_rate", "optimizer")]
-    kwargs = {}
+    kwargs, problem = {}, {}
     for key, value in entry.items():
-      if key in METHOD_KEYS or key in UPLINK_KEYS or key in extra_keys:
+      if key in METHOD_KEYS or key in UPLINK_KEYS:
         continue
-      if key not in allowed:
+      if key in extra_keys:
+        problem[key] = _plain(value)
+      elif key not in allowed:
         raise ValueError(f"{where}.{key} is not an argument of fedco.{name}; allowed: "
                          f"{sorted(set(allowed) | {'learning_rate'})}")
-      kwargs[key] = tuple(value) if isinstance(value, list) else value
-    lr = entry.get("learning_rate", config.learning_rate)
+      else:
+        kwargs[key] = tuple(value) if isinstance(value, list) else value
+    lr = _own(entry, "learning_rate", config.learning_rate)
     common.check_positive(f"config.methods.{label}.learning_rate", lr)
-    steps = entry.get("local_steps", config.local_steps)
+    steps = _own(entry, "local_steps", config.local_steps)
     common.check_int(f"config.methods.{label}.local_steps", steps, 1)
     out.append(Method(label, name, kwargs, float(lr), int(steps),
-                      uplink=_uplink(where, entry)))
+                      uplink=_uplink(where, entry), problem=problem))
   return out
+
+
+def _own(entry, key, shared):
+  """A method's own ``key`` (``None``: an unset placeholder) or the shared value."""
+  value = entry.get(key)
+  return shared if value is None else value
 
 
 def _plain(value):
@@ -260,66 +357,203 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
   return values
 
 
+def ablated(config, base: Method, values: Sequence[float], **problem) -> List[Method]:
+  """``base`` once per ablation value of ``config.ablation``: its ``local_steps``, a factory
+  argument, or (named in ``problem``) one of the run's problem settings."""
+  out = []
+  for v in values:
+    key = config.ablation
+    if key == "local_steps":
+      out.append(base.variant(f"{base.label}_local_steps={int(v)}", local_steps=int(v)))
+    elif key in problem:
+      out.append(base.variant(f"{base.label}_{key}={v:g}", problem={**base.problem, key: v}))
+    else:
+      out.append(base.variant(f"{base.label}_{key}={v:g}", kwargs={**base.kwargs, key: v}))
+  return out
+
+
+def same_iterations(config, method: Method) -> Dict[str, int]:
+  """``rounds`` and ``eval_every`` giving ``method`` the config's ``rounds * local_steps``
+  local iterations, evaluated at the same iterations as the shared schedule."""
+  iterations = config.rounds * config.local_steps
+  if iterations % method.local_steps:
+    raise ValueError(f"--config.methods.{method.entry}.local_steps must divide the "
+                     f"{iterations} iterations (config.rounds * config.local_steps), got "
+                     f"{method.local_steps}")
+  rounds = iterations // method.local_steps
+  every = config.eval_every * config.local_steps // method.local_steps
+  return {"rounds": rounds, "eval_every": max(1, min(every, rounds))}
+
+
+# ---- the skeleton --------------------------------------------------------------------------
+
+def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[str, Any]:
+  """Runs the experiment ``config.experiment`` and writes its outputs into ``workdir``.
+
+  Every (seed, method) run goes through ``fedco.simulate`` with streamed metrics and
+  checkpoints (a rerun resumes finished and stopped runs); a run that diverges is reported
+  with a note naming the field to change while the others go on. Bad config values raise a
+  one-line ``ValueError`` before anything is written. Returns the summary.
+  """
+  module = importlib.import_module(f"experiments.{config.experiment}")
+  check_shared(config)
+  if hasattr(module, "check"):
+    module.check(config)
+  setup = module.setup(config) if hasattr(module, "setup") else None
+  runs = module.methods(config, setup) if hasattr(module, "methods") else methods(config)
+  outcome = Outcome(runs, seeds(config), setup=setup)
+  prepare = getattr(module, "prepare", lambda config, seed, setup: setup)
+  prepared = prepare(config, outcome.seeds[0], setup)
+  first = [_checked(module, config, m, outcome.seeds[0], prepared) for m in runs]
+  wd = common.Workdir(workdir)
+  wd.write_config(config.to_dict())
+  common.start_checkpoints(wd, {"resume": options.resume})
+  writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
+             fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
+  base = {k: v for k, v in config.to_dict().items() if k not in CHOOSING}
+  for seed in outcome.seeds:
+    if seed != outcome.seeds[0]:
+      prepared, first = prepare(config, seed, setup), None
+    for i, method in enumerate(runs):
+      run = first[i] if first else module.build(config, method, seed, prepared)
+      _simulate(module, config, method, seed, run, base, wd, writers, options, outcome)
+  outcome.per_method, outcome.table = common.seed_statistics(outcome.finals,
+                                                             module.TABLE_KEYS)
+  summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
+  if hasattr(module, "summarize"):
+    summary.update(module.summarize(config, outcome))
+  summary.update(methods=outcome.per_method, table=outcome.table,
+                 settings={m.label: m.settings() for m in runs})
+  if hasattr(module, "plot"):
+    module.plot(wd, config, outcome)
+  for x in ("epsilon", "bytes_up"):
+    entry = tradeoff(wd, runs, outcome.finals, x, getattr(module, "TRADEOFF", {}).get(x, ()))
+    if entry is not None:
+      summary[f"{x}_tradeoff"] = entry
+  wd.write_summary(summary)
+  if options.progress:
+    print(common.format_table(summary["table"]))
+    for line in module.report(summary) if hasattr(module, "report") else ():
+      print(line)
+  return summary
+
+
+def _checked(module, config, method: Method, seed: int, prepared) -> Run:
+  """``module.build`` for the first seed, its factory's ``ValueError`` naming the method's
+  field (every method is built before anything is written)."""
+  try:
+    return module.build(config, method, seed, prepared)
+  except ValueError as err:
+    arg = (str(err).split() or [""])[0]
+    field = arg if arg in (*method.kwargs, "learning_rate", "local_steps") else ""
+    raise ValueError(f"--config.methods.{method.entry}{'.' + field if field else ''} is "
+                     f"invalid for fedco.{method.algorithm}: {err}") from None
+
+
+def identity(base: Mapping[str, Any], method: Method, seed: int, run: Run,
+             schedule: Mapping[str, Any]) -> Dict[str, Any]:
+  """What defines one run: the config's run-defining fields, the method's settings, the
+  seed, the schedule and a digest of the data and the initial model."""
+  return {**base, **schedule, "method": method.settings(), "seed": seed,
+          "data_sha256": digest((run.data, run.params))}
+
+
+def digest(tree) -> str:
+  """The SHA-256 of a pytree's arrays (shapes, dtypes and bytes, in leaf order)."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    array = np.asarray(leaf)
+    h.update(f"{array.dtype}{array.shape}".encode())
+    h.update(np.ascontiguousarray(array).tobytes())
+  return h.hexdigest()
+
+
+def _simulate(module, config, method, seed, run: Run, base, wd, writers, options,
+              outcome: Outcome) -> None:
+  """One run through ``fedco.simulate``: ``outcome`` gets its final values (or its
+  divergence note), its evaluated rounds and its result."""
+  schedule = {"rounds": run.rounds or config.rounds,
+              "eval_every": run.eval_every or config.eval_every,
+              "batch_size": config.batch_size or None}
+  labels = {"method": method.label, "seed": seed}
+  kwargs = {**method.simulator_kwargs(), **run.simulate, **schedule}
+  stream = writers
+  if run.evaluate is not None:  # the host evaluation's rows are the run's metrics
+    kwargs.update(evaluate=False, actions=[fedco.runtime.RoundAction(
+        lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True)])
+    stream = [_ActionRows(writers, labels)]
+  else:
+    kwargs["metrics_fn"] = run.metrics_fn
+  directory = common.run_checkpoint_dir(wd.path, f"{method.label}-seed{seed}",
+                                        identity(base, method, seed, run, schedule))
+  wd.record(directory)
+  fields = lambda _: dict(labels)
+  finals = outcome.finals.setdefault(method.label, {})
+  try:
+    result = fedco.simulate(
+        run.problem, run.algorithm, run.data, run.params, seed=seed, metric_writers=stream,
+        metric_labels=labels, progress=options.progress, progress_metric=module.PROGRESS,
+        checkpoint_dir=directory, checkpoint_every=options.checkpoint_every, **kwargs)
+  except fedco.runtime.NonFiniteError as err:
+    finals[seed] = diverged_note(method.entry, err)
+    if run.evaluate is not None:
+      outcome.records.extend(_finite_rows(err.host_metrics, labels))
+    else:
+      outcome.records.extend(common.evaluated_records(err.metrics, fields,
+                                                      keys=run.record_keys, finite_only=True))
+    return
+  if run.evaluate is not None:
+    rows = _finite_rows(result.host_metrics, labels)
+    outcome.records.extend(rows)
+    final = {k: v for k, v in rows[-1].items() if k not in labels}
+  else:
+    outcome.records.extend(common.evaluated_records(result.metrics, fields,
+                                                    keys=run.record_keys))
+    final = common.final_metrics(result.metrics)
+  final["seconds"] = result.seconds
+  final["bytes_up"] = result.ledger["total_bytes_up"]
+  if "epsilon" in result.metrics:
+    final["epsilon"] = float(result.metrics["epsilon"][-1])
+  if hasattr(module, "finish"):
+    module.finish(config, method, seed, result, final)
+  finals[seed] = final
+  outcome.results[(method.label, seed)] = result
+
+
+def _finite_rows(rows, labels) -> List[Dict[str, Any]]:
+  """A host evaluation's rows up to the first with a non-finite number, labelled."""
+  out = []
+  for row in rows:
+    if not all(np.all(np.isfinite(np.asarray(v, float))) for k, v in row.items()
+               if k != "round" and not isinstance(v, str)):
+      break
+    out.append({"round": row["round"], **labels,
+                **{k: v for k, v in row.items() if k != "round"}})
+  return out
+
+
+class _ActionRows(fedco.runtime.RowWriter):
+  """Forwards a host evaluation's rows to the workdir's writers, not the simulator's
+  per-round rows, which hold no metric then (``evaluate=False``, no ``metrics_fn``)."""
+
+  def __init__(self, writers, labels):
+    self.writers, self.fields = writers, {"round", *labels}
+
+  def write(self, rows):
+    rows = [r for r in rows if set(r) - self.fields]
+    for w in self.writers if rows else ():
+      w.write(rows)
+
+  def rewind(self, round_, labels):
+    for w in self.writers:
+      w.rewind(round_, labels)
+
+
 def diverged_note(label: str, err) -> Dict[str, Any]:
   """A diverged run's final entry: the round, the quantity and the field to change."""
   return {"diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "
                       f"--config.methods.{label}.learning_rate",
           "diverged_round": err.round, "diverged_quantity": err.quantity}
-
-
-class Writers:
-  """The workdir's streamed metric files (``metrics.jsonl``, ``metrics.csv``), written by the
-  runtime as each chunk of rounds finishes."""
-
-  def __init__(self, wd: common.Workdir):
-    self.writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
-                    fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
-
-
-def checkpoint_args(wd: common.Workdir, options: Options, label: str,
-                    settings: Mapping[str, Any]) -> Dict[str, Any]:
-  """``simulate``'s checkpoint arguments for one run: ``checkpoints/<label>-<hash>``."""
-  directory = common.run_checkpoint_dir(wd.path, label, settings)
-  wd.record(directory)
-  return {"checkpoint_dir": directory, "checkpoint_every": options.checkpoint_every}
-
-
-def simulate_method(method: Method, seed: int, *, problem, algorithm, data, params, wd,
-                    options: Options, writers: Writers, settings: Mapping[str, Any],
-                    finals: Dict[str, Dict[int, Any]], records: List[Dict[str, Any]],
-                    progress_metric: str, record_keys: Optional[Sequence[str]] = None,
-                    **simulate_kwargs):
-  """One (method, seed) run through ``fedco.simulate``: streamed metrics, checkpoints
-  (resumed on rerun), a divergence reported as such while the other runs go on.
-
-  Fills ``finals[label][seed]`` (the metrics at the last evaluated round, or the divergence
-  note) and appends the evaluated rounds (up to a divergence) to ``records``; returns the
-  result or ``None``.
-  """
-  fields = lambda _: {"method": method.label, "seed": seed}
-  simulate_kwargs = {**method.simulator_kwargs(), **simulate_kwargs}
-  try:
-    result = fedco.simulate(
-        problem, algorithm, data, params, seed=seed, metric_writers=writers.writers,
-        metric_labels={"method": method.label, "seed": seed}, progress=options.progress,
-        progress_metric=progress_metric,
-        **checkpoint_args(wd, options, f"{method.label}-seed{seed}",
-                          {**settings, "method": method.settings(), "seed": seed}),
-        **simulate_kwargs)
-  except fedco.runtime.NonFiniteError as err:
-    finals.setdefault(method.label, {})[seed] = diverged_note(method.source or method.label,
-                                                              err)
-    records.extend(common.evaluated_records(err.metrics, fields, keys=record_keys,
-                                            finite_only=True))
-    return None
-  records.extend(common.evaluated_records(result.metrics, fields, keys=record_keys))
-  final = common.final_metrics(result.metrics)
-  final["seconds"] = result.seconds
-  final["bytes_up"] = result.ledger["total_bytes_up"]
-  if "epsilon" in result.metrics:
-    final["epsilon"] = float(result.metrics["epsilon"][-1])
-  finals.setdefault(method.label, {})[seed] = final
-  return result
 
 
 # ---- grid search -------------------------------------------------------------------------
@@ -331,7 +565,7 @@ def grid_axes(config, method: Method, problem_axes: Mapping[str, Sequence[float]
   axes = {"learning_rate": tuple(float(v) for v in config.grid.learning_rate)}
   own = config.grid.get(method.algorithm)
   if own is not None:
-    allowed = inspect.signature(method.factory).parameters
+    allowed = inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters
     for name, values in own.items():
       if name not in allowed:
         raise ValueError(f"--config.grid.{method.algorithm}.{name} is not an argument of "
@@ -348,8 +582,8 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
            make_problem: Callable[[Dict[str, float]], Any],
            algorithm_kwargs: Callable[[Dict[str, float]], Dict[str, Any]],
            score: Callable[[Dict[str, np.ndarray], int], Sequence[float]], data, params,
-           seed: int,
-           rounds: int, progress: bool = False, **simulator_kwargs) -> Dict[str, Any]:
+           seed: int, rounds: int, progress: bool = False, **simulator_kwargs
+           ) -> Dict[str, Any]:
   """Every point of a method's grid, as one ``fedco.sweep`` program per problem point.
 
   The algorithm axes (the learning rate and factory arguments) of each problem point run
@@ -363,15 +597,16 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
     raise ValueError(f"--config.methods.{method.label}: a grid search picks settings on "
                      f"its runs, which spends privacy no accountant counts; search without "
                      f"privacy or compression")
+  factory = fedco.ALGORITHMS[method.algorithm]
   algorithm_names = [k for k in axes if k not in problem_axes]
   points = []
   for problem_values in itertools.product(*(axes[k] for k in problem_axes)):
     fixed = dict(zip(problem_axes, problem_values))
     kwargs = {**{k: v for k, v in method.kwargs.items() if k not in axes},
               **algorithm_kwargs(fixed)}
-    if "local_steps" in inspect.signature(method.factory).parameters:
+    if "local_steps" in inspect.signature(factory).parameters:
       kwargs["local_steps"] = method.local_steps
-    result = fedco.sweep(make_problem(fixed), method.factory, data, params, rounds=rounds,
+    result = fedco.sweep(make_problem(fixed), factory, data, params, rounds=rounds,
                          grid={k: axes[k] for k in algorithm_names}, seeds=(seed,),
                          algorithm_kwargs=kwargs, progress=progress, **simulator_kwargs)
     for r, run in enumerate(result.runs):
@@ -402,22 +637,23 @@ def combine(searches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 # ---- privacy and compression trade-offs ----------------------------------------------------
 
-TRADEOFF_AXES = {"epsilon": ("privacy", "epsilon spent (delta in the method's settings)"),
-                 "bytes_up": ("compression", "bytes sent up, whole run")}
+TRADEOFF_AXES = {"epsilon": ("privacy", "epsilon spent (delta in the method's settings)",
+                             "privacy.png"),
+                 "bytes_up": ("compression", "bytes sent up, whole run", "compression.png")}
 
 
 def tradeoff(wd, methods: Sequence[Method], finals, x: str,
-             panels: Sequence[tuple], name: str) -> Optional[Dict[str, Any]]:
+             panels: Sequence[tuple]) -> Optional[Dict[str, Any]]:
   """The methods with ``privacy`` (``x="epsilon"``) or ``compression`` (``x="bytes_up"``)
   as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs (or triples ending in
-  ``"log"`` for a log y axis), one panel each, with
-  each curve's points (mean over seeds, std bars) against ``x`` and its method without the
-  setting as a dashed line. Saves ``name`` in ``wd``; returns the summary's ``tradeoff``
-  entry (``None`` when no method has the setting)."""
-  setting, xlabel = TRADEOFF_AXES[x]
+  ``"log"`` for a log y axis), one panel each, with each curve's points (mean over seeds, std
+  bars) against ``x`` and its method without the setting as a dashed line. Saves
+  ``privacy.png`` or ``compression.png`` in ``wd``; returns the summary's entry (``None``
+  when no method has the setting or there are no panels)."""
+  setting, xlabel, name = TRADEOFF_AXES[x]
   keys = [x] + [p[0] for p in panels]
   points = [m for m in methods if setting in m.uplink]
-  if not points:
+  if not points or not panels:
     return None
   per_run, _ = common.seed_statistics(finals, keys)  # no epsilon without privacy: None
   curves = list(dict.fromkeys(m.curve for m in points))

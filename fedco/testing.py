@@ -529,7 +529,7 @@ def run_float64(problem: Problem, algorithm: base.Algorithm, clients: Sequence[D
     x0 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
     result = simulate(problem, algorithm, data, x0, rounds=rounds, seed=seed,
                       batch_size=None, evaluate=False,
-                      actions=[host.PeriodicAction(record, 1)], **simulate_kwargs)
+                      actions=[host.RoundAction(record, 1)], **simulate_kwargs)
     final = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(result.params))
   return {"params": final, "trajectory": trajectory,
           "clients": [list(map(int, ids)) for ids in np.asarray(result.metrics["clients"])]}

@@ -100,7 +100,7 @@ def test_a_resumed_run_rewinds_the_streams_to_its_checkpoint(tmp_path):
 def test_rows_hold_evaluated_rounds_with_their_labels():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
 
-  class Keep(host.MetricWriter):
+  class Keep(host.RowWriter):
     def __init__(self):
       self.chunks = []
 
@@ -136,7 +136,7 @@ def test_periodic_action_sees_the_whole_state_at_its_rounds():
   spread = lambda state, round_: {
       "personal_spread": float(np.std(np.asarray(state.clients.personal), axis=0).sum()),
       "round_in_state": int(state.round)}
-  action = host.PeriodicAction(spread, every_rounds=3)
+  action = host.RoundAction(spread, every_rounds=3)
   run = lambda rounds, actions=(): fedco.simulate(
       problem, fedco.ditto(0.1, 2, lam=0.1), data, jnp.zeros(3), rounds=rounds, seed=1,
       batch_size=2, chunk_rounds=5, actions=actions, metric_labels={"run": "a"})
@@ -148,8 +148,8 @@ def test_periodic_action_sees_the_whole_state_at_its_rounds():
     alone = run(row["round"])
     assert row["personal_spread"] == spread(alone.state, row["round"])["personal_spread"]
   with pytest.raises(ValueError, match="every_rounds"):
-    host.PeriodicAction(spread, every_rounds=0)
-  with pytest.raises(ValueError, match="PeriodicAction"):
+    host.RoundAction(spread, every_rounds=0)
+  with pytest.raises(ValueError, match="RoundAction"):
     run(2, [spread])
 
 
@@ -163,7 +163,7 @@ def test_action_rows_start_at_round_zero_are_checkpointed_and_checked(tmp_path):
   norm = lambda state, round_: {"norm": float(np.linalg.norm(state.server["params"]))}
   run = lambda rounds, fn=norm, **kw: fedco.simulate(
       problem, fedco.fedavg(0.1, 2), data, jnp.ones(3), rounds=rounds, seed=1, batch_size=2,
-      actions=[host.PeriodicAction(fn, 2, at_start=True)], **kw)
+      actions=[host.RoundAction(fn, 2, at_start=True)], **kw)
   whole = run(6).host_metrics
   assert [r["round"] for r in whole] == [0, 2, 4, 6]
   assert whole[0]["norm"] == pytest.approx(np.sqrt(3.0))

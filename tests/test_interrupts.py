@@ -30,7 +30,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
 DATA = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
 
 
-class CtrlCAt(host.MetricWriter):
+class CtrlCAt(host.RowWriter):
   """Keeps the rows it receives; sends SIGINT to this process on receiving ``round_``."""
 
   def __init__(self, round_):

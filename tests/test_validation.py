@@ -112,8 +112,8 @@ CASES = {
     "unwritable checkpoint_dir": (lambda: fedco.simulate(
         portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=1,
         checkpoint_dir=__file__ + "/ck"), "checkpoint_dir"),
-    "action every_rounds": (lambda: fedco.runtime.PeriodicAction(print, 0), "every_rounds"),
-    "action at_start": (lambda: fedco.runtime.PeriodicAction(print, 1, at_start="no"),
+    "action every_rounds": (lambda: fedco.runtime.RoundAction(print, 0), "every_rounds"),
+    "action at_start": (lambda: fedco.runtime.RoundAction(print, 1, at_start="no"),
                         "at_start"),
     "client_mesh": (lambda: fedco.runtime.client_mesh(0), "num_devices"),
     # data checks

@@ -1,8 +1,8 @@
 """The federated simulator: vmapped clients, scanned steps and rounds, one jit per chunk."""
 
 from fedco.runtime import distributed, host
-from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, MetricWriter,
-                                PeriodicAction, TensorBoardWriter, interrupt_guard)
+from fedco.runtime.host import (CsvWriter, Interrupted, JsonlWriter, RowWriter,
+                                RoundAction, TensorBoardWriter, interrupt_guard)
 from fedco.runtime.batching import ClientView, draw, draw_batch, oracle_args
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
@@ -14,7 +14,7 @@ from fedco.runtime.sweep import SweepResult, sweep
 __all__ = [
     "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState",
     "SimulationResult", "Simulator", "client_mesh",
-    "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "MetricWriter",
-    "PeriodicAction", "TensorBoardWriter", "interrupt_guard", "draw_batch", "oracle_args", "simulate",
+    "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "RowWriter",
+    "RoundAction", "TensorBoardWriter", "interrupt_guard", "draw_batch", "oracle_args", "simulate",
     "SweepResult", "sweep",
 ]

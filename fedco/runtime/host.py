@@ -1,7 +1,7 @@
 """The host side of a run: metric writers that stream every chunk, a progress bar, Ctrl-C.
 
 Between two compiled chunks of rounds the host writes the chunk's evaluated rows to every
-:class:`MetricWriter` (appended, flushed and fsynced, so a killed run keeps every row of the
+:class:`RowWriter` (appended, flushed and fsynced, so a killed run keeps every row of the
 chunks it finished), updates a ``tqdm`` bar whose rate and ETA leave out the first chunk
 (compilation), and checks whether Ctrl-C was pressed: :func:`interrupt_guard` defers SIGINT
 to the end of the running chunk, so the run stops cleanly with :class:`Interrupted` after
@@ -54,7 +54,7 @@ def finite_row(row: Mapping[str, Any]) -> bool:
              if isinstance(v, (float, list)))
 
 
-class MetricWriter:
+class RowWriter:
   """Receives each chunk's rows as soon as the chunk is done."""
 
   def write(self, rows: List[Dict[str, Any]]) -> None:
@@ -81,7 +81,7 @@ def _is_later_row_of(row: Mapping[str, Any], round_: int, labels: Mapping[str, A
                                                for k, v in labels.items())
 
 
-class JsonlWriter(MetricWriter):
+class JsonlWriter(RowWriter):
   """Appends one JSON object per row to ``path`` (created with its folder if missing)."""
 
   def __init__(self, path: str):
@@ -102,7 +102,7 @@ class JsonlWriter(MetricWriter):
       fedco_io.atomic_write(self.path, "".join(kept))
 
 
-class CsvWriter(MetricWriter):
+class CsvWriter(RowWriter):
   """Appends scalar rows to a CSV file; the columns are fixed by the first rows written
   (an existing file's header is kept)."""
 
@@ -141,7 +141,7 @@ class CsvWriter(MetricWriter):
       fedco_io.atomic_write(self.path, buffer.getvalue())
 
 
-class TensorBoardWriter(MetricWriter):
+class TensorBoardWriter(RowWriter):
   """Scalars ``<label values>/<metric>`` at step ``round`` (needs ``tensorboardX``)."""
 
   can_rewind = False  # event files are append-only: a resumed run does not replay its rows
@@ -200,7 +200,7 @@ class ProgressBar:
       self._bar.close()
 
 
-class PeriodicAction:
+class RoundAction:
   """Calls ``fn(state, round)`` on the host after every ``every_rounds``-th round (and after
   the last round), with the whole simulation state: personal models, trackers, the server's
   weights, not only the parameters that ``metrics_fn`` sees. A returned dict of numbers is a
@@ -212,7 +212,7 @@ class PeriodicAction:
 
   def __init__(self, fn, every_rounds: int, *, at_start: bool = False):
     if not callable(fn):
-      raise ValueError(f"PeriodicAction needs a callable fn(state, round), got {fn!r}")
+      raise ValueError(f"RoundAction needs a callable fn(state, round), got {fn!r}")
     if not isinstance(at_start, bool):
       raise ValueError(f"at_start must be a bool, got {at_start!r}")
     self.fn, self.at_start = fn, at_start
@@ -230,11 +230,11 @@ class PeriodicAction:
     if out is None:
       return None
     if not isinstance(out, Mapping):
-      raise ValueError(f"a PeriodicAction's fn must return a dict of numbers or None, got "
+      raise ValueError(f"a RoundAction's fn must return a dict of numbers or None, got "
                        f"{type(out).__name__}")
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()) for k, v in out.items()}
 
 
-def close_all(writers: Iterable[MetricWriter]) -> None:
+def close_all(writers: Iterable[RowWriter]) -> None:
   for writer in writers:
     writer.close()

@@ -45,7 +45,7 @@ class SimulationResult:
     ledger: communication per client per round and in total, in floats and bytes (see
       :class:`~fedco.runtime.Ledger`).
     seconds: wall time of the rounds (compilation included).
-    host_metrics: the rows the :class:`~fedco.runtime.host.PeriodicAction` s returned,
+    host_metrics: the rows the :class:`~fedco.runtime.host.RoundAction` s returned,
       ``{"round": r, **metric_labels, name: value}``, in round order; a resumed run's
       earlier rows come back from its checkpoint.
   """
@@ -95,11 +95,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
     checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
       does: ``"error"`` (``fedco.checkpoint.RunMismatchError``, naming what differs) or
       ``"restart"`` (delete that directory's checkpoints and start afresh).
-    metric_writers: :class:`fedco.runtime.host.MetricWriter` s (``JsonlWriter``,
+    metric_writers: :class:`fedco.runtime.host.RowWriter` s (``JsonlWriter``,
       ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
       soon as the chunk is done (a diverging chunk's up to the divergence); a resumed run
       first drops its rows from them and writes its restored rows again.
-    actions: :class:`fedco.runtime.host.PeriodicAction` s, run on the host with the whole
+    actions: :class:`fedco.runtime.host.RoundAction` s, run on the host with the whole
       state at their rounds (chunks end there); their rows are written, checkpointed and
       returned in ``host_metrics``; ``progress_metric`` may name one of their numbers.
     metric_labels: fields added to every written row (default
@@ -174,8 +174,8 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
   actions = tuple(actions)
   for action in actions:
-    if not isinstance(action, host.PeriodicAction):
-      raise ValueError(f"actions must be fedco.runtime.host.PeriodicAction s, got {action!r}")
+    if not isinstance(action, host.RoundAction):
+      raise ValueError(f"actions must be fedco.runtime.host.RoundAction s, got {action!r}")
 
   def act(due):
     """Run the due actions on ``state`` at round ``done``; write and check their rows."""
