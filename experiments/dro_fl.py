@@ -74,19 +74,18 @@ SPLITS = ("train", "val", "test")
 SCORE = ("val_acc_worst", "val_acc_avg")  # the grid's choice: the worst client, then the mean
 TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "test_acc_avg", "test_acc_worst",
               "train_acc_worst")
+PROGRESS = "val_acc_worst"
 
 
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``)."""
-  settings = runner.check_shared(config)
+def check(config) -> None:
+  """E1's own fields, checked (``ValueError`` naming ``--config.<field>``); ``big`` and
+  ``min_heldout`` of 0 become the dataset's defaults."""
   if config.mode not in MODES:
     raise ValueError(f"--config.mode must be one of {MODES}, got {config.mode!r}")
-  data = {}
   if is_npz(config.dataset):
     if not os.path.isfile(config.dataset):
       raise FileNotFoundError(f"--config.dataset: no such .npz file: "
                               f"{os.path.abspath(config.dataset)}")
-    data = {"data_sha256": common.file_digest(config.dataset)}  # checkpoints: its content
   elif config.dataset not in DATASETS:
     raise ValueError(f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
                      f"(fedco.data.load_npz), got {config.dataset!r}")
@@ -95,22 +94,19 @@ def check(config) -> Dict[str, Any]:
   common.check_int("config.small", config.small, 1)
   common.check_int("config.min_heldout", config.min_heldout, 0)
   common.check_positive("config.gamma", config.gamma)
-  methods = runner.methods(config)
-  for m in methods:
+  for m in runner.methods(config):
     if m.algorithm == "drfa" and m.local_steps < 2:
       raise ValueError(f"--config.methods.{m.label}.local_steps must be >= 2 for drfa (its "
                        f"snapshot step is in 1..local_steps-1), got {m.local_steps}")
-  values = runner.ablation(config, ABLATION_DEFAULTS)
-  select = ()
+  runner.ablation(config, ABLATION_DEFAULTS)
   if config.mode == "grid" and config.ablation != "none":
     raise ValueError("--config.ablation runs ComFedL's ablation at given settings; it cannot "
-                     "be combined with the grid search (the :grid mode)")
+                     "be combined with the grid search (dro_fl_grid.py)")
   if config.mode == "grid":
-    select = runner.seeds(config, "select_seeds")
-  kind = "npz" if data else config.dataset
-  return {**settings, "methods": methods, "ablation_values": values, "select_seeds": select,
-          "big": config.big or BIG[kind], "min_heldout": config.min_heldout or MIN_HELDOUT[kind],
-          "data": data}
+    runner.seeds(config, "select_seeds")
+  kind = "npz" if is_npz(config.dataset) else config.dataset
+  config.big = config.big or BIG[kind]
+  config.min_heldout = config.min_heldout or MIN_HELDOUT[kind]
 
 
 def is_npz(dataset) -> bool:
@@ -128,14 +124,14 @@ def load(config):
   return fedco.data.load(config.dataset, config.data_dir or None)
 
 
-def build_data(splits, config, settings, seed: int):
+def build_data(splits, config, seed: int):
   """The quantity-skewed federated split; validation and test sets matched to each client
   from the two halves of the test split, each client's drawn on its own (at least
-  ``settings["min_heldout"]`` images; sets of different clients may overlap). Returns
+  ``config.min_heldout`` images; sets of different clients may overlap). Returns
   ``(FederatedDataset, test clients)``."""
   train, test = splits
-  parts = partition.quantity_skew(train["y"], config.num_clients, settings["big"],
-                                  config.small, seed)
+  parts = partition.quantity_skew(train["y"], config.num_clients, config.big, config.small,
+                                  seed)
   rng = np.random.default_rng([seed, 7])
   halves = ([], [])
   for c in np.unique(test["y"]):
@@ -147,7 +143,7 @@ def build_data(splits, config, settings, seed: int):
     half = np.sort(np.concatenate(half))
     local = partition.matched_validation(parts, train["y"], test["y"][half], seed + i,
                                          ratio=half.size / train["y"].size,
-                                         min_size=settings["min_heldout"], disjoint=False)
+                                         min_size=config.min_heldout, disjoint=False)
     held_out.append([half[p] for p in local])
   fed = make_federated(train, test, parts, held_out[0], config.dataset,
                        class_count((train, test)))
@@ -214,38 +210,58 @@ def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None, prior=None):
   return metrics_fn
 
 
-def runs(settings, config) -> List[Dict[str, Any]]:
-  """``(method, gamma)`` per run: the config's methods, or ComFedL's ablation (of the
-  config's normalised ComFedL, else its printed one)."""
+def setup(config):
+  """The train and test splits (checked against the clients' sizes) and the model."""
+  splits = load(config)
+  need = config.big + (config.num_clients - 1) * config.small
+  if need > splits.train["y"].size:
+    raise ValueError(f"--config.big + (--config.num_clients - 1) * --config.small must be at "
+                     f"most the {splits.train['y'].size} training images of "
+                     f"{config.dataset}, got {need}")
+  return {"splits": (splits.train, splits.test), "model": logistic_model(class_count(splits))}
+
+
+def methods(config, setup) -> List[runner.Method]:
+  """The config's methods, ComFedL's ablation (of the config's normalised ComFedL, else its
+  printed one), or with ``mode = "grid"`` each method at its best grid point; every run
+  holds its KL temperature ``gamma`` in ``problem``."""
+  gamma = {"gamma": float(config.gamma)}
+  found = [dataclasses.replace(m, problem=gamma) for m in runner.methods(config)]
+  if config.mode == "grid":
+    setup["grid"] = grid_search(config, setup, found)
+    return [chosen(m, setup["grid"][m.label]["best"]) for m in found]
   if config.ablation == "none":
-    return [{"method": m, "gamma": float(config.gamma)} for m in settings["methods"]]
-  comfedl = [m for m in settings["methods"] if m.algorithm == "comfedl"]
-  comfedl.sort(key=lambda m: not m.kwargs.get("normalized"))  # the stable one first
+    return found
+  comfedl = sorted((m for m in found if m.algorithm == "comfedl"),
+                   key=lambda m: not m.kwargs.get("normalized"))  # the stable one first
   base = comfedl[0] if comfedl else runner.Method(
-      "comfedl_normalized", "comfedl", {"normalized": True}, settings["learning_rate"],
-      settings["local_steps"])
-  out = []
-  for v in settings["ablation_values"]:
-    if config.ablation == "local_steps":
-      method = base.variant(f"{base.label}_local_steps={int(v)}", local_steps=int(v))
-      out.append({"method": method, "gamma": float(config.gamma)})
-    else:
-      out.append({"method": base.variant(f"{base.label}_gamma={v:g}"),
-                  "gamma": v})
-  return out
+      "comfedl_normalized", "comfedl", {"normalized": True}, config.learning_rate,
+      config.local_steps, problem=gamma)
+  return runner.ablated(config, base, runner.ablation(config, ABLATION_DEFAULTS),
+                        problem_keys=("gamma",))
 
 
-def grid_search(settings, config, splits, options) -> Dict[str, Dict[str, Any]]:
+def chosen(method: runner.Method, best) -> runner.Method:
+  """``method`` at its best grid point (as it is when every point diverged: reported)."""
+  if best is None:
+    return method
+  changes = {k: v for k, v in best.items() if k not in ("score", "per_seed", "gamma")}
+  return dataclasses.replace(method, learning_rate=changes.pop("learning_rate"),
+                             kwargs={**method.kwargs, **changes},
+                             problem={"gamma": best.get("gamma", method.problem["gamma"])})
+
+
+def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
   """Each method's best grid point on the ``select_seeds``' validation sets: the highest
   worst-client accuracy at the last evaluated round (the mean over the selection seeds),
   ties broken by the average; a point that diverges on any selection seed is out."""
-  model, loss, stats = logistic_model(class_count(splits))
-  searches = {m.label: [] for m in settings["methods"]}
-  for seed in settings["select_seeds"]:
-    fed, _ = build_data(splits, config, settings, seed)
+  model, loss, stats = setup["model"]
+  searches = {m.label: [] for m in found}
+  for seed in runner.seeds(config, "select_seeds"):
+    fed, _ = build_data(setup["splits"], config, seed)
     params = models.init_params(model, fed.train.examples["x"][0], seed)
     metrics_fn = make_metrics_fn(stats, {"val": fed.val})  # what the choice sees
-    for method in settings["methods"]:
+    for method in found:
       problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
       searches[method.label].append(runner.search(
           method, runner.grid_axes(config, method, problem_axes),
@@ -254,72 +270,32 @@ def grid_search(settings, config, splits, options) -> Dict[str, Dict[str, Any]]:
           algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
           score=lambda metrics, r: [
               common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE],
-          data=fed.train, params=params, seed=seed, rounds=settings["rounds"],
-          batch_size=settings["batch_size"] or None, evaluate=False,
-          eval_every=settings["eval_every"], metrics_fn=metrics_fn))
-  chosen = {label: runner.combine(found) for label, found in searches.items()}
-  if options.progress:
-    for label, found in chosen.items():
-      print(f"grid: {label}: {len(found['points'])} points, best {found['best']}", flush=True)
-  return chosen
+          data=fed.train, params=params, seed=seed, rounds=config.rounds,
+          batch_size=config.batch_size or None, evaluate=False,
+          eval_every=config.eval_every, metrics_fn=metrics_fn))
+  return {label: runner.combine(found) for label, found in searches.items()}
 
 
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs E1 (an ablation, or the grid search and its test runs); returns the summary."""
-  settings = check(config)
-  splits = load(config)
-  need = settings["big"] + (config.num_clients - 1) * config.small
-  if need > splits.train["y"].size:
-    raise ValueError(f"--config.big + (--config.num_clients - 1) * --config.small must be at "
-                     f"most the {splits.train['y'].size} training images of "
-                     f"{config.dataset}, got {need}")
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  chosen = None
-  specs = runs(settings, config)
-  if config.mode == "grid":
-    chosen = grid_search(settings, config, (splits.train, splits.test), options)
-    specs = []
-    for method in settings["methods"]:
-      best = chosen[method.label]["best"]
-      if best is None:  # every grid point diverged: keep the paper's settings, reported
-        specs.append({"method": method, "gamma": float(config.gamma)})
-        continue
-      changes = {k: v for k, v in best.items() if k not in ("score", "per_seed", "gamma")}
-      lr = changes.pop("learning_rate")
-      specs.append({"method": dataclasses.replace(method, learning_rate=lr,
-                                                  kwargs={**method.kwargs, **changes}),
-                    "gamma": best.get("gamma", float(config.gamma))})
-  model, loss, stats = logistic_model(class_count(splits))
-  records, finals = [], {}
-  shared = {k: config[k] for k in ("dataset", "rounds", "batch_size", "eval_every",
-                                   "num_clients", "small")}
-  for seed in settings["seeds"]:
-    fed, test_clients = build_data((splits.train, splits.test), config, settings, seed)
-    params = models.init_params(model, fed.train.examples["x"][0], seed)
-    clients = {"train": fed.train, "val": fed.val, "test": test_clients}
-    for spec in specs:
-      method, gamma = spec["method"], spec["gamma"]
-      runner.simulate_method(
-          method, seed, problem=make_problem(method, loss, gamma),
-          algorithm=method.build(**gamma_kwargs(method, gamma)), data=fed.train,
-          params=params, wd=wd, options=options, writers=writers,
-          settings={**shared, "big": settings["big"], "min_heldout": settings["min_heldout"],
-                    **settings["data"], "gamma": gamma}, finals=finals,
-          records=records, progress_metric="val_acc_worst", rounds=settings["rounds"],
-          batch_size=settings["batch_size"] or None, evaluate=False,
-          eval_every=settings["eval_every"],
-          metrics_fn=make_metrics_fn(stats, clients, *dro_weights(method, gamma, fed.train)))
-  summary = summarize(finals, settings, config, chosen, specs)
-  plot(wd, records, config, [s["method"].label for s in specs], finals)
-  wd.write_summary(summary)
-  if options.progress:
-    print(common.format_table(summary["table"]))
-    for line in paired_lines(summary["against_fedavg"]):
-      print(line)
-  return summary
+def prepare(config, seed, setup):
+  """One seed's clients, held-out sets and initial model."""
+  fed, test_clients = build_data(setup["splits"], config, seed)
+  params = models.init_params(setup["model"][0], fed.train.examples["x"][0], seed)
+  return {"fed": fed, "params": params, "stats": setup["model"][2], "loss": setup["model"][1],
+          "clients": {"train": fed.train, "val": fed.val, "test": test_clients}}
+
+
+def build(config, method, seed, prepared) -> runner.Run:
+  del seed
+  gamma, fed = method.problem["gamma"], prepared["fed"]
+  return runner.Run(
+      make_problem(method, prepared["loss"], gamma), method.build(**gamma_kwargs(method, gamma)),
+      fed.train, prepared["params"], simulate={"evaluate": False},
+      metrics_fn=make_metrics_fn(prepared["stats"], prepared["clients"],
+                                 *dro_weights(method, gamma, fed.train)))
+
+
+def report(summary) -> List[str]:
+  return paired_lines(summary["against_fedavg"])
 
 
 def paired_lines(paired) -> List[str]:
@@ -342,23 +318,21 @@ def paired_lines(paired) -> List[str]:
   return lines
 
 
-def summarize(finals, settings, config, chosen, specs) -> Dict[str, Any]:
-  per_method, table = common.seed_statistics(finals, TABLE_KEYS)
-  summary = {"dataset": config.dataset, **settings["data"], "mode": config.mode,
-             "rounds": settings["rounds"],
-             "seeds": list(settings["seeds"]),
-             "clients": {"big": settings["big"], "small": config.small,
-                         "min_heldout": settings["min_heldout"]},
-             "methods": per_method, "table": table,
-             "settings": {s["method"].label: {**s["method"].settings(), "gamma": s["gamma"]}
-                          for s in specs}}
-  if chosen is not None:
-    summary["grid"] = {"select_seeds": list(settings["select_seeds"]), "score": list(SCORE),
-                       "chosen": {label: c["best"] for label, c in chosen.items()},
-                       "points": {label: c["points"] for label, c in chosen.items()}}
-  algorithms = {s["method"].label: s["method"].algorithm for s in specs}
+def summarize(config, outcome) -> Dict[str, Any]:
+  summary = {"dataset": config.dataset, "mode": config.mode, "rounds": config.rounds,
+             "clients": {"big": config.big, "small": config.small,
+                         "min_heldout": config.min_heldout}}
+  if is_npz(config.dataset):
+    summary["data_sha256"] = common.file_digest(config.dataset)
+  if config.mode == "grid":
+    found = outcome.setup["grid"]
+    summary["grid"] = {"select_seeds": list(runner.seeds(config, "select_seeds")),
+                       "score": list(SCORE),
+                       "chosen": {label: c["best"] for label, c in found.items()},
+                       "points": {label: c["points"] for label, c in found.items()}}
+  algorithms = {m.label: m.algorithm for m in outcome.methods}
   summary["against_fedavg"] = against_fedavg(
-      per_method, [label for label, a in algorithms.items() if a == "comfedl"],
+      outcome.per_method, [label for label, a in algorithms.items() if a == "comfedl"],
       next((label for label, a in algorithms.items() if a == "fedavg"), None))
   return summary
 
@@ -392,12 +366,12 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
   return out
 
 
-def plot(wd, records, config, labels, finals):
+def plot(wd, config, outcome):
   """Mean +- std over seeds of every method; one that diverged before its first evaluation
   has no curve, so its legend entry says where it diverged."""
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
-  drawn = [label for label in labels if any(r["method"] == label for r in records)]
+  records, labels, drawn = outcome.records, outcome.labels, outcome.drawn()
   for ax, key, title in zip(axes, ("val_acc_avg", "val_acc_worst"),
                             ("average client accuracy", "worst client accuracy")):
     common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
@@ -411,7 +385,7 @@ def plot(wd, records, config, labels, finals):
     ax.grid(alpha=0.3)
   for label in labels:
     if label not in drawn:
-      rounds = sorted({f["diverged_round"] for f in finals.get(label, {}).values()
+      rounds = sorted({f["diverged_round"] for f in outcome.finals.get(label, {}).values()
                        if "diverged_round" in f})
       where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
       axes[0].plot([], [], linestyle="none", marker="x", color="black",

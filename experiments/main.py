@@ -18,7 +18,6 @@ written) with one line and exit status 130; a second Ctrl-C ends the process at 
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import sys
 import warnings
@@ -45,10 +44,6 @@ flags.DEFINE_list("methods", [], "Run only these labels of config.methods (defau
 FLAGS = flags.FLAGS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-# The experiment modules: experiments/<name>.py with a build() (see experiments.runner).
-EXPERIMENTS = tuple(sorted(
-    path.stem for path in pathlib.Path(CONFIG_DIR).parent.glob("*.py")
-    if "\ndef build(" in path.read_text()))
 CONFIGS = tuple(sorted(name for name in os.listdir(CONFIG_DIR)
                        if name.endswith(".py") and not name.startswith("_")))
 
@@ -63,7 +58,6 @@ def main(argv):
   try:
     try:
       config = _CONFIG.value
-      name = None if config is None else config.get("experiment")
     except (OSError, ValueError) as err:  # ml_collections loads the file lazily
       if isinstance(err, ValueError):
         raise ValueError(f"--config: {err}") from None
@@ -72,9 +66,6 @@ def main(argv):
                               f"{', '.join(CONFIGS)}") from None
     if config is None:
       raise ValueError("--config must name an experiments/configs/*.py file")
-    if name not in EXPERIMENTS:
-      raise ValueError(f"config.experiment must name a module of experiments/ with a build() "
-                       f"(one of {EXPERIMENTS}), got {name!r}")
     select(config, FLAGS.methods)
     options = runner.Options(
         progress=FLAGS.progress, resume=FLAGS.resume,

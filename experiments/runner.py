@@ -43,8 +43,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import itertools
+import pathlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
@@ -53,6 +55,9 @@ import numpy as np
 import fedco
 from experiments import common
 
+# fedco's experiments: the modules of experiments/ with a build().
+EXPERIMENTS = tuple(sorted(path.stem for path in pathlib.Path(__file__).parent.glob("*.py")
+                           if "\ndef build(" in path.read_text()))
 # The fields every experiment config has (tests/test_configs.py checks each config).
 SHARED = ("experiment", "seeds", "rounds", "local_steps", "learning_rate", "batch_size",
           "eval_every", "methods")
@@ -357,15 +362,16 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
   return values
 
 
-def ablated(config, base: Method, values: Sequence[float], **problem) -> List[Method]:
+def ablated(config, base: Method, values: Sequence[float],
+            problem_keys: Sequence[str] = ()) -> List[Method]:
   """``base`` once per ablation value of ``config.ablation``: its ``local_steps``, a factory
-  argument, or (named in ``problem``) one of the run's problem settings."""
+  argument, or (named in ``problem_keys``) one of the run's :attr:`Method.problem` settings."""
   out = []
   for v in values:
     key = config.ablation
     if key == "local_steps":
       out.append(base.variant(f"{base.label}_local_steps={int(v)}", local_steps=int(v)))
-    elif key in problem:
+    elif key in problem_keys:
       out.append(base.variant(f"{base.label}_{key}={v:g}", problem={**base.problem, key: v}))
     else:
       out.append(base.variant(f"{base.label}_{key}={v:g}", kwargs={**base.kwargs, key: v}))
@@ -387,6 +393,31 @@ def same_iterations(config, method: Method) -> Dict[str, int]:
 
 # ---- the skeleton --------------------------------------------------------------------------
 
+def experiment_module(name):
+  """The module of experiment ``name``: ``experiments.<name>``, else your own module ``name``
+  (dotted, on ``sys.path``) with a ``build``."""
+  for candidate in (f"experiments.{name}", name) if isinstance(name, str) and name else ():
+    try:
+      found = importlib.util.find_spec(candidate) is not None
+    except (ImportError, ValueError):  # a missing parent package
+      found = False
+    if found and hasattr(importlib.import_module(candidate), "build"):
+      return importlib.import_module(candidate)
+  raise ValueError(f"--config.experiment must name a module with a build() (one of "
+                   f"{', '.join(EXPERIMENTS)} in experiments/, or your own module on the "
+                   f"Python path), got {name!r}")
+
+
+def check(config):
+  """Checks ``config`` (the shared fields, then the experiment's ``check``); returns the
+  experiment's module. ``ValueError`` naming the field."""
+  module = experiment_module(config.get("experiment"))
+  check_shared(config)
+  if hasattr(module, "check"):
+    module.check(config)
+  return module
+
+
 def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[str, Any]:
   """Runs the experiment ``config.experiment`` and writes its outputs into ``workdir``.
 
@@ -395,10 +426,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   with a note naming the field to change while the others go on. Bad config values raise a
   one-line ``ValueError`` before anything is written. Returns the summary.
   """
-  module = importlib.import_module(f"experiments.{config.experiment}")
-  check_shared(config)
-  if hasattr(module, "check"):
-    module.check(config)
+  module = check(config)
   setup = module.setup(config) if hasattr(module, "setup") else None
   runs = module.methods(config, setup) if hasattr(module, "methods") else methods(config)
   outcome = Outcome(runs, seeds(config), setup=setup)

@@ -11,14 +11,16 @@ import tensorflow_datasets as tfds
 
 from experiments import common, dro_fl, runner
 from experiments.configs import dro_fl as dro_fl_config
+from experiments.configs import dro_fl_grid
 from tests import helpers
 
 QUIET = runner.Options(progress=False)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
+run = runner.train_and_evaluate
 
 
-def _config(mode="", **changes):
-  config = dro_fl_config.get_config(mode)
+def _config(variant=dro_fl_config, **changes):
+  config = variant.get_config()
   config.rounds, config.eval_every, config.seeds = 6, 3, (0,)
   return helpers.override(config, changes)
 
@@ -43,7 +45,7 @@ def default_run(tmp_path_factory):
   """Every method at the paper's settings, 7 rounds with evaluation every 3 (round 7 is not
   evaluated)."""
   workdir = tmp_path_factory.mktemp("e1")
-  dro_fl.run(_config(rounds=7), str(workdir), QUIET)
+  run(_config(rounds=7), str(workdir), QUIET)
   return _outputs(str(workdir))
 
 
@@ -130,12 +132,12 @@ def test_the_literal_comfedl_divergence_is_reported_in_the_table(default_run):
 
 
 def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
-  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(0, 1)), "comfedl_normalized",
+  config = _keep(_config(dro_fl_grid, rounds=4, eval_every=2, seeds=(0, 1)), "comfedl_normalized",
                  "qfedavg")
   config.grid.learning_rate = (0.01, 0.1)
   config.grid.gamma = (0.5, 5.0)
   config.grid.qfedavg.q = (0.2, 1.0)
-  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  summary = run(config, str(tmp_path), QUIET)
   grid = summary["grid"]
   assert grid["select_seeds"] == [100, 101]
   for points in grid["points"].values():  # a point's score: the mean over the two seeds
@@ -160,10 +162,10 @@ def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
 def test_grid_search_scores_are_those_of_a_separate_run(tmp_path):
   """The sweep's score of a grid point equals a plain run of that point on the selection
   seed (the vmapped grid is the same computation)."""
-  config = _keep(_config("grid", rounds=4, eval_every=2, seeds=(100,), select_seeds=(100,)),
+  config = _keep(_config(dro_fl_grid, rounds=4, eval_every=2, seeds=(100,), select_seeds=(100,)),
                  "fedavg")
   config.grid.learning_rate = (0.05, 0.2)
-  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  summary = run(config, str(tmp_path), QUIET)
   best = summary["grid"]["chosen"]["fedavg"]
   final = summary["methods"]["fedavg"]["per_seed"][100]
   np.testing.assert_allclose(best["score"], [final["val_acc_worst"], final["val_acc_avg"]],
@@ -183,8 +185,8 @@ def test_digits_heldout_sets_hold_min_heldout_images_with_the_client_class_mix()
     config.min_heldout = floor
     with warnings.catch_warnings():
       warnings.simplefilter("error", RuntimeWarning)  # no class runs out: each draws its own
-      fed, test_clients = dro_fl.build_data((splits.train, splits.test), config,
-                                            dro_fl.check(config), 0)
+      dro_fl.check(config)
+      fed, test_clients = dro_fl.build_data((splits.train, splits.test), config, 0)
     train_labels, *_ = _client_labels(fed.train)
     for held_out in (fed.val, test_clients):
       labels, rows, offsets, counts = _client_labels(held_out)
@@ -201,38 +203,36 @@ def test_digits_heldout_sets_hold_min_heldout_images_with_the_client_class_mix()
 def test_mnist_end_to_end_under_mock_data(tmp_path):
   config = _keep(_config(dataset="mnist", big=100, small=5), "comfedl_normalized", "fedavg")
   with tfds.testing.mock_data(num_examples=400):
-    summary = dro_fl.run(config, str(tmp_path), QUIET)
+    summary = run(config, str(tmp_path), QUIET)
   assert summary["dataset"] == "mnist"
   assert all(e["diverged_seeds"] == [] for e in summary["methods"].values())
 
 
 def test_npz_dataset_runs_like_the_named_one_and_its_content_is_hashed(tmp_path):
-  """--config.dataset=<file>.npz: digits saved as an archive give the digits run's numbers
-  (and the digits run keeps its checkpoint hash); new content at the same path starts new
+  """--config.dataset=<file>.npz: digits saved as an archive give the digits run's numbers;
+  new content at the same path starts new
   runs instead of resuming the old ones; the model has as many outputs as the labels need."""
   train, test = dro_fl.load(_config())
   path = tmp_path / "digits.npz"
   np.savez(path, x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
   config = _keep(_config(rounds=3, eval_every=3, big=500, min_heldout=100), "fedavg")
   options = runner.Options(progress=False, checkpoint_every=3)
-  named = dro_fl.run(config, str(tmp_path / "named"), QUIET)
-  # the digest of this digits run's settings before .npz files existed: resumable still
-  assert os.listdir(tmp_path / "named" / "checkpoints") == ["fedavg-seed0-74fb40e1d5a8"]
+  named = run(config, str(tmp_path / "named"), QUIET)
   config.dataset = str(path)
-  from_npz = dro_fl.run(config, str(tmp_path / "npz"), options)
+  from_npz = run(config, str(tmp_path / "npz"), options)
   assert from_npz["data_sha256"] == common.file_digest(path)
   assert from_npz["table"] == named["table"]
   # new content at the same path, with labels 5..14: 15 classes, not E1's usual 10
   np.savez(path, x_train=train["x"], y_train=train["y"] + 5, x_test=test["x"],
            y_test=test["y"] + 5)
-  changed = dro_fl.run(config, str(tmp_path / "npz"), options)
+  changed = run(config, str(tmp_path / "npz"), options)
   assert len(os.listdir(tmp_path / "npz" / "checkpoints")) == 2  # not resumed
   assert changed["methods"]["fedavg"]["diverged_seeds"] == []
   assert changed["table"] != from_npz["table"]
   with pytest.raises(FileNotFoundError, match="--config.dataset: no such .npz file"):
-    dro_fl.check(_config(dataset=str(tmp_path / "none.npz")))
+    runner.check(_config(dataset=str(tmp_path / "none.npz")))
   with pytest.raises(ValueError, match="--config.big .* at most the 899 training images"):
-    dro_fl.run(_config(dataset=str(path)), str(tmp_path / "big"), QUIET)  # MNIST's 5000
+    run(_config(dataset=str(path)), str(tmp_path / "big"), QUIET)  # MNIST's 5000
   assert not os.path.exists(tmp_path / "big")
 
 
@@ -242,7 +242,7 @@ def test_comfedl_data_size_prior_from_the_config(tmp_path):
   training images outweigh nine 20-image clients)."""
   config = _keep(_config(rounds=3, eval_every=3), "comfedl_normalized")
   config.methods.comfedl_normalized.weighting = "samples"
-  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  summary = run(config, str(tmp_path), QUIET)
   assert summary["settings"]["comfedl_normalized"]["weighting"] == "samples"
   weights = np.array([r["client_weights"] for r in common.read_jsonl(
       tmp_path / "metrics.jsonl")][-1])
@@ -251,7 +251,7 @@ def test_comfedl_data_size_prior_from_the_config(tmp_path):
 
 def test_gamma_ablation_runs_comfedl_variants(tmp_path):
   config = _config(ablation="gamma", ablation_values=(2.0, 5.0), rounds=3, eval_every=3)
-  summary = dro_fl.run(config, str(tmp_path), QUIET)
+  summary = run(config, str(tmp_path), QUIET)
   assert set(summary["methods"]) == {"comfedl_normalized_gamma=2", "comfedl_normalized_gamma=5"}
   assert summary["settings"]["comfedl_normalized_gamma=5"]["gamma"] == 5.0
 
@@ -273,24 +273,24 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
 def test_bad_fields_are_named(changes, field):
   config = helpers.override(_config(), changes)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    dro_fl.check(config)
+    runner.check(config)
 
 
 def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
   config = _config(dataset="mnist", data_dir=str(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError, match="mnist"):
-    dro_fl.run(config, str(tmp_path / "out"), QUIET)
+    run(config, str(tmp_path / "out"), QUIET)
 
 
 def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   from experiments import plot
   config = _keep(_config(), "fedavg", "drfa")
   options = runner.Options(progress=False, checkpoint_every=3)
-  first = dro_fl.run(config, str(tmp_path), options)
+  first = run(config, str(tmp_path), options)
   runs = os.listdir(tmp_path / "checkpoints")
   assert len(runs) == 2 and all(os.listdir(tmp_path / "checkpoints" / r) for r in runs)
   capsys.readouterr()
-  second = dro_fl.run(config, str(tmp_path), options)  # restores the finished runs
+  second = run(config, str(tmp_path), options)  # restores the finished runs
   assert first["table"] == second["table"]
   strip = lambda s: {m: {k: v for k, v in e["per_seed"][0].items() if k != "seconds"}
                      for m, e in s["methods"].items()}
@@ -300,7 +300,7 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   assert sorted((r["method"], r["round"]) for r in rows) == [
       (m, r) for m in ("drfa", "fedavg") for r in (1, 3, 6)]  # written once each
   config.learning_rate = 0.02
-  changed = dro_fl.run(config, str(tmp_path), options)  # a new hash: new runs
+  changed = run(config, str(tmp_path), options)  # a new hash: new runs
   assert len(os.listdir(tmp_path / "checkpoints")) == 4
   assert strip(changed)["fedavg"] != strip(first)["fedavg"]
   with open(tmp_path / "metrics.csv") as f:
@@ -319,7 +319,8 @@ def test_the_figure_names_a_method_that_diverged_before_any_curve(monkeypatch):
   records = [{"method": "fedavg", "seed": 0, "round": r, "val_acc_avg": 0.5,
               "val_acc_worst": 0.4} for r in (1, 2)]
   finals = {"comfedl": {0: {"diverged": "...", "diverged_round": 1}}, "fedavg": {0: {}}}
-  dro_fl.plot(None, records, _config(), ["comfedl", "fedavg"], finals)
+  methods = [runner.Method(label, label, {}, 0.01, 5) for label in ("comfedl", "fedavg")]
+  dro_fl.plot(None, _config(), runner.Outcome(methods, (0,), finals, records))
   texts = drawn["ax"].get_legend_handles_labels()[1]
   assert texts == ["fedavg", "comfedl (diverged at round 1)"]
   for ax in drawn["fig"].axes:

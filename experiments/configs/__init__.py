@@ -17,7 +17,8 @@ def methods(entries) -> ml_collections.ConfigDict:
   out = {}
   for label, entry in dict(entries).items():
     entry = dict(entry)
-    entry.setdefault("learning_rate", config_dict.placeholder(float))
-    entry.setdefault("local_steps", config_dict.placeholder(int))
+    for key, kind in (("learning_rate", float), ("local_steps", int)):
+      if entry.get(key) is None:  # unset (or an unset placeholder's to_dict())
+        entry[key] = config_dict.placeholder(kind)
     out[label] = entry
   return ml_collections.ConfigDict(out)

@@ -1,24 +1,20 @@
 """E1: distributionally robust federated learning (papers 000/001 Sec. 5.1).
 
-``python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1``; the
-paper's grid search: ``--config=experiments/configs/dro_fl.py:grid``; an ablation:
-``--config.ablation=local_steps`` (or ``gamma``); SCAFFOLD, FedProx and FedAdam too:
-``--config=experiments/configs/dro_fl.py:extended``.
+``python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1``; an
+ablation: ``--config.ablation=local_steps`` (or ``gamma``). Variants: ``dro_fl_grid.py``
+(the paper's grid search), ``dro_fl_extended.py`` (SCAFFOLD, FedProx and FedAdam too).
 """
 
 import ml_collections
 
+from experiments import configs
 
-def get_config(mode: str = ""):
-  """E1 at the paper's settings; ``mode="grid"``: pick every method's settings on validation
-  from paper 001 Sec. 5.3's grids, then report test over the seeds; ``mode="extended"``:
-  E1 with SCAFFOLD, FedProx and FedAdam beside the paper's methods."""
+
+def get_config():
+  """E1 at the paper's settings."""
   config = ml_collections.ConfigDict()
   config.experiment = "dro_fl"
-  if mode not in ("", "grid", "extended"):
-    raise ValueError(f"the dro_fl config's mode must be 'grid' or 'extended' (or none), got "
-                     f"{mode!r}")
-  config.mode = "grid" if mode == "grid" else "run"  # "run" | "grid"
+  config.mode = "run"  # "run" | "grid" (dro_fl_grid.py)
   config.dataset = "digits"  # or "mnist", "fashion_mnist" (TFDS, prepared under data_dir)
   config.data_dir = ""
   config.seeds = (0, 1, 2)
@@ -34,7 +30,7 @@ def get_config(mode: str = ""):
   # client's class mix); 0: digits 100, MNIST 10 (SPEC E1's floor).
   config.min_heldout = 0
   config.gamma = 0.2  # the KL temperature of the client-level DRO problem (ComFedL's)
-  config.methods = ml_collections.ConfigDict({
+  config.methods = configs.methods({
       # weighting: the prior of ComFedL's KL ball, "uniform" (the papers') or "samples"
       # (the clients' data sizes: tends to FedAvg's objective as gamma grows).
       "comfedl": {"algorithm": "comfedl", "weighting": "uniform"},
@@ -44,17 +40,10 @@ def get_config(mode: str = ""):
       "qfedavg": {"algorithm": "qfedavg", "q": 0.2},
       "fedavg": {"algorithm": "fedavg", "weighting": "samples"},
   })
-  if mode == "extended":  # off by default: their 9 runs add about 70% to the main job's time
-    # FedAvg's variants at their papers' client means: SCAFFOLD's and FedAdam's uniform,
-    # FedProx's by data size (as fedavg here); FedAdam's server rate is not the paper's
-    # (it tunes it per task).
-    config.methods.scaffold = {"algorithm": "scaffold", "server_lr": 1.0}
-    config.methods.fedprox = {"algorithm": "fedprox", "mu": 0.01, "weighting": "samples"}
-    config.methods.fedadam = {"algorithm": "fedadam", "server_lr": 0.01}
   # ComFedL's ablations (papers' Fig. 3): "local_steps" or "gamma" over ablation_values.
   config.ablation = "none"
   config.ablation_values = ()  # default: local_steps 1, 2, 5, 10; gamma 0.1, 0.2, 2, 5
-  # mode="grid": every method's grid point runs on each selection seed's data (seeds not
+  # dro_fl_grid.py: every method's grid point runs on each selection seed's data (seeds not
   # reported) and is scored by its validation worst-client accuracy at the last evaluated
   # round, then the average, each a mean over these seeds.
   config.select_seeds = (100, 101)
