@@ -1,56 +1,35 @@
-"""The output contract shared by every experiment binary.
+"""The output contract of an experiment's workdir, and the tables and figures of its results.
 
-A run writes into ``--workdir``:
-
-* ``config.json``: the flag values of the run;
-* ``metrics.jsonl``: one JSON object per line (one per round and algorithm, say);
-* ``summary.json``: the final numbers, written last, so its presence marks a finished run;
-* a PNG plot (rendered with Agg; no display and no pyplot global state);
-
-and prints a plain-text table at the end. Every file is written atomically: the bytes go to
-a hidden temporary file in the same directory, which is then ``os.replace``-d onto the final
-name, so a killed process leaves either the previous complete file or the new one, never a
-half-written file. ``metrics.jsonl`` is kept in memory and rewritten whole on each append.
-
-Values are converted to JSON-friendly Python: numpy / JAX scalars and arrays become
-``int``/``float``/``bool``/lists; non-finite floats become ``null`` (strict JSON).
-
-Example::
-
-    wd = Workdir(FLAGS.workdir)
-    wd.write_config({"learning_rate": 0.02, "rounds": 400})
-    wd.append_metrics([{"round": 1, "loss": np.float32(0.3)}])
-    fig = figure(); ax = fig.add_subplot(); ax.plot(...)
-    wd.save_figure(fig, "loss.png")
-    wd.write_summary({"final_loss": 0.01})
-    print(format_table([{"algorithm": "feddro", "loss": 0.01}]))
+A run writes into ``--workdir``: ``config.json`` (the config), ``metrics.jsonl`` and
+``metrics.csv`` (streamed by ``fedco.simulate``'s writers, one row per evaluated round),
+figures (PNG, rendered with Agg: no display, no pyplot state) and ``summary.json``, written
+last (its presence marks a finished run). Files are written atomically (a hidden temporary
+file in the same directory, ``os.replace``-d onto the name), so a killed process leaves the
+previous complete file or the new one, never half of one. JSON is strict: numpy / JAX values
+become plain numbers and lists, non-finite floats ``null``.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import numbers
 import os
 import shutil
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+
+from fedco.io import DirectoryLock, atomic_write, remove_stale_temporaries
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 METRICS_CSV = "metrics.csv"
 OUTPUT_FILES = (CONFIG, METRICS, METRICS_CSV, SUMMARY)  # the files every run writes
-TENSORBOARD = "tensorboard"
-_STEP_KEYS = ("round", "step", "iteration", "seed")
 CHECKPOINTS = "checkpoints"
 STAGING = "in_progress"  # a running run's outputs, moved into the workdir when complete
-from fedco.io import TMP_PREFIX as _TMP_PREFIX, DirectoryLock, atomic_write  # noqa: F401
-from fedco.io import remove_stale_temporaries
 
 
 # ---- JSON conversion ---------------------------------------------------------------------
@@ -134,20 +113,6 @@ def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
   return out
 
 
-def check_names(name, value, allowed) -> tuple:
-  """A non-empty comma list (or sequence) of distinct names from ``allowed``."""
-  names = value.split(",") if isinstance(value, str) else list(value)
-  names = [str(n).strip() for n in names if str(n).strip()]
-  if not names:
-    raise ValueError(f"--{name} must name at least one of {', '.join(allowed)}, got {value!r}")
-  unknown = [n for n in names if n not in allowed]
-  if unknown:
-    raise ValueError(f"--{name}: unknown {unknown}; allowed values are {', '.join(allowed)}")
-  if len(set(names)) != len(names):
-    raise ValueError(f"--{name} lists a value twice: {names}")
-  return tuple(names)
-
-
 # ---- the workdir -------------------------------------------------------------------------
 
 def check_workdir(workdir, flag: str = "workdir") -> str:
@@ -201,8 +166,6 @@ class Workdir:
     # process writes them while we hold the lock, so those are stale. (Not figures':
     # ``experiments.plot`` writes PNGs here without the lock; ours go to in_progress/.)
     remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES])
-    self._metrics: List[str] = []
-    self._rows: List[Dict[str, Any]] = []
     self._staged: List[str] = []
     # A killed run's partial outputs go (they are ours: the manifest lists the folder);
     # the previous complete results stay until this run's replace them.
@@ -274,20 +237,6 @@ class Workdir:
     self.commit()
     return os.path.join(self.path, SUMMARY)
 
-  def append_metrics(self, records: Iterable[Mapping[str, Any]]) -> str:
-    """Add records to ``metrics.jsonl`` (one JSON object per line) and ``metrics.csv`` (one
-    row per record; list values as JSON), rewriting both atomically."""
-    records = [to_jsonable(dict(r)) for r in records]
-    self._metrics.extend(dumps(r) for r in records)
-    self._rows.extend(records)
-    path = self.file(METRICS)
-    for name in (METRICS, METRICS_CSV, TENSORBOARD):
-      self.record(self.file(name))
-    atomic_write(path, "".join(line + "\n" for line in self._metrics))
-    atomic_write(self.file(METRICS_CSV), _csv(self._rows))
-    _write_scalars(self.file(TENSORBOARD), records)
-    return path
-
   def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
     """Save a matplotlib figure as PNG, atomically."""
     self.record(self.file(name))
@@ -317,43 +266,6 @@ def _check_outputs(workdir: str, flag: str) -> None:
     raise ValueError(f"--{flag}: {workdir} holds {', '.join(theirs)}, which fedco did not "
                      f"write (its {MANIFEST} does not list them) and a run would replace; move "
                      f"{'them' if len(theirs) > 1 else 'it'} away or use another workdir")
-
-
-def _write_scalars(logdir: str, records: Sequence[Mapping[str, Any]]) -> None:
-  """TensorBoard scalars ``<algorithm>/seed<seed>/<metric>`` at step ``round`` (or ``step``),
-  when tensorboardX is installed.
-
-  Each call writes (and closes: tensorboardX's ``flush`` is asynchronous) one event file.
-  Event files are append-only logs, not atomic files; ``metrics.jsonl`` stays the record.
-  """
-  try:
-    from tensorboardX import SummaryWriter
-  except ImportError:
-    return
-  writer = SummaryWriter(logdir=logdir)
-  for r in records:
-    step = next((r[k] for k in ("round", "step", "iteration") if isinstance(r.get(k), int)), 0)
-    prefix = "/".join(str(p) for p in (r.get("algorithm"),
-                                       f"seed{r['seed']}" if "seed" in r else None) if p)
-    for key, value in r.items():
-      if key in _STEP_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
-        continue
-      writer.add_scalar(f"{prefix}/{key}" if prefix else key, value, step)
-  writer.close()
-
-
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
-  """Rows as CSV text: the union of their keys as columns, list values as JSON."""
-  columns: List[str] = []
-  for row in rows:
-    columns.extend(k for k in row if k not in columns)
-  buf = io.StringIO()
-  writer = csv.writer(buf)
-  writer.writerow(columns)
-  for row in rows:
-    writer.writerow([json.dumps(row[c]) if isinstance(row.get(c), (list, dict))
-                     else ("" if row.get(c) is None else row[c]) for c in columns])
-  return buf.getvalue()
 
 
 def quiet_logs() -> None:
@@ -607,18 +519,6 @@ def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: s
       std = np.array([np.std(v) for v in values])
       ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=band)
   return list(labels)
-
-
-def sweep_label_names(names: Mapping[str, str], sep: str = "_I="):
-  """A ``label_names`` for :func:`plot_mean_curves` where a label may be
-  ``<algorithm><sep><value>`` (one run of a sweep, say ``fedavg_I=5``): the algorithm's name in
-  ``names`` (or the algorithm itself), then the rest of the label with ``_`` as a space
-  (``FedAvg I=5``)."""
-  def name(label: str) -> str:
-    algorithm = label.split(sep)[0]
-    return names.get(algorithm, algorithm) + (
-        label[len(algorithm):].replace("_", " ") if sep in label else "")
-  return name
 
 
 LINESTYLES = ("-", "--", "-.", ":")

@@ -8,12 +8,13 @@ import sys
 import numpy as np
 import pytest
 
+import fedco
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
 from experiments import common, runner  # pylint: disable=g-import-not-at-top
-from experiments import fedavg_counterexample as e7  # pylint: disable=g-import-not-at-top
 from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
 
 OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
@@ -25,7 +26,7 @@ QUIET = runner.Options(progress=False)
 @pytest.fixture(scope="module")
 def e7_default(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("e7")
-  summary = e7.run(get_config(), str(workdir), QUIET)
+  summary = runner.train_and_evaluate(get_config(), str(workdir), QUIET)
   return workdir, summary
 
 
@@ -37,7 +38,8 @@ def test_e7_writes_all_outputs(e7_default):
   config = json.loads((workdir / "config.json").read_text())
   assert config["learning_rate"] == 0.02 and config["local_steps"] == 5
   assert config["rounds"] == 400 and tuple(config["methods"]) == METHODS
-  assert config["methods"]["fedavg_co_case1"] == {"algorithm": "fedavg_co", "case": "I"}
+  assert config["methods"]["fedavg_co_case1"] == {  # None: the shared value applies
+      "algorithm": "fedavg_co", "case": "I", "learning_rate": None, "local_steps": None}
   assert json.loads((workdir / "summary.json").read_text()) == common.to_jsonable(summary)
   records = common.read_jsonl(workdir / "metrics.jsonl")
   assert len(records) == 400 * len(METHODS)
@@ -83,7 +85,7 @@ def test_e7_bad_config_raises_before_writing(tmp_path, path, value, field):
   setattr(parent, name, value)
   workdir = tmp_path / "out"
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    e7.run(config, str(workdir), QUIET)
+    runner.train_and_evaluate(config, str(workdir), QUIET)
   assert not workdir.exists()
 
 
@@ -91,7 +93,7 @@ def test_e7_unknown_algorithm_lists_allowed_values(tmp_path):
   config = get_config()
   config.methods.feddro.algorithm = "fedsplit"  # not (yet) a fedco algorithm
   with pytest.raises(ValueError, match=r"--config\.methods\.feddro\.algorithm") as info:
-    e7.run(config, str(tmp_path), QUIET)
+    runner.train_and_evaluate(config, str(tmp_path), QUIET)
   assert "fedavg_co" in str(info.value) and "scaffold" in str(info.value)
 
 
@@ -101,25 +103,30 @@ def test_workdir_must_be_a_path(workdir):
     common.Workdir(workdir)
 
 
+def _append_metrics(wd, rows):
+  """The rows written as the runner's streamed writers write them."""
+  for writer in (fedco.runtime.JsonlWriter, fedco.runtime.CsvWriter):
+    writer(wd.record(wd.file(common.METRICS if writer is fedco.runtime.JsonlWriter
+                             else common.METRICS_CSV))).write(rows)
+
+
 def test_workdir_contract(tmp_path):
   wd = common.Workdir(tmp_path / "run")
   wd.write_config({"lr": np.float32(0.5), "steps": np.int64(3), "on": np.bool_(True)})
-  wd.append_metrics([{"x": np.arange(3, dtype=np.float32)}])
-  wd.append_metrics([{"x": np.float64("nan")}])
-  wd.write_summary({"best": np.array(2.0)})
+  _append_metrics(wd, [{"round": 1, "x": 0.5}])
+  wd.write_summary({"best": np.array(2.0), "nan": float("nan")})
   assert json.loads((tmp_path / "run" / "config.json").read_text()) == {
       "lr": 0.5, "steps": 3, "on": True}
-  assert common.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [
-      {"x": [0.0, 1.0, 2.0]}, {"x": None}]
-  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
+  assert common.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"round": 1, "x": 0.5}]
+  summary = {"best": 2.0, "nan": None}  # strict JSON: non-finite numbers are null
+  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
   with pytest.raises(TypeError, match="object"):
     wd.write_summary({"bad": object()})
-  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"best": 2.0}
+  assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
   assert sorted(os.listdir(tmp_path / "run")) == [".fedco-written.json", ".lock", "config.json",
                                                   "metrics.csv", "metrics.jsonl",
-                                                  "summary.json", "tensorboard"]
-  assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == [
-      "x", '"[0.0, 1.0, 2.0]"', '""']  # a lone empty field is quoted
+                                                  "summary.json"]
+  assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == ["round,x", "1,0.5"]
   table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
   assert table.splitlines()[2].split() == ["x", "0.1235"]
 
@@ -131,8 +138,8 @@ def test_a_workdir_removes_only_what_it_wrote(tmp_path):
   run = tmp_path / "run"
   wd = common.Workdir(run)
   wd.write_config({"a": 1})
-  wd.append_metrics([{"round": 1, "x": 0.5}])
-  ours = runner.checkpoint_args(wd, runner.Options(), "fedavg", {"seed": 0})["checkpoint_dir"]
+  _append_metrics(wd, [{"round": 1, "x": 0.5}])
+  ours = wd.record(common.run_checkpoint_dir(wd.path, "fedavg", {"seed": 0}))
   os.makedirs(ours)
   wd.write_summary({"done": True})
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
@@ -160,13 +167,13 @@ def test_a_rerun_replaces_the_results_only_once_it_completes(tmp_path):
   run = tmp_path / "run"
   first = common.Workdir(run)
   first.write_config({"run": 1})
-  first.append_metrics([{"round": 1, "x": 1.0}])
+  _append_metrics(first, [{"round": 1, "x": 1.0}])
   first.save_figure(common.figure(), "plot.png")
   first.write_summary({"run": 1})
   del first
   second = common.Workdir(run)  # starts, streams, then dies before its summary
   second.write_config({"run": 2})
-  second.append_metrics([{"round": 1, "x": 2.0}])
+  _append_metrics(second, [{"round": 1, "x": 2.0}])
   assert json.loads((run / "config.json").read_text()) == {"run": 1}
   assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 1.0}]
   assert json.loads((run / "summary.json").read_text()) == {"run": 1}
@@ -176,14 +183,13 @@ def test_a_rerun_replaces_the_results_only_once_it_completes(tmp_path):
   third = common.Workdir(run)
   assert not (run / "in_progress" / "metrics.jsonl").exists()  # the partial outputs went
   third.write_config({"run": 3})
-  third.append_metrics([{"round": 1, "x": 3.0}])
+  _append_metrics(third, [{"round": 1, "x": 3.0}])
   third.write_summary({"run": 3})
   assert json.loads((run / "summary.json").read_text()) == {"run": 3}
   assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 3.0}]
   assert not (run / "plot.png").exists()  # the previous run's figure: not rewritten, gone
   assert sorted(common.read_manifest(str(run))) == ["config.json", "metrics.csv",
-                                                    "metrics.jsonl", "summary.json",
-                                                    "tensorboard"]
+                                                    "metrics.jsonl", "summary.json"]
 
 
 def test_a_folder_named_in_progress_that_fedco_did_not_write_is_left_alone(tmp_path):
@@ -237,14 +243,3 @@ def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.methods.feddro")
   assert "Traceback" not in proc.stderr
-
-
-def test_tensorboard_scalars_mirror_the_metrics(tmp_path):
-  wd = common.Workdir(tmp_path / "tb")
-  wd.append_metrics([{"round": 3, "algorithm": "feddro", "seed": 1, "loss": 0.25,
-                      "weights": [0.5, 0.5]}])
-  wd.write_summary({})
-  events = [f for f in os.listdir(tmp_path / "tb" / "tensorboard") if "tfevents" in f]
-  assert len(events) == 1
-  content = (tmp_path / "tb" / "tensorboard" / events[0]).read_bytes()
-  assert b"feddro/seed1/loss" in content and b"weights" not in content
