@@ -30,15 +30,13 @@ both the inner map (support sets) and the outer (its own query sets), which is
 statistics), so the MAML task loss applies it to the whole set (:class:`TaskMAML`) instead of
 vmapping over single images.
 
-Reported per evaluation (streamed to ``metrics.jsonl`` / ``metrics.csv`` while runs go, one
-row per ``method``, ``seed`` and evaluated ``round``; the meta-iteration is ``round *
-local_steps``): ``train_loss`` / ``train_acc`` (query cross-entropy and accuracy after
-adaptation on the first pre-drawn episode of every client: ``K * T`` training tasks) and
-``val_loss`` / ``val_acc`` (the same on ``val_tasks`` fresh tasks of the validation
-alphabets; one set for every seed and method, so comparisons are paired). Final values are
-those of the last evaluated round; ``test_acc`` is the final model's accuracy on
-``test_tasks`` tasks of the test alphabets. Adaptation at evaluation uses
-``eval_inner_steps`` steps.
+Reported per evaluation (the meta-iteration is ``round * local_steps``): ``train_loss`` /
+``train_acc`` (query cross-entropy and accuracy after adaptation on the first pre-drawn
+episode of every client: ``K * T`` training tasks) and ``val_loss`` / ``val_acc`` (the same
+on ``val_tasks`` fresh tasks of the validation alphabets; one set for every seed and method,
+so comparisons are paired). Final values are those of the last evaluated round;
+``test_acc`` is the final model's accuracy on ``test_tasks`` tasks of the test alphabets.
+Adaptation at evaluation uses ``eval_inner_steps`` steps.
 
     python -m experiments.main --config=experiments/configs/omniglot.py \
         --config.data_dir=~/tensorflow_datasets --workdir=runs/e4
@@ -49,20 +47,17 @@ those of the last evaluated round; ``test_acc`` is the final model's accuracy on
 
 Needs TFDS ``omniglot`` prepared as ``array_record`` (``tfds build omniglot
 --file_format=array_record``, once, with TensorFlow and network; see
-:mod:`fedco.data.sources`) under ``data_dir``. Writes ``config.json``, ``metrics.jsonl``,
-``metrics.csv``, ``summary.json`` (the alphabets of each part, final validation and test
-accuracy per method and seed, mean +- std over seeds, ``local_scgdm_val_acc_above_<label>``
-per seed) and ``curves.png`` (training loss and validation accuracy after adaptation
-against meta-iterations, mean +- std over seeds), prints the final table, and checkpoints
-every run under ``checkpoints/`` (rerunning resumes; the driver's ``--noresume`` starts
-over).
+:mod:`fedco.data.sources`) under ``data_dir``. Besides the runner's outputs, the summary
+holds the alphabets of each part, ``local_scgdm_val_acc_above_<label>`` per seed and
+``wall_seconds``; ``curves.png`` draws the training loss and validation accuracy after
+adaptation against meta-iterations, mean +- std over seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -77,24 +72,14 @@ EVAL_SEED = 12345    # one validation / test task set for every seed and method
 DRAWINGS = 20        # drawings per Omniglot character
 SPLIT_SEED = 0       # the "random" alphabet split does not change with config.seeds
 RECORD_KEYS = ("train_loss", "train_acc", "val_loss", "val_acc")
+TABLE_KEYS = ("val_acc", "train_loss", "train_acc", "val_loss")  # and test_acc with test tasks
+PROGRESS = "val_acc"
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
-def _build(method: runner.Method):
-  """``method.build()``; the factory's ``ValueError`` names the method's field."""
-  try:
-    return method.build()
-  except ValueError as err:
-    arg = (str(err).split() or [""])[0]
-    field = arg if arg in (*method.kwargs, "learning_rate") else ""
-    raise ValueError(f"--config.methods.{method.label}{'.' + field if field else ''} is "
-                     f"invalid for fedco.{method.algorithm}: {err}") from None
-
-
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``); runs nothing."""
-  settings = runner.check_shared(config)
+def check(config) -> None:
+  """E4's own fields (``ValueError`` naming ``--config.<field>``)."""
   if config.batch_size != 1:
     raise ValueError(f"--config.batch_size must be 1 (one episode per client and step: its "
                      f"support sets feed the inner map, its query sets the outer; the "
@@ -119,27 +104,14 @@ def check(config) -> Dict[str, Any]:
   if config.alphabet_split not in omniglot_data.SPLITS:
     raise ValueError(f"--config.alphabet_split must be one of {omniglot_data.SPLITS}, got "
                      f"{config.alphabet_split!r}")
-  try:
-    sizes = tuple(int(s) for s in config.split_sizes)
-  except (TypeError, ValueError):
-    raise ValueError(f"--config.split_sizes must be three integers (train, val, test), got "
-                     f"{config.split_sizes!r}") from None
-  if len(sizes) != 3 or sizes[0] < 1 or sizes[1] < 1 or sizes[2] < 0:
+  sizes = common.check_int_list("config.split_sizes", config.split_sizes, 0)
+  if len(sizes) != 3 or min(sizes[:2]) < 1:
     raise ValueError(f"--config.split_sizes must be three integers train >= 1, val >= 1, "
                      f"test >= 0, got {config.split_sizes!r}")
   if config.alphabet_split == "vinyals" and sizes != omniglot_data.VINYALS_SIZES:
     raise ValueError(f"--config.split_sizes: the vinyals split is "
                      f"{omniglot_data.VINYALS_SIZES}; use --config.alphabet_split=random for "
                      f"{sizes}")
-  iterations = settings["rounds"] * settings["local_steps"]
-  methods = runner.methods(config)
-  for m in methods:
-    _build(m)
-    if iterations % m.local_steps:
-      raise ValueError(f"--config.methods.{m.label}.local_steps must divide the {iterations} "
-                       f"meta-iterations (config.rounds * config.local_steps), got "
-                       f"{m.local_steps}")
-  return {**settings, "methods": methods, "split_sizes": sizes, "iterations": iterations}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,15 +183,18 @@ def _chunk_size(config, *sizes) -> int:
   return max(1, min(config.eval_chunk, max(sizes)))
 
 
-def schedule(method: runner.Method, settings) -> Dict[str, int]:
-  """A method's rounds and eval_every: the shared meta-iterations and evaluation points."""
-  rounds = settings["iterations"] // method.local_steps
-  every = settings["eval_every"] * settings["local_steps"] // method.local_steps
-  return {"rounds": rounds, "eval_every": max(1, min(every, rounds))}
+def methods(config, setup) -> List[runner.Method]:
+  """The config's methods, each with the ``rounds`` and ``eval_every`` of the shared
+  meta-iterations among its settings."""
+  del setup
+  return [dataclasses.replace(m, problem={**m.problem, **runner.same_iterations(config, m)})
+          for m in runner.methods(config)]
 
 
-def load_data(config, sizes):
-  """The Omniglot arrays and the alphabet split (``FileNotFoundError`` when missing)."""
+def setup(config) -> Dict[str, Any]:
+  """The Omniglot arrays and alphabet split (``FileNotFoundError`` when missing), the
+  validation and test tasks (one set for every run), the model and the MAML problem."""
+  start = time.perf_counter()
   try:
     data = omniglot_data.load_omniglot(config.data_dir or None)
   except FileNotFoundError:
@@ -227,117 +202,95 @@ def load_data(config, sizes):
         f"TFDS omniglot is not prepared as array_record under --config.data_dir="
         f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build omniglot "
         "--file_format=array_record; see fedco.data.sources)") from None
-  split = omniglot_data.split_alphabets(data, config.alphabet_split, sizes=sizes,
-                                        seed=SPLIT_SEED)
-  return data, split
+  split = omniglot_data.split_alphabets(data, config.alphabet_split, seed=SPLIT_SEED,
+                                        sizes=tuple(int(s) for s in config.split_sizes))
+  val = omniglot_data.evaluation_episode(data, split.val, EVAL_SEED, stream=1,
+                                         num_tasks=config.val_tasks, **_tasks(config))
+  model, meta = make_model(config)
+  out = {"start": start, "data": data, "split": split, "val": val, "test": None,
+         "model": model, "meta": meta, "problem": meta.problem("omniglot_maml")}
+  if config.test_tasks and split.test:
+    test = omniglot_data.evaluation_episode(data, split.test, EVAL_SEED, stream=2,
+                                            num_tasks=config.test_tasks, **_tasks(config))
+    chunks = jax.tree.map(jnp.asarray, chunked([test], _chunk_size(config, config.test_tasks)))
+    test_eval = jax.jit(lambda p, c: evaluate(meta, p, c, config.eval_inner_steps, 1))
+    out["test"] = lambda params: float(test_eval(params, chunks)["acc"][0])
+  return out
 
 
-def _task_kwargs(config):
+def _tasks(config):
   return {"ways": config.ways, "shots": config.shots, "query": config.query,
           "rotations": config.rotations}
 
 
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs E4 and writes the outputs; returns the summary."""
-  start = time.perf_counter()
-  settings = check(config)
-  data, split = load_data(config, settings["split_sizes"])
-  task = _task_kwargs(config)
-  val = omniglot_data.evaluation_episode(data, split.val, EVAL_SEED,
-                                         num_tasks=config.val_tasks, stream=1, **task)
-  test = None
-  if config.test_tasks and split.test:
-    test = omniglot_data.evaluation_episode(data, split.test, EVAL_SEED,
-                                            num_tasks=config.test_tasks, stream=2, **task)
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  model, meta = make_model(config)
-  problem = meta.problem("omniglot_maml")
-  steps = config.eval_inner_steps
-  test_eval = None
-  if test is not None:
-    test_eval = jax.jit(lambda p, c: evaluate(meta, p, c, steps, 1))
-    test_chunks = jax.tree.map(jnp.asarray, chunked([test], _chunk_size(config,
-                                                                         config.test_tasks)))
-  # every setting that shapes a run (data_dir is a location, not a setting)
-  shared = {k: config[k] for k in ("batch_size", "ways", "shots", "query",
-                                   "tasks_per_episode", "inner_lr", "inner_steps",
-                                   "eval_inner_steps", "first_order", "filters",
-                                   "alphabet_split", "rotations", "episodes_per_client",
-                                   "val_tasks", "eval_chunk")}
-  shared["split_sizes"] = list(settings["split_sizes"])
-  records, finals = [], {}
-  for seed in settings["seeds"]:
-    fed = omniglot_data.federated(data, split.train, seed,
-                                  tasks_per_episode=config.tasks_per_episode,
-                                  episodes_per_client=config.episodes_per_client, **task)
-    first = np.asarray(fed.flat_rows)[np.asarray(fed.offsets)]  # each client's first episode
-    train_eval = {k: np.asarray(v)[first].reshape((-1,) + np.shape(v)[2:])
-                  for k, v in fed.examples.items() if k != "task_weight"}
-    sizes = (train_eval["support_x"].shape[0], config.val_tasks)
-    eval_chunks = jax.tree.map(jnp.asarray, chunked([train_eval, val],
-                                                    _chunk_size(config, *sizes)))
-    params = init_cnn(model, (omniglot_data.IMAGE_SIZE, omniglot_data.IMAGE_SIZE, 1), seed)
+def prepare(config, seed, setup) -> Dict[str, Any]:
+  """A seed's client episodes, initial model and metrics (``fedco.simulate``'s arguments):
+  the training metrics on the first pre-drawn episode of every client."""
+  fed = omniglot_data.federated(setup["data"], setup["split"].train, seed,
+                                tasks_per_episode=config.tasks_per_episode,
+                                episodes_per_client=config.episodes_per_client, **_tasks(config))
+  first = np.asarray(fed.flat_rows)[np.asarray(fed.offsets)]  # each client's first episode
+  train = {k: np.asarray(v)[first].reshape((-1,) + np.shape(v)[2:])
+           for k, v in fed.examples.items() if k != "task_weight"}
+  sizes = (train["support_x"].shape[0], config.val_tasks)
+  chunks = jax.tree.map(jnp.asarray, chunked([train, setup["val"]],
+                                             _chunk_size(config, *sizes)))
+  meta = setup["meta"]
 
-    def metrics_fn(w, eval_chunks=eval_chunks):
-      out = evaluate(meta, w, eval_chunks, steps, 2)  # set 0: training tasks, 1: validation
-      return {"train_loss": out["loss"][0], "train_acc": out["acc"][0],
-              "val_loss": out["loss"][1], "val_acc": out["acc"][1]}
+  def metrics_fn(w):
+    out = evaluate(meta, w, chunks, config.eval_inner_steps, 2)  # 0: training, 1: validation
+    return {"train_loss": out["loss"][0], "train_acc": out["acc"][0],
+            "val_loss": out["loss"][1], "val_acc": out["acc"][1]}
 
-    for method in settings["methods"]:
-      plan = schedule(method, settings)
-      run_records = []
-      result = runner.simulate_method(
-          method, seed, problem=problem, algorithm=method.build(), data=fed, params=params,
-          wd=wd, options=options, writers=writers, settings={**shared, **plan},
-          finals=finals, records=run_records, progress_metric="val_acc",
-          record_keys=RECORD_KEYS, rounds=plan["rounds"], batch_size=1,
-          paired_batches=True, evaluate=False, eval_every=plan["eval_every"],
-          metrics_fn=metrics_fn)
-      for r in run_records:
-        r["iteration"] = r["round"] * method.local_steps
-      records.extend(run_records)
-      if result is None:  # diverged: reported by its note
-        continue
-      final = finals[method.label][seed]
-      final["iteration"] = final["round"] * method.local_steps
-      if test_eval is not None:
-        final["test_acc"] = float(test_eval(result.params, test_chunks)["acc"][0])
-  summary = summarize(finals, settings, config, test is not None)
-  summary["alphabets"] = {part: [data.alphabet_names[a] for a in getattr(split, part)]
-                          for part in ("train", "val", "test")}
-  summary["wall_seconds"] = time.perf_counter() - start
-  plot_curves(wd, records, config, [m.label for m in settings["methods"]])
-  wd.write_summary(summary)  # last: it moves the outputs into place
-  if options.progress:
-    print(common.format_table(summary["table"]))
-    print(f"wall time {summary['wall_seconds']:.1f} s")
-  return summary
+  shape = (omniglot_data.IMAGE_SIZE, omniglot_data.IMAGE_SIZE, 1)
+  return {"problem": setup["problem"], "data": fed, "metrics_fn": metrics_fn,
+          "params": init_cnn(setup["model"], shape, seed)}
 
 
-def summarize(finals, settings, config, has_test: bool) -> Dict[str, Any]:
-  keys = ("val_acc", "train_loss", "train_acc", "val_loss") + (("test_acc",) if has_test else ())
-  per_method, table = common.seed_statistics(finals, keys)
-  summary = {"setting": f"{config.ways}-way {config.shots}-shot",
-             "rounds": settings["rounds"], "local_steps": settings["local_steps"],
-             "iterations": settings["iterations"], "seeds": list(settings["seeds"]),
-             "methods": per_method, "table": table,
-             "settings": {m.label: {**m.settings(), **schedule(m, settings)}
-                          for m in settings["methods"]}}
+def build(config, method, seed, prepared) -> runner.Run:
+  del seed
+  return runner.Run(algorithm=method.build(), **prepared, record_keys=RECORD_KEYS,
+                    simulate={"paired_batches": True, "evaluate": False},
+                    **runner.same_iterations(config, method))
+
+
+def finish(config, method, seed, result, final):
+  del config, seed, result
+  final["iteration"] = final["round"] * method.local_steps
+
+
+def summarize(config, outcome) -> Dict[str, Any]:
+  """``test_acc`` of every final model (a table column when there are test tasks), the
+  setting, the alphabets and ``local_scgdm_val_acc_above_<label>`` per seed."""
+  s, finals = outcome.setup, outcome.finals
+  if s["test"] is not None:
+    for (label, seed), result in outcome.results.items():
+      finals[label][seed]["test_acc"] = s["test"](result.params)
+    outcome.per_method, outcome.table = common.seed_statistics(finals,
+                                                               TABLE_KEYS + ("test_acc",))
+  summary = {"setting": f"{config.ways}-way {config.shots}-shot", "rounds": config.rounds,
+             "local_steps": config.local_steps, "iterations": config.rounds * config.local_steps}
   if "local_scgdm" in finals:
     val = lambda label, seed: finals[label].get(seed, {}).get("val_acc", float("nan"))
     for other in finals:
       if other != "local_scgdm":
         summary[f"local_scgdm_val_acc_above_{other}"] = {
-            seed: val("local_scgdm", seed) > val(other, seed) for seed in settings["seeds"]}
+            seed: val("local_scgdm", seed) > val(other, seed) for seed in outcome.seeds}
+  summary["alphabets"] = {part: [s["data"].alphabet_names[a] for a in getattr(s["split"], part)]
+                          for part in ("train", "val", "test")}
+  summary["wall_seconds"] = time.perf_counter() - s["start"]
   return summary
 
 
-def plot_curves(wd, records, config, labels):
+def report(summary) -> List[str]:
+  return [f"wall time {summary['wall_seconds']:.1f} s"]
+
+
+def plot(wd, config, outcome):
   """``curves.png`` (see :func:`figure`)."""
-  fig = figure(records, config, labels)
+  steps = {m.label: m.local_steps for m in outcome.methods}
+  records = [{**r, "iteration": r["round"] * steps[r["method"]]} for r in outcome.records]
+  fig = figure(records, config, outcome.labels)
   common.save_with_legend(wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines))
 
 
@@ -360,8 +313,7 @@ def figure(records, config, labels):
       line.set_marker(MARKERS[i % len(MARKERS)])
       line.set_markersize(3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("meta-iteration (round x local_steps)")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="meta-iteration (round x local_steps)", ylabel=ylabel)
     ax.set_title(f"Omniglot {config.ways}-way {config.shots}-shot: {title}", fontsize=9)
     ax.grid(alpha=0.3)
   return fig

@@ -27,6 +27,7 @@ from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
 
 MOCK_EXAMPLES = 300
+QUIET = runner.Options(progress=False)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -256,7 +257,7 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
   for label in ("comfedl", "local_scgd"):
     del config.methods[label]
   with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
-    summary = e4.run(config, str(tmp_path), runner.Options(progress=False))
+    summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "curves.png"):
     assert os.path.exists(tmp_path / name), name
   records = common.read_jsonl(tmp_path / "metrics.jsonl")  # streamed by the runtime
@@ -302,8 +303,8 @@ def test_e4_defaults_are_the_paper_settings():
   assert config.alphabet_split == "vinyals" and tuple(config.split_sizes) == (33, 5, 12)
   assert config.filters == 64 and config.rotations and config.batch_size == 1
   assert (config.rounds, config.local_steps, config.learning_rate) == (1000, 5, 0.1)
-  settings = e4.check(config)
-  methods = {m.label: m for m in settings["methods"]}
+  assert e4.check(config) is None
+  methods = {m.label: m for m in e4.methods(config, None)}
   assert set(methods) == {"local_scgdm", "comfedl", "local_scgd"}
   for label, method in methods.items():
     alg = method.build()
@@ -316,7 +317,8 @@ def test_e4_defaults_are_the_paper_settings():
   assert methods["local_scgdm"].build().plan.every_round == ("u", "m")
   # a method with its own local_steps keeps the meta-iterations and evaluation points
   own = dataclasses.replace(methods["comfedl"], local_steps=10)
-  assert e4.schedule(own, settings) == {"rounds": 500, "eval_every": 5}
+  assert runner.same_iterations(config, own) == {"rounds": 500, "eval_every": 5}
+  assert methods["comfedl"].settings()["rounds"] == 1000
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -335,12 +337,11 @@ def test_e4_defaults_are_the_paper_settings():
     (dict(test_tasks=-1), "--config.test_tasks"),
     (dict(local_steps=0), "--config.local_steps"),
 ])
-def test_bad_fields_name_the_field(changes, field):
+def test_bad_fields_name_the_field(tmp_path, changes, field):
   config = e4_config.get_config()
   for key, value in changes.items():
     setattr(config, key, value)
-  with pytest.raises(ValueError, match=field):
-    e4.check(config)
+  _refused(config, tmp_path, field)  # before the data is read
 
 
 @pytest.mark.parametrize("label,key,value,field", [
@@ -349,17 +350,25 @@ def test_bad_fields_name_the_field(changes, field):
     ("local_scgd", "gamma", 1.5, "--config.methods.local_scgd.gamma"),
     ("comfedl", "local_steps", 3, "--config.methods.comfedl.local_steps must divide"),
 ])
-def test_bad_method_fields_name_the_field(label, key, value, field):
-  config = e4_config.get_config()
+def test_bad_method_fields_name_the_field(tmp_path, monkeypatch, mock, label, key, value,
+                                         field):
+  config = _tiny()
   config.methods[label][key] = value
-  with pytest.raises(ValueError, match=field):
-    e4.check(config)
+  monkeypatch.setattr(om, "load_omniglot", lambda data_dir: mock)  # read once per module
+  _refused(config, tmp_path, field)
+
+
+def _refused(config, tmp_path, field):
+  with pytest.raises(ValueError, match=field) as err:
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
+  assert "\n" not in str(err.value)
+  assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_missing_omniglot_is_one_line_naming_the_field(tmp_path):
   with pytest.raises(FileNotFoundError) as err:
-    e4.run(_tiny(data_dir=str(tmp_path / "empty")), str(tmp_path / "out"),
-           runner.Options(progress=False))
+    runner.train_and_evaluate(_tiny(data_dir=str(tmp_path / "empty")), str(tmp_path / "out"),
+                              QUIET)
   assert "\n" not in str(err.value) and "--config.data_dir" in str(err.value)
   assert not (tmp_path / "out").exists()  # refused before anything was written
 

@@ -113,7 +113,7 @@ def e3_tiny(tmp_path_factory):
   config = tiny(rounds=3, eval_every=2)
   for label in ("local_scgd", "local_moml"):
     del config.methods[label]
-  summary = sinusoid.run(config, workdir, QUIET)
+  summary = runner.train_and_evaluate(config, workdir, QUIET)
   return workdir, summary
 
 
@@ -154,33 +154,36 @@ def test_e3_rounds_past_the_last_evaluation_keep_finite_finals(e3_tiny):
 
 def test_e3_builds_each_method_with_the_paper_settings():
   config = get_config()
-  settings = sinusoid.check(config)
-  methods = {m.label: m for m in sinusoid.runs(settings, config)}
+  assert sinusoid.check(config) is None
+  methods = {m.label: m for m in sinusoid.methods(config, None)}
   assert set(methods) == {"local_scgdm", "comfedl", "local_scgd", "local_moml"}
   for label, method in methods.items():
     alg = method.build()
     assert alg.name == method.algorithm and alg.plan.local_steps == 5
-    assert sinusoid.schedule(method, settings) == {"rounds": 600, "eval_every": 25}
+    assert runner.same_iterations(config, method) == {"rounds": 600, "eval_every": 25}
+    assert method.settings()["rounds"] == 600 and method.settings()["eval_every"] == 25
   assert methods["local_scgdm"].build().plan.every_round == ("u", "m")
   assert methods["local_moml"].build().plan.every_round == ()
   for ablation in ("gamma", "alpha", "local_steps"):
     config = get_config()
     config.ablation = ablation
-    settings = sinusoid.check(config)
-    runs = sinusoid.runs(settings, config)
+    sinusoid.check(config)
+    runs = sinusoid.methods(config, None)
     values = [m.local_steps if ablation == "local_steps" else m.kwargs[ablation]
               for m in runs]
     assert values == list(sinusoid.ABLATION_DEFAULTS[ablation])
     assert all(m.algorithm == "local_scgdm" and m.learning_rate == 1.0 for m in runs)
     assert [m.label for m in runs] == [f"local_scgdm_{ablation}={v:g}" for v in values]
   # the local_steps ablation keeps the 3000 meta-iterations and the evaluation points
-  assert [sinusoid.schedule(m, settings) for m in runs] == [
-      {"rounds": 3000, "eval_every": 125}, {"rounds": 1500, "eval_every": 62},
-      {"rounds": 600, "eval_every": 25}, {"rounds": 300, "eval_every": 12}]
+  schedules = [{"rounds": 3000, "eval_every": 125}, {"rounds": 1500, "eval_every": 62},
+               {"rounds": 600, "eval_every": 25}, {"rounds": 300, "eval_every": 12}]
+  assert [runner.same_iterations(config, m) for m in runs] == schedules
+  assert [{k: m.settings()[k] for k in ("rounds", "eval_every")} for m in runs] == schedules
 
 
 def test_e3_local_steps_ablation_keeps_the_iterations(tmp_path):
-  sinusoid.run(tiny(ablation="local_steps", ablation_values=(1,)), str(tmp_path), QUIET)
+  runner.train_and_evaluate(tiny(ablation="local_steps", ablation_values=(1,)), str(tmp_path),
+                            QUIET)
   summary, records = _outputs(str(tmp_path))
   assert set(summary["methods"]) == {"local_scgdm_local_steps=1"}
   assert summary["settings"]["local_scgdm_local_steps=1"]["rounds"] == 10
@@ -219,15 +222,16 @@ def _set(config, path, value):
     ({"ablation": "alpha", "ablation_values": ("x",)}, "--config.ablation_values"),
     ({"first_order": "yes"}, "--config.first_order"),
 ])
-def test_bad_config_fields_raise_naming_the_field(changes, field):
-  config = get_config()
+def test_bad_config_fields_raise_naming_the_field(tmp_path, changes, field):
+  config = tiny()
   for path, value in changes.items():
     _set(config, path, value)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")) as err:
-    sinusoid.check(config)
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
   assert "\n" not in str(err.value)
+  assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_bad_workdir_raises():
   with pytest.raises(ValueError, match="--workdir"):
-    sinusoid.run(tiny(), "", QUIET)
+    runner.train_and_evaluate(tiny(), "", QUIET)

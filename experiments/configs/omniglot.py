@@ -7,11 +7,11 @@
 
 import ml_collections
 
+from experiments import configs
 
-def get_config(mode: str = ""):
+
+def get_config():
   """E4 at paper 003's 5-way 1-shot settings (1000 rounds of 5 local steps)."""
-  if mode:
-    raise ValueError(f"the omniglot config has no modes (E4 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "omniglot"
   config.data_dir = ""  # TFDS data_dir holding omniglot as array_record ("": TFDS's default)
@@ -42,7 +42,7 @@ def get_config(mode: str = ""):
   config.val_tasks = 100  # validation tasks evaluated every eval_every rounds
   config.test_tasks = 600  # test tasks evaluated on each final model (0: none)
   config.eval_chunk = 25  # tasks per vectorised evaluation chunk (memory)
-  config.methods = ml_collections.ConfigDict({
+  config.methods = configs.methods({
       # eta = 1 (its learning_rate), beta: the meta step coefficient, alpha: momentum rate,
       # gamma: tracker rate (alpha * eta and gamma * eta in (0, 1)).
       "local_scgdm": {"algorithm": "local_scgdm", "learning_rate": 1.0, "beta": 0.1,

@@ -7,11 +7,11 @@ Local-SCGDM's ablations (paper Figs. 3-5): ``--config.ablation=gamma`` (or ``loc
 
 import ml_collections
 
+from experiments import configs
 
-def get_config(mode: str = ""):
+
+def get_config():
   """E3 at paper 003's settings (3000 meta-iterations: 600 rounds of 5 local steps)."""
-  if mode:
-    raise ValueError(f"the sinusoid config has no modes (E3 has one setting), got {mode!r}")
   config = ml_collections.ConfigDict()
   config.experiment = "sinusoid"
   config.seeds = (0, 1, 2)
@@ -34,7 +34,7 @@ def get_config(mode: str = ""):
   config.query_shots = 10  # query points per task
   config.test_tasks = 600  # unseen test tasks (one set for every seed and method)
   config.episodes_per_client = 1000  # pre-drawn training episodes per client
-  config.methods = ml_collections.ConfigDict({
+  config.methods = configs.methods({
       # eta = 1 (its learning_rate), beta: the meta step coefficient, alpha: momentum rate,
       # gamma: tracker rate (alpha * eta and gamma * eta in (0, 1)).
       "local_scgdm": {"algorithm": "local_scgdm", "learning_rate": 1.0, "beta": 0.01,
