@@ -17,7 +17,7 @@ The compared methods are ``config.methods`` (the paper's settings: ``local_steps
 * DRFL (``drfa``) with client-weight rate ``weights_lr = 0.08``;
 * q-FedAvg (``qfedavg``) with ``q = 0.2``;
 * FedAvg (``fedavg``) with sample-weighted averaging;
-* with ``dro_fl.py:extended``, also SCAFFOLD (``scaffold``), FedProx (``fedprox``,
+* with ``dro_fl_extended.py``, also SCAFFOLD (``scaffold``), FedProx (``fedprox``,
   ``mu = 0.01``) and FedAdam (``fedadam``, ``server_lr = 0.01``), on the plain loss as FedAvg.
 
 Reported per evaluation (streamed to ``metrics.jsonl`` / ``metrics.csv`` while runs go):
@@ -30,7 +30,7 @@ accuracy minus FedAvg's, paired by seed (``against_fedavg``).
 validation (seeds ``select_seeds``), then reports test over ``config.seeds``.
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
-    python -m experiments.main --config=experiments/configs/dro_fl.py:grid --workdir=runs/e1g
+    python -m experiments.main --config=experiments/configs/dro_fl_grid.py --workdir=runs/e1g
 
 ``dataset = "digits"`` (scikit-learn's bundled 8x8 digits, cut into 899 training and 898 test
 images) is the offline default, scaled to its size: one client with 500 training images,

@@ -5,7 +5,7 @@ The step-imbalanced training split (the first half of the classes keep their las
 random over ``config.num_clients`` (8) clients. The problem is sample-level KL-DRO (SPEC 4.2,
 global-inner)::
 
-    min_x  lam log( 1/N sum_i exp(l_i(x) / lam) )       g = mean_i exp((l_i - shift)/lam), f = lam log
+    min_x  lam log( 1/N sum_i exp(l_i(x) / lam) )     g = mean_i exp((l_i - shift)/lam), f = lam log
 
 with ``l_i`` the cross-entropy of a ResNet20 (flax, GroupNorm: fedco's losses are
 per-example, see :mod:`fedco.models.resnet`; ``config.model``). The compared methods are
@@ -30,8 +30,7 @@ so they all see the same number of examples per step. Every rate is
 divided by 10 after ``config.lr_drop_round`` (90) rounds, through an optax schedule counted
 in local steps.
 
-Reported at round 1 and every ``config.eval_every`` rounds (streamed to ``metrics.jsonl`` /
-``metrics.csv`` while runs go, one row per ``method``, ``seed`` and round): top-1 accuracy on
+Reported at round 1 and every ``config.eval_every`` rounds: top-1 accuracy on
 the training split (the imbalanced one) and the test split, the test accuracy of the
 minority half of the classes, and the KL-DRO objective on each split.
 ``config.ablation = "local_steps"`` runs the ``feddro`` / ``ds_feddro`` methods over
@@ -50,10 +49,9 @@ minority half of the classes, and the KL-DRO objective on each split.
 
 CIFAR needs the TFDS data prepared in ``array_record`` format (see :mod:`fedco.data.sources`);
 a ResNet20 step on 128 images is about a second on a 2-core CPU, so the paper-sized runs are
-for an accelerator. Writes ``config.json``, ``metrics.jsonl``, ``metrics.csv``,
-``summary.json`` (per method: the final metrics of each seed, their mean and std, and the
-method's settings) and ``accuracy.png`` (four panels against rounds: train and test
-accuracy, minority-class test accuracy, train objective; mean +- std over seeds).
+for an accelerator. Besides the runner's outputs, writes ``accuracy.png`` (four panels
+against rounds: train and test accuracy, minority-class test accuracy, train objective;
+mean +- std over seeds) and prints the wall time.
 """
 
 from __future__ import annotations
@@ -82,13 +80,12 @@ LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
 ABLATION_DEFAULT = (1, 2, 4, 8, 16, 32)
 MODELS = ("resnet20", "cnn4", "linear")
 TABLE_KEYS = ("test_acc", "train_acc", "test_minority_acc", "train_objective")
+PROGRESS = "test_acc"
 _EVAL_CHUNK = 256
-# Line styles and markers cycled over the methods, so lines that coincide stay visible.
 
 
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``); runs nothing."""
-  settings = runner.check_shared(config)
+def check(config) -> None:
+  """E5's own fields and methods (``ValueError`` naming ``--config.<field>``)."""
   if config.dataset not in imbalanced.ST_DATASETS:
     raise ValueError(f"--config.dataset must be one of {imbalanced.ST_DATASETS}, got "
                      f"{config.dataset!r}")
@@ -106,8 +103,8 @@ def check(config) -> Dict[str, Any]:
   common.check_positive("config.lam", config.lam)
   common.check_real("config.shift", config.shift)
   common.check_real("config.keep_fraction", config.keep_fraction, low=0.0, high=1.0)
-  methods = runner.methods(config)
-  for m in methods:
+  compared = runner.methods(config, extra_keys=())  # their factories check their arguments
+  for m in compared:
     where = f"--config.methods.{m.label}"
     if m.algorithm not in PROBLEMS:
       raise ValueError(f"{where}.algorithm must be one of {tuple(PROBLEMS)} (E5's methods), "
@@ -115,33 +112,20 @@ def check(config) -> Dict[str, Any]:
     if "num_examples" in m.kwargs:
       raise ValueError(f"{where}.num_examples is set by the experiment (the training rows); "
                        "leave it out")
-    if "beta" in m.kwargs:
-      common.check_real(f"config.methods.{m.label}.beta", m.kwargs["beta"], low=0.0, high=1.0)
-    if m.algorithm == "fastdro":
-      geometry, size = m.kwargs.get("geometry", "chi2"), m.kwargs.get("size", 1.0)
-      if geometry not in ("chi2", "cvar"):
-        raise ValueError(f"{where}.geometry must be 'chi2' or 'cvar', got {geometry!r}")
-      if geometry == "cvar":
-        common.check_real(f"config.methods.{m.label}.size", size, low=0.0, high=1.0)
-      else:
-        common.check_positive(f"config.methods.{m.label}.size", size)
-    for name in ("server_lr_x", "server_lr_y", "weights_lr"):
-      if name in m.kwargs:
-        common.check_positive(f"config.methods.{m.label}.{name}", m.kwargs[name])
-  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
-  if values and not any(m.algorithm in LOCAL for m in methods):
+  if (runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
+      and not any(m.algorithm in LOCAL for m in compared)):
     raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
                      "--config.methods")
-  return {**settings, "methods": methods, "ablation_values": values}
 
 
-def runs(settings) -> List[runner.Method]:
-  """The methods run: the config's, or the feddro / ds_feddro ones once per ablation value."""
-  if not settings["ablation_values"]:
-    return list(settings["methods"])
-  return [m.variant(f"{m.label}_local_steps={v}", local_steps=v)
-          for m in settings["methods"] if m.algorithm in LOCAL
-          for v in settings["ablation_values"]]
+def methods(config, setup=None) -> List[runner.Method]:
+  """The config's methods, or its feddro / ds_feddro ones once per ablation value."""
+  del setup
+  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
+  compared = runner.methods(config, extra_keys=())
+  if not values:
+    return compared
+  return [v for m in compared if m.algorithm in LOCAL for v in runner.ablated(config, m, values)]
 
 
 def load(config):
@@ -168,23 +152,52 @@ def make_model(config, num_classes: int):
   return LogisticRegression(num_classes)
 
 
+def setup(config):
+  """The data (loaded once), the model, the loss and the metrics every run shares."""
+  start = time.perf_counter()
+  train, test = load(config)
+  num_classes = sources.num_classes(config.dataset)
+  if config.model != "linear":
+    train, test = as_images(train), as_images(test)
+  model = make_model(config, num_classes)
+  return {"start": start, "train": train, "test": test, "num_classes": num_classes,
+          "model": model,
+          "loss": lambda params, e: cross_entropy(model.apply(params, e["x"]), e["y"]),
+          "metrics_fn": metrics_fn_for(model.apply, train, test, num_classes, config),
+          "examples": {"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])}}
+
+
+def prepare(config, seed, setup):
+  """The seed's equal random split over the clients and its initial model."""
+  examples = setup["examples"]
+  parts = partition.iid(len(examples["y"]), config.num_clients, seed)
+  return {**setup, "data": fedco.FederatedData.from_index_lists(examples, parts),
+          "params": setup["model"].init(jax.random.PRNGKey(seed), examples["x"][0])}
+
+
 def schedule(config, method: runner.Method):
   """The method's rate, divided by 10 after ``config.lr_drop_round`` rounds (counted in its
   local steps: 1 for a method without them)."""
-  steps = (method.local_steps if "local_steps" in inspect.signature(method.factory).parameters
-           else 1)
+  steps = (method.local_steps if "local_steps" in
+           inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters else 1)
   return optax.piecewise_constant_schedule(method.learning_rate,
                                            {config.lr_drop_round * steps: 0.1})
 
 
-def make(method: runner.Method, config, loss, num_examples: int):
-  """The problem and algorithm of one run."""
+def build(config, method, seed, prepared) -> runner.Run:
+  """One run: the KL-DRO problem (the plain loss for FastDRO and primal-dual SGD) and the
+  method on the scheduled rate."""
+  del seed
+  loss = prepared["loss"]
   if PROBLEMS[method.algorithm] == "erm":
     problem = fedco.plain(loss)
   else:
     problem = fedco.problems.sample_kl_dro(loss, config.lam, shift=config.shift)
-  extra = {"num_examples": num_examples} if method.algorithm == "primal_dual_dro" else {}
-  return problem, method.build(learning_rate=schedule(config, method), **extra)
+  extra = ({"num_examples": len(prepared["train"]["y"])}
+           if method.algorithm == "primal_dual_dro" else {})
+  return runner.Run(problem, method.build(learning_rate=schedule(config, method), **extra),
+                    prepared["data"], prepared["params"], metrics_fn=prepared["metrics_fn"],
+                    simulate={"evaluate": False})
 
 
 def as_images(split):
@@ -236,72 +249,31 @@ def metrics_fn_for(apply_fn, train, test, num_classes, config):
     return acc, minority_acc, objective
 
   def metrics_fn(params):
-    out = {}
-    for name, (x, y, real) in splits.items():
-      acc, minority_acc, objective = per_split(params, x, y, real)
-      out[f"{name}_acc"] = acc
-      out[f"{name}_minority_acc"] = minority_acc
-      out[f"{name}_objective"] = objective
-    return out
+    return {f"{name}_{key}": value for name, arrays in splits.items()
+            for key, value in zip(("acc", "minority_acc", "objective"),
+                                  per_split(params, *arrays))}
 
   return metrics_fn
 
 
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs E5 (or its ablation over local steps) and writes the outputs; returns the summary."""
-  start = time.perf_counter()
-  settings = check(config)
-  train, test = load(config)
-  num_classes = sources.num_classes(config.dataset)
-  if config.model != "linear":
-    train, test = as_images(train), as_images(test)
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  model = make_model(config, num_classes)
-  apply_fn = model.apply
-  loss = lambda params, e: cross_entropy(apply_fn(params, e["x"]), e["y"])
-  metrics_fn = metrics_fn_for(apply_fn, train, test, num_classes, config)
-  examples = {"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])}
-  # What shapes a run besides its method and seed (its checkpoint hash).
-  shared = {k: v for k, v in config.to_dict().items()
-            if k not in ("seeds", "methods", "ablation", "ablation_values", "learning_rate",
-                         "local_steps")}
-  methods = runs(settings)
-  records, finals = [], {}
-  for seed in settings["seeds"]:
-    parts = partition.iid(len(train["y"]), config.num_clients, seed)
-    data = fedco.FederatedData.from_index_lists(examples, parts)
-    params = model.init(jax.random.PRNGKey(seed), examples["x"][0])
-    for method in methods:
-      problem, algorithm = make(method, config, loss, len(train["y"]))
-      runner.simulate_method(
-          method, seed, problem=problem, algorithm=algorithm, data=data, params=params,
-          wd=wd, options=options, writers=writers, settings=shared, finals=finals,
-          records=records, progress_metric="test_acc", rounds=settings["rounds"],
-          batch_size=settings["batch_size"] or None, evaluate=False,
-          eval_every=settings["eval_every"], metrics_fn=metrics_fn)
-  summary = summarize(finals, settings, config, methods, time.perf_counter() - start,
-                      {"train_examples": int(len(train["y"])),
-                       "test_examples": int(len(test["y"])), "num_classes": num_classes})
-  fig, legend_ax = plot(records, config, [m.label for m in methods])
+def summarize(config, outcome) -> Dict[str, Any]:
+  s = outcome.setup
+  return {"dataset": f"{config.dataset}-ST", "model": config.model, "rounds": config.rounds,
+          "num_clients": config.num_clients,
+          "data": {"train_examples": int(len(s["train"]["y"])),
+                   "test_examples": int(len(s["test"]["y"])), "num_classes": s["num_classes"]},
+          "seconds": time.perf_counter() - s["start"]}
+
+
+def report(summary) -> List[str]:
+  return [f"wall time {summary['seconds']:.1f} s"]
+
+
+def plot(wd, config, outcome):
+  """``accuracy.png`` (see :func:`figure`)."""
+  fig, legend_ax = figure(outcome.records, config, outcome.labels)
   common.save_with_legend(wd, fig, legend_ax, "accuracy.png", legend=bool(legend_ax.lines),
                           fontsize=8)
-  wd.write_summary(summary)
-  if options.progress:
-    print(common.format_table(summary["table"]))
-    print(f"wall time {summary['seconds']:.1f} s")
-  return summary
-
-
-def summarize(finals, settings, config, methods, seconds, data) -> Dict[str, Any]:
-  per_method, table = common.seed_statistics(finals, TABLE_KEYS)
-  return {"dataset": f"{config.dataset}-ST", "model": config.model,
-          "rounds": settings["rounds"], "num_clients": config.num_clients,
-          "seeds": list(settings["seeds"]), "data": data, "methods": per_method,
-          "table": table, "settings": {m.label: m.settings() for m in methods},
-          "seconds": seconds}
 
 
 # What a panel's value is, and why it can be 0 everywhere (written in an all-zero panel).
@@ -315,7 +287,7 @@ PANELS = (("train_acc", "train accuracy", ""),
           ("train_objective", "train KL-DRO objective", ""))
 
 
-def plot(records, config, labels):
+def figure(records, config, labels):
   """The four panels against rounds; returns ``(figure, legend axes)``. One line per method
   (mean over seeds, +- std band), each with its own line style and marker; a panel whose
   values are all 0 (or missing) says what it measures and why instead of drawing flat

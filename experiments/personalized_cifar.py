@@ -31,10 +31,11 @@ the inner map is ``w - a grad l(w; x, y)`` per image, its batch mean the adapted
 support batch; the outer the loss on an independent query batch; exact second order unless
 ``config.first_order``, which also makes FedMAML's exact step its first-order one).
 
-**Evaluation** ("validation loss and accuracy after one personalization step"): a
-``fedco.runtime.RoundAction`` at round 0, every ``eval_every`` rounds and at the last
-round: each client ``k`` takes the server model, makes ONE gradient step on the mean loss
-over ALL of its training images (deterministic; the rate is the method's
+**Evaluation** ("validation loss and accuracy after one personalization step"): the run's
+host evaluation (``runner.Run.evaluate``: it sees the whole simulation state, Ditto's
+personal models and TR-MAML's weights) at round 0, every ``eval_every`` rounds and at the
+last round: each client ``k`` takes the server model, makes ONE gradient step on the mean
+loss over ALL of its training images (deterministic; the rate is the method's
 ``problem.inner_lr``, or ``problem.finetune_lr`` for a method on the cross-entropy) and is
 scored on its validation set.
 Ditto's clients are scored with their personal models as they are (no extra step). Reported:
@@ -42,8 +43,7 @@ mean and worst client validation accuracy, mean and worst validation loss, the s
 accuracy/loss of the shared model without personalisation (``*_global``), the per-client
 accuracies (``val_acc_clients``), and TR-MAML's client weights ``p``. The evaluation is one
 jitted program (``lax.map`` over chunks of ``eval_chunk`` clients, each chunk vmapped)
-shared by all methods; as an action it sees the whole simulation state (Ditto's personal
-models, TR-MAML's weights) and its rows are streamed and checkpointed with the run.
+shared by all methods.
 
 Ablations (ComFedL-DAMAML, ``methods.comfedl_damaml``, only; the paper's Figs. 5-6):
 ``config.ablation = "local_steps"`` (1, 2, 5, 10), ``"gamma"`` (0.1, 0.5, 1, 5: the paper's
@@ -55,13 +55,13 @@ Datasets: ``dataset = "cifar10"`` reads TFDS ``cifar10`` prepared as array_recor
 repetition to 16x16x1, the smallest input ``CNN4``'s four 2x2 pools accept, and
 ``per_client`` defaults to 120 (each class must supply ``per_client`` images: the 10
 clients together take ``rho + 9 (1 - rho)/9 = 1`` client's worth of every class). The
-``:digits`` config mode sets it with its 30 rounds::
+variant config ``personalized_cifar_digits.py`` sets it with its 30 rounds::
 
-    python -m experiments.main --config=experiments/configs/personalized_cifar.py:digits \
+    python -m experiments.main --config=experiments/configs/personalized_cifar_digits.py \
         --workdir=runs/e2                                                        # offline
     python -m experiments.main --config=experiments/configs/personalized_cifar.py \
         --config.data_dir=~/tensorflow_datasets --workdir=runs/e2
-    python -m experiments.main --config=experiments/configs/personalized_cifar.py:digits \
+    python -m experiments.main --config=experiments/configs/personalized_cifar_digits.py \
         --config.ablation=rho --workdir=runs/e2_rho
 
 Rounds: the paper gives none. The default 300 for CIFAR-10 (500 images per client: 300
@@ -89,12 +89,9 @@ fedco's simulator runs every local step) than outside (jax issue #12868). ``CNN4
 (``fedco.models.layers``; same parameters and values); ``"xla"`` forces
 ``lax.conv_general_dilated``.
 
-Writes ``config.json``, ``metrics.jsonl`` and ``metrics.csv`` (one row per evaluation and
-run, field ``method``, streamed while runs go; the CSV without the per-client lists),
-``summary.json`` (per-seed final values and mean/std over seeds per method) and
-``curves.png`` (mean validation loss, mean and worst accuracy against rounds, mean +- std
-over seeds); prints the final table; checkpoints every run under ``checkpoints/`` (rerunning
-resumes; the driver's ``--noresume`` starts over).
+Besides the runner's outputs (one metrics row per evaluation and run; the CSV without the
+per-client lists), writes ``curves.png`` (mean validation loss, mean and worst accuracy
+against rounds, mean +- std over seeds) and the clients' sizes in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -122,25 +119,17 @@ NUM_CLIENTS = 10
 NUM_CLASSES = 10
 ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.5, 1.0, 5.0),
                      "rho": (0.1, 0.28, 0.6, 0.8)}
-FINAL_KEYS = ("val_acc_avg", "val_acc_worst", "val_loss_avg", "val_loss_worst",
+TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "val_loss_avg", "val_loss_worst",
               "val_acc_global_avg", "val_loss_global_avg")
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
+PROGRESS = "val_acc_avg"
 
 
 def _check_rho(name, value) -> float:
   return common.check_real(name, value, low=0.0, high=1.0, low_open=False)
 
 
-def _check_bool(name, value) -> bool:
-  if not isinstance(value, bool):
-    raise ValueError(f"--{name} must be True or False, got {value!r}")
-  return value
-
-
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``); runs nothing."""
-  settings = runner.check_shared(config)
+def check(config) -> None:
+  """E2's own fields and methods' problems (``ValueError`` naming ``--config.<field>``)."""
   if config.dataset not in DATASETS:
     raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
   if not isinstance(config.data_dir, str):
@@ -150,16 +139,16 @@ def check(config) -> Dict[str, Any]:
   _check_rho("config.rho", config.rho)
   for name in ("filters", "eval_chunk"):
     common.check_int(f"config.{name}", config[name], 1)
-  _check_bool("config.first_order", config.first_order)
+  if not isinstance(config.first_order, bool):
+    raise ValueError(f"--config.first_order must be True or False, got {config.first_order!r}")
   if config.conv_impl not in models.layers.CONV_IMPLS:
     raise ValueError(f"--config.conv_impl must be one of {models.layers.CONV_IMPLS}, got "
                      f"{config.conv_impl!r}")
   common.check_positive("config.gamma", config.gamma)
   common.check_real("config.shift", config.shift)
-  methods = runner.methods(config, extra_keys=("problem",))
-  for i, m in enumerate(methods):
-    entry, where = config.methods[m.label], f"--config.methods.{m.label}"
-    fields = entry.get("problem")
+  compared = runner.methods(config)  # their factories check their arguments
+  for m in compared:
+    fields, where = m.problem.get("problem"), f"--config.methods.{m.label}"
     if not hasattr(fields, "items") or fields.get("name") not in PROBLEMS:
       raise ValueError(f"{where}.problem must hold a name (one of {PROBLEMS}) and its "
                        f"settings {PROBLEM_FIELDS[1:]}, got {fields!r}")
@@ -167,35 +156,54 @@ def check(config) -> Dict[str, Any]:
     if unknown:
       raise ValueError(f"{where}.problem.{unknown[0]} is not a problem setting; allowed: "
                        f"{PROBLEM_FIELDS}")
-    problem = fields.name
     if m.kwargs.get("normalized"):
-      if problem != "da_maml":
+      if fields["name"] != "da_maml":
         raise ValueError(
             f"{where}.normalized: fedco.comfedl(normalized=True) normalises exp(loss/gamma) "
-            f"weights, which the da_maml problem has and the {problem} problem does not")
+            f"weights, which the da_maml problem has and the {fields['name']} problem does not")
       if m.kwargs.get("gamma") is not None:
         raise ValueError(f"{where}.gamma: a normalised ComFedL-DAMAML weighs by DA-MAML's "
                          f"own temperature, --config.gamma ({config.gamma}); leave it unset")
-      m = methods[i] = dataclasses.replace(m, kwargs={**m.kwargs, "gamma": float(config.gamma)})
-    try:  # the factory checks its own arguments
-      m.build()
-    except (TypeError, ValueError) as err:
-      raise ValueError(f"{where}: {err}") from None
-    if problem == "erm":
-      if m.algorithm != "ditto":
-        common.check_positive(f"config.methods.{m.label}.problem.finetune_lr",
-                              fields.get("finetune_lr"))
-    else:
+    if fields["name"] != "erm":
       common.check_positive(f"config.methods.{m.label}.problem.inner_lr",
                             fields.get("inner_lr"))
+    elif m.algorithm != "ditto":
+      common.check_positive(f"config.methods.{m.label}.problem.finetune_lr",
+                            fields.get("finetune_lr"))
   values = runner.ablation(config, ABLATION_DEFAULTS)
-  if values and not any(config.methods[m.label].problem.name == "da_maml" for m in methods):
+  if values and not any(m.problem["problem"]["name"] == "da_maml" for m in compared):
     raise ValueError("--config.ablation needs a method with problem 'da_maml' in "
                      "--config.methods (the ablated ComFedL-DAMAML)")
   for v in values if config.ablation == "rho" else ():
     _check_rho("config.ablation_values", v)
-  return {**settings, "methods": methods, "ablation_values": values,
-          "per_client": config.per_client or PER_CLIENT[config.dataset]}
+
+
+def per_client(config) -> int:
+  """Training images per client: ``config.per_client``, or the data set's default."""
+  return config.per_client or PER_CLIENT[config.dataset]
+
+
+def methods(config, setup=None) -> List[runner.Method]:
+  """The config's methods, each with its ``problem`` settings (DA-MAML's with ``gamma`` and
+  ``shift``) and ``rho``; or, under ``config.ablation``, the first DA-MAML method once per
+  value (a normalised ComFedL records ``config.gamma`` as its weights' temperature)."""
+  del setup
+  out = []
+  for m in runner.methods(config):
+    fields = dict(m.problem["problem"])
+    if fields["name"] == "da_maml":
+      fields.update(gamma=float(config.gamma), shift=float(config.shift))
+    kwargs = {**m.kwargs, "gamma": float(config.gamma)} if m.kwargs.get("normalized") else m.kwargs
+    out.append(dataclasses.replace(m, kwargs=kwargs,
+                                   problem={"problem": fields, "rho": float(config.rho)}))
+  values = runner.ablation(config, ABLATION_DEFAULTS)
+  if not values:
+    return out
+  base = next(m for m in out if m.problem["problem"]["name"] == "da_maml")
+  if config.ablation == "gamma":  # DA-MAML's temperature, in the problem's settings
+    return [base.variant(f"{base.label}_gamma={v:g}", problem={
+        **base.problem, "problem": {**base.problem["problem"], "gamma": v}}) for v in values]
+  return runner.ablated(config, base, values, problem_keys=("rho",))
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -218,70 +226,69 @@ def load_splits(config):
   return type(splits)(up(splits.train), up(splits.test))
 
 
-def build_data(splits, config, per_client: int, rho: float, seed: int):
+def build_data(splits, config, rho: float, seed: int):
   """The dominant-class split of SPEC E2 with matched validation sets from the test split."""
   train, test = splits
   try:
-    parts = partition.dominant_class(train["y"], NUM_CLIENTS, rho, per_client, seed,
+    parts = partition.dominant_class(train["y"], NUM_CLIENTS, rho, per_client(config), seed,
                                      num_classes=NUM_CLASSES)
   except ValueError as err:
     raise ValueError(f"--config.per_client: {err}") from None
   val_parts = partition.matched_validation(parts, train["y"], test["y"], seed)
   return make_federated(train, test, parts, val_parts, config.dataset, NUM_CLASSES,
                         info={"partition": "dominant_class", "rho": rho,
-                              "per_client": per_client, "seed": seed})
+                              "per_client": per_client(config), "seed": seed})
 
 
-# ---- runs and problems -------------------------------------------------------------------
-
-def runs(settings, config) -> List[Dict[str, Any]]:
-  """``{"method", "gamma", "rho", "note_label"}`` per run: the config's methods, or the
-  ablation of the first DA-MAML method (``note_label``: the method whose fields a divergence
-  note names)."""
-  base = {"gamma": float(config.gamma), "rho": float(config.rho)}
-  if config.ablation == "none":
-    return [{"method": m, **base, "note_label": m.label} for m in settings["methods"]]
-  ablated = next(m for m in settings["methods"]
-                 if config.methods[m.label].problem.name == "da_maml")
-  out = []
-  for v in settings["ablation_values"]:
-    if config.ablation == "local_steps":
-      method = dataclasses.replace(ablated, label=f"{ablated.label}_local_steps={int(v)}",
-                                   local_steps=int(v))
-      out.append({"method": method, **base, "note_label": ablated.label})
-    else:
-      method = dataclasses.replace(ablated, label=f"{ablated.label}_{config.ablation}={v:g}")
-      out.append({"method": method, **base, config.ablation: v,
-                  "note_label": ablated.label})
-  return out
+def setup(config):
+  """The data (loaded once), the model and its evaluator; ``sizes`` collects each seed's
+  client sizes."""
+  model, apply_fn, evaluator = _model(config.filters, config.conv_impl, config.eval_chunk)
+  return {"splits": load_splits(config), "model": model, "apply_fn": apply_fn,
+          "evaluator": evaluator, "sizes": {}}
 
 
-def problem_settings(spec, config) -> Dict[str, Any]:
-  """The method's problem settings (``name``, ``inner_lr``, ``finetune_lr``; DA-MAML's
-  ``gamma`` and ``shift``)."""
-  out = dict(config.methods[spec["note_label"]].problem)
-  if out["name"] == "da_maml":
-    out.update(gamma=spec["gamma"], shift=float(config.shift))
-  return out
+def prepare(config, seed, setup):
+  """The seed's clients for every ``rho`` run (the first one's sizes recorded) and its
+  initial model."""
+  rhos = (runner.ablation(config, ABLATION_DEFAULTS) if config.ablation == "rho"
+          else (float(config.rho),))
+  data = {rho: build_data(setup["splits"], config, rho, seed) for rho in rhos}
+  setup["sizes"][seed] = {"train": data[rhos[0]].train_sizes().tolist(),
+                          "val": data[rhos[0]].val_sizes().tolist()}
+  shape = tuple(setup["splits"].train["x"].shape[1:])
+  return {**setup, "data": data, "params": models.init_cnn(setup["model"], shape, seed)}
 
 
-def make(spec, config, apply_fn):
-  """``(problem, algorithm, evaluation step size or None for personal models)``."""
-  method, fields = spec["method"], problem_settings(spec, config)
-  loss = models.cross_entropy
-  kind = fields["name"]
-  if method.kwargs.get("normalized"):  # its weights' temperature is the run's DA-MAML gamma
-    algorithm = method.build(gamma=fields["gamma"])
-  else:
-    algorithm = method.build()
-  if kind == "erm":
+def build(config, method, seed, prepared) -> runner.Run:
+  """One run: its problem, the algorithm, and the evaluation after one personalisation step
+  of the problem's ``inner_lr`` (``finetune_lr`` on the cross-entropy; Ditto's personal
+  models as they are)."""
+  del seed
+  apply_fn, fed = prepared["apply_fn"], prepared["data"][method.problem["rho"]]
+  fields, loss = method.problem["problem"], models.cross_entropy
+  # a normalised ComFedL's weights' temperature is the run's DA-MAML gamma
+  algorithm = method.build(**({"gamma": fields["gamma"]} if method.kwargs.get("normalized")
+                              else {}))
+  if fields["name"] == "erm":
     problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
     eval_lr = None if method.algorithm == "ditto" else fields["finetune_lr"]
-    return problem, algorithm, eval_lr
-  problem = personalized.personalized_maml(
-      apply_fn, fields["inner_lr"], loss, first_order=config.first_order,
-      gamma=fields.get("gamma"), shift=fields.get("shift", 0.0))
-  return problem, algorithm, fields["inner_lr"]
+  else:
+    problem = personalized.personalized_maml(
+        apply_fn, fields["inner_lr"], loss, first_order=config.first_order,
+        gamma=fields.get("gamma"), shift=fields.get("shift", 0.0))
+    eval_lr = fields["inner_lr"]
+  lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
+
+  def evaluate(state):
+    personal = state.clients.personal if eval_lr is None else None
+    row = evaluation_row(*jax.device_get(prepared["evaluator"](
+        state.server["params"], personal, lr, fed.train, fed.val)))
+    if method.algorithm == "tr_maml":
+      row["client_weights"] = np.asarray(state.server_opt_state.p)
+    return row
+
+  return runner.Run(problem, algorithm, fed.train, prepared["params"], evaluate=evaluate)
 
 
 # ---- evaluation --------------------------------------------------------------------------
@@ -343,138 +350,16 @@ def evaluation_row(val_loss, val_acc, val_loss_global, val_acc_global) -> Dict[s
           "val_acc_clients": np.asarray(val_acc)}
 
 
-def _finite(row) -> bool:
-  return all(np.all(np.isfinite(np.asarray(row[k], float)))
-             for k in FINAL_KEYS + ("val_acc_clients",))
+def summarize(config, outcome) -> Dict[str, Any]:
+  return {"dataset": config.dataset, "rounds": config.rounds, "local_steps": config.local_steps,
+          "rho": config.rho, "per_client": per_client(config), "ablation": config.ablation,
+          "ablation_values": list(runner.ablation(config, ABLATION_DEFAULTS)),
+          "client_sizes": outcome.setup["sizes"]}
 
 
-class _EvaluationRows(fedco.runtime.RowWriter):
-  """Forwards the evaluation action's rows to the workdir's writers, not the simulator's
-  per-round rows, which hold no metric here (``evaluate=False``, no ``metrics_fn``)."""
-
-  def __init__(self, writers, labels):
-    self.writers, self.fields = writers, {"round", *labels}
-
-  def write(self, rows):
-    rows = [r for r in rows if set(r) - self.fields]
-    for w in self.writers if rows else ():
-      w.write(rows)
-
-  def rewind(self, round_, labels):
-    for w in self.writers:
-      w.rewind(round_, labels)
-
-
-def simulate_run(spec, config, settings, fed, params, seed, evaluator, apply_fn, *, wd,
-                 options, writers):
-  """One (run, seed) through ``fedco.simulate``, evaluated by a host action.
-
-  The action sees the whole simulation state (Ditto's personal models, TR-MAML's client
-  weights) at round 0, every ``eval_every`` rounds and at the last round; its rows are
-  streamed to ``metrics.jsonl`` / ``metrics.csv`` and checkpointed with the state, so a
-  resumed run returns (and writes again) every row since round 0. Returns ``(rows, seconds, error)``: the
-  action's rows and ``fedco.runtime.NonFiniteError`` or ``None``.
-  """
-  method = spec["method"]
-  problem, algorithm, eval_lr = make(spec, config, apply_fn)
-  lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
-
-  def evaluate(state, round_):
-    del round_
-    personal = state.clients.personal if eval_lr is None else None
-    out = jax.device_get(evaluator(state.server["params"], personal, lr, fed.train, fed.val))
-    row = evaluation_row(*out)
-    if method.algorithm == "tr_maml":
-      row["client_weights"] = np.asarray(state.server_opt_state.p)
-    return row
-
-  run_settings = {k: config[k] for k in ("dataset", "rounds", "batch_size", "eval_every",
-                                         "filters", "first_order", "conv_impl",
-                                         "eval_chunk")}
-  run_settings.update(per_client=settings["per_client"], rho=spec["rho"], seed=seed,
-                      method=method.settings(), problem=problem_settings(spec, config))
-  labels = {"method": method.label, "seed": seed}
-  evaluation_rows = _EvaluationRows(writers.writers, labels)
-  error = None
-  try:
-    result = fedco.simulate(
-        problem, algorithm, fed.train, params, rounds=settings["rounds"], seed=seed,
-        batch_size=settings["batch_size"] or None, evaluate=False,
-        actions=[fedco.runtime.RoundAction(evaluate, settings["eval_every"],
-                                              at_start=True)],
-        metric_writers=[evaluation_rows], metric_labels=labels, progress=options.progress,
-        **method.simulator_kwargs(),
-        progress_metric="val_acc_avg",
-        **runner.checkpoint_args(wd, options, f"{method.label}-seed{seed}", run_settings))
-    rows, seconds = result.host_metrics, result.seconds
-  except fedco.runtime.NonFiniteError as err:
-    rows, seconds, error = err.host_metrics, None, err
-  return rows, seconds, error
-
-
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs E2 (or an ablation) and writes the outputs; returns the summary."""
-  settings = check(config)
-  splits = load_splits(config)
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  model, apply_fn, evaluator = _model(config.filters, config.conv_impl, config.eval_chunk)
-  image_shape = tuple(splits.train["x"].shape[1:])
-  specs = runs(settings, config)
-  records, finals, sizes = [], {}, {}
-  for seed in settings["seeds"]:
-    params = models.init_cnn(model, image_shape, seed)
-    data: Dict[float, Any] = {}
-    for spec in specs:
-      if spec["rho"] not in data:
-        data[spec["rho"]] = build_data(splits, config, settings["per_client"], spec["rho"],
-                                       seed)
-      fed = data[spec["rho"]]
-      sizes.setdefault(seed, {"train": fed.train_sizes().tolist(),
-                              "val": fed.val_sizes().tolist()})
-      label = spec["method"].label
-      rows, seconds, error = simulate_run(spec, config, settings, fed, params, seed,
-                                          evaluator, apply_fn, wd=wd, options=options,
-                                          writers=writers)
-      good = []
-      for row in rows:  # the evaluations up to a divergence
-        if not _finite(row):
-          break
-        good.append(row)
-      records.extend(good)
-      if error is not None:  # the note names the config field to change
-        final = runner.diverged_note(spec["note_label"], error)
-      else:
-        final = {k: good[-1][k] for k in FINAL_KEYS + ("val_acc_clients", "round")}
-        final["seconds"] = seconds
-      finals.setdefault(label, {})[seed] = final
-  summary = summarize(finals, settings, config, sizes, specs)
-  plot(wd, records, config, [s["method"].label for s in specs])
-  wd.write_summary(summary)  # last: it moves the outputs into place
-  if options.progress:
-    print(common.format_table(summary["table"]))
-  return summary
-
-
-def summarize(finals, settings, config, sizes, specs) -> Dict[str, Any]:
-  per_method, table = common.seed_statistics(finals, FINAL_KEYS)
-  return {"dataset": config.dataset, "rounds": settings["rounds"],
-          "local_steps": settings["local_steps"], "rho": config.rho,
-          "per_client": settings["per_client"], "ablation": config.ablation,
-          "ablation_values": list(settings["ablation_values"]),
-          "seeds": list(settings["seeds"]), "client_sizes": sizes,
-          "settings": {s["method"].label: {**s["method"].settings(),
-                                           "problem": problem_settings(s, config),
-                                           "rho": s["rho"]}
-                       for s in specs},
-          "methods": per_method, "table": table}
-
-
-def plot(wd, records, config, labels):
+def plot(wd, config, outcome):
   """``curves.png`` (see :func:`figure`)."""
-  fig = figure(records, config, labels)
+  fig = figure(outcome.records, config, outcome.labels)
   common.save_with_legend(wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines),
                           fontsize=8)
 
@@ -495,9 +380,7 @@ def figure(records, config, labels):
   for ax, (key, title, ylabel) in zip(axes, panels):
     common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
     for i, line in enumerate(ax.get_lines()):  # methods can coincide: vary the style too
-      line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
-      line.set_marker(MARKERS[i % len(MARKERS)])
-      line.set_markersize(3)
+      common.distinguish(line, i)
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

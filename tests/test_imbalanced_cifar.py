@@ -70,7 +70,7 @@ def test_load_st_under_mock_data_keeps_the_test_split():
 
 
 def _outputs(config, workdir):
-  summary = e5.run(config, str(workdir), QUIET)
+  summary = runner.train_and_evaluate(config, str(workdir), QUIET)
   files = set(os.listdir(workdir))
   assert {"config.json", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy.png"} <= files
   with open(workdir / "summary.json") as f:
@@ -126,7 +126,7 @@ def test_figure_lines_are_distinguishable_and_a_zero_panel_says_why(digits_run):
   config, _, records = digits_run
   labels = list(config.methods)
   zero = [{**r, "test_minority_acc": 0.0} for r in records]
-  fig, legend_ax = e5.plot(zero, config, labels)
+  fig, legend_ax = e5.figure(zero, config, labels)
   panels = _panels(fig)
   for ax in fig.axes:
     assert ax.get_xlabel() == "round" and ax.get_ylabel()
@@ -142,7 +142,7 @@ def test_figure_lines_are_distinguishable_and_a_zero_panel_says_why(digits_run):
   assert "2%" in text.get_text()
   assert legend_ax.get_lines()
   moved = [dict(r, test_minority_acc=0.5) if r["round"] == 4 else r for r in zero]
-  minority = _panels(e5.plot(moved, config, labels)[0])["test accuracy, minority classes"]
+  minority = _panels(e5.figure(moved, config, labels)[0])["test accuracy, minority classes"]
   assert len(minority.get_lines()) == len(labels) and not minority.texts
 
 
@@ -182,6 +182,14 @@ def test_local_steps_ablation_offline_on_digits(tmp_path):
   assert summary["settings"]["ds_feddro_local_steps=3"]["local_steps"] == 3
 
 
+def _refused(config, tmp_path, match):
+  """``runner.train_and_evaluate`` refuses ``config`` with a ``ValueError`` matching ``match``
+  (its own checks, or a method's factory) before it writes anything."""
+  with pytest.raises(ValueError, match=match):
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
+  assert not os.path.exists(tmp_path / "out")
+
+
 def _set(config, field, value):
   node = config
   *path, last = field.split(".")
@@ -206,30 +214,27 @@ def _set(config, field, value):
     ("batch_size", -1, "--config.batch_size"), ("lam", 0.0, "--config.lam"),
     ("keep_fraction", 0.0, "--config.keep_fraction"), ("rounds", 0, "--config.rounds"),
     ("seeds", ("a",), "--config.seeds")])
-def test_bad_fields_name_the_field(field, value, match):
-  config = e5_config.get_config()
+def test_bad_fields_name_the_field(field, value, match, tmp_path):
+  config = _config(dataset="digits")  # offline: the factories check theirs after the data
   with config.unlocked():
     _set(config, field, value)
-  with pytest.raises(ValueError, match=match):
-    e5.check(config)
+  _refused(config, tmp_path, match)
 
 
-def test_bad_ablation_settings():
-  config = _config(ablation="local_steps", ablation_values=(0,))
-  with pytest.raises(ValueError, match="--config.ablation_values"):
-    e5.check(config)
-  config = _config(("mbsgd", "fastdro"), ablation="local_steps")
-  with pytest.raises(ValueError, match="--config.ablation=local_steps needs a feddro"):
-    e5.check(config)
+def test_bad_ablation_settings(tmp_path):
+  config = _config(dataset="digits", ablation="local_steps", ablation_values=(0,))
+  _refused(config, tmp_path, "--config.ablation_values")
+  config = _config(("mbsgd", "fastdro"), dataset="digits", ablation="local_steps")
+  _refused(config, tmp_path, "--config.ablation=local_steps needs a feddro")
+  config = _config(("mbsgd", "fastdro"), dataset="digits")
   config.methods.fastdro.geometry, config.methods.fastdro.size = "cvar", 2.0
-  with pytest.raises(ValueError, match="--config.methods.fastdro.size"):
-    e5.check(config)
+  _refused(config, tmp_path, "--config.methods.fastdro.size")
 
 
 def test_missing_tfds_data_names_the_offline_dataset(tmp_path):
   config = _config(dataset="cifar10", data_dir=str(tmp_path / "none"))
   with pytest.raises(FileNotFoundError, match="--config.dataset=digits") as err:
-    e5.run(config, str(tmp_path / "out"), QUIET)
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
   assert "\n" not in str(err.value) and "--config.dataset=cifar10" in str(err.value)
   assert not os.path.exists(tmp_path / "out")  # nothing written before the data loads
 

@@ -20,6 +20,7 @@ import tensorflow_datasets as tfds
 from experiments import common, runner
 from experiments import personalized_cifar as e2
 from experiments.configs import personalized_cifar as e2_config
+from experiments.configs import personalized_cifar_digits as e2_digits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
@@ -29,8 +30,8 @@ RECORD_KEYS = {"round", "method", "seed", "val_acc_avg", "val_acc_worst", "val_l
                "val_acc_clients"}
 
 
-def _tiny(mode="", methods=LABELS, **changes):
-  config = e2_config.get_config(mode)
+def _tiny(variant=e2_config, methods=LABELS, **changes):
+  config = variant.get_config()
   config.filters, config.batch_size, config.seeds, config.first_order = 4, 4, (0,), True
   for label in list(config.methods):
     if label not in methods:
@@ -55,7 +56,7 @@ def mock_cifar(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("e2")
   config = _tiny(per_client=20, rounds=2, eval_every=2, gamma=5.0)
   with tfds.testing.mock_data(num_examples=500):
-    summary = e2.run(config, str(workdir), QUIET)
+    summary = runner.train_and_evaluate(config, str(workdir), QUIET)
   return summary, workdir, config
 
 
@@ -73,7 +74,7 @@ def test_cifar10_under_mock_data_runs_every_method(mock_cifar):
   for label in LABELS:
     entry = summary["methods"][label]
     assert entry["diverged_seeds"] == [], (label, entry["per_seed"])
-    for key in e2.FINAL_KEYS:
+    for key in e2.TABLE_KEYS:
       assert np.isfinite(entry[key]["mean"]) and entry[key]["std"] == 0.0
     rows = [r for r in records if r["method"] == label]
     assert [r["round"] for r in rows] == [0, 2]
@@ -118,9 +119,9 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
   """ComFedL-DAMAML at the paper's gamma = 0.5, shift 0 diverges within a few rounds; 5
   rounds with evaluation every 2: the evaluation action also runs at round 5, so FedAvg's
   finals are round 5's, finite, not a false divergence."""
-  config = _tiny("digits", methods=("comfedl_damaml", "fedavg"), per_client=30, rounds=5,
+  config = _tiny(e2_digits, methods=("comfedl_damaml", "fedavg"), per_client=30, rounds=5,
                  eval_every=2)
-  summary = e2.run(config, str(tmp_path), QUIET)
+  summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   saved, records = _outputs(str(tmp_path))
   assert saved["dataset"] == "digits" and summary["client_sizes"][0]["train"] == [30] * 10
   bad, good = summary["methods"]["comfedl_damaml"], summary["methods"]["fedavg"]
@@ -142,9 +143,9 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
   # writes its restored evaluations to the new metrics files
   capsys.readouterr()
   del config.methods["comfedl_damaml"]
-  again = e2.run(config, str(tmp_path), QUIET)
+  again = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   assert "resumed from round 5" in capsys.readouterr().err
-  for key in e2.FINAL_KEYS:
+  for key in e2.TABLE_KEYS:
     assert again["methods"]["fedavg"][key] == good[key]
   _, rerun = _outputs(str(tmp_path))
   assert rerun == fedavg_rows
@@ -155,9 +156,9 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_digits_gamma_ablation_labels_and_notes(tmp_path):
   # with shift 0, gamma = 0.01 puts exp(L / 0.01) ~ exp(230) = inf (float32) in the step
-  config = _tiny("digits", methods=("comfedl_damaml",), per_client=30, rounds=2,
+  config = _tiny(e2_digits, methods=("comfedl_damaml",), per_client=30, rounds=2,
                  eval_every=2, ablation="gamma", ablation_values=(5.0, 0.01))
-  summary = e2.run(config, str(tmp_path), QUIET)
+  summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   _, records = _outputs(str(tmp_path))
   methods = summary["methods"]
   assert list(methods) == ["comfedl_damaml_gamma=5", "comfedl_damaml_gamma=0.01"]
@@ -170,25 +171,38 @@ def test_digits_gamma_ablation_labels_and_notes(tmp_path):
   assert [r["round"] for r in records if r["method"] == "comfedl_damaml_gamma=5"] == [0, 2]
 
 
+def _checked_methods(config):
+  """The runs of ``config`` after its checks (``check`` returns nothing)."""
+  runner.check_shared(config)
+  assert e2.check(config) is None
+  return e2.methods(config)
+
+
 def test_ablation_runs_and_defaults():
-  config = _tiny(ablation="rho", ablation_values=(0.1, 0.8))
-  specs = e2.runs(e2.check(config), config)
-  assert [s["method"].label for s in specs] == ["comfedl_damaml_rho=0.1",
-                                               "comfedl_damaml_rho=0.8"]
-  assert [s["rho"] for s in specs] == [0.1, 0.8]
-  config = _tiny(ablation="local_steps")
-  specs = e2.runs(e2.check(config), config)
-  assert [s["method"].local_steps for s in specs] == [1, 2, 5, 10]
-  assert specs[0]["method"].label == "comfedl_damaml_local_steps=1"
-  assert e2_config.get_config("digits").rounds == 30
-  assert e2.check(e2_config.get_config("digits"))["per_client"] == 120
-  assert e2.check(e2_config.get_config())["per_client"] == 500
+  runs = _checked_methods(_tiny(ablation="rho", ablation_values=(0.1, 0.8)))
+  assert [m.label for m in runs] == ["comfedl_damaml_rho=0.1", "comfedl_damaml_rho=0.8"]
+  assert [m.problem["rho"] for m in runs] == [0.1, 0.8]
+  runs = _checked_methods(_tiny(ablation="local_steps"))
+  assert [m.local_steps for m in runs] == [1, 2, 5, 10]
+  assert runs[0].label == "comfedl_damaml_local_steps=1"
+  digits = e2_digits.get_config()
+  assert digits.rounds == 30 and digits.dataset == "digits"
+  assert _checked_methods(digits) and e2.per_client(digits) == 120
+  assert e2.per_client(e2_config.get_config()) == 500
   default = e2_config.get_config()
   assert [default[k] for k in runner.SHARED[1:-1]] == [(0, 1, 2), 300, 5, 0.1, 32, 5]
-  methods = {m.label: m for m in e2.check(default)["methods"]}
+  methods = {m.label: m for m in _checked_methods(default)}
   assert set(methods) == set(LABELS)
   assert methods["tr_maml"].kwargs == {"weights_lr": 0.08}
   assert methods["ditto"].kwargs == {"lam": 0.1, "personal_lr": None}
+
+
+def _refused(config, tmp_path, match):
+  """``runner.train_and_evaluate`` refuses ``config`` with a ``ValueError`` matching ``match``
+  (its own checks, or a method's factory) before it writes anything."""
+  with pytest.raises(ValueError, match=match):
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
+  assert not os.path.exists(tmp_path / "out")
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -208,27 +222,25 @@ def test_ablation_runs_and_defaults():
     (dict(ablation="rho", ablation_values=(2.0,)), "--config.ablation_values"),
     (dict(ablation="gamma", ablation_values=("x",)), "--config.ablation_values"),
 ])
-def test_bad_fields_name_the_field(changes, field):
+def test_bad_fields_name_the_field(changes, field, tmp_path):
   config = e2_config.get_config()
   for key, value in changes.items():
     with config.unlocked():
       config[key] = value
-  with pytest.raises(ValueError, match=field):
-    e2.check(config)
+  _refused(config, tmp_path, field)
 
 
 @pytest.mark.parametrize("label,key,value,field", [
     ("comfedl_maml", "learning_rate", -0.1, "--config.methods.comfedl_maml.learning_rate"),
-    ("tr_maml", "weights_lr", 0.0, "--config.methods.tr_maml: weights_lr"),
-    ("ditto", "lam", -1.0, "--config.methods.ditto: lam"),
+    ("tr_maml", "weights_lr", 0.0, "--config.methods.tr_maml.weights_lr is invalid"),
+    ("ditto", "lam", -1.0, "--config.methods.ditto.lam is invalid"),
     ("ditto", "algorithm", "sgd", "--config.methods.ditto.algorithm"),
     ("comfedl_damaml", "q", 1.0, "--config.methods.comfedl_damaml.q"),
 ])
-def test_bad_method_fields_name_the_field(label, key, value, field):
-  config = e2_config.get_config()
+def test_bad_method_fields_name_the_field(label, key, value, field, tmp_path):
+  config = _tiny(e2_digits)  # offline: the factories check theirs after the data
   config.methods[label][key] = value
-  with pytest.raises(ValueError, match=field):
-    e2.check(config)
+  _refused(config, tmp_path, field)
 
 
 @pytest.mark.parametrize("label,key,value,field", [
@@ -237,11 +249,10 @@ def test_bad_method_fields_name_the_field(label, key, value, field):
     ("fedavg", "name", "dro", "--config.methods.fedavg.problem must hold a name"),
     ("ditto", "inner_lr2", 0.1, "--config.methods.ditto.problem.inner_lr2 is not"),
 ])
-def test_bad_problem_fields_name_the_field(label, key, value, field):
+def test_bad_problem_fields_name_the_field(label, key, value, field, tmp_path):
   config = e2_config.get_config()
   config.methods[label].problem[key] = value
-  with pytest.raises(ValueError, match=field):
-    e2.check(config)
+  _refused(config, tmp_path, field)
 
 
 def test_ablation_without_a_da_maml_method_and_misplaced_normalisation_are_refused():
@@ -261,14 +272,13 @@ def test_ablation_without_a_da_maml_method_and_misplaced_normalisation_are_refus
 
 
 def test_per_client_beyond_the_data_names_the_field(tmp_path):
-  with pytest.raises(ValueError, match="--config.per_client"):
-    e2.run(_tiny("digits", per_client=500), str(tmp_path), QUIET)
+  _refused(_tiny(e2_digits, per_client=500), tmp_path, "--config.per_client")
 
 
 def test_missing_cifar10_is_one_line_naming_the_offline_dataset(tmp_path):
   config = _tiny(data_dir=str(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError) as err:
-    e2.run(config, str(tmp_path / "out"), QUIET)
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
   message = str(err.value)
   assert "\n" not in message and "cifar10" in message
   assert "--config.data_dir" in message and "--config.dataset=digits" in message

@@ -9,11 +9,11 @@
 
 import ml_collections
 
+from experiments import configs
 
-def get_config(mode: str = ""):
-  """E5 at the paper's settings (``mode`` is unused: E5 has one mode)."""
-  if mode:
-    raise ValueError(f"the imbalanced_cifar config has no modes (E5 has one setting), got {mode!r}")
+
+def get_config():
+  """E5 at the paper's settings."""
   config = ml_collections.ConfigDict()
   config.experiment = "imbalanced_cifar"
   config.dataset = "cifar10"  # "cifar10", "cifar100" (TFDS, -ST version) or "digits" (offline)
@@ -44,7 +44,7 @@ def get_config(mode: str = ""):
   # DRO problem over their own example weights (on the plain cross-entropy); the others get
   # the KL-DRO problem. primal_dual_dro's num_examples is the training split's size (set by
   # the experiment).
-  config.methods = ml_collections.ConfigDict({
+  config.methods = configs.methods({
       "feddro": {"algorithm": "feddro", "beta": 0.5},
       "ds_feddro": {"algorithm": "ds_feddro", "beta": 0.5, "server_lr_x": 1.3,
                     "server_lr_y": 1.4},

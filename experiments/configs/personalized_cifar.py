@@ -2,31 +2,26 @@
 
 ``python -m experiments.main --config=experiments/configs/personalized_cifar.py
 --workdir=runs/e2 --config.data_dir=~/tensorflow_datasets`` (TFDS CIFAR-10, prepared);
-offline: ``--config=experiments/configs/personalized_cifar.py:digits`` (scikit-learn's digits
+offline: ``--config=experiments/configs/personalized_cifar_digits.py`` (scikit-learn's digits
 with their own defaults: 120 images per client, 30 rounds); an ablation of ComFedL-DAMAML:
 ``--config.ablation=local_steps`` (or ``gamma``, ``rho``).
 """
 
 import ml_collections
 
-MODES = ("cifar10", "digits")
+from experiments import configs
 
 
-def get_config(mode: str = ""):
-  """E2 at the paper's settings on CIFAR-10; ``mode="digits"``: the offline stand-in (the
-  same methods on scikit-learn's digits, 120 images per client, 30 rounds)."""
-  mode = mode or "cifar10"
-  if mode not in MODES:
-    raise ValueError(f"the personalized_cifar config's mode must be one of {MODES}, got "
-                     f"{mode!r}")
+def get_config():
+  """E2 at the paper's settings on CIFAR-10."""
   config = ml_collections.ConfigDict()
   config.experiment = "personalized_cifar"
-  config.dataset = mode  # "cifar10" (TFDS, prepared under data_dir) or "digits" (offline)
+  config.dataset = "cifar10"  # "cifar10" (TFDS, prepared under data_dir) or "digits" (offline)
   config.data_dir = ""  # TFDS data_dir holding cifar10 as array_record ("": TFDS_DATA_DIR)
   config.seeds = (0, 1, 2)
   # The paper gives no round count: 300 on CIFAR-10 (about 100 local epochs of 500 images)
-  # is meant for an accelerator; digits: ComFedL-MAML passes 0.95 by round 15.
-  config.rounds = 300 if mode == "cifar10" else 30
+  # is meant for an accelerator (personalized_cifar_digits.py: 30).
+  config.rounds = 300
   config.local_steps = 5  # tau: local steps per round
   config.learning_rate = 0.1  # every method's outer (meta) rate unless it sets its own
   # images per client and step, drawn for each of the inner, outer and next-inner batches
@@ -46,7 +41,7 @@ def get_config(mode: str = ""):
   # "maml" or "erm": the plain cross-entropy), ``inner_lr`` (a MAML problem's adaptation
   # step, also its one personalisation step at evaluation) or ``finetune_lr`` (an "erm"
   # method's personalisation step at evaluation; Ditto is scored with its personal models).
-  config.methods = ml_collections.ConfigDict({
+  config.methods = configs.methods({
       # normalized=True: client weights exp(L_k/gamma - L) normalised over the round's
       # clients (fedco.comfedl's normalised step; its gamma is config.gamma)
       "comfedl_damaml": {"algorithm": "comfedl", "normalized": False,
