@@ -1,8 +1,11 @@
-"""Every experiment config: the shared vocabulary, methods from fedco.ALGORITHMS, a check
-that refuses bad shared fields before running, and a README row for every field."""
+"""Every experiment config file (variants included): the shared vocabulary, methods from
+fedco.ALGORITHMS, checks that refuse bad fields before running, placeholders for every
+method's own rate and steps, and a README row for every field."""
 
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -11,11 +14,21 @@ from experiments import main as driver
 from experiments import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NAMES = driver.EXPERIMENTS
+NAMES = runner.EXPERIMENTS
+CONFIGS = tuple(p[:-3] for p in driver.CONFIGS)  # every file, variants included
 
 
 def _config(name, mode=""):
-  return importlib.import_module(f"experiments.configs.{name}").get_config(mode)
+  """``experiments/configs/<name>.py``'s config, or its variant ``<name>_<mode>.py``'s."""
+  variant = f"{name}_{mode}" if mode else name
+  return importlib.import_module(f"experiments.configs.{variant}").get_config()
+
+
+def _check(config) -> None:
+  """The config checks of ``runner.train_and_evaluate`` (shared fields, the experiment's
+  ``check``, the methods), without loading data."""
+  runner.check(config)
+  runner.methods(config)
 
 
 def _fields(node, prefix=""):
@@ -28,25 +41,25 @@ def _fields(node, prefix=""):
       yield prefix + key
 
 
-def test_every_experiment_has_a_config():
-  modules = sorted(p.stem for p in (ROOT / "experiments" / "configs").glob("*.py")
-                   if not p.stem.startswith("_"))
-  assert list(NAMES) == modules and len(NAMES) >= 8, NAMES
+def test_every_experiment_has_a_config_and_every_config_an_experiment():
+  assert len(NAMES) >= 8 and set(NAMES) <= set(CONFIGS), (NAMES, CONFIGS)
+  for name in CONFIGS:  # a variant is <experiment>_<variant>.py
+    experiment = _config(name).experiment
+    assert name == experiment or name.startswith(experiment + "_"), name
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CONFIGS)
 def test_a_config_speaks_the_shared_vocabulary(name):
   config = _config(name)
-  assert config.experiment == name
   missing = [f for f in runner.SHARED if f not in config]
   assert not missing, f"{name} lacks {missing}"
   for old in ("tau", "p", "I", "iterations", "algorithms", "progress", "sweep"):
     assert old not in config, f"{name} still has {old!r}"
-  module = importlib.import_module(f"experiments.{name}")
-  methods = runner.methods(config, extra_keys=("problem",))
+  methods = runner.methods(config)
   assert methods and all(m.algorithm in fedco.ALGORITHMS for m in methods)
-  settings = module.check(config)  # the defaults are valid
-  assert settings is not None
+  for entry in config.methods.values():  # the shared values apply unless a file sets its own
+    assert "learning_rate" in entry and "local_steps" in entry
+  _check(config)  # the defaults are valid
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -55,42 +68,41 @@ def test_a_config_speaks_the_shared_vocabulary(name):
 def test_every_experiment_refuses_bad_shared_fields(name, field, value):
   config = _config(name)
   setattr(config, field, value)
-  module = importlib.import_module(f"experiments.{name}")
   with pytest.raises(ValueError, match=rf"--config\.{field}"):
-    module.check(config)
+    _check(config)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_experiment_refuses_an_unknown_algorithm_or_argument(name):
-  module = importlib.import_module(f"experiments.{name}")
   config = _config(name)
   label = next(iter(config.methods))
   config.methods[label].algorithm = "fedsgd"
   with pytest.raises(ValueError, match=rf"--config\.methods\.{label}\.algorithm"):
-    module.check(config)
+    _check(config)
   config = _config(name)
   with config.unlocked():
     config.methods[label].no_such_argument = 1.0
   with pytest.raises(ValueError, match="no_such_argument is not an argument"):
-    module.check(config)
+    _check(config)
+
+
+def test_an_unknown_experiment_is_named():
+  config = _config("dro_fl")
+  config.experiment = "runner"  # a module of experiments/, but no experiment
+  with pytest.raises(ValueError, match="--config.experiment must name a module with a build"):
+    runner.check(config)
 
 
 def test_every_config_field_is_documented_in_the_readme():
   readme = (ROOT / "README.md").read_text()
   missing = []
-  for name in NAMES:
-    modes = {"dro_fl": ("", "grid", "extended"), "fair_adult": ("", "privacy", "compression"),
-             "fedavg_counterexample": ("", "compression"),
-             "adult_dro": ("", "privacy")}.get(name, ("",))
-    for mode in modes:
-      missing += [f"{name}: {f}" for f in _fields(_config(name, mode))
-                  if f"`{f}`" not in readme and f"`{f}=" not in readme]
+  for name in CONFIGS:
+    missing += [f"{name}: {f}" for f in _fields(_config(name))
+                if f"`{f}`" not in readme and f"`{f}=" not in readme]
   assert not missing, missing
 
 
 def test_the_driver_help_lists_how_to_run_flags():
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   out = subprocess.run([sys.executable, "-m", "experiments.main", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
   for flag in ("--config", "--workdir", "--methods", "--[no]resume", "--checkpoint_every",
@@ -109,40 +121,47 @@ def test_the_driver_methods_flag_keeps_only_the_named_labels():
   assert len(config.methods) == 5
 
 
-def test_a_method_takes_its_own_rate_and_steps_from_the_command_line():
-  """--config.methods.<label>.learning_rate / .local_steps where the file sets neither."""
+def test_a_method_takes_its_own_rate_and_steps_where_the_file_sets_neither():
+  """Placeholders: ``--config.methods.<label>.learning_rate`` / ``.local_steps`` override
+  any method (typed: an int rate becomes a float, 2.5 steps are refused), the others keep
+  the shared values."""
   config = _config("dro_fl")
-  assert "learning_rate" not in config.methods.comfedl
-  match = driver.METHOD_OVERRIDE.fullmatch("--config.methods.comfedl.learning_rate=1e-7")
-  driver.set_method_fields(config, [match.groups(), ("drfa", "local_steps", "3")])
+  assert config.methods.comfedl.learning_rate is None  # unset: the shared value applies
+  config.methods.comfedl.learning_rate = 1
+  config.methods.drfa.local_steps = 3
   methods = {m.label: m for m in runner.methods(config)}
-  assert methods["comfedl"].learning_rate == 1e-7 and methods["drfa"].local_steps == 3
-  assert methods["fedavg"].learning_rate == config.learning_rate  # the others keep theirs
-  with config.unlocked():
-    config.methods.fedavg.learning_rate = 1  # a file's int: the override is a float anyway
-  driver.set_method_fields(config, [("fedavg", "learning_rate", "0.5")])
-  assert config.methods.fedavg.learning_rate == 0.5
-  for override, message in ((("sgd", "learning_rate", "0.1"), "'sgd' is not in config"),
-                            (("fedavg", "learning_rate", "x"), "must be a number, got 'x'"),
-                            (("fedavg", "local_steps", "2.5"), "must be an integer")):
-    with pytest.raises(ValueError, match=f"--config.methods.{override[0]}.{override[1]}"
-                                         f".*{message}"):
-      driver.set_method_fields(_config("dro_fl"), [override])
+  assert methods["comfedl"].learning_rate == 1.0 and methods["drfa"].local_steps == 3
+  assert methods["fedavg"].learning_rate == config.learning_rate
+  assert methods["fedavg"].local_steps == config.local_steps
+  with pytest.raises(TypeError, match="cannot be casted"):
+    config.methods.fedavg.local_steps = 2.5
+
+
+def test_a_badly_typed_method_override_is_one_line(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
+       f"--workdir={tmp_path}", "--config.methods.fedavg.local_steps=2.5"], cwd=ROOT,
+      capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("error:") and "--config.methods.fedavg.local_steps" in line, line
+  assert not list(tmp_path.iterdir())
 
 
 def test_dro_fl_extended_adds_scaffold_fedprox_and_fedadam():
-  """E1's ``:extended`` mode: the default methods plus three FedAvg variants, checked."""
-  module = importlib.import_module("experiments.dro_fl")
+  """``dro_fl_extended.py``: the default methods plus three FedAvg variants, checked."""
   default, extended = _config("dro_fl"), _config("dro_fl", "extended")
   assert extended.mode == "run"
   assert sorted(extended.methods) == sorted([*default.methods, "scaffold", "fedprox",
                                              "fedadam"])
-  methods = {m.label: m for m in module.check(extended)["methods"]}
+  _check(extended)
+  methods = {m.label: m for m in runner.methods(extended)}
   assert {label: methods[label].algorithm for label in ("scaffold", "fedprox", "fedadam")} == {
       "scaffold": "scaffold", "fedprox": "fedprox", "fedadam": "fedadam"}
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_an_unknown_mode_is_refused(name):
-  with pytest.raises(ValueError, match="mode"):
-    _config(name, "no_such_mode")
+def test_an_old_mode_is_refused_naming_the_variant_file(name):
+  path = f"{ROOT}/experiments/configs/{name}.py"
+  with pytest.raises(driver._Unusable, match=f"variants are files: .*{name}_no_such_mode.py"):
+    driver._config_file(["main", f"--config={path}:no_such_mode"])
