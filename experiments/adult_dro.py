@@ -9,7 +9,8 @@ name, the problem form it solves and its arguments); every method gets the budge
 rate, local steps and batch size. The agnostic-FL and q-FFL papers report that DRO methods
 raise the doctorate client's test accuracy above (sample-weighted) FedAvg's.
 
-Run through the config driver::
+Run through the config driver (``adult_dro_converged.py`` and ``adult_dro_privacy.py`` are
+its variants)::
 
     python -m experiments.main --config=experiments/configs/adult_dro.py --workdir=runs/adult
 
@@ -22,7 +23,7 @@ doctorate, non-doctorate and worst test accuracy and the worst training loss.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,10 @@ from fedco import metrics as metrics_lib
 PROBLEMS = ("erm", "kl_exp", "kl_log")
 BUDGETS = ("short", "converged")
 CLIENTS = ("doctorate", "other")
+TABLE_KEYS = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
+PROGRESS = "test_acc_doctorate"
+TRADEOFF = {"epsilon": (("test_acc_doctorate", "doctorate client's test accuracy"),
+                        ("test_acc_worst", "worst client's test accuracy"))}
 
 
 def _loss(params, example):
@@ -43,28 +48,24 @@ def _loss(params, example):
 
 
 def _stats(params, example):
-  logit = example["x"] @ params["w"] + params["b"]
-  hit = jnp.where(logit > 0, 1.0, 0.0) == example["y"]
+  hit = jnp.where(example["x"] @ params["w"] + params["b"] > 0, 1.0, 0.0) == example["y"]
   return _loss(params, example), hit.astype(jnp.float32)
 
 
-def check(config) -> Dict[str, Any]:
-  """The checked settings (``ValueError`` naming ``--config.<field>``)."""
-  settings = runner.check_shared(config)
+def check(config) -> None:
+  """The experiment's own fields (``ValueError`` naming ``--config.<field>``)."""
   if config.budget not in BUDGETS:
     raise ValueError(f"--config.budget must be one of {BUDGETS}, got {config.budget!r}")
   common.check_positive("config.gamma", config.gamma)
   common.check_positive("config.converge_tol", config.converge_tol)
-  methods = runner.methods(config, extra_keys=("problem",))
   for label, entry in config.methods.items():
     if entry.get("problem") not in PROBLEMS:
       raise ValueError(f"--config.methods.{label}.problem must be one of {PROBLEMS}, got "
                        f"{entry.get('problem')!r}")
-  return {**settings, "methods": methods}
 
 
-def load(config):
-  """Training clients (doctorate, other) and each client's test rows."""
+def setup(config):
+  """Training clients (doctorate, other), each client's test rows and the metrics."""
   data_dir = config.data_dir or fedco.data.adult.DEFAULT_DATA_DIR
   if not os.path.isdir(data_dir):
     raise FileNotFoundError(f"--config.data_dir={data_dir!r} is not a directory holding "
@@ -77,31 +78,6 @@ def load(config):
   fed = fedco.FederatedData.from_index_lists(examples, list(split(adult.train))).with_owner()
   tests = [{"x": jnp.asarray(adult.test["x"][rows]), "y": jnp.asarray(adult.test["y"][rows])}
            for rows in split(adult.test)]
-  return fed, tests
-
-
-def make(method: runner.Method, config):
-  """``(problem, algorithm)`` of one method."""
-  form = config.methods[method.label].problem
-  extra = {"gamma": config.gamma} if method.kwargs.get("normalized") else {}
-  if form == "erm":
-    problem = fedco.plain(_loss, name="logistic")
-  elif form == "kl_exp":
-    problem = fedco.problems.client_kl_dro(_loss, config.gamma)
-  else:
-    problem = fedco.problems.client_kl_dro_log(_loss, config.gamma, len(CLIENTS))
-  return problem, method.build(**extra)
-
-
-def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str, Any]:
-  """Runs every method for every seed and writes the outputs; returns the summary."""
-  settings = check(config)
-  fed, tests = load(config)
-  wd = common.Workdir(workdir)
-  wd.write_config(config.to_dict())
-  common.start_checkpoints(wd, {"resume": options.resume})
-  writers = runner.Writers(wd)
-  dim = fed.examples["x"].shape[1]
 
   def metrics_fn(p):
     losses, _ = metrics_lib.per_client_mean(_stats, p, fed)
@@ -113,67 +89,61 @@ def run(config, workdir, options: runner.Options = runner.Options()) -> Dict[str
     out["test_acc_worst"] = jnp.minimum(out["test_acc_doctorate"], out["test_acc_other"])
     return out
 
-  finals, curves = {}, []
-  for seed in settings["seeds"]:
-    for method in settings["methods"]:
-      problem, algorithm = make(method, config)
-      # the same local steps per client for methods without local steps (AFL)
-      scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
-      result = runner.simulate_method(
-          method, seed, problem=problem, algorithm=algorithm, data=fed,
-          params={"w": jnp.zeros((dim,)), "b": jnp.zeros(())}, wd=wd, options=options,
-          writers=writers, settings={"budget": config.budget, "gamma": config.gamma,
-                                     "batch_size": settings["batch_size"],
-                                     "rounds": settings["rounds"] * scale,
-                                     "problem": config.methods[method.label].problem},
-          finals=finals, records=curves, progress_metric="test_acc_doctorate",
-          record_keys=("test_acc_doctorate",), rounds=settings["rounds"] * scale,
-          batch_size=settings["batch_size"] or None, evaluate=False,
-          eval_every=settings["eval_every"] * scale, metrics_fn=metrics_fn)
-      if result is None:
-        continue
-      m = result.metrics
-      evaluated = np.flatnonzero(m["evaluated"])
-      final = finals[method.label][seed]
-      if config.budget == "converged" and evaluated.size > 1:
-        change = abs(float(m["train_loss_worst"][evaluated[-1]] -
-                           m["train_loss_worst"][evaluated[-2]]))
-        final["last_change_train_loss_worst"] = change
-        final["converged"] = change < config.converge_tol
-  keys = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
-  per_method, table = common.seed_statistics(finals, keys)
-  fedavg = per_method.get("fedavg", {}).get("test_acc_doctorate", {}).get("mean")
-  above = {label: entry["test_acc_doctorate"]["mean"] > fedavg
-           for label, entry in per_method.items()
-           if label != "fedavg" and fedavg is not None
-           and entry["test_acc_doctorate"]["mean"] is not None}
-  summary = {"budget": config.budget,
-             "settings": {k: v for k, v in settings.items() if k != "methods"},
-             "gamma": config.gamma,
+  return fed, tests, metrics_fn
+
+
+def build(config, method, seed, prepared) -> runner.Run:
+  """One method's problem form (``method.problem["problem"]``) and algorithm; methods
+  without local steps (AFL) run ``rounds * local_steps`` rounds of one step."""
+  del seed
+  fed, _, metrics_fn = prepared
+  form = method.problem["problem"]
+  if form == "erm":
+    problem = fedco.plain(_loss, name="logistic")
+  elif form == "kl_exp":
+    problem = fedco.problems.client_kl_dro(_loss, config.gamma)
+  else:
+    problem = fedco.problems.client_kl_dro_log(_loss, config.gamma, len(CLIENTS))
+  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized")
+                              else {}))
+  scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+  dim = fed.examples["x"].shape[1]
+  return runner.Run(problem, algorithm, fed, {"w": jnp.zeros((dim,)), "b": jnp.zeros(())},
+                    metrics_fn=metrics_fn, rounds=config.rounds * scale,
+                    eval_every=config.eval_every * scale, simulate={"evaluate": False},
+                    record_keys=("test_acc_doctorate",))
+
+
+def finish(config, method, seed, result, final) -> None:
+  """The converged budget: the worst training loss's change over the last two evaluations,
+  and whether it is below ``config.converge_tol``."""
+  del method, seed
+  loss = result.metrics["train_loss_worst"][result.metrics["evaluated"]]
+  if config.budget == "converged" and loss.size > 1:
+    final["last_change_train_loss_worst"] = change = abs(float(loss[-1] - loss[-2]))
+    final["converged"] = change < config.converge_tol
+
+
+def summarize(config, outcome) -> Dict[str, Any]:
+  fed, tests, _ = outcome.setup
+  acc = {label: e["test_acc_doctorate"]["mean"] for label, e in outcome.per_method.items()}
+  fedavg = acc.get("fedavg")
+  summary = {"budget": config.budget, "gamma": config.gamma,
              "clients": {"train": np.asarray(fed.counts).tolist(),
                          "test": [int(t["y"].shape[0]) for t in tests]},
-             "methods": per_method, "doctorate_test_acc_above_fedavg": above,
-             "table": table}
+             "doctorate_test_acc_above_fedavg": {
+                 label: a > fedavg for label, a in acc.items()
+                 if label != "fedavg" and None not in (fedavg, a)}}
   if config.budget == "converged":
     summary["converged"] = {label: all(f.get("converged", False) for f in by_seed.values())
-                            for label, by_seed in finals.items()}
-  _plot(wd, curves, config)
-  tradeoff = runner.tradeoff(wd, settings["methods"], finals, "epsilon",
-                             (("test_acc_doctorate", "doctorate client's test accuracy"),
-                              ("test_acc_worst", "worst client's test accuracy")),
-                             "privacy.png")
-  if tradeoff is not None:
-    summary["epsilon_tradeoff"] = tradeoff
-  wd.write_summary(summary)
-  if options.progress:
-    print(common.format_table(table))
+                            for label, by_seed in outcome.finals.items()}
   return summary
 
 
-def _plot(wd, curves: List[Dict[str, Any]], config):
+def plot(wd, config, outcome):
   fig = common.figure(figsize=(6, 4))
   ax = fig.subplots()
-  drawn = common.plot_mean_curves(ax, curves, "test_acc_doctorate", band=0.15,
+  drawn = common.plot_mean_curves(ax, outcome.records, "test_acc_doctorate", band=0.15,
                                   group="method")
   ax.set_xlabel("round")
   ax.set_ylabel("doctorate client's test accuracy")

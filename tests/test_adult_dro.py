@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from experiments import adult_dro, common, runner
+from experiments import common, runner
 from experiments.configs import adult_dro as adult_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def _tiny(**changes):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("adult")
-  return adult_dro.run(_tiny(), str(workdir), runner.Options(progress=False)), workdir
+  return runner.train_and_evaluate(_tiny(), str(workdir), runner.Options(progress=False)), workdir
 
 
 def test_two_clients_split_by_doctorate_and_every_method_reports(tiny_run):

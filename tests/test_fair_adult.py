@@ -350,7 +350,7 @@ def _config(**changes):
 
 def test_experiment_end_to_end_on_the_real_data(tmp_path):
   # 5 rounds, evaluated every 2: at 1, 2, 4 and the last, 5, whose metrics are the finals
-  summary = fair_adult.run(_config(rounds=5, eval_every=2), str(tmp_path), QUIET)
+  summary = runner.train_and_evaluate(_config(rounds=5, eval_every=2), str(tmp_path), QUIET)
   for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "fairness.png"):
     assert os.path.exists(tmp_path / name), name
   with open(tmp_path / "summary.json") as f:
@@ -379,10 +379,12 @@ def test_experiment_end_to_end_on_the_real_data(tmp_path):
 
 def test_the_local_steps_ablation_labels_the_runs():
   config = _config(ablation="local_steps")
-  assert [m.label for m in fair_adult.runs(fair_adult.check(config))] == [
+  fair_adult.check(config)
+  assert [m.label for m in fair_adult.methods(config, None)] == [
       f"{a}_local_steps={i}" for a in ("ds_feddro", "feddro") for i in (1, 2, 4, 8)]
   config.ablation_values = (1, 4)
-  methods = fair_adult.runs(fair_adult.check(config))
+  fair_adult.check(config)
+  methods = fair_adult.methods(config, None)
   assert [(m.label, m.local_steps) for m in methods] == [
       ("ds_feddro_local_steps=1", 1), ("ds_feddro_local_steps=4", 4),
       ("feddro_local_steps=1", 1), ("feddro_local_steps=4", 4)]
@@ -416,12 +418,13 @@ def _set(config, field, value):
     ("ablation_values", (2,), "--config.ablation_values needs"),
     ("seeds", ("x",), "--config.seeds"),
 ])
-def test_bad_fields_name_the_field(field, value, match):
+def test_bad_fields_name_the_field(field, value, match, tmp_path):
   config = fair_config.get_config()
   with config.unlocked():
     _set(config, field, value)
-  with pytest.raises(ValueError, match=match):
-    fair_adult.check(config)
+  with pytest.raises(ValueError, match=match):  # before anything runs or is written
+    runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
+  assert not os.path.exists(tmp_path / "out")
 
 
 def test_bad_ablation_values_name_the_field():
@@ -436,8 +439,8 @@ def test_bad_ablation_values_name_the_field():
 
 def test_missing_data_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="--config.data_dir=.*empty"):
-    fair_adult.run(_config(data_dir=str(tmp_path / "empty"), rounds=2), str(tmp_path / "out"),
-                   QUIET)
+    runner.train_and_evaluate(_config(data_dir=str(tmp_path / "empty"), rounds=2),
+                              str(tmp_path / "out"), QUIET)
   assert not os.path.exists(tmp_path / "out")
 
 

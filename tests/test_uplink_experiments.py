@@ -8,7 +8,7 @@ import os
 import pytest
 
 import fedco
-from experiments import fair_adult, fedavg_counterexample, runner
+from experiments import fair_adult, runner
 from tests import helpers
 
 MODES = (("fair_adult", "privacy"), ("fair_adult", "compression"),
@@ -16,7 +16,8 @@ MODES = (("fair_adult", "privacy"), ("fair_adult", "compression"),
 
 
 def _config(name, mode):
-  return importlib.import_module(f"experiments.configs.{name}").get_config(mode)
+  """The variant file ``experiments/configs/<name>_<mode>.py``'s config."""
+  return importlib.import_module(f"experiments.configs.{name}_{mode}").get_config()
 
 
 @pytest.mark.parametrize("name, mode", MODES)
@@ -54,8 +55,9 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
 ])
 def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, message):
   config = helpers.override(_config("fair_adult", mode), changes)
+  fair_adult.check(config)
   with pytest.raises(ValueError, match=message):
-    fair_adult.check(config)
+    fair_adult.methods(config, None)
 
 
 def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):
@@ -64,7 +66,7 @@ def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):
   with config.unlocked():
     config.methods = {k: config.methods[k]
                       for k in ("feddro", "feddro_y3bit", "feddro_y3bit_adaptive")}
-  summary = fedavg_counterexample.run(config, str(tmp_path), runner.Options(progress=False))
+  summary = runner.train_and_evaluate(config, str(tmp_path), runner.Options(progress=False))
   points = {p["method"]: p for p in summary["bytes_up_tradeoff"]["points"]}
   # x once and y 5 times per round and client: 6 float32 against 4 + 5 * 3 bits
   assert points["feddro"]["bytes_up"] == 30 * 2 * 6 * 4
@@ -86,7 +88,7 @@ def test_e6_privacy_mode_reports_epsilon_per_method(tmp_path):
       "clients_per_round": 10})
   with config.unlocked():
     config.methods = {k: config.methods[k] for k in ("feddro", "feddro_eps1")}
-  summary = fair_adult.run(config, str(tmp_path), runner.Options(progress=False))
+  summary = runner.train_and_evaluate(config, str(tmp_path), runner.Options(progress=False))
   points = {p["method"]: p for p in summary["epsilon_tradeoff"]["points"]}
   assert points["feddro"]["epsilon"] is None
   assert points["feddro_eps1"]["epsilon"] == pytest.approx(1.0, rel=1e-3)

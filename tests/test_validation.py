@@ -92,8 +92,8 @@ CASES = {
     "e1 algorithm": (lambda: _check("dro_fl", **{"methods.fedavg.algorithm": "sgd"}),
                      "--config.methods.fedavg.algorithm"),
     "workdir": (lambda: common.Workdir(""), "--workdir"),
-    "e7 beta": (lambda: _check("fedavg_counterexample", **{"methods.feddro.beta": 2.0}),
-                "beta"),
+    "e7 beta": (lambda: _check("fedavg_counterexample", build=True,
+                               **{"methods.feddro.beta": 2.0}), "--config.methods.feddro.beta"),
     "e7 rounds": (lambda: _check("fedavg_counterexample", rounds=0), "--config.rounds"),
     "kl log num_clients": (lambda: fedco.Simulator(
         client_kl_dro_log(lambda p, e: jnp.sum(p * e["r"]), 0.5, 4), fedco.feddro(),
@@ -156,12 +156,19 @@ CASES = {
 }
 
 
-def _check(name, **changes):
-  """``experiments.<name>.check`` of the default config with ``changes`` (dotted keys)."""
+def _check(name, *, build=False, **changes):
+  """The config checks of ``runner.train_and_evaluate`` (shared fields,
+  ``experiments.<name>.check``, the methods) of the default config with ``changes`` (dotted
+  keys), without loading data; ``build``: also build every method's run, as the runner does
+  before it writes anything (a factory's own checks)."""
   import importlib  # pylint: disable=g-import-not-at-top
-  module = importlib.import_module(f"experiments.{name}")
-  config = importlib.import_module(f"experiments.configs.{name}").get_config()
-  return module.check(helpers.override(config, changes))
+  from experiments import runner  # pylint: disable=g-import-not-at-top
+  config = helpers.override(importlib.import_module(f"experiments.configs.{name}").get_config(),
+                            changes)
+  module = runner.check(config)
+  for method in runner.methods(config):
+    if build:
+      runner._checked(module, config, method, 0, None)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
