@@ -4,8 +4,12 @@ Each side runs ``python -m experiments.main --config=<config> --workdir=<fresh>`
 whole process (imports, data, every compile and run, the figure and summary), the base
 revision from a temporary ``git worktree``; the sides alternate (base, head, base, ...)
 ``--repeats`` times. With ``JAX_LOG_COMPILES=1`` every XLA compilation is logged, so each
-side's compiled programs are counted by name, with their compile seconds. The printed
-tables of the two sides are compared line by line.
+side's compiled programs are counted by name, with their compile seconds (a program loaded
+from the persistent compilation cache counts as a hit, not a compile). The head runs with a
+fresh, empty ``--compilation_cache`` (its seeds share their methods' programs), then
+``head_warm`` reruns it with other seeds (``--warm_seeds``) on the cache the head run left:
+the driver's second run with new seeds, same shapes. The tables of base and head are
+compared.
 
 Run::
 
@@ -32,29 +36,34 @@ flags.DEFINE_string("base", "HEAD", "The git revision to compare against.")
 flags.DEFINE_string("config", "experiments/configs/dro_fl.py", "The job's config file.")
 flags.DEFINE_list("overrides", [], "Extra driver flags, e.g. --config.rounds=50 (both sides).")
 flags.DEFINE_integer("repeats", 3, "Alternating process pairs.")
+flags.DEFINE_string("warm_seeds", "10,11,12", "head_warm's seeds (--config.seeds=).")
 flags.DEFINE_string("out", "benchmarks/results/main_job.json", "Where to write JSON.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) sec")
+HIT = re.compile(r"Persistent compilation cache hit for '(\S+)'")
 
 
-def _run(tree: str, workdir: str):
+def _run(tree: str, workdir: str, *flags_):
   """One whole process of the job in ``tree``: wall seconds, compiles, table lines."""
   env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
          "PYTHONPATH": tree, "JAX_LOG_COMPILES": "1"}
   cmd = [sys.executable, "-m", "experiments.main", f"--config={FLAGS.config}",
-         f"--workdir={workdir}", "--noprogress", *FLAGS.overrides]
+         f"--workdir={workdir}", "--noprogress", *FLAGS.overrides, *flags_]
   start = time.perf_counter()
   proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
   if proc.returncode != 0:
     raise RuntimeError(f"the job failed in {tree}: {proc.stderr[-1500:]}")
+  hits = HIT.findall(proc.stderr)
   compiles = [(name, float(s)) for name, s in COMPILED.findall(proc.stderr)]
   by_name = collections.Counter(name for name, _ in compiles)
+  for name in hits:  # logged as a (fast) compilation too
+    by_name[name.replace("jit_", "jit(", 1) + ")"] -= 1
   # --noprogress prints no table: the summary's is compared instead
   with open(os.path.join(workdir, "summary.json")) as f:
     table = json.load(f)["table"]
-  return {"seconds": seconds, "compiles": len(compiles),
+  return {"seconds": seconds, "compiles": len(compiles) - len(hits), "cache_hits": len(hits),
           "compile_seconds": sum(s for _, s in compiles), "by_name": dict(by_name),
           "table": table}
 
@@ -68,31 +77,37 @@ def main(argv):
   dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                               cwd=ROOT, capture_output=True, text=True).stdout.strip())
   load_before = C.load_average()
-  runs = {"base": [], "head": []}
+  runs = {"base": [], "head": [], "head_warm": []}
   with tempfile.TemporaryDirectory() as tmp:
     base_tree = os.path.join(tmp, "base")
     subprocess.run(["git", "worktree", "add", "--detach", base_tree, base_rev], cwd=ROOT,
                    capture_output=True, check=True)
     try:
       for i in range(FLAGS.repeats):
-        for side, tree in (("base", base_tree), ("head", ROOT)):
-          out = _run(tree, os.path.join(tmp, f"{side}{i}"))
+        cache = f"--compilation_cache={os.path.join(tmp, f'cache{i}')}"
+        for side, tree, extra in (("base", base_tree, ()), ("head", ROOT, (cache,)),
+                                  ("head_warm", ROOT,
+                                   (cache, f"--config.seeds={FLAGS.warm_seeds}"))):
+          out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
           runs[side].append(out)
           print(side, f"{out['seconds']:.1f} s, {out['compiles']} compiles "
-                      f"({out['compile_seconds']:.1f} s)", flush=True)
+                      f"({out['compile_seconds']:.1f} s), {out['cache_hits']} cache hits",
+                flush=True)
     finally:
       subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT,
                      capture_output=True, check=False)
   median = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items()}
   summary = {side: {"median_seconds": median[side],
                     "seconds": [r["seconds"] for r in rs],
-                    "compiles": rs[0]["compiles"], "compiles_by_name": rs[0]["by_name"],
+                    "compiles": rs[0]["compiles"], "cache_hits": rs[0]["cache_hits"],
+                    "compiles_by_name": {k: v for k, v in rs[0]["by_name"].items() if v},
                     "median_compile_seconds": statistics.median(r["compile_seconds"]
                                                                 for r in rs)}
              for side, rs in runs.items()}
-  tables_equal = all(r["table"] == runs["base"][0]["table"] for rs in runs.values() for r in rs)
-  print(f"head / base wall time {median['head'] / median['base']:.3f}; tables equal: "
-        f"{tables_equal}")
+  tables_equal = all(r["table"] == runs["base"][0]["table"]
+                     for side in ("base", "head") for r in runs[side])
+  print(f"head / base wall time {median['head'] / median['base']:.3f}, head_warm / base "
+        f"{median['head_warm'] / median['base']:.3f}; tables equal: {tables_equal}")
   C.write_json(FLAGS.out, {
       "benchmark": "main_job", "timestamp": C.timestamp(), "machine": C.machine_info(),
       "load_average_before": load_before, "load_average_after": C.load_average(),
@@ -102,6 +117,7 @@ def main(argv):
       "statistic": "whole-process wall seconds, median over alternating processes; "
                    "compiles: XLA compilations logged by JAX_LOG_COMPILES",
       "sides": summary, "head_over_base": median["head"] / median["base"],
+      "head_warm_over_base": median["head_warm"] / median["base"],
       "tables_equal": tables_equal, "table": runs["head"][0]["table"]})
 
 

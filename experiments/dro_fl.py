@@ -195,17 +195,20 @@ def dro_weights(method, gamma, train):
   return gamma, (np.asarray(train.counts, np.float32) if sizes else None)
 
 
-def make_metrics_fn(stats, clients: Dict[str, Any], gamma=None, prior=None):
-  def metrics_fn(p):
+def make_metrics_fn(stats, gamma=None):
+  """``metrics_fn(params, {"clients": {split: FederatedData}, "prior": ...})``: average and
+  worst client accuracy and loss per split (and the training losses' implied client weights
+  with ``gamma``); the data is an argument, so every seed's run compiles to one program."""
+  def metrics_fn(p, d):
     out = {}
-    for split, data in clients.items():
+    for split, data in d["clients"].items():
       losses, accs = metrics_lib.per_client_mean(stats, p, data)
       out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs,
                                                                                 worst="min")
       out[f"{split}_loss_avg"], out[f"{split}_loss_worst"] = metrics_lib.summarize(losses,
                                                                                   worst="max")
       if split == "train" and gamma is not None:
-        out["client_weights"] = kl_dro_weights(losses, gamma, prior)
+        out["client_weights"] = kl_dro_weights(losses, gamma, d.get("prior"))
     return out
   return metrics_fn
 
@@ -260,7 +263,7 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
   for seed in runner.seeds(config, "select_seeds"):
     fed, _ = build_data(setup["splits"], config, seed)
     params = models.init_params(model, fed.train.examples["x"][0], seed)
-    metrics_fn = make_metrics_fn(stats, {"val": fed.val})  # what the choice sees
+    held_out = {"clients": {"val": fed.val}}  # what the choice sees
     for method in found:
       problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
       searches[method.label].append(runner.search(
@@ -272,7 +275,8 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
               common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE],
           data=fed.train, params=params, seed=seed, rounds=config.rounds,
           batch_size=config.batch_size or None, evaluate=False,
-          eval_every=config.eval_every, metrics_fn=metrics_fn))
+          eval_every=config.eval_every, metrics_fn=make_metrics_fn(stats),
+          metrics_data=held_out))
   return {label: runner.combine(found) for label, found in searches.items()}
 
 
@@ -287,11 +291,12 @@ def prepare(config, seed, setup):
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
   gamma, fed = method.problem["gamma"], prepared["fed"]
+  weights_gamma, prior = dro_weights(method, gamma, fed.train)
+  held_out = {"clients": prepared["clients"], **({} if prior is None else {"prior": prior})}
   return runner.Run(
       make_problem(method, prepared["loss"], gamma), method.build(**gamma_kwargs(method, gamma)),
       fed.train, prepared["params"], simulate={"evaluate": False},
-      metrics_fn=make_metrics_fn(prepared["stats"], prepared["clients"],
-                                 *dro_weights(method, gamma, fed.train)))
+      metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma), metrics_data=held_out)
 
 
 def report(summary) -> List[str]:

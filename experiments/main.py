@@ -17,13 +17,16 @@ written) with one line and exit status 130; a second Ctrl-C ends the process at 
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import re
 import sys
 import warnings
 
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
 
 import fedco
@@ -41,6 +44,25 @@ flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workd
                   "a command continues it); --noresume deletes them and starts over.")
 flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
 flags.DEFINE_list("methods", [], "Run only these labels of config.methods (default: all).")
+
+
+def _default_cache() -> str:
+  """``~/.cache/fedco/jax/<this CPU>``: XLA compiles for the CPU it runs on, and JAX's cache
+  keys do not name the CPU model, so machines that share a home keep separate folders."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = "".join(l for l in f if l.startswith(("model name", "flags")))
+  except OSError:
+    cpu = platform.processor()
+  tag = hashlib.sha256(cpu.encode()).hexdigest()[:12]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+  return os.path.join(base, "fedco", "jax", f"{platform.machine()}-{tag}")
+
+
+flags.DEFINE_string("compilation_cache", _default_cache(),
+                    "Folder of JAX's persistent compilation cache: a program compiled once "
+                    "(a method's, for every seed; a rerun's) is loaded from it instead of "
+                    "compiled again. Delete the folder to clear it; '' turns it off.")
 FLAGS = flags.FLAGS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -56,6 +78,15 @@ def main(argv):
       warnings.filterwarnings("once", category=category)
   warnings.formatwarning = _format_warning
   try:
+    if FLAGS.compilation_cache:  # before anything compiles
+      cache = os.path.expanduser(FLAGS.compilation_cache)
+      try:
+        os.makedirs(cache, exist_ok=True)
+      except OSError as err:
+        raise ValueError(f"--compilation_cache={FLAGS.compilation_cache!r} cannot be used "
+                         f"({err.strerror}); name a writable folder, or '' to turn it "
+                         "off") from None
+      jax.config.update("jax_compilation_cache_dir", cache)
     try:
       config = _CONFIG.value
     except (OSError, ValueError) as err:  # ml_collections loads the file lazily

@@ -156,6 +156,9 @@ class Run:
   Attributes:
     problem, algorithm, data, params: ``fedco.simulate``'s first four arguments.
     metrics_fn: evaluated on the server model every ``eval_every`` rounds.
+    metrics_data: ``metrics_fn``'s second argument (held-out sets): passed into the compiled
+      rounds, so the runs of all seeds compile to one program (the driver's compilation
+      cache serves it), where data ``metrics_fn`` closes over is compiled into each run's.
     evaluate: a host evaluation ``fn(state) -> row`` that needs the whole state (personal
       models): run at round 0, every ``eval_every`` rounds and the last; then its rows are
       the run's metrics.
@@ -168,6 +171,7 @@ class Run:
   data: Any
   params: Any
   metrics_fn: Optional[Callable] = None
+  metrics_data: Any = None
   evaluate: Optional[Callable] = None
   rounds: Optional[int] = None
   eval_every: Optional[int] = None
@@ -511,7 +515,7 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
         lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True)])
     stream = [_ActionRows(writers, labels)]
   else:
-    kwargs["metrics_fn"] = run.metrics_fn
+    kwargs.update(metrics_fn=run.metrics_fn, metrics_data=run.metrics_data)
   directory = common.run_checkpoint_dir(wd.path, f"{method.label}-seed{seed}",
                                         identity(base, method, seed, run, schedule))
   wd.record(directory)

@@ -243,3 +243,24 @@ def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.methods.feddro")
   assert "Traceback" not in proc.stderr
+
+
+def test_the_seeds_of_a_method_share_one_compiled_program(tmp_path):
+  """E1's held-out sets are ``metrics_data``, so its seeds' rounds are one program: with the
+  driver's compilation cache the second seed loads it; the results equal a run without the
+  cache."""
+  def driver(workdir, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
+         f"--workdir={workdir}", "--config.rounds=4", "--config.seeds=0,1",
+         "--methods=comfedl_normalized", "--noprogress", *flags], cwd=REPO,
+        env={**os.environ, "JAX_LOG_COMPILES": "1"}, capture_output=True, text=True,
+        timeout=300)
+  cached = driver(tmp_path / "cached", f"--compilation_cache={tmp_path / 'cache'}")
+  assert cached.returncode == 0, cached.stderr[-2000:]
+  assert cached.stderr.count("Persistent compilation cache hit for 'jit__run_rounds'") == 1
+  assert any(p.name.startswith("jit__run_rounds") for p in (tmp_path / "cache").iterdir())
+  plain = driver(tmp_path / "plain", "--compilation_cache=")
+  assert plain.returncode == 0 and "cache hit" not in plain.stderr
+  table = lambda name: json.loads((tmp_path / name / "summary.json").read_text())["table"]
+  assert table("cached") == table("plain")

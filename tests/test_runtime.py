@@ -257,3 +257,29 @@ def test_whole_client_batches_pad_with_the_first_row_at_weight_zero():
     n = int(data.counts[k])
     np.testing.assert_allclose(w, [1 / n] * n + [0.0] * (6 - n))
     np.testing.assert_array_equal(batch["r"][:, 0], expect)
+
+
+def test_metrics_data_is_an_argument_of_the_compiled_rounds():
+  """``metrics_fn(params, metrics_data)``: the same metrics as a closure over the data, and
+  runs whose metrics data differ (same shapes) trace one program, where closures compile
+  their own."""
+  rng = np.random.default_rng(0)
+  data = fedco.FederatedData.from_clients(
+      [{"x": rng.normal(size=(8, 3)).astype(np.float32), "y": np.ones(8, np.float32)}
+       for _ in range(4)])
+  loss = lambda w, e: 0.5 * (e["x"] @ w - e["y"]) ** 2
+  held = [{"x": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32), "y": jnp.zeros(5)}
+          for _ in range(2)]
+  mse = lambda w, d: {"held": jnp.mean((d["x"] @ w - d["y"]) ** 2)}
+  run = lambda **kw: fedco.simulate(fedco.plain(loss), fedco.fedavg(0.1), data, jnp.zeros(3),
+                                    rounds=3, batch_size=None, **kw).metrics["held"]
+  np.testing.assert_array_equal(run(metrics_fn=lambda w: mse(w, held[1])),
+                                run(metrics_fn=mse, metrics_data=held[1]))
+  lowered = []
+  for d in held:
+    sim = fedco.Simulator(fedco.plain(loss), fedco.fedavg(0.1), data, batch_size=None,
+                          metrics_fn=mse, metrics_data=d)
+    state = sim.init(jnp.zeros(3))
+    lowered.append(sim._run.lower(state, sim.data, sim.metrics_data, np.int32(-1),
+                                  rounds=2).as_text())
+  assert lowered[0] == lowered[1]  # one program (a persistent cache serves the second)

@@ -24,12 +24,12 @@ def client_objectives(cfg, params, data, flat):
                               cfg.num_clients)
 
 
-def maybe_metrics(cfg, completed, params, data, flat, final_round):
+def maybe_metrics(cfg, completed, params, data, flat, final_round, metrics_data=None):
   """Metrics after round ``completed``, or NaN placeholders on rounds that skip them.
 
   Due after round 1, every ``eval_every``-th round and ``final_round`` (the run's last, a
   traced integer, so runs of any length share one compiled chunk)."""
-  compute = lambda p: metrics(cfg, p, data, flat)
+  compute = lambda p: metrics(cfg, p, data, flat, metrics_data)
   if cfg.eval_every == 1:
     out = compute(params)
     return {**out, "evaluated": jnp.ones([], bool)} if out else {}
@@ -44,8 +44,9 @@ def maybe_metrics(cfg, completed, params, data, flat, final_round):
   return {**out, "evaluated": due}
 
 
-def metrics(cfg, params, data, flat):
-  """The evaluated metrics of ``params``."""
+def metrics(cfg, params, data, flat, metrics_data=None):
+  """The evaluated metrics of ``params`` (``metrics_fn(params, metrics_data)`` when the run
+  has ``metrics_data``)."""
   out = {}
   if cfg.evaluate:
     objective = lambda p: client_objectives(cfg, p, data, flat)
@@ -56,5 +57,6 @@ def metrics(cfg, params, data, flat):
       obj, losses = objective(params)
     out["objective"], out["client_losses"] = obj, losses
   if cfg.metrics_fn is not None:
-    out.update(cfg.metrics_fn(params))
+    out.update(cfg.metrics_fn(params) if metrics_data is None
+               else cfg.metrics_fn(params, metrics_data))
   return out

@@ -177,10 +177,10 @@ def _sample(cfg, key):
   return jnp.sort(jax.random.permutation(key, n)[:m])
 
 
-def round_step(cfg, data, flat, state: SimState, final_round):
+def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None):
   """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
   :func:`~fedco.runtime.evaluation.flat_examples`; ``final_round``, the run's last round,
-  is always evaluated)."""
+  is always evaluated; ``metrics_data``, the second argument of ``metrics_fn`` if any)."""
   plan, n, layout, mesh, up = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh, cfg.uplink
   slots = layout.slots
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
@@ -271,7 +271,7 @@ def round_step(cfg, data, flat, state: SimState, final_round):
   new_state = SimState(completed, key, server, server_opt_state, shared, clients,
                        random_params, uplink)
   metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat,
-                                     final_round)
+                                     final_round, metrics_data)
   metrics["clients"] = real
   if cfg.faults:
     metrics["survivors"] = pick(alive)
@@ -307,11 +307,11 @@ def _unprivate_losses(*args, **kwargs):
                    "without privacy=")
 
 
-def run_rounds(cfg, state: SimState, data, rounds: int, final_round=None):
+def run_rounds(cfg, state: SimState, data, rounds: int, final_round=None, metrics_data=None):
   """``rounds`` rounds as one ``lax.scan``: ``(state, stacked metrics)``. ``final_round``
   (the run's last round, evaluated whatever ``eval_every`` says) defaults to this call's
   last round."""
   flat = evaluation.flat_examples(cfg, data)
   final_round = state.round + rounds if final_round is None else final_round
-  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s, final_round), state, None,
-                      length=rounds)
+  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s, final_round, metrics_data),
+                      state, None, length=rounds)

@@ -60,7 +60,12 @@ class Simulator:
       parameters adapted on its own support sets. The next-inner batch stays independent.
     evaluate: compute the exact objective and per-client losses.
     exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
-    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model.
+    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model; with
+      ``metrics_data``, ``(params, metrics_data) -> dict``.
+    metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
+      the compiled rounds as an argument: runs that differ only in it compile to one
+      program (and a persistent compilation cache serves the others), where arrays a
+      ``metrics_fn`` closes over are constants of each run's own program.
     mesh: a ``jax.sharding.Mesh`` with a ``"clients"`` axis (see :func:`client_mesh`); each
       round's clients are laid along it (``vmap`` with ``spmd_axis_name`` plus sharding
       constraints). A round's client count that the axis does not divide is padded with
@@ -97,7 +102,7 @@ class Simulator:
                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
                eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
                participation: float = 1.0, straggler_prob: float = 0.0,
-               compression=None, privacy=None):
+               compression=None, privacy=None, metrics_data=None):
     self.config = cfg = config.make_config(
         problem, algorithm, data, clients_per_round=clients_per_round, batch_size=batch_size,
         outer_batch_size=outer_batch_size, paired_batches=paired_batches, evaluate=evaluate,
@@ -112,6 +117,11 @@ class Simulator:
     if mesh is not None:
       self._replicated = replicated(mesh)
     self.data = cfg.layout.place_data(data)  # placed once: every run sees the same shardings
+    # an argument of the compiled chunk, not a constant in it: runs that differ only in it
+    # (seeds with their own held-out sets) compile to the same program
+    self.metrics_data = None if metrics_data is None else (
+        jax.device_put(metrics_data, self._replicated) if mesh is not None
+        else jax.tree.map(jnp.asarray, metrics_data))
     # Per-instance jits of pure functions (never a global cache keyed on ``self``), so a
     # dropped simulator and its data are collected.
     self._run = jax.jit(functools.partial(_run_rounds, cfg), static_argnames="rounds")
@@ -144,7 +154,7 @@ class Simulator:
     final_round = _validate.positive_int("final_round", final_round, minimum=-1)
     if self.mesh is not None:  # same input shardings every call: no second compilation
       state = jax.device_put(state, self._replicated)
-    return self._run(state, self.data, np.int32(final_round), rounds=rounds)
+    return self._run(state, self.data, self.metrics_data, np.int32(final_round), rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
     """Floats and bytes per participating client per round, split by what was sent."""
@@ -188,10 +198,10 @@ class Simulator:
     return None if link is None else link.epsilon(rounds)
 
 
-def _run_rounds(cfg, state, data, final_round, *, rounds):
+def _run_rounds(cfg, state, data, metrics_data, final_round, *, rounds):
   """``run_rounds`` with ``final_round`` traced; ``-1``: this call's last round."""
   final_round = jnp.where(final_round < 0, state.round + rounds, final_round)
-  return rounds_lib.run_rounds(cfg, state, data, rounds, final_round)
+  return rounds_lib.run_rounds(cfg, state, data, rounds, final_round, metrics_data)
 
 
 __all__ = ["CLIENTS", "SimState", "Simulator", "client_mesh"]

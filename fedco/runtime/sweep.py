@@ -200,13 +200,13 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
 
   @functools.partial(jax.jit, static_argnames="length",
                      **({} if mesh is None else {"out_shardings": (along, along, per_round)}))
-  def run_chunk(states, frozen, data, length):
+  def run_chunk(states, frozen, data, metrics_data, length):
     flat = evaluation.flat_examples(sim.config, data)
 
     def one_round(carry, _):
       states, frozen = carry
       new, metrics = jax.vmap(
-          lambda s: rounds_lib.round_step(sim.config, data, flat, s, rounds))(states)
+          lambda s: rounds_lib.round_step(sim.config, data, flat, s, rounds, metrics_data))(states)
       ok = jax.vmap(_all_finite)(new) & jax.vmap(_finite_metrics)(metrics)
       stop = (frozen == 0) & ~ok
       frozen = jnp.where(stop, new.round, frozen)
@@ -235,7 +235,7 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm], data, params: Py
                                0)
       while done < rounds:
         size = min(chunk, rounds - done)
-        states, frozen, metrics = run_chunk(states, frozen, data, length=size)
+        states, frozen, metrics = run_chunk(states, frozen, data, sim.metrics_data, length=size)
         collected.append({k: np.swapaxes(np.asarray(v), 0, 1)[:len(runs)]
                           for k, v in metrics.items()})
         done += size
