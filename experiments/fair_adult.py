@@ -116,7 +116,7 @@ def prepare(config, seed, base: adult.AdultData):
             for s in ("train", "test")}
   G, eps = adult.NUM_GROUPS, config.eps
 
-  def metrics_fn(params):
+  def metrics_fn(params, splits):  # the data is an argument: every seed's run is one program
     out = {}
     for split, a in splits.items():
       m = fair.group_metrics(params, a["x"], a["y"], a["group"], G, eps)
@@ -132,18 +132,18 @@ def prepare(config, seed, base: adult.AdultData):
     return out
 
   return (adult.federated_adult(data, config.num_clients, seed),
-          fair.init_params(data.num_features), metrics_fn)
+          fair.init_params(data.num_features), metrics_fn, splits)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
-  fed, params, metrics_fn = prepared
+  fed, params, metrics_fn, splits = prepared
   if method.algorithm in UNCONSTRAINED:
     problem = fair.unconstrained()
   else:
     problem = fair.fairness_problem(adult.NUM_GROUPS, config.eps, config.alpha, config.gamma)
   return runner.Run(problem, method.build(), fed, params, metrics_fn=metrics_fn,
-                    simulate={"evaluate": False,
+                    metrics_data=splits, simulate={"evaluate": False,
                               "clients_per_round": config.clients_per_round or None})
 
 

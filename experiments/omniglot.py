@@ -237,14 +237,14 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
                                              _chunk_size(config, *sizes)))
   meta = setup["meta"]
 
-  def metrics_fn(w):
+  def metrics_fn(w, chunks):  # the tasks are an argument: every seed's run is one program
     out = evaluate(meta, w, chunks, config.eval_inner_steps, 2)  # 0: training, 1: validation
     return {"train_loss": out["loss"][0], "train_acc": out["acc"][0],
             "val_loss": out["loss"][1], "val_acc": out["acc"][1]}
 
   shape = (omniglot_data.IMAGE_SIZE, omniglot_data.IMAGE_SIZE, 1)
   return {"problem": setup["problem"], "data": fed, "metrics_fn": metrics_fn,
-          "params": init_cnn(setup["model"], shape, seed)}
+          "metrics_data": chunks, "params": init_cnn(setup["model"], shape, seed)}
 
 
 def build(config, method, seed, prepared) -> runner.Run:

@@ -149,15 +149,15 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
       shots=config.shots, query_shots=config.query_shots, tasks_per_step=config.tasks_per_step)
   train = _episode(sinusoid_data.training_eval_episode(
       tasks, TEST_SEED, shots=config.shots, query_shots=config.query_shots))
-  meta, test = setup["meta"], setup["test"]
+  meta = setup["meta"]
 
-  def metrics_fn(w):
-    return {"train_mse": jnp.mean(meta.adapted_losses(w, train)),
-            "val_mse": jnp.mean(meta.adapted_losses(w, test)),
-            "val_mse_before": jnp.mean(meta.adapted_losses(w, test, steps=0))}
+  def metrics_fn(w, d):  # the tasks are an argument: every seed's run is one program
+    return {"train_mse": jnp.mean(meta.adapted_losses(w, d["train"])),
+            "val_mse": jnp.mean(meta.adapted_losses(w, d["test"])),
+            "val_mse_before": jnp.mean(meta.adapted_losses(w, d["test"], steps=0))}
 
   return {"problem": setup["problem"], "data": fed, "params": init_mlp(setup["model"], 1, seed),
-          "metrics_fn": metrics_fn}
+          "metrics_fn": metrics_fn, "metrics_data": {"train": train, "test": setup["test"]}}
 
 
 def build(config, method, seed, prepared) -> runner.Run:
