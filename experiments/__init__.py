@@ -1,4 +1,3 @@
-"""Flag-driven binaries that reproduce the papers' experiments.
-
-Run one as ``python -m experiments.<name> --workdir=...``.
-"""
+"""fedco's experiments: one driver (``python -m experiments.main --config=<file>``), one
+skeleton (:mod:`experiments.runner`), a module of science per experiment and its config files
+(``experiments/configs/``)."""

@@ -108,7 +108,8 @@ def carries_examples(shape, max_n, rows):
 
 
 def compiled_collectives(sim, state):
-  compiled = sim._run.lower(state, sim.data, np.int32(ROUNDS), rounds=ROUNDS).compile()
+  compiled = sim._run.lower(state, sim.data, sim.metrics_data, np.int32(ROUNDS),
+                            rounds=ROUNDS).compile()
   ops = sorted({(mt.group(2), mt.group(1))
                 for mt in map(COLLECTIVE.match, compiled.as_text().splitlines()) if mt})
   return compiled, ops

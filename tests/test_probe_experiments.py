@@ -15,6 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
+import fedco  # pylint: disable=g-import-not-at-top
 from experiments import common  # pylint: disable=g-import-not-at-top
 
 E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
@@ -150,7 +151,9 @@ def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path,
   run = tmp_path / "run"
   wd = common.Workdir(run)
   wd.write_config({"a": 1})
-  wd.append_metrics([{"round": 1, "x": 0.5}])
+  for output, writer in ((common.METRICS, fedco.runtime.JsonlWriter),
+                         (common.METRICS_CSV, fedco.runtime.CsvWriter)):
+    writer(wd.record(wd.file(output))).write([{"round": 1, "x": 0.5}])  # as the runner does
   wd.write_summary({"done": True})
   del wd
   os.remove(run / name)
