@@ -446,9 +446,14 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   for seed in outcome.seeds:
     if seed != outcome.seeds[0]:
       prepared, first = prepare(config, seed, setup), None
+    digests = {}  # the methods of a seed mostly share its data and initial model: hashed once
     for i, method in enumerate(runs):
       run = first[i] if first else module.build(config, method, seed, prepared)
-      _simulate(module, config, method, seed, run, base, wd, writers, options, outcome)
+      key = (id(run.data), id(run.params))  # both held by ``prepared`` for the whole seed
+      if key not in digests:
+        digests[key] = digest((run.data, run.params))
+      _simulate(module, config, method, seed, run, {**base, "data_sha256": digests[key]}, wd,
+                writers, options, outcome)
   outcome.per_method, outcome.table = common.seed_statistics(outcome.finals,
                                                              module.TABLE_KEYS)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
@@ -482,12 +487,11 @@ def _checked(module, config, method: Method, seed: int, prepared) -> Run:
                      f"invalid for fedco.{method.algorithm}: {err}") from None
 
 
-def identity(base: Mapping[str, Any], method: Method, seed: int, run: Run,
+def identity(base: Mapping[str, Any], method: Method, seed: int,
              schedule: Mapping[str, Any]) -> Dict[str, Any]:
-  """What defines one run: the config's run-defining fields, the method's settings, the
-  seed, the schedule and a digest of the data and the initial model."""
-  return {**base, **schedule, "method": method.settings(), "seed": seed,
-          "data_sha256": digest((run.data, run.params))}
+  """What defines one run: ``base`` (the config's run-defining fields and the digest of the
+  run's data and initial model), the method's settings, the seed and the schedule."""
+  return {**base, **schedule, "method": method.settings(), "seed": seed}
 
 
 def digest(tree) -> str:
@@ -517,7 +521,7 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
   else:
     kwargs.update(metrics_fn=run.metrics_fn, metrics_data=run.metrics_data)
   directory = common.run_checkpoint_dir(wd.path, f"{method.label}-seed{seed}",
-                                        identity(base, method, seed, run, schedule))
+                                        identity(base, method, seed, schedule))
   wd.record(directory)
   fields = lambda _: dict(labels)
   finals = outcome.finals.setdefault(method.label, {})
@@ -529,13 +533,13 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
   except fedco.runtime.NonFiniteError as err:
     finals[seed] = diverged_note(method.entry, err)
     if run.evaluate is not None:
-      outcome.records.extend(_finite_rows(err.host_metrics, labels))
+      outcome.records.extend(_finite_rows(err.host_metrics))
     else:
       outcome.records.extend(common.evaluated_records(err.metrics, fields,
                                                       keys=run.record_keys, finite_only=True))
     return
   if run.evaluate is not None:
-    rows = _finite_rows(result.host_metrics, labels)
+    rows = _finite_rows(result.host_metrics)
     outcome.records.extend(rows)
     final = {k: v for k, v in rows[-1].items() if k not in labels}
   else:
@@ -552,16 +556,10 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
   outcome.results[(method.label, seed)] = result
 
 
-def _finite_rows(rows, labels) -> List[Dict[str, Any]]:
-  """A host evaluation's rows up to the first with a non-finite number, labelled."""
-  out = []
-  for row in rows:
-    if not all(np.all(np.isfinite(np.asarray(v, float))) for k, v in row.items()
-               if k != "round" and not isinstance(v, str)):
-      break
-    out.append({"round": row["round"], **labels,
-                **{k: v for k, v in row.items() if k != "round"}})
-  return out
+def _finite_rows(rows) -> List[Dict[str, Any]]:
+  """A host evaluation's rows (``{"round", **labels, ...}``) up to the first with a
+  non-finite number."""
+  return list(itertools.takewhile(fedco.runtime.host.finite_row, rows))
 
 
 class _ActionRows(fedco.runtime.RowWriter):
