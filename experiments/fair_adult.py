@@ -143,7 +143,8 @@ def build(config, method, seed, prepared) -> runner.Run:
   else:
     problem = fair.fairness_problem(adult.NUM_GROUPS, config.eps, config.alpha, config.gamma)
   return runner.Run(problem, method.build(), fed, params, metrics_fn=metrics_fn,
-                    metrics_data=splits, simulate={"evaluate": False,
+                    metrics_data=splits,
+                    simulate={"evaluate": False,
                               "clients_per_round": config.clients_per_round or None})
 
 
