@@ -107,3 +107,108 @@ def test_the_random_iterate_is_a_uniformly_random_round():
   assert np.all(match.sum(axis=1) == 1)  # every run's random model is exactly one round's
   counts = np.bincount(np.argmax(match, axis=1), minlength=rounds)
   assert stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+# ---- seeds of one algorithm, each with its own data, as one program ----------------------
+
+def _seed_data(seed):
+  """A seed's own clients (same sizes, other returns): stackable with the others'."""
+  return fedco.FederatedData.from_clients(
+      [{"r": c} for c in helpers.portfolio_clients(sizes=(24, 8, 40, 12), seed=seed)])
+
+
+SEED_KW = dict(rounds=6, batch_size=4, clients_per_round=3, eval_every=2,
+               metrics_fn=lambda p, d: {"shift": jnp.sum(p * d["w"])})
+
+
+def _per_seed(**extra):
+  seeds = (0, 5)
+  return fedco.sweep(
+      portfolio(1.0), fedco.feddro(0.05, 3), fedco.runtime.PerSeed([_seed_data(s) for s in seeds]),
+      fedco.runtime.PerSeed([jnp.full(3, 0.1 * s) for s in seeds]), seeds=seeds,
+      metrics_data=fedco.runtime.PerSeed([{"w": jnp.arange(3.0) + s} for s in seeds]),
+      **SEED_KW, **extra)
+
+
+def test_per_seed_data_params_and_metrics_data_equal_each_seeds_own_simulate_call():
+  swept = _per_seed()
+  assert [r["seed"] for r in swept.runs] == [0, 5]
+  for r, s in enumerate((0, 5)):
+    alone = fedco.simulate(portfolio(1.0), fedco.feddro(0.05, 3), _seed_data(s),
+                           jnp.full(3, 0.1 * s), seed=s,
+                           metrics_data={"w": jnp.arange(3.0) + s}, **SEED_KW)
+    one = swept.simulation(r)
+    np.testing.assert_allclose(np.asarray(one.params), np.asarray(alone.params), rtol=1e-5,
+                               atol=1e-6)
+    for key in ("objective", "shift"):
+      np.testing.assert_allclose(one.metrics[key], alone.metrics[key], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(one.metrics["clients"], alone.metrics["clients"])
+    assert one.ledger == alone.ledger
+
+
+def test_per_seed_values_of_other_shapes_or_counts_are_refused():
+  with pytest.raises(ValueError, match="data: seed 5's value has other shapes"):
+    fedco.sweep(portfolio(1.0), fedco.feddro(0.05, 3),
+                fedco.runtime.PerSeed([_seed_data(0), fedco.FederatedData.from_clients(
+                    [{"r": c} for c in helpers.portfolio_clients(sizes=(24, 8, 41, 12))])]),
+                jnp.zeros(3), seeds=(0, 5), rounds=2)
+  with pytest.raises(ValueError, match="params: PerSeed holds 1 values for 2 seeds"):
+    fedco.sweep(portfolio(1.0), fedco.feddro(0.05, 3), _data(), fedco.runtime.PerSeed([jnp.zeros(3)]),
+                seeds=(0, 5), rounds=2)
+  with pytest.raises(ValueError, match="grid: 'beta' needs an algorithm factory"):
+    fedco.sweep(portfolio(1.0), fedco.feddro(0.05, 3), _data(), jnp.zeros(3),
+                grid={"beta": [0.5]}, rounds=2)
+
+
+class _Rows(fedco.runtime.RowWriter):
+  def __init__(self):
+    self.rows = []
+
+  def write(self, rows):
+    self.rows.extend(rows)
+
+  def rewind(self, round_, labels):
+    self.rows = [r for r in self.rows if not (r["round"] > round_ and all(
+        r.get(k) == v for k, v in labels.items()))]
+
+
+def test_each_runs_rows_reach_the_writers_with_its_labels():
+  writer = _Rows()
+  swept = _per_seed(metric_writers=[writer],
+                    metric_labels=[{"method": "m", "seed": 0}, {"method": "m", "seed": 5}])
+  for r, s in enumerate((0, 5)):
+    rows = [row for row in writer.rows if row["seed"] == s]
+    assert [row["round"] for row in rows] == [1, 2, 4, 6]
+    assert all(row["method"] == "m" for row in rows)
+    np.testing.assert_allclose([row["objective"] for row in rows],
+                               swept.metrics["objective"][r][[0, 1, 3, 5]])
+
+
+def test_a_sweep_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
+  import os
+  import signal
+
+  whole = _per_seed()
+
+  class StopAfterFirstChunk(_Rows):
+    def write(self, rows):
+      super().write(rows)
+      if max(r["round"] for r in self.rows) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+
+  stopping = StopAfterFirstChunk()
+  with pytest.raises(fedco.runtime.Interrupted, match="after round 2 of 6"):
+    _per_seed(checkpoint_dir=tmp_path, checkpoint_every=2, metric_writers=[stopping])
+  resumed_rows = _Rows()
+  resumed_rows.rows = list(stopping.rows)
+  resumed = _per_seed(checkpoint_dir=tmp_path, checkpoint_every=2,
+                      metric_writers=[resumed_rows])
+  for key in ("objective", "shift", "clients"):
+    np.testing.assert_array_equal(resumed.metrics[key], whole.metrics[key])
+  np.testing.assert_array_equal(np.asarray(resumed.params), np.asarray(whole.params))
+  assert sorted((r["seed"], r["round"]) for r in resumed_rows.rows) == sorted(
+      (s, t) for s in (0, 5) for t in (1, 2, 4, 6))
+  with pytest.raises(fedco.checkpoint.RunMismatchError):  # another sweep's checkpoints
+    fedco.sweep(portfolio(1.0), fedco.feddro(0.07, 3), _data(), jnp.zeros(3), seeds=(0, 5),
+                checkpoint_dir=tmp_path, **SEED_KW,
+                metrics_data={"w": jnp.arange(3.0)})

@@ -9,12 +9,12 @@ from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
 from fedco.runtime.mesh import CLIENTS, client_mesh
 from fedco.runtime.rounds import SimState
 from fedco.runtime.simulator import Simulator
-from fedco.runtime.sweep import SweepResult, sweep
+from fedco.runtime.sweep import PerSeed, SweepResult, sweep
 
 __all__ = [
     "CLIENTS", "ClientView", "draw", "Ledger", "NonFiniteError", "SimState",
     "SimulationResult", "Simulator", "client_mesh",
     "distributed", "host", "CsvWriter", "Interrupted", "JsonlWriter", "RowWriter",
     "RoundAction", "TensorBoardWriter", "interrupt_guard", "draw_batch", "oracle_args", "simulate",
-    "SweepResult", "sweep",
+    "PerSeed", "SweepResult", "sweep",
 ]
