@@ -152,6 +152,18 @@ def sweep_check():
       leaf = eight.state.server["params"]
       out["shard_shapes"] = sorted({tuple(s.data.shape) for s in leaf.addressable_shards})
       out["shard_devices"] = len({s.device for s in leaf.addressable_shards})
+  # three seeds, each its own partition of the same examples and its own initial model
+  parts = [np.random.default_rng(s).permutation(25).reshape(5, 5) for s in range(3)]
+  per_seed = fedco.runtime.PerSeed([fedco.FederatedData.from_index_lists(
+      {"r": data.examples["r"]}, list(p)) for p in parts])
+  starts = fedco.runtime.PerSeed([jnp.full(3, 0.1 * s) for s in range(3)])
+  kw = dict(rounds=3, seeds=(0, 1, 2), batch_size=4, clients_per_round=3)
+  one = fedco.sweep(portfolio(1.0), fedco.feddro(0.1, 2), per_seed, starts, **kw)
+  eight = fedco.sweep(portfolio(1.0), fedco.feddro(0.1, 2), per_seed, starts,
+                      mesh=fedco.runtime.client_mesh(8), **kw)
+  out["per_seed_params"] = float(np.max(np.abs(np.asarray(one.params) -
+                                               np.asarray(eight.params))))
+  out["per_seed_spread"] = float(np.ptp(np.asarray(one.params), axis=0).max())
   print(json.dumps(out), flush=True)
 
 

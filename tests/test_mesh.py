@@ -96,3 +96,5 @@ def test_sweep_lays_runs_along_the_mesh(mesh_results):
   for runs in (8, 9):
     assert check[f"runs_{runs}_shape"] == [runs, 3], check
     assert check[f"runs_{runs}_params"] < 1e-6 and check[f"runs_{runs}_objective"] < 1e-5, check
+  # per-seed partitions of shared examples: the same along the mesh, different per seed
+  assert check["per_seed_params"] < 1e-6 and check["per_seed_spread"] > 1e-3, check

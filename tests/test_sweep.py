@@ -212,3 +212,24 @@ def test_a_sweep_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     fedco.sweep(portfolio(1.0), fedco.feddro(0.07, 3), _data(), jnp.zeros(3), seeds=(0, 5),
                 checkpoint_dir=tmp_path, **SEED_KW,
                 metrics_data={"w": jnp.arange(3.0)})
+
+
+def test_arrays_the_seeds_share_are_not_copied_per_run():
+  """Seeds partitioning one dataset differently share its examples (one copy, vmap axis
+  None); only their row lists are stacked."""
+  examples = {"r": jnp.asarray(np.random.default_rng(0).normal(size=(12, 3)), jnp.float32)}
+  parts = [list(np.random.default_rng(s).permutation(12).reshape(3, 4)) for s in (0, 1)]
+  value = fedco.runtime.PerSeed([fedco.FederatedData.from_index_lists(examples, p)
+                                 for p in parts])
+  stacked, axes = fedco.runtime.vmapped.per_run("data", value, (0, 1), (0, 1, 0))
+  assert stacked.examples["r"] is examples["r"] and axes.examples["r"] is None
+  assert axes.flat_rows == 0 and stacked.flat_rows.shape == (3, 12)
+  np.testing.assert_array_equal(stacked.flat_rows[2], stacked.flat_rows[0])
+  swept = fedco.sweep(portfolio(1.0), fedco.feddro(0.05, 3), value, jnp.zeros(3), seeds=(0, 1),
+                      rounds=3, batch_size=2)
+  for r, p in enumerate(parts):
+    alone = fedco.simulate(portfolio(1.0), fedco.feddro(0.05, 3),
+                           fedco.FederatedData.from_index_lists(examples, p), jnp.zeros(3),
+                           seed=r, rounds=3, batch_size=2)
+    np.testing.assert_allclose(swept.metrics["objective"][r], alone.metrics["objective"],
+                               rtol=1e-5, atol=1e-6)

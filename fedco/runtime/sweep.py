@@ -199,20 +199,27 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
     params = PerSeed([sim._checked_params(p) for p in params.values])
   else:
     params = sim._checked_params(params)
-  stacked = {name: vmapped.per_run(name, value, seeds, run_seeds)
-             for name, value in (("data", data), ("params", params),
-                                 ("metrics_data", metrics_data))}
-  axes = {k: None if v is None else 0 for k, v in stacked.items()}
-  data = sim.data if stacked["data"] is None else stacked["data"]
-  params = params if stacked["params"] is None else stacked["params"]
-  metrics_data = (jax.tree.map(jnp.asarray, metrics_data) if stacked["metrics_data"] is None
-                  else stacked["metrics_data"])
+  if not isinstance(data, PerSeed):
+    data = sim.data
+  if not isinstance(metrics_data, PerSeed):
+    metrics_data = jax.tree.map(jnp.asarray, metrics_data)
+  axes = {}  # per input, the vmap axis of each leaf: 0 (one per run) or None (shared)
+  (data, axes["data"]), (params, axes["params"]), (metrics_data, axes["metrics_data"]) = (
+      vmapped.per_run(name, value, seeds, run_seeds)
+      for name, value in (("data", data), ("params", params), ("metrics_data", metrics_data)))
   values = {k: jnp.asarray([run[k] for run in padded], jnp.result_type(float)) for k in grid}
   keys = jnp.stack([jax.random.PRNGKey(s) for s in run_seeds])
   jit_init, jit_chunk = {}, {}
   if mesh is not None:  # runs along the mesh; shared inputs on every device
     along = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(CLIENTS))
-    place = lambda v, axis: jax.device_put(v, along if axis == 0 else replicated(mesh))
+
+    def place(value, axes):
+      leaves, treedef = jax.tree.flatten(value)
+      axes = ([axes] * len(leaves) if axes is None or isinstance(axes, int)
+              else jax.tree.leaves(axes, is_leaf=lambda x: x is None))
+      return treedef.unflatten([jax.device_put(a, along if x == 0 else replicated(mesh))
+                                for a, x in zip(leaves, axes)])
+
     params, data = place(params, axes["params"]), place(data, axes["data"])
     metrics_data = place(metrics_data, axes["metrics_data"])
     keys, values = jax.device_put((keys, values), along)

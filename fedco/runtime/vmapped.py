@@ -49,9 +49,12 @@ class PerSeed:
 
 
 def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
-  """``value`` stacked along a leading run axis (``PerSeed``), or ``None`` when shared."""
+  """``(value, axes)``: a :class:`PerSeed` stacked along a leading run axis, with the
+  ``vmap`` axes of its leaves (``0``; ``None`` for a leaf every seed shares, the same
+  array object, such as the examples of seeds that partition one dataset differently);
+  any other value as it is, with axis ``None``."""
   if not isinstance(value, PerSeed):
-    return None
+    return value, None
   if len(value) != len(seeds):
     raise ValueError(f"{name}: PerSeed holds {len(value)} values for {len(seeds)} seeds")
   first = value.values[0]
@@ -64,8 +67,16 @@ def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
                        f"so per-seed values need equal shapes (and equal client counts)")
   where = {s: i for i, s in enumerate(seeds)}
   order = [where[s] for s in run_seeds]
-  return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(leaves[i]) for i in order]),
-                      *value.values)
+
+  def leaf(*leaves):
+    if all(l is leaves[0] for l in leaves):
+      return leaves[0], None
+    return jnp.stack([jnp.asarray(leaves[i]) for i in order]), 0
+
+  treedef = jax.tree.structure(first)
+  pairs = [leaf(*ls) for ls in zip(*(jax.tree.leaves(v) for v in value.values))]
+  return (jax.tree.unflatten(treedef, [p[0] for p in pairs]),
+          jax.tree.unflatten(treedef, [p[1] for p in pairs]))
 
 
 def _brief(tree) -> str:
