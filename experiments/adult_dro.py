@@ -38,6 +38,7 @@ BUDGETS = ("short", "converged")
 CLIENTS = ("doctorate", "other")
 TABLE_KEYS = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
 PROGRESS = "test_acc_doctorate"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 TRADEOFF = {"epsilon": (("test_acc_doctorate", "doctorate client's test accuracy"),
                         ("test_acc_worst", "worst client's test accuracy"))}
 

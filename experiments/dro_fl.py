@@ -75,6 +75,7 @@ SCORE = ("val_acc_worst", "val_acc_avg")  # the grid's choice: the worst client,
 TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "test_acc_avg", "test_acc_worst",
               "train_acc_worst")
 PROGRESS = "val_acc_worst"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 
 
 def check(config) -> None:

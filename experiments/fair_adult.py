@@ -60,6 +60,7 @@ LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
 ABLATION_DEFAULT = (1, 2, 4, 8)
 TABLE_KEYS = ("test_acc", "test_max_violation", "train_acc", "train_max_violation")
 PROGRESS = "test_max_violation"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 TRADEOFF = {"epsilon": (("test_acc", "test accuracy"),
                         ("test_max_violation", "test max violation")),
             "bytes_up": (("train_objective", "training objective"),

@@ -50,6 +50,7 @@ X_STAR = 1.0
 CONVERGED_BELOW = 1e-3
 TABLE_KEYS = ("x", "distance", "grad_norm")
 PROGRESS = "distance"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 TRADEOFF = {"bytes_up": (("objective", "final objective Phi(x)", "log"),
                          ("distance", "final |x - x*|", "log"))}
 LINESTYLES = ("-", "--", "-.", ":")

@@ -81,6 +81,7 @@ ABLATION_DEFAULT = (1, 2, 4, 8, 16, 32)
 MODELS = ("resnet20", "cnn4", "linear")
 TABLE_KEYS = ("test_acc", "train_acc", "test_minority_acc", "train_objective")
 PROGRESS = "test_acc"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 _EVAL_CHUNK = 256
 
 

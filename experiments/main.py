@@ -43,6 +43,9 @@ flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the f
 flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workdir (rerunning "
                   "a command continues it); --noresume deletes them and starts over.")
 flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
+flags.DEFINE_bool("seeds_together", True, "Run a method's seeds as one vmapped program where "
+                  "the experiment allows it (--noseeds_together: one run at a time, less "
+                  "memory).")
 flags.DEFINE_list("methods", [], "Run only these labels of config.methods (default: all).")
 
 
@@ -99,7 +102,7 @@ def main(argv):
       raise ValueError("--config must name an experiments/configs/*.py file")
     select(config, FLAGS.methods)
     options = runner.Options(
-        progress=FLAGS.progress, resume=FLAGS.resume,
+        progress=FLAGS.progress, resume=FLAGS.resume, seeds_together=FLAGS.seeds_together,
         checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1))
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)

@@ -74,6 +74,7 @@ SPLIT_SEED = 0       # the "random" alphabet split does not change with config.s
 RECORD_KEYS = ("train_loss", "train_acc", "val_loss", "val_acc")
 TABLE_KEYS = ("val_acc", "train_loss", "train_acc", "val_loss")  # and test_acc with test tasks
 PROGRESS = "val_acc"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x")
 

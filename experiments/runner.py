@@ -2,7 +2,8 @@
 
 An experiment is a module ``experiments/<name>.py`` holding its science only; this module
 owns the rest: the workdir and its lock, config checks, checkpoints (resumed on rerun), the
-metric writers, the seeds x methods loop through ``fedco.simulate``, divergence notes, the
+metric writers, the seeds x methods loop through ``fedco.simulate`` (or each method's seeds
+through one ``fedco.sweep``), divergence notes, the
 final table, the trade-off figures and ``summary.json``.
 
 **An experiment module** defines (only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are
@@ -24,6 +25,13 @@ required):
 * ``TRADEOFF``: ``{"epsilon" | "bytes_up": panels}``, each panel ``(metric, axis label[,
   "log"])``: the privacy and compression trade-off figures, drawn when a method has
   ``privacy`` or ``compression``.
+* ``SEEDS_IN_ONE_PROGRAM = True``: ``build``'s runs of one method differ from seed to seed
+  only in ``data``, ``params`` and ``metrics_data`` (the problem, algorithm and
+  ``metrics_fn`` of the first seed serve them all), so its seeds run as one vmapped
+  ``fedco.sweep`` program (per-seed inputs stacked; rows, checkpoint and resume as before;
+  results equal separate runs up to float round-off). A run that diverges there is run
+  again alone, so its note is ``fedco.simulate``'s; seeds whose inputs' shapes differ, or
+  with a host evaluation, run one by one (so does ``--noseeds_together``).
 
 **The config** (``experiments/configs/<name>.py``) is the only source of truth. Every config
 names the shared fields :data:`SHARED` the same way; ``methods`` holds one entry per compared
@@ -80,6 +88,7 @@ class Options:
   progress: bool = True
   resume: bool = True
   checkpoint_every: int = 50
+  seeds_together: bool = True  # a method's seeds as one program (SEEDS_IN_ONE_PROGRAM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,8 +434,8 @@ def check(config):
 def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[str, Any]:
   """Runs the experiment ``config.experiment`` and writes its outputs into ``workdir``.
 
-  Every (seed, method) run goes through ``fedco.simulate`` with streamed metrics and
-  checkpoints (a rerun resumes finished and stopped runs); a run that diverges is reported
+  Every (seed, method) run goes through ``fedco.simulate``, or a method's seeds through one
+  ``fedco.sweep`` (``SEEDS_IN_ONE_PROGRAM``), with streamed metrics and checkpoints (a rerun resumes finished and stopped runs); a run that diverges is reported
   with a note naming the field to change while the others go on. Bad config values raise a
   one-line ``ValueError`` before anything is written. Returns the summary.
   """
@@ -443,17 +452,26 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
              fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
   base = {k: v for k, v in config.to_dict().items() if k not in CHOOSING}
-  for seed in outcome.seeds:
-    if seed != outcome.seeds[0]:
-      prepared, first = prepare(config, seed, setup), None
-    digests = {}  # the methods of a seed mostly share its data and initial model: hashed once
+  if (options.seeds_together and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
+      and len(outcome.seeds) > 1):
+    prepared = {s: prepared if s == outcome.seeds[0] else prepare(config, s, setup)
+                for s in outcome.seeds}
+    digests = {}
     for i, method in enumerate(runs):
-      run = first[i] if first else module.build(config, method, seed, prepared)
-      key = (id(run.data), id(run.params))  # both held by ``prepared`` for the whole seed
-      if key not in digests:
-        digests[key] = digest((run.data, run.params))
-      _simulate(module, config, method, seed, run, {**base, "data_sha256": digests[key]}, wd,
-                writers, options, outcome)
+      built = {s: first[i] if s == outcome.seeds[0] else
+               module.build(config, method, s, prepared[s]) for s in outcome.seeds}
+      _simulate_seeds(module, config, method, built,
+                      {s: _based(base, digests, run) for s, run in built.items()}, wd,
+                      writers, options, outcome)
+  else:
+    for seed in outcome.seeds:
+      if seed != outcome.seeds[0]:
+        prepared, first = prepare(config, seed, setup), None
+      digests = {}  # the methods of a seed mostly share its data and initial model
+      for i, method in enumerate(runs):
+        run = first[i] if first else module.build(config, method, seed, prepared)
+        _simulate(module, config, method, seed, run, _based(base, digests, run), wd, writers,
+                  options, outcome)
   outcome.per_method, outcome.table = common.seed_statistics(outcome.finals,
                                                              module.TABLE_KEYS)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
@@ -504,13 +522,68 @@ def digest(tree) -> str:
   return h.hexdigest()
 
 
+def _based(base, digests, run: Run) -> Dict[str, Any]:
+  """``base`` with the digest of the run's data and initial model (hashed once for the runs
+  holding the same ones: ``digests`` caches them by object, alive as long as it is)."""
+  key = (id(run.data), id(run.params))
+  if key not in digests:
+    digests[key] = digest((run.data, run.params))
+  return {**base, "data_sha256": digests[key]}
+
+
+def _schedule(config, run: Run) -> Dict[str, Any]:
+  return {"rounds": run.rounds or config.rounds,
+          "eval_every": run.eval_every or config.eval_every,
+          "batch_size": config.batch_size or None}
+
+
+def _simulate_seeds(module, config, method, built: Dict[int, Run], bases, wd, writers,
+                    options, outcome: Outcome) -> None:
+  """One method's seeds (``built``: seed -> run) as one ``fedco.sweep`` program: per-seed
+  data, initial models and held-out sets stacked, rows streamed per run, one checkpoint
+  for them all. A run diverging in it is run again alone through :func:`_simulate`, so its
+  note and rows are ``fedco.simulate``'s. Seeds that cannot share a program (a host
+  evaluation, other schedules, other data shapes) run one by one."""
+  seeds, runs = list(built), list(built.values())
+  run, schedule = runs[0], _schedule(config, runs[0])
+  inputs = ("data", "params", "metrics_data")
+  apart = ("a host evaluation" if run.evaluate is not None else
+           "other schedules" if any(_schedule(config, r) != schedule for r in runs) else
+           "other data shapes" if not all(fedco.runtime.vmapped.stackable(
+               [getattr(r, name) for r in runs]) for name in inputs) else None)
+  if apart:
+    if options.progress and apart != "a host evaluation":
+      print(f"{method.label}: its seeds run one by one ({apart})", flush=True)
+    for seed, one in built.items():
+      _simulate(module, config, method, seed, one, bases[seed], wd, writers, options, outcome)
+    return
+  shared = lambda name: (getattr(run, name) if all(getattr(r, name) is getattr(run, name)
+                                                    for r in runs)
+                         else fedco.runtime.PerSeed([getattr(r, name) for r in runs]))
+  directory = common.run_checkpoint_dir(
+      wd.path, f"{method.label}-seeds{'-'.join(map(str, seeds))}",
+      {"runs": [identity(bases[s], method, s, schedule) for s in seeds]})
+  wd.record(directory)
+  swept = fedco.sweep(
+      run.problem, run.algorithm, shared("data"), shared("params"), seeds=seeds,
+      metrics_fn=run.metrics_fn, metrics_data=shared("metrics_data"), metric_writers=writers,
+      metric_labels=[{"method": method.label, "seed": s} for s in seeds],
+      progress=options.progress, progress_metric=module.PROGRESS, checkpoint_dir=directory,
+      checkpoint_every=options.checkpoint_every,
+      **{**method.simulator_kwargs(), **run.simulate, **schedule})
+  for r, seed in enumerate(seeds):
+    if swept.diverged[r] is None:
+      _finished(module, config, method, seed, built[seed], swept.simulation(r), outcome)
+    else:
+      _simulate(module, config, method, seed, built[seed], bases[seed], wd, writers, options,
+                outcome)
+
+
 def _simulate(module, config, method, seed, run: Run, base, wd, writers, options,
               outcome: Outcome) -> None:
   """One run through ``fedco.simulate``: ``outcome`` gets its final values (or its
   divergence note), its evaluated rounds and its result."""
-  schedule = {"rounds": run.rounds or config.rounds,
-              "eval_every": run.eval_every or config.eval_every,
-              "batch_size": config.batch_size or None}
+  schedule = _schedule(config, run)
   labels = {"method": method.label, "seed": seed}
   kwargs = {**method.simulator_kwargs(), **run.simulate, **schedule}
   stream = writers
@@ -538,12 +611,18 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
       outcome.records.extend(common.evaluated_records(err.metrics, fields,
                                                       keys=run.record_keys, finite_only=True))
     return
+  _finished(module, config, method, seed, run, result, outcome)
+
+
+def _finished(module, config, method, seed, run: Run, result, outcome: Outcome) -> None:
+  """A finished run's final values, evaluated rounds and result into ``outcome``."""
+  labels = {"method": method.label, "seed": seed}
   if run.evaluate is not None:
     rows = _finite_rows(result.host_metrics)
     outcome.records.extend(rows)
     final = {k: v for k, v in rows[-1].items() if k not in labels}
   else:
-    outcome.records.extend(common.evaluated_records(result.metrics, fields,
+    outcome.records.extend(common.evaluated_records(result.metrics, lambda _: dict(labels),
                                                     keys=run.record_keys))
     final = common.final_metrics(result.metrics)
   final["seconds"] = result.seconds
@@ -552,7 +631,7 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
     final["epsilon"] = float(result.metrics["epsilon"][-1])
   if hasattr(module, "finish"):
     module.finish(config, method, seed, result, final)
-  finals[seed] = final
+  outcome.finals.setdefault(method.label, {})[seed] = final
   outcome.results[(method.label, seed)] = result
 
 

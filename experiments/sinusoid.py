@@ -72,6 +72,7 @@ TAIL = 0.8  # *_tail: the evaluations past this fraction of the meta-iterations
 RECORD_KEYS = ("train_mse", "val_mse", "val_mse_before")
 TABLE_KEYS = ("val_mse", "train_mse", "val_mse_tail", "val_mse_before")
 PROGRESS = "val_mse"
+SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x")
 

@@ -245,17 +245,17 @@ def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
-def test_the_seeds_of_a_method_share_one_compiled_program(tmp_path):
-  """E1's held-out sets are ``metrics_data``, so its seeds' rounds are one program: with the
-  driver's compilation cache the second seed loads it; the results equal a run without the
-  cache."""
+def test_with_seeds_one_by_one_they_share_one_compiled_program(tmp_path):
+  """E1's held-out sets are ``metrics_data``, so its seeds' rounds are one program: run one
+  by one (``--noseeds_together``) with the driver's compilation cache, the second seed loads
+  it; the results equal a run without the cache."""
   def driver(workdir, *flags):
     return subprocess.run(
         [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
          f"--workdir={workdir}", "--config.rounds=4", "--config.seeds=0,1",
-         "--methods=comfedl_normalized", "--noprogress", *flags], cwd=REPO,
-        env={**os.environ, "JAX_LOG_COMPILES": "1"}, capture_output=True, text=True,
-        timeout=300)
+         "--methods=comfedl_normalized", "--noprogress", "--noseeds_together", *flags],
+        cwd=REPO, env={**os.environ, "JAX_LOG_COMPILES": "1"}, capture_output=True,
+        text=True, timeout=300)
   cached = driver(tmp_path / "cached", f"--compilation_cache={tmp_path / 'cache'}")
   assert cached.returncode == 0, cached.stderr[-2000:]
   assert cached.stderr.count("Persistent compilation cache hit for 'jit__run_rounds'") == 1
@@ -264,3 +264,52 @@ def test_the_seeds_of_a_method_share_one_compiled_program(tmp_path):
   assert plain.returncode == 0 and "cache hit" not in plain.stderr
   table = lambda name: json.loads((tmp_path / name / "summary.json").read_text())["table"]
   assert table("cached") == table("plain")
+
+
+def _e1(workdir, together, **changes):
+  from experiments.configs import dro_fl  # pylint: disable=g-import-not-at-top
+  config = dro_fl.get_config()
+  config.rounds, config.seeds, config.eval_every = 6, (0, 1, 2), 2
+  keep = ("fedavg", "comfedl")
+  config.methods = {k: v for k, v in config.methods.items() if k in keep}
+  config.methods.comfedl.learning_rate = 50.0  # diverges on every seed
+  for key, value in changes.items():
+    setattr(config, key, value)
+  options = runner.Options(progress=False, seeds_together=together, checkpoint_every=4)
+  return runner.train_and_evaluate(config, str(workdir), options)
+
+
+def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, monkeypatch):
+  """E1's seeds (each its own partition and initial model) as one ``fedco.sweep`` per
+  method: one checkpoint folder per method, every seed's rows, the same table and finals up
+  to float32 round-off, and a diverging method's notes as ``fedco.simulate`` gives them
+  (it is rerun alone); a rerun resumes every run from the checkpoints."""
+  calls = {"sweep": 0, "simulate": 0}
+  for name in calls:
+    original = getattr(fedco, name)
+
+    def counted(*args, _name=name, _original=original, **kwargs):
+      calls[_name] += 1
+      return _original(*args, **kwargs)
+    monkeypatch.setattr(fedco, name, counted)
+  together = _e1(tmp_path / "together", True)
+  assert calls == {"sweep": 2, "simulate": 3}  # comfedl's three seeds rerun alone
+  apart = _e1(tmp_path / "apart", False)
+  assert together["table"] == apart["table"]
+  assert together["methods"]["comfedl"] == apart["methods"]["comfedl"]  # divergence notes
+  for seed in (0, 1, 2):
+    mine, theirs = (s["methods"]["fedavg"]["per_seed"][seed] for s in (together, apart))
+    for key in ("val_acc_worst", "test_loss_avg", "train_loss_worst"):
+      np.testing.assert_allclose(mine[key], theirs[key], rtol=2e-6)
+  folders = sorted(os.listdir(tmp_path / "together" / common.CHECKPOINTS))
+  assert [f.rsplit("-", 1)[0] for f in folders] == [
+      "comfedl-seed0", "comfedl-seed1", "comfedl-seed2", "comfedl-seeds0-1-2", "fedavg-seeds0-1-2"]
+  rows = common.read_jsonl(tmp_path / "together" / common.METRICS)
+  assert sorted({(r["method"], r["seed"]) for r in rows if r["method"] == "fedavg"}) == [
+      ("fedavg", 0), ("fedavg", 1), ("fedavg", 2)]
+  assert [r["round"] for r in rows if (r["method"], r["seed"]) == ("fedavg", 1)] == [1, 2, 4, 6]
+  calls.update(sweep=0, simulate=0)
+  again = _e1(tmp_path / "together", True)  # resumed: nothing runs again
+  assert again["table"] == together["table"]
+  order = lambda rs: sorted(rs, key=lambda r: (r["method"], r["seed"], r["round"]))
+  assert order(common.read_jsonl(tmp_path / "together" / common.METRICS)) == order(rows)

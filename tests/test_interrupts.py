@@ -113,7 +113,7 @@ def test_a_sweep_stops_before_it_starts_after_a_chunk_and_in_its_last_chunk(monk
   with pytest.raises(host.Interrupted, match="after round 2 of 4") as err:
     sweep(2)
   assert err.value.round == 2 and err.value.result is None
-  with pytest.raises(host.Interrupted, match="after round 4 of 4") as err:
+  with pytest.raises(host.Interrupted, match=r"at its end \(round 4 of 4, complete\)") as err:
     sweep(4)
   assert err.value.result.metrics["objective"].shape == (2, 4)
   with pytest.raises(host.Interrupted, match="before round 1"):

@@ -58,10 +58,8 @@ def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
   if len(value) != len(seeds):
     raise ValueError(f"{name}: PerSeed holds {len(value)} values for {len(seeds)} seeds")
   first = value.values[0]
-  shape = lambda v: (jax.tree.structure(v), [(np.shape(a), jnp.result_type(a))
-                                              for a in jax.tree.leaves(v)])
   for seed, v in zip(seeds[1:], value.values[1:]):
-    if shape(v) != shape(first):
+    if not stackable([first, v]):
       raise ValueError(f"{name}: seed {seed}'s value has other shapes than seed {seeds[0]}'s "
                        f"({_brief(v)} vs {_brief(first)}); the runs of one sweep are stacked, "
                        f"so per-seed values need equal shapes (and equal client counts)")
@@ -77,6 +75,14 @@ def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
   pairs = [leaf(*ls) for ls in zip(*(jax.tree.leaves(v) for v in value.values))]
   return (jax.tree.unflatten(treedef, [p[0] for p in pairs]),
           jax.tree.unflatten(treedef, [p[1] for p in pairs]))
+
+
+def stackable(values: Sequence[Any]) -> bool:
+  """Whether pytrees have one structure and equal leaf shapes and dtypes (can be stacked
+  into one sweep: data with equal client counts and ``max_count``, say)."""
+  shape = lambda v: (jax.tree.structure(v), [(np.shape(a), jnp.result_type(a))
+                                              for a in jax.tree.leaves(v)])
+  return all(shape(v) == shape(values[0]) for v in values[1:])
 
 
 def _brief(tree) -> str:
