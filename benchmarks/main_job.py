@@ -37,6 +37,8 @@ flags.DEFINE_string("config", "experiments/configs/dro_fl.py", "The job's config
 flags.DEFINE_list("overrides", [], "Extra driver flags, e.g. --config.rounds=50 (both sides).")
 flags.DEFINE_integer("repeats", 3, "Alternating process pairs.")
 flags.DEFINE_string("warm_seeds", "10,11,12", "head_warm's seeds (--config.seeds=).")
+flags.DEFINE_bool("base_cache", False, "Give the base side a fresh --compilation_cache too "
+                  "(a base that has the flag); otherwise it runs with its defaults.")
 flags.DEFINE_string("out", "benchmarks/results/main_job.json", "Where to write JSON.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +87,9 @@ def main(argv):
     try:
       for i in range(FLAGS.repeats):
         cache = f"--compilation_cache={os.path.join(tmp, f'cache{i}')}"
-        for side, tree, extra in (("base", base_tree, ()), ("head", ROOT, (cache,)),
+        base_flags = (f"--compilation_cache={os.path.join(tmp, f'base_cache{i}')}",
+                      ) if FLAGS.base_cache else ()
+        for side, tree, extra in (("base", base_tree, base_flags), ("head", ROOT, (cache,)),
                                   ("head_warm", ROOT,
                                    (cache, f"--config.seeds={FLAGS.warm_seeds}"))):
           out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
@@ -111,7 +115,7 @@ def main(argv):
   C.write_json(FLAGS.out, {
       "benchmark": "main_job", "timestamp": C.timestamp(), "machine": C.machine_info(),
       "load_average_before": load_before, "load_average_after": C.load_average(),
-      "base": base_rev, "head": head_rev, "head_has_uncommitted_changes": dirty,
+      "base": base_rev, "base_fresh_cache": FLAGS.base_cache, "head": head_rev, "head_has_uncommitted_changes": dirty,
       "command": f"python -m experiments.main --config={FLAGS.config} --workdir=<fresh> "
                  f"--noprogress {' '.join(FLAGS.overrides)}".strip(),
       "statistic": "whole-process wall seconds, median over alternating processes; "
