@@ -435,7 +435,8 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   """Runs the experiment ``config.experiment`` and writes its outputs into ``workdir``.
 
   Every (seed, method) run goes through ``fedco.simulate``, or a method's seeds through one
-  ``fedco.sweep`` (``SEEDS_IN_ONE_PROGRAM``), with streamed metrics and checkpoints (a rerun resumes finished and stopped runs); a run that diverges is reported
+  ``fedco.sweep`` (``SEEDS_IN_ONE_PROGRAM``), with streamed metrics and checkpoints (a
+  rerun resumes finished and stopped runs); a run that diverges is reported
   with a note naming the field to change while the others go on. Bad config values raise a
   one-line ``ValueError`` before anything is written. Returns the summary.
   """

@@ -34,6 +34,14 @@ class Interrupted(KeyboardInterrupt):
   def __str__(self):
     return self.args[0]
 
+  @classmethod
+  def of_run(cls, name: str, when: str, done: int, checkpointed: bool) -> "Interrupted":
+    """The stop of the run (or sweep) ``name`` ``when`` (``"after round 3 of 9"``), with its
+    first ``done`` rounds written (and checkpointed)."""
+    written = " and a checkpoint are" if checkpointed else " are"
+    rows = f"the metrics of rounds 1-{done}{written} written" if done else "nothing is lost"
+    return cls(f"interrupted {name} {when}: {rows}", done)
+
 
 
 class _StopRequest:

@@ -195,9 +195,7 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   start = time.perf_counter()
 
   def interrupted(when):
-    written = " and a checkpoint are" if ckpt is not None else " are"
-    rows = f"the metrics of rounds 1-{done}{written} written" if done else "nothing is lost"
-    return host.Interrupted(f"interrupted {name} {when}: {rows}", done)
+    return host.Interrupted.of_run(name, when, done, ckpt is not None)
 
   try:
     with host.interrupt_guard() as stop:

@@ -181,8 +181,7 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
   grid = dict(grid or {})
   algorithm, (seeds, runs) = _algorithm(algorithm_factory, grid, dict(algorithm_kwargs or {}),
                                         seeds)
-  labels = [{k: v for k, v in run.items()} for run in runs] if metric_labels is None else [
-      dict(l) for l in metric_labels]
+  labels = [dict(l) for l in (runs if metric_labels is None else metric_labels)]
   if len(labels) != len(runs):
     raise ValueError(f"metric_labels must hold one dict per run ({len(runs)}), got "
                      f"{len(labels)}")
@@ -235,17 +234,15 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
   log = sweep_io.RunRows(labels, metric_writers, len(runs))
   ckpt, done = None, 0
   if checkpoint_dir is not None:
-    ckpt = sweep_io.Checkpoints(checkpoint_dir, keep_checkpoints, chunk if checkpoint_every is None
-                        else _validate.positive_int("checkpoint_every", checkpoint_every),
-                        sim, runs, (params, data, metrics_data), (states, frozen))
+    every = chunk if checkpoint_every is None else _validate.positive_int(
+        "checkpoint_every", checkpoint_every)
+    ckpt = sweep_io.Checkpoints(checkpoint_dir, keep_checkpoints, every, sim, runs,
+                                (params, data, metrics_data), (states, frozen))
     done, (states, frozen), log.collected = ckpt.restore(rounds, (states, frozen))
   log.rewind()
   name = sweep_io.bar_name(labels, algorithm)
   bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
-  interrupted = lambda when: host.Interrupted(
-      f"interrupted {name} {when}: " + (f"the metrics of rounds 1-{done}"
-      f"{' and a checkpoint are' if ckpt else ' are'} written" if done else "nothing is lost"),
-      done)
+  interrupted = lambda when: host.Interrupted.of_run(name, when, done, ckpt is not None)
   try:
     with host.interrupt_guard() as stop:
       if stop.requested:  # Ctrl-C came before this sweep (a guard around a loop of runs)

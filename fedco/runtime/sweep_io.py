@@ -75,12 +75,11 @@ class Checkpoints:
     self.lock = DirectoryLock(directory, what="checkpoint_dir").acquire()
     try:
       params, data, metrics_data = inputs
-      first = jax.tree.map(lambda a: a[0], template[0])
+      first = jax.tree.map(lambda a: a[0], template[0])  # run 0's: the problem's probe
       description = fingerprint.describe_run(sim, jax.device_get(first.server["params"]),
-                                             [r["seed"] for r in runs], first)
+                                             [r["seed"] for r in runs], template[0])
       description["sweep"] = {"runs": fingerprint.describe(runs),
-                              "inputs": fingerprint.array_digest((params, data, metrics_data)),
-                              "initial_states": fingerprint.array_digest(template[0])}
+                              "inputs": fingerprint.array_digest((params, data, metrics_data))}
       self.run = {"fingerprint": fingerprint.fingerprint(description),
                   "description": description}
       self.ckpt = checkpoint_lib.Checkpointer(directory, keep=keep)
