@@ -14,8 +14,12 @@ WORKERS = 2
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-  if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
-      or config.option.numprocesses is not None or config.getoption("usepdb", False)):
+  if (
+    not config.pluginmanager.hasplugin("xdist")
+    or hasattr(config, "workerinput")
+    or config.option.numprocesses is not None
+    or config.getoption("usepdb", False)
+  ):
     return
   config.option.numprocesses = WORKERS
   if config.option.dist == "no":

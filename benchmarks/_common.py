@@ -31,11 +31,16 @@ LAM = 1.0  # sample-level KL-DRO temperature (FedDRO)
 # and Local-SCGDM is exp(l/0.2)/0.2 * grad l ~ 5e5 grad l at l ~ log 10, so their rates are
 # tiny (see benchmarks/README.md, logistic_loop): 5e-9 stays finite and lowers the loss.
 HYPER = {
-    "fedavg": {"learning_rate": 0.05},
-    "comfedl": {"learning_rate": 5e-9, "gamma": GAMMA},
-    "local_scgdm": {"learning_rate": 1.0, "beta": 5e-9, "alpha": 0.8, "gamma_tracker": 0.7,
-                    "gamma": GAMMA},
-    "feddro": {"learning_rate": 0.01, "beta": 0.5, "lam": LAM},
+  "fedavg": {"learning_rate": 0.05},
+  "comfedl": {"learning_rate": 5e-9, "gamma": GAMMA},
+  "local_scgdm": {
+    "learning_rate": 1.0,
+    "beta": 5e-9,
+    "alpha": 0.8,
+    "gamma_tracker": 0.7,
+    "gamma": GAMMA,
+  },
+  "feddro": {"learning_rate": 0.01, "beta": 0.5, "lam": LAM},
 }
 ALGORITHM_NAMES = tuple(HYPER)
 
@@ -47,27 +52,36 @@ def cross_entropy(params, example):
   return jax.nn.logsumexp(logits) - logits[example["y"]]
 
 
-def define_timing_flags(name: str, *, rounds: int, torch_rounds: int, repeats: int,
-                        x64_check: bool = False) -> None:
+def define_timing_flags(
+  name: str, *, rounds: int, torch_rounds: int, repeats: int, x64_check: bool = False
+) -> None:
   """The flags every fedco-against-PyTorch program shares (call once, at import):
   ``--rounds``, ``--torch_rounds``, ``--repeats``, ``--torch_one_thread``, ``--out`` (default
   ``benchmarks/results/<name>.json``) and, with ``x64_check``, ``--x64_check`` and
   ``--check_only`` (the float64 subprocess)."""
   from absl import flags
+
   flags.DEFINE_integer("rounds", rounds, "Rounds per fedco repeat (and per central repeat).")
   flags.DEFINE_integer("torch_rounds", torch_rounds, "Rounds per repeat of the PyTorch loop.")
   flags.DEFINE_integer("repeats", repeats, "Timed repeats per side; the median is reported.")
-  flags.DEFINE_boolean("torch_one_thread", True,
-                       "Also time the PyTorch loop with torch.set_num_threads(1) (side "
-                       "'torch_1t'). On a loaded 2-core machine torch's 2 OpenMP threads "
-                       "oversubscribe the cores and can run far slower than 1 thread; the "
-                       "targets are judged against the faster torch side.")
+  flags.DEFINE_boolean(
+    "torch_one_thread",
+    True,
+    "Also time the PyTorch loop with torch.set_num_threads(1) (side "
+    "'torch_1t'). On a loaded 2-core machine torch's 2 OpenMP threads "
+    "oversubscribe the cores and can run far slower than 1 thread; the "
+    "targets are judged against the faster torch side.",
+  )
   flags.DEFINE_string("out", f"benchmarks/results/{name}.json", "Where to write the JSON.")
   if x64_check:
-    flags.DEFINE_boolean("x64_check", True, "Repeat the checks in float64 (a subprocess with "
-                         "JAX_ENABLE_X64=1).")
-    flags.DEFINE_boolean("check_only", False, "Only run the checks and write them to --out "
-                         "(used for the float64 subprocess).")
+    flags.DEFINE_boolean(
+      "x64_check", True, "Repeat the checks in float64 (a subprocess with JAX_ENABLE_X64=1)."
+    )
+    flags.DEFINE_boolean(
+      "check_only",
+      False,
+      "Only run the checks and write them to --out (used for the float64 subprocess).",
+    )
 
 
 # HYPER keys that set the problem, not the algorithm (Local-SCGDM's tracker rate is
@@ -95,8 +109,11 @@ def make_problem_and_algorithm(name: str, local_steps: int):
     problem = fedco.problems.client_kl_dro(cross_entropy, gamma=h["gamma"])
   else:  # feddro: sample-level KL-DRO
     lam = h["lam"]
-    problem = fedco.global_inner(lambda p, e: jnp.exp(cross_entropy(p, e) / lam),
-                                 lambda y: lam * jnp.log(y), name="sample_kl_dro")
+    problem = fedco.global_inner(
+      lambda p, e: jnp.exp(cross_entropy(p, e) / lam),
+      lambda y: lam * jnp.log(y),
+      name="sample_kl_dro",
+    )
   return problem, fedco.ALGORITHMS[name](**algorithm_kwargs(name), local_steps=local_steps)
 
 
@@ -112,8 +129,10 @@ def make_data(clients: int, per_client: int, seed: int, in_dim: int = 784):
 
 def init_params(seed: int, in_dim: int = 784):
   k = jax.random.PRNGKey(seed)
-  return {"w": 0.01 * jax.random.normal(k, (NUM_CLASSES, in_dim), jnp.float32),
-          "b": jnp.zeros((NUM_CLASSES,), jnp.float32)}
+  return {
+    "w": 0.01 * jax.random.normal(k, (NUM_CLASSES, in_dim), jnp.float32),
+    "b": jnp.zeros((NUM_CLASSES,), jnp.float32),
+  }
 
 
 @jax.jit
@@ -129,8 +148,10 @@ def max_abs_diff(a, b) -> float:
   """Largest absolute difference over matching leaves of two pytrees (NumPy-able)."""
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(la) == len(lb), (len(la), len(lb))
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(la, lb))
+  return max(
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+    for x, y in zip(la, lb)
+  )
 
 
 def max_abs(a) -> float:
@@ -176,17 +197,25 @@ def _mem_total_gib() -> Optional[float]:
 
 def machine_info(torch_module=None) -> Dict[str, Any]:
   import jaxlib
-  info = {"platform": platform.platform(), "processor": platform.processor(),
-          "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
-          "mem_total_gib": _mem_total_gib(), "python": sys.version.split()[0],
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
-          "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
-          "default_backend": jax.default_backend(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          # other load on the shared machine skews timings; (1, 5, 15)-minute averages
-          "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-          # the session's `device` tool reported no accelerator lent for this task
-          "gpu_lent": False}
+
+  info = {
+    "platform": platform.platform(),
+    "processor": platform.processor(),
+    "cpu_model": _cpu_model(),
+    "cpu_count": os.cpu_count(),
+    "mem_total_gib": _mem_total_gib(),
+    "python": sys.version.split()[0],
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+    "numpy": np.__version__,
+    "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+    "default_backend": jax.default_backend(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    # other load on the shared machine skews timings; (1, 5, 15)-minute averages
+    "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    # the session's `device` tool reported no accelerator lent for this task
+    "gpu_lent": False,
+  }
   if torch_module is not None:
     info["torch"] = torch_module.__version__
     info["torch_num_threads"] = torch_module.get_num_threads()
@@ -213,9 +242,12 @@ def live_array_bytes() -> Optional[int]:
     return None
 
 
-def alternate(sides: Dict[str, Callable[[], Any]], repeats: int,
-              counter: Optional[CompileCounter] = None,
-              warm: tuple = ()) -> Dict[str, Dict[str, Any]]:
+def alternate(
+  sides: Dict[str, Callable[[], Any]],
+  repeats: int,
+  counter: Optional[CompileCounter] = None,
+  warm: tuple = (),
+) -> Dict[str, Dict[str, Any]]:
   """Warm every side up once (timed as ``first_call_seconds``; sides named in ``warm`` are
   already warm and skip it), then time ``repeats`` rounds of calls that alternate between the
   sides, so drift on a shared machine hits all alike."""
@@ -237,14 +269,26 @@ def alternate(sides: Dict[str, Callable[[], Any]], repeats: int,
       times[label].append(time.perf_counter() - t0)
       if counter:
         compiles[label] += counter.count - before
-  return {label: {"seconds": times[label], "median_seconds": statistics.median(times[label]),
-                  "first_call_seconds": first[label],
-                  "compiles_while_timed": compiles[label]} for label in sides}
+  return {
+    label: {
+      "seconds": times[label],
+      "median_seconds": statistics.median(times[label]),
+      "first_call_seconds": first[label],
+      "compiles_while_timed": compiles[label],
+    }
+    for label in sides
+  }
 
 
-def record_sides(rec: Dict[str, Any], timed: Dict[str, Dict[str, Any]],
-                 sides: Dict[str, Any], torch_sides: Dict[str, Any], final_key: str,
-                 final_fn: Callable[[Any], float], compare=("fedco",)) -> str:
+def record_sides(
+  rec: Dict[str, Any],
+  timed: Dict[str, Dict[str, Any]],
+  sides: Dict[str, Any],
+  torch_sides: Dict[str, Any],
+  final_key: str,
+  final_fn: Callable[[Any], float],
+  compare=("fedco",),
+) -> str:
   """Fill ``rec`` with every side's timings and the ratios against the torch sides.
 
   ``sides`` maps a label to ``(rounds per repeat, final params)``; each ``timed[label]``
@@ -280,13 +324,26 @@ def float64_checks(module: str, flag_names, flag_values) -> Dict[str, Any]:
   import json
   import subprocess
   import tempfile
+
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "checks.json")
-    cmd = [sys.executable, "-m", module, "--check_only", f"--out={out}",
-           *[f"--{n}={getattr(flag_values, n)}" for n in flag_names]]
+    cmd = [
+      sys.executable,
+      "-m",
+      module,
+      "--check_only",
+      f"--out={out}",
+      *[f"--{n}={getattr(flag_values, n)}" for n in flag_names],
+    ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(cmd, env={**os.environ, "JAX_ENABLE_X64": "1"}, cwd=root,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+      cmd,
+      env={**os.environ, "JAX_ENABLE_X64": "1"},
+      cwd=root,
+      capture_output=True,
+      text=True,
+      check=False,
+    )
     if proc.returncode != 0:
       return {"error": proc.stderr[-2000:]}
     with open(out) as f:
@@ -295,6 +352,7 @@ def float64_checks(module: str, flag_names, flag_values) -> Dict[str, Any]:
 
 def write_json(path: str, value: Dict[str, Any]) -> None:
   import fedco.io
+
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fedco.io.atomic_write_json(path, value)
 
@@ -302,11 +360,9 @@ def write_json(path: str, value: Dict[str, Any]) -> None:
 class FedcoSide:
   """fedco's simulator: all clients vmapped, steps and rounds scanned, one jit per ``run``."""
 
-  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds,
-               seed):
+  def __init__(self, problem, algorithm, host_examples, rows, params, *, batch_size, rounds, seed):
     self.data = fedco.FederatedData.from_index_lists(host_examples, rows)
-    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size,
-                               evaluate=False)
+    self.sim = fedco.Simulator(problem, algorithm, self.data, batch_size=batch_size, evaluate=False)
     self.rounds = rounds
     self.state = self.sim.init(params, seed)
 
@@ -325,13 +381,15 @@ class FedcoSide:
 class CentralSide:
   """The algorithm's step on one model with the pooled batch ``K * b`` (``tau`` per round)."""
 
-  def __init__(self, name, problem, algorithm, host_examples, params, *, batch, local_steps,
-               rounds, seed):
+  def __init__(
+    self, name, problem, algorithm, host_examples, params, *, batch, local_steps, rounds, seed
+  ):
     examples = jax.tree.map(jnp.asarray, host_examples)
     n = int(examples["x"].shape[0])
     two_batches = name == "feddro"  # zeta and zeta' (the others use one batch per step)
     gather = lambda key: jax.tree.map(
-        lambda a: a[jax.random.randint(key, (batch,), 0, n)], examples)
+      lambda a: a[jax.random.randint(key, (batch,), 0, n)], examples
+    )
 
     def step(carry, _):
       params, st, key = carry
@@ -345,8 +403,9 @@ class CentralSide:
 
     @jax.jit
     def run(params, st, key):
-      (params, st, key), _ = jax.lax.scan(step, (params, st, key), None,
-                                          length=rounds * local_steps)
+      (params, st, key), _ = jax.lax.scan(
+        step, (params, st, key), None, length=rounds * local_steps
+      )
       return params, st, key
 
     key = jax.random.PRNGKey(seed + 2)

@@ -47,16 +47,22 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results/client_scaling.json", "Where to write the JSON.")
 flags.DEFINE_list("sizes", ["10", "100", "1000", "10000"], "Client counts K.")
-flags.DEFINE_list("examples_per_client", ["600", "200", "60", "20"],
-                  "Examples per client, one per size.")
-flags.DEFINE_list("rounds", ["50", "5", "1", "1"],
-                  "Rounds per timed run call, one per size.")
+flags.DEFINE_list(
+  "examples_per_client", ["600", "200", "60", "20"], "Examples per client, one per size."
+)
+flags.DEFINE_list("rounds", ["50", "5", "1", "1"], "Rounds per timed run call, one per size.")
 flags.DEFINE_list("algorithms", ["fedavg", "feddro"], "Algorithms (fedavg, feddro).")
-flags.DEFINE_list("repeats", ["5", "5", "3", "2"],
-                  "Timed run calls per size (one per size); the median is reported.")
-flags.DEFINE_boolean("central", True,
-                     "Also time one centralized jitted step with batch K * b (tau steps per "
-                     "round-equivalent), alternating with fedco's timed calls.")
+flags.DEFINE_list(
+  "repeats",
+  ["5", "5", "3", "2"],
+  "Timed run calls per size (one per size); the median is reported.",
+)
+flags.DEFINE_boolean(
+  "central",
+  True,
+  "Also time one centralized jitted step with batch K * b (tau steps per "
+  "round-equivalent), alternating with fedco's timed calls.",
+)
 flags.DEFINE_integer("local_steps", 5, "Local steps per round.")
 flags.DEFINE_integer("batch_size", 32, "Examples per client per step.")
 flags.DEFINE_integer("seed", 0, "Seed.")
@@ -126,9 +132,17 @@ def worker():
   # the two sides' timed calls alternate.
   central = None
   if FLAGS.central:
-    central = C.CentralSide(name, problem, algorithm, data.examples, C.init_params(FLAGS.seed),
-                            batch=k * FLAGS.batch_size, local_steps=tau, rounds=rounds,
-                            seed=FLAGS.seed)
+    central = C.CentralSide(
+      name,
+      problem,
+      algorithm,
+      data.examples,
+      C.init_params(FLAGS.seed),
+      batch=k * FLAGS.batch_size,
+      local_steps=tau,
+      rounds=rounds,
+      seed=FLAGS.seed,
+    )
   sides = {"fedco": run, **({"central": central.run} if central else {})}
   timed = C.alternate(sides, FLAGS.worker_repeats, warm=("fedco",)) if central else None
   if timed is None:
@@ -143,54 +157,75 @@ def worker():
   med = statistics.median(times)
   params = state.server["params"]
   result = {
-      "clients": k, "examples_per_client": n, "total_examples": k * n, "algorithm": name,
-      "rounds_per_call": rounds, "repeats": FLAGS.worker_repeats, "seconds": times,
-      "median_seconds": med, "rounds_per_s": rounds / med, "ms_per_round": 1e3 * med / rounds,
-      "client_steps_per_s": k * tau * rounds / med,
-      "us_per_client_step": 1e6 * med / (k * tau * rounds),
-      "first_call_seconds": first, "compile_seconds_first_minus_steady": first - med,
-      "compile_seconds_jax_events": sum(compile_events.values()),
-      "compile_event_seconds": compile_events, "init_seconds": init_seconds,
-      "data_build_seconds": data_seconds, "maxrss_bytes": rss,
-      "peak_rss_gib": rss["after_first_run"] / 2**30,
-      "live_array_bytes_after_first_run": live, "federated_data_bytes": data_bytes,
-      "sim_state_bytes": state_bytes,
-      "rounds_run": int(state.round), "final_params_finite": C.finite(params),
-      "final_mean_loss_first_10000": float(C.mean_loss(params, jax.tree.map(jnp.asarray,
-                                                                             eval_examples))),
-      "load_average_end": C.load_average(),
+    "clients": k,
+    "examples_per_client": n,
+    "total_examples": k * n,
+    "algorithm": name,
+    "rounds_per_call": rounds,
+    "repeats": FLAGS.worker_repeats,
+    "seconds": times,
+    "median_seconds": med,
+    "rounds_per_s": rounds / med,
+    "ms_per_round": 1e3 * med / rounds,
+    "client_steps_per_s": k * tau * rounds / med,
+    "us_per_client_step": 1e6 * med / (k * tau * rounds),
+    "first_call_seconds": first,
+    "compile_seconds_first_minus_steady": first - med,
+    "compile_seconds_jax_events": sum(compile_events.values()),
+    "compile_event_seconds": compile_events,
+    "init_seconds": init_seconds,
+    "data_build_seconds": data_seconds,
+    "maxrss_bytes": rss,
+    "peak_rss_gib": rss["after_first_run"] / 2**30,
+    "live_array_bytes_after_first_run": live,
+    "federated_data_bytes": data_bytes,
+    "sim_state_bytes": state_bytes,
+    "rounds_run": int(state.round),
+    "final_params_finite": C.finite(params),
+    "final_mean_loss_first_10000": float(
+      C.mean_loss(params, jax.tree.map(jnp.asarray, eval_examples))
+    ),
+    "load_average_end": C.load_average(),
   }
   if central is not None:
     c = timed["central"]
     result["central"] = {
-        "batch_size": k * FLAGS.batch_size, "seconds": c["seconds"],
-        "median_seconds": c["median_seconds"], "first_call_seconds": c["first_call_seconds"],
-        "ms_per_round_equivalent": 1e3 * c["median_seconds"] / rounds,
-        "examples_per_s": k * tau * FLAGS.batch_size * rounds / c["median_seconds"],
-        "final_params_finite": C.finite(central.params())}
+      "batch_size": k * FLAGS.batch_size,
+      "seconds": c["seconds"],
+      "median_seconds": c["median_seconds"],
+      "first_call_seconds": c["first_call_seconds"],
+      "ms_per_round_equivalent": 1e3 * c["median_seconds"] / rounds,
+      "examples_per_s": k * tau * FLAGS.batch_size * rounds / c["median_seconds"],
+      "final_params_finite": C.finite(central.params()),
+    }
     result["fedco_time_over_central"] = med / c["median_seconds"]
   with open(FLAGS.result_file, "w") as f:
     json.dump(result, f)
 
 
 def markdown_table(rows) -> str:
-  lines = ["| K | examples/client | algorithm | rounds/s | client-steps/s | us/client-step "
-           "| fedco time / central | compile s | peak RSS GiB | live arrays MiB | finite |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+  lines = [
+    "| K | examples/client | algorithm | rounds/s | client-steps/s | us/client-step "
+    "| fedco time / central | compile s | peak RSS GiB | live arrays MiB | finite |",
+    "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+  ]
   for r in rows:
     if "error" in r:
-      lines.append(f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
-                   f"| failed: {r['error'][:60]} | | | | | | | |")
+      lines.append(
+        f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
+        f"| failed: {r['error'][:60]} | | | | | | | |"
+      )
       continue
     live = r["live_array_bytes_after_first_run"]
     ratio = r.get("fedco_time_over_central")
     lines.append(
-        f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
-        f"| {r['rounds_per_s']:.2f} | {r['client_steps_per_s']:,.0f} "
-        f"| {r['us_per_client_step']:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} "
-        f"| {r['compile_seconds_jax_events']:.2f} "
-        f"| {r['peak_rss_gib']:.2f} | {'-' if live is None else f'{live / 2**20:.0f}'} "
-        f"| {'yes' if r['final_params_finite'] else 'NO'} |")
+      f"| {r['clients']} | {r['examples_per_client']} | {r['algorithm']} "
+      f"| {r['rounds_per_s']:.2f} | {r['client_steps_per_s']:,.0f} "
+      f"| {r['us_per_client_step']:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} "
+      f"| {r['compile_seconds_jax_events']:.2f} "
+      f"| {r['peak_rss_gib']:.2f} | {'-' if live is None else f'{live / 2**20:.0f}'} "
+      f"| {'yes' if r['final_params_finite'] else 'NO'} |"
+    )
   return "\n".join(lines)
 
 
@@ -200,31 +235,46 @@ def main(argv):
     worker()
     return
   from benchmarks import _common as C
+
   sizes = [int(s) for s in FLAGS.sizes]
   per = [int(s) for s in FLAGS.examples_per_client]
   rounds = [int(s) for s in FLAGS.rounds]
   repeats = [int(s) for s in FLAGS.repeats]
   if not len(sizes) == len(per) == len(rounds) == len(repeats):
-    raise app.UsageError("--sizes, --examples_per_client, --rounds and --repeats need one "
-                         "entry each")
+    raise app.UsageError(
+      "--sizes, --examples_per_client, --rounds and --repeats need one entry each"
+    )
   for name in FLAGS.algorithms:
     if name not in ("fedavg", "feddro"):
       raise app.UsageError(f"unknown algorithm {name!r}; choose fedavg or feddro")
   machine = C.machine_info()
-  print(f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
-        f"{machine['mem_total_gib']} GiB | jax {machine['jax']} | load "
-        f"{machine['load_average_start']}", flush=True)
+  print(
+    f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
+    f"{machine['mem_total_gib']} GiB | jax {machine['jax']} | load "
+    f"{machine['load_average_start']}",
+    flush=True,
+  )
   rows = []
   for k, n, r, rep in zip(sizes, per, rounds, repeats):
     for name in FLAGS.algorithms:
       with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "benchmarks.client_scaling", "--worker",
-               f"--clients={k}", f"--per_client={n}", f"--algorithm={name}",
-               f"--worker_rounds={r}", f"--worker_repeats={rep}",
-               f"--central={FLAGS.central}",
-               f"--local_steps={FLAGS.local_steps}", f"--batch_size={FLAGS.batch_size}",
-               f"--seed={FLAGS.seed}", f"--result_file={path}"]
+        cmd = [
+          sys.executable,
+          "-m",
+          "benchmarks.client_scaling",
+          "--worker",
+          f"--clients={k}",
+          f"--per_client={n}",
+          f"--algorithm={name}",
+          f"--worker_rounds={r}",
+          f"--worker_repeats={rep}",
+          f"--central={FLAGS.central}",
+          f"--local_steps={FLAGS.local_steps}",
+          f"--batch_size={FLAGS.batch_size}",
+          f"--seed={FLAGS.seed}",
+          f"--result_file={path}",
+        ]
         load = C.load_average()
         t0 = time.perf_counter()
         try:
@@ -243,36 +293,47 @@ def main(argv):
         row["subprocess_wall_seconds"] = wall
         rows.append(row)
         if ok:
-          print(f"K={k} {name}: {row['client_steps_per_s']:,.0f} client-steps/s, "
-                f"{row['rounds_per_s']:.2f} rounds/s, fedco/central time "
-                f"{row.get('fedco_time_over_central', float('nan')):.2f}x, compile "
-                f"{row['compile_seconds_jax_events']:.2f} s, peak RSS "
-                f"{row['peak_rss_gib']:.2f} GiB ({wall:.0f} s)", flush=True)
+          print(
+            f"K={k} {name}: {row['client_steps_per_s']:,.0f} client-steps/s, "
+            f"{row['rounds_per_s']:.2f} rounds/s, fedco/central time "
+            f"{row.get('fedco_time_over_central', float('nan')):.2f}x, compile "
+            f"{row['compile_seconds_jax_events']:.2f} s, peak RSS "
+            f"{row['peak_rss_gib']:.2f} GiB ({wall:.0f} s)",
+            flush=True,
+          )
         else:
           print(f"K={k} {name}: FAILED {err[-500:]}", flush=True)
   out = {
-      "benchmark": "client_scaling",
-      "timestamp": C.timestamp(),
-      "config": {"sizes": sizes, "examples_per_client": per, "rounds_per_call": rounds,
-                 "clients_per_round": "all", "local_steps": FLAGS.local_steps,
-                 "batch_size": FLAGS.batch_size, "repeats": repeats,
-                 "algorithms": list(FLAGS.algorithms),
-                 "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
-                 "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
-                 "evaluate": False, "seed": FLAGS.seed,
-                 "isolation": "one fresh subprocess per (size, algorithm)",
-                 "statistic": "median over repeats within each subprocess; fedco's and the "
-                              "centralized step's timed calls alternate",
-                 "compile_time": "sum of JAX's /jax/core/compile/* event durations during "
-                                 "the first run call (tracing, lowering, XLA compilation); "
-                                 "first call minus steady median is also recorded",
-                 "peak_memory": "ru_maxrss after fedco's first run call, before the "
-                                "centralized baseline is built"},
-      "machine": machine,
-      "load_average_end": C.load_average(),
-      "results": rows,
-      "ten_thousand_clients_ran": any(r.get("clients") == 10000 and "error" not in r
-                                      and r.get("final_params_finite") for r in rows),
+    "benchmark": "client_scaling",
+    "timestamp": C.timestamp(),
+    "config": {
+      "sizes": sizes,
+      "examples_per_client": per,
+      "rounds_per_call": rounds,
+      "clients_per_round": "all",
+      "local_steps": FLAGS.local_steps,
+      "batch_size": FLAGS.batch_size,
+      "repeats": repeats,
+      "algorithms": list(FLAGS.algorithms),
+      "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
+      "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
+      "evaluate": False,
+      "seed": FLAGS.seed,
+      "isolation": "one fresh subprocess per (size, algorithm)",
+      "statistic": "median over repeats within each subprocess; fedco's and the "
+      "centralized step's timed calls alternate",
+      "compile_time": "sum of JAX's /jax/core/compile/* event durations during "
+      "the first run call (tracing, lowering, XLA compilation); "
+      "first call minus steady median is also recorded",
+      "peak_memory": "ru_maxrss after fedco's first run call, before the "
+      "centralized baseline is built",
+    },
+    "machine": machine,
+    "load_average_end": C.load_average(),
+    "results": rows,
+    "ten_thousand_clients_ran": any(
+      r.get("clients") == 10000 and "error" not in r and r.get("final_params_finite") for r in rows
+    ),
   }
   C.write_json(FLAGS.out, out)
   print()

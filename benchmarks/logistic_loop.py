@@ -47,35 +47,50 @@ import statistics
 import time
 from typing import Any, Callable, Dict, List
 
-from absl import app, flags
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import app, flags
 
 import fedco
 import fedco.io
-from benchmarks._common import (GAMMA, LAM, NUM_CLASSES, CompileCounter, FedcoSide, finite,
-                                init_params,
-                                machine_info, make_data, make_problem_and_algorithm, mean_loss)
+from benchmarks._common import (
+  GAMMA,
+  LAM,
+  NUM_CLASSES,
+  CompileCounter,
+  FedcoSide,
+  finite,
+  init_params,
+  machine_info,
+  make_data,
+  make_problem_and_algorithm,
+  mean_loss,
+)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 50, "Timed rounds per fedco repeat (one jitted run call).")
-flags.DEFINE_integer("loop_rounds", 20,
-                     "Timed rounds per repeat of the per-client loop (normalised to rounds/s).")
+flags.DEFINE_integer(
+  "loop_rounds", 20, "Timed rounds per repeat of the per-client loop (normalised to rounds/s)."
+)
 flags.DEFINE_integer("repeats", 9, "Timed repeats per side; the median is reported.")
 flags.DEFINE_string("out", "benchmarks/results/logistic_loop.json", "Where to write the JSON.")
-flags.DEFINE_list("algorithms", ["fedavg", "comfedl", "feddro"],
-                  "Comma list of algorithms: fedavg, comfedl, feddro.")
+flags.DEFINE_list(
+  "algorithms",
+  ["fedavg", "comfedl", "feddro"],
+  "Comma list of algorithms: fedavg, comfedl, feddro.",
+)
 flags.DEFINE_integer("clients", 10, "Number of clients (all participate every round).")
 flags.DEFINE_integer("local_steps", 5, "Local steps per round.")
 flags.DEFINE_integer("batch_size", 32, "Examples per client per step.")
 flags.DEFINE_integer("examples_per_client", 600, "Synthetic examples per client.")
 flags.DEFINE_integer("seed", 0, "Seed for data, params and batches.")
-flags.DEFINE_integer("in_dim", 784,
-                     "Input features (784 is the benchmark; smaller values show the "
-                     "dispatch-bound regime).")
+flags.DEFINE_integer(
+  "in_dim",
+  784,
+  "Input features (784 is the benchmark; smaller values show the dispatch-bound regime).",
+)
 
 TARGET = 10.0
 
@@ -83,13 +98,18 @@ TARGET = 10.0
 COMPILES = CompileCounter()
 # Which of the loop's per-step batches feed oracle_args' inner, outer and next-inner slots
 # (0 = the first batch, 1 = the second); FedDRO's tracker refresh uses a second sample.
-BATCH_ROLES = {"fedavg": (0, 0, 0), "comfedl": (0, 0, 0), "local_scgdm": (0, 0, 0),
-               "feddro": (0, 0, 1)}
+BATCH_ROLES = {
+  "fedavg": (0, 0, 0),
+  "comfedl": (0, 0, 0),
+  "local_scgdm": (0, 0, 0),
+  "feddro": (0, 0, 1),
+}
 
 
 # ---- (1) fedco --------------------------------------------------------------------------
 
 # ---- (2) the per-client Python loop ------------------------------------------------------
+
 
 def make_step(problem, algorithm, roles) -> Callable:
   """ONE client's step, jitted: the fedco update on batches passed from the host."""
@@ -111,8 +131,9 @@ def _average(trees: List[Any]):
 class LoopSide:
   """A per-client federated loop as papers' code writes it."""
 
-  def __init__(self, problem, algorithm, roles, host_examples, rows, params, *, batch_size,
-               rounds, seed):
+  def __init__(
+    self, problem, algorithm, roles, host_examples, rows, params, *, batch_size, rounds, seed
+  ):
     self.host_examples = host_examples
     self.x, self.y = host_examples["x"], host_examples["y"]
     self.rows, self.batch_size, self.rounds = rows, batch_size, rounds
@@ -171,6 +192,7 @@ class LoopSide:
 
 # ---- timing -------------------------------------------------------------------------------
 
+
 def bench_pair(sides: Dict[str, Any], repeats: int) -> Dict[str, Dict[str, Any]]:
   """Warms both sides up, then alternates their timed repeats so drift hits both alike."""
   first = {}
@@ -191,72 +213,121 @@ def bench_pair(sides: Dict[str, Any], repeats: int) -> Dict[str, Dict[str, Any]]
   for label, side in sides.items():
     med = statistics.median(times[label])
     params, examples, rounds_done = side.final()
-    out[label] = {"rounds_per_repeat": side.rounds, "seconds": times[label],
-                  "median_seconds": med, "rounds_per_s": side.rounds / med,
-                  "ms_per_round": 1e3 * med / side.rounds,
-                  "first_call_seconds": first[label],
-                  "compiles_while_timed": compiles[label],
-                  "rounds_run": rounds_done, "final_params_finite": finite(params),
-                  "final_mean_loss": float(mean_loss(params, examples))}
+    out[label] = {
+      "rounds_per_repeat": side.rounds,
+      "seconds": times[label],
+      "median_seconds": med,
+      "rounds_per_s": side.rounds / med,
+      "ms_per_round": 1e3 * med / side.rounds,
+      "first_call_seconds": first[label],
+      "compiles_while_timed": compiles[label],
+      "rounds_run": rounds_done,
+      "final_params_finite": finite(params),
+      "final_mean_loss": float(mean_loss(params, examples)),
+    }
   return out
 
 
 # ---- reporting ----------------------------------------------------------------------------
 
+
 def markdown_table(results: Dict[str, Any]) -> str:
-  lines = ["| algorithm | fedco rounds/s | loop rounds/s | fedco / loop | >= 10x |",
-           "|---|---:|---:|---:|:---:|"]
+  lines = [
+    "| algorithm | fedco rounds/s | loop rounds/s | fedco / loop | >= 10x |",
+    "|---|---:|---:|---:|:---:|",
+  ]
   for name, r in results.items():
-    lines.append(f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['loop']['rounds_per_s']:.1f} "
-                 f"| {r['speedup']:.1f}x | {'yes' if r['speedup'] >= TARGET else 'no'} |")
+    lines.append(
+      f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['loop']['rounds_per_s']:.1f} "
+      f"| {r['speedup']:.1f}x | {'yes' if r['speedup'] >= TARGET else 'no'} |"
+    )
   return "\n".join(lines)
 
 
 def main(argv):
   del argv
-  for name, value in (("rounds", FLAGS.rounds), ("loop_rounds", FLAGS.loop_rounds),
-                      ("repeats", FLAGS.repeats)):
+  for name, value in (
+    ("rounds", FLAGS.rounds),
+    ("loop_rounds", FLAGS.loop_rounds),
+    ("repeats", FLAGS.repeats),
+  ):
     if value < 1:
       raise app.UsageError(f"--{name} must be >= 1, got {value}")
-  host_examples, rows = make_data(FLAGS.clients, FLAGS.examples_per_client, FLAGS.seed,
-                                  FLAGS.in_dim)
+  host_examples, rows = make_data(
+    FLAGS.clients, FLAGS.examples_per_client, FLAGS.seed, FLAGS.in_dim
+  )
   params = init_params(FLAGS.seed, FLAGS.in_dim)
   machine = machine_info()
-  print(f"machine: {machine['platform']} | {machine['cpu_count']} CPUs | jax {machine['jax']} "
-        f"| {machine['default_backend']} {machine['devices']}", flush=True)
+  print(
+    f"machine: {machine['platform']} | {machine['cpu_count']} CPUs | jax {machine['jax']} "
+    f"| {machine['default_backend']} {machine['devices']}",
+    flush=True,
+  )
   results = {}
   for name in FLAGS.algorithms:
     problem, algorithm = make_problem_and_algorithm(name, FLAGS.local_steps)
     roles = BATCH_ROLES[name]
     sides = {
-        "fedco": FedcoSide(problem, algorithm, host_examples, rows, params,
-                           batch_size=FLAGS.batch_size, rounds=FLAGS.rounds, seed=FLAGS.seed),
-        "loop": LoopSide(problem, algorithm, roles, host_examples, rows, params,
-                         batch_size=FLAGS.batch_size, rounds=FLAGS.loop_rounds,
-                         seed=FLAGS.seed),
+      "fedco": FedcoSide(
+        problem,
+        algorithm,
+        host_examples,
+        rows,
+        params,
+        batch_size=FLAGS.batch_size,
+        rounds=FLAGS.rounds,
+        seed=FLAGS.seed,
+      ),
+      "loop": LoopSide(
+        problem,
+        algorithm,
+        roles,
+        host_examples,
+        rows,
+        params,
+        batch_size=FLAGS.batch_size,
+        rounds=FLAGS.loop_rounds,
+        seed=FLAGS.seed,
+      ),
     }
     timed = bench_pair(sides, FLAGS.repeats)
     fed, loop = timed["fedco"], timed["loop"]
     speedup = fed["rounds_per_s"] / loop["rounds_per_s"]
-    results[name] = {"problem": problem.name, "algorithm": algorithm.name, "fedco": fed,
-                     "loop": loop, "speedup": speedup, "meets_target": speedup >= TARGET}
-    print(f"{name}: fedco {fed['rounds_per_s']:.1f} rounds/s, loop {loop['rounds_per_s']:.1f} "
-          f"rounds/s, {speedup:.1f}x", flush=True)
+    results[name] = {
+      "problem": problem.name,
+      "algorithm": algorithm.name,
+      "fedco": fed,
+      "loop": loop,
+      "speedup": speedup,
+      "meets_target": speedup >= TARGET,
+    }
+    print(
+      f"{name}: fedco {fed['rounds_per_s']:.1f} rounds/s, loop {loop['rounds_per_s']:.1f} "
+      f"rounds/s, {speedup:.1f}x",
+      flush=True,
+    )
   out = {
-      "benchmark": "logistic_loop",
-      "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "config": {"clients": FLAGS.clients, "clients_per_round": FLAGS.clients,
-                 "local_steps": FLAGS.local_steps, "batch_size": FLAGS.batch_size,
-                 "examples_per_client": FLAGS.examples_per_client,
-                 "model": {"w": [NUM_CLASSES, FLAGS.in_dim], "b": [NUM_CLASSES]},
-                 "fedco_rounds_per_repeat": FLAGS.rounds,
-                 "loop_rounds_per_repeat": FLAGS.loop_rounds, "repeats": FLAGS.repeats,
-                 "statistic": "median over repeats; fedco and loop repeats alternate",
-                 "evaluate": False,
-                 "comfedl_gamma": GAMMA, "feddro_lambda": LAM, "seed": FLAGS.seed,
-                 "target_speedup": TARGET},
-      "machine": machine,
-      "results": results,
+    "benchmark": "logistic_loop",
+    "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "config": {
+      "clients": FLAGS.clients,
+      "clients_per_round": FLAGS.clients,
+      "local_steps": FLAGS.local_steps,
+      "batch_size": FLAGS.batch_size,
+      "examples_per_client": FLAGS.examples_per_client,
+      "model": {"w": [NUM_CLASSES, FLAGS.in_dim], "b": [NUM_CLASSES]},
+      "fedco_rounds_per_repeat": FLAGS.rounds,
+      "loop_rounds_per_repeat": FLAGS.loop_rounds,
+      "repeats": FLAGS.repeats,
+      "statistic": "median over repeats; fedco and loop repeats alternate",
+      "evaluate": False,
+      "comfedl_gamma": GAMMA,
+      "feddro_lambda": LAM,
+      "seed": FLAGS.seed,
+      "target_speedup": TARGET,
+    },
+    "machine": machine,
+    "results": results,
   }
   os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
   fedco.io.atomic_write_json(FLAGS.out, out)

@@ -28,8 +28,7 @@ import sys
 import tempfile
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("base", "HEAD", "The git revision to compare against.")
@@ -37,8 +36,12 @@ flags.DEFINE_string("config", "experiments/configs/dro_fl.py", "The job's config
 flags.DEFINE_list("overrides", [], "Extra driver flags, e.g. --config.rounds=50 (both sides).")
 flags.DEFINE_integer("repeats", 3, "Alternating process pairs.")
 flags.DEFINE_string("warm_seeds", "10,11,12", "head_warm's seeds (--config.seeds=).")
-flags.DEFINE_bool("base_cache", False, "Give the base side a fresh --compilation_cache too "
-                  "(a base that has the flag); otherwise it runs with its defaults.")
+flags.DEFINE_bool(
+  "base_cache",
+  False,
+  "Give the base side a fresh --compilation_cache too "
+  "(a base that has the flag); otherwise it runs with its defaults.",
+)
 flags.DEFINE_string("out", "benchmarks/results/main_job.json", "Where to write JSON.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,10 +51,21 @@ HIT = re.compile(r"Persistent compilation cache hit for '(\S+)'")
 
 def _run(tree: str, workdir: str, *flags_):
   """One whole process of the job in ``tree``: wall seconds, compiles, table lines."""
-  env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-         "PYTHONPATH": tree, "JAX_LOG_COMPILES": "1"}
-  cmd = [sys.executable, "-m", "experiments.main", f"--config={FLAGS.config}",
-         f"--workdir={workdir}", "--noprogress", *FLAGS.overrides, *flags_]
+  env = {
+    **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    "PYTHONPATH": tree,
+    "JAX_LOG_COMPILES": "1",
+  }
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.main",
+    f"--config={FLAGS.config}",
+    f"--workdir={workdir}",
+    "--noprogress",
+    *FLAGS.overrides,
+    *flags_,
+  ]
   start = time.perf_counter()
   proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
@@ -65,64 +79,112 @@ def _run(tree: str, workdir: str, *flags_):
   # --noprogress prints no table: the summary's is compared instead
   with open(os.path.join(workdir, "summary.json")) as f:
     table = json.load(f)["table"]
-  return {"seconds": seconds, "compiles": len(compiles) - len(hits), "cache_hits": len(hits),
-          "compile_seconds": sum(s for _, s in compiles), "by_name": dict(by_name),
-          "table": table}
+  return {
+    "seconds": seconds,
+    "compiles": len(compiles) - len(hits),
+    "cache_hits": len(hits),
+    "compile_seconds": sum(s for _, s in compiles),
+    "by_name": dict(by_name),
+    "table": table,
+  }
 
 
 def main(argv):
   del argv
   from benchmarks import _common as C
-  rev = lambda name: subprocess.run(["git", "rev-parse", name], cwd=ROOT, capture_output=True,
-                                    text=True, check=True).stdout.strip()
+
+  rev = lambda name: subprocess.run(
+    ["git", "rev-parse", name], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout.strip()
   base_rev, head_rev = rev(FLAGS.base), rev("HEAD")
-  dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                              cwd=ROOT, capture_output=True, text=True).stdout.strip())
+  dirty = bool(
+    subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+    ).stdout.strip()
+  )
   load_before = C.load_average()
   runs = {"base": [], "head": [], "head_warm": []}
   with tempfile.TemporaryDirectory() as tmp:
     base_tree = os.path.join(tmp, "base")
-    subprocess.run(["git", "worktree", "add", "--detach", base_tree, base_rev], cwd=ROOT,
-                   capture_output=True, check=True)
+    subprocess.run(
+      ["git", "worktree", "add", "--detach", base_tree, base_rev],
+      cwd=ROOT,
+      capture_output=True,
+      check=True,
+    )
     try:
       for i in range(FLAGS.repeats):
         cache = f"--compilation_cache={os.path.join(tmp, f'cache{i}')}"
-        base_flags = (f"--compilation_cache={os.path.join(tmp, f'base_cache{i}')}",
-                      ) if FLAGS.base_cache else ()
-        for side, tree, extra in (("base", base_tree, base_flags), ("head", ROOT, (cache,)),
-                                  ("head_warm", ROOT,
-                                   (cache, f"--config.seeds={FLAGS.warm_seeds}"))):
+        base_flags = (
+          (f"--compilation_cache={os.path.join(tmp, f'base_cache{i}')}",)
+          if FLAGS.base_cache
+          else ()
+        )
+        for side, tree, extra in (
+          ("base", base_tree, base_flags),
+          ("head", ROOT, (cache,)),
+          ("head_warm", ROOT, (cache, f"--config.seeds={FLAGS.warm_seeds}")),
+        ):
           out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
           runs[side].append(out)
-          print(side, f"{out['seconds']:.1f} s, {out['compiles']} compiles "
-                      f"({out['compile_seconds']:.1f} s), {out['cache_hits']} cache hits",
-                flush=True)
+          print(
+            side,
+            f"{out['seconds']:.1f} s, {out['compiles']} compiles "
+            f"({out['compile_seconds']:.1f} s), {out['cache_hits']} cache hits",
+            flush=True,
+          )
     finally:
-      subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT,
-                     capture_output=True, check=False)
+      subprocess.run(
+        ["git", "worktree", "remove", "--force", base_tree],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+      )
   median = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items()}
-  summary = {side: {"median_seconds": median[side],
-                    "seconds": [r["seconds"] for r in rs],
-                    "compiles": rs[0]["compiles"], "cache_hits": rs[0]["cache_hits"],
-                    "compiles_by_name": {k: v for k, v in rs[0]["by_name"].items() if v},
-                    "median_compile_seconds": statistics.median(r["compile_seconds"]
-                                                                for r in rs)}
-             for side, rs in runs.items()}
-  tables_equal = all(r["table"] == runs["base"][0]["table"]
-                     for side in ("base", "head") for r in runs[side])
-  print(f"head / base wall time {median['head'] / median['base']:.3f}, head_warm / base "
-        f"{median['head_warm'] / median['base']:.3f}; tables equal: {tables_equal}")
-  C.write_json(FLAGS.out, {
-      "benchmark": "main_job", "timestamp": C.timestamp(), "machine": C.machine_info(),
-      "load_average_before": load_before, "load_average_after": C.load_average(),
-      "base": base_rev, "base_fresh_cache": FLAGS.base_cache, "head": head_rev, "head_has_uncommitted_changes": dirty,
+  summary = {
+    side: {
+      "median_seconds": median[side],
+      "seconds": [r["seconds"] for r in rs],
+      "compiles": rs[0]["compiles"],
+      "cache_hits": rs[0]["cache_hits"],
+      "compiles_by_name": {k: v for k, v in rs[0]["by_name"].items() if v},
+      "median_compile_seconds": statistics.median(r["compile_seconds"] for r in rs),
+    }
+    for side, rs in runs.items()
+  }
+  tables_equal = all(
+    r["table"] == runs["base"][0]["table"] for side in ("base", "head") for r in runs[side]
+  )
+  print(
+    f"head / base wall time {median['head'] / median['base']:.3f}, head_warm / base "
+    f"{median['head_warm'] / median['base']:.3f}; tables equal: {tables_equal}"
+  )
+  C.write_json(
+    FLAGS.out,
+    {
+      "benchmark": "main_job",
+      "timestamp": C.timestamp(),
+      "machine": C.machine_info(),
+      "load_average_before": load_before,
+      "load_average_after": C.load_average(),
+      "base": base_rev,
+      "base_fresh_cache": FLAGS.base_cache,
+      "head": head_rev,
+      "head_has_uncommitted_changes": dirty,
       "command": f"python -m experiments.main --config={FLAGS.config} --workdir=<fresh> "
-                 f"--noprogress {' '.join(FLAGS.overrides)}".strip(),
+      f"--noprogress {' '.join(FLAGS.overrides)}".strip(),
       "statistic": "whole-process wall seconds, median over alternating processes; "
-                   "compiles: XLA compilations logged by JAX_LOG_COMPILES",
-      "sides": summary, "head_over_base": median["head"] / median["base"],
+      "compiles: XLA compilations logged by JAX_LOG_COMPILES",
+      "sides": summary,
+      "head_over_base": median["head"] / median["base"],
       "head_warm_over_base": median["head_warm"] / median["base"],
-      "tables_equal": tables_equal, "table": runs["head"][0]["table"]})
+      "tables_equal": tables_equal,
+      "table": runs["head"][0]["table"],
+    },
+  )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("base", "HEAD", "The git revision to compare against.")
@@ -69,18 +68,31 @@ def _time(tree, name):
 def main(argv):
   del argv
   from benchmarks import _common as C
-  base_rev = subprocess.run(["git", "rev-parse", FLAGS.base], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-  head_rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-  dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                              cwd=ROOT, capture_output=True, text=True).stdout.strip())
+
+  base_rev = subprocess.run(
+    ["git", "rev-parse", FLAGS.base], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout.strip()
+  head_rev = subprocess.run(
+    ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout.strip()
+  dirty = bool(
+    subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+    ).stdout.strip()
+  )
   load_before = C.load_average()
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
     base_tree = os.path.join(tmp, "base")
-    subprocess.run(["git", "worktree", "add", "--detach", base_tree, base_rev], cwd=ROOT,
-                   capture_output=True, check=True)
+    subprocess.run(
+      ["git", "worktree", "add", "--detach", base_tree, base_rev],
+      cwd=ROOT,
+      capture_output=True,
+      check=True,
+    )
     try:
       for name in FLAGS.algorithms:
         sides = {"base": [], "head": []}
@@ -88,22 +100,47 @@ def main(argv):
           sides["base"].append(_time(base_tree, name))
           sides["head"].append(_time(ROOT, name))
         med = {k: statistics.median(v) for k, v in sides.items()}
-        results[name] = {"ms_per_round": sides, "median_ms_per_round": med,
-                         "head_over_base": med["head"] / med["base"]}
-        print(name, json.dumps(results[name]["median_ms_per_round"]),
-              f"head/base {results[name]['head_over_base']:.3f}", flush=True)
+        results[name] = {
+          "ms_per_round": sides,
+          "median_ms_per_round": med,
+          "head_over_base": med["head"] / med["base"],
+        }
+        print(
+          name,
+          json.dumps(results[name]["median_ms_per_round"]),
+          f"head/base {results[name]['head_over_base']:.3f}",
+          flush=True,
+        )
     finally:
-      subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT,
-                     capture_output=True, check=False)
-  C.write_json(FLAGS.out, {
-      "benchmark": "revision", "timestamp": C.timestamp(), "machine": C.machine_info(),
-      "load_average_before": load_before, "load_average_after": C.load_average(),
-      "base": base_rev, "head": head_rev, "head_has_uncommitted_changes": dirty,
-      "config": {"clients": 10, "examples_per_client": 600, "local_steps": 5,
-                 "batch_size": 32, "rounds_per_call": FLAGS.rounds, "calls": FLAGS.inner,
-                 "statistic": "median ms/round per subprocess, median over alternating "
-                              "subprocesses"},
-      "results": results})
+      subprocess.run(
+        ["git", "worktree", "remove", "--force", base_tree],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+      )
+  C.write_json(
+    FLAGS.out,
+    {
+      "benchmark": "revision",
+      "timestamp": C.timestamp(),
+      "machine": C.machine_info(),
+      "load_average_before": load_before,
+      "load_average_after": C.load_average(),
+      "base": base_rev,
+      "head": head_rev,
+      "head_has_uncommitted_changes": dirty,
+      "config": {
+        "clients": 10,
+        "examples_per_client": 600,
+        "local_steps": 5,
+        "batch_size": 32,
+        "rounds_per_call": FLAGS.rounds,
+        "calls": FLAGS.inner,
+        "statistic": "median ms/round per subprocess, median over alternating subprocesses",
+      },
+      "results": results,
+    },
+  )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import time
 
-from absl import app
-from absl import flags
 import jax
+from absl import app, flags
 
 import fedco
 from benchmarks import _common as C
@@ -45,6 +44,7 @@ def setup():
   """E1's data, model, initial parameters and metrics on digits (partition seed 0; E1's
   default digits split: 899 training images, a big client of 500, nine of 20)."""
   from experiments.configs import dro_fl as dro_fl_config  # pylint: disable=g-import-not-at-top
+
   config = dro_fl_config.get_config()
   splits = dro_fl.load(config)
   fed, _ = dro_fl.build_data((splits.train, splits.test), config, 500, 0)
@@ -54,8 +54,7 @@ def setup():
     out = {}
     for split, data in (("train", fed.train), ("val", fed.val)):
       _, accs = metrics_lib.per_client_mean(stats, p, data)
-      out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs,
-                                                                                worst="min")
+      out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs, worst="min")
     return out
 
   params = models.init_params(model, fed.train.examples["x"][0], 0)
@@ -69,10 +68,21 @@ def run_sequential(fed, loss, metrics_fn, params, rounds, options):
     for lr in LEARNING_RATES:
       for seed in SEEDS:
         try:
-          res = fedco.simulate(problem, fedco.comfedl(lr, 5), fed.train, params,
-                               rounds=rounds, seed=seed, metrics_fn=metrics_fn, **options)
-          out[(gamma, lr, seed)] = {"params": res.params, "diverged": None,
-                                    "val_acc_worst": float(res.metrics["val_acc_worst"][-1])}
+          res = fedco.simulate(
+            problem,
+            fedco.comfedl(lr, 5),
+            fed.train,
+            params,
+            rounds=rounds,
+            seed=seed,
+            metrics_fn=metrics_fn,
+            **options,
+          )
+          out[(gamma, lr, seed)] = {
+            "params": res.params,
+            "diverged": None,
+            "val_acc_worst": float(res.metrics["val_acc_worst"][-1]),
+          }
         except fedco.runtime.NonFiniteError as err:
           out[(gamma, lr, seed)] = {"params": None, "diverged": int(err.round)}
   return out
@@ -82,15 +92,25 @@ def run_sweep(fed, loss, metrics_fn, params, rounds, options):
   out = {}
   for gamma in GAMMAS:
     problem = fedco.problems.client_kl_dro(loss, gamma)
-    res = fedco.sweep(problem, fedco.comfedl, fed.train, params, rounds=rounds,
-                      grid={"learning_rate": list(LEARNING_RATES)}, seeds=list(SEEDS),
-                      algorithm_kwargs={"local_steps": 5}, metrics_fn=metrics_fn, **options)
+    res = fedco.sweep(
+      problem,
+      fedco.comfedl,
+      fed.train,
+      params,
+      rounds=rounds,
+      grid={"learning_rate": list(LEARNING_RATES)},
+      seeds=list(SEEDS),
+      algorithm_kwargs={"local_steps": 5},
+      metrics_fn=metrics_fn,
+      **options,
+    )
     for r, run in enumerate(res.runs):
       report = res.diverged[r]
       out[(gamma, run["learning_rate"], run["seed"])] = {
-          "params": None if report else jax.tree.map(lambda a, r=r: a[r], res.params),
-          "diverged": report["round"] if report else None,
-          "val_acc_worst": float(res.metrics["val_acc_worst"][r][-1])}
+        "params": None if report else jax.tree.map(lambda a, r=r: a[r], res.params),
+        "diverged": report["round"] if report else None,
+        "val_acc_worst": float(res.metrics["val_acc_worst"][r][-1]),
+      }
   return out
 
 
@@ -99,11 +119,23 @@ def main(argv):
   rounds = FLAGS.rounds
   options = dict(batch_size=32, evaluate=False, eval_every=5)
   fed, loss, metrics_fn, params = setup()
-  record = {"benchmark": "sweep", "timestamp": C.timestamp(), "machine": C.machine_info(),
-            "config": {"rounds": rounds, "learning_rates": LEARNING_RATES, "gammas": GAMMAS,
-                       "seeds": SEEDS, "runs": len(LEARNING_RATES) * len(GAMMAS) * len(SEEDS),
-                       "tau": 5, "batch_size": 32, "eval_every": 5, "clients": 10,
-                       "dataset": "digits (quantity skew 1000/20, partition seed 0)"}}
+  record = {
+    "benchmark": "sweep",
+    "timestamp": C.timestamp(),
+    "machine": C.machine_info(),
+    "config": {
+      "rounds": rounds,
+      "learning_rates": LEARNING_RATES,
+      "gammas": GAMMAS,
+      "seeds": SEEDS,
+      "runs": len(LEARNING_RATES) * len(GAMMAS) * len(SEEDS),
+      "tau": 5,
+      "batch_size": 32,
+      "eval_every": 5,
+      "clients": 10,
+      "dataset": "digits (quantity skew 1000/20, partition seed 0)",
+    },
+  }
   sides = {"sweep": run_sweep, "sequential": run_sequential}
   order = ["sweep", "sequential"] if FLAGS.sweep_first else ["sequential", "sweep"]
   results, seconds = {}, {}
@@ -113,26 +145,52 @@ def main(argv):
     seconds[name] = time.perf_counter() - start
     record[f"load_after_{name}"] = C.load_average()
   keys = sorted(results["sweep"])
-  both = [k for k in keys if results["sweep"][k]["diverged"] is None
-          and results["sequential"][k]["diverged"] is None]
+  both = [
+    k
+    for k in keys
+    if results["sweep"][k]["diverged"] is None and results["sequential"][k]["diverged"] is None
+  ]
   record["seconds"] = seconds
   record["sequential_over_sweep"] = seconds["sequential"] / seconds["sweep"]
   record["finite_on_both"] = len(both)
   record["diverged"] = {
-      side: {f"gamma={g} lr={lr} seed={s}": results[side][(g, lr, s)]["diverged"]
-             for g, lr, s in keys if results[side][(g, lr, s)]["diverged"] is not None}
-      for side in sides}
-  record["same_runs_diverged"] = (set(record["diverged"]["sweep"]) ==
-                                  set(record["diverged"]["sequential"]))
+    side: {
+      f"gamma={g} lr={lr} seed={s}": results[side][(g, lr, s)]["diverged"]
+      for g, lr, s in keys
+      if results[side][(g, lr, s)]["diverged"] is not None
+    }
+    for side in sides
+  }
+  record["same_runs_diverged"] = set(record["diverged"]["sweep"]) == set(
+    record["diverged"]["sequential"]
+  )
   record["max_abs_diff_final_params"] = max(
-      (C.max_abs_diff(results["sweep"][k]["params"], results["sequential"][k]["params"])
-       for k in both), default=None)
+    (
+      C.max_abs_diff(results["sweep"][k]["params"], results["sequential"][k]["params"])
+      for k in both
+    ),
+    default=None,
+  )
   record["max_abs_diff_final_val_acc_worst"] = max(
-      (abs(results["sweep"][k]["val_acc_worst"] - results["sequential"][k]["val_acc_worst"])
-       for k in both), default=None)
-  print({k: record[k] for k in ("seconds", "sequential_over_sweep", "finite_on_both",
-                                "same_runs_diverged", "max_abs_diff_final_params",
-                                "max_abs_diff_final_val_acc_worst")})
+    (
+      abs(results["sweep"][k]["val_acc_worst"] - results["sequential"][k]["val_acc_worst"])
+      for k in both
+    ),
+    default=None,
+  )
+  print(
+    {
+      k: record[k]
+      for k in (
+        "seconds",
+        "sequential_over_sweep",
+        "finite_on_both",
+        "same_runs_diverged",
+        "max_abs_diff_final_params",
+        "max_abs_diff_final_val_acc_worst",
+      )
+    }
+  )
   C.write_json(FLAGS.out, record)
 
 

@@ -83,14 +83,13 @@ import re
 import time
 from typing import Any, Dict
 
-from absl import app, flags
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
 import torch.nn.functional as F
+from absl import app, flags
 
 import fedco
 from benchmarks import _common as C
@@ -109,11 +108,16 @@ flags.DEFINE_integer("examples_per_client", 500, "Synthetic images per client.")
 flags.DEFINE_integer("image_size", 32, "Image height and width (>= 16).")
 flags.DEFINE_integer("filters", 32, "CNN4 channels per convolution.")
 flags.DEFINE_float("lr", 0.1, "FedAvg local SGD rate (E2's).")
-flags.DEFINE_enum("conv_impl", "auto", ["auto", "matmul", "xla"],
-                  "CNN4's conv_impl for the fedco, fedco_unrolled and central sides (auto: "
-                  "matmul, i.e. im2col, on the CPU). The while-loop diagnostic runs both.")
-flags.DEFINE_integer("check_examples", 16,
-                     "Images per client in the one-round check (whole-data batches).")
+flags.DEFINE_enum(
+  "conv_impl",
+  "auto",
+  ["auto", "matmul", "xla"],
+  "CNN4's conv_impl for the fedco, fedco_unrolled and central sides (auto: "
+  "matmul, i.e. im2col, on the CPU). The while-loop diagnostic runs both.",
+)
+flags.DEFINE_integer(
+  "check_examples", 16, "Images per client in the one-round check (whole-data batches)."
+)
 flags.DEFINE_integer("seed", 0, "Seed for data, parameters and batches.")
 
 TARGET_VS_TORCH = 1.0
@@ -142,6 +146,7 @@ def make_problem(filters, lr, local_steps, conv_impl="auto"):
 
 
 # ---- the PyTorch network and weight conversion -----------------------------------------------
+
 
 def _conv_names(i):
   return 4 * i, 4 * i + 1  # Sequential index of block i's conv and GroupNorm
@@ -187,6 +192,7 @@ def torch_model(params, filters, size):
 
 # ---- (2) the PyTorch per-client loop --------------------------------------------------------
 
+
 class HostLoader:
   """Per-client batches drawn with NumPy indices from NCHW host arrays (with replacement, as
   fedco draws); ``batch_size=None`` is the client's whole data."""
@@ -206,7 +212,6 @@ class HostLoader:
 
 
 class TorchFedAvg:
-
   def __init__(self, params, loader, clients, local_steps, lr, filters, size):
     self.server = torch_model(params, filters, size)
     self.loader, self.k, self.tau, self.lr = loader, clients, local_steps, lr
@@ -237,7 +242,6 @@ class TorchFedAvg:
 
 
 class TorchSide:
-
   def __init__(self, fed: TorchFedAvg, rounds: int, threads: int):
     self.fed, self.rounds, self.threads = fed, rounds, threads
 
@@ -248,6 +252,7 @@ class TorchSide:
 
 
 # ---- (3) the centralized step, (4) fedco's arithmetic with the step loop unrolled -------------
+
 
 class CentralStepSide:
   """ONE model, pooled batch ``batch``: one jitted step, ``local_steps`` calls per round-eq."""
@@ -297,19 +302,17 @@ def client_round_program(problem, algorithm, data, *, batch_size, local_steps, u
       keys = jax.random.split(jax.random.fold_in(kr, t), k)
       return jax.vmap(client)(*carry, keys, starts, counts), None
 
-    (models, _), _ = jax.lax.scan(step, (models, states), jnp.arange(local_steps),
-                                  unroll=unroll)
+    (models, _), _ = jax.lax.scan(step, (models, states), jnp.arange(local_steps), unroll=unroll)
     return jax.tree.map(lambda a: a.mean(0), models), key
 
   return run
 
 
 class UnrolledSide:
-
-  def __init__(self, problem, algorithm, data, params, *, batch_size, local_steps, rounds,
-               seed):
-    self._run = client_round_program(problem, algorithm, data, batch_size=batch_size,
-                                     local_steps=local_steps, unroll=True)
+  def __init__(self, problem, algorithm, data, params, *, batch_size, local_steps, rounds, seed):
+    self._run = client_round_program(
+      problem, algorithm, data, batch_size=batch_size, local_steps=local_steps, unroll=True
+    )
     self.rounds, self.rounds_done = rounds, 0
     self.carry = (params, jax.random.PRNGKey(seed + 3))
 
@@ -342,14 +345,21 @@ def while_loop_diagnostic(loss, params, host, *, batch_size, local_steps, lr, se
     def run(p, key):
       body = lambda p, t: (step(p, jax.random.fold_in(key, t)), None)
       return jax.lax.scan(body, p, jnp.arange(local_steps), unroll=unroll)[0]
+
     return jax.jit(run)
 
-  programs = {"single_jitted_step": (jax.jit(step), 1), "rolled_scan": (scanned(1), local_steps),
-              "unrolled_scan": (scanned(True), local_steps)}
+  programs = {
+    "single_jitted_step": (jax.jit(step), 1),
+    "rolled_scan": (scanned(1), local_steps),
+    "unrolled_scan": (scanned(True), local_steps),
+  }
   key = jax.random.PRNGKey(seed + 4)
-  out = {"batch_size": batch_size, "scan_length": local_steps,
-         "issue": "https://github.com/jax-ml/jax/issues/12868",
-         "canonical_conv_dim_labels": CANONICAL_CONV}
+  out = {
+    "batch_size": batch_size,
+    "scan_length": local_steps,
+    "issue": "https://github.com/jax-ml/jax/issues/12868",
+    "canonical_conv_dim_labels": CANONICAL_CONV,
+  }
   for name, (fn, steps) in programs.items():
     out[f"{name}_conv_dim_labels"] = conv_labels(fn.lower(params, key).compile().as_text())
     jax.block_until_ready(fn(params, key))  # compile and warm
@@ -362,13 +372,16 @@ def while_loop_diagnostic(loss, params, host, *, batch_size, local_steps, lr, se
 
 # ---- correctness ------------------------------------------------------------------------------
 
+
 def _diffs(fed_params, t_params, p0):
   delta_f = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, fed_params, p0)
   delta_t = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, t_params, p0)
-  out = {"max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
-         "max_abs_params": C.max_abs(fed_params),
-         "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
-         "max_abs_update": C.max_abs(delta_f)}
+  out = {
+    "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
+    "max_abs_params": C.max_abs(fed_params),
+    "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
+    "max_abs_update": C.max_abs(delta_f),
+  }
   out["relative_diff_update"] = out["max_abs_diff_update"] / max(out["max_abs_update"], 1e-30)
   return out
 
@@ -377,8 +390,9 @@ def _cast(host, dtype):
   return {"x": host["x"].astype(dtype), "y": host["y"]}
 
 
-def check_one_step(problem, algorithm, params, host, rows, *, batch_size, lr, filters, size,
-                   seed) -> Dict[str, Any]:
+def check_one_step(
+  problem, algorithm, params, host, rows, *, batch_size, lr, filters, size, seed
+) -> Dict[str, Any]:
   """Client 0's first local step on the same batch of ``batch_size`` images."""
   pick = np.random.default_rng(seed + 5).integers(0, len(rows[0]), size=batch_size)
   idx = np.asarray(rows[0])[pick]
@@ -403,18 +417,33 @@ def check_one_step(problem, algorithm, params, host, rows, *, batch_size, lr, fi
   new_t = from_torch_state(model.state_dict(), filters, size)
   va = np.concatenate([np.ravel(a) for a in jax.tree.leaves(grad_f)]).astype(np.float64)
   vb = np.concatenate([np.ravel(a) for a in jax.tree.leaves(grad_t)]).astype(np.float64)
-  out = {"batch_size": batch_size, "dtype": str(host["x"].dtype),
-         "max_abs_grad": C.max_abs(grad_f),
-         "max_abs_diff_grad": C.max_abs_diff(grad_f, grad_t),
-         "relative_l2_diff_grad": float(np.linalg.norm(va - vb) / np.linalg.norm(va)),
-         "cosine_grad": float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb))),
-         **_diffs(new_f, new_t, jax.device_get(params))}
+  out = {
+    "batch_size": batch_size,
+    "dtype": str(host["x"].dtype),
+    "max_abs_grad": C.max_abs(grad_f),
+    "max_abs_diff_grad": C.max_abs_diff(grad_f, grad_t),
+    "relative_l2_diff_grad": float(np.linalg.norm(va - vb) / np.linalg.norm(va)),
+    "cosine_grad": float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb))),
+    **_diffs(new_f, new_t, jax.device_get(params)),
+  }
   out["relative_diff_grad"] = out["max_abs_diff_grad"] / max(out["max_abs_grad"], 1e-30)
   return out
 
 
-def check_one_round(problem, algorithm, params, *, clients, per_client, local_steps, lr,
-                    filters, size, seed, dtype=np.float32) -> Dict[str, Any]:
+def check_one_round(
+  problem,
+  algorithm,
+  params,
+  *,
+  clients,
+  per_client,
+  local_steps,
+  lr,
+  filters,
+  size,
+  seed,
+  dtype=np.float32,
+) -> Dict[str, Any]:
   """One round, whole-data batches on both sides (fedco's ``batch_size=None``)."""
   host, rows = make_data(clients, per_client, size, seed + 7)
   host = _cast(host, dtype)
@@ -422,97 +451,168 @@ def check_one_round(problem, algorithm, params, *, clients, per_client, local_st
   sim = fedco.Simulator(problem, algorithm, data, batch_size=None, evaluate=False)
   state, _ = sim.run(sim.init(params, seed), 1)
   fed_params = jax.device_get(state.server["params"])
-  tfed = TorchFedAvg(params, HostLoader(host, rows, None, seed), clients, local_steps, lr,
-                     filters, size)
+  tfed = TorchFedAvg(
+    params, HostLoader(host, rows, None, seed), clients, local_steps, lr, filters, size
+  )
   tfed.round()
-  out = {"examples_per_client": per_client, "rounds": 1, "dtype": np.dtype(dtype).name,
-         **_diffs(fed_params, tfed.params(), jax.device_get(params))}
+  out = {
+    "examples_per_client": per_client,
+    "rounds": 1,
+    "dtype": np.dtype(dtype).name,
+    **_diffs(fed_params, tfed.params(), jax.device_get(params)),
+  }
   if dtype == np.float64:
     # fedco forms the averaging weights in float32 (1/K rounded, 1.5e-8 off for K = 10); the
     # torch clients averaged with that same weight isolate this from the rest of the round
     w32 = float(np.float32(1.0 / clients))
     with torch.no_grad():
-      avg = {name: sum(w32 * s[name] for s in tfed.last_client_states)
-             for name in tfed.last_client_states[0]}
+      avg = {
+        name: sum(w32 * s[name] for s in tfed.last_client_states)
+        for name in tfed.last_client_states[0]
+      }
     out["float32_weight_of_one_client"] = w32
     out["max_abs_diff_params_torch_averaged_with_that_weight"] = C.max_abs_diff(
-        fed_params, from_torch_state(avg, filters, size))
+      fed_params, from_torch_state(avg, filters, size)
+    )
   return out
 
 
 def run_checks(problem, algorithm, params, host, rows, dtype) -> Dict[str, Any]:
-  k, tau, b, size, filters = (FLAGS.clients, FLAGS.local_steps, FLAGS.batch_size,
-                              FLAGS.image_size, FLAGS.filters)
+  k, tau, b, size, filters = (
+    FLAGS.clients,
+    FLAGS.local_steps,
+    FLAGS.batch_size,
+    FLAGS.image_size,
+    FLAGS.filters,
+  )
   params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-  step = check_one_step(problem, algorithm, params, _cast(host, dtype), rows, batch_size=b,
-                        lr=FLAGS.lr, filters=filters, size=size, seed=FLAGS.seed)
-  print(f"check one step ({np.dtype(dtype).name}): max |grad diff| "
-        f"{step['max_abs_diff_grad']:.2e} of {step['max_abs_grad']:.2e} (relative "
-        f"{step['relative_diff_grad']:.2e}), cosine {step['cosine_grad']:.10f}", flush=True)
-  rnd = check_one_round(problem, algorithm, params, clients=k, per_client=FLAGS.check_examples,
-                        local_steps=tau, lr=FLAGS.lr, filters=filters, size=size,
-                        seed=FLAGS.seed, dtype=dtype)
-  print(f"check one round ({np.dtype(dtype).name}): max |params diff| "
-        f"{rnd['max_abs_diff_params']:.2e}, relative update diff "
-        f"{rnd['relative_diff_update']:.2e}", flush=True)
+  step = check_one_step(
+    problem,
+    algorithm,
+    params,
+    _cast(host, dtype),
+    rows,
+    batch_size=b,
+    lr=FLAGS.lr,
+    filters=filters,
+    size=size,
+    seed=FLAGS.seed,
+  )
+  print(
+    f"check one step ({np.dtype(dtype).name}): max |grad diff| "
+    f"{step['max_abs_diff_grad']:.2e} of {step['max_abs_grad']:.2e} (relative "
+    f"{step['relative_diff_grad']:.2e}), cosine {step['cosine_grad']:.10f}",
+    flush=True,
+  )
+  rnd = check_one_round(
+    problem,
+    algorithm,
+    params,
+    clients=k,
+    per_client=FLAGS.check_examples,
+    local_steps=tau,
+    lr=FLAGS.lr,
+    filters=filters,
+    size=size,
+    seed=FLAGS.seed,
+    dtype=dtype,
+  )
+  print(
+    f"check one round ({np.dtype(dtype).name}): max |params diff| "
+    f"{rnd['max_abs_diff_params']:.2e}, relative update diff "
+    f"{rnd['relative_diff_update']:.2e}",
+    flush=True,
+  )
   return {"check_one_step": step, "check_one_round": rnd}
 
 
 def float64_checks() -> Dict[str, Any]:
   """The checks in float64, in a subprocess (x64 must be set before jax starts)."""
-  names = ("clients", "local_steps", "batch_size", "examples_per_client", "image_size",
-           "filters", "lr", "conv_impl", "check_examples", "seed")
+  names = (
+    "clients",
+    "local_steps",
+    "batch_size",
+    "examples_per_client",
+    "image_size",
+    "filters",
+    "lr",
+    "conv_impl",
+    "check_examples",
+    "seed",
+  )
   return C.float64_checks("benchmarks.torch_conv", names, FLAGS)
 
 
 # ---- main -------------------------------------------------------------------------------------
 
+
 def markdown_table(rec, checks, diag, b) -> str:
   t1 = f"{rec['torch_1t']['rounds_per_s']:.3f}" if "torch_1t" in rec else "-"
   lines = [
-      "| workload | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
-      "| fedco / faster torch | fedco not slower | fedco time / central time "
-      "| fedco_unrolled rounds/s | unrolled / faster torch | unrolled time / central "
-      "| load (1 min) |",
-      "|---|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|",
-      f"| CNN4 FedAvg, 10 clients, tau 5, b {b} | {rec['fedco']['rounds_per_s']:.4f} "
-      f"| {rec['torch']['rounds_per_s']:.3f} / {t1} | {rec['central']['rounds_per_s']:.3f} "
-      f"| {rec['fedco_over_torch_best']:.3f}x | {'yes' if rec['meets_torch_target'] else 'no'} "
-      f"| {rec['fedco_time_over_central']:.1f}x "
-      f"| {rec['fedco_unrolled']['rounds_per_s']:.3f} "
-      f"| {rec['fedco_unrolled_over_torch_best']:.2f}x "
-      f"| {rec['fedco_unrolled_time_over_central']:.2f}x | {rec['load_average'][0]:.2f} |",
-      "",
-      *[f"conv_impl={impl}, one SGD step on a batch of {d['batch_size']}: single jitted call "
-        f"{d['single_jitted_step_ms_per_step']:.0f} ms, in a rolled lax.scan "
-        f"{d['rolled_scan_ms_per_step']:.0f} ms, unrolled "
-        f"{d['unrolled_scan_ms_per_step']:.0f} ms per step "
-        f"(rolled / unrolled {d['rolled_over_unrolled']:.1f}x).\n" for impl, d in diag.items()],
-      "| check | dtype | max abs diff | scale | relative | other |",
-      "|---|---|---:|---:|---:|---|"]
+    "| workload | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
+    "| fedco / faster torch | fedco not slower | fedco time / central time "
+    "| fedco_unrolled rounds/s | unrolled / faster torch | unrolled time / central "
+    "| load (1 min) |",
+    "|---|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|",
+    f"| CNN4 FedAvg, 10 clients, tau 5, b {b} | {rec['fedco']['rounds_per_s']:.4f} "
+    f"| {rec['torch']['rounds_per_s']:.3f} / {t1} | {rec['central']['rounds_per_s']:.3f} "
+    f"| {rec['fedco_over_torch_best']:.3f}x | {'yes' if rec['meets_torch_target'] else 'no'} "
+    f"| {rec['fedco_time_over_central']:.1f}x "
+    f"| {rec['fedco_unrolled']['rounds_per_s']:.3f} "
+    f"| {rec['fedco_unrolled_over_torch_best']:.2f}x "
+    f"| {rec['fedco_unrolled_time_over_central']:.2f}x | {rec['load_average'][0]:.2f} |",
+    "",
+    *[
+      f"conv_impl={impl}, one SGD step on a batch of {d['batch_size']}: single jitted call "
+      f"{d['single_jitted_step_ms_per_step']:.0f} ms, in a rolled lax.scan "
+      f"{d['rolled_scan_ms_per_step']:.0f} ms, unrolled "
+      f"{d['unrolled_scan_ms_per_step']:.0f} ms per step "
+      f"(rolled / unrolled {d['rolled_over_unrolled']:.1f}x).\n"
+      for impl, d in diag.items()
+    ],
+    "| check | dtype | max abs diff | scale | relative | other |",
+    "|---|---|---:|---:|---:|---|",
+  ]
   for label, c in checks.items():
     if "error" in c:
       lines.append(f"| {label} | failed: {c['error'][-200:]!r} | | | | |")
       continue
     s, r = c["check_one_step"], c["check_one_round"]
-    lines.append(f"| one step: client 0 gradient | {s['dtype']} | {s['max_abs_diff_grad']:.2e} "
-                 f"| {s['max_abs_grad']:.2e} | {s['relative_diff_grad']:.2e} "
-                 f"| cosine {s['cosine_grad']:.10f}; params after the step differ by "
-                 f"{s['max_abs_diff_params']:.2e} |")
-    lines.append(f"| one round: server update ({r['examples_per_client']} per client) "
-                 f"| {r['dtype']} | {r['max_abs_diff_update']:.2e} | {r['max_abs_update']:.2e} "
-                 f"| {r['relative_diff_update']:.2e} "
-                 f"| params diff {r['max_abs_diff_params']:.2e}"
-                 + (f"; {r['max_abs_diff_params_torch_averaged_with_that_weight']:.2e} against "
-                    f"torch averaged with fedco's float32 weight 1/K"
-                    if "float32_weight_of_one_client" in r else "") + " |")
+    lines.append(
+      f"| one step: client 0 gradient | {s['dtype']} | {s['max_abs_diff_grad']:.2e} "
+      f"| {s['max_abs_grad']:.2e} | {s['relative_diff_grad']:.2e} "
+      f"| cosine {s['cosine_grad']:.10f}; params after the step differ by "
+      f"{s['max_abs_diff_params']:.2e} |"
+    )
+    lines.append(
+      f"| one round: server update ({r['examples_per_client']} per client) "
+      f"| {r['dtype']} | {r['max_abs_diff_update']:.2e} | {r['max_abs_update']:.2e} "
+      f"| {r['relative_diff_update']:.2e} "
+      f"| params diff {r['max_abs_diff_params']:.2e}"
+      + (
+        f"; {r['max_abs_diff_params_torch_averaged_with_that_weight']:.2e} against "
+        f"torch averaged with fedco's float32 weight 1/K"
+        if "float32_weight_of_one_client" in r
+        else ""
+      )
+      + " |"
+    )
   return "\n".join(lines)
 
 
 def main(argv):
   del argv
-  for flag in ("rounds", "torch_rounds", "repeats", "clients", "local_steps", "batch_size",
-               "examples_per_client", "filters", "check_examples"):
+  for flag in (
+    "rounds",
+    "torch_rounds",
+    "repeats",
+    "clients",
+    "local_steps",
+    "batch_size",
+    "examples_per_client",
+    "filters",
+    "check_examples",
+  ):
     if getattr(FLAGS, flag) < 1:
       raise app.UsageError(f"--{flag} must be >= 1, got {getattr(FLAGS, flag)}")
   if FLAGS.image_size < 16 or FLAGS.image_size % 16:
@@ -521,8 +621,13 @@ def main(argv):
     raise app.UsageError(f"--lr must be > 0, got {FLAGS.lr}")
   torch.set_num_threads(os.cpu_count())
   torch.manual_seed(FLAGS.seed)
-  k, tau, b, size, filters = (FLAGS.clients, FLAGS.local_steps, FLAGS.batch_size,
-                              FLAGS.image_size, FLAGS.filters)
+  k, tau, b, size, filters = (
+    FLAGS.clients,
+    FLAGS.local_steps,
+    FLAGS.batch_size,
+    FLAGS.image_size,
+    FLAGS.filters,
+  )
   model, loss, problem, algorithm = make_problem(filters, FLAGS.lr, tau, FLAGS.conv_impl)
   params = init_cnn(model, (size, size, CHANNELS), FLAGS.seed)
   n_params = int(sum(np.size(a) for a in jax.tree.leaves(params)))
@@ -534,9 +639,12 @@ def main(argv):
     return
 
   machine = C.machine_info(torch)
-  print(f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
-        f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
-        f"threads) | load {machine['load_average_start']}", flush=True)
+  print(
+    f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
+    f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
+    f"threads) | load {machine['load_average_start']}",
+    flush=True,
+  )
   checks = {"float32": run_checks(problem, algorithm, params, host, rows, np.float32)}
   if FLAGS.x64_check:
     checks["float64"] = float64_checks()
@@ -544,87 +652,133 @@ def main(argv):
       print(f"float64 checks failed: {checks['float64']['error'][-500:]}", flush=True)
     else:
       for name, c in checks["float64"].items():
-        print(f"{name} (float64): relative update diff {c['relative_diff_update']:.2e}",
-              flush=True)
+        print(f"{name} (float64): relative update diff {c['relative_diff_update']:.2e}", flush=True)
 
   diag = {}
   for impl in ("xla", "matmul"):
     impl_loss = make_problem(filters, FLAGS.lr, tau, impl)[1]
-    diag[impl] = while_loop_diagnostic(impl_loss, params, host, batch_size=b, local_steps=tau,
-                                       lr=FLAGS.lr, seed=FLAGS.seed)
-    print(f"while-loop diagnostic, conv_impl={impl} (ms/step): single "
-          f"{diag[impl]['single_jitted_step_ms_per_step']:.0f}, rolled scan "
-          f"{diag[impl]['rolled_scan_ms_per_step']:.0f}, unrolled scan "
-          f"{diag[impl]['unrolled_scan_ms_per_step']:.0f}", flush=True)
+    diag[impl] = while_loop_diagnostic(
+      impl_loss, params, host, batch_size=b, local_steps=tau, lr=FLAGS.lr, seed=FLAGS.seed
+    )
+    print(
+      f"while-loop diagnostic, conv_impl={impl} (ms/step): single "
+      f"{diag[impl]['single_jitted_step_ms_per_step']:.0f}, rolled scan "
+      f"{diag[impl]['rolled_scan_ms_per_step']:.0f}, unrolled scan "
+      f"{diag[impl]['unrolled_scan_ms_per_step']:.0f}",
+      flush=True,
+    )
 
-  fed = C.FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
-                    seed=FLAGS.seed)
-  unrolled = UnrolledSide(problem, algorithm, fed.data, params, batch_size=b, local_steps=tau,
-                          rounds=FLAGS.rounds, seed=FLAGS.seed)
+  fed = C.FedcoSide(
+    problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds, seed=FLAGS.seed
+  )
+  unrolled = UnrolledSide(
+    problem,
+    algorithm,
+    fed.data,
+    params,
+    batch_size=b,
+    local_steps=tau,
+    rounds=FLAGS.rounds,
+    seed=FLAGS.seed,
+  )
   torch_sides = {}
-  tfed = TorchFedAvg(params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau, FLAGS.lr,
-                     filters, size)
+  tfed = TorchFedAvg(
+    params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau, FLAGS.lr, filters, size
+  )
   torch_sides["torch"] = (tfed, TorchSide(tfed, FLAGS.torch_rounds, os.cpu_count()))
   if FLAGS.torch_one_thread:
-    tfed1 = TorchFedAvg(params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau, FLAGS.lr,
-                        filters, size)
+    tfed1 = TorchFedAvg(
+      params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau, FLAGS.lr, filters, size
+    )
     torch_sides["torch_1t"] = (tfed1, TorchSide(tfed1, FLAGS.torch_rounds, 1))
-  central = CentralStepSide(problem, algorithm, host, params, batch=k * b, local_steps=tau,
-                            seed=FLAGS.seed)
+  central = CentralStepSide(
+    problem, algorithm, host, params, batch=k * b, local_steps=tau, seed=FLAGS.seed
+  )
   load_before = C.load_average()
-  runs = {"fedco": fed.run, **{label: side.run for label, (_, side) in torch_sides.items()},
-          "central": central.run, "fedco_unrolled": unrolled.run}
+  runs = {
+    "fedco": fed.run,
+    **{label: side.run for label, (_, side) in torch_sides.items()},
+    "central": central.run,
+    "fedco_unrolled": unrolled.run,
+  }
   timed = C.alternate(runs, FLAGS.repeats, COMPILES)
   torch.set_num_threads(os.cpu_count())
 
   eval_x = {"x": jnp.asarray(host["x"][:500]), "y": jnp.asarray(host["y"][:500])}
   mean_loss = jax.jit(lambda p: jnp.mean(jax.vmap(loss, (None, 0))(p, eval_x)))
-  sides = {"fedco": (FLAGS.rounds, fed.params()),
-           **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
-           "central": (1, central.params()), "fedco_unrolled": (FLAGS.rounds, unrolled.params())}
-  rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before,
-         "initial_loss_client0": float(mean_loss(params))}
-  C.record_sides(rec, timed, sides, torch_sides, "final_loss_client0", mean_loss,
-                 compare=("fedco", "fedco_unrolled"))
+  sides = {
+    "fedco": (FLAGS.rounds, fed.params()),
+    **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
+    "central": (1, central.params()),
+    "fedco_unrolled": (FLAGS.rounds, unrolled.params()),
+  }
+  rec = {
+    "problem": problem.name,
+    "algorithm": algorithm.name,
+    "load_average": load_before,
+    "initial_loss_client0": float(mean_loss(params)),
+  }
+  C.record_sides(
+    rec,
+    timed,
+    sides,
+    torch_sides,
+    "final_loss_client0",
+    mean_loss,
+    compare=("fedco", "fedco_unrolled"),
+  )
   rec["fedco"]["rounds_run"] = int(fed.state.round)
   rec["fedco_unrolled"]["rounds_run"] = unrolled.rounds_done
   rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
-  rec["fedco_unrolled_meets_torch_target"] = rec["fedco_unrolled_over_torch_best"] >= \
-      TARGET_VS_TORCH
-  print(f"fedco {rec['fedco']['rounds_per_s']:.4f} r/s, torch "
-        + ", ".join(f"{label} {rec[label]['rounds_per_s']:.3f}" for label in torch_sides)
-        + f" r/s, central {rec['central']['rounds_per_s']:.3f} r/s, fedco_unrolled "
-        f"{rec['fedco_unrolled']['rounds_per_s']:.3f} r/s | fedco/best torch "
-        f"{rec['fedco_over_torch_best']:.3f}x, fedco/central time "
-        f"{rec['fedco_time_over_central']:.2f}x", flush=True)
+  rec["fedco_unrolled_meets_torch_target"] = (
+    rec["fedco_unrolled_over_torch_best"] >= TARGET_VS_TORCH
+  )
+  print(
+    f"fedco {rec['fedco']['rounds_per_s']:.4f} r/s, torch "
+    + ", ".join(f"{label} {rec[label]['rounds_per_s']:.3f}" for label in torch_sides)
+    + f" r/s, central {rec['central']['rounds_per_s']:.3f} r/s, fedco_unrolled "
+    f"{rec['fedco_unrolled']['rounds_per_s']:.3f} r/s | fedco/best torch "
+    f"{rec['fedco_over_torch_best']:.3f}x, fedco/central time "
+    f"{rec['fedco_time_over_central']:.2f}x",
+    flush=True,
+  )
 
   out = {
-      "benchmark": "torch_conv",
-      "timestamp": C.timestamp(),
-      "config": {"clients": k, "clients_per_round": k, "local_steps": tau, "batch_size": b,
-                 "central_batch_size": k * b, "examples_per_client": FLAGS.examples_per_client,
-                 "input": [size, size, CHANNELS],
-                 "model": f"CNN4(filters={filters}, norm='group', groups="
-                          f"{group_count(filters)}, conv_impl={FLAGS.conv_impl!r}), "
-                          f"{n_params} parameters",
-                 "conv_impl_resolved": resolve_impl(FLAGS.conv_impl),
-                 "algorithm": f"fedco.fedavg({FLAGS.lr}, {tau}) on fedco.plain(cross_entropy)",
-                 "fedco_rounds_per_repeat": FLAGS.rounds,
-                 "fedco_unrolled_rounds_per_repeat": FLAGS.rounds,
-                 "central_round_equivalents_per_repeat": 1,
-                 "torch_rounds_per_repeat": FLAGS.torch_rounds, "repeats": FLAGS.repeats,
-                 "statistic": "median over repeats; fedco, torch(, torch_1t), central and "
-                              "fedco_unrolled repeats alternate",
-                 "evaluate": False, "seed": FLAGS.seed,
-                 "torch_threads": {"torch": "torch.set_num_threads(os.cpu_count())",
-                                   "torch_1t": "torch.set_num_threads(1)"
-                                   if FLAGS.torch_one_thread else None},
-                 "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH}},
-      "machine": machine,
-      "load_average_end": C.load_average(),
-      "checks": checks,
-      "while_loop_diagnostic": diag,
-      "results": rec,
+    "benchmark": "torch_conv",
+    "timestamp": C.timestamp(),
+    "config": {
+      "clients": k,
+      "clients_per_round": k,
+      "local_steps": tau,
+      "batch_size": b,
+      "central_batch_size": k * b,
+      "examples_per_client": FLAGS.examples_per_client,
+      "input": [size, size, CHANNELS],
+      "model": f"CNN4(filters={filters}, norm='group', groups="
+      f"{group_count(filters)}, conv_impl={FLAGS.conv_impl!r}), "
+      f"{n_params} parameters",
+      "conv_impl_resolved": resolve_impl(FLAGS.conv_impl),
+      "algorithm": f"fedco.fedavg({FLAGS.lr}, {tau}) on fedco.plain(cross_entropy)",
+      "fedco_rounds_per_repeat": FLAGS.rounds,
+      "fedco_unrolled_rounds_per_repeat": FLAGS.rounds,
+      "central_round_equivalents_per_repeat": 1,
+      "torch_rounds_per_repeat": FLAGS.torch_rounds,
+      "repeats": FLAGS.repeats,
+      "statistic": "median over repeats; fedco, torch(, torch_1t), central and "
+      "fedco_unrolled repeats alternate",
+      "evaluate": False,
+      "seed": FLAGS.seed,
+      "torch_threads": {
+        "torch": "torch.set_num_threads(os.cpu_count())",
+        "torch_1t": "torch.set_num_threads(1)" if FLAGS.torch_one_thread else None,
+      },
+      "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH},
+    },
+    "machine": machine,
+    "load_average_end": C.load_average(),
+    "checks": checks,
+    "while_loop_diagnostic": diag,
+    "results": rec,
   }
   C.write_json(FLAGS.out, out)
   print()

@@ -62,31 +62,36 @@ import os
 import time
 from typing import Any, Dict
 
-from absl import app, flags
-
 import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
+from absl import app, flags
 
 import fedco
 from benchmarks import _common as C
 
 FLAGS = flags.FLAGS
 C.define_timing_flags("torch_logistic", rounds=50, torch_rounds=2, repeats=5)
-flags.DEFINE_list("algorithms", list(C.ALGORITHM_NAMES),
-                  "Comma list from fedavg, comfedl, local_scgdm, feddro.")
+flags.DEFINE_list(
+  "algorithms", list(C.ALGORITHM_NAMES), "Comma list from fedavg, comfedl, local_scgdm, feddro."
+)
 flags.DEFINE_integer("clients", 10, "Clients (all participate every round).")
 flags.DEFINE_integer("local_steps", 5, "Local steps per round (tau).")
 flags.DEFINE_integer("batch_size", 32, "Examples per client per step (b).")
 flags.DEFINE_integer("examples_per_client", 600, "Synthetic examples per client.")
-flags.DEFINE_integer("check_examples", 32,
-                     "Examples per client in the one-round correctness check (whole-data "
-                     "batches on both sides).")
+flags.DEFINE_integer(
+  "check_examples",
+  32,
+  "Examples per client in the one-round correctness check (whole-data batches on both sides).",
+)
 flags.DEFINE_integer("seed", 0, "Seed for data, parameters and batches.")
-flags.DEFINE_integer("in_dim", 784,
-                     "Input features (784 is the workload; a small value such as 32 shows the "
-                     "dispatch-bound regime, where per-step overhead dominates).")
+flags.DEFINE_integer(
+  "in_dim",
+  784,
+  "Input features (784 is the workload; a small value such as 32 shows the "
+  "dispatch-bound regime, where per-step overhead dominates).",
+)
 
 TARGET_VS_TORCH = 30.0
 TARGET_VS_CENTRAL = 1.5
@@ -96,6 +101,7 @@ COMPILES = C.CompileCounter()
 # ---- (1) fedco ----------------------------------------------------------------------------
 
 # ---- (2) the PyTorch per-client loop --------------------------------------------------------
+
 
 class TorchLogistic(torch.nn.Module):
   """``logits = F.linear(x, w, b) = x w^T + b``: ``nn.Linear``'s layout (``w [10, in]``),
@@ -141,8 +147,9 @@ class TorchFederated:
     self.name, self.loader = name, loader
     self.k, self.tau = num_clients, local_steps
     self.h = C.HYPER[name]
-    lr = self.h["beta"] * self.h["learning_rate"] if name == "local_scgdm" else \
-        self.h["learning_rate"]
+    lr = (
+      self.h["beta"] * self.h["learning_rate"] if name == "local_scgdm" else self.h["learning_rate"]
+    )
     self.server = TorchLogistic(params)
     self.models = [TorchLogistic(params) for _ in range(num_clients)]
     self.opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in self.models]
@@ -150,15 +157,17 @@ class TorchFederated:
     if name in ("comfedl", "local_scgdm", "feddro"):
       # init sync: y_bar_0 = mean over clients of one mini-batch g_k(x_0)
       with torch.no_grad():
-        y0 = torch.stack([self.inner(self.server, *loader.draw(c))
-                          for c in range(num_clients)]).mean(0)
+        y0 = torch.stack(
+          [self.inner(self.server, *loader.draw(c)) for c in range(num_clients)]
+        ).mean(0)
       if name == "feddro":
         self.y_bar = y0
       if name == "local_scgdm":
         self.count = 0
         self.u = [y0.clone() for _ in range(num_clients)]
-        self.m = [[torch.zeros_like(p) for p in self.server.parameters()]
-                  for _ in range(num_clients)]
+        self.m = [
+          [torch.zeros_like(p) for p in self.server.parameters()] for _ in range(num_clients)
+        ]
 
   # the problem
   def inner(self, model, x, y):
@@ -233,8 +242,9 @@ class TorchFederated:
         sample = g.detach()
         self.u[c] = sample if first else (1 - g_rate) * self.u[c] + g_rate * sample
         z = torch.autograd.grad(g, params, grad_outputs=self.outer_grad(self.u[c]))
-        self.m[c] = list(z) if first else [(1 - a_rate) * mi + a_rate * zi
-                                           for mi, zi in zip(self.m[c], z)]
+        self.m[c] = (
+          list(z) if first else [(1 - a_rate) * mi + a_rate * zi for mi, zi in zip(self.m[c], z)]
+        )
         for p, mi in zip(params, self.m[c]):
           p.grad = mi
         opt.step()  # x = x - beta eta m
@@ -288,8 +298,10 @@ CentralSide = C.CentralSide
 
 # ---- correctness: one round on identical batches --------------------------------------------
 
-def check_one_round(name, params, *, clients, per_client, local_steps, seed,
-                    in_dim=784) -> Dict[str, Any]:
+
+def check_one_round(
+  name, params, *, clients, per_client, local_steps, seed, in_dim=784
+) -> Dict[str, Any]:
   """fedco (``batch_size=None``) against the torch loop (whole-data batches): one round."""
   problem, algorithm = C.make_problem_and_algorithm(name, local_steps)
   host, rows = C.make_data(clients, per_client, seed + 7, in_dim)
@@ -297,18 +309,20 @@ def check_one_round(name, params, *, clients, per_client, local_steps, seed,
   sim = fedco.Simulator(problem, algorithm, data, batch_size=None, evaluate=False)
   state, _ = sim.run(sim.init(params, seed), 1)
   fed_params = jax.device_get(state.server["params"])
-  tfed = TorchFederated(name, params, WholeDataLoader(host, rows, None, seed), clients,
-                        local_steps)
+  tfed = TorchFederated(name, params, WholeDataLoader(host, rows, None, seed), clients, local_steps)
   tfed.round()
   t_params = tfed.params()
   p0 = jax.device_get(params)
   delta_f = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, fed_params, p0)
   delta_t = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, t_params, p0)
-  out = {"examples_per_client": per_client, "rounds": 1,
-         "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
-         "max_abs_params": C.max_abs(fed_params),
-         "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
-         "max_abs_update": C.max_abs(delta_f)}
+  out = {
+    "examples_per_client": per_client,
+    "rounds": 1,
+    "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
+    "max_abs_params": C.max_abs(fed_params),
+    "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
+    "max_abs_update": C.max_abs(delta_f),
+  }
   out["relative_diff_update"] = out["max_abs_diff_update"] / max(out["max_abs_update"], 1e-30)
   if name == "feddro":
     out["max_abs_diff_tracker_y_bar"] = C.max_abs_diff(state.shared["y"], tfed.y_bar.numpy())
@@ -324,6 +338,7 @@ def check_one_round(name, params, *, clients, per_client, local_steps, seed,
 
 # ---- what a real DataLoader costs per batch -----------------------------------------------
 
+
 def dataloader_cost(host, rows, batch_size, seed, batches=300) -> Dict[str, float]:
   """Microseconds per batch: the loop's NumPy draw vs ``torch.utils.data.DataLoader``."""
   loader = HostLoader(host, rows, batch_size, seed)
@@ -332,10 +347,10 @@ def dataloader_cost(host, rows, batch_size, seed, batches=300) -> Dict[str, floa
     loader.draw(0)
   numpy_us = 1e6 * (time.perf_counter() - t0) / batches
   idx = rows[0]
-  ds = torch.utils.data.TensorDataset(torch.from_numpy(host["x"][idx]),
-                                      torch.from_numpy(host["y"][idx].astype(np.int64)))
-  sampler = torch.utils.data.RandomSampler(ds, replacement=True,
-                                           num_samples=batch_size * batches)
+  ds = torch.utils.data.TensorDataset(
+    torch.from_numpy(host["x"][idx]), torch.from_numpy(host["y"][idx].astype(np.int64))
+  )
+  sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=batch_size * batches)
   dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler)
   t0 = time.perf_counter()
   for _ in dl:
@@ -346,30 +361,41 @@ def dataloader_cost(host, rows, batch_size, seed, batches=300) -> Dict[str, floa
 
 # ---- main -------------------------------------------------------------------------------------
 
+
 def markdown_tables(results, checks) -> str:
-  lines = ["| algorithm | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
-           f"| fedco / faster torch | >= {TARGET_VS_TORCH:g}x | fedco time / central time "
-           f"| <= {TARGET_VS_CENTRAL:g}x |",
-           "|---|---:|---:|---:|---:|:---:|---:|:---:|"]
+  lines = [
+    "| algorithm | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
+    f"| fedco / faster torch | >= {TARGET_VS_TORCH:g}x | fedco time / central time "
+    f"| <= {TARGET_VS_CENTRAL:g}x |",
+    "|---|---:|---:|---:|---:|:---:|---:|:---:|",
+  ]
   for name, r in results.items():
     t1 = f"{r['torch_1t']['rounds_per_s']:.2f}" if "torch_1t" in r else "-"
     lines.append(
-        f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['torch']['rounds_per_s']:.2f} / {t1} "
-        f"| {r['central']['rounds_per_s']:.1f} | {r['fedco_over_torch_best']:.1f}x "
-        f"| {'yes' if r['meets_torch_target'] else 'no'} | {r['fedco_time_over_central']:.2f}x "
-        f"| {'yes' if r['meets_central_target'] else 'no'} |")
-  lines += ["", "| algorithm | max abs diff params | max abs update | rel. diff of update "
-            "| tracker diff |", "|---|---:|---:|---:|---:|"]
+      f"| {name} | {r['fedco']['rounds_per_s']:.1f} | {r['torch']['rounds_per_s']:.2f} / {t1} "
+      f"| {r['central']['rounds_per_s']:.1f} | {r['fedco_over_torch_best']:.1f}x "
+      f"| {'yes' if r['meets_torch_target'] else 'no'} | {r['fedco_time_over_central']:.2f}x "
+      f"| {'yes' if r['meets_central_target'] else 'no'} |"
+    )
+  lines += [
+    "",
+    "| algorithm | max abs diff params | max abs update | rel. diff of update | tracker diff |",
+    "|---|---:|---:|---:|---:|",
+  ]
   for name, c in checks.items():
     if "max_abs_diff_tracker_y_bar" in c:
       tracker = f"y_bar {c['max_abs_diff_tracker_y_bar']:.1e} (of {c['tracker_y_bar']:.3g})"
     elif "max_abs_diff_tracker_m" in c:
-      tracker = (f"u {c['max_abs_diff_tracker_u']:.1e}; m {c['max_abs_diff_tracker_m']:.1e} "
-                 f"(rel. {c['relative_diff_tracker_m']:.1e})")
+      tracker = (
+        f"u {c['max_abs_diff_tracker_u']:.1e}; m {c['max_abs_diff_tracker_m']:.1e} "
+        f"(rel. {c['relative_diff_tracker_m']:.1e})"
+      )
     else:
       tracker = "-"
-    lines.append(f"| {name} | {c['max_abs_diff_params']:.2e} | {c['max_abs_update']:.2e} "
-                 f"| {c['relative_diff_update']:.2e} | {tracker} |")
+    lines.append(
+      f"| {name} | {c['max_abs_diff_params']:.2e} | {c['max_abs_update']:.2e} "
+      f"| {c['relative_diff_update']:.2e} | {tracker} |"
+    )
   return "\n".join(lines)
 
 
@@ -378,82 +404,133 @@ def main(argv):
   for name in FLAGS.algorithms:
     if name not in C.ALGORITHM_NAMES:
       raise app.UsageError(f"unknown algorithm {name!r}; choose from {C.ALGORITHM_NAMES}")
-  for flag in ("rounds", "torch_rounds", "repeats", "clients", "local_steps", "batch_size",
-               "examples_per_client", "check_examples"):
+  for flag in (
+    "rounds",
+    "torch_rounds",
+    "repeats",
+    "clients",
+    "local_steps",
+    "batch_size",
+    "examples_per_client",
+    "check_examples",
+  ):
     if getattr(FLAGS, flag) < 1:
       raise app.UsageError(f"--{flag} must be >= 1, got {getattr(FLAGS, flag)}")
   torch.set_num_threads(os.cpu_count())
   torch.manual_seed(FLAGS.seed)
   machine = C.machine_info(torch)
-  print(f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
-        f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
-        f"threads) | load {machine['load_average_start']}", flush=True)
+  print(
+    f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
+    f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
+    f"threads) | load {machine['load_average_start']}",
+    flush=True,
+  )
   k, tau, b = FLAGS.clients, FLAGS.local_steps, FLAGS.batch_size
   host, rows = C.make_data(k, FLAGS.examples_per_client, FLAGS.seed, FLAGS.in_dim)
   params = C.init_params(FLAGS.seed, FLAGS.in_dim)
 
   checks = {}
   for name in FLAGS.algorithms:
-    checks[name] = check_one_round(name, params, clients=k, per_client=FLAGS.check_examples,
-                                   local_steps=tau, seed=FLAGS.seed, in_dim=FLAGS.in_dim)
-    print(f"check {name}: max |params diff| {checks[name]['max_abs_diff_params']:.2e}, "
-          f"relative update diff {checks[name]['relative_diff_update']:.2e}", flush=True)
+    checks[name] = check_one_round(
+      name,
+      params,
+      clients=k,
+      per_client=FLAGS.check_examples,
+      local_steps=tau,
+      seed=FLAGS.seed,
+      in_dim=FLAGS.in_dim,
+    )
+    print(
+      f"check {name}: max |params diff| {checks[name]['max_abs_diff_params']:.2e}, "
+      f"relative update diff {checks[name]['relative_diff_update']:.2e}",
+      flush=True,
+    )
 
   results = {}
   for name in FLAGS.algorithms:
     problem, algorithm = C.make_problem_and_algorithm(name, tau)
-    fed = C.FedcoSide(problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds,
-                      seed=FLAGS.seed)
+    fed = C.FedcoSide(
+      problem, algorithm, host, rows, params, batch_size=b, rounds=FLAGS.rounds, seed=FLAGS.seed
+    )
     tfed = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
     torch_sides = {"torch": (tfed, TorchSide(tfed, FLAGS.torch_rounds, os.cpu_count()))}
     if FLAGS.torch_one_thread:
       tfed1 = TorchFederated(name, params, HostLoader(host, rows, b, FLAGS.seed + 1), k, tau)
       torch_sides["torch_1t"] = (tfed1, TorchSide(tfed1, FLAGS.torch_rounds, 1))
-    central = CentralSide(name, problem, algorithm, host, params, batch=k * b, local_steps=tau,
-                          rounds=FLAGS.rounds, seed=FLAGS.seed)
+    central = CentralSide(
+      name,
+      problem,
+      algorithm,
+      host,
+      params,
+      batch=k * b,
+      local_steps=tau,
+      rounds=FLAGS.rounds,
+      seed=FLAGS.seed,
+    )
     load_before = C.load_average()
-    runs = {"fedco": fed.run, **{label: side.run for label, (_, side) in torch_sides.items()},
-            "central": central.run}
+    runs = {
+      "fedco": fed.run,
+      **{label: side.run for label, (_, side) in torch_sides.items()},
+      "central": central.run,
+    }
     timed = C.alternate(runs, FLAGS.repeats, COMPILES)
     torch.set_num_threads(os.cpu_count())
-    sides = {"fedco": (FLAGS.rounds, fed.params()),
-             **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
-             "central": (FLAGS.rounds, central.params())}
+    sides = {
+      "fedco": (FLAGS.rounds, fed.params()),
+      **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
+      "central": (FLAGS.rounds, central.params()),
+    }
     rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before}
-    C.record_sides(rec, timed, sides, torch_sides, "final_mean_loss",
-                   lambda p: C.mean_loss(p, host))
+    C.record_sides(
+      rec, timed, sides, torch_sides, "final_mean_loss", lambda p: C.mean_loss(p, host)
+    )
     rec["fedco"]["rounds_run"] = int(fed.state.round)
     rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
     rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
     results[name] = rec
-    print(f"{name}: fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
-          + ", ".join(f"{label} {rec[label]['rounds_per_s']:.2f}" for label in torch_sides)
-          + f" r/s, central {rec['central']['rounds_per_s']:.1f}"
-          f" r/s | fedco/best torch {rec['fedco_over_torch_best']:.1f}x, fedco/central time "
-          f"{rec['fedco_time_over_central']:.2f}x", flush=True)
+    print(
+      f"{name}: fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
+      + ", ".join(f"{label} {rec[label]['rounds_per_s']:.2f}" for label in torch_sides)
+      + f" r/s, central {rec['central']['rounds_per_s']:.1f}"
+      f" r/s | fedco/best torch {rec['fedco_over_torch_best']:.1f}x, fedco/central time "
+      f"{rec['fedco_time_over_central']:.2f}x",
+      flush=True,
+    )
 
   out = {
-      "benchmark": "torch_logistic",
-      "timestamp": C.timestamp(),
-      "config": {"clients": k, "clients_per_round": k, "local_steps": tau, "batch_size": b,
-                 "central_batch_size": k * b, "examples_per_client": FLAGS.examples_per_client,
-                 "model": {"w": [C.NUM_CLASSES, FLAGS.in_dim], "b": [C.NUM_CLASSES]},
-                 "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
-                 "fedco_rounds_per_repeat": FLAGS.rounds,
-                 "central_rounds_per_repeat": FLAGS.rounds,
-                 "torch_rounds_per_repeat": FLAGS.torch_rounds, "repeats": FLAGS.repeats,
-                 "statistic": "median over repeats; fedco, torch and central repeats alternate",
-                 "evaluate": False, "seed": FLAGS.seed,
-                 "torch_threads": {"torch": "torch.set_num_threads(os.cpu_count())",
-                                   "torch_1t": "torch.set_num_threads(1)"
-                                   if FLAGS.torch_one_thread else None},
-                 "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH,
-                             "fedco_time_over_central_at_most": TARGET_VS_CENTRAL}},
-      "machine": machine,
-      "load_average_end": C.load_average(),
-      "host_batch_cost": dataloader_cost(host, rows, b, FLAGS.seed),
-      "check_one_round": checks,
-      "results": results,
+    "benchmark": "torch_logistic",
+    "timestamp": C.timestamp(),
+    "config": {
+      "clients": k,
+      "clients_per_round": k,
+      "local_steps": tau,
+      "batch_size": b,
+      "central_batch_size": k * b,
+      "examples_per_client": FLAGS.examples_per_client,
+      "model": {"w": [C.NUM_CLASSES, FLAGS.in_dim], "b": [C.NUM_CLASSES]},
+      "hyperparameters": {n: C.HYPER[n] for n in FLAGS.algorithms},
+      "fedco_rounds_per_repeat": FLAGS.rounds,
+      "central_rounds_per_repeat": FLAGS.rounds,
+      "torch_rounds_per_repeat": FLAGS.torch_rounds,
+      "repeats": FLAGS.repeats,
+      "statistic": "median over repeats; fedco, torch and central repeats alternate",
+      "evaluate": False,
+      "seed": FLAGS.seed,
+      "torch_threads": {
+        "torch": "torch.set_num_threads(os.cpu_count())",
+        "torch_1t": "torch.set_num_threads(1)" if FLAGS.torch_one_thread else None,
+      },
+      "targets": {
+        "fedco_over_torch_at_least": TARGET_VS_TORCH,
+        "fedco_time_over_central_at_most": TARGET_VS_CENTRAL,
+      },
+    },
+    "machine": machine,
+    "load_average_end": C.load_average(),
+    "host_batch_cost": dataloader_cost(host, rows, b, FLAGS.seed),
+    "check_one_round": checks,
+    "results": results,
   }
   C.write_json(FLAGS.out, out)
   print()

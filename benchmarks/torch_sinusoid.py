@@ -61,14 +61,13 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List
 
-from absl import app, flags
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
 import torch.nn.functional as F
+from absl import app, flags
 
 import fedco
 from benchmarks import _common as C
@@ -113,14 +112,16 @@ def client_episodes(data: fedco.FederatedData) -> List[Dict[str, np.ndarray]]:
   """Each client's episodes as host arrays ``[n_k, ...]`` (the rows fedco gathers from)."""
   ex = jax.device_get(data.examples)
   index, counts = np.asarray(data.index), np.asarray(data.counts)
-  return [{f: np.ascontiguousarray(ex[f][index[k, :counts[k]]]) for f in FIELDS}
-          for k in range(data.num_clients)]
+  return [
+    {f: np.ascontiguousarray(ex[f][index[k, : counts[k]]]) for f in FIELDS}
+    for k in range(data.num_clients)
+  ]
 
 
 # ---- (1) fedco ----------------------------------------------------------------------------
 
-class FedcoSide:
 
+class FedcoSide:
   def __init__(self, problem, algorithm, data, params, *, rounds, seed):
     self.sim = fedco.Simulator(problem, algorithm, data, batch_size=1, evaluate=False)
     self.state, self.rounds = self.sim.init(params, seed), rounds
@@ -135,6 +136,7 @@ class FedcoSide:
 
 # ---- (2) the PyTorch per-client loop --------------------------------------------------------
 
+
 def to_torch_weights(params) -> List[np.ndarray]:
   """flax ``{"params": {layer: {kernel [in, out], bias}}}`` -> ``[W0 [out, in], b0, ...]``."""
   p = jax.device_get(params)["params"]
@@ -146,8 +148,11 @@ def to_torch_weights(params) -> List[np.ndarray]:
 
 def from_torch_weights(weights) -> Dict[str, Any]:
   w = [t.detach().numpy() for t in weights]
-  return {"params": {layer: {"kernel": w[2 * i].T, "bias": w[2 * i + 1]}
-                     for i, layer in enumerate(LAYERS)}}
+  return {
+    "params": {
+      layer: {"kernel": w[2 * i].T, "bias": w[2 * i + 1]} for i, layer in enumerate(LAYERS)
+    }
+  }
 
 
 class SineNet(torch.nn.Module):
@@ -165,8 +170,16 @@ class SineNet(torch.nn.Module):
     return F.linear(x, v[4], v[5])
 
 
-def meta_step(model: SineNet, opt, support, query, inner_lr: float, *,
-              first_order: bool = False, step: bool = True):
+def meta_step(
+  model: SineNet,
+  opt,
+  support,
+  query,
+  inner_lr: float,
+  *,
+  first_order: bool = False,
+  step: bool = True,
+):
   """One local step of Local-BSGD on one support episode and one query episode: for each task
   of the meta-batch (``task_weight > 0`` in the query episode) adapt, score, ``backward``;
   then one SGD step. Returns nothing; ``.grad`` holds the meta-gradient."""
@@ -186,8 +199,15 @@ def meta_step(model: SineNet, opt, support, query, inner_lr: float, *,
 class TorchMAML:
   """Local-BSGD on MAML: per-client model copies, Python loops, averaging after each round."""
 
-  def __init__(self, params, episodes: List[Dict[str, np.ndarray]], local_steps: int,
-               lr: float, inner_lr: float, seed: int):
+  def __init__(
+    self,
+    params,
+    episodes: List[Dict[str, np.ndarray]],
+    local_steps: int,
+    lr: float,
+    inner_lr: float,
+    seed: int,
+  ):
     weights = to_torch_weights(params)
     self.server = SineNet(weights)
     self.models = [SineNet(weights) for _ in episodes]
@@ -223,7 +243,6 @@ class TorchMAML:
 
 
 class TorchSide:
-
   def __init__(self, fed: TorchMAML, rounds: int, threads: int):
     self.fed, self.rounds, self.threads = fed, rounds, threads
 
@@ -235,12 +254,12 @@ class TorchSide:
 
 # ---- (3) one centralized jitted step ---------------------------------------------------------
 
+
 class CentralSide:
   """ONE model; each step one support and one query episode per client, SGD on the mean over
   clients of ``f(g(w; support); query)``; ``local_steps`` steps per round-equivalent."""
 
-  def __init__(self, problem, data: fedco.FederatedData, params, *, lr, local_steps, rounds,
-               seed):
+  def __init__(self, problem, data: fedco.FederatedData, params, *, lr, local_steps, rounds, seed):
     examples, index, counts = data.examples, data.index, data.counts
     k = data.num_clients
     one = jnp.ones((1,), jnp.float32)
@@ -279,6 +298,7 @@ class CentralSide:
 
 # ---- correctness ------------------------------------------------------------------------------
 
+
 def _rel(diff, scale):
   return diff / max(scale, 1e-30)
 
@@ -305,24 +325,47 @@ def check_one_step(problem, algorithm, params, episodes, inner_lr, lr) -> Dict[s
   b = [np.asarray(x, np.float64) for x in jax.tree.leaves(grads["second_order"])]
   dtype = jax.tree.leaves(params)[0].dtype
   va, vb = np.concatenate([x.ravel() for x in a]), np.concatenate([x.ravel() for x in b])
-  out = {"support_episode": 0, "query_episode": 1, "client": 0, "dtype": str(dtype),
-         "tasks": [int(t) for t in np.flatnonzero(query["task_weight"] > 0)],
-         "max_abs_grad": C.max_abs(grad_fedco),
-         "max_abs_diff_grad": C.max_abs_diff(grad_fedco, grads["second_order"]),
-         "cosine": float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb))),
-         "relative_l2_diff": float(np.linalg.norm(va - vb) / np.linalg.norm(va)),
-         "hessian_term_max_abs": C.max_abs_diff(grads["second_order"], grads["first_order"])}
+  out = {
+    "support_episode": 0,
+    "query_episode": 1,
+    "client": 0,
+    "dtype": str(dtype),
+    "tasks": [int(t) for t in np.flatnonzero(query["task_weight"] > 0)],
+    "max_abs_grad": C.max_abs(grad_fedco),
+    "max_abs_diff_grad": C.max_abs_diff(grad_fedco, grads["second_order"]),
+    "cosine": float(va @ vb / (np.linalg.norm(va) * np.linalg.norm(vb))),
+    "relative_l2_diff": float(np.linalg.norm(va - vb) / np.linalg.norm(va)),
+    "hessian_term_max_abs": C.max_abs_diff(grads["second_order"], grads["first_order"]),
+  }
   out["relative_diff_grad"] = _rel(out["max_abs_diff_grad"], out["max_abs_grad"])
   out["diff_over_hessian_term"] = _rel(out["max_abs_diff_grad"], out["hessian_term_max_abs"])
   return out
 
 
-def check_one_round(problem, algorithm, params, *, clients, local_steps, tasks_per_step, shots,
-                    query_shots, inner_lr, lr, seed, dtype=np.float32) -> Dict[str, Any]:
+def check_one_round(
+  problem,
+  algorithm,
+  params,
+  *,
+  clients,
+  local_steps,
+  tasks_per_step,
+  shots,
+  query_shots,
+  inner_lr,
+  lr,
+  seed,
+  dtype=np.float32,
+) -> Dict[str, Any]:
   """One round with ONE episode per client (every draw is that episode on both sides)."""
-  data, _ = sinusoid_data.federated(seed + 11, num_clients=clients, episodes_per_client=1,
-                                    shots=shots, query_shots=query_shots,
-                                    tasks_per_step=tasks_per_step)
+  data, _ = sinusoid_data.federated(
+    seed + 11,
+    num_clients=clients,
+    episodes_per_client=1,
+    shots=shots,
+    query_shots=query_shots,
+    tasks_per_step=tasks_per_step,
+  )
   data = cast_data(data, dtype)
   sim = fedco.Simulator(problem, algorithm, data, batch_size=1, evaluate=False)
   state, _ = sim.run(sim.init(params, seed), 1)
@@ -333,53 +376,85 @@ def check_one_round(problem, algorithm, params, *, clients, local_steps, tasks_p
   p0 = jax.device_get(params)
   delta_f = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, fed_params, p0)
   delta_t = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, t_params, p0)
-  out = {"episodes_per_client": 1, "rounds": 1, "dtype": np.dtype(dtype).name,
-         "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
-         "max_abs_params": C.max_abs(fed_params),
-         "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
-         "max_abs_update": C.max_abs(delta_f)}
+  out = {
+    "episodes_per_client": 1,
+    "rounds": 1,
+    "dtype": np.dtype(dtype).name,
+    "max_abs_diff_params": C.max_abs_diff(fed_params, t_params),
+    "max_abs_params": C.max_abs(fed_params),
+    "max_abs_diff_update": C.max_abs_diff(delta_f, delta_t),
+    "max_abs_update": C.max_abs(delta_f),
+  }
   out["relative_diff_update"] = _rel(out["max_abs_diff_update"], out["max_abs_update"])
   if dtype == np.float64:
     # fedco forms the averaging weights in float32 (1/K rounded); the torch clients averaged
     # with that same weight isolate this from the rest of the round
     w32 = float(np.float32(1.0 / clients))
-    avg = [sum(w32 * m.vars[i].detach() for m in tfed.models)
-           for i in range(len(tfed.server.vars))]
+    avg = [sum(w32 * m.vars[i].detach() for m in tfed.models) for i in range(len(tfed.server.vars))]
     out["float32_weight_of_one_client"] = w32
     out["max_abs_diff_params_torch_averaged_with_that_weight"] = C.max_abs_diff(
-        fed_params, from_torch_weights(avg))
+      fed_params, from_torch_weights(avg)
+    )
   return out
 
 
 def run_checks(problem, algorithm, params, data, dtype) -> Dict[str, Any]:
   name = np.dtype(dtype).name
   params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-  step = check_one_step(problem, algorithm, params, client_episodes(cast_data(data, dtype)),
-                        FLAGS.inner_lr, FLAGS.lr)
-  print(f"check one step ({name}): max |grad diff| {step['max_abs_diff_grad']:.2e} of "
-        f"{step['max_abs_grad']:.2e} (relative {step['relative_diff_grad']:.2e}), cosine "
-        f"{step['cosine']:.10f}, Hessian term {step['hessian_term_max_abs']:.2e}", flush=True)
-  rnd = check_one_round(problem, algorithm, params, clients=FLAGS.clients,
-                        local_steps=FLAGS.local_steps, tasks_per_step=FLAGS.tasks_per_step,
-                        shots=FLAGS.shots, query_shots=FLAGS.query_shots,
-                        inner_lr=FLAGS.inner_lr, lr=FLAGS.lr, seed=FLAGS.seed, dtype=dtype)
-  print(f"check one round ({name}): max |params diff| {rnd['max_abs_diff_params']:.2e}, "
-        f"relative update diff {rnd['relative_diff_update']:.2e}", flush=True)
+  step = check_one_step(
+    problem, algorithm, params, client_episodes(cast_data(data, dtype)), FLAGS.inner_lr, FLAGS.lr
+  )
+  print(
+    f"check one step ({name}): max |grad diff| {step['max_abs_diff_grad']:.2e} of "
+    f"{step['max_abs_grad']:.2e} (relative {step['relative_diff_grad']:.2e}), cosine "
+    f"{step['cosine']:.10f}, Hessian term {step['hessian_term_max_abs']:.2e}",
+    flush=True,
+  )
+  rnd = check_one_round(
+    problem,
+    algorithm,
+    params,
+    clients=FLAGS.clients,
+    local_steps=FLAGS.local_steps,
+    tasks_per_step=FLAGS.tasks_per_step,
+    shots=FLAGS.shots,
+    query_shots=FLAGS.query_shots,
+    inner_lr=FLAGS.inner_lr,
+    lr=FLAGS.lr,
+    seed=FLAGS.seed,
+    dtype=dtype,
+  )
+  print(
+    f"check one round ({name}): max |params diff| {rnd['max_abs_diff_params']:.2e}, "
+    f"relative update diff {rnd['relative_diff_update']:.2e}",
+    flush=True,
+  )
   return {"check_one_step": step, "check_one_round": rnd}
 
 
 def float64_checks() -> Dict[str, Any]:
   """The checks in float64, in a subprocess (x64 must be set before jax starts)."""
-  names = ("clients", "local_steps", "tasks_per_step", "shots", "query_shots", "inner_lr",
-           "lr", "episodes_per_client", "seed")
+  names = (
+    "clients",
+    "local_steps",
+    "tasks_per_step",
+    "shots",
+    "query_shots",
+    "inner_lr",
+    "lr",
+    "episodes_per_client",
+    "seed",
+  )
   return C.float64_checks("benchmarks.torch_sinusoid", names, FLAGS)
 
 
 # ---- main -------------------------------------------------------------------------------------
 
+
 def markdown_table(rec, checks) -> str:
   t1 = f"{rec['torch_1t']['rounds_per_s']:.2f}" if "torch_1t" in rec else "-"
-  return "\n".join([
+  return "\n".join(
+    [
       "| workload | fedco rounds/s | torch rounds/s (2 thr / 1 thr) | central round-eq/s "
       f"| fedco / faster torch | >= {TARGET_VS_TORCH:g}x | fedco time / central time "
       f"| <= {TARGET_VS_CENTRAL:g}x | load (1 min) |",
@@ -392,7 +467,10 @@ def markdown_table(rec, checks) -> str:
       f"| {rec['load_average'][0]:.2f} |",
       "",
       "| check | dtype | max abs diff | scale | relative | other |",
-      "|---|---|---:|---:|---:|---|"] + _check_rows(checks))
+      "|---|---|---:|---:|---:|---|",
+    ]
+    + _check_rows(checks)
+  )
 
 
 def _check_rows(checks):
@@ -403,25 +481,38 @@ def _check_rows(checks):
       continue
     step, rnd = c["check_one_step"], c["check_one_round"]
     rows.append(
-        f"| one step: client 0 meta-gradient | {step['dtype']} | {step['max_abs_diff_grad']:.2e} "
-        f"| {step['max_abs_grad']:.2e} | {step['relative_diff_grad']:.2e} "
-        f"| cosine {step['cosine']:.10f}; Hessian term {step['hessian_term_max_abs']:.2e} "
-        f"(diff / term {step['diff_over_hessian_term']:.1e}) |")
+      f"| one step: client 0 meta-gradient | {step['dtype']} | {step['max_abs_diff_grad']:.2e} "
+      f"| {step['max_abs_grad']:.2e} | {step['relative_diff_grad']:.2e} "
+      f"| cosine {step['cosine']:.10f}; Hessian term {step['hessian_term_max_abs']:.2e} "
+      f"(diff / term {step['diff_over_hessian_term']:.1e}) |"
+    )
     extra = ""
     if "float32_weight_of_one_client" in rnd:
-      extra = (f"; {rnd['max_abs_diff_params_torch_averaged_with_that_weight']:.2e} against "
-               "torch averaged with fedco's float32 weight 1/K")
+      extra = (
+        f"; {rnd['max_abs_diff_params_torch_averaged_with_that_weight']:.2e} against "
+        "torch averaged with fedco's float32 weight 1/K"
+      )
     rows.append(
-        f"| one round: server update | {rnd['dtype']} | {rnd['max_abs_diff_update']:.2e} "
-        f"| {rnd['max_abs_update']:.2e} | {rnd['relative_diff_update']:.2e} "
-        f"| params diff {rnd['max_abs_diff_params']:.2e}{extra} |")
+      f"| one round: server update | {rnd['dtype']} | {rnd['max_abs_diff_update']:.2e} "
+      f"| {rnd['max_abs_update']:.2e} | {rnd['relative_diff_update']:.2e} "
+      f"| params diff {rnd['max_abs_diff_params']:.2e}{extra} |"
+    )
   return rows
 
 
 def main(argv):
   del argv
-  for flag in ("rounds", "torch_rounds", "repeats", "clients", "local_steps", "tasks_per_step",
-               "shots", "query_shots", "episodes_per_client"):
+  for flag in (
+    "rounds",
+    "torch_rounds",
+    "repeats",
+    "clients",
+    "local_steps",
+    "tasks_per_step",
+    "shots",
+    "query_shots",
+    "episodes_per_client",
+  ):
     if getattr(FLAGS, flag) < 1:
       raise app.UsageError(f"--{flag} must be >= 1, got {getattr(FLAGS, flag)}")
   if 25 % FLAGS.clients:
@@ -437,10 +528,14 @@ def main(argv):
   model, _, problem = make_problem(FLAGS.inner_lr)
   algorithm = fedco.comfedl(FLAGS.lr, tau)
   params = init_mlp(model, 1, FLAGS.seed)
-  data, _ = sinusoid_data.federated(FLAGS.seed, num_clients=k,
-                                    episodes_per_client=FLAGS.episodes_per_client,
-                                    shots=FLAGS.shots, query_shots=FLAGS.query_shots,
-                                    tasks_per_step=FLAGS.tasks_per_step)
+  data, _ = sinusoid_data.federated(
+    FLAGS.seed,
+    num_clients=k,
+    episodes_per_client=FLAGS.episodes_per_client,
+    shots=FLAGS.shots,
+    query_shots=FLAGS.query_shots,
+    tasks_per_step=FLAGS.tasks_per_step,
+  )
   episodes = client_episodes(data)
 
   if FLAGS.check_only:
@@ -448,9 +543,12 @@ def main(argv):
     C.write_json(FLAGS.out, run_checks(problem, algorithm, params, data, dtype))
     return
   machine = C.machine_info(torch)
-  print(f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
-        f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
-        f"threads) | load {machine['load_average_start']}", flush=True)
+  print(
+    f"machine: {machine['platform']} | {machine['cpu_model']} x{machine['cpu_count']} | "
+    f"jax {machine['jax']} torch {machine['torch']} ({machine['torch_num_threads']} "
+    f"threads) | load {machine['load_average_start']}",
+    flush=True,
+  )
   checks = {"float32": run_checks(problem, algorithm, params, data, np.float32)}
   if FLAGS.x64_check:
     checks["float64"] = float64_checks()
@@ -464,63 +562,90 @@ def main(argv):
   if FLAGS.torch_one_thread:
     tfed1 = TorchMAML(params, episodes, tau, FLAGS.lr, FLAGS.inner_lr, FLAGS.seed + 1)
     torch_sides["torch_1t"] = (tfed1, TorchSide(tfed1, FLAGS.torch_rounds, 1))
-  central = CentralSide(problem, data, params, lr=FLAGS.lr, local_steps=tau,
-                        rounds=FLAGS.rounds, seed=FLAGS.seed)
+  central = CentralSide(
+    problem, data, params, lr=FLAGS.lr, local_steps=tau, rounds=FLAGS.rounds, seed=FLAGS.seed
+  )
   load_before = C.load_average()
-  runs = {"fedco": fed.run, **{label: side.run for label, (_, side) in torch_sides.items()},
-          "central": central.run}
+  runs = {
+    "fedco": fed.run,
+    **{label: side.run for label, (_, side) in torch_sides.items()},
+    "central": central.run,
+  }
   timed = C.alternate(runs, FLAGS.repeats, COMPILES)
   torch.set_num_threads(os.cpu_count())
 
   # post-adaptation MSE on a held-out set of training-task episodes, as a sanity check
   _, meta, _ = make_problem(FLAGS.inner_lr)
   tasks = sinusoid_data.assign_tasks(k, FLAGS.seed)
-  eval_ep = {f: jnp.asarray(v) for f, v in sinusoid_data.training_eval_episode(
-      tasks, 12345, shots=FLAGS.shots, query_shots=FLAGS.query_shots).items()
-             if f in ("support_x", "support_y", "query_x", "query_y", "task_weight")}
+  eval_ep = {
+    f: jnp.asarray(v)
+    for f, v in sinusoid_data.training_eval_episode(
+      tasks, 12345, shots=FLAGS.shots, query_shots=FLAGS.query_shots
+    ).items()
+    if f in ("support_x", "support_y", "query_x", "query_y", "task_weight")
+  }
   mse = jax.jit(lambda w: jnp.mean(meta.adapted_losses(w, eval_ep)))
-  sides = {"fedco": (FLAGS.rounds, fed.params()),
-           **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
-           "central": (FLAGS.rounds, central.params())}
-  rec = {"problem": problem.name, "algorithm": algorithm.name, "load_average": load_before,
-         "initial_train_mse": float(mse(params))}
+  sides = {
+    "fedco": (FLAGS.rounds, fed.params()),
+    **{label: (FLAGS.torch_rounds, tf.params()) for label, (tf, _) in torch_sides.items()},
+    "central": (FLAGS.rounds, central.params()),
+  }
+  rec = {
+    "problem": problem.name,
+    "algorithm": algorithm.name,
+    "load_average": load_before,
+    "initial_train_mse": float(mse(params)),
+  }
   C.record_sides(rec, timed, sides, torch_sides, "final_train_mse", mse)
   rec["fedco"]["rounds_run"] = int(fed.state.round)
   rec["meets_torch_target"] = rec["fedco_over_torch_best"] >= TARGET_VS_TORCH
   rec["meets_central_target"] = rec["fedco_time_over_central"] <= TARGET_VS_CENTRAL
-  print(f"fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
-        + ", ".join(f"{label} {rec[label]['rounds_per_s']:.2f}" for label in torch_sides)
-        + f" r/s, central {rec['central']['rounds_per_s']:.1f} r/s | fedco/best torch "
-        f"{rec['fedco_over_torch_best']:.1f}x, fedco/central time "
-        f"{rec['fedco_time_over_central']:.2f}x", flush=True)
+  print(
+    f"fedco {rec['fedco']['rounds_per_s']:.1f} r/s, torch "
+    + ", ".join(f"{label} {rec[label]['rounds_per_s']:.2f}" for label in torch_sides)
+    + f" r/s, central {rec['central']['rounds_per_s']:.1f} r/s | fedco/best torch "
+    f"{rec['fedco_over_torch_best']:.1f}x, fedco/central time "
+    f"{rec['fedco_time_over_central']:.2f}x",
+    flush=True,
+  )
 
   out = {
-      "benchmark": "torch_sinusoid",
-      "timestamp": C.timestamp(),
-      "config": {"clients": k, "clients_per_round": k, "local_steps": tau,
-                 "task_slots_per_client": 25 // k, "tasks_per_step": FLAGS.tasks_per_step,
-                 "shots": FLAGS.shots, "query_shots": FLAGS.query_shots,
-                 "episodes_per_client": FLAGS.episodes_per_client,
-                 "model": "MLP 1-40-40-1 (ReLU)", "maml": {"inner_lr": FLAGS.inner_lr,
-                                                         "inner_steps": 1,
-                                                         "second_order": True},
-                 "algorithm": f"Local-BSGD = fedco.comfedl({FLAGS.lr}, {tau})",
-                 "fedco_batch_size": 1, "fedco_adapts_all_slots": True,
-                 "fedco_rounds_per_repeat": FLAGS.rounds,
-                 "central_rounds_per_repeat": FLAGS.rounds,
-                 "torch_rounds_per_repeat": FLAGS.torch_rounds, "repeats": FLAGS.repeats,
-                 "statistic": "median over repeats; fedco, torch(, torch_1t) and central "
-                              "repeats alternate",
-                 "evaluate": False, "seed": FLAGS.seed,
-                 "torch_threads": {"torch": "torch.set_num_threads(os.cpu_count())",
-                                   "torch_1t": "torch.set_num_threads(1)"
-                                   if FLAGS.torch_one_thread else None},
-                 "targets": {"fedco_over_torch_at_least": TARGET_VS_TORCH,
-                             "fedco_time_over_central_at_most": TARGET_VS_CENTRAL}},
-      "machine": machine,
-      "load_average_end": C.load_average(),
-      "checks": checks,
-      "results": rec,
+    "benchmark": "torch_sinusoid",
+    "timestamp": C.timestamp(),
+    "config": {
+      "clients": k,
+      "clients_per_round": k,
+      "local_steps": tau,
+      "task_slots_per_client": 25 // k,
+      "tasks_per_step": FLAGS.tasks_per_step,
+      "shots": FLAGS.shots,
+      "query_shots": FLAGS.query_shots,
+      "episodes_per_client": FLAGS.episodes_per_client,
+      "model": "MLP 1-40-40-1 (ReLU)",
+      "maml": {"inner_lr": FLAGS.inner_lr, "inner_steps": 1, "second_order": True},
+      "algorithm": f"Local-BSGD = fedco.comfedl({FLAGS.lr}, {tau})",
+      "fedco_batch_size": 1,
+      "fedco_adapts_all_slots": True,
+      "fedco_rounds_per_repeat": FLAGS.rounds,
+      "central_rounds_per_repeat": FLAGS.rounds,
+      "torch_rounds_per_repeat": FLAGS.torch_rounds,
+      "repeats": FLAGS.repeats,
+      "statistic": "median over repeats; fedco, torch(, torch_1t) and central repeats alternate",
+      "evaluate": False,
+      "seed": FLAGS.seed,
+      "torch_threads": {
+        "torch": "torch.set_num_threads(os.cpu_count())",
+        "torch_1t": "torch.set_num_threads(1)" if FLAGS.torch_one_thread else None,
+      },
+      "targets": {
+        "fedco_over_torch_at_least": TARGET_VS_TORCH,
+        "fedco_time_over_central_at_most": TARGET_VS_CENTRAL,
+      },
+    },
+    "machine": machine,
+    "load_average_end": C.load_average(),
+    "checks": checks,
+    "results": rec,
   }
   C.write_json(FLAGS.out, out)
   print()

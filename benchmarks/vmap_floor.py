@@ -22,11 +22,10 @@ Run::
 
 from __future__ import annotations
 
-from absl import app, flags
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
 import fedco
 from benchmarks import _common as C
@@ -44,8 +43,7 @@ TAU, BATCH, LR = 5, 32, 0.05
 
 def _ce_batch(p, x, y):
   logits = x @ p["w"].T + p["b"]
-  return jnp.mean(jax.nn.logsumexp(logits, -1)
-                  - jnp.take_along_axis(logits, y[:, None], 1)[:, 0])
+  return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, y[:, None], 1)[:, 0])
 
 
 def programs(k, n, rounds, seed):
@@ -90,6 +88,7 @@ def programs(k, n, rounds, seed):
     def body(models, _):
       g = jax.vmap(jax.grad(_ce_batch))(models, xb, yb)
       return jax.tree.map(lambda a, b: a - LR * b, models, g), None
+
     return jax.lax.scan(body, models, None, length=steps)[0]
 
   xc, yc = xb.reshape(k * BATCH, -1), yb.reshape(k * BATCH)
@@ -99,6 +98,7 @@ def programs(k, n, rounds, seed):
     def body(p, _):
       g = jax.grad(_ce_batch)(p, xc, yc)
       return jax.tree.map(lambda a, b: a - LR * b, p, g), None
+
     return jax.lax.scan(body, p, None, length=steps)[0]
 
   models = jax.tree.map(lambda a: jnp.broadcast_to(a, (k,) + a.shape), params)
@@ -110,20 +110,28 @@ def programs(k, n, rounds, seed):
   def run_hand():
     state["hand"] = jax.block_until_ready(hand(*state["hand"]))
 
-  return {"fedco": run_sim, "handwritten": run_hand,
-          "vmap_compute": lambda: jax.block_until_ready(vmap_compute(models)),
-          "one_model": lambda: jax.block_until_ready(one_model(params))}
+  return {
+    "fedco": run_sim,
+    "handwritten": run_hand,
+    "vmap_compute": lambda: jax.block_until_ready(vmap_compute(models)),
+    "one_model": lambda: jax.block_until_ready(one_model(params)),
+  }
 
 
 def main(argv):
   del argv
   machine = C.machine_info()
   results = {}
-  for k, n, r in zip(*(list(map(int, v)) for v in (FLAGS.sizes, FLAGS.examples_per_client,
-                                                      FLAGS.rounds))):
+  for k, n, r in zip(
+    *(list(map(int, v)) for v in (FLAGS.sizes, FLAGS.examples_per_client, FLAGS.rounds))
+  ):
     timed = C.alternate(programs(k, n, r, FLAGS.seed), FLAGS.repeats)
-    rec = {"clients": k, "examples_per_client": n, "rounds_per_call": r,
-           "load_average_end": C.load_average()}
+    rec = {
+      "clients": k,
+      "examples_per_client": n,
+      "rounds_per_call": r,
+      "load_average_end": C.load_average(),
+    }
     for label, t in timed.items():
       t["us_per_client_step"] = 1e6 * t["median_seconds"] / (k * TAU * r)
       rec[label] = t
@@ -132,21 +140,41 @@ def main(argv):
     rec["vmap_compute_over_one_model"] = med["vmap_compute"] / med["one_model"]
     rec["fedco_over_one_model"] = med["fedco"] / med["one_model"]
     results[str(k)] = rec
-  out = {"benchmark": "vmap_floor", "timestamp": C.timestamp(),
-         "config": {"algorithm": "fedavg", "lr": LR, "local_steps": TAU, "batch_size": BATCH,
-                    "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
-                    "sizes": FLAGS.sizes, "examples_per_client": FLAGS.examples_per_client,
-                    "rounds_per_call": FLAGS.rounds, "repeats": FLAGS.repeats,
-                    "statistic": "median over repeats; the four programs alternate"},
-         "machine": machine, "load_average_end": C.load_average(), "results": results}
+  out = {
+    "benchmark": "vmap_floor",
+    "timestamp": C.timestamp(),
+    "config": {
+      "algorithm": "fedavg",
+      "lr": LR,
+      "local_steps": TAU,
+      "batch_size": BATCH,
+      "model": {"w": [C.NUM_CLASSES, 784], "b": [C.NUM_CLASSES]},
+      "sizes": FLAGS.sizes,
+      "examples_per_client": FLAGS.examples_per_client,
+      "rounds_per_call": FLAGS.rounds,
+      "repeats": FLAGS.repeats,
+      "statistic": "median over repeats; the four programs alternate",
+    },
+    "machine": machine,
+    "load_average_end": C.load_average(),
+    "results": results,
+  }
   C.write_json(FLAGS.out, out)
-  lines = ["| K | fedco | handwritten | vmap compute | one model | fedco / handwritten "
-           "| vmap compute / one model |", "|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = [
+    "| K | fedco | handwritten | vmap compute | one model | fedco / handwritten "
+    "| vmap compute / one model |",
+    "|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for k, rec in results.items():
-    lines.append(f"| {k} | " + " | ".join(f"{rec[l]['us_per_client_step']:.1f}" for l in
-                                         ("fedco", "handwritten", "vmap_compute", "one_model"))
-                 + f" | {rec['fedco_over_handwritten']:.2f}x "
-                   f"| {rec['vmap_compute_over_one_model']:.2f}x |")
+    lines.append(
+      f"| {k} | "
+      + " | ".join(
+        f"{rec[l]['us_per_client_step']:.1f}"
+        for l in ("fedco", "handwritten", "vmap_compute", "one_model")
+      )
+      + f" | {rec['fedco_over_handwritten']:.2f}x "
+      f"| {rec['vmap_compute_over_one_model']:.2f}x |"
+    )
   print("(microseconds per client-step of 32 examples)")
   print("\n".join(lines))
   print(f"\nwrote {FLAGS.out}")

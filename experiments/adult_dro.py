@@ -39,8 +39,12 @@ CLIENTS = ("doctorate", "other")
 TABLE_KEYS = ("test_acc_doctorate", "test_acc_other", "test_acc_worst", "train_loss_worst")
 PROGRESS = "test_acc_doctorate"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
-TRADEOFF = {"epsilon": (("test_acc_doctorate", "doctorate client's test accuracy"),
-                        ("test_acc_worst", "worst client's test accuracy"))}
+TRADEOFF = {
+  "epsilon": (
+    ("test_acc_doctorate", "doctorate client's test accuracy"),
+    ("test_acc_worst", "worst client's test accuracy"),
+  )
+}
 
 
 def _loss(params, example):
@@ -61,29 +65,34 @@ def check(config) -> None:
   common.check_positive("config.converge_tol", config.converge_tol)
   for label, entry in config.methods.items():
     if entry.get("problem") not in PROBLEMS:
-      raise ValueError(f"--config.methods.{label}.problem must be one of {PROBLEMS}, got "
-                       f"{entry.get('problem')!r}")
+      raise ValueError(
+        f"--config.methods.{label}.problem must be one of {PROBLEMS}, got {entry.get('problem')!r}"
+      )
 
 
 def setup(config):
   """Training clients (doctorate, other), each client's test rows and the metrics."""
   data_dir = config.data_dir or fedco.data.adult.DEFAULT_DATA_DIR
   if not os.path.isdir(data_dir):
-    raise FileNotFoundError(f"--config.data_dir={data_dir!r} is not a directory holding "
-                            "adult.data and adult.test")
+    raise FileNotFoundError(
+      f"--config.data_dir={data_dir!r} is not a directory holding adult.data and adult.test"
+    )
   adult = fedco.data.load_adult(data_dir)
   column = adult.feature_names.index("education=Doctorate")
-  split = lambda d: (np.flatnonzero(d["x"][:, column] == 1),
-                     np.flatnonzero(d["x"][:, column] != 1))
+  split = lambda d: (np.flatnonzero(d["x"][:, column] == 1), np.flatnonzero(d["x"][:, column] != 1))
   examples = {"x": adult.train["x"], "y": adult.train["y"].astype(np.float32)}
   fed = fedco.FederatedData.from_index_lists(examples, list(split(adult.train))).with_owner()
-  tests = [{"x": jnp.asarray(adult.test["x"][rows]), "y": jnp.asarray(adult.test["y"][rows])}
-           for rows in split(adult.test)]
+  tests = [
+    {"x": jnp.asarray(adult.test["x"][rows]), "y": jnp.asarray(adult.test["y"][rows])}
+    for rows in split(adult.test)
+  ]
 
   def metrics_fn(p):
     losses, _ = metrics_lib.per_client_mean(_stats, p, fed)
-    out = {"train_loss_worst": jnp.max(losses),
-           "train_loss_avg": jnp.sum(losses * fed.counts) / jnp.sum(fed.counts)}
+    out = {
+      "train_loss_worst": jnp.max(losses),
+      "train_loss_avg": jnp.sum(losses * fed.counts) / jnp.sum(fed.counts),
+    }
     for name, test, loss in zip(CLIENTS, tests, losses):
       out[f"train_loss_{name}"] = loss
       out[f"test_acc_{name}"] = jnp.mean(jax.vmap(_stats, (None, 0))(p, test)[1])
@@ -105,14 +114,20 @@ def build(config, method, seed, prepared) -> runner.Run:
     problem = fedco.problems.client_kl_dro(_loss, config.gamma)
   else:
     problem = fedco.problems.client_kl_dro_log(_loss, config.gamma, len(CLIENTS))
-  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized")
-                              else {}))
+  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
   scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
   dim = fed.examples["x"].shape[1]
-  return runner.Run(problem, algorithm, fed, {"w": jnp.zeros((dim,)), "b": jnp.zeros(())},
-                    metrics_fn=metrics_fn, rounds=config.rounds * scale,
-                    eval_every=config.eval_every * scale, simulate={"evaluate": False},
-                    record_keys=("test_acc_doctorate",))
+  return runner.Run(
+    problem,
+    algorithm,
+    fed,
+    {"w": jnp.zeros((dim,)), "b": jnp.zeros(())},
+    metrics_fn=metrics_fn,
+    rounds=config.rounds * scale,
+    eval_every=config.eval_every * scale,
+    simulate={"evaluate": False},
+    record_keys=("test_acc_doctorate",),
+  )
 
 
 def finish(config, method, seed, result, final) -> None:
@@ -129,23 +144,31 @@ def summarize(config, outcome) -> Dict[str, Any]:
   fed, tests, _ = outcome.setup
   acc = {label: e["test_acc_doctorate"]["mean"] for label, e in outcome.per_method.items()}
   fedavg = acc.get("fedavg")
-  summary = {"budget": config.budget, "gamma": config.gamma,
-             "clients": {"train": np.asarray(fed.counts).tolist(),
-                         "test": [int(t["y"].shape[0]) for t in tests]},
-             "doctorate_test_acc_above_fedavg": {
-                 label: a > fedavg for label, a in acc.items()
-                 if label != "fedavg" and None not in (fedavg, a)}}
+  summary = {
+    "budget": config.budget,
+    "gamma": config.gamma,
+    "clients": {
+      "train": np.asarray(fed.counts).tolist(),
+      "test": [int(t["y"].shape[0]) for t in tests],
+    },
+    "doctorate_test_acc_above_fedavg": {
+      label: a > fedavg for label, a in acc.items() if label != "fedavg" and None not in (fedavg, a)
+    },
+  }
   if config.budget == "converged":
-    summary["converged"] = {label: all(f.get("converged", False) for f in by_seed.values())
-                            for label, by_seed in outcome.finals.items()}
+    summary["converged"] = {
+      label: all(f.get("converged", False) for f in by_seed.values())
+      for label, by_seed in outcome.finals.items()
+    }
   return summary
 
 
 def plot(wd, config, outcome):
   fig = common.figure(figsize=(6, 4))
   ax = fig.subplots()
-  drawn = common.plot_mean_curves(ax, outcome.records, "test_acc_doctorate", band=0.15,
-                                  group="method")
+  drawn = common.plot_mean_curves(
+    ax, outcome.records, "test_acc_doctorate", band=0.15, group="method"
+  )
   ax.set_xlabel("round")
   ax.set_ylabel("doctorate client's test accuracy")
   ax.set_title(f"UCI Adult, doctorate vs other ({config.budget} budget)")

@@ -34,6 +34,7 @@ STAGING = "in_progress"  # a running run's outputs, moved into the workdir when 
 
 # ---- JSON conversion ---------------------------------------------------------------------
 
+
 def to_jsonable(value: Any) -> Any:
   """``value`` as plain JSON types: numpy/JAX scalars and arrays, tuples, paths, dataclasses.
 
@@ -73,12 +74,14 @@ def dumps(value: Any, **kwargs) -> str:
 
 # ---- flag checks -------------------------------------------------------------------------
 
+
 def check_real(name, value, *, low=None, high=None, low_open=True, high_open=False) -> float:
   """A finite number in the given interval, or ``ValueError`` naming ``--name``."""
   if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
     raise ValueError(f"--{name} must be a finite number, got {value!r}")
-  ok = ((low is None or (value > low if low_open else value >= low)) and
-        (high is None or (value < high if high_open else value <= high)))
+  ok = (low is None or (value > low if low_open else value >= low)) and (
+    high is None or (value < high if high_open else value <= high)
+  )
   if not ok:
     lo = "-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
     hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
@@ -114,6 +117,7 @@ def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
 
 
 # ---- the workdir -------------------------------------------------------------------------
+
 
 def check_workdir(workdir, flag: str = "workdir") -> str:
   """``workdir`` as a string, or ``ValueError`` naming ``--flag`` when it is not a path."""
@@ -173,8 +177,10 @@ class Workdir:
     if STAGING in read_manifest(self.path):
       shutil.rmtree(staging, ignore_errors=True)
     elif os.path.exists(staging):
-      raise ValueError(f"--{flag}={path!r} holds {STAGING}/, which fedco did not write; "
-                       "move it away or use another workdir")
+      raise ValueError(
+        f"--{flag}={path!r} holds {STAGING}/, which fedco did not write; "
+        "move it away or use another workdir"
+      )
     record_written(self.path, staging)
     os.makedirs(staging)
     self._stage = staging
@@ -202,10 +208,16 @@ class Workdir:
     if self._stage == self.path:
       return
     previous = [n for n in read_manifest(self.path) if not _is_checkpoint(n) and n != STAGING]
-    staged = [n for n in sorted(self._staged, key=lambda n: n == SUMMARY)
-              if os.path.exists(os.path.join(self._stage, n))  # announced, never written: out
-              and not (os.path.isdir(os.path.join(self._stage, n)) and n not in previous
-                       and os.path.exists(os.path.join(self.path, n)))]  # a user's folder
+    staged = [
+      n
+      for n in sorted(self._staged, key=lambda n: n == SUMMARY)
+      if os.path.exists(os.path.join(self._stage, n))  # announced, never written: out
+      and not (
+        os.path.isdir(os.path.join(self._stage, n))
+        and n not in previous
+        and os.path.exists(os.path.join(self.path, n))
+      )
+    ]  # a user's folder
     _write_manifest(self.path, read_manifest(self.path) + staged)
     for name in staged:  # the new outputs first (os.replace overwrites a file) ...
       if os.path.isdir(os.path.join(self._stage, name)):
@@ -214,8 +226,9 @@ class Workdir:
     for name in previous:  # ... then the previous run's outputs this run did not rewrite
       if name not in staged:
         _remove(self.path, name)
-    _write_manifest(self.path, [n for n in read_manifest(self.path)
-                                if n not in previous or n in staged])
+    _write_manifest(
+      self.path, [n for n in read_manifest(self.path) if n not in previous or n in staged]
+    )
     if not os.listdir(self._stage):
       os.rmdir(self._stage)
       _write_manifest(self.path, [n for n in read_manifest(self.path) if n != STAGING])
@@ -246,8 +259,9 @@ class Workdir:
   def save_figure_to(directory, fig, name: str, *, dpi: int = 120) -> str:
     """Save ``fig`` as ``directory/name`` (PNG) atomically, without claiming the directory."""
     path = os.path.join(directory, name)
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
-                 mode="wb")
+    atomic_write(
+      path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"), mode="wb"
+    )
     return path
 
 
@@ -257,15 +271,18 @@ def _check_outputs(workdir: str, flag: str) -> None:
   for name in (MANIFEST, *OUTPUT_FILES):
     target = os.path.join(workdir, name)
     if os.path.isdir(target):
-      raise ValueError(f"--{flag}: {target} is a directory, where fedco writes a file; move "
-                       "it away or use another workdir")
+      raise ValueError(
+        f"--{flag}: {target} is a directory, where fedco writes a file; move "
+        "it away or use another workdir"
+      )
   ours = read_manifest(workdir)
-  theirs = [n for n in OUTPUT_FILES
-            if n not in ours and os.path.lexists(os.path.join(workdir, n))]
+  theirs = [n for n in OUTPUT_FILES if n not in ours and os.path.lexists(os.path.join(workdir, n))]
   if theirs:
-    raise ValueError(f"--{flag}: {workdir} holds {', '.join(theirs)}, which fedco did not "
-                     f"write (its {MANIFEST} does not list them) and a run would replace; move "
-                     f"{'them' if len(theirs) > 1 else 'it'} away or use another workdir")
+    raise ValueError(
+      f"--{flag}: {workdir} holds {', '.join(theirs)}, which fedco did not "
+      f"write (its {MANIFEST} does not list them) and a run would replace; move "
+      f"{'them' if len(theirs) > 1 else 'it'} away or use another workdir"
+    )
 
 
 def quiet_logs() -> None:
@@ -274,6 +291,7 @@ def quiet_logs() -> None:
   Called at the start of each binary's ``main``: orbax logs every checkpoint at INFO.
   """
   from absl import flags, logging
+
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 
@@ -305,8 +323,9 @@ def read_manifest(workdir: str) -> List[str]:
       names = json.load(f)
   except (OSError, ValueError):
     return []
-  return [n for n in names if isinstance(n, str) and not os.path.isabs(n)
-          and ".." not in n.split(os.sep)]
+  return [
+    n for n in names if isinstance(n, str) and not os.path.isabs(n) and ".." not in n.split(os.sep)
+  ]
 
 
 def _remove(workdir: str, name: str) -> None:
@@ -334,16 +353,19 @@ def final_metrics(metrics: Mapping[str, np.ndarray]) -> Dict[str, Any]:
   """Every scalar metric at the last *evaluated* round (a last round that was not evaluated
   holds NaN), and that ``round``."""
   last = int(np.flatnonzero(metrics["evaluated"])[-1])
-  final = {k: float(v[last]) for k, v in metrics.items()
-           if np.ndim(v) == 1 and k != "evaluated"}
+  final = {k: float(v[last]) for k, v in metrics.items() if np.ndim(v) == 1 and k != "evaluated"}
   final["round"] = last + 1
   return final
 
 
-def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
-                      keys: Optional[Sequence[str]] = None,
-                      finite_keys: Optional[Sequence[str]] = None,
-                      finite_only: bool = False) -> List[Dict[str, Any]]:
+def evaluated_records(
+  metrics: Mapping[str, np.ndarray],
+  fields,
+  *,
+  keys: Optional[Sequence[str]] = None,
+  finite_keys: Optional[Sequence[str]] = None,
+  finite_only: bool = False,
+) -> List[Dict[str, Any]]:
   """One ``metrics.jsonl`` record per evaluated round of a ``simulate`` result.
 
   Args:
@@ -357,9 +379,13 @@ def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
   """
   out = []
   for r in np.flatnonzero(metrics["evaluated"]):
-    chosen = keys if keys is not None else [
-        k for k, v in metrics.items()
-        if k not in ("evaluated", "clients") and np.ndim(v[r]) <= 1]
+    chosen = (
+      keys
+      if keys is not None
+      else [
+        k for k, v in metrics.items() if k not in ("evaluated", "clients") and np.ndim(v[r]) <= 1
+      ]
+    )
     rec = {"round": int(r) + 1, **fields(int(r) + 1)}
     rec.update({k: metrics[k][r] for k in chosen})
     checked = chosen if finite_keys is None else finite_keys
@@ -369,8 +395,12 @@ def evaluated_records(metrics: Mapping[str, np.ndarray], fields, *,
   return out
 
 
-def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
-                    keys: Sequence[str], *, label_key: str = "method"):
+def seed_statistics(
+  finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
+  keys: Sequence[str],
+  *,
+  label_key: str = "method",
+):
   """Per-run mean and standard deviation over the seeds that did not diverge.
 
   Args:
@@ -393,13 +423,16 @@ def seed_statistics(finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
     notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
     for k in keys:  # a key no seed reports (epsilon without privacy) summarises to None
       vals = [f[k] for f in ok.values()] if any(k in f for f in ok.values()) else []
-      entry[k] = {"mean": float(np.mean(vals)) if vals else None,
-                  "std": float(np.std(vals)) if vals else None}
+      entry[k] = {
+        "mean": float(np.mean(vals)) if vals else None,
+        "std": float(np.std(vals)) if vals else None,
+      }
       row[k] = mean_std(vals)
     if notes:  # e.g. "diverged at round 1 (client_weights); try a lower --config..."
       seeds = entry["diverged_seeds"]
       row["note"] = (f"{len(seeds)} of {len(by_seed)} seeds " if len(by_seed) > 1 else "") + (
-          notes[0] if len(notes) == 1 else f"{notes[0]} (and {len(notes) - 1} more)")
+        notes[0] if len(notes) == 1 else f"{notes[0]} (and {len(notes) - 1} more)"
+      )
     per_run[label] = entry
     table.append(row)
   return per_run, table
@@ -442,10 +475,12 @@ def read_jsonl(path) -> List[Dict[str, Any]]:
 
 # ---- plots and tables --------------------------------------------------------------------
 
+
 def figure(**kwargs):
   """A matplotlib ``Figure`` on the Agg canvas (no pyplot, no display, no global state)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
+
   fig = Figure(**kwargs)
   FigureCanvasAgg(fig)
   return fig
@@ -460,8 +495,7 @@ def _cell(value) -> str:
   return str(value)
 
 
-def format_table(rows: Sequence[Mapping[str, Any]],
-                 columns: Optional[Sequence[str]] = None) -> str:
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
   """Rows of dicts as an aligned plain-text table (floats to 4 significant digits)."""
   if columns is None:
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -473,10 +507,18 @@ def format_table(rows: Sequence[Mapping[str, Any]],
   return "\n".join(out)
 
 
-def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: str = "round",
-                     labels: Optional[Sequence[str]] = None, band: Optional[float] = None,
-                     label_names=None, skip_missing: bool = False,
-                     group: str = "algorithm") -> List[str]:
+def plot_mean_curves(
+  ax,
+  records: Sequence[Mapping[str, Any]],
+  key: str,
+  *,
+  x: str = "round",
+  labels: Optional[Sequence[str]] = None,
+  band: Optional[float] = None,
+  label_names=None,
+  skip_missing: bool = False,
+  group: str = "algorithm",
+) -> List[str]:
   """One line per algorithm label: the mean of ``key`` over the records at each ``x`` value.
 
   The records (``metrics.jsonl``-style dicts with an ``"algorithm"`` field, one per seed and
@@ -509,12 +551,13 @@ def plot_mean_curves(ax, records: Sequence[Mapping[str, Any]], key: str, *, x: s
   else:
     name = lambda label: label_names.get(label, label)
   for label in labels:
-    rows = [r for r in records if r[group] == label and
-            (not skip_missing or r.get(key) is not None)]
+    rows = [
+      r for r in records if r[group] == label and (not skip_missing or r.get(key) is not None)
+    ]
     xs = sorted({r[x] for r in rows})
     values = [[r[key] for r in rows if r[x] == t] for t in xs]
     mean = np.array([np.mean(v) for v in values])
-    line, = ax.plot(xs, mean, label=name(label))
+    (line,) = ax.plot(xs, mean, label=name(label))
     if band is not None:
       std = np.array([np.std(v) for v in values])
       ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=band)
@@ -528,13 +571,18 @@ MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 def distinguish(line, i: int) -> None:
   """Style the ``i``-th line of a panel apart from the others: its own line style and hollow
   marker, later lines thinner, so a line drawn over an equal one leaves it visible."""
-  line.set(linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
-           markerfacecolor="none", linewidth=max(0.8, 2.6 - 0.3 * i),
-           markersize=max(3.0, 8.0 - 0.8 * i))
+  line.set(
+    linestyle=LINESTYLES[i % len(LINESTYLES)],
+    marker=MARKERS[i % len(MARKERS)],
+    markerfacecolor="none",
+    linewidth=max(0.8, 2.6 - 0.3 * i),
+    markersize=max(3.0, 8.0 - 0.8 * i),
+  )
 
 
-def save_with_legend(wd: "Workdir", fig, legend_ax, name: str, *, legend: bool = True,
-                     **legend_kwargs) -> str:
+def save_with_legend(
+  wd: "Workdir", fig, legend_ax, name: str, *, legend: bool = True, **legend_kwargs
+) -> str:
   """Put the legend on ``legend_ax`` (when ``legend``: say, when any line was drawn), lay
   ``fig`` out tightly and save it as ``name`` in ``wd``; returns the path."""
   if legend:

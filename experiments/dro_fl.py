@@ -72,8 +72,7 @@ MODES = ("run", "grid")
 ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.2, 2.0, 5.0)}
 SPLITS = ("train", "val", "test")
 SCORE = ("val_acc_worst", "val_acc_avg")  # the grid's choice: the worst client, then the mean
-TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "test_acc_avg", "test_acc_worst",
-              "train_acc_worst")
+TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "test_acc_avg", "test_acc_worst", "train_acc_worst")
 PROGRESS = "val_acc_worst"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
 
@@ -85,11 +84,14 @@ def check(config) -> None:
     raise ValueError(f"--config.mode must be one of {MODES}, got {config.mode!r}")
   if is_npz(config.dataset):
     if not os.path.isfile(config.dataset):
-      raise FileNotFoundError(f"--config.dataset: no such .npz file: "
-                              f"{os.path.abspath(config.dataset)}")
+      raise FileNotFoundError(
+        f"--config.dataset: no such .npz file: {os.path.abspath(config.dataset)}"
+      )
   elif config.dataset not in DATASETS:
-    raise ValueError(f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
-                     f"(fedco.data.load_npz), got {config.dataset!r}")
+    raise ValueError(
+      f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
+      f"(fedco.data.load_npz), got {config.dataset!r}"
+    )
   common.check_int("config.num_clients", config.num_clients, 2)
   common.check_int("config.big", config.big, 0)
   common.check_int("config.small", config.small, 1)
@@ -97,12 +99,16 @@ def check(config) -> None:
   common.check_positive("config.gamma", config.gamma)
   for m in runner.methods(config):
     if m.algorithm == "drfa" and m.local_steps < 2:
-      raise ValueError(f"--config.methods.{m.label}.local_steps must be >= 2 for drfa (its "
-                       f"snapshot step is in 1..local_steps-1), got {m.local_steps}")
+      raise ValueError(
+        f"--config.methods.{m.label}.local_steps must be >= 2 for drfa (its "
+        f"snapshot step is in 1..local_steps-1), got {m.local_steps}"
+      )
   runner.ablation(config, ABLATION_DEFAULTS)
   if config.mode == "grid" and config.ablation != "none":
-    raise ValueError("--config.ablation runs ComFedL's ablation at given settings; it cannot "
-                     "be combined with the grid search (dro_fl_grid.py)")
+    raise ValueError(
+      "--config.ablation runs ComFedL's ablation at given settings; it cannot "
+      "be combined with the grid search (dro_fl_grid.py)"
+    )
   if config.mode == "grid":
     runner.seeds(config, "select_seeds")
   kind = "npz" if is_npz(config.dataset) else config.dataset
@@ -131,23 +137,27 @@ def build_data(splits, config, seed: int):
   ``config.min_heldout`` images; sets of different clients may overlap). Returns
   ``(FederatedDataset, test clients)``."""
   train, test = splits
-  parts = partition.quantity_skew(train["y"], config.num_clients, config.big, config.small,
-                                  seed)
+  parts = partition.quantity_skew(train["y"], config.num_clients, config.big, config.small, seed)
   rng = np.random.default_rng([seed, 7])
   halves = ([], [])
   for c in np.unique(test["y"]):
     rows = rng.permutation(np.flatnonzero(test["y"] == c))
-    halves[0].append(rows[:rows.size // 2])
-    halves[1].append(rows[rows.size // 2:])
+    halves[0].append(rows[: rows.size // 2])
+    halves[1].append(rows[rows.size // 2 :])
   held_out = []
   for i, half in enumerate(halves):
     half = np.sort(np.concatenate(half))
-    local = partition.matched_validation(parts, train["y"], test["y"][half], seed + i,
-                                         ratio=half.size / train["y"].size,
-                                         min_size=config.min_heldout, disjoint=False)
+    local = partition.matched_validation(
+      parts,
+      train["y"],
+      test["y"][half],
+      seed + i,
+      ratio=half.size / train["y"].size,
+      min_size=config.min_heldout,
+      disjoint=False,
+    )
     held_out.append([half[p] for p in local])
-  fed = make_federated(train, test, parts, held_out[0], config.dataset,
-                       class_count((train, test)))
+  fed = make_federated(train, test, parts, held_out[0], config.dataset, class_count((train, test)))
   return fed, fedco.FederatedData.from_index_lists(fed.val.examples, held_out[1])
 
 
@@ -200,17 +210,19 @@ def make_metrics_fn(stats, gamma=None):
   """``metrics_fn(params, {"clients": {split: FederatedData}, "prior": ...})``: average and
   worst client accuracy and loss per split (and the training losses' implied client weights
   with ``gamma``); the data is an argument, so every seed's run compiles to one program."""
+
   def metrics_fn(p, d):
     out = {}
     for split, data in d["clients"].items():
       losses, accs = metrics_lib.per_client_mean(stats, p, data)
-      out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs,
-                                                                                worst="min")
-      out[f"{split}_loss_avg"], out[f"{split}_loss_worst"] = metrics_lib.summarize(losses,
-                                                                                  worst="max")
+      out[f"{split}_acc_avg"], out[f"{split}_acc_worst"] = metrics_lib.summarize(accs, worst="min")
+      out[f"{split}_loss_avg"], out[f"{split}_loss_worst"] = metrics_lib.summarize(
+        losses, worst="max"
+      )
       if split == "train" and gamma is not None:
         out["client_weights"] = kl_dro_weights(losses, gamma, d.get("prior"))
     return out
+
   return metrics_fn
 
 
@@ -219,9 +231,11 @@ def setup(config):
   splits = load(config)
   need = config.big + (config.num_clients - 1) * config.small
   if need > splits.train["y"].size:
-    raise ValueError(f"--config.big + (--config.num_clients - 1) * --config.small must be at "
-                     f"most the {splits.train['y'].size} training images of "
-                     f"{config.dataset}, got {need}")
+    raise ValueError(
+      f"--config.big + (--config.num_clients - 1) * --config.small must be at "
+      f"most the {splits.train['y'].size} training images of "
+      f"{config.dataset}, got {need}"
+    )
   return {"splits": (splits.train, splits.test), "model": logistic_model(class_count(splits))}
 
 
@@ -236,13 +250,24 @@ def methods(config, setup) -> List[runner.Method]:
     return [chosen(m, setup["grid"][m.label]["best"]) for m in found]
   if config.ablation == "none":
     return found
-  comfedl = sorted((m for m in found if m.algorithm == "comfedl"),
-                   key=lambda m: not m.kwargs.get("normalized"))  # the stable one first
-  base = comfedl[0] if comfedl else runner.Method(
-      "comfedl_normalized", "comfedl", {"normalized": True}, config.learning_rate,
-      config.local_steps, problem=gamma)
-  return runner.ablated(config, base, runner.ablation(config, ABLATION_DEFAULTS),
-                        problem_keys=("gamma",))
+  comfedl = sorted(
+    (m for m in found if m.algorithm == "comfedl"), key=lambda m: not m.kwargs.get("normalized")
+  )  # the stable one first
+  base = (
+    comfedl[0]
+    if comfedl
+    else runner.Method(
+      "comfedl_normalized",
+      "comfedl",
+      {"normalized": True},
+      config.learning_rate,
+      config.local_steps,
+      problem=gamma,
+    )
+  )
+  return runner.ablated(
+    config, base, runner.ablation(config, ABLATION_DEFAULTS), problem_keys=("gamma",)
+  )
 
 
 def chosen(method: runner.Method, best) -> runner.Method:
@@ -250,9 +275,12 @@ def chosen(method: runner.Method, best) -> runner.Method:
   if best is None:
     return method
   changes = {k: v for k, v in best.items() if k not in ("score", "per_seed", "gamma")}
-  return dataclasses.replace(method, learning_rate=changes.pop("learning_rate"),
-                             kwargs={**method.kwargs, **changes},
-                             problem={"gamma": best.get("gamma", method.problem["gamma"])})
+  return dataclasses.replace(
+    method,
+    learning_rate=changes.pop("learning_rate"),
+    kwargs={**method.kwargs, **changes},
+    problem={"gamma": best.get("gamma", method.problem["gamma"])},
+  )
 
 
 def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
@@ -267,17 +295,27 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
     held_out = {"clients": {"val": fed.val}}  # what the choice sees
     for method in found:
       problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
-      searches[method.label].append(runner.search(
-          method, runner.grid_axes(config, method, problem_axes),
+      searches[method.label].append(
+        runner.search(
+          method,
+          runner.grid_axes(config, method, problem_axes),
           problem_axes=tuple(problem_axes),
           make_problem=lambda p, m=method: make_problem(m, loss, p.get("gamma", config.gamma)),
           algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
           score=lambda metrics, r: [
-              common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE],
-          data=fed.train, params=params, seed=seed, rounds=config.rounds,
-          batch_size=config.batch_size or None, evaluate=False,
-          eval_every=config.eval_every, metrics_fn=make_metrics_fn(stats),
-          metrics_data=held_out))
+            common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE
+          ],
+          data=fed.train,
+          params=params,
+          seed=seed,
+          rounds=config.rounds,
+          batch_size=config.batch_size or None,
+          evaluate=False,
+          eval_every=config.eval_every,
+          metrics_fn=make_metrics_fn(stats),
+          metrics_data=held_out,
+        )
+      )
   return {label: runner.combine(found) for label, found in searches.items()}
 
 
@@ -285,8 +323,13 @@ def prepare(config, seed, setup):
   """One seed's clients, held-out sets and initial model."""
   fed, test_clients = build_data(setup["splits"], config, seed)
   params = models.init_params(setup["model"][0], fed.train.examples["x"][0], seed)
-  return {"fed": fed, "params": params, "stats": setup["model"][2], "loss": setup["model"][1],
-          "clients": {"train": fed.train, "val": fed.val, "test": test_clients}}
+  return {
+    "fed": fed,
+    "params": params,
+    "stats": setup["model"][2],
+    "loss": setup["model"][1],
+    "clients": {"train": fed.train, "val": fed.val, "test": test_clients},
+  }
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -295,9 +338,14 @@ def build(config, method, seed, prepared) -> runner.Run:
   weights_gamma, prior = dro_weights(method, gamma, fed.train)
   held_out = {"clients": prepared["clients"], **({} if prior is None else {"prior": prior})}
   return runner.Run(
-      make_problem(method, prepared["loss"], gamma), method.build(**gamma_kwargs(method, gamma)),
-      fed.train, prepared["params"], simulate={"evaluate": False},
-      metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma), metrics_data=held_out)
+    make_problem(method, prepared["loss"], gamma),
+    method.build(**gamma_kwargs(method, gamma)),
+    fed.train,
+    prepared["params"],
+    simulate={"evaluate": False},
+    metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma),
+    metrics_data=held_out,
+  )
 
 
 def report(summary) -> List[str]:
@@ -316,30 +364,41 @@ def paired_lines(paired) -> List[str]:
       if lost:
         lines.append(f"{label} - fedavg: {diverged}")
       continue
-    cells = [f"{split} {d['difference']:+.3f}" + (
-        f" +- {d['stderr']:.3f}" if d["stderr"] is not None else "")
-             for split, d in splits.items()]
-    lines.append(f"{label} - fedavg, worst-client accuracy paired by seed ({plural(seeds)}; "
-                 f"+- standard error): {', '.join(cells)}" + (f"; {diverged}" if lost else ""))
+    cells = [
+      f"{split} {d['difference']:+.3f}"
+      + (f" +- {d['stderr']:.3f}" if d["stderr"] is not None else "")
+      for split, d in splits.items()
+    ]
+    lines.append(
+      f"{label} - fedavg, worst-client accuracy paired by seed ({plural(seeds)}; "
+      f"+- standard error): {', '.join(cells)}" + (f"; {diverged}" if lost else "")
+    )
   return lines
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
-  summary = {"dataset": config.dataset, "mode": config.mode, "rounds": config.rounds,
-             "clients": {"big": config.big, "small": config.small,
-                         "min_heldout": config.min_heldout}}
+  summary = {
+    "dataset": config.dataset,
+    "mode": config.mode,
+    "rounds": config.rounds,
+    "clients": {"big": config.big, "small": config.small, "min_heldout": config.min_heldout},
+  }
   if is_npz(config.dataset):
     summary["data_sha256"] = common.file_digest(config.dataset)
   if config.mode == "grid":
     found = outcome.setup["grid"]
-    summary["grid"] = {"select_seeds": list(runner.seeds(config, "select_seeds")),
-                       "score": list(SCORE),
-                       "chosen": {label: c["best"] for label, c in found.items()},
-                       "points": {label: c["points"] for label, c in found.items()}}
+    summary["grid"] = {
+      "select_seeds": list(runner.seeds(config, "select_seeds")),
+      "score": list(SCORE),
+      "chosen": {label: c["best"] for label, c in found.items()},
+      "points": {label: c["points"] for label, c in found.items()},
+    }
   algorithms = {m.label: m.algorithm for m in outcome.methods}
   summary["against_fedavg"] = against_fedavg(
-      outcome.per_method, [label for label, a in algorithms.items() if a == "comfedl"],
-      next((label for label, a in algorithms.items() if a == "fedavg"), None))
+    outcome.per_method,
+    [label for label, a in algorithms.items() if a == "comfedl"],
+    next((label for label, a in algorithms.items() if a == "fedavg"), None),
+  )
   return summary
 
 
@@ -361,14 +420,15 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
     out[label] = {}
     for split in ("train", "val", "test"):
       key = f"{split}_acc_worst"
-      d = np.round([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds],
-                   6)
+      d = np.round([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds], 6)
       mean = round(float(d.mean()), 6) if d.size else None
       out[label][split] = {
-          "difference": mean,
-          "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
-          "seeds": len(seeds), "lost_seeds": len(lost),
-          "at_least_fedavg": False if lost else None if mean is None else mean >= 0}
+        "difference": mean,
+        "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
+        "seeds": len(seeds),
+        "lost_seeds": len(lost),
+        "at_least_fedavg": False if lost else None if mean is None else mean >= 0,
+      }
   return out
 
 
@@ -378,8 +438,9 @@ def plot(wd, config, outcome):
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
   records, labels, drawn = outcome.records, outcome.labels, outcome.drawn()
-  for ax, key, title in zip(axes, ("val_acc_avg", "val_acc_worst"),
-                            ("average client accuracy", "worst client accuracy")):
+  for ax, key, title in zip(
+    axes, ("val_acc_avg", "val_acc_worst"), ("average client accuracy", "worst client accuracy")
+  ):
     common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
     for i, line in enumerate(ax.lines):  # methods that coincide stay visible
       common.distinguish(line, i)
@@ -391,9 +452,13 @@ def plot(wd, config, outcome):
     ax.grid(alpha=0.3)
   for label in labels:
     if label not in drawn:
-      rounds = sorted({f["diverged_round"] for f in outcome.finals.get(label, {}).values()
-                       if "diverged_round" in f})
+      rounds = sorted(
+        {
+          f["diverged_round"]
+          for f in outcome.finals.get(label, {}).values()
+          if "diverged_round" in f
+        }
+      )
       where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
-      axes[0].plot([], [], linestyle="none", marker="x", color="black",
-                   label=f"{label} ({where})")
+      axes[0].plot([], [], linestyle="none", marker="x", color="black", label=f"{label} ({where})")
   common.save_with_legend(wd, fig, axes[0], "accuracy.png", legend=bool(labels))

@@ -61,10 +61,10 @@ ABLATION_DEFAULT = (1, 2, 4, 8)
 TABLE_KEYS = ("test_acc", "test_max_violation", "train_acc", "train_max_violation")
 PROGRESS = "test_max_violation"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
-TRADEOFF = {"epsilon": (("test_acc", "test accuracy"),
-                        ("test_max_violation", "test max violation")),
-            "bytes_up": (("train_objective", "training objective"),
-                         ("test_acc", "test accuracy"))}
+TRADEOFF = {
+  "epsilon": (("test_acc", "test accuracy"), ("test_max_violation", "test max violation")),
+  "bytes_up": (("train_objective", "training objective"), ("test_acc", "test accuracy")),
+}
 
 
 def check(config) -> None:
@@ -72,21 +72,26 @@ def check(config) -> None:
   common.check_int("config.num_clients", config.num_clients, 1)
   common.check_int("config.clients_per_round", config.clients_per_round, 0)
   if config.clients_per_round > config.num_clients:
-    raise ValueError(f"--config.clients_per_round must be at most --config.num_clients="
-                     f"{config.num_clients} (0: all), got {config.clients_per_round}")
+    raise ValueError(
+      f"--config.clients_per_round must be at most --config.num_clients="
+      f"{config.num_clients} (0: all), got {config.clients_per_round}"
+    )
   common.check_positive("config.alpha", config.alpha)
   common.check_positive("config.gamma", config.gamma)
   common.check_positive("config.eps", config.eps, allow_zero=True)
-  common.check_real("config.proxy_noise", config.proxy_noise, low=0.0, high=1.0,
-                    low_open=False)
+  common.check_real("config.proxy_noise", config.proxy_noise, low=0.0, high=1.0, low_open=False)
   for label, entry in config.methods.items():
     if entry.get("algorithm") not in ALGORITHMS:
-      raise ValueError(f"--config.methods.{label}.algorithm must be one of {ALGORITHMS} "
-                       f"(E6's methods), got {entry.get('algorithm')!r}")
-  if (runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
-      and not any(e.algorithm in LOCAL for e in config.methods.values())):
-    raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
-                     "--config.methods")
+      raise ValueError(
+        f"--config.methods.{label}.algorithm must be one of {ALGORITHMS} "
+        f"(E6's methods), got {entry.get('algorithm')!r}"
+      )
+  if runner.ablation(config, {"local_steps": ABLATION_DEFAULT}) and not any(
+    e.algorithm in LOCAL for e in config.methods.values()
+  ):
+    raise ValueError(
+      "--config.ablation=local_steps needs a feddro or ds_feddro method in --config.methods"
+    )
 
 
 def methods(config, setup) -> List[runner.Method]:
@@ -95,8 +100,12 @@ def methods(config, setup) -> List[runner.Method]:
   values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
   if not values:
     return runner.methods(config)
-  return [v for m in runner.methods(config) if m.algorithm in LOCAL
-          for v in runner.ablated(config, m, values)]
+  return [
+    v
+    for m in runner.methods(config)
+    if m.algorithm in LOCAL
+    for v in runner.ablated(config, m, values)
+  ]
 
 
 def setup(config) -> adult.AdultData:
@@ -104,8 +113,9 @@ def setup(config) -> adult.AdultData:
   ``FileNotFoundError`` naming ``--config.data_dir``."""
   data_dir = config.data_dir or adult.DEFAULT_DATA_DIR
   if not os.path.isdir(data_dir):
-    raise FileNotFoundError(f"--config.data_dir={data_dir!r} is not a directory holding "
-                            "adult.data and adult.test")
+    raise FileNotFoundError(
+      f"--config.data_dir={data_dir!r} is not a directory holding adult.data and adult.test"
+    )
   return adult.load_adult(data_dir, proxy_noise=config.proxy_noise, seed=0)
 
 
@@ -113,8 +123,7 @@ def prepare(config, seed, base: adult.AdultData):
   """A seed's proxy groups, client split and initial model, and the metrics: accuracy and
   violations (true groups) on train and test; proxy violation and the objective on train."""
   data = adult.resample_proxies(base, proxy_noise=config.proxy_noise, seed=seed)
-  splits = {s: {k: jnp.asarray(v) for k, v in getattr(data, s).items()}
-            for s in ("train", "test")}
+  splits = {s: {k: jnp.asarray(v) for k, v in getattr(data, s).items()} for s in ("train", "test")}
   G, eps = adult.NUM_GROUPS, config.eps
 
   def metrics_fn(params, splits):  # the data is an argument: every seed's run is one program
@@ -125,15 +134,21 @@ def prepare(config, seed, base: adult.AdultData):
       out[f"{split}_max_violation"] = m["max_violation"]
       out[f"{split}_violations"] = m["violations"]
     tr = splits["train"]
-    out["train_proxy_max_violation"] = fair.group_metrics(params, tr["x"], tr["y"],
-                                                          tr["proxy"], G, eps)["max_violation"]
+    out["train_proxy_max_violation"] = fair.group_metrics(
+      params, tr["x"], tr["y"], tr["proxy"], G, eps
+    )["max_violation"]
     out["train_bce"] = jnp.mean(fair.bce(fair.logit(params, tr["x"]), tr["y"]))
-    out["train_objective"] = fair.objective(params, tr["x"], tr["y"], tr["proxy"], G, eps,
-                                            config.alpha, config.gamma)
+    out["train_objective"] = fair.objective(
+      params, tr["x"], tr["y"], tr["proxy"], G, eps, config.alpha, config.gamma
+    )
     return out
 
-  return (adult.federated_adult(data, config.num_clients, seed),
-          fair.init_params(data.num_features), metrics_fn, splits)
+  return (
+    adult.federated_adult(data, config.num_clients, seed),
+    fair.init_params(data.num_features),
+    metrics_fn,
+    splits,
+  )
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -143,10 +158,15 @@ def build(config, method, seed, prepared) -> runner.Run:
     problem = fair.unconstrained()
   else:
     problem = fair.fairness_problem(adult.NUM_GROUPS, config.eps, config.alpha, config.gamma)
-  return runner.Run(problem, method.build(), fed, params, metrics_fn=metrics_fn,
-                    metrics_data=splits,
-                    simulate={"evaluate": False,
-                              "clients_per_round": config.clients_per_round or None})
+  return runner.Run(
+    problem,
+    method.build(),
+    fed,
+    params,
+    metrics_fn=metrics_fn,
+    metrics_data=splits,
+    simulate={"evaluate": False, "clients_per_round": config.clients_per_round or None},
+  )
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
@@ -159,7 +179,8 @@ def summarize(config, outcome) -> Dict[str, Any]:
       means = {label: e[key]["mean"] for label, e in outcome.per_method.items()}
       if all(v is not None for v in means.values()):
         summary[f"unconstrained_has_largest_{split}_violation"] = bool(
-            min(means[b] for b in baselines) >= max(means.values()))
+          min(means[b] for b in baselines) >= max(means.values())
+        )
   return summary
 
 
@@ -169,24 +190,37 @@ def plot(wd, config, outcome):
   fig = common.figure(figsize=(11, 8))
   axes = fig.subplots(2, 2)
   drawn = outcome.drawn()
-  panels = (("test_acc", "test accuracy"), ("test_max_violation", "test max violation"),
-            ("train_acc", "train accuracy"), ("train_max_violation", "train max violation"))
+  panels = (
+    ("test_acc", "test accuracy"),
+    ("test_max_violation", "test max violation"),
+    ("train_acc", "train accuracy"),
+    ("train_max_violation", "train max violation"),
+  )
   for ax, (key, title) in zip(axes.ravel(), panels):
     ax.set_xlabel("round")
     ax.set_ylabel(title)
     ax.set_title(f"Adult, {config.num_clients} clients: {title}", fontsize=10)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if not drawn:
-      ax.text(0.5, 0.5, f"{title}: no finite evaluation (every run diverged at once)",
-              transform=ax.transAxes, ha="center", va="center", fontsize=8)
+      ax.text(
+        0.5,
+        0.5,
+        f"{title}: no finite evaluation (every run diverged at once)",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=8,
+      )
       continue
     for i, label in enumerate(drawn):
-      common.plot_mean_curves(ax, outcome.records, key, labels=[label], band=0.15,
-                              group="method", skip_missing=True)
+      common.plot_mean_curves(
+        ax, outcome.records, key, labels=[label], band=0.15, group="method", skip_missing=True
+      )
       common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
     if "violation" in key:
       ax.axhline(0.0, color="k", lw=0.8, ls=":")
     ax.grid(alpha=0.3)
   legend_ax = next((ax for ax in axes.ravel() if ax.lines), axes[0, 0])
-  common.save_with_legend(wd, fig, legend_ax, "fairness.png", legend=bool(legend_ax.lines),
-                          fontsize=8)
+  common.save_with_legend(
+    wd, fig, legend_ax, "fairness.png", legend=bool(legend_ax.lines), fontsize=8
+  )

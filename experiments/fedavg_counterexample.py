@@ -51,54 +51,73 @@ CONVERGED_BELOW = 1e-3
 TABLE_KEYS = ("x", "distance", "grad_norm")
 PROGRESS = "distance"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
-TRADEOFF = {"bytes_up": (("objective", "final objective Phi(x)", "log"),
-                         ("distance", "final |x - x*|", "log"))}
+TRADEOFF = {
+  "bytes_up": (
+    ("objective", "final objective Phi(x)", "log"),
+    ("distance", "final |x - x*|", "log"),
+  )
+}
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
 def problem() -> fedco.Problem:
   """The global-inner problem ``f(mean_k g_k(x))`` with ``g(x; e) = a x + b``."""
-  return fedco.global_inner(lambda x, e: e["a"] * x + e["b"], lambda y: 0.5 * y ** 2,
-                            name="fedavg_counterexample")
+  return fedco.global_inner(
+    lambda x, e: e["a"] * x + e["b"], lambda y: 0.5 * y**2, name="fedavg_counterexample"
+  )
 
 
 def data() -> fedco.FederatedData:
   """One example per client: ``{"a": [a_k], "b": [b_k]}``."""
   return fedco.FederatedData.from_clients(
-      [{"a": np.array([a], np.float32), "b": np.array([b], np.float32)} for a, b in CLIENTS])
+    [{"a": np.array([a], np.float32), "b": np.array([b], np.float32)} for a, b in CLIENTS]
+  )
 
 
 def check(config) -> None:
   """E7's own fields (``ValueError`` naming ``--config.<field>``)."""
   if config.batch_size != 0:
-    raise ValueError(f"--config.batch_size must be 0 (each client's whole data: its one "
-                     f"example) in E7, got {config.batch_size!r}")
+    raise ValueError(
+      f"--config.batch_size must be 0 (each client's whole data: its one "
+      f"example) in E7, got {config.batch_size!r}"
+    )
   common.check_real("config.x0", config.x0)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed, prepared
-  return runner.Run(problem(), method.build(), data(), jnp.asarray(config.x0, jnp.float32),
-                    metrics_fn=lambda x: {"x": x, "distance": jnp.abs(x - X_STAR)},
-                    simulate={"exact_grad_norm": True}, record_keys=TABLE_KEYS)
+  return runner.Run(
+    problem(),
+    method.build(),
+    data(),
+    jnp.asarray(config.x0, jnp.float32),
+    metrics_fn=lambda x: {"x": x, "distance": jnp.abs(x - X_STAR)},
+    simulate={"exact_grad_norm": True},
+    record_keys=TABLE_KEYS,
+  )
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
   mean = lambda label, key: outcome.per_method[label][key]["mean"]
-  converged = {label: all("diverged" not in f and f["distance"] < CONVERGED_BELOW
-                          for f in by_seed.values())
-               for label, by_seed in outcome.finals.items()}
+  converged = {
+    label: all("diverged" not in f and f["distance"] < CONVERGED_BELOW for f in by_seed.values())
+    for label, by_seed in outcome.finals.items()
+  }
   for row in outcome.table:
     row["converged"] = converged[row["method"]]
   labels = list(outcome.per_method)
   return {
-      "x_star": X_STAR, "x0": config.x0, "rounds": config.rounds,
-      "steps": {m.label: config.rounds * m.local_steps for m in outcome.methods},
-      "converged_below": CONVERGED_BELOW,
-      "final_distance": {label: mean(label, "distance") for label in labels},
-      "final_grad_norm": {label: mean(label, "grad_norm") for label in labels},
-      "final_x": {label: mean(label, "x") for label in labels}, "converged": converged}
+    "x_star": X_STAR,
+    "x0": config.x0,
+    "rounds": config.rounds,
+    "steps": {m.label: config.rounds * m.local_steps for m in outcome.methods},
+    "converged_below": CONVERGED_BELOW,
+    "final_distance": {label: mean(label, "distance") for label in labels},
+    "final_grad_norm": {label: mean(label, "grad_norm") for label in labels},
+    "final_x": {label: mean(label, "x") for label in labels},
+    "converged": converged,
+  }
 
 
 def report(summary) -> List[str]:
@@ -114,7 +133,7 @@ def plot(wd, config, outcome):
   start = abs(config.x0 - X_STAR)
   for i, label in enumerate(drawn):
     rows = [r for r in outcome.records if r["method"] == label]
-    step = lambda r: r["round"] * steps_of[label]
+    step = lambda r, label=label: r["round"] * steps_of[label]
     steps = sorted({step(r) for r in rows})
     values = [[r["distance"] for r in rows if step(r) == s] for s in steps]
     xs = np.array([0] + steps)
@@ -124,14 +143,26 @@ def plot(wd, config, outcome):
     # the lines of methods that coincide (modified FedAvg, FedDRO) stay apart by their
     # line style and markers at staggered points
     every = max(1, len(xs) // 10)
-    line, = ax.plot(xs, positive(mean), linestyle=LINESTYLES[i % len(LINESTYLES)],
-                    marker=MARKERS[i % len(MARKERS)], markersize=4,
-                    markevery=(i * every // len(drawn), every), label=label)
+    (line,) = ax.plot(
+      xs,
+      positive(mean),
+      linestyle=LINESTYLES[i % len(LINESTYLES)],
+      marker=MARKERS[i % len(MARKERS)],
+      markersize=4,
+      markevery=(i * every // len(drawn), every),
+      label=label,
+    )
     if len(outcome.seeds) > 1:
-      ax.fill_between(xs, positive(mean - std), positive(mean + std),
-                      color=line.get_color(), alpha=0.15)
-  ax.axhline(CONVERGED_BELOW, color="gray", linestyle=":", linewidth=1,
-             label=f"{CONVERGED_BELOW:g} (converged)")
+      ax.fill_between(
+        xs, positive(mean - std), positive(mean + std), color=line.get_color(), alpha=0.15
+      )
+  ax.axhline(
+    CONVERGED_BELOW,
+    color="gray",
+    linestyle=":",
+    linewidth=1,
+    label=f"{CONVERGED_BELOW:g} (converged)",
+  )
   ax.set_yscale("log")
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_xlabel(f"local steps (round x local_steps, local_steps = {config.local_steps})")

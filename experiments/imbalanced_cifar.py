@@ -74,8 +74,14 @@ from fedco.models.layers import CONV_IMPLS
 
 # The algorithms E5 compares, and the problem each one solves: FastDRO and primal-dual SGD
 # weight the examples themselves (on the plain loss), the others get the KL-DRO problem.
-PROBLEMS = {"feddro": "kl_dro", "ds_feddro": "kl_dro", "mbsgd": "kl_dro",
-            "fedavg_co": "kl_dro", "fastdro": "erm", "primal_dual_dro": "erm"}
+PROBLEMS = {
+  "feddro": "kl_dro",
+  "ds_feddro": "kl_dro",
+  "mbsgd": "kl_dro",
+  "fedavg_co": "kl_dro",
+  "fastdro": "erm",
+  "primal_dual_dro": "erm",
+}
 LOCAL = ("feddro", "ds_feddro")  # the algorithms of the local_steps ablation
 ABLATION_DEFAULT = (1, 2, 4, 8, 16, 32)
 MODELS = ("resnet20", "cnn4", "linear")
@@ -88,16 +94,17 @@ _EVAL_CHUNK = 256
 def check(config) -> None:
   """E5's own fields and methods (``ValueError`` naming ``--config.<field>``)."""
   if config.dataset not in imbalanced.ST_DATASETS:
-    raise ValueError(f"--config.dataset must be one of {imbalanced.ST_DATASETS}, got "
-                     f"{config.dataset!r}")
+    raise ValueError(
+      f"--config.dataset must be one of {imbalanced.ST_DATASETS}, got {config.dataset!r}"
+    )
   if not isinstance(config.data_dir, str):
-    raise ValueError(f"--config.data_dir must be a folder path (or empty: TFDS's default), "
-                     f"got {config.data_dir!r}")
+    raise ValueError(
+      f"--config.data_dir must be a folder path (or empty: TFDS's default), got {config.data_dir!r}"
+    )
   if config.model not in MODELS:
     raise ValueError(f"--config.model must be one of {MODELS}, got {config.model!r}")
   if config.conv_impl not in CONV_IMPLS:
-    raise ValueError(f"--config.conv_impl must be one of {CONV_IMPLS}, got "
-                     f"{config.conv_impl!r}")
+    raise ValueError(f"--config.conv_impl must be one of {CONV_IMPLS}, got {config.conv_impl!r}")
   for name in ("width", "num_clients", "lr_drop_round"):
     common.check_int(f"config.{name}", config[name], 1)
   common.check_int("config.eval_examples", config.eval_examples, 0)
@@ -108,15 +115,19 @@ def check(config) -> None:
   for m in compared:
     where = f"--config.methods.{m.label}"
     if m.algorithm not in PROBLEMS:
-      raise ValueError(f"{where}.algorithm must be one of {tuple(PROBLEMS)} (E5's methods), "
-                       f"got {m.algorithm!r}")
+      raise ValueError(
+        f"{where}.algorithm must be one of {tuple(PROBLEMS)} (E5's methods), got {m.algorithm!r}"
+      )
     if "num_examples" in m.kwargs:
-      raise ValueError(f"{where}.num_examples is set by the experiment (the training rows); "
-                       "leave it out")
-  if (runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
-      and not any(m.algorithm in LOCAL for m in compared)):
-    raise ValueError("--config.ablation=local_steps needs a feddro or ds_feddro method in "
-                     "--config.methods")
+      raise ValueError(
+        f"{where}.num_examples is set by the experiment (the training rows); leave it out"
+      )
+  if runner.ablation(config, {"local_steps": ABLATION_DEFAULT}) and not any(
+    m.algorithm in LOCAL for m in compared
+  ):
+    raise ValueError(
+      "--config.ablation=local_steps needs a feddro or ds_feddro method in --config.methods"
+    )
 
 
 def methods(config, setup=None) -> List[runner.Method]:
@@ -133,16 +144,18 @@ def load(config):
   """The step-imbalanced train split and the test split; a TFDS data set that is not prepared
   is a one-line ``FileNotFoundError`` naming the offline alternative."""
   try:
-    return imbalanced.load_st(config.dataset, config.data_dir or None,
-                              keep_fraction=config.keep_fraction)
+    return imbalanced.load_st(
+      config.dataset, config.data_dir or None, keep_fraction=config.keep_fraction
+    )
   except FileNotFoundError as err:
     lines = str(err).splitlines()
     reason = (lines[0].split(" To prepare")[0].strip() if lines else "").rstrip(".")
     raise FileNotFoundError(
-        f"--config.dataset={config.dataset}: {reason or 'the TFDS data set is not prepared'}. "
-        f"Prepare it (tfds build {config.dataset} --file_format=array_record; see "
-        f"fedco.data.sources) and pass --config.data_dir, or run offline with "
-        f"--config.dataset=digits") from None
+      f"--config.dataset={config.dataset}: {reason or 'the TFDS data set is not prepared'}. "
+      f"Prepare it (tfds build {config.dataset} --file_format=array_record; see "
+      f"fedco.data.sources) and pass --config.data_dir, or run offline with "
+      f"--config.dataset=digits"
+    ) from None
 
 
 def make_model(config, num_classes: int):
@@ -161,28 +174,40 @@ def setup(config):
   if config.model != "linear":
     train, test = as_images(train), as_images(test)
   model = make_model(config, num_classes)
-  return {"start": start, "train": train, "test": test, "num_classes": num_classes,
-          "model": model,
-          "loss": lambda params, e: cross_entropy(model.apply(params, e["x"]), e["y"]),
-          "metrics_fn": metrics_fn_for(model.apply, train, test, num_classes, config),
-          "examples": {"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])}}
+  return {
+    "start": start,
+    "train": train,
+    "test": test,
+    "num_classes": num_classes,
+    "model": model,
+    "loss": lambda params, e: cross_entropy(model.apply(params, e["x"]), e["y"]),
+    "metrics_fn": metrics_fn_for(model.apply, train, test, num_classes, config),
+    "examples": {"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])},
+  }
 
 
 def prepare(config, seed, setup):
   """The seed's equal random split over the clients and its initial model."""
   examples = setup["examples"]
   parts = partition.iid(len(examples["y"]), config.num_clients, seed)
-  return {**setup, "data": fedco.FederatedData.from_index_lists(examples, parts),
-          "params": setup["model"].init(jax.random.PRNGKey(seed), examples["x"][0])}
+  return {
+    **setup,
+    "data": fedco.FederatedData.from_index_lists(examples, parts),
+    "params": setup["model"].init(jax.random.PRNGKey(seed), examples["x"][0]),
+  }
 
 
 def schedule(config, method: runner.Method):
   """The method's rate, divided by 10 after ``config.lr_drop_round`` rounds (counted in its
   local steps: 1 for a method without them)."""
-  steps = (method.local_steps if "local_steps" in
-           inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters else 1)
-  return optax.piecewise_constant_schedule(method.learning_rate,
-                                           {config.lr_drop_round * steps: 0.1})
+  steps = (
+    method.local_steps
+    if "local_steps" in inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters
+    else 1
+  )
+  return optax.piecewise_constant_schedule(
+    method.learning_rate, {config.lr_drop_round * steps: 0.1}
+  )
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -194,11 +219,17 @@ def build(config, method, seed, prepared) -> runner.Run:
     problem = fedco.plain(loss)
   else:
     problem = fedco.problems.sample_kl_dro(loss, config.lam, shift=config.shift)
-  extra = ({"num_examples": len(prepared["train"]["y"])}
-           if method.algorithm == "primal_dual_dro" else {})
-  return runner.Run(problem, method.build(learning_rate=schedule(config, method), **extra),
-                    prepared["data"], prepared["params"], metrics_fn=prepared["metrics_fn"],
-                    simulate={"evaluate": False})
+  extra = (
+    {"num_examples": len(prepared["train"]["y"])} if method.algorithm == "primal_dual_dro" else {}
+  )
+  return runner.Run(
+    problem,
+    method.build(learning_rate=schedule(config, method), **extra),
+    prepared["data"],
+    prepared["params"],
+    metrics_fn=prepared["metrics_fn"],
+    simulate={"evaluate": False},
+  )
 
 
 def as_images(split):
@@ -229,8 +260,9 @@ def metrics_fn_for(apply_fn, train, test, num_classes, config):
     x = np.concatenate([split["x"], np.zeros((pad,) + split["x"].shape[1:], split["x"].dtype)])
     y = np.concatenate([split["y"], np.zeros(pad, split["y"].dtype)])
     real = np.arange(n + pad) < n
-    splits[name] = tuple(jnp.asarray(a.reshape((-1, _EVAL_CHUNK) + a.shape[1:]))
-                         for a in (x, y, real))
+    splits[name] = tuple(
+      jnp.asarray(a.reshape((-1, _EVAL_CHUNK) + a.shape[1:])) for a in (x, y, real)
+    )
   lam, minority = config.lam, num_classes // 2
 
   def per_split(params, x, y, real):
@@ -250,20 +282,29 @@ def metrics_fn_for(apply_fn, train, test, num_classes, config):
     return acc, minority_acc, objective
 
   def metrics_fn(params):
-    return {f"{name}_{key}": value for name, arrays in splits.items()
-            for key, value in zip(("acc", "minority_acc", "objective"),
-                                  per_split(params, *arrays))}
+    return {
+      f"{name}_{key}": value
+      for name, arrays in splits.items()
+      for key, value in zip(("acc", "minority_acc", "objective"), per_split(params, *arrays))
+    }
 
   return metrics_fn
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
   s = outcome.setup
-  return {"dataset": f"{config.dataset}-ST", "model": config.model, "rounds": config.rounds,
-          "num_clients": config.num_clients,
-          "data": {"train_examples": int(len(s["train"]["y"])),
-                   "test_examples": int(len(s["test"]["y"])), "num_classes": s["num_classes"]},
-          "seconds": time.perf_counter() - s["start"]}
+  return {
+    "dataset": f"{config.dataset}-ST",
+    "model": config.model,
+    "rounds": config.rounds,
+    "num_clients": config.num_clients,
+    "data": {
+      "train_examples": int(len(s["train"]["y"])),
+      "test_examples": int(len(s["test"]["y"])),
+      "num_classes": s["num_classes"],
+    },
+    "seconds": time.perf_counter() - s["start"],
+  }
 
 
 def report(summary) -> List[str]:
@@ -273,19 +314,25 @@ def report(summary) -> List[str]:
 def plot(wd, config, outcome):
   """``accuracy.png`` (see :func:`figure`)."""
   fig, legend_ax = figure(outcome.records, config, outcome.labels)
-  common.save_with_legend(wd, fig, legend_ax, "accuracy.png", legend=bool(legend_ax.lines),
-                          fontsize=8)
+  common.save_with_legend(
+    wd, fig, legend_ax, "accuracy.png", legend=bool(legend_ax.lines), fontsize=8
+  )
 
 
 # What a panel's value is, and why it can be 0 everywhere (written in an all-zero panel).
-PANELS = (("train_acc", "train accuracy", ""),
-          ("test_acc", "test accuracy", ""),
-          ("test_minority_acc", "test accuracy, minority classes",
-           "the test accuracy on the minority classes (the first half, {keep:g}% of their "
-           "training images kept)\nis 0 for every method at every evaluation: no method "
-           "predicts a minority class\nat this budget (more rounds, or a smaller "
-           "imbalance, are needed)"),
-          ("train_objective", "train KL-DRO objective", ""))
+PANELS = (
+  ("train_acc", "train accuracy", ""),
+  ("test_acc", "test accuracy", ""),
+  (
+    "test_minority_acc",
+    "test accuracy, minority classes",
+    "the test accuracy on the minority classes (the first half, {keep:g}% of their "
+    "training images kept)\nis 0 for every method at every evaluation: no method "
+    "predicts a minority class\nat this budget (more rounds, or a smaller "
+    "imbalance, are needed)",
+  ),
+  ("train_objective", "train KL-DRO objective", ""),
+)
 
 
 def figure(records, config, labels):
@@ -316,8 +363,9 @@ def figure(records, config, labels):
       ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8)
       continue
     for i, label in enumerate(drawn):
-      common.plot_mean_curves(ax, records, key, labels=[label], band=0.15, group="method",
-                              skip_missing=True)
+      common.plot_mean_curves(
+        ax, records, key, labels=[label], band=0.15, group="method", skip_missing=True
+      )
       common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
     ax.grid(alpha=0.3)
   legend_ax = next((ax for ax in axes.ravel() if ax.lines), axes[0, 0])

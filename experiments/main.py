@@ -24,28 +24,35 @@ import re
 import sys
 import warnings
 
-from absl import app
-from absl import flags
 import jax
+from absl import app, flags
 from ml_collections import config_flags
 
 import fedco
 from experiments import common, runner
 
-
 # The command line ml_collections reads its overrides from: the one parse_flags parses
 # (filled there; empty while flags are defined, so nothing is read at import).
 _ARGV: list = []
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "An experiments/configs/*.py file.", lock_config=True, sys_argv=_ARGV)
+  "config", None, "An experiments/configs/*.py file.", lock_config=True, sys_argv=_ARGV
+)
 flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
 flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the final table.")
-flags.DEFINE_bool("resume", True, "Resume runs from their checkpoints in --workdir (rerunning "
-                  "a command continues it); --noresume deletes them and starts over.")
+flags.DEFINE_bool(
+  "resume",
+  True,
+  "Resume runs from their checkpoints in --workdir (rerunning "
+  "a command continues it); --noresume deletes them and starts over.",
+)
 flags.DEFINE_integer("checkpoint_every", 50, "Rounds between checkpoints of each run.")
-flags.DEFINE_bool("seeds_together", True, "Run a method's seeds as one vmapped program where "
-                  "the experiment allows it (--noseeds_together: one run at a time, less "
-                  "memory).")
+flags.DEFINE_bool(
+  "seeds_together",
+  True,
+  "Run a method's seeds as one vmapped program where "
+  "the experiment allows it (--noseeds_together: one run at a time, less "
+  "memory).",
+)
 flags.DEFINE_list("methods", [], "Run only these labels of config.methods (default: all).")
 
 
@@ -62,15 +69,21 @@ def _default_cache() -> str:
   return os.path.join(base, "fedco", "jax", f"{platform.machine()}-{tag}")
 
 
-flags.DEFINE_string("compilation_cache", _default_cache(),
-                    "Folder of JAX's persistent compilation cache: a program compiled once "
-                    "(a method's, for every seed; a rerun's) is loaded from it instead of "
-                    "compiled again. Delete the folder to clear it; '' turns it off.")
+flags.DEFINE_string(
+  "compilation_cache",
+  _default_cache(),
+  "Folder of JAX's persistent compilation cache: a program compiled once "
+  "(a method's, for every seed; a rerun's) is loaded from it instead of "
+  "compiled again. Delete the folder to clear it; '' turns it off.",
+)
 FLAGS = flags.FLAGS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-CONFIGS = tuple(sorted(name for name in os.listdir(CONFIG_DIR)
-                       if name.endswith(".py") and not name.startswith("_")))
+CONFIGS = tuple(
+  sorted(
+    name for name in os.listdir(CONFIG_DIR) if name.endswith(".py") and not name.startswith("_")
+  )
+)
 
 
 def main(argv):
@@ -86,24 +99,31 @@ def main(argv):
       try:
         os.makedirs(cache, exist_ok=True)
       except OSError as err:
-        raise ValueError(f"--compilation_cache={FLAGS.compilation_cache!r} cannot be used "
-                         f"({err.strerror}); name a writable folder, or '' to turn it "
-                         "off") from None
+        raise ValueError(
+          f"--compilation_cache={FLAGS.compilation_cache!r} cannot be used "
+          f"({err.strerror}); name a writable folder, or '' to turn it "
+          "off"
+        ) from None
       jax.config.update("jax_compilation_cache_dir", cache)
     try:
       config = _CONFIG.value
     except (OSError, ValueError) as err:  # ml_collections loads the file lazily
       if isinstance(err, ValueError):
         raise ValueError(f"--config: {err}") from None
-      raise FileNotFoundError(f"--config={FLAGS['config'].config_filename!r} is not a config "
-                              f"file; available in experiments/configs/: "
-                              f"{', '.join(CONFIGS)}") from None
+      raise FileNotFoundError(
+        f"--config={FLAGS['config'].config_filename!r} is not a config "
+        f"file; available in experiments/configs/: "
+        f"{', '.join(CONFIGS)}"
+      ) from None
     if config is None:
       raise ValueError("--config must name an experiments/configs/*.py file")
     select(config, FLAGS.methods)
     options = runner.Options(
-        progress=FLAGS.progress, resume=FLAGS.resume, seeds_together=FLAGS.seeds_together,
-        checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1))
+      progress=FLAGS.progress,
+      resume=FLAGS.resume,
+      seeds_together=FLAGS.seeds_together,
+      checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1),
+    )
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
@@ -117,8 +137,7 @@ def main(argv):
 def interrupted_line(err) -> str:
   """The one line a stopped run prints: what was written and how to go on."""
   what = str(err) if isinstance(err, fedco.runtime.Interrupted) else "interrupted"
-  return (f"{what}; rerun the same command to resume (finished runs and checkpoints are "
-          "kept)")
+  return f"{what}; rerun the same command to resume (finished runs and checkpoints are kept)"
 
 
 def select(config, labels) -> None:
@@ -127,8 +146,9 @@ def select(config, labels) -> None:
     return
   unknown = [label for label in labels if label not in config.methods]
   if unknown:
-    raise ValueError(f"--methods: {unknown} are not in config.methods; allowed: "
-                     f"{', '.join(config.methods)}")
+    raise ValueError(
+      f"--methods: {unknown} are not in config.methods; allowed: {', '.join(config.methods)}"
+    )
   with config.unlocked():
     for label in list(config.methods):
       if label not in labels:
@@ -168,8 +188,10 @@ def _values(argv, pattern):
 
 
 def _flagfile_error(path, reason) -> _Unusable:
-  return _Unusable(f"--flagfile={path!r} cannot be read ({reason}); it must name a readable "
-                   "file of flags, one per line")
+  return _Unusable(
+    f"--flagfile={path!r} cannot be read ({reason}); it must name a readable "
+    "file of flags, one per line"
+  )
 
 
 def _check_flagfiles(argv) -> None:
@@ -182,8 +204,10 @@ def _check_flagfiles(argv) -> None:
 
 
 def _not_a_config(path, why: str = "") -> _Unusable:
-  return _Unusable(f"--config={path!r} is not a config file{why}; available in "
-                   f"experiments/configs/: {', '.join(CONFIGS)}")
+  return _Unusable(
+    f"--config={path!r} is not a config file{why}; available in "
+    f"experiments/configs/: {', '.join(CONFIGS)}"
+  )
 
 
 def _config_file(argv):
@@ -225,8 +249,9 @@ def parse_flags(argv):
     print(f"error: {lines[0]} (see --help)", file=sys.stderr)
   except (AttributeError, KeyError, TypeError, ValueError) as err:
     if isinstance(err, AttributeError) and "'get_config'" in str(err) and config_file:
-      print(f"error: {_not_a_config(config_file, ' (it defines no get_config())')}",
-            file=sys.stderr)
+      print(
+        f"error: {_not_a_config(config_file, ' (it defines no get_config())')}", file=sys.stderr
+      )
       sys.exit(1)
     while err.args and isinstance(err.args[0], Exception):  # AttributeError(KeyError(...))
       err = err.args[0]
@@ -236,14 +261,19 @@ def parse_flags(argv):
     overrides = [a.split("=")[0] for a in rest[1:] if a.startswith("--config.")]
     named = re.search(r"'([^']+)'", text)  # the missing field, where the message names it
     bad = [o for o in overrides if named and named.group(1) in o.split(".")] or overrides
-    print(f"error: cannot apply {', '.join(bad) or '--config'}: {text} (a config override "
-          "must name an existing field, with a value of its type)", file=sys.stderr)
+    print(
+      f"error: cannot apply {', '.join(bad) or '--config'}: {text} (a config override "
+      "must name an existing field, with a value of its type)",
+      file=sys.stderr,
+    )
   except Exception as err:  # pylint: disable=broad-except  # the config file's own code
     if config_file is None:
       raise
     lines = [l for l in str(err).splitlines() if l.strip()] or [""]
-    print(f"error: --config={config_file!r} cannot be loaded: {type(err).__name__}: "
-          f"{lines[0].strip()}", file=sys.stderr)
+    print(
+      f"error: --config={config_file!r} cannot be loaded: {type(err).__name__}: {lines[0].strip()}",
+      file=sys.stderr,
+    )
   sys.exit(1)
 
 

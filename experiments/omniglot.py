@@ -68,9 +68,9 @@ from fedco.data import omniglot as omniglot_data
 from fedco.models import OmniglotCNN, cross_entropy, init_cnn
 from fedco.problems.maml import MAML
 
-EVAL_SEED = 12345    # one validation / test task set for every seed and method
-DRAWINGS = 20        # drawings per Omniglot character
-SPLIT_SEED = 0       # the "random" alphabet split does not change with config.seeds
+EVAL_SEED = 12345  # one validation / test task set for every seed and method
+DRAWINGS = 20  # drawings per Omniglot character
+SPLIT_SEED = 0  # the "random" alphabet split does not change with config.seeds
 RECORD_KEYS = ("train_loss", "train_acc", "val_loss", "val_acc")
 TABLE_KEYS = ("val_acc", "train_loss", "train_acc", "val_loss")  # and test_acc with test tasks
 PROGRESS = "val_acc"
@@ -82,37 +82,56 @@ MARKERS = ("o", "s", "^", "v", "D", "x")
 def check(config) -> None:
   """E4's own fields (``ValueError`` naming ``--config.<field>``)."""
   if config.batch_size != 1:
-    raise ValueError(f"--config.batch_size must be 1 (one episode per client and step: its "
-                     f"support sets feed the inner map, its query sets the outer; the "
-                     f"meta-batch is config.tasks_per_episode), got {config.batch_size!r}")
+    raise ValueError(
+      f"--config.batch_size must be 1 (one episode per client and step: its "
+      f"support sets feed the inner map, its query sets the outer; the "
+      f"meta-batch is config.tasks_per_episode), got {config.batch_size!r}"
+    )
   if not isinstance(config.data_dir, str):
-    raise ValueError(f"--config.data_dir must be a folder path ('' for TFDS's default), got "
-                     f"{config.data_dir!r}")
+    raise ValueError(
+      f"--config.data_dir must be a folder path ('' for TFDS's default), got {config.data_dir!r}"
+    )
   common.check_int("config.ways", config.ways, 2)
-  for name in ("shots", "query", "tasks_per_episode", "inner_steps", "filters",
-               "episodes_per_client", "val_tasks", "eval_chunk"):
+  for name in (
+    "shots",
+    "query",
+    "tasks_per_episode",
+    "inner_steps",
+    "filters",
+    "episodes_per_client",
+    "val_tasks",
+    "eval_chunk",
+  ):
     common.check_int(f"config.{name}", config[name], 1)
   common.check_int("config.eval_inner_steps", config.eval_inner_steps, 0)
   common.check_int("config.test_tasks", config.test_tasks, 0)
   if config.shots + config.query > DRAWINGS:
-    raise ValueError(f"--config.shots + --config.query must be at most {DRAWINGS} (the "
-                     f"drawings of an Omniglot character), got shots={config.shots}, "
-                     f"query={config.query}")
+    raise ValueError(
+      f"--config.shots + --config.query must be at most {DRAWINGS} (the "
+      f"drawings of an Omniglot character), got shots={config.shots}, "
+      f"query={config.query}"
+    )
   common.check_positive("config.inner_lr", config.inner_lr)
   for name in ("first_order", "rotations"):
     if not isinstance(config[name], bool):
       raise ValueError(f"--config.{name} must be True or False, got {config[name]!r}")
   if config.alphabet_split not in omniglot_data.SPLITS:
-    raise ValueError(f"--config.alphabet_split must be one of {omniglot_data.SPLITS}, got "
-                     f"{config.alphabet_split!r}")
+    raise ValueError(
+      f"--config.alphabet_split must be one of {omniglot_data.SPLITS}, got "
+      f"{config.alphabet_split!r}"
+    )
   sizes = common.check_int_list("config.split_sizes", config.split_sizes, 0)
   if len(sizes) != 3 or min(sizes[:2]) < 1:
-    raise ValueError(f"--config.split_sizes must be three integers train >= 1, val >= 1, "
-                     f"test >= 0, got {config.split_sizes!r}")
+    raise ValueError(
+      f"--config.split_sizes must be three integers train >= 1, val >= 1, "
+      f"test >= 0, got {config.split_sizes!r}"
+    )
   if config.alphabet_split == "vinyals" and sizes != omniglot_data.VINYALS_SIZES:
-    raise ValueError(f"--config.split_sizes: the vinyals split is "
-                     f"{omniglot_data.VINYALS_SIZES}; use --config.alphabet_split=random for "
-                     f"{sizes}")
+    raise ValueError(
+      f"--config.split_sizes: the vinyals split is "
+      f"{omniglot_data.VINYALS_SIZES}; use --config.alphabet_split=random for "
+      f"{sizes}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -144,8 +163,9 @@ def make_model(config):
   def apply_fn(params, x):  # uint8 images (255 = stroke) -> float in [0, 1]
     return model.apply(params, jnp.asarray(x, jnp.float32) * (1.0 / 255.0))
 
-  meta = TaskMAML(apply_fn, config.inner_lr, config.inner_steps, config.first_order,
-                  loss=cross_entropy)
+  meta = TaskMAML(
+    apply_fn, config.inner_lr, config.inner_steps, config.first_order, loss=cross_entropy
+  )
   return model, meta
 
 
@@ -162,8 +182,7 @@ def chunked(sets, chunk: int) -> Dict[str, np.ndarray]:
     for k in fields:
       parts[k].append(np.asarray(episode[k])[take])
     parts["group"].append(np.where(np.arange(total) < n, i, -1).astype(np.int32))
-  return {k: np.concatenate(v).reshape((-1, chunk) + np.shape(v[0])[1:])
-          for k, v in parts.items()}
+  return {k: np.concatenate(v).reshape((-1, chunk) + np.shape(v[0])[1:]) for k, v in parts.items()}
 
 
 def evaluate(meta, params, chunks, steps: int, groups: int) -> Dict[str, jax.Array]:
@@ -172,7 +191,8 @@ def evaluate(meta, params, chunks, steps: int, groups: int) -> Dict[str, jax.Arr
 
   def one_chunk(c):
     return jax.vmap(lambda sx, sy, qx, qy: meta.task_metrics(params, sx, sy, qx, qy, steps))(
-        c["support_x"], c["support_y"], c["query_x"], c["query_y"])
+      c["support_x"], c["support_y"], c["query_x"], c["query_y"]
+    )
 
   loss, acc = jax.lax.map(one_chunk, {k: v for k, v in chunks.items() if k != "group"})
   onehot = (chunks["group"].reshape(-1)[:, None] == jnp.arange(groups)).astype(jnp.float32)
@@ -188,8 +208,10 @@ def methods(config, setup) -> List[runner.Method]:
   """The config's methods, each with the ``rounds`` and ``eval_every`` of the shared
   meta-iterations among its settings."""
   del setup
-  return [dataclasses.replace(m, problem={**m.problem, **runner.same_iterations(config, m)})
-          for m in runner.methods(config)]
+  return [
+    dataclasses.replace(m, problem={**m.problem, **runner.same_iterations(config, m)})
+    for m in runner.methods(config)
+  ]
 
 
 def setup(config) -> Dict[str, Any]:
@@ -200,19 +222,31 @@ def setup(config) -> Dict[str, Any]:
     data = omniglot_data.load_omniglot(config.data_dir or None)
   except FileNotFoundError:
     raise FileNotFoundError(
-        f"TFDS omniglot is not prepared as array_record under --config.data_dir="
-        f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build omniglot "
-        "--file_format=array_record; see fedco.data.sources)") from None
-  split = omniglot_data.split_alphabets(data, config.alphabet_split, seed=SPLIT_SEED,
-                                        sizes=tuple(int(s) for s in config.split_sizes))
-  val = omniglot_data.evaluation_episode(data, split.val, EVAL_SEED, stream=1,
-                                         num_tasks=config.val_tasks, **_tasks(config))
+      f"TFDS omniglot is not prepared as array_record under --config.data_dir="
+      f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build omniglot "
+      "--file_format=array_record; see fedco.data.sources)"
+    ) from None
+  split = omniglot_data.split_alphabets(
+    data, config.alphabet_split, seed=SPLIT_SEED, sizes=tuple(int(s) for s in config.split_sizes)
+  )
+  val = omniglot_data.evaluation_episode(
+    data, split.val, EVAL_SEED, stream=1, num_tasks=config.val_tasks, **_tasks(config)
+  )
   model, meta = make_model(config)
-  out = {"start": start, "data": data, "split": split, "val": val, "test": None,
-         "model": model, "meta": meta, "problem": meta.problem("omniglot_maml")}
+  out = {
+    "start": start,
+    "data": data,
+    "split": split,
+    "val": val,
+    "test": None,
+    "model": model,
+    "meta": meta,
+    "problem": meta.problem("omniglot_maml"),
+  }
   if config.test_tasks and split.test:
-    test = omniglot_data.evaluation_episode(data, split.test, EVAL_SEED, stream=2,
-                                            num_tasks=config.test_tasks, **_tasks(config))
+    test = omniglot_data.evaluation_episode(
+      data, split.test, EVAL_SEED, stream=2, num_tasks=config.test_tasks, **_tasks(config)
+    )
     chunks = jax.tree.map(jnp.asarray, chunked([test], _chunk_size(config, config.test_tasks)))
     test_eval = jax.jit(lambda p, c: evaluate(meta, p, c, config.eval_inner_steps, 1))
     out["test"] = lambda params: float(test_eval(params, chunks)["acc"][0])
@@ -220,39 +254,63 @@ def setup(config) -> Dict[str, Any]:
 
 
 def _tasks(config):
-  return {"ways": config.ways, "shots": config.shots, "query": config.query,
-          "rotations": config.rotations}
+  return {
+    "ways": config.ways,
+    "shots": config.shots,
+    "query": config.query,
+    "rotations": config.rotations,
+  }
 
 
 def prepare(config, seed, setup) -> Dict[str, Any]:
   """A seed's client episodes, initial model and metrics (``fedco.simulate``'s arguments):
   the training metrics on the first pre-drawn episode of every client."""
-  fed = omniglot_data.federated(setup["data"], setup["split"].train, seed,
-                                tasks_per_episode=config.tasks_per_episode,
-                                episodes_per_client=config.episodes_per_client, **_tasks(config))
+  fed = omniglot_data.federated(
+    setup["data"],
+    setup["split"].train,
+    seed,
+    tasks_per_episode=config.tasks_per_episode,
+    episodes_per_client=config.episodes_per_client,
+    **_tasks(config),
+  )
   first = np.asarray(fed.flat_rows)[np.asarray(fed.offsets)]  # each client's first episode
-  train = {k: np.asarray(v)[first].reshape((-1,) + np.shape(v)[2:])
-           for k, v in fed.examples.items() if k != "task_weight"}
+  train = {
+    k: np.asarray(v)[first].reshape((-1,) + np.shape(v)[2:])
+    for k, v in fed.examples.items()
+    if k != "task_weight"
+  }
   sizes = (train["support_x"].shape[0], config.val_tasks)
-  chunks = jax.tree.map(jnp.asarray, chunked([train, setup["val"]],
-                                             _chunk_size(config, *sizes)))
+  chunks = jax.tree.map(jnp.asarray, chunked([train, setup["val"]], _chunk_size(config, *sizes)))
   meta = setup["meta"]
 
   def metrics_fn(w, chunks):  # the tasks are an argument: every seed's run is one program
     out = evaluate(meta, w, chunks, config.eval_inner_steps, 2)  # 0: training, 1: validation
-    return {"train_loss": out["loss"][0], "train_acc": out["acc"][0],
-            "val_loss": out["loss"][1], "val_acc": out["acc"][1]}
+    return {
+      "train_loss": out["loss"][0],
+      "train_acc": out["acc"][0],
+      "val_loss": out["loss"][1],
+      "val_acc": out["acc"][1],
+    }
 
   shape = (omniglot_data.IMAGE_SIZE, omniglot_data.IMAGE_SIZE, 1)
-  return {"problem": setup["problem"], "data": fed, "metrics_fn": metrics_fn,
-          "metrics_data": chunks, "params": init_cnn(setup["model"], shape, seed)}
+  return {
+    "problem": setup["problem"],
+    "data": fed,
+    "metrics_fn": metrics_fn,
+    "metrics_data": chunks,
+    "params": init_cnn(setup["model"], shape, seed),
+  }
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
-  return runner.Run(algorithm=method.build(), **prepared, record_keys=RECORD_KEYS,
-                    simulate={"paired_batches": True, "evaluate": False},
-                    **runner.same_iterations(config, method))
+  return runner.Run(
+    algorithm=method.build(),
+    **prepared,
+    record_keys=RECORD_KEYS,
+    simulate={"paired_batches": True, "evaluate": False},
+    **runner.same_iterations(config, method),
+  )
 
 
 def finish(config, method, seed, result, final):
@@ -267,18 +325,24 @@ def summarize(config, outcome) -> Dict[str, Any]:
   if s["test"] is not None:
     for (label, seed), result in outcome.results.items():
       finals[label][seed]["test_acc"] = s["test"](result.params)
-    outcome.per_method, outcome.table = common.seed_statistics(finals,
-                                                               TABLE_KEYS + ("test_acc",))
-  summary = {"setting": f"{config.ways}-way {config.shots}-shot", "rounds": config.rounds,
-             "local_steps": config.local_steps, "iterations": config.rounds * config.local_steps}
+    outcome.per_method, outcome.table = common.seed_statistics(finals, TABLE_KEYS + ("test_acc",))
+  summary = {
+    "setting": f"{config.ways}-way {config.shots}-shot",
+    "rounds": config.rounds,
+    "local_steps": config.local_steps,
+    "iterations": config.rounds * config.local_steps,
+  }
   if "local_scgdm" in finals:
     val = lambda label, seed: finals[label].get(seed, {}).get("val_acc", float("nan"))
     for other in finals:
       if other != "local_scgdm":
         summary[f"local_scgdm_val_acc_above_{other}"] = {
-            seed: val("local_scgdm", seed) > val(other, seed) for seed in outcome.seeds}
-  summary["alphabets"] = {part: [s["data"].alphabet_names[a] for a in getattr(s["split"], part)]
-                          for part in ("train", "val", "test")}
+          seed: val("local_scgdm", seed) > val(other, seed) for seed in outcome.seeds
+        }
+  summary["alphabets"] = {
+    part: [s["data"].alphabet_names[a] for a in getattr(s["split"], part)]
+    for part in ("train", "val", "test")
+  }
   summary["wall_seconds"] = time.perf_counter() - s["start"]
   return summary
 
@@ -299,16 +363,18 @@ def figure(records, config, labels):
   """Training loss and validation accuracy after adaptation against meta-iterations, mean
   +- std over seeds (one line style and marker per method)."""
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  panels = (("train_loss", "training loss (after adaptation)",
-             "query cross-entropy on training tasks"),
-            ("val_acc", "validation accuracy (after adaptation)",
-             "query accuracy on validation tasks"))
+  panels = (
+    ("train_loss", "training loss (after adaptation)", "query cross-entropy on training tasks"),
+    ("val_acc", "validation accuracy (after adaptation)", "query accuracy on validation tasks"),
+  )
   for ax, (key, title, ylabel) in zip(axes, panels):
-    common.plot_mean_curves(ax, records, key, x="iteration", labels=drawn, band=0.15,
-                            group="method")
+    common.plot_mean_curves(
+      ax, records, key, x="iteration", labels=drawn, band=0.15, group="method"
+    )
     for i, line in enumerate(ax.get_lines()):  # methods can coincide: vary the style too
       line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
       line.set_marker(MARKERS[i % len(MARKERS)])

@@ -117,10 +117,19 @@ PROBLEMS = ("da_maml", "maml", "erm")
 PROBLEM_FIELDS = ("name", "inner_lr", "finetune_lr")  # a method's ``problem`` fields
 NUM_CLIENTS = 10
 NUM_CLASSES = 10
-ABLATION_DEFAULTS = {"local_steps": (1, 2, 5, 10), "gamma": (0.1, 0.5, 1.0, 5.0),
-                     "rho": (0.1, 0.28, 0.6, 0.8)}
-TABLE_KEYS = ("val_acc_avg", "val_acc_worst", "val_loss_avg", "val_loss_worst",
-              "val_acc_global_avg", "val_loss_global_avg")
+ABLATION_DEFAULTS = {
+  "local_steps": (1, 2, 5, 10),
+  "gamma": (0.1, 0.5, 1.0, 5.0),
+  "rho": (0.1, 0.28, 0.6, 0.8),
+}
+TABLE_KEYS = (
+  "val_acc_avg",
+  "val_acc_worst",
+  "val_loss_avg",
+  "val_loss_worst",
+  "val_acc_global_avg",
+  "val_loss_global_avg",
+)
 PROGRESS = "val_acc_avg"
 
 
@@ -133,8 +142,9 @@ def check(config) -> None:
   if config.dataset not in DATASETS:
     raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
   if not isinstance(config.data_dir, str):
-    raise ValueError(f"--config.data_dir must be a folder path ('' for TFDS's default), got "
-                     f"{config.data_dir!r}")
+    raise ValueError(
+      f"--config.data_dir must be a folder path ('' for TFDS's default), got {config.data_dir!r}"
+    )
   common.check_int("config.per_client", config.per_client, 0)
   _check_rho("config.rho", config.rho)
   for name in ("filters", "eval_chunk"):
@@ -142,38 +152,47 @@ def check(config) -> None:
   if not isinstance(config.first_order, bool):
     raise ValueError(f"--config.first_order must be True or False, got {config.first_order!r}")
   if config.conv_impl not in models.layers.CONV_IMPLS:
-    raise ValueError(f"--config.conv_impl must be one of {models.layers.CONV_IMPLS}, got "
-                     f"{config.conv_impl!r}")
+    raise ValueError(
+      f"--config.conv_impl must be one of {models.layers.CONV_IMPLS}, got {config.conv_impl!r}"
+    )
   common.check_positive("config.gamma", config.gamma)
   common.check_real("config.shift", config.shift)
   compared = runner.methods(config)  # their factories check their arguments
   for m in compared:
     fields, where = m.problem.get("problem"), f"--config.methods.{m.label}"
     if not hasattr(fields, "items") or fields.get("name") not in PROBLEMS:
-      raise ValueError(f"{where}.problem must hold a name (one of {PROBLEMS}) and its "
-                       f"settings {PROBLEM_FIELDS[1:]}, got {fields!r}")
+      raise ValueError(
+        f"{where}.problem must hold a name (one of {PROBLEMS}) and its "
+        f"settings {PROBLEM_FIELDS[1:]}, got {fields!r}"
+      )
     unknown = sorted(set(fields) - set(PROBLEM_FIELDS))
     if unknown:
-      raise ValueError(f"{where}.problem.{unknown[0]} is not a problem setting; allowed: "
-                       f"{PROBLEM_FIELDS}")
+      raise ValueError(
+        f"{where}.problem.{unknown[0]} is not a problem setting; allowed: {PROBLEM_FIELDS}"
+      )
     if m.kwargs.get("normalized"):
       if fields["name"] != "da_maml":
         raise ValueError(
-            f"{where}.normalized: fedco.comfedl(normalized=True) normalises exp(loss/gamma) "
-            f"weights, which the da_maml problem has and the {fields['name']} problem does not")
+          f"{where}.normalized: fedco.comfedl(normalized=True) normalises exp(loss/gamma) "
+          f"weights, which the da_maml problem has and the {fields['name']} problem does not"
+        )
       if m.kwargs.get("gamma") is not None:
-        raise ValueError(f"{where}.gamma: a normalised ComFedL-DAMAML weighs by DA-MAML's "
-                         f"own temperature, --config.gamma ({config.gamma}); leave it unset")
+        raise ValueError(
+          f"{where}.gamma: a normalised ComFedL-DAMAML weighs by DA-MAML's "
+          f"own temperature, --config.gamma ({config.gamma}); leave it unset"
+        )
     if fields["name"] != "erm":
-      common.check_positive(f"config.methods.{m.label}.problem.inner_lr",
-                            fields.get("inner_lr"))
+      common.check_positive(f"config.methods.{m.label}.problem.inner_lr", fields.get("inner_lr"))
     elif m.algorithm != "ditto":
-      common.check_positive(f"config.methods.{m.label}.problem.finetune_lr",
-                            fields.get("finetune_lr"))
+      common.check_positive(
+        f"config.methods.{m.label}.problem.finetune_lr", fields.get("finetune_lr")
+      )
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if values and not any(m.problem["problem"]["name"] == "da_maml" for m in compared):
-    raise ValueError("--config.ablation needs a method with problem 'da_maml' in "
-                     "--config.methods (the ablated ComFedL-DAMAML)")
+    raise ValueError(
+      "--config.ablation needs a method with problem 'da_maml' in "
+      "--config.methods (the ablated ComFedL-DAMAML)"
+    )
   for v in values if config.ablation == "rho" else ():
     _check_rho("config.ablation_values", v)
 
@@ -194,19 +213,26 @@ def methods(config, setup=None) -> List[runner.Method]:
     if fields["name"] == "da_maml":
       fields.update(gamma=float(config.gamma), shift=float(config.shift))
     kwargs = {**m.kwargs, "gamma": float(config.gamma)} if m.kwargs.get("normalized") else m.kwargs
-    out.append(dataclasses.replace(m, kwargs=kwargs,
-                                   problem={"problem": fields, "rho": float(config.rho)}))
+    out.append(
+      dataclasses.replace(m, kwargs=kwargs, problem={"problem": fields, "rho": float(config.rho)})
+    )
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if not values:
     return out
   base = next(m for m in out if m.problem["problem"]["name"] == "da_maml")
   if config.ablation == "gamma":  # DA-MAML's temperature, in the problem's settings
-    return [base.variant(f"{base.label}_gamma={v:g}", problem={
-        **base.problem, "problem": {**base.problem["problem"], "gamma": v}}) for v in values]
+    return [
+      base.variant(
+        f"{base.label}_gamma={v:g}",
+        problem={**base.problem, "problem": {**base.problem["problem"], "gamma": v}},
+      )
+      for v in values
+    ]
   return runner.ablated(config, base, values, problem_keys=("rho",))
 
 
 # ---- data --------------------------------------------------------------------------------
+
 
 def load_splits(config):
   """Train and test arrays with images ``[N, H, W, C]`` (digits upsampled to 16x16x1)."""
@@ -214,15 +240,18 @@ def load_splits(config):
     splits = fedco.data.load(config.dataset, config.data_dir or None)
   except FileNotFoundError:
     raise FileNotFoundError(
-        f"TFDS {config.dataset} is not prepared as array_record under --config.data_dir="
-        f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build "
-        f"{config.dataset} --file_format=array_record; see fedco.data.sources); to run "
-        "offline use --config.dataset=digits") from None
+      f"TFDS {config.dataset} is not prepared as array_record under --config.data_dir="
+      f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build "
+      f"{config.dataset} --file_format=array_record; see fedco.data.sources); to run "
+      "offline use --config.dataset=digits"
+    ) from None
   if config.dataset != "digits":
     return splits
+
   def up(split):  # 8x8 -> 16x16 by pixel repetition: CNN4 needs H, W >= 16
     x = split["x"].reshape(-1, 8, 8, 1).repeat(2, axis=1).repeat(2, axis=2)
     return {"x": np.ascontiguousarray(x), "y": split["y"]}
+
   return type(splits)(up(splits.train), up(splits.test))
 
 
@@ -230,32 +259,52 @@ def build_data(splits, config, rho: float, seed: int):
   """The dominant-class split of SPEC E2 with matched validation sets from the test split."""
   train, test = splits
   try:
-    parts = partition.dominant_class(train["y"], NUM_CLIENTS, rho, per_client(config), seed,
-                                     num_classes=NUM_CLASSES)
+    parts = partition.dominant_class(
+      train["y"], NUM_CLIENTS, rho, per_client(config), seed, num_classes=NUM_CLASSES
+    )
   except ValueError as err:
     raise ValueError(f"--config.per_client: {err}") from None
   val_parts = partition.matched_validation(parts, train["y"], test["y"], seed)
-  return make_federated(train, test, parts, val_parts, config.dataset, NUM_CLASSES,
-                        info={"partition": "dominant_class", "rho": rho,
-                              "per_client": per_client(config), "seed": seed})
+  return make_federated(
+    train,
+    test,
+    parts,
+    val_parts,
+    config.dataset,
+    NUM_CLASSES,
+    info={
+      "partition": "dominant_class",
+      "rho": rho,
+      "per_client": per_client(config),
+      "seed": seed,
+    },
+  )
 
 
 def setup(config):
   """The data (loaded once), the model and its evaluator; ``sizes`` collects each seed's
   client sizes."""
   model, apply_fn, evaluator = _model(config.filters, config.conv_impl, config.eval_chunk)
-  return {"splits": load_splits(config), "model": model, "apply_fn": apply_fn,
-          "evaluator": evaluator, "sizes": {}}
+  return {
+    "splits": load_splits(config),
+    "model": model,
+    "apply_fn": apply_fn,
+    "evaluator": evaluator,
+    "sizes": {},
+  }
 
 
 def prepare(config, seed, setup):
   """The seed's clients for every ``rho`` run (the first one's sizes recorded) and its
   initial model."""
-  rhos = (runner.ablation(config, ABLATION_DEFAULTS) if config.ablation == "rho"
-          else (float(config.rho),))
+  rhos = (
+    runner.ablation(config, ABLATION_DEFAULTS) if config.ablation == "rho" else (float(config.rho),)
+  )
   data = {rho: build_data(setup["splits"], config, rho, seed) for rho in rhos}
-  setup["sizes"][seed] = {"train": data[rhos[0]].train_sizes().tolist(),
-                          "val": data[rhos[0]].val_sizes().tolist()}
+  setup["sizes"][seed] = {
+    "train": data[rhos[0]].train_sizes().tolist(),
+    "val": data[rhos[0]].val_sizes().tolist(),
+  }
   shape = tuple(setup["splits"].train["x"].shape[1:])
   return {**setup, "data": data, "params": models.init_cnn(setup["model"], shape, seed)}
 
@@ -268,22 +317,31 @@ def build(config, method, seed, prepared) -> runner.Run:
   apply_fn, fed = prepared["apply_fn"], prepared["data"][method.problem["rho"]]
   fields, loss = method.problem["problem"], models.cross_entropy
   # a normalised ComFedL's weights' temperature is the run's DA-MAML gamma
-  algorithm = method.build(**({"gamma": fields["gamma"]} if method.kwargs.get("normalized")
-                              else {}))
+  algorithm = method.build(
+    **({"gamma": fields["gamma"]} if method.kwargs.get("normalized") else {})
+  )
   if fields["name"] == "erm":
     problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
     eval_lr = None if method.algorithm == "ditto" else fields["finetune_lr"]
   else:
     problem = personalized.personalized_maml(
-        apply_fn, fields["inner_lr"], loss, first_order=config.first_order,
-        gamma=fields.get("gamma"), shift=fields.get("shift", 0.0))
+      apply_fn,
+      fields["inner_lr"],
+      loss,
+      first_order=config.first_order,
+      gamma=fields.get("gamma"),
+      shift=fields.get("shift", 0.0),
+    )
     eval_lr = fields["inner_lr"]
   lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
 
   def evaluate(state):
     personal = state.clients.personal if eval_lr is None else None
-    row = evaluation_row(*jax.device_get(prepared["evaluator"](
-        state.server["params"], personal, lr, fed.train, fed.val)))
+    row = evaluation_row(
+      *jax.device_get(
+        prepared["evaluator"](state.server["params"], personal, lr, fed.train, fed.val)
+      )
+    )
     if method.algorithm == "tr_maml":
       row["client_weights"] = np.asarray(state.server_opt_state.p)
     return row
@@ -292,6 +350,7 @@ def build(config, method, seed, prepared) -> runner.Run:
 
 
 # ---- evaluation --------------------------------------------------------------------------
+
 
 def _client_rows(data, start, count):
   """A client's whole (padded) data and its weights (``1/n`` on real rows, 0 on padding)."""
@@ -343,39 +402,51 @@ def _model(filters: int, conv_impl: str, eval_chunk: int):
 
 def evaluation_row(val_loss, val_acc, val_loss_global, val_acc_global) -> Dict[str, Any]:
   """One evaluation's row from the per-client values ``[K]``."""
-  return {"val_acc_avg": np.mean(val_acc), "val_acc_worst": np.min(val_acc),
-          "val_loss_avg": np.mean(val_loss), "val_loss_worst": np.max(val_loss),
-          "val_acc_global_avg": np.mean(val_acc_global),
-          "val_loss_global_avg": np.mean(val_loss_global),
-          "val_acc_clients": np.asarray(val_acc)}
+  return {
+    "val_acc_avg": np.mean(val_acc),
+    "val_acc_worst": np.min(val_acc),
+    "val_loss_avg": np.mean(val_loss),
+    "val_loss_worst": np.max(val_loss),
+    "val_acc_global_avg": np.mean(val_acc_global),
+    "val_loss_global_avg": np.mean(val_loss_global),
+    "val_acc_clients": np.asarray(val_acc),
+  }
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
-  return {"dataset": config.dataset, "rounds": config.rounds, "local_steps": config.local_steps,
-          "rho": config.rho, "per_client": per_client(config), "ablation": config.ablation,
-          "ablation_values": list(runner.ablation(config, ABLATION_DEFAULTS)),
-          "client_sizes": outcome.setup["sizes"]}
+  return {
+    "dataset": config.dataset,
+    "rounds": config.rounds,
+    "local_steps": config.local_steps,
+    "rho": config.rho,
+    "per_client": per_client(config),
+    "ablation": config.ablation,
+    "ablation_values": list(runner.ablation(config, ABLATION_DEFAULTS)),
+    "client_sizes": outcome.setup["sizes"],
+  }
 
 
 def plot(wd, config, outcome):
   """``curves.png`` (see :func:`figure`)."""
   fig = figure(outcome.records, config, outcome.labels)
-  common.save_with_legend(wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines),
-                          fontsize=8)
+  common.save_with_legend(
+    wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines), fontsize=8
+  )
 
 
 def figure(records, config, labels):
   """Mean validation loss, mean and worst-client validation accuracy after personalisation
   against rounds, mean +- std over seeds (one line style and marker per method)."""
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
   fig = common.figure(figsize=(14, 4))
   axes = fig.subplots(1, 3)
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  panels = (("val_loss_avg", "mean validation loss", "validation loss (mean over clients)"),
-            ("val_acc_avg", "mean validation accuracy",
-             "validation accuracy (mean over clients)"),
-            ("val_acc_worst", "worst-client validation accuracy",
-             "validation accuracy (worst client)"))
+  panels = (
+    ("val_loss_avg", "mean validation loss", "validation loss (mean over clients)"),
+    ("val_acc_avg", "mean validation accuracy", "validation accuracy (mean over clients)"),
+    ("val_acc_worst", "worst-client validation accuracy", "validation accuracy (worst client)"),
+  )
   setting = "" if config.ablation == "rho" else f" (rho={config.rho:g})"
   for ax, (key, title, ylabel) in zip(axes, panels):
     common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
@@ -386,6 +457,9 @@ def figure(records, config, labels):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{config.dataset}{setting}: {title}", fontsize=9)
     ax.grid(alpha=0.3)
-  fig.suptitle("after one personalisation step from the server model (Ditto: its personal "
-               "models); mean +- std over seeds", fontsize=9)
+  fig.suptitle(
+    "after one personalisation step from the server model (Ditto: its personal "
+    "models); mean +- std over seeds",
+    fontsize=9,
+  )
   return fig

@@ -13,9 +13,8 @@ import os
 import sys
 from typing import Dict, List, Sequence
 
-from absl import app
-from absl import flags
 import numpy as np
+from absl import app, flags
 
 from experiments import common
 
@@ -35,8 +34,12 @@ def numeric_fields(records: Sequence[Dict], x: str) -> List[str]:
   fields = []
   for r in records:
     for k, v in r.items():
-      if k not in skip and k not in fields and isinstance(v, (int, float)) and not isinstance(
-          v, bool):
+      if (
+        k not in skip
+        and k not in fields
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+      ):
         fields.append(k)
   return fields
 
@@ -63,8 +66,9 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   axes = np.atleast_1d(fig.subplots(1, len(metrics)))
   for ax, metric in zip(axes, metrics):
     for alg in algorithms:
-      rows = [r for r in records if label(r) == alg and
-              isinstance(r.get(metric), (int, float)) and x in r]
+      rows = [
+        r for r in records if label(r) == alg and isinstance(r.get(metric), (int, float)) and x in r
+      ]
       xs = sorted({r[x] for r in rows})
       if not xs:
         continue

@@ -64,27 +64,52 @@ import fedco
 from experiments import common
 
 # fedco's experiments: the modules of experiments/ with a build().
-EXPERIMENTS = tuple(sorted(path.stem for path in pathlib.Path(__file__).parent.glob("*.py")
-                           if "\ndef build(" in path.read_text()))
+EXPERIMENTS = tuple(
+  sorted(
+    path.stem
+    for path in pathlib.Path(__file__).parent.glob("*.py")
+    if "\ndef build(" in path.read_text()
+  )
+)
 # The fields every experiment config has (tests/test_configs.py checks each config).
-SHARED = ("experiment", "seeds", "rounds", "local_steps", "learning_rate", "batch_size",
-          "eval_every", "methods")
+SHARED = (
+  "experiment",
+  "seeds",
+  "rounds",
+  "local_steps",
+  "learning_rate",
+  "batch_size",
+  "eval_every",
+  "methods",
+)
 # Config fields that choose which runs happen, not what a run is (left out of identities).
-CHOOSING = ("experiment", "seeds", "methods", "ablation", "ablation_values", "grid",
-            "select_seeds", "mode", "data_dir")
+CHOOSING = (
+  "experiment",
+  "seeds",
+  "methods",
+  "ablation",
+  "ablation_values",
+  "grid",
+  "select_seeds",
+  "mode",
+  "data_dir",
+)
 METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
 # curve a private or compressed method belongs to (figures group by it).
 UPLINK_KEYS = ("privacy", "compression", "curve")
 # config codec name -> (fedco.compression factory, its config fields)
-CODECS = {"quantize": ("stochastic_quantization", ("bits", "scale")),
-          "top_k": ("top_k", ("fraction", "error_feedback")),
-          "adaptive": ("adaptive_quantization", ("bits", "initial_scale", "grow", "shrink"))}
+CODECS = {
+  "quantize": ("stochastic_quantization", ("bits", "scale")),
+  "top_k": ("top_k", ("fraction", "error_feedback")),
+  "adaptive": ("adaptive_quantization", ("bits", "initial_scale", "grow", "shrink")),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
   """The driver's flags: how to run, never what (they are left out of run identities)."""
+
   progress: bool = True
   resume: bool = True
   checkpoint_every: int = 50
@@ -106,6 +131,7 @@ class Method:
       ``compression`` (``{field: {codec, ...}}``) and ``curve`` settings; empty without.
     problem: the experiment's own settings of this run (a KL temperature, a problem form).
   """
+
   label: str
   algorithm: str
   kwargs: Dict[str, Any]
@@ -137,8 +163,14 @@ class Method:
 
   def settings(self) -> Dict[str, Any]:
     """Everything that defines the method's runs (for identities and summaries)."""
-    return {"algorithm": self.algorithm, "learning_rate": self.learning_rate,
-            "local_steps": self.local_steps, **self.kwargs, **self.uplink, **self.problem}
+    return {
+      "algorithm": self.algorithm,
+      "learning_rate": self.learning_rate,
+      "local_steps": self.local_steps,
+      **self.kwargs,
+      **self.uplink,
+      **self.problem,
+    }
 
   @property
   def curve(self) -> str:
@@ -152,9 +184,11 @@ class Method:
       out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
     if self.uplink.get("compression"):
       out["compression"] = {
-          field: getattr(fedco.compression, CODECS[spec["codec"]][0])(
-              **{k: v for k, v in spec.items() if k != "codec"})
-          for field, spec in self.uplink["compression"].items()}
+        field: getattr(fedco.compression, CODECS[spec["codec"]][0])(
+          **{k: v for k, v in spec.items() if k != "codec"}
+        )
+        for field, spec in self.uplink["compression"].items()
+      }
     return out
 
 
@@ -175,6 +209,7 @@ class Run:
     simulate: ``fedco.simulate``'s other arguments (``exact_grad_norm=True``, ...).
     record_keys: the metrics kept for figures (default: every scalar or vector metric).
   """
+
   problem: Any
   algorithm: Any
   data: Any
@@ -202,6 +237,7 @@ class Outcome:
     per_method, table: :func:`common.seed_statistics` of ``finals`` over ``TABLE_KEYS``.
     setup: what the experiment's ``setup`` returned.
   """
+
   methods: List[Method]
   seeds: tuple
   finals: Dict[str, Dict[int, Dict[str, Any]]] = dataclasses.field(default_factory=dict)
@@ -221,6 +257,7 @@ class Outcome:
 
 
 # ---- the config ----------------------------------------------------------------------------
+
 
 def seeds(config, field: str = "seeds") -> tuple:
   """``config.<field>`` as distinct integers (``ValueError`` naming the field)."""
@@ -259,14 +296,18 @@ def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]
   for label, entry in config.methods.items():
     where = f"--config.methods.{label}"
     if not hasattr(entry, "items") or "algorithm" not in entry:
-      raise ValueError(f"{where} must hold an 'algorithm' (one of "
-                       f"{sorted(fedco.ALGORITHMS)}) and its arguments, got {entry!r}")
+      raise ValueError(
+        f"{where} must hold an 'algorithm' (one of "
+        f"{sorted(fedco.ALGORITHMS)}) and its arguments, got {entry!r}"
+      )
     name = entry["algorithm"]
     if name not in fedco.ALGORITHMS:
-      raise ValueError(f"{where}.algorithm must be one of {sorted(fedco.ALGORITHMS)}, got "
-                       f"{name!r}")
-    allowed = [p for p in inspect.signature(fedco.ALGORITHMS[name]).parameters
-               if p not in ("learning_rate", "optimizer")]
+      raise ValueError(f"{where}.algorithm must be one of {sorted(fedco.ALGORITHMS)}, got {name!r}")
+    allowed = [
+      p
+      for p in inspect.signature(fedco.ALGORITHMS[name]).parameters
+      if p not in ("learning_rate", "optimizer")
+    ]
     kwargs, problem = {}, {}
     for key, value in entry.items():
       if key in METHOD_KEYS or key in UPLINK_KEYS:
@@ -274,16 +315,21 @@ def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]
       if key in extra_keys:
         problem[key] = _plain(value)
       elif key not in allowed:
-        raise ValueError(f"{where}.{key} is not an argument of fedco.{name}; allowed: "
-                         f"{sorted(set(allowed) | {'learning_rate'})}")
+        raise ValueError(
+          f"{where}.{key} is not an argument of fedco.{name}; allowed: "
+          f"{sorted(set(allowed) | {'learning_rate'})}"
+        )
       else:
         kwargs[key] = tuple(value) if isinstance(value, list) else value
     lr = _own(entry, "learning_rate", config.learning_rate)
     common.check_positive(f"config.methods.{label}.learning_rate", lr)
     steps = _own(entry, "local_steps", config.local_steps)
     common.check_int(f"config.methods.{label}.local_steps", steps, 1)
-    out.append(Method(label, name, kwargs, float(lr), int(steps),
-                      uplink=_uplink(where, entry), problem=problem))
+    out.append(
+      Method(
+        label, name, kwargs, float(lr), int(steps), uplink=_uplink(where, entry), problem=problem
+      )
+    )
   return out
 
 
@@ -318,8 +364,9 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
     allowed = ("epsilon", "noise_multiplier", "delta", "clip")
     unknown = sorted(set(private) - set(allowed))
     if unknown:
-      raise ValueError(f"{where}.privacy.{unknown[0]} is not a privacy setting; allowed: "
-                       f"{list(allowed)}")
+      raise ValueError(
+        f"{where}.privacy.{unknown[0]} is not a privacy setting; allowed: {list(allowed)}"
+      )
     try:
       fedco.privacy.gaussian(**private)
     except ValueError as err:
@@ -330,12 +377,15 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
     for field, spec in codecs.items():
       name = spec.get("codec") if isinstance(spec, dict) else None
       if name not in CODECS:
-        raise ValueError(f"{where}.compression.{field}.codec must be one of {list(CODECS)}, "
-                         f"got {name!r}")
+        raise ValueError(
+          f"{where}.compression.{field}.codec must be one of {list(CODECS)}, got {name!r}"
+        )
       unknown = sorted(set(spec) - {"codec", *CODECS[name][1]})
       if unknown:
-        raise ValueError(f"{where}.compression.{field}.{unknown[0]} is not a {name} setting; "
-                         f"allowed: {list(CODECS[name][1])}")
+        raise ValueError(
+          f"{where}.compression.{field}.{unknown[0]} is not a {name} setting; "
+          f"allowed: {list(CODECS[name][1])}"
+        )
     out["compression"] = codecs
     try:
       Method("", "", {}, 1.0, 1, uplink=out).simulator_kwargs()
@@ -355,8 +405,7 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
     raise ValueError(f"--config.ablation must be one of {allowed}, got {config.ablation!r}")
   if config.ablation == "none":
     if config.ablation_values:
-      raise ValueError(f"--config.ablation_values needs --config.ablation (one of "
-                       f"{allowed[1:]})")
+      raise ValueError(f"--config.ablation_values needs --config.ablation (one of {allowed[1:]})")
     return ()
   given = config.ablation_values or defaults[config.ablation]
   try:
@@ -365,8 +414,9 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
     raise ValueError(f"--config.ablation_values must be numbers, got {given!r}") from None
   if config.ablation == "local_steps":
     if not all(v.is_integer() for v in values):
-      raise ValueError(f"--config.ablation_values must be integers >= 1 for local_steps, got "
-                       f"{given!r}")
+      raise ValueError(
+        f"--config.ablation_values must be integers >= 1 for local_steps, got {given!r}"
+      )
     return common.check_int_list("config.ablation_values", values, 1, distinct=True)
   for v in values:
     common.check_positive("config.ablation_values", v)
@@ -375,8 +425,9 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
   return values
 
 
-def ablated(config, base: Method, values: Sequence[float],
-            problem_keys: Sequence[str] = ()) -> List[Method]:
+def ablated(
+  config, base: Method, values: Sequence[float], problem_keys: Sequence[str] = ()
+) -> List[Method]:
   """``base`` once per ablation value of ``config.ablation``: its ``local_steps``, a factory
   argument, or (named in ``problem_keys``) one of the run's :attr:`Method.problem` settings."""
   out = []
@@ -396,15 +447,18 @@ def same_iterations(config, method: Method) -> Dict[str, int]:
   local iterations, evaluated at the same iterations as the shared schedule."""
   iterations = config.rounds * config.local_steps
   if iterations % method.local_steps:
-    raise ValueError(f"--config.methods.{method.entry}.local_steps must divide the "
-                     f"{iterations} iterations (config.rounds * config.local_steps), got "
-                     f"{method.local_steps}")
+    raise ValueError(
+      f"--config.methods.{method.entry}.local_steps must divide the "
+      f"{iterations} iterations (config.rounds * config.local_steps), got "
+      f"{method.local_steps}"
+    )
   rounds = iterations // method.local_steps
   every = config.eval_every * config.local_steps // method.local_steps
   return {"rounds": rounds, "eval_every": max(1, min(every, rounds))}
 
 
 # ---- the skeleton --------------------------------------------------------------------------
+
 
 def experiment_module(name):
   """The module of experiment ``name``: ``experiments.<name>``, else your own module ``name``
@@ -416,9 +470,11 @@ def experiment_module(name):
       found = False
     if found and hasattr(importlib.import_module(candidate), "build"):
       return importlib.import_module(candidate)
-  raise ValueError(f"--config.experiment must name a module with a build() (one of "
-                   f"{', '.join(EXPERIMENTS)} in experiments/, or your own module on the "
-                   f"Python path), got {name!r}")
+  raise ValueError(
+    f"--config.experiment must name a module with a build() (one of "
+    f"{', '.join(EXPERIMENTS)} in experiments/, or your own module on the "
+    f"Python path), got {name!r}"
+  )
 
 
 def check(config):
@@ -450,20 +506,36 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   wd = common.Workdir(workdir)
   wd.write_config(config.to_dict())
   common.start_checkpoints(wd, {"resume": options.resume})
-  writers = [fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
-             fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV)))]
+  writers = [
+    fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
+    fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV))),
+  ]
   base = {k: v for k, v in config.to_dict().items() if k not in CHOOSING}
-  if (options.seeds_together and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
-      and len(outcome.seeds) > 1):
-    prepared = {s: prepared if s == outcome.seeds[0] else prepare(config, s, setup)
-                for s in outcome.seeds}
+  if (
+    options.seeds_together
+    and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
+    and len(outcome.seeds) > 1
+  ):
+    prepared = {
+      s: prepared if s == outcome.seeds[0] else prepare(config, s, setup) for s in outcome.seeds
+    }
     digests = {}
     for i, method in enumerate(runs):
-      built = {s: first[i] if s == outcome.seeds[0] else
-               module.build(config, method, s, prepared[s]) for s in outcome.seeds}
-      _simulate_seeds(module, config, method, built,
-                      {s: _based(base, digests, run) for s, run in built.items()}, wd,
-                      writers, options, outcome)
+      built = {
+        s: first[i] if s == outcome.seeds[0] else module.build(config, method, s, prepared[s])
+        for s in outcome.seeds
+      }
+      _simulate_seeds(
+        module,
+        config,
+        method,
+        built,
+        {s: _based(base, digests, run) for s, run in built.items()},
+        wd,
+        writers,
+        options,
+        outcome,
+      )
   else:
     for seed in outcome.seeds:
       if seed != outcome.seeds[0]:
@@ -471,15 +543,25 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
       digests = {}  # the methods of a seed mostly share its data and initial model
       for i, method in enumerate(runs):
         run = first[i] if first else module.build(config, method, seed, prepared)
-        _simulate(module, config, method, seed, run, _based(base, digests, run), wd, writers,
-                  options, outcome)
-  outcome.per_method, outcome.table = common.seed_statistics(outcome.finals,
-                                                             module.TABLE_KEYS)
+        _simulate(
+          module,
+          config,
+          method,
+          seed,
+          run,
+          _based(base, digests, run),
+          wd,
+          writers,
+          options,
+          outcome,
+        )
+  outcome.per_method, outcome.table = common.seed_statistics(outcome.finals, module.TABLE_KEYS)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
   if hasattr(module, "summarize"):
     summary.update(module.summarize(config, outcome))
-  summary.update(methods=outcome.per_method, table=outcome.table,
-                 settings={m.label: m.settings() for m in runs})
+  summary.update(
+    methods=outcome.per_method, table=outcome.table, settings={m.label: m.settings() for m in runs}
+  )
   if hasattr(module, "plot"):
     module.plot(wd, config, outcome)
   for x in ("epsilon", "bytes_up"):
@@ -502,12 +584,15 @@ def _checked(module, config, method: Method, seed: int, prepared) -> Run:
   except ValueError as err:
     arg = (str(err).split() or [""])[0]
     field = arg if arg in (*method.kwargs, "learning_rate", "local_steps") else ""
-    raise ValueError(f"--config.methods.{method.entry}{'.' + field if field else ''} is "
-                     f"invalid for fedco.{method.algorithm}: {err}") from None
+    raise ValueError(
+      f"--config.methods.{method.entry}{'.' + field if field else ''} is "
+      f"invalid for fedco.{method.algorithm}: {err}"
+    ) from None
 
 
-def identity(base: Mapping[str, Any], method: Method, seed: int,
-             schedule: Mapping[str, Any]) -> Dict[str, Any]:
+def identity(
+  base: Mapping[str, Any], method: Method, seed: int, schedule: Mapping[str, Any]
+) -> Dict[str, Any]:
   """What defines one run: ``base`` (the config's run-defining fields and the digest of the
   run's data and initial model), the method's settings, the seed and the schedule."""
   return {**base, **schedule, "method": method.settings(), "seed": seed}
@@ -533,13 +618,16 @@ def _based(base, digests, run: Run) -> Dict[str, Any]:
 
 
 def _schedule(config, run: Run) -> Dict[str, Any]:
-  return {"rounds": run.rounds or config.rounds,
-          "eval_every": run.eval_every or config.eval_every,
-          "batch_size": config.batch_size or None}
+  return {
+    "rounds": run.rounds or config.rounds,
+    "eval_every": run.eval_every or config.eval_every,
+    "batch_size": config.batch_size or None,
+  }
 
 
-def _simulate_seeds(module, config, method, built: Dict[int, Run], bases, wd, writers,
-                    options, outcome: Outcome) -> None:
+def _simulate_seeds(
+  module, config, method, built: Dict[int, Run], bases, wd, writers, options, outcome: Outcome
+) -> None:
   """One method's seeds (``built``: seed -> run) as one ``fedco.sweep`` program: per-seed
   data, initial models and held-out sets stacked, rows streamed per run, one checkpoint
   for them all. A run diverging in it is run again alone through :func:`_simulate`, so its
@@ -548,40 +636,60 @@ def _simulate_seeds(module, config, method, built: Dict[int, Run], bases, wd, wr
   seeds, runs = list(built), list(built.values())
   run, schedule = runs[0], _schedule(config, runs[0])
   inputs = ("data", "params", "metrics_data")
-  apart = ("a host evaluation" if run.evaluate is not None else
-           "other schedules" if any(_schedule(config, r) != schedule for r in runs) else
-           "other data shapes" if not all(fedco.runtime.vmapped.stackable(
-               [getattr(r, name) for r in runs]) for name in inputs) else None)
+  apart = (
+    "a host evaluation"
+    if run.evaluate is not None
+    else "other schedules"
+    if any(_schedule(config, r) != schedule for r in runs)
+    else "other data shapes"
+    if not all(fedco.runtime.vmapped.stackable([getattr(r, name) for r in runs]) for name in inputs)
+    else None
+  )
   if apart:
     if options.progress and apart != "a host evaluation":
       print(f"{method.label}: its seeds run one by one ({apart})", flush=True)
     for seed, one in built.items():
       _simulate(module, config, method, seed, one, bases[seed], wd, writers, options, outcome)
     return
-  shared = lambda name: (getattr(run, name) if all(getattr(r, name) is getattr(run, name)
-                                                    for r in runs)
-                         else fedco.runtime.PerSeed([getattr(r, name) for r in runs]))
+  shared = lambda name: (
+    getattr(run, name)
+    if all(getattr(r, name) is getattr(run, name) for r in runs)
+    else fedco.runtime.PerSeed([getattr(r, name) for r in runs])
+  )
   directory = common.run_checkpoint_dir(
-      wd.path, f"{method.label}-seeds{'-'.join(map(str, seeds))}",
-      {"runs": [identity(bases[s], method, s, schedule) for s in seeds]})
+    wd.path,
+    f"{method.label}-seeds{'-'.join(map(str, seeds))}",
+    {"runs": [identity(bases[s], method, s, schedule) for s in seeds]},
+  )
   wd.record(directory)
   swept = fedco.sweep(
-      run.problem, run.algorithm, shared("data"), shared("params"), seeds=seeds,
-      metrics_fn=run.metrics_fn, metrics_data=shared("metrics_data"), metric_writers=writers,
-      metric_labels=[{"method": method.label, "seed": s} for s in seeds],
-      progress=options.progress, progress_metric=module.PROGRESS, checkpoint_dir=directory,
-      checkpoint_every=options.checkpoint_every,
-      **{**method.simulator_kwargs(), **run.simulate, **schedule})
+    run.problem,
+    run.algorithm,
+    shared("data"),
+    shared("params"),
+    seeds=seeds,
+    metrics_fn=run.metrics_fn,
+    metrics_data=shared("metrics_data"),
+    metric_writers=writers,
+    metric_labels=[{"method": method.label, "seed": s} for s in seeds],
+    progress=options.progress,
+    progress_metric=module.PROGRESS,
+    checkpoint_dir=directory,
+    checkpoint_every=options.checkpoint_every,
+    **{**method.simulator_kwargs(), **run.simulate, **schedule},
+  )
   for r, seed in enumerate(seeds):
     if swept.diverged[r] is None:
       _finished(module, config, method, seed, built[seed], swept.simulation(r), outcome)
     else:
-      _simulate(module, config, method, seed, built[seed], bases[seed], wd, writers, options,
-                outcome)
+      _simulate(
+        module, config, method, seed, built[seed], bases[seed], wd, writers, options, outcome
+      )
 
 
-def _simulate(module, config, method, seed, run: Run, base, wd, writers, options,
-              outcome: Outcome) -> None:
+def _simulate(
+  module, config, method, seed, run: Run, base, wd, writers, options, outcome: Outcome
+) -> None:
   """One run through ``fedco.simulate``: ``outcome`` gets its final values (or its
   divergence note), its evaluated rounds and its result."""
   schedule = _schedule(config, run)
@@ -589,28 +697,46 @@ def _simulate(module, config, method, seed, run: Run, base, wd, writers, options
   kwargs = {**method.simulator_kwargs(), **run.simulate, **schedule}
   stream = writers
   if run.evaluate is not None:  # the host evaluation's rows are the run's metrics
-    kwargs.update(evaluate=False, actions=[fedco.runtime.RoundAction(
-        lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True)])
+    kwargs.update(
+      evaluate=False,
+      actions=[
+        fedco.runtime.RoundAction(
+          lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True
+        )
+      ],
+    )
     stream = [_ActionRows(writers, labels)]
   else:
     kwargs.update(metrics_fn=run.metrics_fn, metrics_data=run.metrics_data)
-  directory = common.run_checkpoint_dir(wd.path, f"{method.label}-seed{seed}",
-                                        identity(base, method, seed, schedule))
+  directory = common.run_checkpoint_dir(
+    wd.path, f"{method.label}-seed{seed}", identity(base, method, seed, schedule)
+  )
   wd.record(directory)
   fields = lambda _: dict(labels)
   finals = outcome.finals.setdefault(method.label, {})
   try:
     result = fedco.simulate(
-        run.problem, run.algorithm, run.data, run.params, seed=seed, metric_writers=stream,
-        metric_labels=labels, progress=options.progress, progress_metric=module.PROGRESS,
-        checkpoint_dir=directory, checkpoint_every=options.checkpoint_every, **kwargs)
+      run.problem,
+      run.algorithm,
+      run.data,
+      run.params,
+      seed=seed,
+      metric_writers=stream,
+      metric_labels=labels,
+      progress=options.progress,
+      progress_metric=module.PROGRESS,
+      checkpoint_dir=directory,
+      checkpoint_every=options.checkpoint_every,
+      **kwargs,
+    )
   except fedco.runtime.NonFiniteError as err:
     finals[seed] = diverged_note(method.entry, err)
     if run.evaluate is not None:
       outcome.records.extend(_finite_rows(err.host_metrics))
     else:
-      outcome.records.extend(common.evaluated_records(err.metrics, fields,
-                                                      keys=run.record_keys, finite_only=True))
+      outcome.records.extend(
+        common.evaluated_records(err.metrics, fields, keys=run.record_keys, finite_only=True)
+      )
     return
   _finished(module, config, method, seed, run, result, outcome)
 
@@ -623,8 +749,9 @@ def _finished(module, config, method, seed, run: Run, result, outcome: Outcome) 
     outcome.records.extend(rows)
     final = {k: v for k, v in rows[-1].items() if k not in labels}
   else:
-    outcome.records.extend(common.evaluated_records(result.metrics, lambda _: dict(labels),
-                                                    keys=run.record_keys))
+    outcome.records.extend(
+      common.evaluated_records(result.metrics, lambda _: dict(labels), keys=run.record_keys)
+    )
     final = common.final_metrics(result.metrics)
   final["seconds"] = result.seconds
   final["bytes_up"] = result.ledger["total_bytes_up"]
@@ -661,15 +788,20 @@ class _ActionRows(fedco.runtime.RowWriter):
 
 def diverged_note(label: str, err) -> Dict[str, Any]:
   """A diverged run's final entry: the round, the quantity and the field to change."""
-  return {"diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "
-                      f"--config.methods.{label}.learning_rate",
-          "diverged_round": err.round, "diverged_quantity": err.quantity}
+  return {
+    "diverged": f"diverged at round {err.round} ({err.quantity}); try a lower "
+    f"--config.methods.{label}.learning_rate",
+    "diverged_round": err.round,
+    "diverged_quantity": err.quantity,
+  }
 
 
 # ---- grid search -------------------------------------------------------------------------
 
-def grid_axes(config, method: Method, problem_axes: Mapping[str, Sequence[float]] = ()
-              ) -> Dict[str, tuple]:
+
+def grid_axes(
+  config, method: Method, problem_axes: Mapping[str, Sequence[float]] = ()
+) -> Dict[str, tuple]:
   """The grid of one method: ``grid.learning_rate``, its algorithm's ``grid.<algorithm>``
   axes, then ``problem_axes`` (experiment-specific, e.g. the KL temperature)."""
   axes = {"learning_rate": tuple(float(v) for v in config.grid.learning_rate)}
@@ -678,8 +810,9 @@ def grid_axes(config, method: Method, problem_axes: Mapping[str, Sequence[float]
     allowed = inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters
     for name, values in own.items():
       if name not in allowed:
-        raise ValueError(f"--config.grid.{method.algorithm}.{name} is not an argument of "
-                         f"fedco.{method.algorithm}")
+        raise ValueError(
+          f"--config.grid.{method.algorithm}.{name} is not an argument of fedco.{method.algorithm}"
+        )
       axes[name] = tuple(float(v) for v in values)
   axes.update({k: tuple(float(v) for v in vs) for k, vs in dict(problem_axes).items()})
   for name, values in axes.items():
@@ -688,12 +821,21 @@ def grid_axes(config, method: Method, problem_axes: Mapping[str, Sequence[float]
   return axes
 
 
-def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[str],
-           make_problem: Callable[[Dict[str, float]], Any],
-           algorithm_kwargs: Callable[[Dict[str, float]], Dict[str, Any]],
-           score: Callable[[Dict[str, np.ndarray], int], Sequence[float]], data, params,
-           seed: int, rounds: int, progress: bool = False, **simulator_kwargs
-           ) -> Dict[str, Any]:
+def search(
+  method: Method,
+  axes: Mapping[str, tuple],
+  *,
+  problem_axes: Sequence[str],
+  make_problem: Callable[[Dict[str, float]], Any],
+  algorithm_kwargs: Callable[[Dict[str, float]], Dict[str, Any]],
+  score: Callable[[Dict[str, np.ndarray], int], Sequence[float]],
+  data,
+  params,
+  seed: int,
+  rounds: int,
+  progress: bool = False,
+  **simulator_kwargs,
+) -> Dict[str, Any]:
   """Every point of a method's grid, as one ``fedco.sweep`` program per problem point.
 
   The algorithm axes (the learning rate and factory arguments) of each problem point run
@@ -704,21 +846,34 @@ def search(method: Method, axes: Mapping[str, tuple], *, problem_axes: Sequence[
   so the smaller values win).
   """
   if method.uplink.get("privacy") or method.uplink.get("compression"):
-    raise ValueError(f"--config.methods.{method.label}: a grid search picks settings on "
-                     f"its runs, which spends privacy no accountant counts; search without "
-                     f"privacy or compression")
+    raise ValueError(
+      f"--config.methods.{method.label}: a grid search picks settings on "
+      f"its runs, which spends privacy no accountant counts; search without "
+      f"privacy or compression"
+    )
   factory = fedco.ALGORITHMS[method.algorithm]
   algorithm_names = [k for k in axes if k not in problem_axes]
   points = []
   for problem_values in itertools.product(*(axes[k] for k in problem_axes)):
     fixed = dict(zip(problem_axes, problem_values))
-    kwargs = {**{k: v for k, v in method.kwargs.items() if k not in axes},
-              **algorithm_kwargs(fixed)}
+    kwargs = {
+      **{k: v for k, v in method.kwargs.items() if k not in axes},
+      **algorithm_kwargs(fixed),
+    }
     if "local_steps" in inspect.signature(factory).parameters:
       kwargs["local_steps"] = method.local_steps
-    result = fedco.sweep(make_problem(fixed), factory, data, params, rounds=rounds,
-                         grid={k: axes[k] for k in algorithm_names}, seeds=(seed,),
-                         algorithm_kwargs=kwargs, progress=progress, **simulator_kwargs)
+    result = fedco.sweep(
+      make_problem(fixed),
+      factory,
+      data,
+      params,
+      rounds=rounds,
+      grid={k: axes[k] for k in algorithm_names},
+      seeds=(seed,),
+      algorithm_kwargs=kwargs,
+      progress=progress,
+      **simulator_kwargs,
+    )
     for r, run in enumerate(result.runs):
       value = None
       if result.diverged[r] is None:
@@ -739,21 +894,26 @@ def combine(searches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
   points = []
   for same in zip(*(s["points"] for s in searches)):
     scores = [p["score"] for p in same]
-    score = (None if any(v is None for v in scores)
-             else [float(v) for v in np.mean(np.asarray(scores), axis=0)])
+    score = (
+      None
+      if any(v is None for v in scores)
+      else [float(v) for v in np.mean(np.asarray(scores), axis=0)]
+    )
     points.append({**same[0], "score": score, "per_seed": scores})
   return {"points": points, "best": _best(points)}
 
 
 # ---- privacy and compression trade-offs ----------------------------------------------------
 
-TRADEOFF_AXES = {"epsilon": ("privacy", "epsilon spent (delta in the method's settings)",
-                             "privacy.png"),
-                 "bytes_up": ("compression", "bytes sent up, whole run", "compression.png")}
+TRADEOFF_AXES = {
+  "epsilon": ("privacy", "epsilon spent (delta in the method's settings)", "privacy.png"),
+  "bytes_up": ("compression", "bytes sent up, whole run", "compression.png"),
+}
 
 
-def tradeoff(wd, methods: Sequence[Method], finals, x: str,
-             panels: Sequence[tuple]) -> Optional[Dict[str, Any]]:
+def tradeoff(
+  wd, methods: Sequence[Method], finals, x: str, panels: Sequence[tuple]
+) -> Optional[Dict[str, Any]]:
   """The methods with ``privacy`` (``x="epsilon"``) or ``compression`` (``x="bytes_up"``)
   as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs (or triples ending in
   ``"log"`` for a log y axis), one panel each, with each curve's points (mean over seeds, std
@@ -767,16 +927,24 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
     return None
   per_run, _ = common.seed_statistics(finals, keys)  # no epsilon without privacy: None
   curves = list(dict.fromkeys(m.curve for m in points))
-  reference = {c: next((m.label for m in methods if m.label == c and setting not in m.uplink),
-                       None) for c in curves}
+  reference = {
+    c: next((m.label for m in methods if m.label == c and setting not in m.uplink), None)
+    for c in curves
+  }
   rows = []
   for m in methods:
     if m.curve not in curves or m.label not in per_run:
       continue
     entry = per_run[m.label]
-    rows.append({"curve": m.curve, "method": m.label,
-                 **{k: entry[k]["mean"] for k in keys}, "diverged_seeds": entry["diverged_seeds"],
-                 **{f"{k}_std": entry[k]["std"] for k in keys[1:]}})
+    rows.append(
+      {
+        "curve": m.curve,
+        "method": m.label,
+        **{k: entry[k]["mean"] for k in keys},
+        "diverged_seeds": entry["diverged_seeds"],
+        **{f"{k}_std": entry[k]["std"] for k in keys[1:]},
+      }
+    )
   fig = common.figure(figsize=(5.5 * len(panels), 4.2))
   axes = np.atleast_1d(fig.subplots(1, len(panels)))
   for ax, (key, label, *scale) in zip(axes, panels):
@@ -784,30 +952,52 @@ def tradeoff(wd, methods: Sequence[Method], finals, x: str,
       ax.set_yscale("log")
     for i, curve in enumerate(curves):
       color = f"C{i}"
-      own = sorted((r for r in rows if r["curve"] == curve and r["method"] != reference[curve]
-                    and r[x] is not None and r[key] is not None), key=lambda r: r[x])
+      own = sorted(
+        (
+          r
+          for r in rows
+          if r["curve"] == curve
+          and r["method"] != reference[curve]
+          and r[x] is not None
+          and r[key] is not None
+        ),
+        key=lambda r: r[x],
+      )
       if own:
-        ax.errorbar([r[x] for r in own], [r[key] for r in own],
-                    yerr=[r[f"{key}_std"] or 0.0 for r in own], color=color, marker="o",
-                    capsize=3, label=curve)
+        ax.errorbar(
+          [r[x] for r in own],
+          [r[key] for r in own],
+          yerr=[r[f"{key}_std"] or 0.0 for r in own],
+          color=color,
+          marker="o",
+          capsize=3,
+          label=curve,
+        )
         if x == "bytes_up":  # which codec each point is
           for r in own:
             short = r["method"].removeprefix(curve + "_")
             if short == r["method"]:  # e.g. feddro_y3bit_adaptive on curve feddro_adaptive
               short = short.removeprefix(curve.split("_")[0] + "_")
-            ax.annotate(short, (r[x], r[key]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points", color=color)
+            ax.annotate(
+              short,
+              (r[x], r[key]),
+              fontsize=7,
+              xytext=(4, 4),
+              textcoords="offset points",
+              color=color,
+            )
       if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
-        ax.plot([], [], color=color, marker="x", ls="none",
-                label=f"{curve} with {setting}: diverged")  # no point to draw, still named
+        ax.plot(
+          [], [], color=color, marker="x", ls="none", label=f"{curve} with {setting}: diverged"
+        )  # no point to draw, still named
       base = next((r for r in rows if r["method"] == reference[curve]), None)
       if base is not None and base[key] is not None:
-        ax.axhline(base[key], color=color, ls="--", lw=1.0,
-                   label=f"{curve} without {setting}")
+        ax.axhline(base[key], color=color, ls="--", lw=1.0, label=f"{curve} without {setting}")
         if base[x] is not None:  # the uncompressed run's own bytes
           ax.plot([base[x]], [base[key]], marker="*", ms=10, color=color, ls="none")
     ax.set_xscale("log")
     from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     if x == "epsilon":  # a few epsilons: label them as they are
       ax.set_xticks(sorted({r[x] for r in rows if r[x] is not None}))

@@ -61,8 +61,11 @@ from fedco.data import sinusoid as sinusoid_data
 from fedco.models.mlp import MLP, init_mlp
 from fedco.problems.maml import MAML
 
-ABLATION_DEFAULTS = {"gamma": (0.3, 0.5, 0.7, 0.9), "alpha": (0.5, 0.7, 0.8, 0.9),
-                     "local_steps": (1, 2, 5, 10)}
+ABLATION_DEFAULTS = {
+  "gamma": (0.3, 0.5, 0.7, 0.9),
+  "alpha": (0.5, 0.7, 0.8, 0.9),
+  "local_steps": (1, 2, 5, 10),
+}
 # Local-SCGDM at the paper's settings, eta (learning_rate) 1: the ablations' base by default
 SCGDM_DEFAULTS = {"beta": 0.01, "alpha": 0.8, "gamma": 0.7}
 TEST_SEED = 12345  # one unseen test set for every seed and method (paired comparisons)
@@ -79,41 +82,56 @@ MARKERS = ("o", "s", "^", "v", "D", "x")
 
 def check(config) -> None:
   """E3's own fields (``ValueError`` naming ``--config.<field>``)."""
-  for name in ("inner_steps", "num_clients", "tasks_per_step", "shots", "query_shots",
-               "test_tasks", "episodes_per_client"):
+  for name in (
+    "inner_steps",
+    "num_clients",
+    "tasks_per_step",
+    "shots",
+    "query_shots",
+    "test_tasks",
+    "episodes_per_client",
+  ):
     common.check_int(f"config.{name}", config[name], 1)
   common.check_positive("config.inner_lr", config.inner_lr)
   if not isinstance(config.first_order, bool):
     raise ValueError(f"--config.first_order must be a bool, got {config.first_order!r}")
   common.check_int_list("config.hidden", config.hidden, 1)
   if NUM_TRAIN_TASKS % config.num_clients:
-    raise ValueError(f"--config.num_clients must divide the {NUM_TRAIN_TASKS} training tasks "
-                     f"evenly (1, 5 or 25), got {config.num_clients}")
+    raise ValueError(
+      f"--config.num_clients must divide the {NUM_TRAIN_TASKS} training tasks "
+      f"evenly (1, 5 or 25), got {config.num_clients}"
+    )
   per_client = NUM_TRAIN_TASKS // config.num_clients
   if config.tasks_per_step > per_client:
-    raise ValueError(f"--config.tasks_per_step must be at most the {per_client} tasks of a "
-                     f"client, got {config.tasks_per_step}")
+    raise ValueError(
+      f"--config.tasks_per_step must be at most the {per_client} tasks of a "
+      f"client, got {config.tasks_per_step}"
+    )
   iterations = config.rounds * config.local_steps
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if config.ablation == "local_steps":
     for v in values:
       if iterations % v:
-        raise ValueError(f"--config.ablation_values must divide the {iterations} "
-                         f"meta-iterations (config.rounds * config.local_steps), got {v}")
+        raise ValueError(
+          f"--config.ablation_values must divide the {iterations} "
+          f"meta-iterations (config.rounds * config.local_steps), got {v}"
+        )
   elif values:
     base = ablation_base(config, runner.methods(config))
     for v in values:
       try:
         base.build(**{config.ablation: v})
       except ValueError as err:
-        raise ValueError(f"--config.ablation_values is invalid for fedco.local_scgdm: "
-                         f"{err}") from None
+        raise ValueError(
+          f"--config.ablation_values is invalid for fedco.local_scgdm: {err}"
+        ) from None
 
 
 def ablation_base(config, found) -> runner.Method:
   """The config's (first) Local-SCGDM method, or Local-SCGDM at the paper's settings."""
   return next((m for m in found if m.algorithm == "local_scgdm"), None) or runner.Method(
-      "local_scgdm", "local_scgdm", dict(SCGDM_DEFAULTS), 1.0, config.local_steps)
+    "local_scgdm", "local_scgdm", dict(SCGDM_DEFAULTS), 1.0, config.local_steps
+  )
 
 
 def methods(config, setup) -> List[runner.Method]:
@@ -124,8 +142,10 @@ def methods(config, setup) -> List[runner.Method]:
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if values:
     found = runner.ablated(config, ablation_base(config, found), values)
-  return [dataclasses.replace(m, problem={**m.problem, **runner.same_iterations(config, m)})
-          for m in found]
+  return [
+    dataclasses.replace(m, problem={**m.problem, **runner.same_iterations(config, m)})
+    for m in found
+  ]
 
 
 def _episode(arrays):
@@ -136,35 +156,62 @@ def setup(config) -> Dict[str, Any]:
   """The model, the MAML problem and the unseen test tasks (one set for every run)."""
   model = MLP(hidden=tuple(int(h) for h in config.hidden), out=1)
   meta = MAML(model.apply, config.inner_lr, config.inner_steps, config.first_order)
-  test = _episode(sinusoid_data.unseen_tasks(TEST_SEED, num_tasks=config.test_tasks,
-                                             shots=config.shots,
-                                             query_shots=config.query_shots))
-  return {"start": time.perf_counter(), "model": model, "meta": meta, "test": test,
-          "problem": meta.problem("sinusoid_maml")}
+  test = _episode(
+    sinusoid_data.unseen_tasks(
+      TEST_SEED, num_tasks=config.test_tasks, shots=config.shots, query_shots=config.query_shots
+    )
+  )
+  return {
+    "start": time.perf_counter(),
+    "model": model,
+    "meta": meta,
+    "test": test,
+    "problem": meta.problem("sinusoid_maml"),
+  }
 
 
 def prepare(config, seed, setup) -> Dict[str, Any]:
   """A seed's client episodes, initial model and metrics (``fedco.simulate``'s arguments)."""
   fed, tasks = sinusoid_data.federated(
-      seed, num_clients=config.num_clients, episodes_per_client=config.episodes_per_client,
-      shots=config.shots, query_shots=config.query_shots, tasks_per_step=config.tasks_per_step)
-  train = _episode(sinusoid_data.training_eval_episode(
-      tasks, TEST_SEED, shots=config.shots, query_shots=config.query_shots))
+    seed,
+    num_clients=config.num_clients,
+    episodes_per_client=config.episodes_per_client,
+    shots=config.shots,
+    query_shots=config.query_shots,
+    tasks_per_step=config.tasks_per_step,
+  )
+  train = _episode(
+    sinusoid_data.training_eval_episode(
+      tasks, TEST_SEED, shots=config.shots, query_shots=config.query_shots
+    )
+  )
   meta = setup["meta"]
 
   def metrics_fn(w, d):  # the tasks are an argument: every seed's run is one program
-    return {"train_mse": jnp.mean(meta.adapted_losses(w, d["train"])),
-            "val_mse": jnp.mean(meta.adapted_losses(w, d["test"])),
-            "val_mse_before": jnp.mean(meta.adapted_losses(w, d["test"], steps=0))}
+    return {
+      "train_mse": jnp.mean(meta.adapted_losses(w, d["train"])),
+      "val_mse": jnp.mean(meta.adapted_losses(w, d["test"])),
+      "val_mse_before": jnp.mean(meta.adapted_losses(w, d["test"], steps=0)),
+    }
 
-  return {"problem": setup["problem"], "data": fed, "params": init_mlp(setup["model"], 1, seed),
-          "metrics_fn": metrics_fn, "metrics_data": {"train": train, "test": setup["test"]}}
+  return {
+    "problem": setup["problem"],
+    "data": fed,
+    "params": init_mlp(setup["model"], 1, seed),
+    "metrics_fn": metrics_fn,
+    "metrics_data": {"train": train, "test": setup["test"]},
+  }
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
-  return runner.Run(algorithm=method.build(), **prepared, simulate={"evaluate": False},
-                    record_keys=RECORD_KEYS, **runner.same_iterations(config, method))
+  return runner.Run(
+    algorithm=method.build(),
+    **prepared,
+    simulate={"evaluate": False},
+    record_keys=RECORD_KEYS,
+    **runner.same_iterations(config, method),
+  )
 
 
 def finish(config, method, seed, result, final):
@@ -179,15 +226,20 @@ def finish(config, method, seed, result, final):
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
-  summary = {"ablation": config.ablation, "rounds": config.rounds,
-             "local_steps": config.local_steps, "iterations": config.rounds * config.local_steps}
+  summary = {
+    "ablation": config.ablation,
+    "rounds": config.rounds,
+    "local_steps": config.local_steps,
+    "iterations": config.rounds * config.local_steps,
+  }
   finals = outcome.finals
   if "local_scgdm" in finals:
     val = lambda label, seed: finals[label].get(seed, {}).get("val_mse", float("nan"))
     for other in finals:
       if other != "local_scgdm":
         summary[f"local_scgdm_val_below_{other}"] = {
-            seed: val("local_scgdm", seed) < val(other, seed) for seed in outcome.seeds}
+          seed: val("local_scgdm", seed) < val(other, seed) for seed in outcome.seeds
+        }
   summary["wall_seconds"] = time.perf_counter() - outcome.setup["start"]
   return summary
 
@@ -204,20 +256,33 @@ def plot(wd, config, outcome):
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
   drawn = outcome.drawn()
-  for ax, key, title in zip(axes, ("train_mse", "val_mse"),
-                            ("training tasks", "unseen test tasks")):
-    common.plot_mean_curves(ax, records, key, x="iteration", labels=drawn, band=0.15,
-                            group="method")
+  for ax, key, title in zip(
+    axes, ("train_mse", "val_mse"), ("training tasks", "unseen test tasks")
+  ):
+    common.plot_mean_curves(
+      ax, records, key, x="iteration", labels=drawn, band=0.15, group="method"
+    )
     for i, line in enumerate(ax.get_lines()):  # ablation runs can nearly coincide
       line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="meta-iteration (round x local_steps)", ylabel="post-adaptation query MSE",
-           title=f"sinusoid: {title}")
+    ax.set(
+      xlabel="meta-iteration (round x local_steps)",
+      ylabel="post-adaptation query MSE",
+      title=f"sinusoid: {title}",
+    )
     ax.grid(alpha=0.3)
   common.save_with_legend(wd, fig, axes[0], "mse.png", legend=bool(drawn))
   first = outcome.seeds[0]
-  plot_fit(wd, {label: outcome.results[(label, first)].params for label in outcome.labels
-                if (label, first) in outcome.results}, outcome.setup["meta"], config)
+  plot_fit(
+    wd,
+    {
+      label: outcome.results[(label, first)].params
+      for label in outcome.labels
+      if (label, first) in outcome.results
+    },
+    outcome.setup["meta"],
+    config,
+  )
 
 
 def plot_fit(wd, fitted, meta, config):
@@ -225,8 +290,7 @@ def plot_fit(wd, fitted, meta, config):
   (``fitted``: the first seed's models)."""
   amplitude, phase = FIT_TASK
   rng = np.random.default_rng(TEST_SEED)
-  sx, sy = sinusoid_data.draw_points(rng, np.float32(amplitude), np.float32(phase),
-                                     config.shots)
+  sx, sy = sinusoid_data.draw_points(rng, np.float32(amplitude), np.float32(phase), config.shots)
   grid = np.linspace(-5, 5, 200, dtype=np.float32)[:, None]
 
   @jax.jit
@@ -237,17 +301,27 @@ def plot_fit(wd, fitted, meta, config):
 
   fig = common.figure(figsize=(6, 4))
   ax = fig.add_subplot()
-  ax.plot(grid[:, 0], sinusoid_data.sinusoid(grid[:, 0], amplitude, phase), "k",
-          label="ground truth")
+  ax.plot(
+    grid[:, 0], sinusoid_data.sinusoid(grid[:, 0], amplitude, phase), "k", label="ground truth"
+  )
   ax.scatter(sx[:, 0], sy[:, 0], c="k", marker="x", zorder=3, label="support shots")
   for i, (label, params) in enumerate(fitted.items()):
     before, after = curves(params, sx, sy, grid)
     # markers at staggered points keep curves that coincide apart
-    line, = ax.plot(grid[:, 0], after, marker=MARKERS[i % len(MARKERS)], markersize=4,
-                    markevery=(i * 20 // len(fitted), 20), label=f"{label} (adapted)")
+    (line,) = ax.plot(
+      grid[:, 0],
+      after,
+      marker=MARKERS[i % len(MARKERS)],
+      markersize=4,
+      markevery=(i * 20 // len(fitted), 20),
+      label=f"{label} (adapted)",
+    )
     ax.plot(grid[:, 0], before, "--", color=line.get_color(), alpha=0.5, linewidth=1)
-  ax.set_title(f"unseen task y = {amplitude:g} sin(x + {phase:g} pi/5); dashed: before "
-               f"{config.inner_steps} step(s) at lr {config.inner_lr:g}", fontsize=8)
+  ax.set_title(
+    f"unseen task y = {amplitude:g} sin(x + {phase:g} pi/5); dashed: before "
+    f"{config.inner_steps} step(s) at lr {config.inner_lr:g}",
+    fontsize=8,
+  )
   ax.set(xlabel="x", ylabel="y")
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)

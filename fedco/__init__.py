@@ -4,22 +4,63 @@ Algorithms are optax-style transformations with a communication plan and a serve
 transform; the runtime simulates many clients in one jitted program.
 """
 
-from fedco import (algorithms, compression, data, estimators, extend, metrics, models,
-                   privacy, problems, runtime)
-from fedco.algorithms import (ALGORITHMS, Algorithm, CommPlan, chain, init_trackers,
-                              inject_hyperparams, named_chain)
+from fedco import (
+  algorithms,
+  compression,
+  data,
+  estimators,
+  extend,
+  metrics,
+  models,
+  privacy,
+  problems,
+  runtime,
+)
+from fedco.algorithms import (
+  ALGORITHMS,
+  Algorithm,
+  CommPlan,
+  chain,
+  init_trackers,
+  inject_hyperparams,
+  named_chain,
+)
 from fedco.data import FederatedData
 from fedco.problems import Problem, global_inner, local_inner, plain
-from fedco.runtime import Simulator, SimulationResult, SweepResult, oracle_args, simulate, sweep
+from fedco.runtime import SimulationResult, Simulator, SweepResult, oracle_args, simulate, sweep
 
 __version__ = "0.2.0"
 
 globals().update(ALGORITHMS)  # fedco.feddro, fedco.scaffold, ...: every built-in algorithm
 
 __all__ = [
-    "algorithms", "compression", "privacy", "data", "estimators", "extend", "metrics", "models",
-    "problems", "runtime", "Algorithm", "CommPlan", "FederatedData", "Problem",
-    "global_inner", "local_inner", "plain", "Simulator", "SimulationResult", "oracle_args",
-    "simulate", "ALGORITHMS", "chain", "named_chain", "inject_hyperparams", "init_trackers",
-    "sweep", "SweepResult", *ALGORITHMS,
+  "algorithms",
+  "compression",
+  "privacy",
+  "data",
+  "estimators",
+  "extend",
+  "metrics",
+  "models",
+  "problems",
+  "runtime",
+  "Algorithm",
+  "CommPlan",
+  "FederatedData",
+  "Problem",
+  "global_inner",
+  "local_inner",
+  "plain",
+  "Simulator",
+  "SimulationResult",
+  "oracle_args",
+  "simulate",
+  "ALGORITHMS",
+  "chain",
+  "named_chain",
+  "inject_hyperparams",
+  "init_trackers",
+  "sweep",
+  "SweepResult",
+  *ALGORITHMS,
 ]

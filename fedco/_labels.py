@@ -79,16 +79,20 @@ def check(label, num_classes: int, what: str) -> None:
         found = source.range()
         if found is not None and (found[0] < 0 or found[1] >= num_classes):
           raise LabelError(
-              f"the labels {source.name} lie in [{found[0]}, {found[1]}], but {what}'s "
-              f"logits have {num_classes} classes: labels must be in [0, {num_classes}) "
-              f"(num_classes={num_classes} when building the data checks them there)")
+            f"the labels {source.name} lie in [{found[0]}, {found[1]}], but {what}'s "
+            f"logits have {num_classes} classes: labels must be in [0, {num_classes}) "
+            f"(num_classes={num_classes} when building the data checks them there)"
+          )
         return
     return
   values = np.asarray(label)
   if not np.issubdtype(values.dtype, np.integer):
-    raise LabelError(f"{what}: label must be an integer class index in [0, {num_classes}), "
-                     f"got {label!r}")
+    raise LabelError(
+      f"{what}: label must be an integer class index in [0, {num_classes}), got {label!r}"
+    )
   if values.size and (values.min() < 0 or values.max() >= num_classes):
     shown = values.item() if values.ndim == 0 else f"values in [{values.min()}, {values.max()}]"
-    raise LabelError(f"{what}: label must be a class index in [0, {num_classes}) (the logits' "
-                     f"last axis), got {shown}")
+    raise LabelError(
+      f"{what}: label must be a class index in [0, {num_classes}) (the logits' "
+      f"last axis), got {shown}"
+    )

@@ -16,7 +16,8 @@ import numpy as np
 
 def _is_bool(value) -> bool:
   return isinstance(value, (bool, np.bool_)) or (
-      isinstance(value, (np.ndarray, jax.Array)) and value.dtype == np.bool_)
+    isinstance(value, (np.ndarray, jax.Array)) and value.dtype == np.bool_
+  )
 
 
 def _value(name: str, value, what: str):
@@ -31,9 +32,12 @@ def _value(name: str, value, what: str):
     raise ValueError(f"{name} must be {what}, got the bool {value!r}")
   if isinstance(value, numbers.Real):
     number = float(value)
-  elif (isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0
-        and np.issubdtype(value.dtype, np.number)
-        and not np.issubdtype(value.dtype, np.complexfloating)):
+  elif (
+    isinstance(value, (np.ndarray, jax.Array))
+    and np.ndim(value) == 0
+    and np.issubdtype(value.dtype, np.number)
+    and not np.issubdtype(value.dtype, np.complexfloating)
+  ):
     number = float(value)
   else:
     raise ValueError(f"{name} must be {what}, got {value!r}")
@@ -58,8 +62,9 @@ def real(name: str, value) -> float:
   return number
 
 
-def interval(name: str, value, low=None, high=None, *, closed_low: bool = False,
-             closed_high: bool = False) -> float:
+def interval(
+  name: str, value, low=None, high=None, *, closed_low: bool = False, closed_high: bool = False
+) -> float:
   """A concrete finite number in the interval ``(low, high)`` (a ``None`` end is open to
   infinity; ``closed_*`` include that end) as a Python ``float``; else ``ValueError``."""
   parts = []
@@ -71,8 +76,9 @@ def interval(name: str, value, low=None, high=None, *, closed_low: bool = False,
   number = _value(name, value, what)
   if number is None:
     raise ValueError(f"{name} must be {what}, got a JAX tracer")
-  ok = ((low is None or (number >= low if closed_low else number > low))
-        and (high is None or (number <= high if closed_high else number < high)))
+  ok = (low is None or (number >= low if closed_low else number > low)) and (
+    high is None or (number <= high if closed_high else number < high)
+  )
   if not ok:
     raise ValueError(f"{name} must be {what}, got {value!r}")
   return number
@@ -87,8 +93,9 @@ def positive(name: str, value, *, allow_zero: bool = False):
   return value
 
 
-def bounded(name: str, value, low=None, high=None, *, closed_low: bool = False,
-            closed_high: bool = False):
+def bounded(
+  name: str, value, low=None, high=None, *, closed_low: bool = False, closed_high: bool = False
+):
   """``value`` unless it is a concrete number outside ``(low, high)`` (``closed_*`` include
   that end) or not finite; a traced (injected) hyperparameter passes as it is."""
   if isinstance(value, jax.core.Tracer):
@@ -124,15 +131,22 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum=None, note: str 
   """
   if isinstance(value, (jax.core.Tracer, jax.Array)):
     raise ValueError(
-        f"{name} must be a static Python int, got a JAX array; under "
-        f"optax.inject_hyperparams list it in static_args (fedco.inject_hyperparams does)")
-  if (isinstance(value, np.ndarray) and value.ndim == 0
-      and np.issubdtype(value.dtype, np.integer)):
+      f"{name} must be a static Python int, got a JAX array; under "
+      f"optax.inject_hyperparams list it in static_args (fedco.inject_hyperparams does)"
+    )
+  if isinstance(value, np.ndarray) and value.ndim == 0 and np.issubdtype(value.dtype, np.integer):
     value = value[()]
-  allowed = (f">= {minimum}" if maximum is None
-             else f"in [{minimum}, {maximum}]" + (f" ({note})" if note else ""))
-  if _is_bool(value) or not isinstance(value, numbers.Integral) or value < minimum or (
-      maximum is not None and value > maximum):
+  allowed = (
+    f">= {minimum}"
+    if maximum is None
+    else f"in [{minimum}, {maximum}]" + (f" ({note})" if note else "")
+  )
+  if (
+    _is_bool(value)
+    or not isinstance(value, numbers.Integral)
+    or value < minimum
+    or (maximum is not None and value > maximum)
+  ):
     raise ValueError(f"{name} must be an integer {allowed}, got {value!r}")
   return int(value)
 

@@ -160,17 +160,21 @@ def _brief(shapes):
 def _check_run(directory, round_, saved, current):
   """Refuse a checkpoint written by another run (different fingerprint)."""
   from fedco.runtime import fingerprint as fp  # pylint: disable=g-import-not-at-top
+
   if saved is None:
-    raise RunMismatchError(f"checkpoint of round {round_} in {directory} records no run "
-                           "fingerprint; it cannot be shown to belong to this run. Use another "
-                           "checkpoint_dir, or checkpoint_mismatch='restart' to start over there")
+    raise RunMismatchError(
+      f"checkpoint of round {round_} in {directory} records no run "
+      "fingerprint; it cannot be shown to belong to this run. Use another "
+      "checkpoint_dir, or checkpoint_mismatch='restart' to start over there"
+    )
   if saved.get("fingerprint") == current["fingerprint"]:
     return
   diff = fp.differences(saved.get("description") or {}, current["description"])
   raise RunMismatchError(
-      f"{directory} holds checkpoints of another run (round {round_}; differs in "
-      f"{', '.join(diff[:6]) or 'its fingerprint'}); use another checkpoint_dir, or "
-      "checkpoint_mismatch='restart' to start over there")
+    f"{directory} holds checkpoints of another run (round {round_}; differs in "
+    f"{', '.join(diff[:6]) or 'its fingerprint'}); use another checkpoint_dir, or "
+    "checkpoint_mismatch='restart' to start over there"
+  )
 
 
 class Checkpointer:
@@ -186,11 +190,18 @@ class Checkpointer:
       raise ValueError(f"checkpoint directory must be a non-empty path, got {directory!r}")
     keep = _validate.positive_int("keep", keep)
     self.directory = os.path.abspath(os.fspath(directory))
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                           create=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
-        "state": ocp.StandardCheckpointHandler(), "history": ocp.StandardCheckpointHandler(),
-        "host": ocp.JsonCheckpointHandler()})
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, enable_async_checkpointing=False, create=True
+    )
+    self._manager = ocp.CheckpointManager(
+      self.directory,
+      options=options,
+      item_handlers={
+        "state": ocp.StandardCheckpointHandler(),
+        "history": ocp.StandardCheckpointHandler(),
+        "host": ocp.JsonCheckpointHandler(),
+      },
+    )
 
   def latest_round(self) -> Optional[int]:
     """The newest saved round, or ``None`` when there is none."""
@@ -199,9 +210,15 @@ class Checkpointer:
   def all_rounds(self):
     return sorted(self._manager.all_steps())
 
-  def save(self, round_: int, state, metrics: Dict[str, np.ndarray],
-           host_rows: Sequence[Dict[str, Any]] = (), *,
-           run: Optional[Dict[str, Any]] = None) -> None:
+  def save(
+    self,
+    round_: int,
+    state,
+    metrics: Dict[str, np.ndarray],
+    host_rows: Sequence[Dict[str, Any]] = (),
+    *,
+    run: Optional[Dict[str, Any]] = None,
+  ) -> None:
     """Write the checkpoint of round ``round_`` (blocks until it is complete on disk).
 
     ``host_rows`` are the host actions' rows so far (JSON-able dicts), restored with
@@ -216,16 +233,30 @@ class Checkpointer:
     if not history:  # orbax refuses an empty item (a run that diverged in its first chunk)
       history = {_NO_METRICS: np.zeros((1,), np.float32)}
     state = jax.tree.map(_savable, state)
-    meta = {"rows": list(host_rows), "run": run,
-            "checksums": {"state": _checksums(state), "history": _checksums(history)}}
-    self._manager.save(int(round_), args=ocp.args.Composite(
+    meta = {
+      "rows": list(host_rows),
+      "run": run,
+      "checksums": {"state": _checksums(state), "history": _checksums(history)},
+    }
+    self._manager.save(
+      int(round_),
+      args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         history=ocp.args.StandardSave(history),
-        host=ocp.args.JsonSave(meta)), force=True)
+        host=ocp.args.JsonSave(meta),
+      ),
+      force=True,
+    )
     self._manager.wait_until_finished()
 
-  def restore(self, template, round_: Optional[int] = None, *,
-              with_host_rows: bool = False, run: Optional[Dict[str, Any]] = None) -> Tuple:
+  def restore(
+    self,
+    template,
+    round_: Optional[int] = None,
+    *,
+    with_host_rows: bool = False,
+    run: Optional[Dict[str, Any]] = None,
+  ) -> Tuple:
     """``(round, state, metrics)`` of round ``round_`` (default: the newest intact one), and
     the host actions' rows as a fourth item with ``with_host_rows=True``.
 
@@ -259,22 +290,29 @@ class Checkpointer:
       if not with_host_rows:
         return candidate, state, metrics
       return candidate, state, metrics, list(meta.get("rows", []))
-    raise ValueError(f"no intact checkpoint in {self.directory}: "
-                     f"{'; '.join(f'round {r}: {e}' for r, e in causes)}")
+    raise ValueError(
+      f"no intact checkpoint in {self.directory}: {'; '.join(f'round {r}: {e}' for r, e in causes)}"
+    )
 
   def _restore_one(self, template, round_):
     self._check_fits(template, round_)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       with _reads_finish():
-        restored = self._manager.restore(round_, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), history=ocp.args.StandardRestore(),
-            host=ocp.args.JsonRestore()))
+        restored = self._manager.restore(
+          round_,
+          args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract),
+            history=ocp.args.StandardRestore(),
+            host=ocp.args.JsonRestore(),
+          ),
+        )
     except Exception as err:  # pylint: disable=broad-except  # orbax raises many kinds
       err = _cause(err)
       lines = [l for l in str(err).splitlines() if l.strip()]
-      raise _Damaged(f"unreadable ({type(err).__name__}: "
-                     f"{lines[0][:200] if lines else 'no message'})") from None
+      raise _Damaged(
+        f"unreadable ({type(err).__name__}: {lines[0][:200] if lines else 'no message'})"
+      ) from None
     leaves = jax.tree.leaves(restored.state)
     treedef = jax.tree.structure(template)
     if len(leaves) != treedef.num_leaves:
@@ -286,8 +324,10 @@ class Checkpointer:
     if sums is None:
       raise _Damaged("no checksums (written by an older fedco, or its metadata is damaged)")
     state_sums = _checksums(jax.tree.map(_savable, state))
-    for name, (want, got) in (("state", (sums.get("state"), state_sums)),
-                              ("metrics", (sums.get("history"), _checksums(metrics)))):
+    for name, (want, got) in (
+      ("state", (sums.get("state"), state_sums)),
+      ("metrics", (sums.get("history"), _checksums(metrics))),
+    ):
       if want != got:
         bad = [k for k in sorted(set(want or {}) | set(got)) if (want or {}).get(k) != got.get(k)]
         raise _Damaged(f"checksum mismatch in its {name} ({', '.join(bad[:4])})")
@@ -307,10 +347,11 @@ class Checkpointer:
     want = sorted(f"{tuple(np.shape(leaf))}" for leaf in jax.tree.leaves(template))
     if saved != want:
       raise ValueError(
-          f"checkpoint of round {round_} in {self.directory} does not fit the simulation's "
-          f"state (another model, parameter layout or algorithm?): it holds {len(saved)} "
-          f"arrays of shapes {_brief(saved)}, the simulation {len(want)} of {_brief(want)}; "
-          "use another checkpoint_dir")
+        f"checkpoint of round {round_} in {self.directory} does not fit the simulation's "
+        f"state (another model, parameter layout or algorithm?): it holds {len(saved)} "
+        f"arrays of shapes {_brief(saved)}, the simulation {len(want)} of {_brief(want)}; "
+        "use another checkpoint_dir"
+      )
 
   def delete_all(self) -> None:
     """Delete every checkpoint of this directory (only the round directories it wrote)."""

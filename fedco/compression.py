@@ -25,10 +25,10 @@ import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedco import _validate
 
@@ -50,8 +50,9 @@ class Codec(optax.GradientTransformationExtraArgs):
       which only makes sense for uploads that are changes of one quantity over time.
   """
 
-  def __new__(cls, init, update, payload_bits: Callable[[int, Any], int], name: str,
-              memory: bool = False):
+  def __new__(
+    cls, init, update, payload_bits: Callable[[int, Any], int], name: str, memory: bool = False
+  ):
     self = super().__new__(cls, init, update)
     self.__dict__.update(payload_bits=payload_bits, name=name, memory=memory)
     return self
@@ -71,8 +72,12 @@ def identity() -> Codec:
     del params, extra_args
     return value, state
 
-  return Codec(lambda value: optax.EmptyState(), update,
-               lambda size, dtype: size * _float_bits(dtype), "identity")
+  return Codec(
+    lambda value: optax.EmptyState(),
+    update,
+    lambda size, dtype: size * _float_bits(dtype),
+    "identity",
+  )
 
 
 class QuantizationState(NamedTuple):
@@ -82,8 +87,7 @@ class QuantizationState(NamedTuple):
 def _check_bits(bits, minimum=1) -> int:
   bits = _validate.positive_int("bits", bits, minimum=minimum)
   if bits > 24:
-    raise ValueError(f"bits must be at most 24 (a float32 carries 24 significant bits), "
-                     f"got {bits}")
+    raise ValueError(f"bits must be at most 24 (a float32 carries 24 significant bits), got {bits}")
   return bits
 
 
@@ -117,7 +121,7 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
   bits = _check_bits(bits)
   if scale is not None:
     scale = _validate.plain(_validate.positive("scale", scale))
-  levels = 2 ** bits - 1  # grid steps
+  levels = 2**bits - 1  # grid steps
 
   def init(value):
     del value
@@ -147,6 +151,7 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
 
 class TopKState(NamedTuple):
   """Top-k's error-feedback memory: what earlier messages left unsent."""
+
   error: PyTree
 
 
@@ -199,12 +204,14 @@ def top_k(fraction: float, error_feedback: bool = True) -> Codec:
 class AdaptiveState(NamedTuple):
   """Adaptive quantization's memory, which the server mirrors from the codes it receives:
   the last decoded value and the current grid half-range, per number."""
+
   decoded: jax.Array
   scale: jax.Array
 
 
-def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
-                          shrink: float = 0.5) -> Codec:
+def adaptive_quantization(
+  bits: int, initial_scale: float, *, grow: float = 2.0, shrink: float = 0.5
+) -> Codec:
   """Differential quantization with an adaptive step (ADPCM with stochastic rounding).
 
   Each number is sent as the change from its last decoded value, stochastically rounded to
@@ -250,5 +257,13 @@ def adaptive_quantization(bits: int, initial_scale: float, *, grow: float = 2.0,
   return Codec(init, update, lambda size, dtype: size * bits, name)
 
 
-__all__ = ["Codec", "identity", "stochastic_quantization", "adaptive_quantization", "top_k",
-           "QuantizationState", "AdaptiveState", "TopKState"]
+__all__ = [
+  "Codec",
+  "identity",
+  "stochastic_quantization",
+  "adaptive_quantization",
+  "top_k",
+  "QuantizationState",
+  "AdaptiveState",
+  "TopKState",
+]

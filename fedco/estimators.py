@@ -40,8 +40,9 @@ def inner_vjp(inner_fn: Callable[[PyTree], PyTree], params: PyTree):
   return sample, lambda cotangent: vjp_fn(cotangent)[0]
 
 
-def compositional_grad(pullback: Callable[[PyTree], PyTree],
-                       outer_fn: Callable[[PyTree], jax.Array], y: PyTree) -> PyTree:
+def compositional_grad(
+  pullback: Callable[[PyTree], PyTree], outer_fn: Callable[[PyTree], jax.Array], y: PyTree
+) -> PyTree:
   """``J_g^T grad f(y)``: the outer gradient at the tracked ``y`` pulled back through ``g``."""
   return pullback(jax.grad(outer_fn)(y))
 
@@ -64,6 +65,7 @@ class Tracker(NamedTuple):
     update: ``(y, s_new, s_old) -> y``; ``s_old`` (the same sample at the previous iterate) is
       used only by the hybrid tracker and may be ``None`` for the others.
   """
+
   init: Callable[[PyTree], PyTree]
   update: Callable[[PyTree, PyTree, Optional[PyTree]], PyTree]
 

@@ -21,8 +21,7 @@ def atomic_write(path, data, *, mode: str = "w") -> None:
   """Write ``data`` (str, or bytes with ``mode="wb"``) to ``path`` atomically."""
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + os.path.basename(path) + ".",
-                             dir=directory)
+  fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + os.path.basename(path) + ".", dir=directory)
   try:
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
     with os.fdopen(fd, mode) as f:
@@ -50,13 +49,13 @@ def remove_stale_temporaries(directory, names: Iterable[str]) -> List[str]:
   names = sorted(set(names))
   if not names:
     return []
-  pattern = re.compile("|".join(re.escape(f"{TMP_PREFIX}{name}.") + "[a-z0-9_]{8}"
-                                for name in names))
+  pattern = re.compile(
+    "|".join(re.escape(f"{TMP_PREFIX}{name}.") + "[a-z0-9_]{8}" for name in names)
+  )
   removed = []
   try:
     with os.scandir(os.fspath(directory)) as entries:
-      stale = [e for e in entries
-               if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+      stale = [e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
   except OSError:
     return removed
   for entry in stale:
@@ -111,6 +110,7 @@ class DirectoryLock:
     import datetime  # pylint: disable=g-import-not-at-top
     import fcntl  # pylint: disable=g-import-not-at-top
     import socket  # pylint: disable=g-import-not-at-top
+
     if self._file is not None:
       return self
     if self.path in DirectoryLock._held:
@@ -128,9 +128,11 @@ class DirectoryLock:
       handle.seek(0)
       holder = handle.read().strip().removeprefix("held by ") or "another process"
       handle.close()
-      raise ValueError(f"{self.what} {self.directory} is in use by a running process ({holder}); "
-                       "wait for it to finish, stop it, or use another directory (a lock "
-                       "of a process that died frees itself)") from None
+      raise ValueError(
+        f"{self.what} {self.directory} is in use by a running process ({holder}); "
+        "wait for it to finish, stop it, or use another directory (a lock "
+        "of a process that died frees itself)"
+      ) from None
     start = datetime.datetime.now().isoformat(timespec="seconds")
     _rewrite(handle, f"held by pid {os.getpid()} on {socket.gethostname()} since {start}\n")
     self._file = handle
@@ -146,6 +148,7 @@ class DirectoryLock:
       entry[1] -= 1
       if entry[1] == 0:
         import datetime  # pylint: disable=g-import-not-at-top
+
         del DirectoryLock._held[self.path]
         try:  # say so, while still holding it: a reader never sees a held lock as free
           now = datetime.datetime.now().isoformat(timespec="seconds")

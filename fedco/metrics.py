@@ -19,6 +19,7 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
   (padding weighs 0), so nothing is gathered and no block leaves its device.
   """
   from fedco.runtime import distributed  # pylint: disable=g-import-not-at-top (import cycle)
+
   if isinstance(data, distributed.ClientBlockData):
     examples = data.examples
   else:
@@ -31,9 +32,13 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
   values = jax.vmap(checked, in_axes=(None, 0))(params, examples)
   weights = data.flat_weights()
   return jax.tree.map(
-      lambda v: jax.ops.segment_sum(
-          weights.reshape(weights.shape + (1,) * (v.ndim - 1)).astype(v.dtype) * v,
-          data.flat_owner, num_segments=data.num_clients), values)
+    lambda v: jax.ops.segment_sum(
+      weights.reshape(weights.shape + (1,) * (v.ndim - 1)).astype(v.dtype) * v,
+      data.flat_owner,
+      num_segments=data.num_clients,
+    ),
+    values,
+  )
 
 
 def summarize(per_client: jax.Array, *, worst: str = "min"):

@@ -47,6 +47,7 @@ class ClientDP:
     delta: the run's delta.
     rounds: the rounds ``epsilon`` is calibrated for (``fedco.simulate`` fills in its own).
   """
+
   clip: Union[float, Mapping[str, float]]
   noise_multiplier: Optional[float] = None
   epsilon: Optional[float] = None
@@ -60,10 +61,13 @@ class ClientDP:
     if self.rounds is None:
       return dataclasses.replace(self, rounds=rounds)
     if self.epsilon is not None and self.rounds != rounds:
-      warnings.warn(f"privacy's epsilon={self.epsilon} is calibrated for "
-                    f"rounds={self.rounds}, but this run has rounds={rounds}: it spends "
-                    f"{'more' if rounds > self.rounds else 'less'}; metrics['epsilon'] "
-                    f"says how much", stacklevel=3)
+      warnings.warn(
+        f"privacy's epsilon={self.epsilon} is calibrated for "
+        f"rounds={self.rounds}, but this run has rounds={rounds}: it spends "
+        f"{'more' if rounds > self.rounds else 'less'}; metrics['epsilon'] "
+        f"says how much",
+        stacklevel=3,
+      )
     return self
 
   def clip_of(self, field: str) -> Optional[float]:
@@ -72,9 +76,14 @@ class ClientDP:
     return self.clip
 
 
-def gaussian(clip, *, noise_multiplier: Optional[float] = None,
-             epsilon: Optional[float] = None, delta: float = 1e-5,
-             rounds: Optional[int] = None) -> ClientDP:
+def gaussian(
+  clip,
+  *,
+  noise_multiplier: Optional[float] = None,
+  epsilon: Optional[float] = None,
+  delta: float = 1e-5,
+  rounds: Optional[int] = None,
+) -> ClientDP:
   """Clipping per field plus Gaussian noise, at a given ``noise_multiplier`` or calibrated
   to ``(epsilon, delta)`` over ``rounds`` (see the module).
 
@@ -93,18 +102,24 @@ def gaussian(clip, *, noise_multiplier: Optional[float] = None,
   else:
     clip = _validate.positive("clip", clip)
   if (noise_multiplier is None) == (epsilon is None):
-    raise ValueError("give exactly one of noise_multiplier and epsilon, got "
-                     f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}")
+    raise ValueError(
+      "give exactly one of noise_multiplier and epsilon, got "
+      f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}"
+    )
   if noise_multiplier is not None:
-    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier,
-                                          allow_zero=True)
+    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier, allow_zero=True)
   if epsilon is not None:
     epsilon = _validate.positive("epsilon", epsilon)
   delta = _validate.open_unit("delta", delta)
   if rounds is not None:
     rounds = _validate.positive_int("rounds", rounds)
-  return ClientDP(clip, None if noise_multiplier is None else float(noise_multiplier),
-                  None if epsilon is None else float(epsilon), float(delta), rounds)
+  return ClientDP(
+    clip,
+    None if noise_multiplier is None else float(noise_multiplier),
+    None if epsilon is None else float(epsilon),
+    float(delta),
+    rounds,
+  )
 
 
 def messages_per_round(plan, fields=None) -> Dict[str, int]:
@@ -124,6 +139,7 @@ def _quiet():
   """dp_accounting logs a warning for every fractional RDP order it skips; they say nothing
   a user can act on."""
   from absl import logging  # pylint: disable=g-import-not-at-top
+
   level = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)
   try:
@@ -136,6 +152,7 @@ def round_event(noise_multiplier: float, sampling_rate: float, messages: int):
   """One round's ``dp_accounting`` event: ``messages`` Gaussian mechanisms of multiplier
   ``z``, all on the same Poisson sample of clients."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
+
   gaussian_ = dp_accounting.GaussianDpEvent(noise_multiplier)
   composed = dp_accounting.ComposedDpEvent([gaussian_] * int(messages))
   if sampling_rate >= 1:
@@ -147,28 +164,46 @@ def init_event(noise_multiplier: float, messages: int):
   """The ``at_init`` means before round 1: ``messages`` Gaussian mechanisms over every
   client (no subsampling)."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
+
   return dp_accounting.ComposedDpEvent(
-      [dp_accounting.GaussianDpEvent(noise_multiplier)] * int(messages))
+    [dp_accounting.GaussianDpEvent(noise_multiplier)] * int(messages)
+  )
 
 
-def run_event(noise_multiplier: float, sampling_rate: float, messages: int, rounds: int, *,
-              init_messages: int = 0):
+def run_event(
+  noise_multiplier: float,
+  sampling_rate: float,
+  messages: int,
+  rounds: int,
+  *,
+  init_messages: int = 0,
+):
   """The whole run's event: :func:`init_event` once, then :func:`round_event` composed
   ``rounds`` times."""
   import dp_accounting  # pylint: disable=g-import-not-at-top
+
   rounds_ = dp_accounting.SelfComposedDpEvent(
-      round_event(noise_multiplier, sampling_rate, messages), int(rounds))
+    round_event(noise_multiplier, sampling_rate, messages), int(rounds)
+  )
   if not init_messages:
     return rounds_
   return dp_accounting.ComposedDpEvent([init_event(noise_multiplier, init_messages), rounds_])
 
 
-def epsilon_spent(noise_multiplier: float, sampling_rate: float, messages: int, rounds,
-                  delta: float, *, init_messages: int = 0):
+def epsilon_spent(
+  noise_multiplier: float,
+  sampling_rate: float,
+  messages: int,
+  rounds,
+  delta: float,
+  *,
+  init_messages: int = 0,
+):
   """Epsilon after each of ``rounds`` (an int: a float; a sequence: an array), RDP; with
   ``init_messages`` Gaussian mechanisms of every client before round 1 (the ``at_init``
   means), not subsampled."""
   from dp_accounting import rdp  # pylint: disable=g-import-not-at-top
+
   scalar = np.ndim(rounds) == 0
   counts = np.atleast_1d(np.asarray(rounds, np.int64))
   if noise_multiplier == 0:
@@ -184,28 +219,51 @@ def epsilon_spent(noise_multiplier: float, sampling_rate: float, messages: int, 
       first = rdp.RdpAccountant()
       first.compose(init_event(noise_multiplier, init_messages))
       at_init = np.asarray(first._rdp)  # pylint: disable=protected-access
-    out = np.array([rdp.rdp_privacy_accountant.compute_epsilon(
-        orders, at_init + t * per_round, delta)[0] for t in counts])
+    out = np.array(
+      [
+        rdp.rdp_privacy_accountant.compute_epsilon(orders, at_init + t * per_round, delta)[0]
+        for t in counts
+      ]
+    )
   return float(out[0]) if scalar else out
 
 
-def calibrate(epsilon: float, delta: float, sampling_rate: float, messages: int,
-              rounds: int, *, init_messages: int = 0, rtol: float = 1e-6) -> float:
+def calibrate(
+  epsilon: float,
+  delta: float,
+  sampling_rate: float,
+  messages: int,
+  rounds: int,
+  *,
+  init_messages: int = 0,
+  rtol: float = 1e-6,
+) -> float:
   """The smallest noise multiplier whose run spends at most ``epsilon`` (RDP), to a
   relative ``rtol``: bisection on ``z``, over which the spent epsilon decreases."""
-  spent = lambda z: epsilon_spent(z, sampling_rate, messages, rounds, delta,
-                                  init_messages=init_messages)
+  spent = lambda z: epsilon_spent(
+    z, sampling_rate, messages, rounds, delta, init_messages=init_messages
+  )
   low, high = 0.0, 1.0
   while spent(high) > epsilon:
     low, high = high, 2 * high
     if high > 1e6:
-      raise ValueError(f"epsilon={epsilon} is out of reach for delta={delta} over {rounds} "
-                       f"rounds: even noise_multiplier=1e6 spends more")
+      raise ValueError(
+        f"epsilon={epsilon} is out of reach for delta={delta} over {rounds} "
+        f"rounds: even noise_multiplier=1e6 spends more"
+      )
   while high - low > rtol * high:
     middle = 0.5 * (low + high)
     low, high = (middle, high) if spent(middle) > epsilon else (low, middle)
   return high
 
 
-__all__ = ["ClientDP", "gaussian", "messages_per_round", "round_event", "init_event",
-           "run_event", "epsilon_spent", "calibrate"]
+__all__ = [
+  "ClientDP",
+  "gaussian",
+  "messages_per_round",
+  "round_event",
+  "init_event",
+  "run_event",
+  "epsilon_spent",
+  "calibrate",
+]

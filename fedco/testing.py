@@ -57,15 +57,26 @@ import optax
 from fedco.algorithms import base
 from fedco.data.federated import FederatedData
 from fedco.problems import Problem, plain, portfolio
-from fedco.runtime import batching, host, mesh as mesh_lib
+from fedco.runtime import batching, host
+from fedco.runtime import mesh as mesh_lib
 from fedco.runtime.loop import simulate
 from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import sweep
 
 PyTree = Any
 
-CHECKS = ("builds", "state", "jit", "chain", "inject", "simulate", "server", "sweep",
-          "resume", "mesh")
+CHECKS = (
+  "builds",
+  "state",
+  "jit",
+  "chain",
+  "inject",
+  "simulate",
+  "server",
+  "sweep",
+  "resume",
+  "mesh",
+)
 ROUNDS, STEPS = 3, 3
 
 
@@ -80,7 +91,7 @@ def default_problem(kind: str) -> Problem:
   """The problem the kit uses for an algorithm of ``problem_kind`` ``kind``: the portfolio
   problem (local- or global-inner), or a plain per-example loss on the same data."""
   if kind == "plain":
-    return plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
+    return plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x**4))
   return portfolio(1.0, kind=kind)
 
 
@@ -88,8 +99,11 @@ def default_data(sizes: Sequence[int] = (12, 5, 20), seed: int = 0) -> Federated
   """Three clients of different sizes whose returns have different means (heterogeneous)."""
   rng = np.random.default_rng(seed)
   return FederatedData.from_clients(
-      [{"r": rng.normal(0.2 * (k + 1), 1.0, size=(n, 3)).astype(np.float32)}
-       for k, n in enumerate(sizes)])
+    [
+      {"r": rng.normal(0.2 * (k + 1), 1.0, size=(n, 3)).astype(np.float32)}
+      for k, n in enumerate(sizes)
+    ]
+  )
 
 
 def default_params() -> jax.Array:
@@ -99,10 +113,17 @@ def default_params() -> jax.Array:
 # ---- the kit ---------------------------------------------------------------------------------
 
 
-def check_algorithm(factory: Callable[..., base.Algorithm], *, problem: Optional[Problem] = None,
-                    data: Optional[FederatedData] = None, params: Optional[PyTree] = None,
-                    checks: Optional[Sequence[str]] = None, rtol: float = 1e-5,
-                    atol: float = 1e-6, **factory_kwargs) -> Dict[str, str]:
+def check_algorithm(
+  factory: Callable[..., base.Algorithm],
+  *,
+  problem: Optional[Problem] = None,
+  data: Optional[FederatedData] = None,
+  params: Optional[PyTree] = None,
+  checks: Optional[Sequence[str]] = None,
+  rtol: float = 1e-5,
+  atol: float = 1e-6,
+  **factory_kwargs,
+) -> Dict[str, str]:
   """Runs the contract checks (module docstring) on ``factory(**factory_kwargs)``.
 
   Args:
@@ -165,17 +186,22 @@ class _Kit:
     self.algorithm = factory(**kwargs)
     self.name = getattr(self.algorithm, "name", getattr(factory, "__name__", "factory"))
     if not isinstance(self.algorithm, base.Algorithm):
-      _fail(self.name, "builds", f"the factory returned {type(self.algorithm).__name__}, not a "
-            "fedco.extend.Algorithm")
+      _fail(
+        self.name,
+        "builds",
+        f"the factory returned {type(self.algorithm).__name__}, not a fedco.extend.Algorithm",
+      )
     self.problem = default_problem(self.algorithm.problem_kind) if problem is None else problem
     self.params = default_params() if params is None else params
     self.rtol, self.atol = rtol, atol
-    examples = jax.tree.map(lambda a: jnp.asarray(a)[np.asarray(self.data.flat_rows)],
-                            self.data.examples)
+    examples = jax.tree.map(
+      lambda a: jnp.asarray(a)[np.asarray(self.data.flat_rows)], self.data.examples
+    )
     n = int(self.data.flat_rows.shape[0])
     weights = jnp.full((n,), 1.0 / n, jnp.float32)
-    self.grad_h_fn, self.oracles = batching.oracle_args(self.problem, examples, examples,
-                                                        examples, (weights,) * 3)
+    self.grad_h_fn, self.oracles = batching.oracle_args(
+      self.problem, examples, examples, examples, (weights,) * 3
+    )
     self.oracles["example_rows"] = jnp.arange(n, dtype=jnp.int32)
 
   # the user's own loop: full-batch oracles on the pooled data --------------------------------
@@ -191,8 +217,9 @@ class _Kit:
       for field in plan.round_start:  # the caller plays the server (MBSGD's y_bar)
         state = base.set_fields(state, **{field: self.oracles["inner_fn"](params)})
       grads = None if self.grad_h_fn is None else self.grad_h_fn(params)
-      updates, state = opt.update(grads, state, params, round_key=jax.random.PRNGKey(0),
-                                  **self.oracles)
+      updates, state = opt.update(
+        grads, state, params, round_key=jax.random.PRNGKey(0), **self.oracles
+      )
       return optax.apply_updates(params, updates), state
 
     return step
@@ -207,8 +234,9 @@ class _Kit:
 
   def close(self, what, check, a, b, rtol=None, atol=None):
     try:
-      chex.assert_trees_all_close(a, b, rtol=self.rtol if rtol is None else rtol,
-                                  atol=self.atol if atol is None else atol)
+      chex.assert_trees_all_close(
+        a, b, rtol=self.rtol if rtol is None else rtol, atol=self.atol if atol is None else atol
+      )
     except AssertionError as err:
       _fail(self.name, check, f"{what} differ: {str(err).splitlines()[0][:300]}")
 
@@ -227,8 +255,12 @@ class _Kit:
         base.get_field(state, field)
       except (KeyError, ValueError) as err:
         del err
-        _fail(self.name, "builds", f"the plan names field {field!r}, which the state does "
-              f"not have (its fields: {_leaf_paths(state)})")
+        _fail(
+          self.name,
+          "builds",
+          f"the plan names field {field!r}, which the state does "
+          f"not have (its fields: {_leaf_paths(state)})",
+        )
 
   def check_state(self):
     opt = self.algorithm
@@ -240,20 +272,36 @@ class _Kit:
       try:
         params, new = step(params, new)
       except AssertionError as err:
-        _fail(self.name, "state", f"a jitted step traced again on the state it returned ("
-              f"{str(err).splitlines()[0][:200]})")
+        _fail(
+          self.name,
+          "state",
+          f"a jitted step traced again on the state it returned ({str(err).splitlines()[0][:200]})",
+        )
       if jax.tree.structure(new) != jax.tree.structure(state):
-        _fail(self.name, "state", f"update changed the state's structure: "
-              f"{jax.tree.structure(state)} -> {jax.tree.structure(new)}")
-      for path, before, after in zip(_leaf_paths(state), jax.tree.leaves(state),
-                                     jax.tree.leaves(new)):
+        _fail(
+          self.name,
+          "state",
+          f"update changed the state's structure: "
+          f"{jax.tree.structure(state)} -> {jax.tree.structure(new)}",
+        )
+      for path, before, after in zip(
+        _leaf_paths(state), jax.tree.leaves(state), jax.tree.leaves(new)
+      ):
         b, a = jnp.asarray(before), jnp.asarray(after)
         if (b.dtype, b.shape) != (a.dtype, a.shape):
-          _fail(self.name, "state", f"state{path} changed from {b.dtype}{list(b.shape)} to "
-                f"{a.dtype}{list(a.shape)} across updates")
+          _fail(
+            self.name,
+            "state",
+            f"state{path} changed from {b.dtype}{list(b.shape)} to "
+            f"{a.dtype}{list(a.shape)} across updates",
+          )
         if getattr(before, "weak_type", False) != getattr(after, "weak_type", False):
-          _fail(self.name, "state", f"state{path} changed weak type across updates (start it "
-                "as jnp.asarray(value, dtype) or jnp.zeros_like(params))")
+          _fail(
+            self.name,
+            "state",
+            f"state{path} changed weak type across updates (start it "
+            "as jnp.asarray(value, dtype) or jnp.zeros_like(params))",
+          )
     chex.assert_trees_all_equal_dtypes(params, self.params)
     self._check_weak_start(opt)
 
@@ -268,13 +316,18 @@ class _Kit:
     inner = self.oracles["inner_fn"](weak) if "inner_fn" in self.oracles else None
     state = base.init_trackers(opt.init(weak), weak, inner)
     _, new = jax.jit(self.step_fn(opt))(weak, state)
-    for path, before, after in zip(_leaf_paths(state), jax.tree.leaves(state),
-                                   jax.tree.leaves(new)):
+    for path, before, after in zip(
+      _leaf_paths(state), jax.tree.leaves(state), jax.tree.leaves(new)
+    ):
       if getattr(before, "weak_type", False) and not getattr(after, "weak_type", False):
-        _fail(self.name, "state", f"state{path} starts weak-typed from weak-typed params "
-              "(jnp.zeros_like or arithmetic on them) and the first update makes it strong, "
-              "so a jitted loop traces twice: start it as jnp.zeros(jnp.shape(p), "
-              "jnp.result_type(p)) or with an explicit dtype")
+        _fail(
+          self.name,
+          "state",
+          f"state{path} starts weak-typed from weak-typed params "
+          "(jnp.zeros_like or arithmetic on them) and the first update makes it strong, "
+          "so a jitted loop traces twice: start it as jnp.zeros(jnp.shape(p), "
+          "jnp.result_type(p)) or with an explicit dtype",
+        )
 
   def check_jit(self):
     jitted, _ = self.run(self.algorithm, jit=True)
@@ -284,18 +337,24 @@ class _Kit:
   def check_chain(self):
     reference, _ = self.run(self.algorithm)
     clip = optax.clip_by_global_norm(1e12)
-    for label, chained in (("optax.chain", optax.chain(clip, self.algorithm, clip)),
-                           ("fedco.chain", base.chain(clip, self.algorithm, clip))):
+    for label, chained in (
+      ("optax.chain", optax.chain(clip, self.algorithm, clip)),
+      ("fedco.chain", base.chain(clip, self.algorithm, clip)),
+    ):
       got, _ = self.run(chained)
-      self.close(f"{label}(inactive clip, algorithm, inactive clip) and the bare algorithm's "
-                 "steps", "chain", got, reference)
+      self.close(
+        f"{label}(inactive clip, algorithm, inactive clip) and the bare algorithm's steps",
+        "chain",
+        got,
+        reference,
+      )
 
   def check_inject(self):
     static = getattr(self.factory, "static_args", ())
     for label, injected_factory in (
-        ("fedco.inject_hyperparams", base.inject_hyperparams(self.factory)),
-        ("optax.inject_hyperparams", optax.inject_hyperparams(self.factory,
-                                                              static_args=static))):
+      ("fedco.inject_hyperparams", base.inject_hyperparams(self.factory)),
+      ("optax.inject_hyperparams", optax.inject_hyperparams(self.factory, static_args=static)),
+    ):
       injected = injected_factory(**self.kwargs)
       state = self.init(injected)  # init(params) + init_trackers: what the runtime does
       if "learning_rate" not in getattr(state, "hyperparams", {}):
@@ -313,28 +372,35 @@ class _Kit:
         state.hyperparams["learning_rate"] = 0.5 * state.hyperparams["learning_rate"]
         second = two(state)
       except AssertionError as err:
-        _fail(self.name, "inject", f"{label}: the step traced again (from init(params) and "
-              f"init_trackers, or after a changed hyperparameter: "
-              f"{str(err).splitlines()[0][:200]})")
+        _fail(
+          self.name,
+          "inject",
+          f"{label}: the step traced again (from init(params) and "
+          f"init_trackers, or after a changed hyperparameter: "
+          f"{str(err).splitlines()[0][:200]})",
+        )
       self.close(f"{label}(factory) and the factory's steps", "inject", first, reference)
-      if all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first),
-                                                  jax.tree.leaves(second))):
-        _fail(self.name, "inject", f"{label}: halving the injected learning_rate changed "
-              "nothing")
+      if all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second))):
+        _fail(self.name, "inject", f"{label}: halving the injected learning_rate changed nothing")
     return None
 
   def simulate(self, algorithm=None, rounds=ROUNDS, data=None, **kwargs):
     kwargs.setdefault("batch_size", None)  # full batch: the loop reference's oracles
-    return simulate(self.problem, self.algorithm if algorithm is None else algorithm,
-                    self.data if data is None else data, self.params, rounds=rounds, seed=0,
-                    **kwargs)
+    return simulate(
+      self.problem,
+      self.algorithm if algorithm is None else algorithm,
+      self.data if data is None else data,
+      self.params,
+      rounds=rounds,
+      seed=0,
+      **kwargs,
+    )
 
   def simulated(self):
     """The server values after each of ``ROUNDS`` rounds of ``fedco.simulate``'s program
     (one compiled round, run round by round; shared by the checks that need a run)."""
     if not hasattr(self, "_simulated"):
-      sim = Simulator(self.problem, self.algorithm, self.data, batch_size=None,
-                      evaluate=False)
+      sim = Simulator(self.problem, self.algorithm, self.data, batch_size=None, evaluate=False)
       state, servers = sim.init(self.params, 0), []
       for _ in range(ROUNDS):
         state, _ = sim.run(state, 1, final_round=ROUNDS)
@@ -343,32 +409,57 @@ class _Kit:
     return self._simulated
 
   def check_simulate(self):
-    expected = loop_reference(self.problem, self.algorithm, self.data, self.params,
-                              rounds=ROUNDS, seed=0)
-    self.close("fedco.simulate's server and the per-client loop's (loop_reference)",
-               "simulate", self.simulated()[-1], expected, rtol=max(self.rtol, 2e-5))
+    expected = loop_reference(
+      self.problem, self.algorithm, self.data, self.params, rounds=ROUNDS, seed=0
+    )
+    self.close(
+      "fedco.simulate's server and the per-client loop's (loop_reference)",
+      "simulate",
+      self.simulated()[-1],
+      expected,
+      rtol=max(self.rtol, 2e-5),
+    )
 
   def check_server(self):
     moved = self.simulated()[0]["params"]
-    if all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved),
-                                                jax.tree.leaves(self.params))):
-      _fail(self.name, "server", "after a round the server model equals the round's start: "
-            "the server ignores the clients' uploads")
+    if all(
+      np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(self.params))
+    ):
+      _fail(
+        self.name,
+        "server",
+        "after a round the server model equals the round's start: "
+        "the server ignores the clients' uploads",
+      )
 
   def check_sweep(self):
-    if "learning_rate" not in self.kwargs or not isinstance(self.kwargs["learning_rate"],
-                                                            (int, float)):
+    if "learning_rate" not in self.kwargs or not isinstance(
+      self.kwargs["learning_rate"], (int, float)
+    ):
       return "skipped: no numeric learning_rate in this configuration"
     rates = [float(self.kwargs["learning_rate"]), 0.5 * float(self.kwargs["learning_rate"])]
     others = {k: v for k, v in self.kwargs.items() if k != "learning_rate"}
-    swept = sweep(self.problem, self.factory, self.data, self.params, rounds=ROUNDS,
-                  grid={"learning_rate": rates}, algorithm_kwargs=others, batch_size=None,
-                  evaluate=False)
+    swept = sweep(
+      self.problem,
+      self.factory,
+      self.data,
+      self.params,
+      rounds=ROUNDS,
+      grid={"learning_rate": rates},
+      algorithm_kwargs=others,
+      batch_size=None,
+      evaluate=False,
+    )
     for i, rate in enumerate(rates):
-      alone = self.simulate(algorithm=self.factory(**others, learning_rate=rate),
-                            evaluate=False).params
-      self.close(f"fedco.sweep's run {i} (learning_rate={rate}) and its simulate run",
-                 "sweep", jax.tree.map(lambda a, i=i: a[i], swept.params), alone)
+      alone = self.simulate(
+        algorithm=self.factory(**others, learning_rate=rate), evaluate=False
+      ).params
+      self.close(
+        f"fedco.sweep's run {i} (learning_rate={rate}) and its simulate run",
+        "sweep",
+        jax.tree.map(lambda a, i=i: a[i], swept.params),
+        alone,
+      )
 
   def check_resume(self):
     straight = self.simulate(rounds=4, evaluate=False)
@@ -380,26 +471,43 @@ class _Kit:
     try:
       chex.assert_trees_all_equal(resumed.state, straight.state)
     except AssertionError as err:
-      _fail(self.name, "resume", f"a run resumed from round 2 differs from one without a stop "
-            f"({str(err).splitlines()[0][:200]})")
+      _fail(
+        self.name,
+        "resume",
+        f"a run resumed from round 2 differs from one without a stop "
+        f"({str(err).splitlines()[0][:200]})",
+      )
 
   def check_mesh(self):
     devices = min(jax.device_count(), 8)
     if devices < 2:
-      return ("skipped: one device (set XLA_FLAGS=--xla_force_host_platform_device_count=8 "
-              "before importing jax)")
+      return (
+        "skipped: one device (set XLA_FLAGS=--xla_force_host_platform_device_count=8 "
+        "before importing jax)"
+      )
     one = self.simulate(evaluate=False)
     laid = self.simulate(evaluate=False, mesh=mesh_lib.client_mesh(devices))
-    self.close(f"the run on a {devices}-device mesh and on one device", "mesh",
-               jax.device_get(laid.state.server), jax.device_get(one.state.server))
+    self.close(
+      f"the run on a {devices}-device mesh and on one device",
+      "mesh",
+      jax.device_get(laid.state.server),
+      jax.device_get(one.state.server),
+    )
     return None
 
 
 # ---- a per-client Python loop of the plan ------------------------------------------------------
 
 
-def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedData,
-                   params: PyTree, *, rounds: int, seed: int = 0) -> Dict[str, PyTree]:
+def loop_reference(
+  problem: Problem,
+  algorithm: base.Algorithm,
+  data: FederatedData,
+  params: PyTree,
+  *,
+  rounds: int,
+  seed: int = 0,
+) -> Dict[str, PyTree]:
   """The server values ``{"params": x, field: ...}`` after ``rounds`` rounds, computed as
   Python loops over clients and steps from the algorithm's transform and plan.
 
@@ -420,8 +528,9 @@ def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedD
     w = counts.astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
   else:
     w = jnp.full((n,), 1.0 / n, jnp.float32)
-  full = [batching.draw_batch(jax.random.PRNGKey(0), data, k, None, return_rows=True)
-          for k in range(n)]
+  full = [
+    batching.draw_batch(jax.random.PRNGKey(0), data, k, None, return_rows=True) for k in range(n)
+  ]
 
   def mean(values):
     return jax.tree.map(lambda *v: jnp.tensordot(w, jnp.stack(v), axes=1), *values)
@@ -431,8 +540,9 @@ def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedD
     """One client's step on its whole data (jitted once: the loop stays fast)."""
     grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
     grads = None if grad_h_fn is None else grad_h_fn(model)
-    step, state = algorithm.update(grads, state, model, round_key=round_key, local_step=t,
-                                   example_rows=rows, **kwargs)
+    step, state = algorithm.update(
+      grads, state, model, round_key=round_key, local_step=t, example_rows=rows, **kwargs
+    )
     return optax.apply_updates(model, step), state
 
   def with_field(states, field, value):
@@ -447,8 +557,10 @@ def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedD
     states.append(base.init_trackers(algorithm.init(params), params, inner))
   for field in plan.init_fields:
     states = with_field(states, field, mean([base.get_field(s, field) for s in states]))
-  server = {"params": params,
-            **{f: mean([base.get_field(s, f) for s in states]) for f in plan.every_round}}
+  server = {
+    "params": params,
+    **{f: mean([base.get_field(s, f) for s in states]) for f in plan.every_round},
+  }
   shared = {f: mean([base.get_field(s, f) for s in states]) for f in plan.every_step}
   server_state = aggregator.init(server, counts)
   ids = jnp.arange(n)
@@ -466,26 +578,30 @@ def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedD
         if plan.round_start_value == "pre_link" and problem.outer_link is not None:
           value = problem.unlinked_outer_value(value, batch, weights)
         values.append(value)
-      value = (mean(values) if plan.round_start_reduce is None
-               else plan.round_start_reduce(jnp.stack(values), w))
+      value = (
+        mean(values)
+        if plan.round_start_reduce is None
+        else plan.round_start_reduce(jnp.stack(values), w)
+      )
       for f in plan.round_start:
         states = with_field(states, f, value)
     for f in plan.round_start_loss:
-      states = [base.set_fields(s, **{f: problem.client_objective(server["params"],
-                                                                   *full[k][:2])})
-                for k, s in enumerate(states)]
+      states = [
+        base.set_fields(s, **{f: problem.client_objective(server["params"], *full[k][:2])})
+        for k, s in enumerate(states)
+      ]
     models = [server["params"]] * n
     for t in range(plan.local_steps):
       for k in range(n):
-        models[k], states[k] = client_step(states[k], models[k], *full[k], k_round,
-                                           jnp.asarray(t))
+        models[k], states[k] = client_step(states[k], models[k], *full[k], k_round, jnp.asarray(t))
       for f in plan.every_step:
         states = with_field(states, f, mean([base.get_field(s, f) for s in states]))
     shared = {f: base.get_field(states[0], f) for f in plan.every_step}
-    uploads = {"params": models, **{f: [base.get_field(s, f) for s in states]
-                                    for f in plan.every_round + plan.report}}
-    stacked = {f: jax.tree.map(lambda *v: jnp.stack(v), *values)
-               for f, values in uploads.items()}
+    uploads = {
+      "params": models,
+      **{f: [base.get_field(s, f) for s in states] for f in plan.every_round + plan.report},
+    }
+    stacked = {f: jax.tree.map(lambda *v: jnp.stack(v), *values) for f, values in uploads.items()}
 
     def client_losses(x, which, loss_key):
       del loss_key  # full batch: every draw is the client's whole data
@@ -499,8 +615,16 @@ def loop_reference(problem: Problem, algorithm: base.Algorithm, data: FederatedD
 # ---- float64 transcriptions ---------------------------------------------------------------------
 
 
-def run_float64(problem: Problem, algorithm: base.Algorithm, clients: Sequence[Dict[str, Any]],
-                params: PyTree, *, rounds: int, seed: int = 0, **simulate_kwargs):
+def run_float64(
+  problem: Problem,
+  algorithm: base.Algorithm,
+  clients: Sequence[Dict[str, Any]],
+  params: PyTree,
+  *,
+  rounds: int,
+  seed: int = 0,
+  **simulate_kwargs,
+):
   """``fedco.simulate`` in float64 with full-batch oracles, for NumPy transcription tests.
 
   Args:
@@ -520,20 +644,42 @@ def run_float64(problem: Problem, algorithm: base.Algorithm, clients: Sequence[D
 
   def record(state, round_):
     del round_
-    trajectory.append(jax.tree.map(lambda a: np.asarray(a, np.float64),
-                                   jax.device_get(state.server["params"])))
+    trajectory.append(
+      jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(state.server["params"]))
+    )
 
   with jax.enable_x64(True):
     data = FederatedData.from_clients(
-        [jax.tree.map(lambda a: np.asarray(a, np.float64), c) for c in clients])
+      [jax.tree.map(lambda a: np.asarray(a, np.float64), c) for c in clients]
+    )
     x0 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    result = simulate(problem, algorithm, data, x0, rounds=rounds, seed=seed,
-                      batch_size=None, evaluate=False,
-                      actions=[host.RoundAction(record, 1)], **simulate_kwargs)
+    result = simulate(
+      problem,
+      algorithm,
+      data,
+      x0,
+      rounds=rounds,
+      seed=seed,
+      batch_size=None,
+      evaluate=False,
+      actions=[host.RoundAction(record, 1)],
+      **simulate_kwargs,
+    )
     final = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(result.params))
-  return {"params": final, "trajectory": trajectory,
-          "clients": [list(map(int, ids)) for ids in np.asarray(result.metrics["clients"])]}
+  return {
+    "params": final,
+    "trajectory": trajectory,
+    "clients": [list(map(int, ids)) for ids in np.asarray(result.metrics["clients"])],
+  }
 
 
-__all__ = ["CHECKS", "ContractError", "check_algorithm", "default_data", "default_params",
-           "default_problem", "loop_reference", "run_float64"]
+__all__ = [
+  "CHECKS",
+  "ContractError",
+  "check_algorithm",
+  "default_data",
+  "default_params",
+  "default_problem",
+  "loop_reference",
+  "run_float64",
+]

@@ -9,8 +9,9 @@ import fedco
 def portfolio_clients(sizes=(24, 8, 40), d=3, seed=0):
   """Per-client returns with different means, so clients are heterogeneous."""
   rng = np.random.default_rng(seed)
-  return [(rng.normal(0.2 * (k + 1), 1.0, size=(n, d))).astype(np.float32)
-          for k, n in enumerate(sizes)]
+  return [
+    (rng.normal(0.2 * (k + 1), 1.0, size=(n, d))).astype(np.float32) for k, n in enumerate(sizes)
+  ]
 
 
 def full_batch_args(problem, examples):
@@ -19,15 +20,23 @@ def full_batch_args(problem, examples):
 
 
 def as_np(tree):
-  return np.asarray(tree, np.float64) if not isinstance(tree, dict) else {
-      k: np.asarray(v, np.float64) for k, v in tree.items()}
+  return (
+    np.asarray(tree, np.float64)
+    if not isinstance(tree, dict)
+    else {k: np.asarray(v, np.float64) for k, v in tree.items()}
+  )
 
 
 def tanh_problem_data(sizes=(3, 5, 8), d=3, p=2, seed=0):
   rng = np.random.default_rng(seed)
-  return [{"A": rng.normal(size=(n, p, d)).astype(np.float32),
-           "c": rng.normal(size=(n, p)).astype(np.float32),
-           "b": (0.3 * rng.normal(size=(n, d))).astype(np.float32)} for n in sizes]
+  return [
+    {
+      "A": rng.normal(size=(n, p, d)).astype(np.float32),
+      "c": rng.normal(size=(n, p)).astype(np.float32),
+      "b": (0.3 * rng.normal(size=(n, d))).astype(np.float32),
+    }
+    for n in sizes
+  ]
 
 
 def zeros(d):

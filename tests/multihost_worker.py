@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-NUM_CLIENTS = 7          # 4 devices -> 2 clients per device, 8 blocks (one padding block)
+NUM_CLIENTS = 7  # 4 devices -> 2 clients per device, 8 blocks (one padding block)
 DEVICES_PER_PROCESS = 2
 ROUNDS, BATCH, SEED = 3, 5, 3
 X0 = 0.1
@@ -65,32 +65,48 @@ SAMPLED = ("feddro", "mbsgd", "drfa", "tr_maml", "primal_dual_dro")
 # (label, algorithm, clients_per_round): every registry algorithm with all clients, then the
 # sampled ones. FedAvg runs through fedco.simulate; the others through one compiled chunk
 # whose collectives are recorded.
-CONFIGS = ([(name, name, None) for name in algorithms()]
-           + [(f"{name}_m3", name, 3) for name in SAMPLED])
+CONFIGS = [(name, name, None) for name in algorithms()] + [
+  (f"{name}_m3", name, 3) for name in SAMPLED
+]
 
 
 def _host(params, metrics):
-  return {"params": np.asarray(params).tolist(),
-          "objective": np.asarray(metrics["objective"]).tolist(),
-          "client_losses": np.asarray(metrics["client_losses"]).tolist(),
-          "clients": np.asarray(metrics["clients"]).tolist()}
+  return {
+    "params": np.asarray(params).tolist(),
+    "objective": np.asarray(metrics["objective"]).tolist(),
+    "client_losses": np.asarray(metrics["client_losses"]).tolist(),
+    "clients": np.asarray(metrics["clients"]).tolist(),
+  }
 
 
 def run_config(label, data, mesh):
   """One configuration through ``fedco.simulate``, as host lists (on every process)."""
   import jax.numpy as jnp
+
   import fedco
   from fedco.runtime import distributed
+
   _, name, m = next(c for c in CONFIGS if c[0] == label)
   problem, alg = algorithms()[name]
-  result = fedco.simulate(problem, alg, data, jnp.full((3,), X0), rounds=ROUNDS, seed=SEED,
-                          batch_size=BATCH, clients_per_round=m, mesh=mesh)
+  result = fedco.simulate(
+    problem,
+    alg,
+    data,
+    jnp.full((3,), X0),
+    rounds=ROUNDS,
+    seed=SEED,
+    batch_size=BATCH,
+    clients_per_round=m,
+    mesh=mesh,
+  )
   return _host(distributed.fetch(result.params), result.metrics)
 
 
 # A collective and its result shape in compiled HLO text, e.g. "%x = f32[8,2]{1,0} all-gather(".
-COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(all-gather|all-reduce|all-to-all|"
-                        r"collective-permute|reduce-scatter)(?:-start)?\(")
+COLLECTIVE = re.compile(
+  r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(all-gather|all-reduce|all-to-all|"
+  r"collective-permute|reduce-scatter)(?:-start)?\("
+)
 
 
 def carries_examples(shape, max_n, rows):
@@ -108,10 +124,16 @@ def carries_examples(shape, max_n, rows):
 
 
 def compiled_collectives(sim, state):
-  compiled = sim._run.lower(state, sim.data, sim.metrics_data, np.int32(ROUNDS),
-                            rounds=ROUNDS).compile()
-  ops = sorted({(mt.group(2), mt.group(1))
-                for mt in map(COLLECTIVE.match, compiled.as_text().splitlines()) if mt})
+  compiled = sim._run.lower(
+    state, sim.data, sim.metrics_data, np.int32(ROUNDS), rounds=ROUNDS
+  ).compile()
+  ops = sorted(
+    {
+      (mt.group(2), mt.group(1))
+      for mt in map(COLLECTIVE.match, compiled.as_text().splitlines())
+      if mt
+    }
+  )
   return compiled, ops
 
 
@@ -132,10 +154,13 @@ def single():
     on one device: masked sampling, fault draws and the aggregator's loss queries.
   """
   import jax
+
   jax.config.update("jax_num_cpu_devices", 4)
   import jax.numpy as jnp
+
   import fedco
   from fedco.runtime import distributed
+
   clients = [client_examples(k) for k in range(NUM_CLIENTS)]
   plain = fedco.FederatedData.from_clients(clients)
   out = {"reference": run_each(plain, None)[0]}
@@ -143,9 +168,20 @@ def single():
   blocks = distributed.global_data(clients, NUM_CLIENTS, mesh)
   problem, alg = algorithms()["feddro"]
   out.update(max_count=blocks.max_count, rows=blocks.num_examples)
-  for label, data in (("blocks", blocks), ("plain", fedco.FederatedData(
-      blocks.examples, blocks.counts, blocks.offsets, blocks.flat_rows, blocks.flat_owner,
-      blocks.max_count))):
+  for label, data in (
+    ("blocks", blocks),
+    (
+      "plain",
+      fedco.FederatedData(
+        blocks.examples,
+        blocks.counts,
+        blocks.offsets,
+        blocks.flat_rows,
+        blocks.flat_owner,
+        blocks.max_count,
+      ),
+    ),
+  ):
     sim = fedco.Simulator(problem, alg, data, batch_size=BATCH, mesh=mesh)
     if label == "plain":  # the control keeps the rows sharded (Simulator would replicate them)
       sim.data = data
@@ -154,25 +190,53 @@ def single():
   # the KL-DRO log form reads each example's client label: block data over 4 devices (one
   # padding block) labelled by ClientBlockData.with_owner, against one-process data
   log_form = fedco.problems.client_kl_dro_log(
-      lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=NUM_CLIENTS)
+    lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=NUM_CLIENTS
+  )
   out["owner"] = [
-      _host(distributed.fetch(r.params), r.metrics)
-      for r in (fedco.simulate(log_form, fedco.feddro(0.05, 2, beta=0.5), d, jnp.full((3,), X0),
-                               rounds=ROUNDS, seed=SEED, batch_size=BATCH, mesh=m)
-                for d, m in ((plain.with_owner(), None), (blocks.with_owner(), mesh)))]
+    _host(distributed.fetch(r.params), r.metrics)
+    for r in (
+      fedco.simulate(
+        log_form,
+        fedco.feddro(0.05, 2, beta=0.5),
+        d,
+        jnp.full((3,), X0),
+        rounds=ROUNDS,
+        seed=SEED,
+        batch_size=BATCH,
+        mesh=m,
+      )
+      for d, m in ((plain.with_owner(), None), (blocks.with_owner(), mesh))
+    )
+  ]
   five = clients[:5]
-  runs = [fedco.simulate(algorithms()["fedavg"][0], fedco.drfa(0.1, 3, weights_lr=0.01), data,
-                         jnp.full((3,), X0), rounds=ROUNDS, seed=1, batch_size=4,
-                         clients_per_round=3, participation=0.7, straggler_prob=0.3,
-                         mesh=mesh_)
-          for data, mesh_ in ((fedco.FederatedData.from_clients(five), None),
-                              (distributed.global_data(five, 5, mesh), mesh))]
+  runs = [
+    fedco.simulate(
+      algorithms()["fedavg"][0],
+      fedco.drfa(0.1, 3, weights_lr=0.01),
+      data,
+      jnp.full((3,), X0),
+      rounds=ROUNDS,
+      seed=1,
+      batch_size=4,
+      clients_per_round=3,
+      participation=0.7,
+      straggler_prob=0.3,
+      mesh=mesh_,
+    )
+    for data, mesh_ in (
+      (fedco.FederatedData.from_clients(five), None),
+      (distributed.global_data(five, 5, mesh), mesh),
+    )
+  ]
   out["resident"] = [
-      {**_host(distributed.fetch(r.params), r.metrics),
-       "survivors": np.asarray(r.metrics["survivors"]).tolist(),
-       "local_steps": np.asarray(r.metrics["local_steps"]).tolist(),
-       "lambda": [np.asarray(l).tolist() for l in jax.tree.leaves(r.state.server_opt_state)]}
-      for r in runs]
+    {
+      **_host(distributed.fetch(r.params), r.metrics),
+      "survivors": np.asarray(r.metrics["survivors"]).tolist(),
+      "local_steps": np.asarray(r.metrics["local_steps"]).tolist(),
+      "lambda": [np.asarray(l).tolist() for l in jax.tree.leaves(r.state.server_opt_state)],
+    }
+    for r in runs
+  ]
   print(json.dumps(out), flush=True)
 
 
@@ -190,13 +254,16 @@ def run_compiled(labels, data, mesh):
   (``mesh=None``: no collectives).
   """
   import jax.numpy as jnp
+
   from fedco.runtime import distributed
+
   configs = []
   for label in labels:
     _, name, m = next(c for c in CONFIGS if c[0] == label)
     configs.append((label, *algorithms()[name], m))
-  outs, compiled = _mesh_check().compile_all(configs, data, mesh, x0=jnp.full((3,), X0),
-                                             seed=SEED, rounds=ROUNDS, batch_size=BATCH)
+  outs, compiled = _mesh_check().compile_all(
+    configs, data, mesh, x0=jnp.full((3,), X0), seed=SEED, rounds=ROUNDS, batch_size=BATCH
+  )
   fetched = distributed.fetch([(state.server["params"], metrics) for state, metrics in outs])
   results = {label: _host(*f) for label, f in zip(labels, fetched)}
   collectives = {}
@@ -228,8 +295,11 @@ def run_each(data, mesh, timing=None):
 def _max_abs_diff(a, b):
   """The largest absolute difference between two pytrees of host arrays (in float64)."""
   import jax
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+  return max(
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
 def checkpoint_roundtrip(mesh, directory):
@@ -244,29 +314,37 @@ def checkpoint_roundtrip(mesh, directory):
   """
   import jax
   import jax.numpy as jnp
+
   import fedco
   from fedco.runtime import distributed
+
   problem, alg = algorithms()["ditto"]
   # 8 clients (each process generating its own), so client states split evenly over 4 devices
-  data = distributed.global_data([client_examples(k) for k in
-                                  distributed.process_clients(8, mesh)], 8, mesh)
+  data = distributed.global_data(
+    [client_examples(k) for k in distributed.process_clients(8, mesh)], 8, mesh
+  )
   kwargs = dict(seed=SEED, batch_size=BATCH, mesh=mesh, progress=False)
   x0 = jnp.full((3,), X0)
-  first = fedco.simulate(problem, alg, data, x0, rounds=2, checkpoint_dir=directory,
-                         checkpoint_every=1, **kwargs)
+  first = fedco.simulate(
+    problem, alg, data, x0, rounds=2, checkpoint_dir=directory, checkpoint_every=1, **kwargs
+  )
   said = io.StringIO()
   with contextlib.redirect_stderr(said):
-    resumed = fedco.simulate(problem, alg, data, x0, rounds=4, checkpoint_dir=directory,
-                             checkpoint_every=1, **kwargs)
+    resumed = fedco.simulate(
+      problem, alg, data, x0, rounds=4, checkpoint_dir=directory, checkpoint_every=1, **kwargs
+    )
   straight = fedco.simulate(problem, alg, data, x0, rounds=4, **kwargs)
   got, want = distributed.fetch((resumed.state, straight.state))
   # The simulator hands back client states replicated over the mesh; a state laid out by
   # client (each process holding only its own devices' slots) must save and restore too.
   from fedco import checkpoint as checkpoint_lib
+
   by_client = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("clients"))
   laid_out = first.state._replace(clients=jax.device_put(first.state.clients, by_client))
-  split = [not (leaf.is_fully_addressable or leaf.is_fully_replicated)
-           for leaf in jax.tree.leaves(laid_out.clients)]
+  split = [
+    not (leaf.is_fully_addressable or leaf.is_fully_replicated)
+    for leaf in jax.tree.leaves(laid_out.clients)
+  ]
   ckpt = checkpoint_lib.Checkpointer(directory + "_by_client")
   ckpt.save(2, laid_out, first.metrics)
   back_round, back, _ = ckpt.restore(laid_out)
@@ -275,17 +353,23 @@ def checkpoint_roundtrip(mesh, directory):
   back_host, laid_host = distributed.fetch((back, laid_out))
   back_diff = _max_abs_diff(back_host, laid_host)
   diff = _max_abs_diff(got, want)
-  return {"client_state_spans_processes": all(not leaf.is_fully_addressable
-                                              for leaf in jax.tree.leaves(first.state.clients)),
-          "by_client_split": bool(split) and all(split), "by_client_round": back_round,
-          "by_client_specs": sorted(back_specs), "by_client_max_diff": back_diff,
-          "rounds_saved": sorted(int(n) for n in os.listdir(directory) if n.isdigit()),
-          "resumed_from_2": "resumed from round 2" in said.getvalue(),
-          "state_max_diff": diff,
-          "objective_max_diff": float(np.max(np.abs(resumed.metrics["objective"] -
-                                                    straight.metrics["objective"]))),
-          "rounds": int(got.round), "moved": float(np.max(np.abs(
-              np.asarray(got.server["params"]) - X0)))}
+  return {
+    "client_state_spans_processes": all(
+      not leaf.is_fully_addressable for leaf in jax.tree.leaves(first.state.clients)
+    ),
+    "by_client_split": bool(split) and all(split),
+    "by_client_round": back_round,
+    "by_client_specs": sorted(back_specs),
+    "by_client_max_diff": back_diff,
+    "rounds_saved": sorted(int(n) for n in os.listdir(directory) if n.isdigit()),
+    "resumed_from_2": "resumed from round 2" in said.getvalue(),
+    "state_max_diff": diff,
+    "objective_max_diff": float(
+      np.max(np.abs(resumed.metrics["objective"] - straight.metrics["objective"]))
+    ),
+    "rounds": int(got.round),
+    "moved": float(np.max(np.abs(np.asarray(got.server["params"]) - X0))),
+  }
 
 
 def main():
@@ -300,16 +384,28 @@ def main():
     return single()
   start = time.perf_counter()
   from fedco.runtime import distributed
-  distributed.initialize(f"localhost:{args.port}", args.num_processes, args.process_id,
-                         local_device_count=DEVICES_PER_PROCESS, initialization_timeout=60)
+
+  distributed.initialize(
+    f"localhost:{args.port}",
+    args.num_processes,
+    args.process_id,
+    local_device_count=DEVICES_PER_PROCESS,
+    initialization_timeout=60,
+  )
   import jax
+
   import fedco
+
   assert jax.process_count() == args.num_processes, jax.process_count()
   assert jax.device_count() == DEVICES_PER_PROCESS * args.num_processes, jax.devices()
   mesh = fedco.runtime.client_mesh()
   mine = distributed.process_clients(NUM_CLIENTS, mesh)
-  others = [k for p in range(args.num_processes) if p != args.process_id
-            for k in distributed.process_clients(NUM_CLIENTS, mesh, p)]
+  others = [
+    k
+    for p in range(args.num_processes)
+    if p != args.process_id
+    for k in distributed.process_clients(NUM_CLIENTS, mesh, p)
+  ]
   generated = []
 
   def load(k):
@@ -320,16 +416,24 @@ def main():
   data = distributed.global_data([load(k) for k in mine], NUM_CLIENTS, mesh)
   examples = data.examples["r"]
   assert not examples.is_fully_addressable
-  shards = [{"device": str(s.device), "rows": [s.index[0].start, s.index[0].stop]}
-            for s in examples.addressable_shards]
+  shards = [
+    {"device": str(s.device), "rows": [s.index[0].start, s.index[0].stop]}
+    for s in examples.addressable_shards
+  ]
   # every row this process holds is one of its own clients' rows or padding
   local_rows = np.concatenate([np.asarray(s.data) for s in examples.addressable_shards])
   own = np.concatenate([client_examples(k)["r"] for k in mine])
   assert all(np.any(np.all(own == row, axis=1)) for row in local_rows)
 
-  report = {"process": args.process_id, "generated": generated, "owned": mine,
-            "shards": shards, "num_blocks": data.num_blocks, "max_count": data.max_count,
-            "rows": int(examples.shape[0])}
+  report = {
+    "process": args.process_id,
+    "generated": generated,
+    "owned": mine,
+    "shards": shards,
+    "num_blocks": data.num_blocks,
+    "max_count": data.max_count,
+    "rows": int(examples.shape[0]),
+  }
   report["timing"] = {"setup": time.perf_counter() - start}
   results, report["collectives"] = run_each(data, mesh, report["timing"])
   t = time.perf_counter()
@@ -337,6 +441,7 @@ def main():
     report["checkpoint"] = checkpoint_roundtrip(mesh, os.path.join(args.out, "checkpoints"))
   except Exception:  # pylint: disable=broad-except
     import traceback  # pylint: disable=g-import-not-at-top
+
     report["checkpoint"] = {"error": traceback.format_exc()[-3000:]}
   report["timing"]["checkpoint"] = time.perf_counter() - t
   if args.process_id == 0:

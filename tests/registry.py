@@ -18,8 +18,7 @@ from fedco.problems import portfolio
 # registry name -> [(label, keyword arguments; local_steps only where a test must not set it)]
 SETTINGS = {name: list(factory.settings.items()) for name, factory in fedco.ALGORITHMS.items()}
 
-CASES = {label: (name, kwargs) for name, entries in SETTINGS.items()
-         for label, kwargs in entries}
+CASES = {label: (name, kwargs) for name, entries in SETTINGS.items() for label, kwargs in entries}
 
 
 def factory(label):
@@ -60,5 +59,5 @@ def problem_for(algorithm):
   """A small problem of the algorithm's kind for federated runs: the portfolio problem
   (local- or global-inner), or a plain per-example loss on the same ``{"r": [n, d]}`` data."""
   if algorithm.problem_kind == "plain":
-    return fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x ** 4))
+    return fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x**4))
   return portfolio(1.0, kind=algorithm.problem_kind)

@@ -17,14 +17,17 @@ ROUNDS, EVERY = 1500, 50
 
 def setup(name):
   rng = np.random.default_rng(0)
-  clients = [{"r": rng.normal(0.2 * (k + 1), 1.0, size=(20 + 7 * k, 3)).astype(np.float32)}
-             for k in range(4)]
+  clients = [
+    {"r": rng.normal(0.2 * (k + 1), 1.0, size=(20 + 7 * k, 3)).astype(np.float32)} for k in range(4)
+  ]
   data = fedco.FederatedData.from_clients(clients)
   algorithms = {
-      "comfedl": (portfolio(1.0, kind="local"), fedco.comfedl(0.01, 3)),
-      "local_scgdm": (portfolio(1.0, kind="local"),
-                      fedco.local_scgdm(1.0, 3, beta=0.01, alpha=0.8, gamma=0.7)),
-      "feddro": (portfolio(1.0), fedco.feddro(0.01, 3, beta=0.5)),
+    "comfedl": (portfolio(1.0, kind="local"), fedco.comfedl(0.01, 3)),
+    "local_scgdm": (
+      portfolio(1.0, kind="local"),
+      fedco.local_scgdm(1.0, 3, beta=0.01, alpha=0.8, gamma=0.7),
+    ),
+    "feddro": (portfolio(1.0), fedco.feddro(0.01, 3, beta=0.5)),
   }
   problem, alg = algorithms[name]
   return problem, alg, data
@@ -32,12 +35,25 @@ def setup(name):
 
 def main(name, directory, out, checkpoint=True):
   problem, alg, data = setup(name)
-  result = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=ROUNDS, seed=5,
-                          batch_size=4, clients_per_round=3, chunk_rounds=EVERY,
-                          checkpoint_dir=directory if checkpoint else None,
-                          checkpoint_every=EVERY)
-  np.savez(out, params=np.asarray(result.params), objective=result.metrics["objective"],
-           clients=result.metrics["clients"])
+  result = fedco.simulate(
+    problem,
+    alg,
+    data,
+    jnp.zeros(3),
+    rounds=ROUNDS,
+    seed=5,
+    batch_size=4,
+    clients_per_round=3,
+    chunk_rounds=EVERY,
+    checkpoint_dir=directory if checkpoint else None,
+    checkpoint_every=EVERY,
+  )
+  np.savez(
+    out,
+    params=np.asarray(result.params),
+    objective=result.metrics["objective"],
+    clients=result.metrics["clients"],
+  )
 
 
 if __name__ == "__main__":

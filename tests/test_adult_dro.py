@@ -44,17 +44,28 @@ def test_two_clients_split_by_doctorate_and_every_method_reports(tiny_run):
   assert methods["fedavg"]["per_seed"][0]["round"] == 7
   rows = common.read_jsonl(workdir / "metrics.jsonl")  # streamed by the runtime's writers
   assert {r["method"] for r in rows} >= {"fedavg", "comfedl_normalized", "feddro"}
-  assert all(0 <= r["test_acc_worst"] <= min(r["test_acc_doctorate"], r["test_acc_other"])
-             for r in rows)
+  assert all(
+    0 <= r["test_acc_worst"] <= min(r["test_acc_doctorate"], r["test_acc_other"]) for r in rows
+  )
   assert set(summary["doctorate_test_acc_above_fedavg"]) >= {"comfedl_normalized", "feddro"}
   assert (workdir / "adult_dro.png").exists()
 
 
 def test_the_driver_runs_a_config_file_and_refuses_bad_fields(tmp_path):
   run = lambda *args: subprocess.run(
-      [sys.executable, "-m", "experiments.main",
-       "--config=experiments/configs/adult_dro.py", f"--workdir={tmp_path}", *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/adult_dro.py",
+      f"--workdir={tmp_path}",
+      *args,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   bad = run("--config.budget=forever")
   assert bad.returncode == 1 and "Traceback" not in bad.stderr
   assert bad.stderr.strip().splitlines()[-1].startswith("error: --config.budget must be one of")

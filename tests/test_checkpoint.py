@@ -22,8 +22,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
 
 
 def _run(args, **kwargs):
-  return subprocess.Popen([sys.executable, SCRIPT, *args], env=ENV, cwd=ROOT,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kwargs)
+  return subprocess.Popen(
+    [sys.executable, SCRIPT, *args],
+    env=ENV,
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    **kwargs,
+  )
 
 
 @pytest.mark.parametrize("name", ["comfedl", "local_scgdm", "feddro"])
@@ -57,21 +63,36 @@ def test_nan_at_a_known_round_leaves_a_loadable_checkpoint(tmp_path):
   data = fedco.FederatedData.from_clients([{"v": np.array([[1.0]], np.float32)}])
   problem = fedco.local_inner(lambda x, e: x * e["v"][0], lambda y: -jnp.exp(y))
   with pytest.raises(fedco.runtime.NonFiniteError, match="round 2: objective") as err:
-    fedco.simulate(problem, fedco.comfedl(10.0, 1), data, jnp.ones(()), rounds=5,
-                   batch_size=None, chunk_rounds=1, checkpoint_dir=str(tmp_path / "ck"))
+    fedco.simulate(
+      problem,
+      fedco.comfedl(10.0, 1),
+      data,
+      jnp.ones(()),
+      rounds=5,
+      batch_size=None,
+      chunk_rounds=1,
+      checkpoint_dir=str(tmp_path / "ck"),
+    )
   assert err.value.round == 2
   sim = fedco.Simulator(problem, fedco.comfedl(10.0, 1), data, batch_size=None)
   round_, state, metrics = checkpoint.Checkpointer(tmp_path / "ck").restore(
-      sim.init(jnp.ones(()), 0))
+    sim.init(jnp.ones(()), 0)
+  )
   assert round_ == 1 and int(state.round) == 1
   assert np.isfinite(float(state.server["params"])) and metrics["objective"].shape == (1,)
 
 
 def test_resume_refuses_a_checkpoint_past_the_requested_rounds(tmp_path):
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  run = lambda rounds: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data,
-                                      jnp.zeros(3), rounds=rounds, batch_size=4,
-                                      checkpoint_dir=str(tmp_path))
+  run = lambda rounds: fedco.simulate(
+    portfolio(1.0),
+    fedco.feddro(0.1, 2, beta=0.5),
+    data,
+    jnp.zeros(3),
+    rounds=rounds,
+    batch_size=4,
+    checkpoint_dir=str(tmp_path),
+  )
   run(4)
   with pytest.raises(ValueError, match="past rounds"):
     run(2)
@@ -84,8 +105,10 @@ def test_restore_names_a_checkpoint_of_another_model(tmp_path):
   changed its parameter layout) gives a ValueError naming the directory and round."""
   ckpt = checkpoint.Checkpointer(tmp_path)
   ckpt.save(1, {"params": {"Dense_0": {"kernel": jnp.zeros((4, 3))}}}, {"objective": np.zeros(1)})
-  for template in ({"params": {"kernel": jnp.zeros((3, 4)), "bias": jnp.zeros(3)}},
-                   {"params": {"Dense_0": {"kernel": jnp.zeros((3, 4))}}}):
+  for template in (
+    {"params": {"kernel": jnp.zeros((3, 4)), "bias": jnp.zeros(3)}},
+    {"params": {"Dense_0": {"kernel": jnp.zeros((3, 4))}}},
+  ):
     with pytest.raises(ValueError, match=r"round 1 in .* does not fit"):
       ckpt.restore(template)
   ckpt.close()

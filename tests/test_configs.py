@@ -63,8 +63,9 @@ def test_a_config_speaks_the_shared_vocabulary(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("field,value", [("rounds", 0), ("learning_rate", -1.0),
-                                         ("eval_every", 0), ("seeds", ("a",))])
+@pytest.mark.parametrize(
+  "field,value", [("rounds", 0), ("learning_rate", -1.0), ("eval_every", 0), ("seeds", ("a",))]
+)
 def test_every_experiment_refuses_bad_shared_fields(name, field, value):
   config = _config(name)
   setattr(config, field, value)
@@ -97,16 +98,30 @@ def test_every_config_field_is_documented_in_the_readme():
   readme = (ROOT / "README.md").read_text()
   missing = []
   for name in CONFIGS:
-    missing += [f"{name}: {f}" for f in _fields(_config(name))
-                if f"`{f}`" not in readme and f"`{f}=" not in readme]
+    missing += [
+      f"{name}: {f}"
+      for f in _fields(_config(name))
+      if f"`{f}`" not in readme and f"`{f}=" not in readme
+    ]
   assert not missing, missing
 
 
 def test_the_driver_help_lists_how_to_run_flags():
-  out = subprocess.run([sys.executable, "-m", "experiments.main", "--help"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-  for flag in ("--config", "--workdir", "--methods", "--[no]resume", "--checkpoint_every",
-               "--[no]progress"):
+  out = subprocess.run(
+    [sys.executable, "-m", "experiments.main", "--help"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  for flag in (
+    "--config",
+    "--workdir",
+    "--methods",
+    "--[no]resume",
+    "--checkpoint_every",
+    "--[no]progress",
+  ):
     assert flag in out.stdout + out.stderr, flag
 
 
@@ -139,9 +154,19 @@ def test_a_method_takes_its_own_rate_and_steps_where_the_file_sets_neither():
 
 def test_a_badly_typed_method_override_is_one_line(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
-       f"--workdir={tmp_path}", "--config.methods.fedavg.local_steps=2.5"], cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/dro_fl.py",
+      f"--workdir={tmp_path}",
+      "--config.methods.fedavg.local_steps=2.5",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   line = proc.stderr.strip().splitlines()[-1]
   assert line.startswith("error:") and "--config.methods.fedavg.local_steps" in line, line
@@ -152,12 +177,14 @@ def test_dro_fl_extended_adds_scaffold_fedprox_and_fedadam():
   """``dro_fl_extended.py``: the default methods plus three FedAvg variants, checked."""
   default, extended = _config("dro_fl"), _config("dro_fl", "extended")
   assert extended.mode == "run"
-  assert sorted(extended.methods) == sorted([*default.methods, "scaffold", "fedprox",
-                                             "fedadam"])
+  assert sorted(extended.methods) == sorted([*default.methods, "scaffold", "fedprox", "fedadam"])
   _check(extended)
   methods = {m.label: m for m in runner.methods(extended)}
   assert {label: methods[label].algorithm for label in ("scaffold", "fedprox", "fedadam")} == {
-      "scaffold": "scaffold", "fedprox": "fedprox", "fedadam": "fedadam"}
+    "scaffold": "scaffold",
+    "fedprox": "fedprox",
+    "fedadam": "fedadam",
+  }
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -24,8 +24,7 @@ import pytest
 import fedco
 from fedco.algorithms import set_fields
 from fedco.problems import portfolio, portfolio_stationary_point
-from tests import helpers
-from tests import registry
+from tests import helpers, registry
 
 LABELS = sorted(registry.CASES)
 
@@ -33,8 +32,9 @@ LABELS = sorted(registry.CASES)
 def test_every_registry_algorithm_has_test_settings():
   assert set(registry.SETTINGS) == set(fedco.ALGORITHMS)
   for name, factory in fedco.ALGORITHMS.items():
-    assert isinstance(factory(**registry.kwargs(registry.SETTINGS[name][0][0])),
-                      fedco.Algorithm), name
+    assert isinstance(factory(**registry.kwargs(registry.SETTINGS[name][0][0])), fedco.Algorithm), (
+      name
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,10 +54,19 @@ def setup():
 def _oracles(problem, examples):
   """Full-batch oracles: the compositional ones, and the plain ones on the single loss Phi."""
   _, kwargs = helpers.full_batch_args(problem, examples)
-  phi = lambda x: problem.outer_value(problem.inner_value(
-      x, examples, jnp.full((examples["r"].shape[0],), 1.0 / examples["r"].shape[0])), None, None)
-  plain = {"extra_fn": phi, "example_losses_fn": lambda x: phi(x)[None],
-           "example_weights": jnp.ones(1), "example_rows": jnp.zeros(1, jnp.int32)}
+  phi = lambda x: problem.outer_value(
+    problem.inner_value(
+      x, examples, jnp.full((examples["r"].shape[0],), 1.0 / examples["r"].shape[0])
+    ),
+    None,
+    None,
+  )
+  plain = {
+    "extra_fn": phi,
+    "example_losses_fn": lambda x: phi(x)[None],
+    "example_weights": jnp.ones(1),
+    "example_rows": jnp.zeros(1, jnp.int32),
+  }
   return kwargs, phi, plain
 
 
@@ -153,7 +162,11 @@ def test_fedco_chain_keeps_the_plan_and_needs_one_algorithm():
   assert isinstance(chained, fedco.Algorithm)
   assert isinstance(chained, optax.GradientTransformationExtraArgs)
   assert (chained.plan, chained.server, chained.name, chained.problem_kind) == (
-      alg.plan, alg.server, alg.name, alg.problem_kind)
+    alg.plan,
+    alg.server,
+    alg.name,
+    alg.problem_kind,
+  )
   with pytest.raises(ValueError, match="exactly one fedco algorithm"):
     fedco.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
   with pytest.raises(ValueError, match="exactly one fedco algorithm"):
@@ -163,10 +176,16 @@ def test_fedco_chain_keeps_the_plan_and_needs_one_algorithm():
 def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
   problem = portfolio(1.0)
   data = fedco.FederatedData.from_clients(
-      [{"r": r} for r in helpers.portfolio_clients(sizes=(8, 8))])
+    [{"r": r} for r in helpers.portfolio_clients(sizes=(8, 8))]
+  )
   with pytest.raises(ValueError, match="fedco.chain"):
-    fedco.simulate(problem, optax.chain(registry.inactive_clip(), fedco.feddro(0.1)), data,
-                   jnp.zeros(3), rounds=1)
+    fedco.simulate(
+      problem,
+      optax.chain(registry.inactive_clip(), fedco.feddro(0.1)),
+      data,
+      jnp.zeros(3),
+      rounds=1,
+    )
 
 
 # ---- injectable hyperparameters ----------------------------------------------------------
@@ -175,8 +194,9 @@ def test_simulate_refuses_a_plain_optax_chain_with_a_hint():
 def test_inject_hyperparams_takes_schedules_and_server_rates():
   problem, examples, _ = _setup()
   schedule = optax.exponential_decay(0.2, transition_steps=1, decay_rate=0.5)
-  injected = fedco.inject_hyperparams(fedco.ds_feddro)(schedule, 5, beta=0.5,
-                                                       server_lr_x=1.3, server_lr_y=1.4)
+  injected = fedco.inject_hyperparams(fedco.ds_feddro)(
+    schedule, 5, beta=0.5, server_lr_x=1.3, server_lr_y=1.4
+  )
   params = jnp.full((3,), 0.1, jnp.float32)
   state = _init(injected, problem, examples, params)
   step = jax.jit(_step_fn(injected, problem, examples))
@@ -191,8 +211,9 @@ def test_inject_hyperparams_takes_schedules_and_server_rates():
   values = {"params": params, "y": jnp.zeros(2)}
   s0 = server.init(values, jnp.ones(2, jnp.int32))
   assert set(s0.hyperparams) >= {"server_lr_x", "server_lr_y", "beta"}
-  info = fedco.algorithms.RoundInfo(jnp.arange(2), jnp.full(2, 0.5), jnp.ones(2, jnp.int32),
-                                    2, jax.random.PRNGKey(0), None)
+  info = fedco.algorithms.RoundInfo(
+    jnp.arange(2), jnp.full(2, 0.5), jnp.ones(2, jnp.int32), 2, jax.random.PRNGKey(0), None
+  )
   clients = {"params": jnp.stack([params + 1.0, params + 1.0]), "y": jnp.ones((2, 2))}
   update = jax.jit(chex.assert_max_traces(server.update, n=1))
   chex.clear_trace_counter()
@@ -206,8 +227,9 @@ def test_inject_hyperparams_takes_schedules_and_server_rates():
 def test_readme_style_chain_with_schedule_converges():
   problem, examples, x_star = _setup()
   schedule = optax.cosine_decay_schedule(0.1, 600)
-  opt = fedco.chain(optax.clip_by_global_norm(1.0),
-                    fedco.inject_hyperparams(fedco.feddro)(schedule, 5, beta=0.5))
+  opt = fedco.chain(
+    optax.clip_by_global_norm(1.0), fedco.inject_hyperparams(fedco.feddro)(schedule, 5, beta=0.5)
+  )
   params, _ = _run(opt, 600, params=jnp.zeros(3), algorithm=fedco.feddro(0.1))
   np.testing.assert_allclose(np.asarray(params), x_star, atol=5e-3)
 
@@ -215,8 +237,9 @@ def test_readme_style_chain_with_schedule_converges():
 # ---- the parameter step ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("label", ["comfedl", "local_scgd", "fedavg", "feddro", "ds_feddro",
-                                   "fedavg_co_II"])
+@pytest.mark.parametrize(
+  "label", ["comfedl", "local_scgd", "fedavg", "feddro", "ds_feddro", "fedavg_co_II"]
+)
 def test_accepts_an_optax_parameter_step(label, setup):
   """``optimizer=optax.adam(...)`` replaces the paper's SGD step and still converges; a
   factory ``optimizer=optax.adam`` is fed ``learning_rate`` and gives the same steps."""
@@ -262,8 +285,14 @@ def test_signature_convention(name):
 def test_local_scgdm_agrees_under_injected_optimizer(setup):
   """The default parameter step equals an injected ``sgd(beta*eta)`` optimizer."""
   plain_opt = fedco.local_scgdm(1.0, 5, beta=0.1, alpha=0.8, gamma=0.7)
-  injected = fedco.local_scgdm(1.0, 5, beta=0.1, alpha=0.8, gamma=0.7,
-                               optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
+  injected = fedco.local_scgdm(
+    1.0,
+    5,
+    beta=0.1,
+    alpha=0.8,
+    gamma=0.7,
+    optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1),
+  )
   a, _ = _run(plain_opt, 5)
   b, _ = _run(injected, 5)
   chex.assert_trees_all_close(a, b, rtol=1e-6)

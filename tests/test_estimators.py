@@ -7,21 +7,28 @@ import pytest
 
 import fedco
 from fedco import estimators
-from fedco.problems import (client_kl_dro, kl_dro_value, kl_dro_weights, portfolio,
-                            portfolio_stationary_point)
+from fedco.problems import (
+  client_kl_dro,
+  kl_dro_value,
+  kl_dro_weights,
+  portfolio,
+  portfolio_stationary_point,
+)
 from tests import helpers
 
 
 def test_compositional_grad_equals_grad_of_composition_for_pytrees():
   """With deterministic sampling, J_g^T grad f(g(x)) + grad h == jax.grad(f o g + h)."""
   rng = np.random.default_rng(0)
-  params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
-            "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+  params = {
+    "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+  }
   batch = {"x": jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)}
 
   def inner(p, e):  # a pytree-valued inner map
     h = jnp.tanh(e["x"] @ p["w"] + p["b"])
-    return {"mean": h, "sq": h ** 2}
+    return {"mean": h, "sq": h**2}
 
   def outer(y):
     return jnp.sum(jnp.log1p(y["mean"] ** 2)) + jnp.sum(y["sq"]) ** 2
@@ -40,10 +47,10 @@ def test_compositional_grad_equals_grad_of_composition_for_pytrees():
 def test_trackers_follow_their_formulas():
   y, new, old = jnp.array([1.0, 2.0]), jnp.array([3.0, -1.0]), jnp.array([0.5, 0.5])
   np.testing.assert_allclose(estimators.fresh().update(y, new, None), new)
-  np.testing.assert_allclose(estimators.moving_average(0.25).update(y, new, None),
-                             0.75 * y + 0.25 * new)
-  np.testing.assert_allclose(estimators.hybrid(0.25).update(y, new, old),
-                             0.75 * (y - old) + new)
+  np.testing.assert_allclose(
+    estimators.moving_average(0.25).update(y, new, None), 0.75 * y + 0.25 * new
+  )
+  np.testing.assert_allclose(estimators.hybrid(0.25).update(y, new, old), 0.75 * (y - old) + new)
   with pytest.raises(ValueError, match="s_old"):
     estimators.hybrid(0.5).update(y, new, None)
 
@@ -62,7 +69,8 @@ def test_portfolio_objective_and_stationary_point():
   problem = portfolio(2.0)
   x_star = portfolio_stationary_point(clients, 2.0)
   objective = lambda x: problem.evaluate(
-      x, {"r": data.examples["r"][data.flat_rows]}, data.flat_owner, data.flat_weights(), 3)[0]
+    x, {"r": data.examples["r"][data.flat_rows]}, data.flat_owner, data.flat_weights(), 3
+  )[0]
   grad = jax.grad(objective)(jnp.asarray(x_star, jnp.float32))
   assert float(jnp.linalg.norm(grad)) < 1e-4
   # closed form: -mu^T x + lam x^T C x with client-averaged moments
@@ -79,16 +87,20 @@ def test_kl_dro_value_and_weights_are_stable_and_correct():
   gamma = 0.5
   expected = gamma * np.log(np.mean(np.exp(np.asarray(losses) / gamma)))
   np.testing.assert_allclose(float(kl_dro_value(losses, gamma)), expected, rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(kl_dro_weights(losses, gamma)),
-                             np.exp(losses / gamma) / np.exp(losses / gamma).sum(), rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(kl_dro_weights(losses, gamma)),
+    np.exp(losses / gamma) / np.exp(losses / gamma).sum(),
+    rtol=1e-6,
+  )
   huge = jnp.array([1e4, 0.0, 5e3], jnp.float32)  # f / gamma up to 1e4
   value = kl_dro_value(huge, 1.0)
   assert np.isfinite(float(value)) and abs(float(value) - (1e4 - np.log(3))) < 1e-1
   assert np.all(np.isfinite(np.asarray(kl_dro_weights(huge, 1.0))))
   prior = np.array([500.0, 20.0, 20.0])  # a data-size prior: r_k ~ p_k exp(l_k / gamma)
   tilted = prior * np.exp(np.asarray(losses) / gamma)
-  np.testing.assert_allclose(np.asarray(kl_dro_weights(losses, gamma, prior)),
-                             tilted / tilted.sum(), rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(kl_dro_weights(losses, gamma, prior)), tilted / tilted.sum(), rtol=1e-6
+  )
   assert np.all(np.isfinite(np.asarray(kl_dro_weights(huge, 1.0, prior))))
 
 

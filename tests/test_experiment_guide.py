@@ -36,9 +36,21 @@ def _driver(guide, workdir, *flags):
   where, args = guide
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(ROOT)])}
   return subprocess.run(
-      [sys.executable, "-m", "experiments.main", f"--config={where}/least_squares_config.py",
-       f"--workdir={workdir}", *args, *flags], cwd=ROOT, env=env, capture_output=True,
-      text=True, timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      f"--config={where}/least_squares_config.py",
+      f"--workdir={workdir}",
+      *args,
+      *flags,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 def _table(stdout):
@@ -58,5 +70,8 @@ def test_the_guide_experiment_runs_resumes_and_reports_divergence(guide, tmp_pat
   diverged = _driver(guide, tmp_path / "ls_lr5", "--config.methods.fedprox.learning_rate=5")
   assert diverged.returncode == 0, diverged.stderr[-2000:]
   row = next(r for r in _table(diverged.stdout) if r.startswith("fedprox"))
-  assert re.search(r"2 of 2 seeds diverged at round \d+ \(\w+\); try a lower "
-                   r"--config\.methods\.fedprox\.learning_rate", row), row
+  assert re.search(
+    r"2 of 2 seeds diverged at round \d+ \(\w+\); try a lower "
+    r"--config\.methods\.fedprox\.learning_rate",
+    row,
+  ), row

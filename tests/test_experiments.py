@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
-from experiments import common, runner  # pylint: disable=g-import-not-at-top
+from experiments import common, runner  # noqa: E402
 from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
 
 OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
@@ -39,13 +39,19 @@ def test_e7_writes_all_outputs(e7_default):
   assert config["learning_rate"] == 0.02 and config["local_steps"] == 5
   assert config["rounds"] == 400 and tuple(config["methods"]) == METHODS
   assert config["methods"]["fedavg_co_case1"] == {  # None: the shared value applies
-      "algorithm": "fedavg_co", "case": "I", "learning_rate": None, "local_steps": None}
+    "algorithm": "fedavg_co",
+    "case": "I",
+    "learning_rate": None,
+    "local_steps": None,
+  }
   assert json.loads((workdir / "summary.json").read_text()) == common.to_jsonable(summary)
   records = common.read_jsonl(workdir / "metrics.jsonl")
   assert len(records) == 400 * len(METHODS)
   assert {"round", "method", "seed", "x", "distance", "grad_norm"} <= set(records[0])
-  assert [(r["method"], r["round"]) for r in records[:2]] == [("fedavg_co_case1", 1),
-                                                              ("fedavg_co_case1", 2)]
+  assert [(r["method"], r["round"]) for r in records[:2]] == [
+    ("fedavg_co_case1", 1),
+    ("fedavg_co_case1", 2),
+  ]
   assert [row["method"] for row in summary["table"]] == list(METHODS)
   assert summary["steps"] == {m: 2000 for m in METHODS}
   assert (workdir / "distance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -57,15 +63,20 @@ def test_e7_feddro_and_modified_converge_cases_i_ii_do_not(e7_default):
   assert summary["x_star"] == 1.0
   assert d["feddro"] < 1e-3 and d["fedavg_co_modified"] < 1e-3
   assert d["fedavg_co_case1"] > 0.05 and d["fedavg_co_case2"] > 0.05
-  assert summary["converged"] == {"fedavg_co_case1": False, "fedavg_co_case2": False,
-                                  "fedavg_co_modified": True, "feddro": True}
+  assert summary["converged"] == {
+    "fedavg_co_case1": False,
+    "fedavg_co_case2": False,
+    "fedavg_co_modified": True,
+    "feddro": True,
+  }
   # |Phi'(x)| = 4 |x - 1| on this instance: the recorded gradient norm agrees.
   for name, dist in d.items():
-    np.testing.assert_allclose(summary["final_grad_norm"][name], 4 * dist, rtol=1e-3,
-                               atol=1e-5)
+    np.testing.assert_allclose(summary["final_grad_norm"][name], 4 * dist, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("path, value, field", [
+@pytest.mark.parametrize(
+  "path, value, field",
+  [
     ("learning_rate", 0.0, "--config.learning_rate"),
     ("local_steps", 0, "--config.local_steps"),
     ("rounds", 0, "--config.rounds"),
@@ -75,7 +86,8 @@ def test_e7_feddro_and_modified_converge_cases_i_ii_do_not(e7_default):
     ("methods.feddro.beta", 1.5, "--config.methods.feddro"),
     ("methods.fedavg_co_case1.case", "III", "--config.methods.fedavg_co_case1"),
     ("methods.feddro.case", "I", "--config.methods.feddro.case"),
-])
+  ],
+)
 def test_e7_bad_config_raises_before_writing(tmp_path, path, value, field):
   config = get_config()
   *parents, name = path.split(".")
@@ -106,8 +118,11 @@ def test_workdir_must_be_a_path(workdir):
 def _append_metrics(wd, rows):
   """The rows written as the runner's streamed writers write them."""
   for writer in (fedco.runtime.JsonlWriter, fedco.runtime.CsvWriter):
-    writer(wd.record(wd.file(common.METRICS if writer is fedco.runtime.JsonlWriter
-                             else common.METRICS_CSV))).write(rows)
+    writer(
+      wd.record(
+        wd.file(common.METRICS if writer is fedco.runtime.JsonlWriter else common.METRICS_CSV)
+      )
+    ).write(rows)
 
 
 def test_workdir_contract(tmp_path):
@@ -116,16 +131,24 @@ def test_workdir_contract(tmp_path):
   _append_metrics(wd, [{"round": 1, "x": 0.5}])
   wd.write_summary({"best": np.array(2.0), "nan": float("nan")})
   assert json.loads((tmp_path / "run" / "config.json").read_text()) == {
-      "lr": 0.5, "steps": 3, "on": True}
+    "lr": 0.5,
+    "steps": 3,
+    "on": True,
+  }
   assert common.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"round": 1, "x": 0.5}]
   summary = {"best": 2.0, "nan": None}  # strict JSON: non-finite numbers are null
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
   with pytest.raises(TypeError, match="object"):
     wd.write_summary({"bad": object()})
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
-  assert sorted(os.listdir(tmp_path / "run")) == [".fedco-written.json", ".lock", "config.json",
-                                                  "metrics.csv", "metrics.jsonl",
-                                                  "summary.json"]
+  assert sorted(os.listdir(tmp_path / "run")) == [
+    ".fedco-written.json",
+    ".lock",
+    "config.json",
+    "metrics.csv",
+    "metrics.jsonl",
+    "summary.json",
+  ]
   assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == ["round,x", "1,0.5"]
   table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
   assert table.splitlines()[2].split() == ["x", "0.1235"]
@@ -188,8 +211,12 @@ def test_a_rerun_replaces_the_results_only_once_it_completes(tmp_path):
   assert json.loads((run / "summary.json").read_text()) == {"run": 3}
   assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 3.0}]
   assert not (run / "plot.png").exists()  # the previous run's figure: not rewritten, gone
-  assert sorted(common.read_manifest(str(run))) == ["config.json", "metrics.csv",
-                                                    "metrics.jsonl", "summary.json"]
+  assert sorted(common.read_manifest(str(run))) == [
+    "config.json",
+    "metrics.csv",
+    "metrics.jsonl",
+    "summary.json",
+  ]
 
 
 def test_a_folder_named_in_progress_that_fedco_did_not_write_is_left_alone(tmp_path):
@@ -212,10 +239,23 @@ def test_e7_binary_runs(tmp_path):
   flagfile = tmp_path / "flags"
   flagfile.write_text("--config.methods.feddro.local_steps=3\n")
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={workdir}",
-       "--config.rounds=50", "--config.eval_every=7", f"--flagfile={flagfile}",
-       "--config.methods.fedavg_co_case1.learning_rate", "0.01"],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      E7_CONFIG,
+      f"--workdir={workdir}",
+      "--config.rounds=50",
+      "--config.eval_every=7",
+      f"--flagfile={flagfile}",
+      "--config.methods.fedavg_co_case1.learning_rate",
+      "0.01",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   summary = json.loads((workdir / "summary.json").read_text())
   # a method's own local_steps (from a flag file) and learning_rate (its value after a
@@ -237,9 +277,19 @@ def test_e7_binary_runs(tmp_path):
 
 def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.main", E7_CONFIG, f"--workdir={tmp_path}",
-       "--config.methods.feddro.beta=2"], cwd=REPO, capture_output=True, text=True,
-      timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      E7_CONFIG,
+      f"--workdir={tmp_path}",
+      "--config.methods.feddro.beta=2",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.methods.feddro")
   assert "Traceback" not in proc.stderr
@@ -249,13 +299,29 @@ def test_with_seeds_one_by_one_they_share_one_compiled_program(tmp_path):
   """E1's held-out sets are ``metrics_data``, so its seeds' rounds are one program: run one
   by one (``--noseeds_together``) with the driver's compilation cache, the second seed loads
   it; the results equal a run without the cache."""
+
   def driver(workdir, *flags):
     return subprocess.run(
-        [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
-         f"--workdir={workdir}", "--config.rounds=4", "--config.seeds=0,1",
-         "--methods=comfedl_normalized", "--noprogress", "--noseeds_together", *flags],
-        cwd=REPO, env={**os.environ, "JAX_LOG_COMPILES": "1"}, capture_output=True,
-        text=True, timeout=300)
+      [
+        sys.executable,
+        "-m",
+        "experiments.main",
+        "--config=experiments/configs/dro_fl.py",
+        f"--workdir={workdir}",
+        "--config.rounds=4",
+        "--config.seeds=0,1",
+        "--methods=comfedl_normalized",
+        "--noprogress",
+        "--noseeds_together",
+        *flags,
+      ],
+      cwd=REPO,
+      env={**os.environ, "JAX_LOG_COMPILES": "1"},
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+
   cached = driver(tmp_path / "cached", f"--compilation_cache={tmp_path / 'cache'}")
   assert cached.returncode == 0, cached.stderr[-2000:]
   assert cached.stderr.count("Persistent compilation cache hit for 'jit__run_rounds'") == 1
@@ -268,6 +334,7 @@ def test_with_seeds_one_by_one_they_share_one_compiled_program(tmp_path):
 
 def _e1(workdir, together, **changes):
   from experiments.configs import dro_fl  # pylint: disable=g-import-not-at-top
+
   config = dro_fl.get_config()
   config.rounds, config.seeds, config.eval_every = 6, (0, 1, 2), 2
   keep = ("fedavg", "comfedl")
@@ -291,6 +358,7 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
     def counted(*args, _name=name, _original=original, **kwargs):
       calls[_name] += 1
       return _original(*args, **kwargs)
+
     monkeypatch.setattr(fedco, name, counted)
   together = _e1(tmp_path / "together", True)
   assert calls == {"sweep": 2, "simulate": 3}  # comfedl's three seeds rerun alone
@@ -303,10 +371,18 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
       np.testing.assert_allclose(mine[key], theirs[key], rtol=2e-6)
   folders = sorted(os.listdir(tmp_path / "together" / common.CHECKPOINTS))
   assert [f.rsplit("-", 1)[0] for f in folders] == [
-      "comfedl-seed0", "comfedl-seed1", "comfedl-seed2", "comfedl-seeds0-1-2", "fedavg-seeds0-1-2"]
+    "comfedl-seed0",
+    "comfedl-seed1",
+    "comfedl-seed2",
+    "comfedl-seeds0-1-2",
+    "fedavg-seeds0-1-2",
+  ]
   rows = common.read_jsonl(tmp_path / "together" / common.METRICS)
   assert sorted({(r["method"], r["seed"]) for r in rows if r["method"] == "fedavg"}) == [
-      ("fedavg", 0), ("fedavg", 1), ("fedavg", 2)]
+    ("fedavg", 0),
+    ("fedavg", 1),
+    ("fedavg", 2),
+  ]
   assert [r["round"] for r in rows if (r["method"], r["seed"]) == ("fedavg", 1)] == [1, 2, 4, 6]
   calls.update(sweep=0, simulate=0)
   again = _e1(tmp_path / "together", True)  # resumed: nothing runs again

@@ -27,22 +27,127 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (age, workclass, fnlwgt, education, education-num, marital-status, occupation, relationship,
 #  race, sex, capital-gain, capital-loss, hours-per-week, native-country, label)
 TRAIN_ROWS = [
-    ("39", "State-gov", "77516", "Bachelors", "13", "Never-married", "Adm-clerical",
-     "Not-in-family", "White", "Male", "2174", "0", "40", "United-States", ">50K"),
-    ("50", "?", "83311", "Bachelors", "13", "Married-civ-spouse", "Exec-managerial",
-     "Husband", "Black", "Male", "0", "0", "13", "United-States", "<=50K"),
-    ("38", "Private", "215646", "HS-grad", "9", "Divorced", "?", "Not-in-family",
-     "Asian-Pac-Islander", "Female", "0", "1900", "45", "?", ">50K"),
-    ("23", "Private", "234721", "11th", "7", "Never-married", "Handlers-cleaners", "Own-child",
-     "Amer-Indian-Eskimo", "Female", "14084", "0", "60", "Cuba", "<=50K"),
-    ("61", "Self-emp-inc", "338409", "Masters", "14", "Married-civ-spouse", "Prof-specialty",
-     "Wife", "Other", "Female", "0", "0", "40", "India", ">50K"),
+  (
+    "39",
+    "State-gov",
+    "77516",
+    "Bachelors",
+    "13",
+    "Never-married",
+    "Adm-clerical",
+    "Not-in-family",
+    "White",
+    "Male",
+    "2174",
+    "0",
+    "40",
+    "United-States",
+    ">50K",
+  ),
+  (
+    "50",
+    "?",
+    "83311",
+    "Bachelors",
+    "13",
+    "Married-civ-spouse",
+    "Exec-managerial",
+    "Husband",
+    "Black",
+    "Male",
+    "0",
+    "0",
+    "13",
+    "United-States",
+    "<=50K",
+  ),
+  (
+    "38",
+    "Private",
+    "215646",
+    "HS-grad",
+    "9",
+    "Divorced",
+    "?",
+    "Not-in-family",
+    "Asian-Pac-Islander",
+    "Female",
+    "0",
+    "1900",
+    "45",
+    "?",
+    ">50K",
+  ),
+  (
+    "23",
+    "Private",
+    "234721",
+    "11th",
+    "7",
+    "Never-married",
+    "Handlers-cleaners",
+    "Own-child",
+    "Amer-Indian-Eskimo",
+    "Female",
+    "14084",
+    "0",
+    "60",
+    "Cuba",
+    "<=50K",
+  ),
+  (
+    "61",
+    "Self-emp-inc",
+    "338409",
+    "Masters",
+    "14",
+    "Married-civ-spouse",
+    "Prof-specialty",
+    "Wife",
+    "Other",
+    "Female",
+    "0",
+    "0",
+    "40",
+    "India",
+    ">50K",
+  ),
 ]
 TEST_ROWS = [
-    ("25", "Private", "226802", "11th", "7", "Never-married", "Machine-op-inspct", "Own-child",
-     "Black", "Male", "0", "0", "40", "United-States", "<=50K"),
-    ("90", "Never-worked", "89814", "HS-grad", "9", "Married-civ-spouse", "Farming-fishing",
-     "Husband", "White", "Male", "0", "0", "50", "Peru", ">50K"),
+  (
+    "25",
+    "Private",
+    "226802",
+    "11th",
+    "7",
+    "Never-married",
+    "Machine-op-inspct",
+    "Own-child",
+    "Black",
+    "Male",
+    "0",
+    "0",
+    "40",
+    "United-States",
+    "<=50K",
+  ),
+  (
+    "90",
+    "Never-worked",
+    "89814",
+    "HS-grad",
+    "9",
+    "Married-civ-spouse",
+    "Farming-fishing",
+    "Husband",
+    "White",
+    "Male",
+    "0",
+    "0",
+    "50",
+    "Peru",
+    ">50K",
+  ),
 ]
 
 
@@ -56,8 +161,7 @@ def _write(folder, *, uci: bool):
     f.write("\n")
   with open(os.path.join(folder, "adult.test"), "w") as f:
     f.write("|1x3 Cross validator\n" if uci else header + "\n")
-    f.writelines(", ".join(r[:-1] + ((r[-1] + ".") if uci else r[-1],)) + "\n"
-                 for r in TEST_ROWS)
+    f.writelines(", ".join(r[:-1] + ((r[-1] + ".") if uci else r[-1],)) + "\n" for r in TEST_ROWS)
   return str(folder)
 
 
@@ -146,8 +250,10 @@ def _small_batch(real, n=400, seed=0):
   rng = np.random.default_rng(seed)
   rows = rng.choice(real.train["y"].size, n, replace=False)
   batch = {k: v[rows] for k, v in real.train.items()}
-  params = {"w": (0.3 * rng.normal(size=real.num_features)).astype(np.float32),
-            "b": np.float32(-0.5)}
+  params = {
+    "w": (0.3 * rng.normal(size=real.num_features)).astype(np.float32),
+    "b": np.float32(-0.5),
+  }
   return batch, params
 
 
@@ -174,7 +280,8 @@ def test_objective_matches_numpy_on_a_batch(real):
   expected = _np_objective(params, batch)
   np.testing.assert_allclose(float(value), expected, rtol=1e-5)
   np.testing.assert_allclose(
-      float(fair.objective(params, batch["x"], batch["y"], batch["proxy"])), expected, rtol=1e-5)
+    float(fair.objective(params, batch["x"], batch["y"], batch["proxy"])), expected, rtol=1e-5
+  )
 
 
 def test_composition_gradient_matches_grad_of_the_direct_formula(real):
@@ -240,10 +347,10 @@ class NpFair:
 
 
 def np_grad_f(v, eps=0.01, ag=1.0):
-  a, n, m = v[:G], v[G:2 * G], v[2 * G]
+  a, n, m = v[:G], v[G : 2 * G], v[2 * G]
   s = ag * (a / n - m - eps)
   pi = np.exp(s) / (1 + np.exp(s).sum())
-  return np.concatenate([pi * ag / n, -pi * ag * a / n ** 2, [-ag * pi.sum()]])
+  return np.concatenate([pi * ag / n, -pi * ag * a / n**2, [-ag * pi.sum()]])
 
 
 def np_gcivr(oracles_at_step, x0, y0, lr, q, steps):
@@ -255,7 +362,7 @@ def np_gcivr(oracles_at_step, x0, y0, lr, q, steps):
     x_new = x
     if t > 0:
       d = J.T @ np_grad_f(y) + v
-      acc = acc + d ** 2
+      acc = acc + d**2
       x_new = x - lr * d / np.sqrt(acc + 1e-10)
     pairs = oracles_at_step(t)
     w, b, wn, bn = x[:-1], x[-1], x_new[:-1], x_new[-1]
@@ -302,16 +409,18 @@ def test_gcivr_update_matches_numpy_with_changing_batches():
   x0 = _flat(params)
   init_rows = draw()
   alg = gcivr(lr, refresh_every=q)
-  state = alg.init(params, inner_value=problem.inner_value(
-      params, sub(init_rows), jnp.full((12,), 1 / 12)))
+  state = alg.init(
+    params, inner_value=problem.inner_value(params, sub(init_rows), jnp.full((12,), 1 / 12))
+  )
   for t in range(steps):
     bn, bf = (sub(r) for r in batches[t])
     grad_h, kwargs = fedco.oracle_args(problem, bn, bf, bn)
     step, state = alg.update(grad_h(params), state, params, **kwargs)
     params = jax.tree.map(jnp.add, params, step)
   y0 = NpFair(sub(init_rows)).g(x0[:-1], x0[-1])
-  x_ref = np_gcivr(lambda t: [(NpFair(sub(batches[t][0])), NpFair(sub(batches[t][1])))],
-                   x0, y0, lr, q, steps)
+  x_ref = np_gcivr(
+    lambda t: [(NpFair(sub(batches[t][0])), NpFair(sub(batches[t][1])))], x0, y0, lr, q, steps
+  )
   assert np.abs(x_ref - x0).max() > 0.05  # it moved
   np.testing.assert_allclose(_flat(params), x_ref, rtol=1e-4, atol=1e-5)
 
@@ -322,8 +431,9 @@ def test_gcivr_in_the_runtime_matches_the_parallel_transcription():
   problem = fair.fairness_problem()
   lr, q, rounds = 0.05, 2, 6
   params = {"w": jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32), "b": jnp.float32(-0.1)}
-  res = fedco.simulate(problem, gcivr(lr, refresh_every=q), data, params, rounds=rounds,
-                       batch_size=None)
+  res = fedco.simulate(
+    problem, gcivr(lr, refresh_every=q), data, params, rounds=rounds, batch_size=None
+  )
   C = [NpFair(ex) for ex in clients]
   x0 = _flat(params)
   y0 = np.mean([c.g(x0[:-1], x0[-1]) for c in C], 0)
@@ -371,8 +481,12 @@ def test_experiment_end_to_end_on_the_real_data(tmp_path):
   assert all("note" not in row for row in summary["table"])
   assert "unconstrained_has_largest_test_violation" in summary
   settings = summary["settings"]
-  assert settings["gcivr"] == {"algorithm": "gcivr", "learning_rate": 0.01, "local_steps": 1,
-                               "refresh_every": 10}
+  assert settings["gcivr"] == {
+    "algorithm": "gcivr",
+    "learning_rate": 0.01,
+    "local_steps": 1,
+    "refresh_every": 10,
+  }
   assert settings["ds_feddro"]["server_lr_x"] == 1.3 and settings["feddro"]["beta"] == 0.5
   assert settings["fedavg"]["local_steps"] == 1 and settings["feddro"]["learning_rate"] == 0.1
 
@@ -381,13 +495,17 @@ def test_the_local_steps_ablation_labels_the_runs():
   config = _config(ablation="local_steps")
   fair_adult.check(config)
   assert [m.label for m in fair_adult.methods(config, None)] == [
-      f"{a}_local_steps={i}" for a in ("ds_feddro", "feddro") for i in (1, 2, 4, 8)]
+    f"{a}_local_steps={i}" for a in ("ds_feddro", "feddro") for i in (1, 2, 4, 8)
+  ]
   config.ablation_values = (1, 4)
   fair_adult.check(config)
   methods = fair_adult.methods(config, None)
   assert [(m.label, m.local_steps) for m in methods] == [
-      ("ds_feddro_local_steps=1", 1), ("ds_feddro_local_steps=4", 4),
-      ("feddro_local_steps=1", 1), ("feddro_local_steps=4", 4)]
+    ("ds_feddro_local_steps=1", 1),
+    ("ds_feddro_local_steps=4", 4),
+    ("feddro_local_steps=1", 1),
+    ("feddro_local_steps=4", 4),
+  ]
   assert methods[1].build().plan.local_steps == 4
 
 
@@ -399,7 +517,9 @@ def _set(config, field, value):
   node[last] = value
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("methods.feddro.algorithm", "adam", "--config.methods.feddro.algorithm"),
     ("methods.fedavg.algorithm", "drfa", "--config.methods.fedavg.algorithm must be one of"),
     ("rounds", 0, "--config.rounds"),
@@ -417,7 +537,8 @@ def _set(config, field, value):
     ("ablation", "tau", "--config.ablation"),
     ("ablation_values", (2,), "--config.ablation_values needs"),
     ("seeds", ("x",), "--config.seeds"),
-])
+  ],
+)
 def test_bad_fields_name_the_field(field, value, match, tmp_path):
   config = fair_config.get_config()
   with config.unlocked():
@@ -439,15 +560,26 @@ def test_bad_ablation_values_name_the_field():
 
 def test_missing_data_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="--config.data_dir=.*empty"):
-    runner.train_and_evaluate(_config(data_dir=str(tmp_path / "empty"), rounds=2),
-                              str(tmp_path / "out"), QUIET)
+    runner.train_and_evaluate(
+      _config(data_dir=str(tmp_path / "empty"), rounds=2), str(tmp_path / "out"), QUIET
+    )
   assert not os.path.exists(tmp_path / "out")
 
 
 def test_the_driver_exits_cleanly_on_a_bad_field(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/fair_adult.py",
-       f"--workdir={tmp_path}", "--config.rounds=0"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/fair_adult.py",
+      f"--workdir={tmp_path}",
+      "--config.rounds=0",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --config.rounds")

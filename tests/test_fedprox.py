@@ -63,9 +63,17 @@ def test_fedprox_equals_the_float64_transcription(stragglers):
   faults = dict(straggler_prob=0.5) if stragglers else {}
   with jax.enable_x64(True):
     data = fedco.FederatedData.from_clients(clients)
-    result = fedco.simulate(PROBLEM, fedco.fedprox(lr, steps, mu=mu), data,
-                            jnp.zeros(D, jnp.float64), rounds=rounds, batch_size=None,
-                            clients_per_round=3, seed=1, **faults)
+    result = fedco.simulate(
+      PROBLEM,
+      fedco.fedprox(lr, steps, mu=mu),
+      data,
+      jnp.zeros(D, jnp.float64),
+      rounds=rounds,
+      batch_size=None,
+      clients_per_round=3,
+      seed=1,
+      **faults,
+    )
     assert np.asarray(result.params).dtype == np.float64
   sampled = np.asarray(result.metrics["clients"])
   done = np.asarray(result.metrics["local_steps"]) if stragglers else None

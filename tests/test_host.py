@@ -17,8 +17,7 @@ import pytest
 import fedco
 from fedco.problems import portfolio
 from fedco.runtime import host
-from tests import helpers
-from tests import stream_run
+from tests import helpers, stream_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "stream_run.py"
@@ -26,8 +25,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
 
 
 def _start(*args):
-  return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], env=ENV, cwd=ROOT,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  return subprocess.Popen(
+    [sys.executable, str(SCRIPT), *map(str, args)],
+    env=ENV,
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+  )
 
 
 def _lines(path):
@@ -55,7 +59,7 @@ def test_sigkill_keeps_every_row_of_the_finished_chunks(tmp_path):
   assert rounds == list(range(1, len(rounds) + 1))
   with open(tmp_path / "metrics.csv", newline="") as f:
     table = list(csv.DictReader(f))
-  assert [int(r["round"]) for r in table] == rounds[:len(table)]
+  assert [int(r["round"]) for r in table] == rounds[: len(table)]
   assert len(table) >= len(rounds) - stream_run.CHUNK  # the CSV is one chunk behind at most
   assert all(r["algorithm"] == "feddro" and r["seed"] == "5" for r in table)
 
@@ -84,15 +88,18 @@ def test_a_resumed_run_rewinds_the_streams_to_its_checkpoint(tmp_path):
   written = _rounds(tmp_path / "metrics.jsonl")
   # rows past the checkpoint, as a kill between checkpoints leaves them (whatever the race)
   with open(tmp_path / "metrics.jsonl", "a") as f:
-    f.write(json.dumps({"round": written[-1] + 1, "algorithm": "feddro", "seed": 5,
-                        "objective": 123.0}) + "\n")
+    f.write(
+      json.dumps({"round": written[-1] + 1, "algorithm": "feddro", "seed": 5, "objective": 123.0})
+      + "\n"
+    )
   rounds = written[-1] + 6
   result = stream_run.main(str(tmp_path), str(tmp_path / "ckpt"), rounds=rounds)
   assert saved < written[-1] + 1
   assert _rounds(tmp_path / "metrics.jsonl") == list(range(1, rounds + 1))
   rows = [json.loads(line) for line in _lines(tmp_path / "metrics.jsonl")]
-  np.testing.assert_allclose([r["objective"] for r in rows[-6:]],
-                             result.metrics["objective"][-6:], rtol=1e-6)
+  np.testing.assert_allclose(
+    [r["objective"] for r in rows[-6:]], result.metrics["objective"][-6:], rtol=1e-6
+  )
   with open(tmp_path / "metrics.csv", newline="") as f:
     assert [int(r["round"]) for r in csv.DictReader(f)] == list(range(1, rounds + 1))
 
@@ -108,11 +115,21 @@ def test_rows_hold_evaluated_rounds_with_their_labels():
       self.chunks.append(rows)
 
   keep = Keep()
-  fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data, jnp.zeros(3),
-                 rounds=7, chunk_rounds=3, eval_every=2, batch_size=4, metric_writers=[keep])
+  fedco.simulate(
+    portfolio(1.0),
+    fedco.feddro(0.1, 2, beta=0.5),
+    data,
+    jnp.zeros(3),
+    rounds=7,
+    chunk_rounds=3,
+    eval_every=2,
+    batch_size=4,
+    metric_writers=[keep],
+  )
   assert [[r["round"] for r in c] for c in keep.chunks] == [[1, 2], [4, 6], [7]]  # the last
-  assert all(r["algorithm"] == "feddro" and len(r["client_losses"]) == 3
-             for c in keep.chunks for r in c)
+  assert all(
+    r["algorithm"] == "feddro" and len(r["client_losses"]) == 3 for c in keep.chunks for r in c
+  )
 
 
 def test_tensorboard_writer_and_a_missing_package(tmp_path, monkeypatch):
@@ -134,16 +151,25 @@ def test_periodic_action_sees_the_whole_state_at_its_rounds():
   data = fedco.FederatedData.from_clients(clients)
   problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
   spread = lambda state, round_: {
-      "personal_spread": float(np.std(np.asarray(state.clients.personal), axis=0).sum()),
-      "round_in_state": int(state.round)}
+    "personal_spread": float(np.std(np.asarray(state.clients.personal), axis=0).sum()),
+    "round_in_state": int(state.round),
+  }
   action = host.RoundAction(spread, every_rounds=3)
   run = lambda rounds, actions=(): fedco.simulate(
-      problem, fedco.ditto(0.1, 2, lam=0.1), data, jnp.zeros(3), rounds=rounds, seed=1,
-      batch_size=2, chunk_rounds=5, actions=actions, metric_labels={"run": "a"})
+    problem,
+    fedco.ditto(0.1, 2, lam=0.1),
+    data,
+    jnp.zeros(3),
+    rounds=rounds,
+    seed=1,
+    batch_size=2,
+    chunk_rounds=5,
+    actions=actions,
+    metric_labels={"run": "a"},
+  )
   result = run(7, [action])
   assert [r["round"] for r in result.host_metrics] == [3, 6, 7]
-  assert all(r["round_in_state"] == r["round"] and r["run"] == "a"
-             for r in result.host_metrics)
+  assert all(r["round_in_state"] == r["round"] and r["run"] == "a" for r in result.host_metrics)
   for row in result.host_metrics:
     alone = run(row["round"])
     assert row["personal_spread"] == spread(alone.state, row["round"])["personal_spread"]
@@ -158,12 +184,21 @@ def test_action_rows_start_at_round_zero_are_checkpointed_and_checked(tmp_path):
   0 (restored with its checkpoint) and equals an uninterrupted run; a non-finite row stops
   the run with NonFiniteError carrying the rows so far."""
   data = fedco.FederatedData.from_clients(
-      [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7), seed=2)])
+    [{"r": c} for c in helpers.portfolio_clients(sizes=(6, 9, 7), seed=2)]
+  )
   problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
   norm = lambda state, round_: {"norm": float(np.linalg.norm(state.server["params"]))}
   run = lambda rounds, fn=norm, **kw: fedco.simulate(
-      problem, fedco.fedavg(0.1, 2), data, jnp.ones(3), rounds=rounds, seed=1, batch_size=2,
-      actions=[host.RoundAction(fn, 2, at_start=True)], **kw)
+    problem,
+    fedco.fedavg(0.1, 2),
+    data,
+    jnp.ones(3),
+    rounds=rounds,
+    seed=1,
+    batch_size=2,
+    actions=[host.RoundAction(fn, 2, at_start=True)],
+    **kw,
+  )
   whole = run(6).host_metrics
   assert [r["round"] for r in whole] == [0, 2, 4, 6]
   assert whole[0]["norm"] == pytest.approx(np.sqrt(3.0))

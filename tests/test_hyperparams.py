@@ -17,9 +17,21 @@ from tests import registry
 LABELS = sorted(registry.CASES)
 
 
-BAD = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan"), "str": "0.1",
-       "bool": True, "list": [0.1], "None-like": object()}
-CASES = [(label, arg, bad) for label in LABELS for arg in sorted(registry.numeric_hyperparams(label)) for bad in BAD]
+BAD = {
+  "inf": float("inf"),
+  "-inf": float("-inf"),
+  "nan": float("nan"),
+  "str": "0.1",
+  "bool": True,
+  "list": [0.1],
+  "None-like": object(),
+}
+CASES = [
+  (label, arg, bad)
+  for label in LABELS
+  for arg in sorted(registry.numeric_hyperparams(label))
+  for bad in BAD
+]
 
 
 def _assert_clear(err, arg):
@@ -46,9 +58,16 @@ def test_every_algorithm_has_bad_hyperparameter_cases():
 @pytest.mark.parametrize("label", LABELS)
 def test_numpy_scalars_work_like_python_numbers(label):
   kw = registry.kwargs(label)
-  as_numpy = {k: (np.float32(v) if isinstance(v, float) else
-                  np.int64(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-              for k, v in kw.items()}
+  as_numpy = {
+    k: (
+      np.float32(v)
+      if isinstance(v, float)
+      else np.int64(v)
+      if isinstance(v, int) and not isinstance(v, bool)
+      else v
+    )
+    for k, v in kw.items()
+  }
   python = registry.factory(label)(**kw)
   numpy = registry.factory(label)(**as_numpy)
   assert numpy.plan == python.plan and numpy.name == python.name
@@ -85,17 +104,21 @@ def test_learning_rate_schedule_is_accepted_and_a_bad_one_refused():
 
 def test_inject_hyperparams_with_a_traced_local_steps_is_a_clear_error():
   import jax.numpy as jnp
+
   with pytest.raises(ValueError) as err:  # optax's wrapper without static_args
     optax.inject_hyperparams(fedco.feddro)(0.1, 5).init(jnp.zeros(3))
   assert "local_steps" in str(err.value) and "static_args" in str(err.value)
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(normalized=True), "gamma"),
     (dict(normalized=True, gamma=0.0), "gamma"),
     (dict(gamma=0.5), "normalized=True"),
     (dict(normalized=1, gamma=0.5), "normalized"),
-])
+  ],
+)
 def test_normalized_comfedl_arguments_are_checked(kwargs, match):
   with pytest.raises(ValueError, match=match):
     fedco.comfedl(0.1, 2, **kwargs)
@@ -104,6 +127,10 @@ def test_normalized_comfedl_arguments_are_checked(kwargs, match):
 def test_normalized_comfedl_needs_a_scalar_inner_value():
   data = fedco.FederatedData.from_clients([{"r": np.ones((4, 3), np.float32)}] * 2)
   with pytest.raises(ValueError, match="scalar inner value"):
-    fedco.simulate(fedco.problems.portfolio(1.0, kind="local"),
-                   fedco.comfedl(0.1, 2, normalized=True, gamma=0.5), data, jnp.zeros(3),
-                   rounds=1)
+    fedco.simulate(
+      fedco.problems.portfolio(1.0, kind="local"),
+      fedco.comfedl(0.1, 2, normalized=True, gamma=0.5),
+      data,
+      jnp.zeros(3),
+      rounds=1,
+    )

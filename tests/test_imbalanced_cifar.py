@@ -42,16 +42,22 @@ def test_step_imbalance_keeps_the_last_two_percent_of_the_first_half():
     assert np.sum(kept == c) == (100 if c < 5 else 5000)
     # the LAST rows of the class, in record order
     class_rows = np.flatnonzero(labels == c)
-    np.testing.assert_array_equal(rows[kept == c], class_rows[-np.sum(kept == c):])
+    np.testing.assert_array_equal(rows[kept == c], class_rows[-np.sum(kept == c) :])
   assert np.all(np.diff(rows) > 0)
   labels100 = np.repeat(np.arange(100), 500)
   kept100 = labels100[imbalanced.step_imbalance(labels100, 100)]
   assert np.sum(kept100 == 0) == 10 and np.sum(kept100 == 49) == 10 and np.sum(kept100 == 50) == 500
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_classes=1), "num_classes"), (dict(keep_fraction=0.0), "keep_fraction"),
-    (dict(keep_fraction=1.5), "keep_fraction"), (dict(num_classes=3), "labels")])
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(num_classes=1), "num_classes"),
+    (dict(keep_fraction=0.0), "keep_fraction"),
+    (dict(keep_fraction=1.5), "keep_fraction"),
+    (dict(num_classes=3), "labels"),
+  ],
+)
 def test_step_imbalance_rejects_bad_input(kwargs, match):
   args = dict(labels=np.arange(6) % 4, num_classes=4, **{})
   args.update(kwargs)
@@ -111,8 +117,12 @@ def test_methods_keep_their_own_settings(digits_run):
   _, summary, _ = digits_run
   settings = summary["settings"]
   assert settings["feddro"]["local_steps"] == 1 and settings["feddro"]["beta"] == 0.5
-  assert settings["fedavg_co"] == {"algorithm": "fedavg_co", "learning_rate": 0.01,
-                                   "local_steps": 5, "case": "II"}
+  assert settings["fedavg_co"] == {
+    "algorithm": "fedavg_co",
+    "learning_rate": 0.01,
+    "local_steps": 5,
+    "case": "II",
+  }
   assert settings["ds_feddro"]["server_lr_y"] == 1.4
   assert settings["primal_dual_dro"]["weights_lr"] == 1e-4
   assert summary["dataset"] == "digits-ST" and summary["data"]["num_classes"] == 10
@@ -164,8 +174,16 @@ def test_cifar10_st_end_to_end_under_mock_data(tmp_path):
 def test_cifar100_st_with_a_tiny_resnet20_under_mock_data(tmp_path):
   # conv_impl="xla" halves ResNet20's compile time here (20 s against 41 s); the default
   # im2col path of ResNet20 is checked against it in tests/test_layers.py.
-  config = _config(("feddro",), dataset="cifar100", model="resnet20", width=4,
-                   conv_impl="xla", rounds=1, batch_size=2, eval_examples=16)
+  config = _config(
+    ("feddro",),
+    dataset="cifar100",
+    model="resnet20",
+    width=4,
+    conv_impl="xla",
+    rounds=1,
+    batch_size=2,
+    eval_examples=16,
+  )
   with tfds.testing.mock_data(num_examples=120):
     summary, records = _outputs(config, tmp_path)
   assert summary["model"] == "resnet20" and len(records) == 1
@@ -174,8 +192,9 @@ def test_cifar100_st_with_a_tiny_resnet20_under_mock_data(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_local_steps_ablation_offline_on_digits(tmp_path):
-  config = _config(("ds_feddro", "mbsgd"), dataset="digits", ablation="local_steps",
-                   ablation_values=(1, 3))
+  config = _config(
+    ("ds_feddro", "mbsgd"), dataset="digits", ablation="local_steps", ablation_values=(1, 3)
+  )
   summary, records = _outputs(config, tmp_path)
   labels = {"ds_feddro_local_steps=1", "ds_feddro_local_steps=3"}  # mbsgd has no local steps
   assert set(summary["methods"]) == labels and {r["method"] for r in records} == labels
@@ -199,8 +218,11 @@ def _set(config, field, value):
   return config
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("dataset", "mnist", "--config.dataset"), ("model", "vgg", "--config.model"),
+@pytest.mark.parametrize(
+  "field, value, match",
+  [
+    ("dataset", "mnist", "--config.dataset"),
+    ("model", "vgg", "--config.model"),
     ("conv_impl", "cudnn", "--config.conv_impl"),
     ("methods.feddro.algorithm", "sgd", "--config.methods.feddro.algorithm"),
     ("methods.mbsgd.algorithm", "drfa", "--config.methods.mbsgd.algorithm must be one of"),
@@ -211,9 +233,13 @@ def _set(config, field, value):
     ("methods.primal_dual_dro.num_examples", 5, "--config.methods.primal_dual_dro.num_examples"),
     ("ablation", "I", "--config.ablation"),
     ("ablation_values", (2,), "--config.ablation_values needs"),
-    ("batch_size", -1, "--config.batch_size"), ("lam", 0.0, "--config.lam"),
-    ("keep_fraction", 0.0, "--config.keep_fraction"), ("rounds", 0, "--config.rounds"),
-    ("seeds", ("a",), "--config.seeds")])
+    ("batch_size", -1, "--config.batch_size"),
+    ("lam", 0.0, "--config.lam"),
+    ("keep_fraction", 0.0, "--config.keep_fraction"),
+    ("rounds", 0, "--config.rounds"),
+    ("seeds", ("a",), "--config.seeds"),
+  ],
+)
 def test_bad_fields_name_the_field(field, value, match, tmp_path):
   config = _config(dataset="digits")  # offline: the factories check theirs after the data
   with config.unlocked():
@@ -241,10 +267,19 @@ def test_missing_tfds_data_names_the_offline_dataset(tmp_path):
 
 def test_the_driver_reports_missing_data_in_one_line(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.main",
-       "--config=experiments/configs/imbalanced_cifar.py", f"--workdir={tmp_path / 'out'}",
-       f"--config.data_dir={tmp_path / 'none'}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/imbalanced_cifar.py",
+      f"--workdir={tmp_path / 'out'}",
+      f"--config.data_dir={tmp_path / 'none'}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("error: --config.dataset=cifar10") and "--config.dataset=digits" in last

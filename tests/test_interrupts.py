@@ -43,9 +43,18 @@ class CtrlCAt(host.RowWriter):
 
 
 def _simulate(writer, rounds=9, learning_rate=0.01, chunk_rounds=3, **kwargs):
-  return fedco.simulate(portfolio(1.0), fedco.feddro(learning_rate, 2, beta=0.5), DATA,
-                        jnp.zeros(3), rounds=rounds, seed=0, batch_size=4,
-                        chunk_rounds=chunk_rounds, metric_writers=[writer], **kwargs)
+  return fedco.simulate(
+    portfolio(1.0),
+    fedco.feddro(learning_rate, 2, beta=0.5),
+    DATA,
+    jnp.zeros(3),
+    rounds=rounds,
+    seed=0,
+    batch_size=4,
+    chunk_rounds=chunk_rounds,
+    metric_writers=[writer],
+    **kwargs,
+  )
 
 
 def test_a_ctrl_c_mid_run_stops_after_the_chunk_with_its_rows_and_checkpoint(tmp_path):
@@ -65,15 +74,17 @@ def test_a_ctrl_c_in_the_last_chunk_is_not_dropped(tmp_path):
   assert err.value.round == 9
   assert [r["round"] for r in writer.rows] == list(range(1, 10))
   assert int(err.value.result.state.round) == 9
-  np.testing.assert_allclose(err.value.result.metrics["objective"][-1],
-                             writer.rows[-1]["objective"], rtol=1e-6)
+  np.testing.assert_allclose(
+    err.value.result.metrics["objective"][-1], writer.rows[-1]["objective"], rtol=1e-6
+  )
   assert "9" in os.listdir(tmp_path)
 
 
 def test_a_ctrl_c_in_a_diverging_chunk_stops_instead_of_reporting_divergence():
   writer = CtrlCAt(1)  # the first chunk diverges at round 2
-  with pytest.raises(host.Interrupted, match=r"in rounds 1-3 of 30, which diverged \(round 2"
-                     ) as err:
+  with pytest.raises(
+    host.Interrupted, match=r"in rounds 1-3 of 30, which diverged \(round 2"
+  ) as err:
     _simulate(writer, rounds=30, learning_rate=1e6)
   assert isinstance(err.value.__cause__, fedco.runtime.NonFiniteError)
   assert writer.rows and all(host.finite_row(r) for r in writer.rows)
@@ -104,11 +115,19 @@ def test_a_sweep_stops_before_it_starts_after_a_chunk_and_in_its_last_chunk(monk
       del self, args, kwargs
       if done == ctrl_c_at:
         os.kill(os.getpid(), signal.SIGINT)
+
     monkeypatch.setattr(host.ProgressBar, "update", update)
-    return fedco.sweep(portfolio(1.0), fedco.feddro, DATA, jnp.zeros(3), rounds=4,
-                       grid={"learning_rate": [0.01, 0.02]},
-                       algorithm_kwargs={"local_steps": 2, "beta": 0.5}, batch_size=4,
-                       chunk_rounds=2)
+    return fedco.sweep(
+      portfolio(1.0),
+      fedco.feddro,
+      DATA,
+      jnp.zeros(3),
+      rounds=4,
+      grid={"learning_rate": [0.01, 0.02]},
+      algorithm_kwargs={"local_steps": 2, "beta": 0.5},
+      batch_size=4,
+      chunk_rounds=2,
+    )
 
   with pytest.raises(host.Interrupted, match="after round 2 of 4") as err:
     sweep(2)
@@ -124,10 +143,25 @@ def test_a_sweep_stops_before_it_starts_after_a_chunk_and_in_its_last_chunk(monk
 
 def _driver(workdir, *flags):
   return subprocess.Popen(
-      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py",
-       f"--workdir={workdir}", "--config.rounds=3000", "--config.seeds=0,",
-       "--methods=fedavg,comfedl", "--noprogress", "--checkpoint_every=10", *flags],
-      cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/dro_fl.py",
+      f"--workdir={workdir}",
+      "--config.rounds=3000",
+      "--config.seeds=0,",
+      "--methods=fedavg,comfedl",
+      "--noprogress",
+      "--checkpoint_every=10",
+      *flags,
+    ],
+    cwd=ROOT,
+    env=ENV,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def _wait_for(path, proc, timeout=240):
@@ -147,8 +181,9 @@ def test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130(tmp_path):
   lines = [l for l in err.strip().splitlines() if not l.startswith("warning: ")]  # config's
   assert len(lines) == 1, err[-3000:]
   assert lines[0].startswith("interrupted fedavg seed 0 after round "), lines
-  assert lines[0].endswith("rerun the same command to resume (finished runs and "
-                           "checkpoints are kept)")
+  assert lines[0].endswith(
+    "rerun the same command to resume (finished runs and checkpoints are kept)"
+  )
   done = int(lines[0].split()[6])
   rows = [json.loads(line) for line in metrics.read_text().splitlines()]
   assert rows and rows[-1]["round"] == done and rows[-1]["method"] == "fedavg"
@@ -173,31 +208,42 @@ def test_a_second_ctrl_c_ends_the_process_at_once_without_a_crash(tmp_path):
 
 # ---- the last round is always evaluated ----------------------------------------------------
 
+
 def _evaluated(rounds, eval_every, chunk_rounds=2):
-  return _simulate(CtrlCAt(None), rounds=rounds, eval_every=eval_every,
-                   chunk_rounds=chunk_rounds)
+  return _simulate(CtrlCAt(None), rounds=rounds, eval_every=eval_every, chunk_rounds=chunk_rounds)
 
 
 @pytest.mark.parametrize("rounds,eval_every,expected", [(5, 3, [1, 3, 5]), (2, 3, [1, 2])])
-def test_simulate_evaluates_round_one_every_eval_every_and_the_last(rounds, eval_every,
-                                                                    expected):
+def test_simulate_evaluates_round_one_every_eval_every_and_the_last(rounds, eval_every, expected):
   every_round = _evaluated(rounds, 1)
   result = _evaluated(rounds, eval_every)
   evaluated = np.flatnonzero(result.metrics["evaluated"]) + 1
   assert evaluated.tolist() == expected
-  np.testing.assert_allclose(result.metrics["objective"][evaluated - 1],
-                             every_round.metrics["objective"][evaluated - 1], rtol=1e-6)
+  np.testing.assert_allclose(
+    result.metrics["objective"][evaluated - 1],
+    every_round.metrics["objective"][evaluated - 1],
+    rtol=1e-6,
+  )
 
 
 def test_sweep_and_simulator_run_evaluate_the_last_round():
-  result = fedco.sweep(portfolio(1.0), fedco.feddro, DATA, jnp.zeros(3), rounds=5,
-                       grid={"learning_rate": [0.01, 0.02]},
-                       algorithm_kwargs={"local_steps": 2, "beta": 0.5}, batch_size=4,
-                       chunk_rounds=2, eval_every=3)
+  result = fedco.sweep(
+    portfolio(1.0),
+    fedco.feddro,
+    DATA,
+    jnp.zeros(3),
+    rounds=5,
+    grid={"learning_rate": [0.01, 0.02]},
+    algorithm_kwargs={"local_steps": 2, "beta": 0.5},
+    batch_size=4,
+    chunk_rounds=2,
+    eval_every=3,
+  )
   assert np.all(np.isfinite(result.metrics["objective"][:, [0, 2, 4]]))
   assert (np.flatnonzero(result.metrics["evaluated"][0]) + 1).tolist() == [1, 3, 5]
-  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.01, 2, beta=0.5), DATA, batch_size=4,
-                        eval_every=10)
+  sim = fedco.Simulator(
+    portfolio(1.0), fedco.feddro(0.01, 2, beta=0.5), DATA, batch_size=4, eval_every=10
+  )
   state, metrics = sim.run(sim.init(jnp.zeros(3)), 4)  # by default, the call's last round
   assert (np.flatnonzero(metrics["evaluated"]) + 1).tolist() == [1, 4]
   _, metrics = sim.run(state, 3, final_round=20)  # a chunk of a longer run

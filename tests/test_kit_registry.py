@@ -22,14 +22,14 @@ CHECKS = ("builds", "state", "jit", "chain", "inject", "simulate", "server")
 
 @pytest.mark.parametrize("label", LABELS)
 def test_every_registry_configuration_meets_the_contract(label):
-  report = fedco.testing.check_algorithm(registry.factory(label), checks=CHECKS,
-                                         **_kwargs(label))
+  report = fedco.testing.check_algorithm(registry.factory(label), checks=CHECKS, **_kwargs(label))
   assert set(report) == set(CHECKS)
   assert all(v == "passed" for v in report.values()), report
 
 
 @pytest.mark.parametrize("label", ["feddro", "drfa", "primal_dual_dro"])
 def test_sweep_and_resume_for_an_every_step_a_loss_querying_and_a_row_weighting_server(label):
-  report = fedco.testing.check_algorithm(registry.factory(label), checks=("sweep", "resume"),
-                                         **_kwargs(label))
+  report = fedco.testing.check_algorithm(
+    registry.factory(label), checks=("sweep", "resume"), **_kwargs(label)
+  )
   assert report == {"sweep": "passed", "resume": "passed"}, report

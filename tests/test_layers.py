@@ -6,16 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedco.models import CNN4, OmniglotCNN, ResNet20, init_cnn
-from fedco.models import layers
+from fedco.models import CNN4, OmniglotCNN, ResNet20, init_cnn, layers
 
 CASES = [  # (input shape, kernel shape, strides, padding)
-    ((2, 8, 8, 3), (3, 3, 3, 4), (1, 1), "SAME"),
-    ((2, 7, 9, 2), (3, 3, 2, 5), (1, 1), "SAME"),
-    ((1, 8, 8, 4), (3, 3, 4, 4), (2, 2), ((1, 1), (1, 1))),
-    ((1, 9, 7, 4), (3, 3, 4, 3), (2, 2), "SAME"),
-    ((3, 8, 8, 4), (1, 1, 4, 6), (2, 2), "VALID"),
-    ((1, 6, 6, 2), (3, 2, 2, 3), (1, 2), "VALID"),
+  ((2, 8, 8, 3), (3, 3, 3, 4), (1, 1), "SAME"),
+  ((2, 7, 9, 2), (3, 3, 2, 5), (1, 1), "SAME"),
+  ((1, 8, 8, 4), (3, 3, 4, 4), (2, 2), ((1, 1), (1, 1))),
+  ((1, 9, 7, 4), (3, 3, 4, 3), (2, 2), "SAME"),
+  ((3, 8, 8, 4), (1, 1, 4, 6), (2, 2), "VALID"),
+  ((1, 6, 6, 2), (3, 2, 2, 3), (1, 2), "VALID"),
 ]
 
 
@@ -27,8 +26,9 @@ def _rand(key, shape):
 def test_conv2d_matches_xla_values_and_derivatives(xs, ks, strides, padding):
   x, k = _rand(0, xs), _rand(1, ks)
   conv = lambda impl: lambda x, k: layers.conv2d(x, k, strides, padding, impl)
-  ref = jax.lax.conv_general_dilated(x, k, strides, padding,
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  ref = jax.lax.conv_general_dilated(
+    x, k, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
   np.testing.assert_allclose(conv("matmul")(x, k), ref, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(conv("xla")(x, k), ref, rtol=1e-6, atol=1e-6)
 
@@ -38,8 +38,9 @@ def test_conv2d_matches_xla_values_and_derivatives(xs, ks, strides, padding):
     hvp = lambda x, k: jax.jvp(g, (x, k), (jnp.ones_like(x), jnp.ones_like(k)))[1]
     return jax.jit(lambda x, k: (g(x, k), hvp(x, k)))(x, k)
 
-  for got, want in zip(jax.tree.leaves(derivatives(conv("matmul"))),
-                       jax.tree.leaves(derivatives(conv("xla")))):
+  for got, want in zip(
+    jax.tree.leaves(derivatives(conv("matmul"))), jax.tree.leaves(derivatives(conv("xla")))
+  ):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
@@ -62,8 +63,9 @@ def test_conv_module_has_nn_conv_parameters():
       np.testing.assert_array_equal(a, b)
     for impl in ("matmul", "xla"):
       ours_out = layers.Conv(4, (3, 3), use_bias=use_bias, impl=impl).apply(ours, x)
-      np.testing.assert_allclose(ours_out, nn.Conv(4, (3, 3), use_bias=use_bias).apply(flax, x),
-                                 rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(
+        ours_out, nn.Conv(4, (3, 3), use_bias=use_bias).apply(flax, x), rtol=1e-5, atol=1e-5
+      )
 
 
 @pytest.mark.parametrize("shape,groups", [((3, 6, 5, 8), 8), ((2, 4, 4, 16), 4), ((2, 7, 6), 3)])
@@ -87,11 +89,14 @@ def test_auto_is_matmul_on_cpu():
   assert layers.resolve_impl("auto") == "matmul"
 
 
-@pytest.mark.parametrize("make,shape", [
+@pytest.mark.parametrize(
+  "make,shape",
+  [
     (lambda impl: CNN4(filters=8, conv_impl=impl), (16, 16, 3)),
     (lambda impl: OmniglotCNN(filters=8, conv_impl=impl), (4, 28, 28, 1)),
     (lambda impl: ResNet20(width=4, conv_impl=impl), (8, 8, 3)),
-])
+  ],
+)
 def test_models_agree_across_implementations(make, shape):
   params = make("xla").init(jax.random.PRNGKey(1), jnp.zeros(shape))  # eager: no compile
   shapes = lambda impl: jax.eval_shape(make(impl).init, jax.random.PRNGKey(0), jnp.zeros(shape))
@@ -99,8 +104,9 @@ def test_models_agree_across_implementations(make, shape):
   x = _rand(4, (3,) + shape if len(shape) == 3 else shape)
   if isinstance(make("xla"), ResNet20):  # forward only, eagerly: its gradients take 20 s to
     # compile; stride 2, explicit padding and 1x1 VALID convolutions are differentiated above
-    np.testing.assert_allclose(make("matmul").apply(params, x), make("xla").apply(params, x),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+      make("matmul").apply(params, x), make("xla").apply(params, x), rtol=1e-4, atol=1e-5
+    )
     return
   loss = lambda impl: lambda p: jnp.sum(jnp.sin(make(impl).apply(p, x)))
   value_and_grad = lambda impl: jax.jit(jax.value_and_grad(loss(impl)))(params)
@@ -119,17 +125,26 @@ def test_matmul_model_compiles_without_convolutions_in_a_loop():
     def body(p, _):
       g = jax.grad(lambda p: jnp.sum(model.apply(p, x) ** 2))(p)
       return jax.tree.map(lambda a, b: a - 0.01 * b, p, g), None
+
     return jax.lax.scan(body, p, None, length=3)[0]
 
   text = jax.jit(steps).lower(params).compile().as_text()
   assert "convolution(" not in text
-  assert "convolution(" in jax.jit(lambda p: CNN4(filters=4, conv_impl="xla").apply(p, x)) \
-      .lower(params).compile().as_text()
+  assert (
+    "convolution("
+    in jax.jit(lambda p: CNN4(filters=4, conv_impl="xla").apply(p, x))
+    .lower(params)
+    .compile()
+    .as_text()
+  )
 
 
-@pytest.mark.parametrize("bad", [
+@pytest.mark.parametrize(
+  "bad",
+  [
     dict(conv_impl="cudnn"),
-])
+  ],
+)
 def test_bad_conv_impl_is_named(bad):
   for make in (CNN4, OmniglotCNN, ResNet20):
     with pytest.raises(ValueError, match="conv_impl"):

@@ -36,8 +36,12 @@ def _points(rng, n, scale=2.0):
 def _episode(rng, tasks, shots=6, weights=None):
   sx, sy = zip(*[_points(rng, shots) for _ in range(tasks)])
   qx, qy = zip(*[_points(rng, shots) for _ in range(tasks)])
-  ep = {"support_x": np.stack(sx), "support_y": np.stack(sy), "query_x": np.stack(qx),
-        "query_y": np.stack(qy)}
+  ep = {
+    "support_x": np.stack(sx),
+    "support_y": np.stack(sy),
+    "query_x": np.stack(qx),
+    "query_y": np.stack(qy),
+  }
   if weights is not None:
     ep["task_weight"] = np.asarray(weights, np.float32)
   return {k: jnp.asarray(v) for k, v in ep.items()}
@@ -103,8 +107,9 @@ def test_inner_vjp_is_the_exact_hessian_vector_product(activation):
   np.testing.assert_allclose(got, v - hv, rtol=1e-4, atol=2e-5 * np.abs(v).max())
   # the value is one gradient step
   g = _flat(jax.grad(meta.task_loss)(params, ep["support_x"][0], ep["support_y"][0]))
-  np.testing.assert_allclose(_flat(jax.tree.map(lambda a: a[0], sample)),
-                             _flat(params) - A * g, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    _flat(jax.tree.map(lambda a: a[0], sample)), _flat(params) - A * g, rtol=1e-5, atol=1e-6
+  )
 
 
 def test_table_vjp_sums_each_tasks_product(net):
@@ -115,10 +120,11 @@ def test_table_vjp_sums_each_tasks_product(net):
   vs = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (3,) + flat.shape), np.float32)
   table_v = jax.vmap(unravel)(jnp.asarray(vs))
   _, got = _inner_vjp(meta, params, ep, table_v)
-  expected = sum(vs[t] - A * _hessian(meta, params, ep["support_x"][t],
-                                      ep["support_y"][t]) @ vs[t] for t in range(3))
-  np.testing.assert_allclose(_flat(got), expected, rtol=1e-4,
-                             atol=2e-5 * np.abs(vs).max())
+  expected = sum(
+    vs[t] - A * _hessian(meta, params, ep["support_x"][t], ep["support_y"][t]) @ vs[t]
+    for t in range(3)
+  )
+  np.testing.assert_allclose(_flat(got), expected, rtol=1e-4, atol=2e-5 * np.abs(vs).max())
 
 
 def test_first_order_drops_the_hessian_term(net):
@@ -147,10 +153,12 @@ def test_multi_step_equals_unrolled_chain_of_hessians(net):
     iterates.append(step(iterates[-1]))
   flat, unravel = ravel_pytree(params)
   v = np.asarray(jax.random.normal(jax.random.PRNGKey(4), flat.shape), np.float64)
-  sample, got = _inner_vjp(meta, params, ep,
-                           jax.tree.map(lambda a: a[None], unravel(jnp.asarray(v, jnp.float32))))
-  np.testing.assert_allclose(_flat(jax.tree.map(lambda a: a[0], sample)), _flat(iterates[-1]),
-                             rtol=1e-5, atol=1e-6)
+  sample, got = _inner_vjp(
+    meta, params, ep, jax.tree.map(lambda a: a[None], unravel(jnp.asarray(v, jnp.float32)))
+  )
+  np.testing.assert_allclose(
+    _flat(jax.tree.map(lambda a: a[0], sample)), _flat(iterates[-1]), rtol=1e-5, atol=1e-6
+  )
   expected = v.copy()  # J^T v = (I - aH(w_0))(I - aH(w_1))(I - aH(w_2)) v
   for w in iterates[-2::-1]:
     expected = expected - A * _hessian(one, w, x, y) @ expected
@@ -178,8 +186,10 @@ def _problem_grad(problem, params, ep):
   def run(params, ep):
     batch, w1 = jax.tree.map(lambda a: a[None], ep), jnp.ones((1,), jnp.float32)
     _, z = estimators.value_and_compositional_grad(
-        lambda w: problem.inner_value(w, batch, w1),
-        lambda y: problem.outer_value(y, batch, w1), params)
+      lambda w: problem.inner_value(w, batch, w1),
+      lambda y: problem.outer_value(y, batch, w1),
+      params,
+    )
     return problem.client_objective(params, batch, w1), z
 
   return run(params, ep)
@@ -189,16 +199,23 @@ def test_compositional_gradient_equals_grad_of_the_direct_maml_loss(net):
   model, params = net
   ep = _episode(np.random.default_rng(4), tasks=4, weights=[0.5, 0.0, 0.3, 0.2])
   value, z = _problem_grad(maml(model.apply, A), params, ep)
-  direct_value, direct = jax.jit(jax.value_and_grad(
-      lambda w, ep: _hand_written_maml_loss(model.apply, A, w, ep)))(params, ep)
+  direct_value, direct = jax.jit(
+    jax.value_and_grad(lambda w, ep: _hand_written_maml_loss(model.apply, A, w, ep))
+  )(params, ep)
   np.testing.assert_allclose(_flat(z), _flat(direct), rtol=2e-4, atol=1e-5)
   np.testing.assert_allclose(float(value), float(direct_value), rtol=1e-5)
   # the task-averaged composition f(mean_t g_t) is a different objective
   meta = MAML(model.apply, A)
-  naive = jax.jit(jax.grad(lambda w, ep: meta.outer(jax.tree.map(
-      lambda a: jnp.broadcast_to(jnp.mean(a, 0), a.shape), meta.inner(w, ep)), ep)))
-  assert np.linalg.norm(_flat(naive(params, ep)) - _flat(direct)) > \
-      1e-2 * np.linalg.norm(_flat(direct))
+  naive = jax.jit(
+    jax.grad(
+      lambda w, ep: meta.outer(
+        jax.tree.map(lambda a: jnp.broadcast_to(jnp.mean(a, 0), a.shape), meta.inner(w, ep)), ep
+      )
+    )
+  )
+  assert np.linalg.norm(_flat(naive(params, ep)) - _flat(direct)) > 1e-2 * np.linalg.norm(
+    _flat(direct)
+  )
 
 
 def test_da_maml_outer_is_the_weighted_exp_mean_and_stable(net):
@@ -209,10 +226,12 @@ def test_da_maml_outer_is_the_weighted_exp_mean_and_stable(net):
   losses = losses_fn(params, ep)
   gamma = 0.5
   value, z = _problem_grad(da_maml(model.apply, A, gamma), params, ep)
-  np.testing.assert_allclose(float(value), float(jnp.sum(ep["task_weight"]
-                                                         * jnp.exp(losses / gamma))), rtol=1e-5)
-  direct = jax.jit(jax.grad(lambda w, ep: jnp.sum(ep["task_weight"] * jnp.exp(
-      losses_fn(w, ep) / gamma))))(params, ep)
+  np.testing.assert_allclose(
+    float(value), float(jnp.sum(ep["task_weight"] * jnp.exp(losses / gamma))), rtol=1e-5
+  )
+  direct = jax.jit(
+    jax.grad(lambda w, ep: jnp.sum(ep["task_weight"] * jnp.exp(losses_fn(w, ep) / gamma)))
+  )(params, ep)
   np.testing.assert_allclose(_flat(z), _flat(direct), rtol=2e-4, atol=1e-5)
   # tiny gamma: L/gamma far beyond float32's exp range; a shift keeps value and step finite
   tiny = float(jnp.min(losses)) / 1e3
@@ -259,14 +278,23 @@ def _moml_clients(seed=0):
   for k, weights in enumerate(WEIGHTS):
     n = len(weights)
     true_w = rng.normal(size=(T, D))
-    def draw(n):
+
+    def draw(n, true_w=true_w, k=k):
       x = rng.normal(size=(n, T, SHOTS, D)).astype(np.float32)
       y = (np.einsum("ntsd,td->nts", x, true_w) + 0.5 * k)[..., None].astype(np.float32)
       return x, y
+
     sx, sy = draw(n)
     qx, qy = draw(n)
-    clients.append({"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy,
-                    "task_weight": np.asarray(weights, np.float32)})
+    clients.append(
+      {
+        "support_x": sx,
+        "support_y": sy,
+        "query_x": qx,
+        "query_y": qy,
+        "task_weight": np.asarray(weights, np.float32),
+      }
+    )
   return clients
 
 
@@ -287,17 +315,34 @@ def _hess(x):
 
 def _moml_reference(clients, theta0, first_order):
   """Local-MOML in float64 with full-batch oracles (means over each client's episodes)."""
+
   def g(c, theta):  # [T, D+1]: slot t = mean_e (theta - a grad L(theta; S_e,t))
-    return np.stack([np.mean([theta - INNER * _grad(theta, c["support_x"][e, t],
-                                                    c["support_y"][e, t])
-                              for e in range(len(c["task_weight"]))], axis=0)
-                     for t in range(T)])
+    return np.stack(
+      [
+        np.mean(
+          [
+            theta - INNER * _grad(theta, c["support_x"][e, t], c["support_y"][e, t])
+            for e in range(len(c["task_weight"]))
+          ],
+          axis=0,
+        )
+        for t in range(T)
+      ]
+    )
 
   def grad_f(c, u):  # d/du_t of mean_e sum_t w_e,t L(u_t; Q_e,t)
-    return np.stack([np.mean([c["task_weight"][e, t] * _grad(u[t], c["query_x"][e, t],
-                                                              c["query_y"][e, t])
-                              for e in range(len(c["task_weight"]))], axis=0)
-                     for t in range(T)])
+    return np.stack(
+      [
+        np.mean(
+          [
+            c["task_weight"][e, t] * _grad(u[t], c["query_x"][e, t], c["query_y"][e, t])
+            for e in range(len(c["task_weight"]))
+          ],
+          axis=0,
+        )
+        for t in range(T)
+      ]
+    )
 
   theta = np.array(theta0, np.float64)
   memories = [g(c, theta) for c in clients]
@@ -328,18 +373,27 @@ def test_local_moml_matches_numpy_transcription(first_order):
   data = fedco.FederatedData.from_clients(clients)
   problem = maml(_linear, INNER)
   params0 = {"w": jnp.asarray([0.3, -0.2], jnp.float32), "b": jnp.asarray(0.1, jnp.float32)}
-  res = fedco.simulate(problem, local_moml(LR, STEPS, beta=BETA, first_order=first_order), data,
-                       params0, rounds=ROUNDS, batch_size=None, evaluate=False)
+  res = fedco.simulate(
+    problem,
+    local_moml(LR, STEPS, beta=BETA, first_order=first_order),
+    data,
+    params0,
+    rounds=ROUNDS,
+    batch_size=None,
+    evaluate=False,
+  )
   theta0 = np.array([0.3, -0.2, 0.1])
   theta, memories, init = _moml_reference(clients, theta0, first_order)
-  got = np.concatenate([np.asarray(res.params["w"], np.float64),
-                        np.asarray(res.params["b"], np.float64)[None]])
+  got = np.concatenate(
+    [np.asarray(res.params["w"], np.float64), np.asarray(res.params["b"], np.float64)[None]]
+  )
   assert np.max(np.abs(theta - theta0)) > 1e-2  # the run moves
   np.testing.assert_allclose(got, theta, rtol=1e-4, atol=1e-5)
   u = res.state.clients.u  # [K, T, ...]
   for k in range(len(clients)):
-    mem = np.concatenate([np.asarray(u["w"][k], np.float64),
-                          np.asarray(u["b"][k], np.float64)[:, None]], axis=1)
+    mem = np.concatenate(
+      [np.asarray(u["w"][k], np.float64), np.asarray(u["b"][k], np.float64)[:, None]], axis=1
+    )
     np.testing.assert_allclose(mem, memories[k], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(memories[0][1], init[0][1])  # never sampled: untouched
 
@@ -350,7 +404,14 @@ def test_scgd_family_runs_on_the_task_table():
   data = fedco.FederatedData.from_clients(clients)
   problem = maml(_linear, INNER)
   params0 = {"w": jnp.zeros(2, jnp.float32), "b": jnp.zeros((), jnp.float32)}
-  res = fedco.simulate(problem, fedco.local_scgdm(1.0, 2, beta=0.1, alpha=0.8, gamma=0.7), data,
-                       params0, rounds=2, batch_size=1, evaluate=False)
+  res = fedco.simulate(
+    problem,
+    fedco.local_scgdm(1.0, 2, beta=0.1, alpha=0.8, gamma=0.7),
+    data,
+    params0,
+    rounds=2,
+    batch_size=1,
+    evaluate=False,
+  )
   assert res.state.clients.u["w"].shape == (2, T, D)
   assert np.all(np.isfinite(np.asarray(res.params["w"])))

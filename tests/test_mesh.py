@@ -12,18 +12,27 @@ import pytest
 
 import fedco
 from fedco.problems import portfolio
-from tests import helpers
-from tests import mesh_check
+from tests import helpers, mesh_check
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def mesh_results():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_check.py")], env=env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": str(ROOT),
+  }
+  out = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "mesh_check.py")],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
@@ -43,7 +52,13 @@ def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
   assert names == set(mesh_check.LABELS)
   assert len(mesh_results) == len(names) + len(mesh_check.SAMPLED)
   assert {r["algorithm"] for r in mesh_results if r["clients_per_round"] == 3} == {
-      "comfedl", "feddro", "mbsgd", "drfa", "primal_dual_dro", "tr_maml"}
+    "comfedl",
+    "feddro",
+    "mbsgd",
+    "drfa",
+    "primal_dual_dro",
+    "tr_maml",
+  }
   for r in mesh_results:
     label = f"{r['algorithm']} (clients_per_round={r['clients_per_round']})"
     assert r["moved"] > 1e-2, label
@@ -71,8 +86,15 @@ def test_mesh_argument_is_checked():
 def test_padding_on_a_one_device_mesh_changes_nothing():
   """A mesh of one device has no padding; the program still agrees with no mesh."""
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  run = lambda mesh: fedco.simulate(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data,
-                                    jnp.zeros(3), rounds=3, batch_size=4, mesh=mesh)
+  run = lambda mesh: fedco.simulate(
+    portfolio(1.0),
+    fedco.feddro(0.1, 2, beta=0.5),
+    data,
+    jnp.zeros(3),
+    rounds=3,
+    batch_size=4,
+    mesh=mesh,
+  )
   a, b = run(None), run(fedco.runtime.client_mesh(1))
   assert float(jnp.max(jnp.abs(a.params - b.params))) < 1e-6
 
@@ -80,8 +102,13 @@ def test_padding_on_a_one_device_mesh_changes_nothing():
 def test_a_mesh_run_compiles_once():
   """init's and run's outputs carry the same shardings, so run never compiles twice."""
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
-  sim = fedco.Simulator(portfolio(1.0), fedco.feddro(0.1, 2, beta=0.5), data, batch_size=4,
-                        mesh=fedco.runtime.client_mesh(1))
+  sim = fedco.Simulator(
+    portfolio(1.0),
+    fedco.feddro(0.1, 2, beta=0.5),
+    data,
+    batch_size=4,
+    mesh=fedco.runtime.client_mesh(1),
+  )
   state = sim.init(jnp.zeros(3), 0)
   for _ in range(3):
     state, _ = sim.run(state, 2)

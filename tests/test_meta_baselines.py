@@ -27,10 +27,10 @@ from fedco.models.mlp import MLP, init_mlp
 from fedco.problems import portfolio
 from fedco.problems.maml import MAML, maml
 
-A = 0.3          # the problem's inner lr: large enough that the Hessian term matters
+A = 0.3  # the problem's inner lr: large enough that the Hessian term matters
 T, SHOTS = 2, 4  # task slots per episode, points per support/query set
-LR = 0.1         # meta step b
-DELTA = 1e-3     # Hessian-free finite difference
+LR = 0.1  # meta step b
+DELTA = 1e-3  # Hessian-free finite difference
 STEPS, ROUNDS, BATCH = 2, 3, 2
 MODEL = MLP(hidden=(8,), out=1, activation=jnp.tanh)
 PROBLEM = maml(MODEL.apply, A)
@@ -48,13 +48,18 @@ def maml_clients(sizes, seed=0, scales=None):
     amp = rng.uniform(0.5, 1.5, T) * (1.0 if scales is None else scales[k])
     phase = rng.uniform(0.0, np.pi, T)
 
-    def points(n):
+    def points(n, amp=amp, phase=phase):
       x = rng.uniform(-2.0, 2.0, (n, T, SHOTS, 1))
       return x, amp[None, :, None, None] * np.sin(x + phase[None, :, None, None])
 
     (sx, sy), (qx, qy) = points(n), points(n)
-    ep = {"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy,
-          "task_weight": rng.dirichlet(np.ones(T), size=n)}
+    ep = {
+      "support_x": sx,
+      "support_y": sy,
+      "query_x": qx,
+      "query_y": qy,
+      "task_weight": rng.dirichlet(np.ones(T), size=n),
+    }
     clients.append({k2: v.astype(np.float32) for k2, v in ep.items()})
   return clients
 
@@ -77,16 +82,18 @@ def schedule(seed, rounds, sizes, m, steps=STEPS, batch=BATCH):
   out = []
   for _ in range(rounds):
     key, k_sample, k_round, _, _ = jax.random.split(key, 5)
-    ids = (np.arange(n) if m == n
-           else np.sort(np.asarray(jax.random.permutation(k_sample, n))[:m]))
+    ids = np.arange(n) if m == n else np.sort(np.asarray(jax.random.permutation(k_sample, n))[:m])
     draws = {}
     for k in ids:
       draws[int(k)] = []
       for t in range(steps):
         skey = jax.random.fold_in(jax.random.fold_in(k_round, int(k)), t)
-        draws[int(k)].append(tuple(
+        draws[int(k)].append(
+          tuple(
             np.asarray(jax.random.randint(kk, (batch,), 0, sizes[k]))
-            for kk in jax.random.split(skey, 3)))
+            for kk in jax.random.split(skey, 3)
+          )
+        )
     out.append((ids, draws))
   return out
 
@@ -131,15 +138,26 @@ def _adapt(w, bg, t):
 def _query_grad(wt, bf, t):
   """``g_t = grad f_t(w~; D')``: the weighted query gradient of slot ``t`` over ``D'``."""
   n = bf["query_x"].shape[0]
-  return _mean([jax.tree.map(lambda a: bf["task_weight"][e, t] * a,
-                             _grad_L(wt, bf["query_x"][e, t], bf["query_y"][e, t]))
-                for e in range(n)])
+  return _mean(
+    [
+      jax.tree.map(
+        lambda a, e=e: bf["task_weight"][e, t] * a,
+        _grad_L(wt, bf["query_x"][e, t], bf["query_y"][e, t]),
+      )
+      for e in range(n)
+    ]
+  )
 
 
 def _query_loss(wt, bf, t):
   n = bf["query_x"].shape[0]
-  return sum(bf["task_weight"][e, t] * _task_loss(wt, bf["query_x"][e, t], bf["query_y"][e, t])
-             for e in range(n)) / n
+  return (
+    sum(
+      bf["task_weight"][e, t] * _task_loss(wt, bf["query_x"][e, t], bf["query_y"][e, t])
+      for e in range(n)
+    )
+    / n
+  )
 
 
 def _second_order(w, g, bn, t, variant):
@@ -150,11 +168,16 @@ def _second_order(w, g, bn, t, variant):
   if variant == "exact":
     hg = _mean([_hvp(w, bn["support_x"][e, t], bn["support_y"][e, t], g) for e in range(n)])
   else:
-    hg = _mean([jax.tree.map(
-        lambda a, b: (a - b) / (2 * DELTA),
-        _grad_L(_axpy(w, DELTA, g), bn["support_x"][e, t], bn["support_y"][e, t]),
-        _grad_L(_axpy(w, -DELTA, g), bn["support_x"][e, t], bn["support_y"][e, t]))
-        for e in range(n)])
+    hg = _mean(
+      [
+        jax.tree.map(
+          lambda a, b: (a - b) / (2 * DELTA),
+          _grad_L(_axpy(w, DELTA, g), bn["support_x"][e, t], bn["support_y"][e, t]),
+          _grad_L(_axpy(w, -DELTA, g), bn["support_x"][e, t], bn["support_y"][e, t]),
+        )
+        for e in range(n)
+      ]
+    )
   return _axpy(g, -A, hg)
 
 
@@ -162,8 +185,9 @@ def _second_order(w, g, bn, t, variant):
 def _per_fedavg_step(w, bg, bf, bn, variant):
   """SPEC 3: w~ = w - a grad f(w; D); g = grad f(w~; D'); w -= b (I - a Hess f(w; D'')) g,
   summed over the task slots."""
-  directions = [_second_order(w, _query_grad(_adapt(w, bg, t), bf, t), bn, t, variant)
-                for t in range(T)]
+  directions = [
+    _second_order(w, _query_grad(_adapt(w, bg, t), bf, t), bn, t, variant) for t in range(T)
+  ]
   return _axpy(w, -LR, jax.tree.map(lambda *d: sum(d), *directions))
 
 
@@ -229,7 +253,7 @@ def tr_maml_reference(clients, w0, sched, weight_lr, m):
           wk, loss = _tr_maml_step(wk, _gather(clients[k], pg), _gather(clients[k], pf))
           if t == 0:
             v[k] = (n / m) * float(loss)
-        x_new = jax.tree.map(lambda a, b, c: a - (n / m) * p[k] * (b - c), x_new, x, wk)
+        x_new = jax.tree.map(lambda a, b, c, p=p, k=k: a - (n / m) * p[k] * (b - c), x_new, x, wk)
       x = x_new
       p = project_simplex_bisect(p + weight_lr * v)
       ps.append(p)
@@ -253,15 +277,22 @@ _PF_RUNS = {}
 def _pf_run(pf_setup, variant):
   if variant not in _PF_RUNS:
     _, data, w0 = pf_setup
-    _PF_RUNS[variant] = fedco.simulate(PROBLEM, fedco.per_fedavg(LR, STEPS, variant=variant,
-                                                                 delta=DELTA),
-                                       data, w0, rounds=ROUNDS, seed=3, batch_size=BATCH,
-                                       evaluate=False)
+    _PF_RUNS[variant] = fedco.simulate(
+      PROBLEM,
+      fedco.per_fedavg(LR, STEPS, variant=variant, delta=DELTA),
+      data,
+      w0,
+      rounds=ROUNDS,
+      seed=3,
+      batch_size=BATCH,
+      evaluate=False,
+    )
   return _PF_RUNS[variant]
 
 
-@pytest.mark.parametrize("variant, atol", [("exact", 2e-5), ("first_order", 2e-5),
-                                           ("hessian_free", 1e-4)])
+@pytest.mark.parametrize(
+  "variant, atol", [("exact", 2e-5), ("first_order", 2e-5), ("hessian_free", 1e-4)]
+)
 def test_per_fedavg_matches_transcription(pf_setup, variant, atol):
   clients, _, w0 = pf_setup
   res = _pf_run(pf_setup, variant)
@@ -340,15 +371,13 @@ def test_per_fedavg_directions(problem_id):
   z = {k: np.asarray(v, np.float64) for k, v in _directions(params, batch, problem_id).items()}
   exact = z["exact"]
   # exact = the gradient of the MAML loss w -> f(g(w)) when D = D' = D''
-  np.testing.assert_allclose(exact, flat(jax.jit(jax.grad(loss))(params)), rtol=1e-4,
-                             atol=1e-6)
+  np.testing.assert_allclose(exact, flat(jax.jit(jax.grad(loss))(params)), rtol=1e-4, atol=1e-6)
   # first order = the gradient with the inner gradient held constant (J_g = I)
   meta_fo = MAML(MODEL.apply, A, first_order=True)
   problem_fo = meta_fo.problem() if problem_id == "table" else _single_task_problem(meta_fo)
   loss_fo = lambda p: problem_fo.client_objective(p, batch, w1)
   first = z["first_order"]
-  np.testing.assert_allclose(first, flat(jax.jit(jax.grad(loss_fo))(params)), rtol=1e-4,
-                             atol=1e-6)
+  np.testing.assert_allclose(first, flat(jax.jit(jax.grad(loss_fo))(params)), rtol=1e-4, atol=1e-6)
   assert np.linalg.norm(first - exact) > 0.05 * np.linalg.norm(exact)  # the term matters
   # Hessian-free: a central difference of the inner map along each slot's query gradient
   hf = z["hessian_free"]
@@ -363,8 +392,9 @@ def test_per_fedavg_with_unweighted_slot_ignores_it():
   only["task_weight"] = jnp.ones((2, 1))
   both, single = _directions(params, batch, "table"), _directions(params, only, "table")
   for variant in ("exact", "first_order", "hessian_free"):
-    np.testing.assert_allclose(np.asarray(both[variant]), np.asarray(single[variant]),
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+      np.asarray(both[variant]), np.asarray(single[variant]), rtol=1e-4, atol=1e-6
+    )
 
 
 def test_per_fedavg_first_order_needs_a_parameter_shaped_inner():
@@ -393,13 +423,22 @@ HARD = 2
 
 @pytest.fixture(scope="module")
 def tr_run():
-  clients = maml_clients(TR_SIZES, seed=5, scales=[4.0 if k == HARD else 0.5 for k in
-                                                  range(len(TR_SIZES))])
+  clients = maml_clients(
+    TR_SIZES, seed=5, scales=[4.0 if k == HARD else 0.5 for k in range(len(TR_SIZES))]
+  )
   data = fedco.FederatedData.from_clients(clients)
   w0 = init_params(0)
-  res = fedco.simulate(PROBLEM, fedco.tr_maml(LR, STEPS, weights_lr=TR_RATE), data, w0,
-                       rounds=TR_ROUNDS, seed=TR_SEED, batch_size=BATCH, clients_per_round=TR_M,
-                       evaluate=False)
+  res = fedco.simulate(
+    PROBLEM,
+    fedco.tr_maml(LR, STEPS, weights_lr=TR_RATE),
+    data,
+    w0,
+    rounds=TR_ROUNDS,
+    seed=TR_SEED,
+    batch_size=BATCH,
+    clients_per_round=TR_M,
+    evaluate=False,
+  )
   return clients, w0, res
 
 
@@ -425,8 +464,9 @@ def test_tr_maml_weights_stay_on_the_simplex_and_favour_the_hard_client(tr_run):
   clients, w0, res = tr_run
   p = np.asarray(res.state.server_opt_state.p, np.float64)
   assert np.all(p >= 0) and abs(p.sum() - 1.0) < 1e-6
-  _, ps_ref = tr_maml_reference(clients, w0, schedule(TR_SEED, TR_ROUNDS, TR_SIZES, TR_M),
-                                TR_RATE, TR_M)
+  _, ps_ref = tr_maml_reference(
+    clients, w0, schedule(TR_SEED, TR_ROUNDS, TR_SIZES, TR_M), TR_RATE, TR_M
+  )
   for p_r in ps_ref:
     assert np.all(p_r >= 0) and abs(p_r.sum() - 1.0) < 1e-9
   assert np.argmax(p) == HARD and p[HARD] > 1 / 3 + 0.05
@@ -437,11 +477,19 @@ def _fake_round(alive):
   alg = fedco.tr_maml(0.1, 2, weights_lr=0.5)
   x = {"w": jnp.asarray([1.0, -1.0])}
   state = alg.server.init({"params": x}, jnp.asarray([3, 4, 5]))
-  clients = {"params": {"w": jnp.asarray([[0.0, 0.0], [2.0, 2.0]])},
-             "loss": jnp.asarray([1.0, 3.0])}
-  info = fedco.algorithms.RoundInfo(jnp.asarray([0, 2]), jnp.asarray([0.5, 0.5]),
-                                    jnp.asarray([3, 5]), 3, jax.random.PRNGKey(0),
-                                    lambda *a: None, None if alive is None else jnp.asarray(alive))
+  clients = {
+    "params": {"w": jnp.asarray([[0.0, 0.0], [2.0, 2.0]])},
+    "loss": jnp.asarray([1.0, 3.0]),
+  }
+  info = fedco.algorithms.RoundInfo(
+    jnp.asarray([0, 2]),
+    jnp.asarray([0.5, 0.5]),
+    jnp.asarray([3, 5]),
+    3,
+    jax.random.PRNGKey(0),
+    lambda *a: None,
+    None if alive is None else jnp.asarray(alive),
+  )
   server, state = jax.jit(lambda: alg.server.update({"params": x}, state, clients, info))()
   return np.asarray(server["params"]["w"]), np.asarray(state.p)
 
@@ -450,12 +498,14 @@ def test_tr_maml_server_step_and_dropped_clients():
   x, p = _fake_round(None)
   # x - (3/2)(1/3)[(x - x_0) + (x - x_2)] with x = (1, -1), x_0 = 0, x_2 = 2
   np.testing.assert_allclose(x, [1.0 - 0.5 * (1.0 - 1.0), -1.0 - 0.5 * (-1.0 - 3.0)])
-  np.testing.assert_allclose(p, project_simplex_bisect(
-      np.full(3, 1 / 3) + 0.5 * 1.5 * np.array([1.0, 0.0, 3.0])), atol=1e-6)
+  np.testing.assert_allclose(
+    p, project_simplex_bisect(np.full(3, 1 / 3) + 0.5 * 1.5 * np.array([1.0, 0.0, 3.0])), atol=1e-6
+  )
   x, p = _fake_round([True, False])  # client 2 dropped: it moves neither x nor p
   np.testing.assert_allclose(x, [1.0 - 0.5 * 1.0, -1.0 - 0.5 * -1.0])
-  np.testing.assert_allclose(p, project_simplex_bisect(
-      np.full(3, 1 / 3) + 0.5 * 1.5 * np.array([1.0, 0.0, 0.0])), atol=1e-6)
+  np.testing.assert_allclose(
+    p, project_simplex_bisect(np.full(3, 1 / 3) + 0.5 * 1.5 * np.array([1.0, 0.0, 0.0])), atol=1e-6
+  )
   x, p = _fake_round([False, False])  # nobody survived: nothing moves
   np.testing.assert_allclose(x, [1.0, -1.0])
   np.testing.assert_allclose(p, np.full(3, 1 / 3), atol=1e-7)
@@ -493,13 +543,17 @@ DITTO_SIZES, DITTO_D = (3, 5, 8), 3
 
 def ditto_clients(seed=0):
   rng = np.random.default_rng(seed)
-  return [{"a": rng.normal(size=(n, DITTO_D)).astype(np.float32),
-           "c": rng.normal(k - 1.0, 0.5, size=(n,)).astype(np.float32)}
-          for k, n in enumerate(DITTO_SIZES)]
+  return [
+    {
+      "a": rng.normal(size=(n, DITTO_D)).astype(np.float32),
+      "c": rng.normal(k - 1.0, 0.5, size=(n,)).astype(np.float32),
+    }
+    for k, n in enumerate(DITTO_SIZES)
+  ]
 
 
 def _ditto_loss(w, e):
-  return 0.5 * (jnp.tanh(e["a"] @ w) - e["c"]) ** 2 + 0.05 * jnp.sum(w ** 2)
+  return 0.5 * (jnp.tanh(e["a"] @ w) - e["c"]) ** 2 + 0.05 * jnp.sum(w**2)
 
 
 DITTO_PROBLEM = fedco.problems.plain(_ditto_loss)
@@ -510,7 +564,7 @@ def _ditto_grad(c, pos, w):
   a = np.asarray(c["a"], np.float64)[pos]
   y = np.asarray(c["c"], np.float64)[pos]
   t = np.tanh(a @ w)
-  return np.mean(((t - y) * (1 - t ** 2))[:, None] * a, axis=0) + 0.1 * w
+  return np.mean(((t - y) * (1 - t**2))[:, None] * a, axis=0) + 0.1 * w
 
 
 def ditto_reference(clients, x0, sched, lr, lam, personal_lr):
@@ -538,9 +592,17 @@ def test_ditto_matches_transcription():
   data = fedco.FederatedData.from_clients(clients)
   x0 = np.array([0.3, -0.2, 0.1], np.float32)
   lr, lam, plr, steps, rounds, m, seed = 0.2, 0.5, 0.3, 3, 4, 2, 2
-  res = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, steps, lam=lam, personal_lr=plr), data,
-                       jnp.asarray(x0), rounds=rounds, seed=seed, batch_size=BATCH,
-                       clients_per_round=m, evaluate=False)
+  res = fedco.simulate(
+    DITTO_PROBLEM,
+    fedco.ditto(lr, steps, lam=lam, personal_lr=plr),
+    data,
+    jnp.asarray(x0),
+    rounds=rounds,
+    seed=seed,
+    batch_size=BATCH,
+    clients_per_round=m,
+    evaluate=False,
+  )
   sched = schedule(seed, rounds, DITTO_SIZES, m, steps=steps)
   ids = np.stack([s[0] for s in sched])
   np.testing.assert_array_equal(np.asarray(res.metrics["clients"]), ids)
@@ -548,16 +610,25 @@ def test_ditto_matches_transcription():
   x, personal, anchors = ditto_reference(clients, x0.astype(np.float64), sched, lr, lam, plr)
   assert np.max(np.abs(x - x0)) > 1e-2
   np.testing.assert_allclose(np.asarray(res.params, np.float64), x, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(res.state.clients.personal, np.float64), personal,
-                             rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(res.state.clients.anchor, np.float64), anchors,
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(res.state.clients.personal, np.float64), personal, rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    np.asarray(res.state.clients.anchor, np.float64), anchors, rtol=1e-4, atol=1e-5
+  )
   # personal models are not the global model, and the server mean is sample-weighted
   assert np.min(np.abs(personal - x).max(axis=1)) > 1e-2
-  uniform = fedco.simulate(DITTO_PROBLEM, fedco.ditto(lr, steps, lam=lam, personal_lr=plr,
-                                                      weighting="uniform"),
-                           data, jnp.asarray(x0), rounds=1, seed=seed, batch_size=BATCH,
-                           clients_per_round=m, evaluate=False)
+  uniform = fedco.simulate(
+    DITTO_PROBLEM,
+    fedco.ditto(lr, steps, lam=lam, personal_lr=plr, weighting="uniform"),
+    data,
+    jnp.asarray(x0),
+    rounds=1,
+    seed=seed,
+    batch_size=BATCH,
+    clients_per_round=m,
+    evaluate=False,
+  )
   x1, _, _ = ditto_reference(clients, x0.astype(np.float64), sched[:1], lr, lam, plr)
   assert np.max(np.abs(np.asarray(uniform.params) - x1)) > 1e-4
   # only the global model is communicated
@@ -612,7 +683,9 @@ def test_ditto_needs_the_loss_value():
 # ---- arguments --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, name", [
+@pytest.mark.parametrize(
+  "make, name",
+  [
     (lambda: fedco.per_fedavg(-0.1), "learning_rate"),
     (lambda: fedco.per_fedavg(0.1, 0), "local_steps"),
     (lambda: fedco.per_fedavg(variant="second_order"), "variant"),
@@ -627,7 +700,8 @@ def test_ditto_needs_the_loss_value():
     (lambda: fedco.ditto(learning_rate="0.2"), "learning_rate"),
     (lambda: fedco.ditto(weighting="median"), "weighting"),
     (lambda: fedco.ditto(local_steps=0), "local_steps"),
-])
+  ],
+)
 def test_bad_arguments_raise(make, name):
   with pytest.raises(ValueError, match=name):
     make()

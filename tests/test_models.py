@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedco.models import (CNN4, OmniglotCNN, ResNet20, TaskBatchNorm, cross_entropy,
-                          init_cnn)
+from fedco.models import CNN4, OmniglotCNN, ResNet20, TaskBatchNorm, cross_entropy, init_cnn
 
 
 def _count(params) -> int:
@@ -37,16 +36,21 @@ def test_resnet20_parameter_count_is_027m():
   print(f"ResNet20(num_classes=10, norm='group') parameters: {n:,}")
   assert 260_000 <= n <= 280_000
   assert n == 272_474  # 269,722 of option A + 2,752 for the two 1x1 projections
-  none = jax.eval_shape(ResNet20(norm="none").init, jax.random.PRNGKey(0),
-                        jnp.zeros((32, 32, 3)))
+  none = jax.eval_shape(ResNet20(norm="none").init, jax.random.PRNGKey(0), jnp.zeros((32, 32, 3)))
   assert 260_000 <= _count(none) <= 280_000
 
 
-@pytest.mark.parametrize("model,image", [
-    (CNN4(), (32, 32, 3)), (CNN4(norm="none", filters=16), (32, 32, 3)),
-    (OmniglotCNN(), (28, 28, 1)), (OmniglotCNN(num_classes=20), (28, 28, 1)),
-    (ResNet20(), (32, 32, 3)), (ResNet20(num_classes=100, norm="none", width=8), (32, 32, 3)),
-])
+@pytest.mark.parametrize(
+  "model,image",
+  [
+    (CNN4(), (32, 32, 3)),
+    (CNN4(norm="none", filters=16), (32, 32, 3)),
+    (OmniglotCNN(), (28, 28, 1)),
+    (OmniglotCNN(num_classes=20), (28, 28, 1)),
+    (ResNet20(), (32, 32, 3)),
+    (ResNet20(num_classes=100, norm="none", width=8), (32, 32, 3)),
+  ],
+)
 def test_output_shapes_for_one_image_and_a_batch(model, image):
   """Shapes only (``eval_shape``, nothing compiled): [C] for an image, [n, C] for a batch."""
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros(image))
@@ -57,10 +61,13 @@ def test_output_shapes_for_one_image_and_a_batch(model, image):
   assert one.dtype == batch.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("model,image", [
+@pytest.mark.parametrize(
+  "model,image",
+  [
     (CNN4(filters=8), (16, 16, 3)),
     (ResNet20(), (8, 8, 3)),
-])
+  ],
+)
 def test_per_example_equals_batch(model, image):
   """No batch statistics: vmapping over single images gives the batch call's logits."""
   params = init_cnn(model, image, seed=1)
@@ -86,9 +93,10 @@ def test_task_batch_norm_normalizes_each_channel():
   chex.assert_trees_all_close(jnp.mean(y, axis=(0, 1, 2)), jnp.zeros(3), atol=1e-5)
   chex.assert_trees_all_close(jnp.var(y, axis=(0, 1, 2)), jnp.ones(3), atol=1e-3)
   # Learnable scale and bias act after normalization; no running-average state exists.
-  scaled = {"params": {"scale": jnp.asarray([2.0, 1.0, 0.5]), "bias": jnp.asarray([1., 0, -1])}}
-  chex.assert_trees_all_close(bn.apply(scaled, x), y * scaled["params"]["scale"]
-                              + scaled["params"]["bias"], atol=1e-5)
+  scaled = {"params": {"scale": jnp.asarray([2.0, 1.0, 0.5]), "bias": jnp.asarray([1.0, 0, -1])}}
+  chex.assert_trees_all_close(
+    bn.apply(scaled, x), y * scaled["params"]["scale"] + scaled["params"]["bias"], atol=1e-5
+  )
   assert set(params) == {"params"}
 
 
@@ -139,7 +147,9 @@ def test_omniglot_gradients_are_finite_first_and_second_order(omniglot):
     assert float(sum(jnp.sum(jnp.abs(v)) for v in jax.tree_util.tree_leaves(g))) > 0
 
 
-@pytest.mark.parametrize("make,name", [
+@pytest.mark.parametrize(
+  "make,name",
+  [
     (lambda: ResNet20(norm="batch"), "norm"),
     (lambda: CNN4(norm="layer"), "norm"),
     (lambda: ResNet20(width=0), "width"),
@@ -148,7 +158,8 @@ def test_omniglot_gradients_are_finite_first_and_second_order(omniglot):
     (lambda: OmniglotCNN(num_classes=0), "num_classes"),
     (lambda: TaskBatchNorm(epsilon=0.0), "epsilon"),
     (lambda: init_cnn(CNN4(), (0, 32, 3)), "input_shape"),
-])
+  ],
+)
 def test_bad_arguments_raise_value_error_naming_them(make, name):
   with pytest.raises(ValueError, match=name):
     make()
@@ -171,7 +182,9 @@ def test_logistic_regression_is_dense_with_an_output_major_kernel():
   what ``nn.Dense`` computes with the transposed kernel, for one example of any shape, and
   casts integer pixels to float32."""
   import flax.linen as nn
+
   from fedco.models import LogisticRegression, init_params
+
   model = LogisticRegression(num_classes=3)
   image = jnp.asarray(np.random.default_rng(1).integers(0, 255, (4, 2, 1)), jnp.uint8)
   params = init_params(model, image)
@@ -181,13 +194,15 @@ def test_logistic_regression_is_dense_with_an_output_major_kernel():
   kernel = jnp.asarray(rng.normal(size=(3, 8)), jnp.float32)
   bias = jnp.asarray(rng.normal(size=3), jnp.float32)
   ours = model.apply({"params": {"kernel": kernel, "bias": bias}}, image)
-  dense = nn.Dense(3).apply({"params": {"kernel": kernel.T, "bias": bias}},
-                            image.reshape(-1).astype(jnp.float32))
+  dense = nn.Dense(3).apply(
+    {"params": {"kernel": kernel.T, "bias": bias}}, image.reshape(-1).astype(jnp.float32)
+  )
   assert ours.dtype == jnp.float32
   np.testing.assert_allclose(ours, dense, rtol=1e-6)
   # gradients agree too, up to the transpose
   x = image.reshape(-1).astype(jnp.float32)
   g_ours = jax.grad(lambda k: model.apply({"params": {"kernel": k, "bias": bias}}, x)[1])(kernel)
-  g_dense = jax.grad(lambda k: nn.Dense(3).apply({"params": {"kernel": k, "bias": bias}},
-                                                 x)[1])(kernel.T)
+  g_dense = jax.grad(lambda k: nn.Dense(3).apply({"params": {"kernel": k, "bias": bias}}, x)[1])(
+    kernel.T
+  )
   np.testing.assert_allclose(g_ours, g_dense.T, rtol=1e-6)

@@ -53,23 +53,31 @@ def _free_port():
 @pytest.fixture(scope="module")
 def multihost(tmp_path_factory):
   out = tmp_path_factory.mktemp("multihost")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-         "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compile time dominates
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": str(ROOT),
+    "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+  }  # compile time dominates
   env.pop("XLA_FLAGS", None)  # devices per process come from initialize(local_device_count=2)
   port = _free_port()
   procs, logs = [], []
   start = time.perf_counter()
   script = str(ROOT / "tests" / "multihost_worker.py")
-  commands = [[script, f"--process_id={i}", "--num_processes=2", f"--port={port}",
-               f"--out={out}"] for i in range(2)] + [[script, "--single"]]
+  commands = [
+    [script, f"--process_id={i}", "--num_processes=2", f"--port={port}", f"--out={out}"]
+    for i in range(2)
+  ] + [[script, "--single"]]
   for i, command in enumerate(commands):
     log = open(out / f"output_{i}.txt", "w+")
     logs.append(log)
-    procs.append(subprocess.Popen([sys.executable] + command, env=env, cwd=ROOT, stdout=log,
-                                  stderr=subprocess.STDOUT))
+    procs.append(
+      subprocess.Popen(
+        [sys.executable] + command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+      )
+    )
   try:
-    codes = [p.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - start)))
-             for p in procs]
+    codes = [p.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - start))) for p in procs]
   except subprocess.TimeoutExpired:
     codes = None
   finally:
@@ -84,8 +92,10 @@ def multihost(tmp_path_factory):
     log.close()
   if codes != [0, 0, 0]:
     names = ["process 0", "process 1", "single process"]
-    tails = "\n".join(f"--- {names[i]} (exit {None if codes is None else codes[i]}) ---\n"
-                      f"{t[-4000:]}" for i, t in enumerate(texts))
+    tails = "\n".join(
+      f"--- {names[i]} (exit {None if codes is None else codes[i]}) ---\n{t[-4000:]}"
+      for i, t in enumerate(texts)
+    )
     pytest.fail(f"multi-process workers failed or timed out after {TIMEOUT_S} s:\n{tails}")
   reports = [json.loads((out / f"process_{i}.json").read_text()) for i in range(2)]
   single = json.loads([l for l in texts[2].splitlines() if l.startswith("{")][-1])
@@ -101,8 +111,9 @@ def test_each_process_generates_and_holds_only_its_clients(multihost):
   # each process's devices hold exactly its own blocks' rows: 0-3 on 0, 4-7 on 1
   for p, r in enumerate(reports):
     rows = sorted(tuple(s["rows"]) for s in r["shards"])
-    assert rows == [(4 * p * max_n + 2 * d * max_n, 4 * p * max_n + 2 * (d + 1) * max_n)
-                    for d in range(2)], rows
+    assert rows == [
+      (4 * p * max_n + 2 * d * max_n, 4 * p * max_n + 2 * (d + 1) * max_n) for d in range(2)
+    ], rows
 
 
 @pytest.mark.parametrize("label", [c[0] for c in worker.CONFIGS])
@@ -142,8 +153,10 @@ def test_no_collective_carries_examples(multihost):
 
 
 def _clients(sizes):
-  return [{"r": np.full((n, 3), k, np.float32) + np.arange(n, dtype=np.float32)[:, None]}
-          for k, n in enumerate(sizes)]
+  return [
+    {"r": np.full((n, 3), k, np.float32) + np.arange(n, dtype=np.float32)[:, None]}
+    for k, n in enumerate(sizes)
+  ]
 
 
 def test_global_data_layout_on_one_process():
@@ -154,13 +167,15 @@ def test_global_data_layout_on_one_process():
   np.testing.assert_array_equal(data.counts, sizes)
   np.testing.assert_array_equal(data.index[0], [0, 1, 0, 0, 0])
   np.testing.assert_array_equal(data.flat_owner, [0, 0, 3, 3, 3, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3])
-  np.testing.assert_allclose(data.flat_weights(),
-                             [.5, .5, 0, 0, 0] + [.2] * 5 + [1 / 3] * 3 + [0, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+    data.flat_weights(), [0.5, 0.5, 0, 0, 0] + [0.2] * 5 + [1 / 3] * 3 + [0, 0], rtol=1e-6
+  )
   for k, ex in enumerate(_clients(sizes)):
     np.testing.assert_array_equal(data.client(k)["r"], ex["r"])
   # a mapping of ids works as well; the metadata agrees
-  again = distributed.global_data(dict(enumerate(_clients(sizes))), 3,
-                                  fedco.runtime.client_mesh(1), client_sizes=sizes)
+  again = distributed.global_data(
+    dict(enumerate(_clients(sizes))), 3, fedco.runtime.client_mesh(1), client_sizes=sizes
+  )
   np.testing.assert_array_equal(again.examples["r"], data.examples["r"])
 
 
@@ -176,13 +191,17 @@ def test_block_data_with_owner_matches_one_process_data():
     np.testing.assert_array_equal(blocks.client(k)["client"], [k] * sizes[k])
   plain = fedco.FederatedData.from_clients(_clients(sizes)).with_owner()
   problem = fedco.problems.client_kl_dro_log(
-      lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=3)
-  runs = [fedco.simulate(problem, fedco.feddro(0.05, 2, beta=0.5), data, jnp.zeros(3), rounds=3,
-                         batch_size=2, mesh=m) for data, m in ((blocks, mesh), (plain, None))]
+    lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2), gamma=1.0, num_clients=3
+  )
+  runs = [
+    fedco.simulate(
+      problem, fedco.feddro(0.05, 2, beta=0.5), data, jnp.zeros(3), rounds=3, batch_size=2, mesh=m
+    )
+    for data, m in ((blocks, mesh), (plain, None))
+  ]
   assert float(jnp.max(jnp.abs(runs[1].params))) > 1e-2  # it moved
   np.testing.assert_allclose(runs[0].params, runs[1].params, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(runs[0].metrics["objective"], runs[1].metrics["objective"],
-                             rtol=1e-5)
+  np.testing.assert_allclose(runs[0].metrics["objective"], runs[1].metrics["objective"], rtol=1e-5)
   with pytest.raises(ValueError, match="already names"):
     blocks.with_owner()
 

@@ -39,6 +39,7 @@ def mock():
 
 # ---- loading ---------------------------------------------------------------------------
 
+
 def test_loader_reads_both_splits_as_28x28_floats(mock):
   n = 2 * MOCK_EXAMPLES
   assert mock.images.shape == (n, 28, 28, 1) and mock.images.dtype == np.float32
@@ -60,8 +61,8 @@ def test_images_are_inverted_so_strokes_are_one():
   image[40:65] = 0  # a black horizontal bar on white
   small = om._to_28(image, 28)
   assert small.shape == (28, 28) and small.dtype == np.uint8
-  assert small[0].max() == 0 and small[-1].max() == 0      # background -> 0
-  assert small[12:16].min() >= 240                          # stroke -> about 255 (1)
+  assert small[0].max() == 0 and small[-1].max() == 0  # background -> 0
+  assert small[12:16].min() >= 240  # stroke -> about 255 (1)
 
 
 def test_missing_data_dir_raises_file_not_found(tmp_path):
@@ -72,6 +73,7 @@ def test_missing_data_dir_raises_file_not_found(tmp_path):
 
 # ---- the alphabet split ------------------------------------------------------------------
 
+
 def test_vinyals_split_is_33_5_12_by_name(mock):
   split = om.split_alphabets(mock)
   assert tuple(map(len, split)) == (33, 5, 12) == om.VINYALS_SIZES
@@ -80,8 +82,12 @@ def test_vinyals_split_is_33_5_12_by_name(mock):
   assert names[1] <= set(om.BACKGROUND_ALPHABETS) and names[2] <= set(om.EVALUATION_ALPHABETS)
   assert set().union(*names) == set(om.ALPHABETS)
   assert "Gurmukhi" in names[0]
-  few = mock._replace(**{k: getattr(mock, k)[mock.alphabet < 10]
-                         for k in ("images", "character", "alphabet", "background")})
+  few = mock._replace(
+    **{
+      k: getattr(mock, k)[mock.alphabet < 10]
+      for k in ("images", "character", "alphabet", "background")
+    }
+  )
   with pytest.raises(ValueError, match="missing"):
     om.split_alphabets(few)
 
@@ -104,6 +110,7 @@ def test_random_split_is_seeded_disjoint_and_checked(mock):
 
 # ---- classes, tasks and episodes ----------------------------------------------------------
 
+
 def _synthetic(drawings=(4, 4, 4, 4, 4, 2, 4)):
   """Alphabet 0: characters 0-2; alphabet 1: characters 3-5 (5 has 2 drawings);
   alphabet 2: character 6. Noise images, so each rotated drawing is unique."""
@@ -111,10 +118,18 @@ def _synthetic(drawings=(4, 4, 4, 4, 4, 2, 4)):
   character = np.repeat(np.arange(len(drawings)), drawings).astype(np.int32)
   rng = np.random.default_rng(0)
   u8 = rng.integers(0, 256, (character.size, 28, 28, 1)).astype(np.uint8)
-  data = om.OmniglotData(u8 / np.float32(255), character, owner[character].astype(np.int32),
-                         np.ones(character.size, bool), om.ALPHABETS)
-  lookup = {np.rot90(u8[r], k, axes=(0, 1)).tobytes(): (r, k)
-            for r in range(character.size) for k in range(4)}
+  data = om.OmniglotData(
+    u8 / np.float32(255),
+    character,
+    owner[character].astype(np.int32),
+    np.ones(character.size, bool),
+    om.ALPHABETS,
+  )
+  lookup = {
+    np.rot90(u8[r], k, axes=(0, 1)).tobytes(): (r, k)
+    for r in range(character.size)
+    for k in range(4)
+  }
   return data, lookup
 
 
@@ -123,8 +138,16 @@ def test_rotations_are_classes_and_tasks_have_k_shots_and_q_queries():
   classes = om.alphabet_classes(data, 1, shots=1, query=2)
   assert sorted(map(tuple, classes.tolist())) == [(c, k) for c in (3, 4) for k in range(4)]
   ways, shots, query, t = 3, 1, 2, 2
-  fed = om.federated(data, [0, 1], seed=0, ways=ways, shots=shots, query=query,
-                     tasks_per_episode=t, episodes_per_client=20)
+  fed = om.federated(
+    data,
+    [0, 1],
+    seed=0,
+    ways=ways,
+    shots=shots,
+    query=query,
+    tasks_per_episode=t,
+    episodes_per_client=20,
+  )
   assert fed.num_clients == 2 and np.all(np.asarray(fed.counts) == 20)
   rotations = set()
   for k, alphabet in enumerate((0, 1)):
@@ -140,15 +163,16 @@ def test_rotations_are_classes_and_tasks_have_k_shots_and_q_queries():
         assert np.all(np.bincount(qy, minlength=ways) == query)
         assert 0 <= qy.min() and qy.max() < ways
         seen = {}
-        for x, y in zip(np.concatenate([ep["support_x"][e, s], ep["query_x"][e, s]]),
-                        np.concatenate([sy, qy])):
+        for x, y in zip(
+          np.concatenate([ep["support_x"][e, s], ep["query_x"][e, s]]), np.concatenate([sy, qy])
+        ):
           row, rot = lookup[x.tobytes()]
           seen.setdefault(int(y), []).append((int(data.character[row]), rot, row))
         label_classes = {y: {(c, r) for c, r, _ in v} for y, v in seen.items()}
         assert all(len(v) == 1 for v in label_classes.values())  # one class per label
         assert len({next(iter(v)) for v in label_classes.values()}) == ways  # distinct
         for v in seen.values():
-          assert len({row for _, _, row in v}) == shots + query       # distinct drawings
+          assert len({row for _, _, row in v}) == shots + query  # distinct drawings
           assert all(data.alphabet[row] == alphabet for _, _, row in v)
           rotations.update(r for _, r, _ in v)
   assert rotations == {0, 1, 2, 3}
@@ -160,18 +184,19 @@ def test_rotations_are_classes_and_tasks_have_k_shots_and_q_queries():
 
 def test_evaluation_episode_and_too_small_alphabets():
   data, lookup = _synthetic()
-  ev = om.evaluation_episode(data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2,
-                             stream=1)
+  ev = om.evaluation_episode(data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2, stream=1)
   assert ev["support_x"].shape == (12, 2, 28, 28, 1) and ev["query_y"].shape == (12, 4)
   assert set(ev["alphabet"].tolist()) == {0, 1}
   np.testing.assert_allclose(ev["task_weight"].sum(), 1.0, rtol=1e-6)
   for i in range(12):
     rows = [lookup[x.tobytes()][0] for x in ev["query_x"][i]]
     assert set(data.alphabet[rows].tolist()) == {ev["alphabet"][i]}
-  again = om.evaluation_episode(data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2,
-                                stream=1)
-  other = om.evaluation_episode(data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2,
-                                stream=2)
+  again = om.evaluation_episode(
+    data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2, stream=1
+  )
+  other = om.evaluation_episode(
+    data, [0, 1], seed=3, num_tasks=12, ways=2, shots=1, query=2, stream=2
+  )
   np.testing.assert_array_equal(again["query_x"], ev["query_x"])
   assert not np.array_equal(other["query_x"], ev["query_x"])
   # alphabet 2 has one character: 4 classes with rotations, 1 without
@@ -186,8 +211,9 @@ def test_evaluation_episode_and_too_small_alphabets():
 
 def test_mock_episodes_have_labels_below_ways(mock):
   split = om.split_alphabets(mock, "random", sizes=(3, 2, 2))
-  fed = om.federated(mock, split.train, seed=0, ways=2, shots=1, query=1, tasks_per_episode=2,
-                     episodes_per_client=6)
+  fed = om.federated(
+    mock, split.train, seed=0, ways=2, shots=1, query=1, tasks_per_episode=2, episodes_per_client=6
+  )
   assert fed.num_clients == 3
   qy = np.asarray(fed.examples["query_y"])
   assert qy.shape == (18, 2, 2) and set(np.unique(qy).tolist()) == {0, 1}
@@ -197,28 +223,33 @@ def test_mock_episodes_have_labels_below_ways(mock):
 
 # ---- paired batches ----------------------------------------------------------------------
 
+
 def test_paired_batches_score_the_outer_on_the_inner_sample():
   # g(x; e) = x + id_e and f(y; e') = (y - id_e')^2 / 2: J^T grad f = x + id_e - id_e', which
   # is exactly x when the outer example is the inner one, so x shrinks by (1 - lr) per step
-  problem = fedco.problems.local_inner(lambda x, e: x + e["id"],
-                                       lambda y, e: 0.5 * jnp.sum((y - e["id"]) ** 2),
-                                       outer_uses_data=True)
+  problem = fedco.problems.local_inner(
+    lambda x, e: x + e["id"], lambda y, e: 0.5 * jnp.sum((y - e["id"]) ** 2), outer_uses_data=True
+  )
   data = fedco.FederatedData.from_clients(
-      [{"id": np.arange(k, k + 9, dtype=np.float32)[:, None]} for k in range(3)])
+    [{"id": np.arange(k, k + 9, dtype=np.float32)[:, None]} for k in range(3)]
+  )
   kwargs = dict(rounds=2, batch_size=1, evaluate=False, seed=1)
-  paired = fedco.simulate(problem, fedco.comfedl(0.5, 3), data, jnp.ones(1),
-                          paired_batches=True, **kwargs)
-  np.testing.assert_allclose(paired.params, 0.5 ** 6, rtol=1e-6)
+  paired = fedco.simulate(
+    problem, fedco.comfedl(0.5, 3), data, jnp.ones(1), paired_batches=True, **kwargs
+  )
+  np.testing.assert_allclose(paired.params, 0.5**6, rtol=1e-6)
   unpaired = fedco.simulate(problem, fedco.comfedl(0.5, 3), data, jnp.ones(1), **kwargs)
-  assert abs(float(unpaired.params[0]) - 0.5 ** 6) > 1e-3
+  assert abs(float(unpaired.params[0]) - 0.5**6) > 1e-3
   with pytest.raises(ValueError, match="outer_batch_size must equal batch_size"):
-    fedco.Simulator(problem, fedco.comfedl(0.5, 3), data, batch_size=1, outer_batch_size=2,
-                    paired_batches=True)
+    fedco.Simulator(
+      problem, fedco.comfedl(0.5, 3), data, batch_size=1, outer_batch_size=2, paired_batches=True
+    )
   with pytest.raises(ValueError, match="paired_batches must be a bool"):
     fedco.Simulator(problem, fedco.comfedl(0.5, 3), data, paired_batches=1)
 
 
 # ---- E4 ----------------------------------------------------------------------------------
+
 
 def _tiny(**changes):
   """A tiny E4 config: 2-way 1-shot on a random 3/2/2 alphabet split of the mock data."""
@@ -283,10 +314,19 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
 
 
 def test_e4_figure_labels_every_axis_with_integer_ticks():
-  records = [{"round": r, "iteration": 2 * r, "method": m, "seed": s,
-              "train_loss": 1.0 / r + 0.01 * s, "val_acc": 0.5}  # every method coincides
-             for m in ("local_scgdm", "comfedl", "local_scgd") for s in (0, 1)
-             for r in (1, 2)]
+  records = [
+    {
+      "round": r,
+      "iteration": 2 * r,
+      "method": m,
+      "seed": s,
+      "train_loss": 1.0 / r + 0.01 * s,
+      "val_acc": 0.5,
+    }  # every method coincides
+    for m in ("local_scgdm", "comfedl", "local_scgd")
+    for s in (0, 1)
+    for r in (1, 2)
+  ]
   fig = e4.figure(records, _tiny(), ["local_scgdm", "comfedl", "local_scgd"])
   assert len(fig.axes) == 2
   for ax in fig.axes:
@@ -321,7 +361,9 @@ def test_e4_defaults_are_the_paper_settings():
   assert methods["comfedl"].settings()["rounds"] == 1000
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     (dict(ways=1), "--config.ways"),
     (dict(shots=0), "--config.shots"),
     (dict(shots=5, query=16), r"--config.shots \+ --config.query"),
@@ -336,7 +378,8 @@ def test_e4_defaults_are_the_paper_settings():
     (dict(seeds=(0, 0)), "--config.seeds"),
     (dict(test_tasks=-1), "--config.test_tasks"),
     (dict(local_steps=0), "--config.local_steps"),
-])
+  ],
+)
 def test_bad_fields_name_the_field(tmp_path, changes, field):
   config = e4_config.get_config()
   for key, value in changes.items():
@@ -344,14 +387,16 @@ def test_bad_fields_name_the_field(tmp_path, changes, field):
   _refused(config, tmp_path, field)  # before the data is read
 
 
-@pytest.mark.parametrize("label,key,value,field", [
+@pytest.mark.parametrize(
+  "label,key,value,field",
+  [
     ("local_scgdm", "gamma", 1.0, "--config.methods.local_scgdm.gamma"),
     ("local_scgdm", "learning_rate", 2.0, "--config.methods.local_scgdm"),
     ("local_scgd", "gamma", 1.5, "--config.methods.local_scgd.gamma"),
     ("comfedl", "local_steps", 3, "--config.methods.comfedl.local_steps must divide"),
-])
-def test_bad_method_fields_name_the_field(tmp_path, monkeypatch, mock, label, key, value,
-                                         field):
+  ],
+)
+def test_bad_method_fields_name_the_field(tmp_path, monkeypatch, mock, label, key, value, field):
   config = _tiny()
   config.methods[label][key] = value
   monkeypatch.setattr(om, "load_omniglot", lambda data_dir: mock)  # read once per module
@@ -367,16 +412,26 @@ def _refused(config, tmp_path, field):
 
 def test_missing_omniglot_is_one_line_naming_the_field(tmp_path):
   with pytest.raises(FileNotFoundError) as err:
-    runner.train_and_evaluate(_tiny(data_dir=str(tmp_path / "empty")), str(tmp_path / "out"),
-                              QUIET)
+    runner.train_and_evaluate(_tiny(data_dir=str(tmp_path / "empty")), str(tmp_path / "out"), QUIET)
   assert "\n" not in str(err.value) and "--config.data_dir" in str(err.value)
   assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_the_driver_runs_the_omniglot_config_and_reports_errors_in_one_line(tmp_path):
   run = lambda *args: subprocess.run(
-      [sys.executable, "-m", "experiments.main", "--config=experiments/configs/omniglot.py",
-       f"--workdir={tmp_path}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/omniglot.py",
+      f"--workdir={tmp_path}",
+      *args,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   missing = run(f"--config.data_dir={tmp_path / 'empty'}")
   assert missing.returncode == 1 and "Traceback" not in missing.stderr
   last = missing.stderr.strip().splitlines()[-1]

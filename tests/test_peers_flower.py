@@ -18,8 +18,13 @@ PROGRAM = ROOT / "benchmarks" / "peers" / "flower_bench.py"
 def test_flower_side_reports_one_logistic_round():
   pytest.importorskip("flwr")
   pytest.importorskip("torch")
-  out = subprocess.run([sys.executable, str(PROGRAM), "--workload=logistic", "--rounds=1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, str(PROGRAM), "--workload=logistic", "--rounds=1"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   report = json.loads(out.stdout.strip().splitlines()[-1])
   assert report["peer"] == "flower" and report["workload"] == "logistic"

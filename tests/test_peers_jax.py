@@ -14,8 +14,9 @@ PROGRAM = ROOT / "benchmarks" / "peers" / "jax_bench.py"
 
 
 def _run(*args):
-  out = subprocess.run([sys.executable, str(PROGRAM), *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, str(PROGRAM), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 

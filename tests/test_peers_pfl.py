@@ -18,8 +18,14 @@ pytest.importorskip("torch")
 
 
 def _run(*args):
-  out = subprocess.run([sys.executable, str(PROGRAM), *args, "--threads=1"], check=False,
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, str(PROGRAM), *args, "--threads=1"],
+    check=False,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -37,9 +43,9 @@ def _feddro_reference(rounds):
   program draws (rows ``default_rng([0, k, iteration, draw]).integers(0, 500, 32)``)."""
   sys.path.insert(0, str(PROGRAM.parent))
   import workloads  # pylint: disable=g-import-not-at-top
+
   w = workloads.WORKLOADS["feddro"]
-  K, lr, beta, gamma = w.num_clients, w.learning_rate, workloads.FEDDRO_BETA, \
-      workloads.FEDDRO_GAMMA
+  K, lr, beta, gamma = w.num_clients, w.learning_rate, workloads.FEDDRO_BETA, workloads.FEDDRO_GAMMA
   data = workloads.data("feddro")
   xs = [data["x"][workloads.client_rows("feddro", k)].astype(np.float64) for k in range(K)]
   ys = [data["y"][workloads.client_rows("feddro", k)] for k in range(K)]
@@ -57,8 +63,7 @@ def _feddro_reference(rounds):
     d /= len(yb)
     return -logp[np.arange(len(yb)), yb].mean(), {"w": d.T @ xb, "b": d.sum(0)}
 
-  x_bar = {"w": np.zeros((workloads.CLASSES, workloads.FEATURES)),
-           "b": np.zeros(workloads.CLASSES)}
+  x_bar = {"w": np.zeros((workloads.CLASSES, workloads.FEATURES)), "b": np.zeros(workloads.CLASSES)}
   y_bar = np.zeros(K)
   for k in range(K):
     y_bar[k] = loss_grad(x_bar, *batch(k, 0, 0))[0]  # mean_k of g_k = K loss_k e_k

@@ -25,9 +25,18 @@ from experiments.configs import personalized_cifar_digits as e2_digits
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
 LABELS = ("comfedl_damaml", "comfedl_maml", "fedavg", "fedmaml", "tr_maml", "ditto")
-RECORD_KEYS = {"round", "method", "seed", "val_acc_avg", "val_acc_worst", "val_loss_avg",
-               "val_loss_worst", "val_acc_global_avg", "val_loss_global_avg",
-               "val_acc_clients"}
+RECORD_KEYS = {
+  "round",
+  "method",
+  "seed",
+  "val_acc_avg",
+  "val_acc_worst",
+  "val_loss_avg",
+  "val_loss_worst",
+  "val_acc_global_avg",
+  "val_loss_global_avg",
+  "val_acc_clients",
+}
 
 
 def _tiny(variant=e2_config, methods=LABELS, **changes):
@@ -70,7 +79,11 @@ def test_cifar10_under_mock_data_runs_every_method(mock_cifar):
   assert summary["client_sizes"][0]["train"] == [20] * 10
   assert summary["settings"]["ditto"]["learning_rate"] == 0.2
   assert summary["settings"]["comfedl_damaml"]["problem"] == {
-      "name": "da_maml", "inner_lr": 0.05, "gamma": 5.0, "shift": 0.0}
+    "name": "da_maml",
+    "inner_lr": 0.05,
+    "gamma": 5.0,
+    "shift": 0.0,
+  }
   for label in LABELS:
     entry = summary["methods"][label]
     assert entry["diverged_seeds"] == [], (label, entry["per_seed"])
@@ -98,10 +111,19 @@ def test_cifar10_under_mock_data_runs_every_method(mock_cifar):
 
 def test_figure_labels_every_axis_with_integer_round_ticks():
   # two seeds of every method over rounds 0 and 2, two methods identical (they coincide)
-  records = [{"round": r, "method": m, "seed": s, "val_loss_avg": 2.0 - 0.1 * r + 0.01 * s,
-              "val_acc_avg": 0.1 * r + (0.05 if m == "fedavg" else 0.0),
-              "val_acc_worst": 0.05 * r}
-             for m in LABELS for s in (0, 1) for r in (0, 2)]
+  records = [
+    {
+      "round": r,
+      "method": m,
+      "seed": s,
+      "val_loss_avg": 2.0 - 0.1 * r + 0.01 * s,
+      "val_acc_avg": 0.1 * r + (0.05 if m == "fedavg" else 0.0),
+      "val_acc_worst": 0.05 * r,
+    }
+    for m in LABELS
+    for s in (0, 1)
+    for r in (0, 2)
+  ]
   fig = e2.figure(records, e2_config.get_config(), list(LABELS))
   assert len(fig.axes) == 3
   for ax in fig.axes:
@@ -119,8 +141,9 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
   """ComFedL-DAMAML at the paper's gamma = 0.5, shift 0 diverges within a few rounds; 5
   rounds with evaluation every 2: the evaluation action also runs at round 5, so FedAvg's
   finals are round 5's, finite, not a false divergence."""
-  config = _tiny(e2_digits, methods=("comfedl_damaml", "fedavg"), per_client=30, rounds=5,
-                 eval_every=2)
+  config = _tiny(
+    e2_digits, methods=("comfedl_damaml", "fedavg"), per_client=30, rounds=5, eval_every=2
+  )
   summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   saved, records = _outputs(str(tmp_path))
   assert saved["dataset"] == "digits" and summary["client_sizes"][0]["train"] == [30] * 10
@@ -128,7 +151,8 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
   assert bad["diverged_seeds"] == [0] and bad["val_acc_avg"]["mean"] is None
   note = bad["per_seed"][0]["diverged"]
   assert note.startswith("diverged at round ") and note.endswith(
-      "try a lower --config.methods.comfedl_damaml.learning_rate")
+    "try a lower --config.methods.comfedl_damaml.learning_rate"
+  )
   rows = {row["method"]: row for row in summary["table"]}
   assert set(rows) == {"comfedl_damaml", "fedavg"} and rows["comfedl_damaml"]["note"] == note
   assert rows["comfedl_damaml"]["val_acc_avg"] is None and "note" not in rows["fedavg"]
@@ -156,8 +180,15 @@ def test_digits_diverging_method_stays_in_the_table_and_reruns_resume(tmp_path, 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_digits_gamma_ablation_labels_and_notes(tmp_path):
   # with shift 0, gamma = 0.01 puts exp(L / 0.01) ~ exp(230) = inf (float32) in the step
-  config = _tiny(e2_digits, methods=("comfedl_damaml",), per_client=30, rounds=2,
-                 eval_every=2, ablation="gamma", ablation_values=(5.0, 0.01))
+  config = _tiny(
+    e2_digits,
+    methods=("comfedl_damaml",),
+    per_client=30,
+    rounds=2,
+    eval_every=2,
+    ablation="gamma",
+    ablation_values=(5.0, 0.01),
+  )
   summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   _, records = _outputs(str(tmp_path))
   methods = summary["methods"]
@@ -205,7 +236,9 @@ def _refused(config, tmp_path, match):
   assert not os.path.exists(tmp_path / "out")
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     (dict(dataset="mnist"), "--config.dataset"),
     (dict(rounds=0), "--config.rounds"),
     (dict(local_steps=0), "--config.local_steps"),
@@ -221,7 +254,8 @@ def _refused(config, tmp_path, match):
     (dict(ablation="local_steps", ablation_values=(1.5,)), "--config.ablation_values"),
     (dict(ablation="rho", ablation_values=(2.0,)), "--config.ablation_values"),
     (dict(ablation="gamma", ablation_values=("x",)), "--config.ablation_values"),
-])
+  ],
+)
 def test_bad_fields_name_the_field(changes, field, tmp_path):
   config = e2_config.get_config()
   for key, value in changes.items():
@@ -230,25 +264,31 @@ def test_bad_fields_name_the_field(changes, field, tmp_path):
   _refused(config, tmp_path, field)
 
 
-@pytest.mark.parametrize("label,key,value,field", [
+@pytest.mark.parametrize(
+  "label,key,value,field",
+  [
     ("comfedl_maml", "learning_rate", -0.1, "--config.methods.comfedl_maml.learning_rate"),
     ("tr_maml", "weights_lr", 0.0, "--config.methods.tr_maml.weights_lr is invalid"),
     ("ditto", "lam", -1.0, "--config.methods.ditto.lam is invalid"),
     ("ditto", "algorithm", "sgd", "--config.methods.ditto.algorithm"),
     ("comfedl_damaml", "q", 1.0, "--config.methods.comfedl_damaml.q"),
-])
+  ],
+)
 def test_bad_method_fields_name_the_field(label, key, value, field, tmp_path):
   config = _tiny(e2_digits)  # offline: the factories check theirs after the data
   config.methods[label][key] = value
   _refused(config, tmp_path, field)
 
 
-@pytest.mark.parametrize("label,key,value,field", [
+@pytest.mark.parametrize(
+  "label,key,value,field",
+  [
     ("fedmaml", "inner_lr", 0.0, "--config.methods.fedmaml.problem.inner_lr"),
     ("fedavg", "finetune_lr", None, "--config.methods.fedavg.problem.finetune_lr"),
     ("fedavg", "name", "dro", "--config.methods.fedavg.problem must hold a name"),
     ("ditto", "inner_lr2", 0.1, "--config.methods.ditto.problem.inner_lr2 is not"),
-])
+  ],
+)
 def test_bad_problem_fields_name_the_field(label, key, value, field, tmp_path):
   config = e2_config.get_config()
   config.methods[label].problem[key] = value
@@ -286,9 +326,19 @@ def test_missing_cifar10_is_one_line_naming_the_offline_dataset(tmp_path):
 
 def test_the_driver_reports_missing_data_and_bad_fields_in_one_line(tmp_path):
   run = lambda *args: subprocess.run(
-      [sys.executable, "-m", "experiments.main",
-       "--config=experiments/configs/personalized_cifar.py", f"--workdir={tmp_path}", *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      "--config=experiments/configs/personalized_cifar.py",
+      f"--workdir={tmp_path}",
+      *args,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   missing = run(f"--config.data_dir={tmp_path / 'empty'}")
   assert missing.returncode == 1 and "Traceback" not in missing.stderr
   last = missing.stderr.strip().splitlines()[-1]

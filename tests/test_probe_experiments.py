@@ -15,16 +15,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
-import fedco  # pylint: disable=g-import-not-at-top
-from experiments import common  # pylint: disable=g-import-not-at-top
+import fedco  # noqa: E402
+from experiments import common  # noqa: E402
 
 E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
 ENV = {**os.environ, "PYTHONPATH": REPO}
 
 
 def _driver(*args, timeout=120):
-  return subprocess.run([sys.executable, "-m", "experiments.main", *args], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.main", *args],
+    cwd=REPO,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def _one_error_line(proc, *fragments):
@@ -38,6 +44,7 @@ def _one_error_line(proc, *fragments):
 
 
 # ---- 1: a killed write's temporary file goes with the next run ----------------------------
+
 
 def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
   """A SIGKILL during ``atomic_write`` leaves its ``.tmp-<name>.<random>`` file; the next
@@ -58,8 +65,9 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
         time.sleep(60)
       common.atomic_write(os.path.join(wd.path, common.MANIFEST), stall)
       """)
-  child = subprocess.Popen([sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV,
-                           stdout=subprocess.PIPE, text=True)
+  child = subprocess.Popen(
+    [sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True
+  )
   try:
     assert child.stdout.readline().strip() == "writing"
   finally:
@@ -68,9 +76,13 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
   stale = [n for n in os.listdir(run) if n.startswith(".tmp-.fedco-written.json.")]
   assert len(stale) == 1, os.listdir(run)
   ours = [".tmp-summary.json.a1b2c3d4", ".tmp-config.json.zz_9yy8x"]
-  users = [".tmp-mine", ".tmp-notes.txt.a1b2c3d4", ".tmp-summary.json.bak",
-           ".tmp-summary.json.a1b2c3d4.keep",
-           ".tmp-plot.png.a1b2c3d4"]  # experiments.plot writes figures without the lock
+  users = [
+    ".tmp-mine",
+    ".tmp-notes.txt.a1b2c3d4",
+    ".tmp-summary.json.bak",
+    ".tmp-summary.json.a1b2c3d4.keep",
+    ".tmp-plot.png.a1b2c3d4",
+  ]  # experiments.plot writes figures without the lock
   for name in ours + users:
     (run / name).write_text("x")
   (run / ".tmp-metrics.jsonl.dir12345").mkdir()  # a directory is never ours
@@ -83,11 +95,14 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
 
 def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp_path):
   run = tmp_path / "run"
-  code = ("import sys, time; from fedco.io import DirectoryLock; "
-          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
-          "time.sleep(60)")
-  holder = subprocess.Popen([sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, text=True)
+  code = (
+    "import sys, time; from fedco.io import DirectoryLock; "
+    "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+    "time.sleep(60)"
+  )
+  holder = subprocess.Popen(
+    [sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True
+  )
   try:
     assert holder.stdout.readline().strip() == "held"
     (run / ".tmp-.fedco-written.json.abcd1234").write_text("[")  # its write in progress
@@ -100,6 +115,7 @@ def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp
 
 
 # ---- 2: a damaged checkpoint: the fallback, without orbax/TensorStore noise ----------------
+
 
 def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
   """A truncated file in the newest checkpoint: restore warns in one line and uses the older;
@@ -135,8 +151,14 @@ def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
       time.sleep(0.5)  # reads finishing after the restore would report now
       gc.collect()
       """)
-  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=ENV,
-                        capture_output=True, text=True, timeout=240)
+  proc = subprocess.run(
+    [sys.executable, "-c", code, str(tmp_path)],
+    cwd=REPO,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.count("resumed from round 1") == 4
   assert proc.stderr.strip() == "", proc.stderr[:3000]
@@ -145,14 +167,18 @@ def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
 
 # ---- 3, 5: outputs in the way are refused before the run starts ---------------------------
 
-@pytest.mark.parametrize("name", [common.SUMMARY, common.METRICS, common.METRICS_CSV,
-                                  common.CONFIG, common.MANIFEST])
+
+@pytest.mark.parametrize(
+  "name", [common.SUMMARY, common.METRICS, common.METRICS_CSV, common.CONFIG, common.MANIFEST]
+)
 def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path, name):
   run = tmp_path / "run"
   wd = common.Workdir(run)
   wd.write_config({"a": 1})
-  for output, writer in ((common.METRICS, fedco.runtime.JsonlWriter),
-                         (common.METRICS_CSV, fedco.runtime.CsvWriter)):
+  for output, writer in (
+    (common.METRICS, fedco.runtime.JsonlWriter),
+    (common.METRICS_CSV, fedco.runtime.CsvWriter),
+  ):
     writer(wd.record(wd.file(output))).write([{"round": 1, "x": 0.5}])  # as the runner does
   wd.write_summary({"done": True})
   del wd
@@ -204,18 +230,28 @@ def test_the_driver_refuses_a_users_summary_in_one_line(tmp_path):
 
 # ---- 4: --config and --flagfile that name no usable file ---------------------------------
 
-@pytest.mark.parametrize("args", [
+
+@pytest.mark.parametrize(
+  "args",
+  [
     ["--config=experiments/configs/nope.py", "--config.rounds=2"],
     ["--config=experiments/configs/nope.py:grid", "--config.seeds=0,"],
     ["--config", "experiments/configs/nope.py", "--config.rounds=2"],
     ["--config=README.md"],
     ["--config=README.md", "--config.rounds=2"],
     ["--config=experiments/configs"],
-])
+  ],
+)
 def test_a_config_that_is_no_config_file_is_one_error_line(tmp_path, args):
   proc = _driver(*args, f"--workdir={tmp_path / 'run'}")
-  line = _one_error_line(proc, "--config", "is not a config file", "fedavg_counterexample",
-                         "dro_fl", "experiments/configs/")
+  line = _one_error_line(
+    proc,
+    "--config",
+    "is not a config file",
+    "fedavg_counterexample",
+    "dro_fl",
+    "experiments/configs/",
+  )
   assert args[0].split("=")[-1].split(":")[0] in line or args[1] in line
   assert not (tmp_path / "run").exists()
 
@@ -243,7 +279,11 @@ def test_a_flagfile_that_cannot_be_read_is_one_error_line(tmp_path, case):
     flagfile.write_text(f"--config.rounds=2\n--flagfile={missing}\n")
   args = [] if "no --config" in case else [E7_CONFIG]
   proc = _driver(*args, f"--flagfile={flagfile}", f"--workdir={tmp_path / 'run'}")
-  _one_error_line(proc, "--flagfile", str(named),
-                  "Is a directory" if case == "directory" else "No such file",
-                  "a readable file of flags")
+  _one_error_line(
+    proc,
+    "--flagfile",
+    str(named),
+    "Is a directory" if case == "directory" else "No such file",
+    "a readable file of flags",
+  )
   assert not (tmp_path / "run").exists()

@@ -27,11 +27,14 @@ def test_readme_example_runs(index, capsys):
     assert result.ledger["up_per_client_per_round"] == {"params": 4, "y": 10}
   if "params" in namespace and "returns" in namespace:  # the own-loop example converges
     import numpy as np
+
     from fedco.problems import portfolio_stationary_point
+
     x_star = portfolio_stationary_point([np.asarray(namespace["returns"])], 1.0)
     # stochastic run: well inside a third of the starting distance |x*|
     assert np.linalg.norm(np.asarray(namespace["params"]) - x_star) < np.linalg.norm(x_star) / 3
     import fedco
+
     # the example composes: a chained fedco algorithm whose schedule lives in the state
     assert isinstance(namespace["opt"], fedco.Algorithm) and namespace["opt"].name == "feddro"
     hyperparams = namespace["state"][0].hyperparams
@@ -40,6 +43,7 @@ def test_readme_example_runs(index, capsys):
 
 def test_readme_sketches_compile_and_name_real_functions():
   from fedco.runtime import distributed
+
   assert SKETCHES
   for block in SKETCHES:
     compile(block, "README.md[sketch]", "exec")

@@ -23,15 +23,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _data(seed=0):
-  return fedco.FederatedData.from_clients(
-      [{"r": c} for c in helpers.portfolio_clients(seed=seed)])
+  return fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients(seed=seed)])
 
 
 def _run(directory, rounds=4, *, seed=0, lr=0.1, local_steps=2, data=None, **kw):
-  return fedco.simulate(portfolio(1.0), fedco.feddro(lr, local_steps, beta=0.5),
-                        _data() if data is None else data, jnp.zeros(3), rounds=rounds,
-                        seed=seed, batch_size=4, chunk_rounds=1, checkpoint_dir=directory,
-                        **kw)
+  return fedco.simulate(
+    portfolio(1.0),
+    fedco.feddro(lr, local_steps, beta=0.5),
+    _data() if data is None else data,
+    jnp.zeros(3),
+    rounds=rounds,
+    seed=seed,
+    batch_size=4,
+    chunk_rounds=1,
+    checkpoint_dir=directory,
+    **kw,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +46,16 @@ def straight():
   return _run(None, 4)
 
 
-@pytest.mark.parametrize("change,named", [
+@pytest.mark.parametrize(
+  "change,named",
+  [
     (dict(seed=1), "seed"),
     (dict(lr=0.2), "learning_rate"),
     (dict(local_steps=3), "local_steps"),
     (dict(data=_data(seed=5)), "data.digest"),
     (dict(clients_per_round=2), "clients_per_round"),
-])
+  ],
+)
 def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path, change, named):
   _run(tmp_path, 2)
   with pytest.raises(checkpoint.RunMismatchError, match=named) as err:
@@ -68,8 +78,9 @@ def test_restart_starts_afresh_and_a_resume_says_so(tmp_path, straight, capsys):
 
 def _array_files(round_dir):
   """The state's array data files (orbax OCDBT ``d/`` chunks), largest first."""
-  files = [p for p in pathlib.Path(round_dir, "state").rglob("*")
-           if p.is_file() and p.parent.name == "d"]
+  files = [
+    p for p in pathlib.Path(round_dir, "state").rglob("*") if p.is_file() and p.parent.name == "d"
+  ]
   assert files, list(pathlib.Path(round_dir).rglob("*"))
   return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
 
@@ -79,7 +90,7 @@ def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(tmp_path, strai
   for target in _array_files(tmp_path / "3"):  # 64 bytes in the middle of each data file
     raw = bytearray(target.read_bytes())
     middle = max(len(raw) // 2 - 32, 0)
-    raw[middle:middle + 64] = bytes(b ^ 0xFF for b in raw[middle:middle + 64])
+    raw[middle : middle + 64] = bytes(b ^ 0xFF for b in raw[middle : middle + 64])
     target.write_bytes(bytes(raw))
   with pytest.warns(UserWarning, match="round 3 .* damaged"):
     resumed = _run(tmp_path, 4)
@@ -119,11 +130,17 @@ def test_checksums_catch_what_the_format_does_not(tmp_path):
 @contextlib.contextmanager
 def _held_by_another_process(directory):
   """A subprocess holding ``DirectoryLock(directory)``; yields it, SIGKILLs it after."""
-  code = ("import sys, time; from fedco.io import DirectoryLock; "
-          "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
-          "time.sleep(120)")
-  holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+  code = (
+    "import sys, time; from fedco.io import DirectoryLock; "
+    "lock = DirectoryLock(sys.argv[1]).acquire(); print('held', flush=True); "
+    "time.sleep(120)"
+  )
+  holder = subprocess.Popen(
+    [sys.executable, "-c", code, str(directory)],
+    cwd=ROOT,
+    env={**os.environ, "PYTHONPATH": str(ROOT)},
+    stdout=subprocess.PIPE,
+  )
   try:
     assert holder.stdout.readline().strip() == b"held"
     yield holder
@@ -138,9 +155,12 @@ def test_a_locked_directory_refuses_another_process_until_the_holder_dies(tmp_pa
   process the lock is shared, so a workdir and a run inside it do not collide."""
   with _held_by_another_process(tmp_path) as holder:
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=rf"checkpoint_dir {tmp_path} is in use by a running "
-                                         rf"process \(pid {holder.pid} on .* since .*\); wait "
-                                         "for it to finish, stop it, or use another") as err:
+    with pytest.raises(
+      ValueError,
+      match=rf"checkpoint_dir {tmp_path} is in use by a running "
+      rf"process \(pid {holder.pid} on .* since .*\); wait "
+      "for it to finish, stop it, or use another",
+    ) as err:
       _run(tmp_path, 1)
     assert time.perf_counter() - start < 30 and "\n" not in str(err.value)
   with DirectoryLock(tmp_path):  # shared within this process; the killed holder's is free
@@ -165,11 +185,24 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
   with _held_by_another_process(tmp_path) as holder:
     before = sorted(os.listdir(tmp_path))
     second = subprocess.run(
-        [sys.executable, "-m", "experiments.main",
-         "--config=experiments/configs/fedavg_counterexample.py", f"--workdir={tmp_path}",
-         "--config.rounds=5", "--noprogress"], cwd=ROOT, capture_output=True, text=True,
-        timeout=120)
+      [
+        sys.executable,
+        "-m",
+        "experiments.main",
+        "--config=experiments/configs/fedavg_counterexample.py",
+        f"--workdir={tmp_path}",
+        "--config.rounds=5",
+        "--noprogress",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     assert second.returncode == 1 and "Traceback" not in second.stderr
-    assert second.stderr.strip().splitlines()[-1].startswith(
-        f"error: --workdir {tmp_path} is in use by a running process (pid {holder.pid}")
+    assert (
+      second.stderr.strip()
+      .splitlines()[-1]
+      .startswith(f"error: --workdir {tmp_path} is in use by a running process (pid {holder.pid}")
+    )
     assert sorted(os.listdir(tmp_path)) == before

@@ -71,8 +71,9 @@ PROBLEM = fedco.plain(loss_fn)
 
 
 def to_vec(params):
-  return np.concatenate([np.asarray(params["w"], np.float64).ravel(),
-                         np.asarray(params["b"], np.float64).reshape(1)])
+  return np.concatenate(
+    [np.asarray(params["w"], np.float64).ravel(), np.asarray(params["b"], np.float64).reshape(1)]
+  )
 
 
 def to_params(x):
@@ -119,10 +120,12 @@ def test_project_simplex_matches_brute_force_and_kkt(seed):
   rng = np.random.default_rng(seed)
   n = 2 + seed % 5
   vectors = [rng.normal(size=n) * scale for scale in (0.1, 1.0, 5.0)]
-  vectors += [rng.dirichlet(np.ones(n)),                 # already in the simplex
-              np.full(n, 3.0),                           # ties
-              np.concatenate([[10.0], -rng.uniform(size=n - 1)]),  # a vertex
-              rng.uniform(size=n) / n * 0.5]             # all below the simplex
+  vectors += [
+    rng.dirichlet(np.ones(n)),  # already in the simplex
+    np.full(n, 3.0),  # ties
+    np.concatenate([[10.0], -rng.uniform(size=n - 1)]),  # a vertex
+    rng.uniform(size=n) / n * 0.5,
+  ]  # all below the simplex
   for v in vectors:
     v32 = np.asarray(v, np.float32)
     p = np.asarray(project_simplex(jnp.asarray(v32)), np.float64)
@@ -156,8 +159,7 @@ def replay_keys(seed, rounds, n, m, tau):
   out = []
   for _ in range(rounds):
     key, k_sample, k_round, _, k_agg = jax.random.split(key, 5)
-    ids = (np.arange(n) if m == n
-           else np.sort(np.asarray(jax.random.permutation(k_sample, n))[:m]))
+    ids = np.arange(n) if m == n else np.sort(np.asarray(jax.random.permutation(k_sample, n))[:m])
     k_prime = int(jax.random.randint(k_round, (), 1, tau))
     k_ids, _ = jax.random.split(k_agg)
     queried = np.sort(np.asarray(jax.random.permutation(k_ids, n))[:m])
@@ -186,8 +188,8 @@ def qfedavg_reference(C, x0, lr, steps, q, sampled):
     for k in S:
       F = C[k].loss(x)
       dw = (x - local_sgd(C[k], x, lr, steps)[-1]) / lr
-      delta = delta + F ** q * dw
-      h += q * F ** (q - 1.0) * np.sum(dw ** 2) + F ** q / lr
+      delta = delta + F**q * dw
+      h += q * F ** (q - 1.0) * np.sum(dw**2) + F**q / lr
     x = x - delta / h
     xs.append(x)
   return xs
@@ -270,10 +272,12 @@ def check_trajectory(result, C, xs_ref, x0):
   np.testing.assert_allclose(x, xs_ref[-1], rtol=RTOL, atol=ATOL)
   objs = [np.mean([c.loss(xr) for c in C]) for xr in xs_ref]
   losses = [[c.loss(xr) for c in C] for xr in xs_ref]
-  np.testing.assert_allclose(np.asarray(result.metrics["objective"], np.float64), objs,
-                             rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(np.asarray(result.metrics["client_losses"], np.float64), losses,
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    np.asarray(result.metrics["objective"], np.float64), objs, rtol=RTOL, atol=ATOL
+  )
+  np.testing.assert_allclose(
+    np.asarray(result.metrics["client_losses"], np.float64), losses, rtol=RTOL, atol=ATOL
+  )
 
 
 def sampled_ids(result, rounds, m, seed, tau=2):
@@ -292,8 +296,14 @@ def sampled_ids(result, rounds, m, seed, tau=2):
 def test_qfedavg(setup, q, m, seed):
   data, C, x0 = setup
   lr = 0.1
-  res = run(fedco.qfedavg(lr, STEPS, q=q), data, x0, clients_per_round=m, seed=seed,
-            cache_key=("qfedavg", q, m, seed))
+  res = run(
+    fedco.qfedavg(lr, STEPS, q=q),
+    data,
+    x0,
+    clients_per_round=m,
+    seed=seed,
+    cache_key=("qfedavg", q, m, seed),
+  )
   ids = sampled_ids(res, ROUNDS, m, seed)
   if m < K:
     assert len({tuple(r) for r in ids}) > 1, "pick a seed whose rounds sample differently"
@@ -313,8 +323,14 @@ def test_qfedavg(setup, q, m, seed):
 def test_qfedavg_with_q0_is_uniform_fedavg(setup):
   data, C, x0 = setup
   lr = 0.1
-  q0 = run(fedco.qfedavg(lr, STEPS, q=0.0), data, x0, clients_per_round=K, seed=0,
-           cache_key=("qfedavg", 0.0, K, 0))
+  q0 = run(
+    fedco.qfedavg(lr, STEPS, q=0.0),
+    data,
+    x0,
+    clients_per_round=K,
+    seed=0,
+    cache_key=("qfedavg", 0.0, K, 0),
+  )
   avg = run(fedco.fedavg(lr, STEPS, weighting="uniform"), data, x0)
   np.testing.assert_allclose(to_vec(q0.params), to_vec(avg.params), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(q0.metrics["objective"], avg.metrics["objective"], rtol=1e-5)
@@ -335,8 +351,9 @@ def test_qfedavg_with_q0_is_uniform_fedavg(setup):
 def test_drfa(setup, m, seed):
   data, C, x0 = setup
   lr, gamma_lambda = 0.1, 0.003
-  res = run(fedco.drfa(lr, STEPS, weights_lr=gamma_lambda), data, x0, clients_per_round=m,
-            seed=seed)
+  res = run(
+    fedco.drfa(lr, STEPS, weights_lr=gamma_lambda), data, x0, clients_per_round=m, seed=seed
+  )
   schedule = replay_keys(seed, ROUNDS, K, m, STEPS)
   ids = sampled_ids(res, ROUNDS, m, seed, STEPS)
   # the replayed draws exercise what they should: k' changes between rounds, and (with
@@ -370,8 +387,9 @@ def test_drfa(setup, m, seed):
 def test_afl(setup, m, seed):
   data, C, x0 = setup
   lr, eta_lambda, rounds = 0.1, 0.02, 6
-  res = run(fedco.afl(lr, weights_lr=eta_lambda), data, x0, rounds=rounds,
-            clients_per_round=m, seed=seed)
+  res = run(
+    fedco.afl(lr, weights_lr=eta_lambda), data, x0, rounds=rounds, clients_per_round=m, seed=seed
+  )
   ids = sampled_ids(res, rounds, m, seed)
   if m < K:
     assert len({tuple(r) for r in ids}) > 1

@@ -70,15 +70,23 @@ def test_cvar_best_response_is_the_sorted_fill(seed):
     w = w / w.sum()
     losses[:2] = 100.0
   for alpha in (0.1, 0.3, 0.5, 1.0):
-    p = np.asarray(sample_dro.cvar_best_response(jnp.asarray(losses, jnp.float32), alpha,
-                                                 jnp.asarray(w, jnp.float32)), np.float64)
+    p = np.asarray(
+      sample_dro.cvar_best_response(
+        jnp.asarray(losses, jnp.float32), alpha, jnp.asarray(w, jnp.float32)
+      ),
+      np.float64,
+    )
     ref = cvar_sorted(losses.astype(np.float32).astype(np.float64), alpha, w)
     np.testing.assert_allclose(p, ref, atol=2e-5)
     assert np.all(p <= w / alpha + 1e-6) and abs(p.sum() - 1) < 1e-5
   # alpha = 1 is the empirical distribution (ERM)
   np.testing.assert_allclose(
-      sample_dro.cvar_best_response(jnp.asarray(losses, jnp.float32), 1.0,
-                                    jnp.asarray(w, jnp.float32)), w, atol=1e-6)
+    sample_dro.cvar_best_response(
+      jnp.asarray(losses, jnp.float32), 1.0, jnp.asarray(w, jnp.float32)
+    ),
+    w,
+    atol=1e-6,
+  )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -91,8 +99,12 @@ def test_chi2_best_response_matches_reference_and_is_optimal(seed):
     w[0] = 0.0
     w = w / w.sum()
   for rho in (0.05, 0.5, 2.0):
-    p = np.asarray(sample_dro.chi2_best_response(jnp.asarray(losses, jnp.float32), rho,
-                                                 jnp.asarray(w, jnp.float32)), np.float64)
+    p = np.asarray(
+      sample_dro.chi2_best_response(
+        jnp.asarray(losses, jnp.float32), rho, jnp.asarray(w, jnp.float32)
+      ),
+      np.float64,
+    )
     ref, div = chi2_reference(losses, rho, w)
     assert abs(p.sum() - 1) < 1e-5 and np.all(p >= 0)
     assert div(p) <= rho * (1 + 1e-3) + 1e-6
@@ -104,8 +116,9 @@ def test_chi2_best_response_matches_reference_and_is_optimal(seed):
       q = w + (q - w) * min(1.0, np.sqrt(rho / max(div(q), 1e-12)))  # shrink into the ball
       assert q @ losses <= p @ losses + 1e-5
   # a ball large enough to hold the worst example: all mass on it
-  p = sample_dro.chi2_best_response(jnp.asarray(losses, jnp.float32), 1e6,
-                                    jnp.asarray(w, jnp.float32))
+  p = sample_dro.chi2_best_response(
+    jnp.asarray(losses, jnp.float32), 1e6, jnp.asarray(w, jnp.float32)
+  )
   assert float(p[int(np.argmax(np.where(w > 0, losses, -1)))]) == pytest.approx(1.0, abs=1e-6)
   # equal losses: the empirical distribution
   p = sample_dro.chi2_best_response(jnp.ones(n), 0.5, jnp.asarray(w, jnp.float32))
@@ -151,9 +164,10 @@ def fastdro_reference(C, x0, lr, steps, geometry, size, schedule):
   return xs
 
 
-@pytest.mark.parametrize("geometry, size, m, steps, seed",
-                         [("cvar", 0.3, tr.K, 1, 0), ("chi2", 0.5, tr.K, 2, 0),
-                          ("cvar", 0.5, 2, 2, 1)])
+@pytest.mark.parametrize(
+  "geometry, size, m, steps, seed",
+  [("cvar", 0.3, tr.K, 1, 0), ("chi2", 0.5, tr.K, 2, 0), ("cvar", 0.5, 2, 2, 1)],
+)
 def test_fastdro_matches_transcription(geometry, size, m, steps, seed):
   examples = tr.make_examples()
   data = fedco.FederatedData.from_clients(examples)
@@ -162,8 +176,16 @@ def test_fastdro_matches_transcription(geometry, size, m, steps, seed):
   x0 = x0.astype(np.float32).astype(np.float64)
   lr, rounds = 0.05, 4
   alg = fedco.fastdro(lr, steps, geometry=geometry, size=size)
-  res = fedco.simulate(tr.PROBLEM, alg, data, tr.to_params(x0), rounds=rounds, batch_size=None,
-                       clients_per_round=m, seed=seed)
+  res = fedco.simulate(
+    tr.PROBLEM,
+    alg,
+    data,
+    tr.to_params(x0),
+    rounds=rounds,
+    batch_size=None,
+    clients_per_round=m,
+    seed=seed,
+  )
   schedule = sampled(seed, rounds, m)
   np.testing.assert_array_equal(np.asarray(res.metrics["clients"]), np.stack(schedule))
   xs = fastdro_reference(C, x0, lr, steps, geometry, size, schedule)

@@ -22,25 +22,45 @@ def _tiny(name):
   for label in list(config.methods)[1:]:
     del config.methods[label]
   changes = {
-      "omniglot": dict(alphabet_split="random", split_sizes=(3, 2, 2), ways=2, shots=1,
-                       query=1, tasks_per_episode=1, local_steps=2, filters=8,
-                       episodes_per_client=4, val_tasks=4, test_tasks=3),
-      "imbalanced_cifar": dict(dataset="digits", model="linear"),
-      "fedavg_counterexample": dict(rounds=20),
-      "sinusoid": dict(test_tasks=16, episodes_per_client=12, hidden=(8, 8), local_steps=2),
+    "omniglot": dict(
+      alphabet_split="random",
+      split_sizes=(3, 2, 2),
+      ways=2,
+      shots=1,
+      query=1,
+      tasks_per_episode=1,
+      local_steps=2,
+      filters=8,
+      episodes_per_client=4,
+      val_tasks=4,
+      test_tasks=3,
+    ),
+    "imbalanced_cifar": dict(dataset="digits", model="linear"),
+    "fedavg_counterexample": dict(rounds=20),
+    "sinusoid": dict(test_tasks=16, episodes_per_client=12, hidden=(8, 8), local_steps=2),
   }.get(name, {})
   for key, value in changes.items():
     setattr(config, key, value)
   return config
 
 
-TOGETHER = [name for name in runner.EXPERIMENTS
-            if getattr(runner.experiment_module(name), "SEEDS_IN_ONE_PROGRAM", False)]
+TOGETHER = [
+  name
+  for name in runner.EXPERIMENTS
+  if getattr(runner.experiment_module(name), "SEEDS_IN_ONE_PROGRAM", False)
+]
 
 
 def test_the_experiments_that_run_seeds_together():
-  assert TOGETHER == ["adult_dro", "dro_fl", "fair_adult", "fedavg_counterexample",
-                      "imbalanced_cifar", "omniglot", "sinusoid"]
+  assert TOGETHER == [
+    "adult_dro",
+    "dro_fl",
+    "fair_adult",
+    "fedavg_counterexample",
+    "imbalanced_cifar",
+    "omniglot",
+    "sinusoid",
+  ]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -56,26 +76,30 @@ def test_seeds_as_one_program_equal_seeds_one_by_one(name, tmp_path, monkeypatch
   def keep(module, config, method, seed, run, result, outcome):
     models[(keep.together, method.label, seed)] = result.params
     return finished(module, config, method, seed, run, result, outcome)
+
   monkeypatch.setattr(runner, "_finished", keep)
   runs = {}
   with tfds.testing.mock_data(num_examples=24):  # E4's Omniglot; the others read no TFDS
     for keep.together in (True, False):
       options = runner.Options(progress=False, seeds_together=keep.together)
       runs[keep.together] = runner.train_and_evaluate(
-          _tiny(name), str(tmp_path / str(keep.together)), options)
+        _tiny(name), str(tmp_path / str(keep.together)), options
+      )
   grouped, apart = runs[True]["methods"], runs[False]["methods"]
   assert list(grouped) == list(apart)
   for label in grouped:
     for seed in SEEDS:
-      chex.assert_trees_all_close(models[(True, label, seed)], models[(False, label, seed)],
-                                  rtol=1e-4, atol=1e-5)
+      chex.assert_trees_all_close(
+        models[(True, label, seed)], models[(False, label, seed)], rtol=1e-4, atol=1e-5
+      )
       mine, theirs = grouped[label]["per_seed"][seed], apart[label]["per_seed"][seed]
       assert set(mine) == set(theirs), (label, seed)
       for key, value in theirs.items():
         if key == "seconds":
           continue
         if isinstance(value, float):
-          np.testing.assert_allclose(mine[key], value, rtol=1e-3, atol=1e-5,
-                                     err_msg=f"{name} {label} seed {seed} {key}")
+          np.testing.assert_allclose(
+            mine[key], value, rtol=1e-3, atol=1e-5, err_msg=f"{name} {label} seed {seed} {key}"
+          )
         else:
           assert mine[key] == value, (label, seed, key)

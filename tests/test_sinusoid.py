@@ -33,13 +33,15 @@ def test_episodes_hold_every_task_of_the_client_and_a_three_task_meta_batch():
   for k in range(5):
     ep = fed.client(k)
     assert ep["support_x"].shape == (200, 5, 10, 1) and ep["query_y"].shape == (200, 5, 10, 1)
-    np.testing.assert_array_equal(np.asarray(ep["task_id"]),
-                                  np.broadcast_to(tasks.task_id[k], (200, 5)))
+    np.testing.assert_array_equal(
+      np.asarray(ep["task_id"]), np.broadcast_to(tasks.task_id[k], (200, 5))
+    )
     for split in ("support", "query"):
       x, y = np.asarray(ep[f"{split}_x"]), np.asarray(ep[f"{split}_y"])
       assert x.min() >= -5 and x.max() <= 5
       expected = tasks.amplitude[k][None, :, None, None] * np.sin(
-          x + tasks.phase[k][None, :, None, None] * np.pi / 5)
+        x + tasks.phase[k][None, :, None, None] * np.pi / 5
+      )
       np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     w = np.asarray(ep["task_weight"])
     np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-6)
@@ -55,9 +57,11 @@ def test_unseen_tasks_and_training_evaluation_episode():
   assert 0.1 <= test["amplitude"].min() and test["amplitude"].max() <= 5
   assert 0 <= test["phase"].min() and test["phase"].max() <= 5
   np.testing.assert_allclose(
-      test["query_y"][..., 0],
-      test["amplitude"][:, None] * np.sin(test["query_x"][..., 0]
-                                          + test["phase"][:, None] * np.pi / 5), atol=1e-5)
+    test["query_y"][..., 0],
+    test["amplitude"][:, None]
+    * np.sin(test["query_x"][..., 0] + test["phase"][:, None] * np.pi / 5),
+    atol=1e-5,
+  )
   np.testing.assert_allclose(test["task_weight"].sum(), 1.0, rtol=1e-5)
   # the training evaluation set does not depend on how the tasks were split
   a = sd.training_eval_episode(sd.assign_tasks(5, 0), seed=7)
@@ -96,8 +100,7 @@ def tiny(**changes):
 
 
 def _outputs(workdir):
-  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "mse.png",
-               "fit.png"):
+  for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "mse.png", "fit.png"):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
@@ -157,7 +160,7 @@ def test_e3_builds_each_method_with_the_paper_settings():
   assert sinusoid.check(config) is None
   methods = {m.label: m for m in sinusoid.methods(config, None)}
   assert set(methods) == {"local_scgdm", "comfedl", "local_scgd", "local_moml"}
-  for label, method in methods.items():
+  for method in methods.values():
     alg = method.build()
     assert alg.name == method.algorithm and alg.plan.local_steps == 5
     assert runner.same_iterations(config, method) == {"rounds": 600, "eval_every": 25}
@@ -169,21 +172,25 @@ def test_e3_builds_each_method_with_the_paper_settings():
     config.ablation = ablation
     sinusoid.check(config)
     runs = sinusoid.methods(config, None)
-    values = [m.local_steps if ablation == "local_steps" else m.kwargs[ablation]
-              for m in runs]
+    values = [m.local_steps if ablation == "local_steps" else m.kwargs[ablation] for m in runs]
     assert values == list(sinusoid.ABLATION_DEFAULTS[ablation])
     assert all(m.algorithm == "local_scgdm" and m.learning_rate == 1.0 for m in runs)
     assert [m.label for m in runs] == [f"local_scgdm_{ablation}={v:g}" for v in values]
   # the local_steps ablation keeps the 3000 meta-iterations and the evaluation points
-  schedules = [{"rounds": 3000, "eval_every": 125}, {"rounds": 1500, "eval_every": 62},
-               {"rounds": 600, "eval_every": 25}, {"rounds": 300, "eval_every": 12}]
+  schedules = [
+    {"rounds": 3000, "eval_every": 125},
+    {"rounds": 1500, "eval_every": 62},
+    {"rounds": 600, "eval_every": 25},
+    {"rounds": 300, "eval_every": 12},
+  ]
   assert [runner.same_iterations(config, m) for m in runs] == schedules
   assert [{k: m.settings()[k] for k in ("rounds", "eval_every")} for m in runs] == schedules
 
 
 def test_e3_local_steps_ablation_keeps_the_iterations(tmp_path):
-  runner.train_and_evaluate(tiny(ablation="local_steps", ablation_values=(1,)), str(tmp_path),
-                            QUIET)
+  runner.train_and_evaluate(
+    tiny(ablation="local_steps", ablation_values=(1,)), str(tmp_path), QUIET
+  )
   summary, records = _outputs(str(tmp_path))
   assert set(summary["methods"]) == {"local_scgdm_local_steps=1"}
   assert summary["settings"]["local_scgdm_local_steps=1"]["rounds"] == 10
@@ -198,7 +205,9 @@ def _set(config, path, value):
     setattr(config, name, value)
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     ({"methods.local_scgdm.algorithm": "maml"}, "--config.methods.local_scgdm.algorithm"),
     ({"methods.comfedl.inner_lr": 0.1}, "--config.methods.comfedl.inner_lr"),
     ({"methods.comfedl.local_steps": 7}, "--config.methods.comfedl.local_steps"),
@@ -221,7 +230,8 @@ def _set(config, path, value):
     ({"ablation": "gamma", "ablation_values": (1.2,)}, "--config.ablation_values"),
     ({"ablation": "alpha", "ablation_values": ("x",)}, "--config.ablation_values"),
     ({"first_order": "yes"}, "--config.first_order"),
-])
+  ],
+)
 def test_bad_config_fields_raise_naming_the_field(tmp_path, changes, field):
   config = tiny()
   for path, value in changes.items():

@@ -37,15 +37,14 @@ def _graph():
 
 def _cycle(graph):
   """One import cycle among modules (package ``__init__`` re-exports excluded), or None."""
-  graph = {k: {m for m in v if not _is_package(m)} for k, v in graph.items()
-           if not _is_package(k)}
+  graph = {k: {m for m in v if not _is_package(m)} for k, v in graph.items() if not _is_package(k)}
   state = {}
 
   def visit(node, stack):
     state[node] = "open"
     for nxt in sorted(graph.get(node, ())):
       if state.get(nxt) == "open":
-        return stack[stack.index(nxt):] + [nxt]
+        return stack[stack.index(nxt) :] + [nxt]
       if nxt not in state:
         found = visit(nxt, stack + [nxt])
         if found:
@@ -71,7 +70,11 @@ def test_no_import_cycles_among_fedco_modules():
 
 def test_the_cycle_finder_finds_a_cycle():
   assert _cycle({"fedco.a": {"fedco.b"}, "fedco.b": {"fedco.c"}, "fedco.c": {"fedco.a"}}) == [
-      "fedco.a", "fedco.b", "fedco.c", "fedco.a"]
+    "fedco.a",
+    "fedco.b",
+    "fedco.c",
+    "fedco.a",
+  ]
 
 
 def test_the_runtime_imports_no_experiment_code_and_data_no_runtime():

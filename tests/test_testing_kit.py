@@ -24,10 +24,20 @@ CHEAP = ("builds", "state", "jit", "chain", "inject")
 def test_a_user_algorithm_passes_every_check_on_eight_devices():
   """Every check, the mesh one on 8 devices, in a process of its own (the flag must come
   before jax's import): simulate against the per-client loop, sweep, resume, mesh."""
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  out = subprocess.run([sys.executable, str(ROOT / "tests" / "user_algorithm.py")], env=env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+  env = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  }
+  out = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "user_algorithm.py")],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads(out.stdout.strip().splitlines()[-1])
   assert report.pop("devices") == 8
@@ -35,23 +45,35 @@ def test_a_user_algorithm_passes_every_check_on_eight_devices():
   assert "shared_momentum" not in fedco.ALGORITHMS
 
 
-@pytest.mark.parametrize("broken,check,named", [
+@pytest.mark.parametrize(
+  "broken,check,named",
+  [
     (dict(momentum_dtype=jnp.bfloat16), "state", r"state\.m changed from bfloat16"),
-    (dict(plan_field="momentum"), "builds", r"the plan names field 'momentum', which the "
-                                            r"state does not have"),
-    (dict(server=optax.set_to_zero()), "server", "after a round the server model equals the "
-                                                 "round's start: the server ignores"),
-])
+    (
+      dict(plan_field="momentum"),
+      "builds",
+      r"the plan names field 'momentum', which the "
+      r"state does not have",
+    ),
+    (
+      dict(server=optax.set_to_zero()),
+      "server",
+      "after a round the server model equals the round's start: the server ignores",
+    ),
+  ],
+)
 def test_a_broken_variant_fails_naming_what_broke(broken, check, named):
   kwargs = dict(learning_rate=0.1, local_steps=3, beta=0.5)
-  with pytest.raises(fedco.testing.ContractError,
-                     match=rf"check_algorithm\(shared_momentum\): {check}: {named}"):
+  with pytest.raises(
+    fedco.testing.ContractError, match=rf"check_algorithm\(shared_momentum\): {check}: {named}"
+  ):
     fedco.testing.check_algorithm(shared_momentum, checks=(check,), **kwargs, **broken)
 
 
 def test_the_cheap_checks_and_the_report():
-  report = fedco.testing.check_algorithm(shared_momentum, checks=CHEAP + ("mesh",),
-                                         learning_rate=0.1, local_steps=3)
+  report = fedco.testing.check_algorithm(
+    shared_momentum, checks=CHEAP + ("mesh",), learning_rate=0.1, local_steps=3
+  )
   assert list(report) == list(CHEAP) + ["mesh"]
   assert all(report[c] == "passed" for c in CHEAP)
   assert report["mesh"].startswith("skipped: one device")
@@ -65,12 +87,12 @@ def test_loop_reference_is_independent_of_the_runtime():
   problem = fedco.testing.default_problem("plain")
   alg = shared_momentum(0.1, 3).replace(server=optax.sgd(2.0))
   loop = fedco.testing.loop_reference(problem, alg, data, jnp.zeros(3), rounds=2)
-  run = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=2, batch_size=None,
-                       evaluate=False)
+  run = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=2, batch_size=None, evaluate=False)
   np.testing.assert_allclose(run.state.server["m"], loop["m"], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(run.params, loop["params"], rtol=1e-5, atol=1e-6)
-  plain = fedco.testing.loop_reference(problem, shared_momentum(0.1, 3), data, jnp.zeros(3),
-                                       rounds=2)
+  plain = fedco.testing.loop_reference(
+    problem, shared_momentum(0.1, 3), data, jnp.zeros(3), rounds=2
+  )
   assert np.max(np.abs(np.asarray(plain["params"]) - np.asarray(loop["params"]))) > 1e-3
 
 
@@ -81,8 +103,14 @@ def test_run_float64_serves_a_numpy_transcription():
   clients = [{"r": rng.normal(k, 1.0, size=(n, 2))} for k, n in enumerate((3, 5, 4, 6))]
   problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
   lr, steps = 0.3, 2
-  out = fedco.testing.run_float64(problem, fedco.fedavg(lr, steps, weighting="uniform"),
-                                  clients, np.zeros(2), rounds=4, clients_per_round=2)
+  out = fedco.testing.run_float64(
+    problem,
+    fedco.fedavg(lr, steps, weighting="uniform"),
+    clients,
+    np.zeros(2),
+    rounds=4,
+    clients_per_round=2,
+  )
   x = np.zeros(2)
   for r, ids in enumerate(out["clients"]):
     models = []
@@ -105,13 +133,26 @@ def test_a_user_algorithm_gets_compression_and_privacy_of_its_own_fields():
   alg = shared_momentum(0.1, 3)
   plain_run = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=4, batch_size=4)
   squeezed = fedco.simulate(
-      problem, alg, data, jnp.zeros(3), rounds=4, batch_size=4,
-      compression={"m": fedco.compression.stochastic_quantization(4)})
+    problem,
+    alg,
+    data,
+    jnp.zeros(3),
+    rounds=4,
+    batch_size=4,
+    compression={"m": fedco.compression.stochastic_quantization(4)},
+  )
   up = squeezed.ledger["bytes_up_per_client_per_round"]
   assert up["m"] < plain_run.ledger["bytes_up_per_client_per_round"]["m"]
   assert np.all(np.isfinite(squeezed.metrics["objective"]))
-  private = fedco.simulate(problem, alg, data, jnp.zeros(3), rounds=4, batch_size=4,
-                           clients_per_round=3,
-                           privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0))
+  private = fedco.simulate(
+    problem,
+    alg,
+    data,
+    jnp.zeros(3),
+    rounds=4,
+    batch_size=4,
+    clients_per_round=3,
+    privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0),
+  )
   assert set(private.ledger["uplink"]["clip"]) == {"params", "m"}
   assert private.metrics["epsilon"][-1] > 0

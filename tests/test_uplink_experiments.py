@@ -11,8 +11,12 @@ import fedco
 from experiments import fair_adult, runner
 from tests import helpers
 
-MODES = (("fair_adult", "privacy"), ("fair_adult", "compression"),
-         ("fedavg_counterexample", "compression"), ("adult_dro", "privacy"))
+MODES = (
+  ("fair_adult", "privacy"),
+  ("fair_adult", "compression"),
+  ("fedavg_counterexample", "compression"),
+  ("adult_dro", "privacy"),
+)
 
 
 def _config(name, mode):
@@ -35,24 +39,41 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
       assert isinstance(kwargs["privacy"], fedco.privacy.ClientDP)
       assert kwargs["privacy"].epsilon in (1.0, 2.0, 8.0, 64.0)
     else:
-      assert all(isinstance(c, fedco.compression.Codec)
-                 for c in kwargs["compression"].values())
+      assert all(isinstance(c, fedco.compression.Codec) for c in kwargs["compression"].values())
     # each point has its own checkpoint hash: its settings name the setting
     assert setting in m.settings()
 
 
-@pytest.mark.parametrize("mode, changes, message", [
-    ("privacy", {"methods.feddro_eps8.privacy.epsilon": -1.0},
-     r"--config.methods.feddro_eps8.privacy: epsilon must be > 0"),
-    ("privacy", {"methods.feddro_eps8.privacy.sigma": 1.0},
-     r"--config.methods.feddro_eps8.privacy.sigma is not a privacy setting"),
-    ("compression", {"methods.feddro_q4.compression.y.codec": "zip"},
-     r"--config.methods.feddro_q4.compression.y.codec must be one of \['quantize', 'top_k', 'adaptive'\]"),
-    ("compression", {"methods.feddro_q4.compression.y.fraction": 0.5},
-     r"--config.methods.feddro_q4.compression.y.fraction is not a quantize setting"),
-    ("compression", {"methods.feddro_q4.compression.y.bits": 0},
-     r"--config.methods.feddro_q4.compression: bits must be"),
-])
+@pytest.mark.parametrize(
+  "mode, changes, message",
+  [
+    (
+      "privacy",
+      {"methods.feddro_eps8.privacy.epsilon": -1.0},
+      r"--config.methods.feddro_eps8.privacy: epsilon must be > 0",
+    ),
+    (
+      "privacy",
+      {"methods.feddro_eps8.privacy.sigma": 1.0},
+      r"--config.methods.feddro_eps8.privacy.sigma is not a privacy setting",
+    ),
+    (
+      "compression",
+      {"methods.feddro_q4.compression.y.codec": "zip"},
+      r"--config.methods.feddro_q4.compression.y.codec must be one of \['quantize', 'top_k', 'adaptive'\]",
+    ),
+    (
+      "compression",
+      {"methods.feddro_q4.compression.y.fraction": 0.5},
+      r"--config.methods.feddro_q4.compression.y.fraction is not a quantize setting",
+    ),
+    (
+      "compression",
+      {"methods.feddro_q4.compression.y.bits": 0},
+      r"--config.methods.feddro_q4.compression: bits must be",
+    ),
+  ],
+)
 def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, message):
   config = helpers.override(_config("fair_adult", mode), changes)
   fair_adult.check(config)
@@ -61,11 +82,13 @@ def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, 
 
 
 def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):
-  config = helpers.override(_config("fedavg_counterexample", "compression"),
-                            {"rounds": 30, "eval_every": 10, "seeds": (0,)})
+  config = helpers.override(
+    _config("fedavg_counterexample", "compression"), {"rounds": 30, "eval_every": 10, "seeds": (0,)}
+  )
   with config.unlocked():
-    config.methods = {k: config.methods[k]
-                      for k in ("feddro", "feddro_y3bit", "feddro_y3bit_adaptive")}
+    config.methods = {
+      k: config.methods[k] for k in ("feddro", "feddro_y3bit", "feddro_y3bit_adaptive")
+    }
   summary = runner.train_and_evaluate(config, str(tmp_path), runner.Options(progress=False))
   points = {p["method"]: p for p in summary["bytes_up_tradeoff"]["points"]}
   # x once and y 5 times per round and client: 6 float32 against 4 + 5 * 3 bits
@@ -83,9 +106,10 @@ def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):
 
 
 def test_e6_privacy_mode_reports_epsilon_per_method(tmp_path):
-  config = helpers.override(_config("fair_adult", "privacy"), {
-      "rounds": 4, "eval_every": 2, "seeds": (0,), "num_clients": 40,
-      "clients_per_round": 10})
+  config = helpers.override(
+    _config("fair_adult", "privacy"),
+    {"rounds": 4, "eval_every": 2, "seeds": (0,), "num_clients": 40, "clients_per_round": 10},
+  )
   with config.unlocked():
     config.methods = {k: config.methods[k] for k in ("feddro", "feddro_eps1")}
   summary = runner.train_and_evaluate(config, str(tmp_path), runner.Options(progress=False))

@@ -28,11 +28,16 @@ class MomentumState(NamedTuple):
 
 
 @extend.factory(static=("local_steps",))
-def shared_momentum(learning_rate: Optional[extend.ScalarOrSchedule] = None,
-                    local_steps: int = 5, *, beta: float = 0.5,
-                    optimizer: extend.Optimizer = None, momentum_dtype=None,
-                    plan_field: str = "m", server: Optional[optax.GradientTransformation] = None
-                    ) -> extend.Algorithm:
+def shared_momentum(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  beta: float = 0.5,
+  optimizer: extend.Optimizer = None,
+  momentum_dtype=None,
+  plan_field: str = "m",
+  server: Optional[optax.GradientTransformation] = None,
+) -> extend.Algorithm:
   """Local heavy-ball SGD with the momentum buffer averaged each round.
 
   ``momentum_dtype``, ``plan_field`` and ``server`` exist to break the contract on purpose in
@@ -54,13 +59,20 @@ def shared_momentum(learning_rate: Optional[extend.ScalarOrSchedule] = None,
     return step, MomentumState(state.count + 1, m)
 
   plan = extend.make_plan(local_steps, every_round=(plan_field,))
-  return extend.Algorithm(init, update, plan,
-                          extend.averaging_server() if server is None else server,
-                          "shared_momentum", "plain")
+  return extend.Algorithm(
+    init,
+    update,
+    plan,
+    extend.averaging_server() if server is None else server,
+    "shared_momentum",
+    "plain",
+  )
 
 
 if __name__ == "__main__":
   import fedco.testing  # pylint: disable=g-import-not-at-top
-  report = fedco.testing.check_algorithm(shared_momentum, learning_rate=0.1, local_steps=3,
-                                         beta=0.5)
+
+  report = fedco.testing.check_algorithm(
+    shared_momentum, learning_rate=0.1, local_steps=3, beta=0.5
+  )
   print(json.dumps({"devices": jax.device_count(), **report}), flush=True)

@@ -61,20 +61,28 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # no network calls from th
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
-                      MetricRecord, RecordDict)
+import torch_cnn4  # noqa: E402
+import workloads  # noqa: E402
+from flwr.app import (  # noqa: E402
+  Array,
+  ArrayRecord,
+  ConfigRecord,
+  Context,
+  Message,
+  MessageType,
+  MetricRecord,
+  RecordDict,
+)
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
-
-import torch_cnn4  # noqa: E402
-import workloads  # noqa: E402
 
 SEED = 0
 RESULTS = {}  # filled by the ServerApp (a thread of this process)
 
 
 # ---- models: the logistic model and E2's CNN4 (torch_cnn4.TorchCNN4) ----
+
 
 def make_model(workload: str) -> torch.nn.Module:
   if workload == "cross_device":
@@ -139,8 +147,7 @@ def train(msg: Message, context: Context) -> Message:
   model.train()
   if w.batch_size:  # shuffled mini-batches (seeded per client and round)
     gen = torch.Generator().manual_seed(SEED * 1_000_003 + 1000 * int(config["server-round"]) + k)
-    loader = torch.utils.data.DataLoader(data, batch_size=w.batch_size, shuffle=True,
-                                         generator=gen)
+    loader = torch.utils.data.DataLoader(data, batch_size=w.batch_size, shuffle=True, generator=gen)
   else:  # check: the client's whole data every step, no shuffling
     loader = torch.utils.data.DataLoader(data, batch_size=len(data), shuffle=False)
   optimizer = torch.optim.SGD(model.parameters(), lr=w.learning_rate)
@@ -153,13 +160,19 @@ def train(msg: Message, context: Context) -> Message:
       steps += 1
       if steps == w.local_steps:
         break
-  content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                        "metrics": MetricRecord({"num-examples": len(data),
-                                                 "torch-threads": torch.get_num_threads()})})
+  content = RecordDict(
+    {
+      "arrays": ArrayRecord(model.state_dict()),
+      "metrics": MetricRecord(
+        {"num-examples": len(data), "torch-threads": torch.get_num_threads()}
+      ),
+    }
+  )
   return Message(content, reply_to=msg)
 
 
 # ---- the ServerApp: strategies, round clock -------------------------------------------------
+
 
 class RoundClock:
   """Mixin: stamps each round's start (``configure_train`` called) and end (``aggregate_
@@ -188,8 +201,10 @@ def warm_up_actors(grid: Grid, config: ConfigRecord, nodes: int):
   while len(ids := sorted(grid.get_node_ids())) < total:  # the engine registers them
     time.sleep(0.01)
   ids = ids[:nodes]
-  messages = [Message(RecordDict({"config": config}), dst_node_id=i,
-                      message_type=MessageType.QUERY) for i in ids]
+  messages = [
+    Message(RecordDict({"config": config}), dst_node_id=i, message_type=MessageType.QUERY)
+    for i in ids
+  ]
   replies = list(grid.send_and_receive(messages))
   errors = [m.error.reason for m in replies if m.has_error()]
   if errors or len(replies) != len(ids):
@@ -213,15 +228,20 @@ def server_main(grid: Grid, context: Context) -> None:
     num_rounds = rounds * w.local_steps  # one Flower round per local step
   else:
     replies = warm_up_actors(grid, config, opts["actors"])
-    strategy = TimedFedAvg(fraction_train=w.clients_per_round / w.num_clients,
-                           fraction_evaluate=0.0, min_train_nodes=w.clients_per_round,
-                           min_available_nodes=w.num_clients)
+    strategy = TimedFedAvg(
+      fraction_train=w.clients_per_round / w.num_clients,
+      fraction_evaluate=0.0,
+      min_train_nodes=w.clients_per_round,
+      min_available_nodes=w.num_clients,
+    )
     num_rounds = rounds
   RESULTS["torch_threads_in_actors"] = sorted(
-      {int(m.content["metrics"]["torch-threads"]) for m in replies})
+    {int(m.content["metrics"]["torch-threads"]) for m in replies}
+  )
   RESULTS["first_round_start"] = time.perf_counter()
-  result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
-                          train_config=config)
+  result = strategy.start(
+    grid=grid, initial_arrays=initial, num_rounds=num_rounds, train_config=config
+  )
   RESULTS["arrays"] = result.arrays
 
 
@@ -236,6 +256,7 @@ def server_main(grid: Grid, context: Context) -> None:
 #   y_bar = mean_k y_k (server, every step);  x = mean_k x_k (server, every local_steps steps)
 # y_bar_0 = mean_k g_k(x_0; one batch). Batches are drawn with replacement (as fedco draws).
 # FEDDRO_LINES: the lines from here to "end FedDRO" (code only) are what FedDRO takes.
+
 
 def _feddro_batch(k: int, server_round: int, draw: int):
   w = workloads.WORKLOADS["feddro"]
@@ -260,8 +281,10 @@ def feddro_client_step(msg: Message, context: Context) -> Message:
   w = workloads.WORKLOADS["feddro"]
   num_clients, beta, gamma = w.num_clients, workloads.FEDDRO_BETA, workloads.FEDDRO_GAMMA
   k = int(context.node_config["partition-id"])
-  server_round, step = int(msg.content["config"]["server-round"]), int(
-      msg.content["config"]["step"])
+  server_round, step = (
+    int(msg.content["config"]["server-round"]),
+    int(msg.content["config"]["step"]),
+  )
   model = make_model("feddro")
   source = msg.content["arrays"] if step == 0 else context.state["x"]  # x_bar or own x_k
   model.load_state_dict(source.to_torch_state_dict())
@@ -281,8 +304,9 @@ def feddro_client_step(msg: Message, context: Context) -> Message:
   y_k[k] += num_clients * loss_new - (1 - beta) * num_clients * loss_old
   arrays = ArrayRecord(model.state_dict())
   context.state["x"] = arrays
-  content = RecordDict({"y": ArrayRecord([y_k]),
-                        "metrics": MetricRecord({"num-examples": w.per_client})})
+  content = RecordDict(
+    {"y": ArrayRecord([y_k]), "metrics": MetricRecord({"num-examples": w.per_client})}
+  )
   if step == w.local_steps - 1:
     content["arrays"] = arrays
   return Message(content, reply_to=msg)
@@ -304,9 +328,12 @@ class FedDROStrategy(Strategy):
     nodes = sorted(grid.get_node_ids())
     if len(nodes) != self.num_clients:
       raise RuntimeError(f"FedDRO needs all {self.num_clients} nodes, found {len(nodes)}")
-    content = RecordDict({"y": ArrayRecord([self.y_bar.astype(np.float32)]),
-                          "config": ConfigRecord({**dict(config), "server-round": server_round,
-                                                  "step": step})})
+    content = RecordDict(
+      {
+        "y": ArrayRecord([self.y_bar.astype(np.float32)]),
+        "config": ConfigRecord({**dict(config), "server-round": server_round, "step": step}),
+      }
+    )
     if step == 0:
       content["arrays"] = arrays
     return [Message(content, dst_node_id=i, message_type=MessageType.TRAIN) for i in nodes]
@@ -322,8 +349,10 @@ class FedDROStrategy(Strategy):
     sizes = np.array([m.content["metrics"]["num-examples"] for m in replies], np.float64)
     models = [m.content["arrays"].to_numpy_ndarrays() for m in replies]
     names = list(replies[0].content["arrays"].keys())
-    averaged = {name: sum(s / sizes.sum() * mdl[i] for s, mdl in zip(sizes, models))
-                for i, name in enumerate(names)}
+    averaged = {
+      name: sum(s / sizes.sum() * mdl[i] for s, mdl in zip(sizes, models))
+      for i, name in enumerate(names)
+    }
     return ArrayRecord({n: Array(np.asarray(a, np.float32)) for n, a in averaged.items()}), None
 
   def configure_evaluate(self, server_round, arrays, config, grid):
@@ -334,6 +363,8 @@ class FedDROStrategy(Strategy):
 
   def summary(self):
     pass
+
+
 # end FedDRO
 
 
@@ -348,12 +379,17 @@ def feddro_lines() -> int:
 
 # ---- main ----------------------------------------------------------------------------------
 
+
 def main(start: float = START):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workload", choices=sorted(workloads.WORKLOADS), required=True)
   parser.add_argument("--rounds", type=int, default=None)
-  parser.add_argument("--client_cpus", type=float, default=1.0,
-                      help="Ray CPUs per ClientApp (actors = cpu_count / client_cpus)")
+  parser.add_argument(
+    "--client_cpus",
+    type=float,
+    default=1.0,
+    help="Ray CPUs per ClientApp (actors = cpu_count / client_cpus)",
+  )
   args = parser.parse_args()
   w = workloads.WORKLOADS[args.workload]
   rounds = args.rounds or w.rounds
@@ -365,46 +401,67 @@ def main(start: float = START):
   torch.set_num_threads(cpus)  # the server side; Ray sets the actors' threads
   actors = int(cpus // args.client_cpus)
   RESULTS.clear()
-  RESULTS["options"] = {"workload": args.workload, "rounds": rounds, "actors": actors,
-                        "nodes": w.num_clients}
+  RESULTS["options"] = {
+    "workload": args.workload,
+    "rounds": rounds,
+    "actors": actors,
+    "nodes": w.num_clients,
+  }
 
   import flwr  # pylint: disable=g-import-not-at-top
   from flwr.simulation import run_simulation  # pylint: disable=g-import-not-at-top
-  backend_config = {"init_args": {"num_cpus": cpus, "num_gpus": 0},
-                    "client_resources": {"num_cpus": args.client_cpus, "num_gpus": 0.0}}
-  run_simulation(server_app=server_app, client_app=client_app, num_supernodes=w.num_clients,
-                 backend_config=backend_config)
+
+  backend_config = {
+    "init_args": {"num_cpus": cpus, "num_gpus": 0},
+    "client_resources": {"num_cpus": args.client_cpus, "num_gpus": 0.0},
+  }
+  run_simulation(
+    server_app=server_app,
+    client_app=client_app,
+    num_supernodes=w.num_clients,
+    backend_config=backend_config,
+  )
   import ray  # pylint: disable=g-import-not-at-top
+
   if ray.is_initialized():
     ray.shutdown()
 
   starts, ends = RESULTS["round_starts"], RESULTS["round_ends"]
   if args.workload == "feddro":  # a FedDRO round is local_steps Flower rounds
-    starts, ends = starts[::w.local_steps], ends[w.local_steps - 1::w.local_steps]
+    starts, ends = starts[:: w.local_steps], ends[w.local_steps - 1 :: w.local_steps]
   round_seconds = [e - s for s, e in zip(starts, ends)]
   if len(round_seconds) != rounds:
     raise RuntimeError(f"timed {len(round_seconds)} rounds, expected {rounds}")
-  notes = [f"flwr.simulation.run_simulation on Ray; {w.num_clients} virtual SuperNodes; Ray "
-           f"num_cpus={cpus}, {args.client_cpus:g} CPU per ClientApp ({actors} actors); torch "
-           f"threads in the actors {RESULTS['torch_threads_in_actors']} (set by Ray)",
-           "rounds timed on the server: configure_train called -> aggregate_evaluate "
-           "returned; a warm-up query before round 1 (Ray start-up, actor imports, data) is in "
-           "setup_seconds"]
+  notes = [
+    f"flwr.simulation.run_simulation on Ray; {w.num_clients} virtual SuperNodes; Ray "
+    f"num_cpus={cpus}, {args.client_cpus:g} CPU per ClientApp ({actors} actors); torch "
+    f"threads in the actors {RESULTS['torch_threads_in_actors']} (set by Ray)",
+    "rounds timed on the server: configure_train called -> aggregate_evaluate "
+    "returned; a warm-up query before round 1 (Ray start-up, actor imports, data) is in "
+    "setup_seconds",
+  ]
   extra = {"notes": notes, "client_cpus": args.client_cpus, "ray_actors": actors}
   if args.workload == "feddro":
     extra["feddro_lines"] = feddro_lines()
     extra["flower_rounds_per_round"] = w.local_steps
     notes.append(
-        "FedDRO: one Flower round per local step (y_bar, K floats, averaged by the server "
-        "after every step), the local model kept in each node's Context.state between steps, "
-        "sent down at a round's first step and averaged after its last; y_bar_0 from a query "
-        "before round 1; a custom Strategy (configure_train/aggregate_train) and ClientApp "
-        f"functions, {extra['feddro_lines']} code lines")
+      "FedDRO: one Flower round per local step (y_bar, K floats, averaged by the server "
+      "after every step), the local model kept in each node's Context.state between steps, "
+      "sent down at a round's first step and averaged after its last; y_bar_0 from a query "
+      "before round 1; a custom Strategy (configure_train/aggregate_train) and ClientApp "
+      f"functions, {extra['feddro_lines']} code lines"
+    )
   if args.workload == "check":
     state = RESULTS["arrays"].to_torch_state_dict()
     extra["final_params"] = {"w": state["weight"].tolist(), "b": state["bias"].tolist()}
-  report = workloads.report("flower", flwr.__version__, args.workload, round_seconds,
-                            RESULTS["first_round_start"] - start, **extra)
+  report = workloads.report(
+    "flower",
+    flwr.__version__,
+    args.workload,
+    round_seconds,
+    RESULTS["first_round_start"] - start,
+    **extra,
+  )
   sys.stdout.flush()
   print(json.dumps(report), flush=True)
 
@@ -414,4 +471,5 @@ if __name__ == "__main__":
   # reference (``flower_bench`` is importable there: Flower passes sys.path to the workers)
   # and each actor keeps its data between messages.
   import flower_bench  # pylint: disable=g-import-not-at-top
+
   flower_bench.main(START)

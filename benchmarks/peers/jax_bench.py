@@ -35,16 +35,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-
 import workloads  # noqa: E402
 
 
 def _model(workload, conv_impl):
   """``(loss(params, example), params)``: one example's loss and the initial model."""
   import fedco  # pylint: disable=g-import-not-at-top
+
   if workload == "cross_device":
-    model = fedco.models.CNN4(num_classes=workloads.CLASSES, filters=32, norm="group",
-                              conv_impl=conv_impl)
+    model = fedco.models.CNN4(
+      num_classes=workloads.CLASSES, filters=32, norm="group", conv_impl=conv_impl
+    )
 
     def loss(params, example):
       image = example["x"].astype(jnp.float32) / 255.0
@@ -56,17 +57,22 @@ def _model(workload, conv_impl):
     logits = params["w"] @ example["x"] + params["b"]
     return jax.nn.logsumexp(logits) - logits[example["y"]]
 
-  return loss, {"w": jnp.zeros((workloads.CLASSES, workloads.FEATURES)),
-                "b": jnp.zeros((workloads.CLASSES,))}
+  return loss, {
+    "w": jnp.zeros((workloads.CLASSES, workloads.FEATURES)),
+    "b": jnp.zeros((workloads.CLASSES,)),
+  }
 
 
 def run_fedco(workload, rounds, conv_impl):
   import fedco  # pylint: disable=g-import-not-at-top
+
   w = workloads.WORKLOADS[workload]
   arrays = workloads.data(workload)
   arrays["y"] = arrays["y"].astype(np.int32)
-  clients = [{k: v[workloads.client_rows(workload, c)] for k, v in arrays.items()}
-             for c in range(w.num_clients)]
+  clients = [
+    {k: v[workloads.client_rows(workload, c)] for k, v in arrays.items()}
+    for c in range(w.num_clients)
+  ]
   data = fedco.FederatedData.from_clients(clients)
   loss, params = _model(workload, conv_impl)
   if workload == "feddro":
@@ -76,8 +82,14 @@ def run_fedco(workload, rounds, conv_impl):
   else:
     problem = fedco.plain(loss)
     algorithm = fedco.fedavg(w.learning_rate, w.local_steps, weighting="samples")
-  sim = fedco.Simulator(problem, algorithm, data, batch_size=w.batch_size or None,
-                        clients_per_round=w.clients_per_round, evaluate=False)
+  sim = fedco.Simulator(
+    problem,
+    algorithm,
+    data,
+    batch_size=w.batch_size or None,
+    clients_per_round=w.clients_per_round,
+    evaluate=False,
+  )
   state = sim.init(params, 0)
   compiled, _ = sim.run(state, rounds)  # compiles the program for this many rounds
   jax.block_until_ready(compiled)
@@ -88,17 +100,21 @@ def run_fedco(workload, rounds, conv_impl):
   seconds = time.perf_counter() - start
   # The first call compiled *and* ran the rounds: a program that ran them once would end
   # ``seconds`` earlier, so the driver subtracts them from this process's wall time.
-  extra = {"compile_and_first_call_seconds": setup, "conv_impl": conv_impl,
-           "duplicate_run_seconds": seconds}
+  extra = {
+    "compile_and_first_call_seconds": setup,
+    "conv_impl": conv_impl,
+    "duplicate_run_seconds": seconds,
+  }
   if workload == "check":
-    extra["final_params"] = jax.tree.map(lambda a: np.asarray(a).tolist(),
-                                         final.server["params"])
-  return workloads.report("fedco", fedco.__version__, workload, [seconds / rounds] * rounds,
-                          setup, **extra)
+    extra["final_params"] = jax.tree.map(lambda a: np.asarray(a).tolist(), final.server["params"])
+  return workloads.report(
+    "fedco", fedco.__version__, workload, [seconds / rounds] * rounds, setup, **extra
+  )
 
 
 def run_drjax(workload, rounds):
   import drjax  # pylint: disable=g-import-not-at-top
+
   w = workloads.WORKLOADS[workload]
   if workload == "feddro":
     raise ValueError("drjax has no algorithms: only FedAvg is written for it here")
@@ -119,6 +135,7 @@ def run_drjax(workload, rounds):
         xb, yb = client_x, client_y
       g = grad(model, xb, yb)
       return jax.tree.map(lambda p, d: p - w.learning_rate * d, model, g), None
+
     model, _ = jax.lax.scan(step, model, jax.random.split(key, w.local_steps))
     return model
 
@@ -148,8 +165,10 @@ def run_drjax(workload, rounds):
   if workload == "check":
     extra["final_params"] = jax.tree.map(lambda a: np.asarray(a).tolist(), params)
   from importlib import metadata  # pylint: disable=g-import-not-at-top
-  return workloads.report("drjax", metadata.version("drjax"), workload, round_seconds, setup,
-                          **extra)
+
+  return workloads.report(
+    "drjax", metadata.version("drjax"), workload, round_seconds, setup, **extra
+  )
 
 
 def main():

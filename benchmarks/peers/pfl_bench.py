@@ -66,10 +66,11 @@ if HERE not in sys.path:
   sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
+import pfl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-import pfl  # noqa: E402
+import torch_cnn4  # noqa: E402
+import workloads  # noqa: E402
 from pfl.aggregate.simulate import SimulatedBackend  # noqa: E402
 from pfl.aggregate.weighting import WeightByDatapoints, WeightByUser  # noqa: E402
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # noqa: E402
@@ -86,13 +87,11 @@ from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
 from pfl.stats import MappedVectorStatistics  # noqa: E402
 
-import torch_cnn4  # noqa: E402
-import workloads  # noqa: E402
-
 SEED = 0
 
 
 # ---- models: the logistic model and E2's CNN4 (as benchmarks/torch_conv.py's TorchCNN4) ----
+
 
 class _PflModule(torch.nn.Module):
   """The ``loss`` and ``metrics`` methods ``PyTorchModel`` requires (``model.loss(*batch)``)."""
@@ -105,8 +104,9 @@ class _PflModule(torch.nn.Module):
 
   @torch.no_grad()
   def metrics(self, x, y):
-    return {"loss": Weighted(F.cross_entropy(self(self.inputs(x)), y, reduction="sum").item(),
-                             len(y))}
+    return {
+      "loss": Weighted(F.cross_entropy(self(self.inputs(x)), y, reduction="sum").item(), len(y))
+    }
 
 
 class Logistic(_PflModule):
@@ -136,6 +136,7 @@ def make_model(workload: str) -> _PflModule:
 
 # ---- data: a pfl FederatedDataset, client k = rows workloads.client_rows(workload, k) ------
 
+
 def federated_dataset(workload: str, shuffle: bool) -> FederatedDataset:
   w = workloads.WORKLOADS[workload]
   arrays = workloads.data(workload, SEED)
@@ -143,8 +144,10 @@ def federated_dataset(workload: str, shuffle: bool) -> FederatedDataset:
   if workload == "cross_device":
     x = x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW, still uint8
   y = torch.from_numpy(arrays["y"])
-  clients = [(x[workloads.client_rows(workload, k)], y[workloads.client_rows(workload, k)])
-             for k in range(w.num_clients)]
+  clients = [
+    (x[workloads.client_rows(workload, k)], y[workloads.client_rows(workload, k)])
+    for k in range(w.num_clients)
+  ]
   rng = np.random.default_rng([SEED, 1])
 
   def make_dataset_fn(k):
@@ -159,6 +162,7 @@ def federated_dataset(workload: str, shuffle: bool) -> FederatedDataset:
 
 
 # ---- timing --------------------------------------------------------------------------------
+
 
 class RoundClock(TrainingProcessCallback):
   """``perf_counter`` at ``on_train_begin`` and after every central iteration."""
@@ -192,9 +196,11 @@ class RoundClock(TrainingProcessCallback):
 # averaged at a round's last step only.
 # FEDDRO_LINES: the lines from here to "end FedDRO" (code only) are what FedDRO takes.
 
+
 @dataclasses.dataclass(frozen=True)
 class FedDROParams(NNAlgorithmParams):
   """``NNAlgorithmParams`` (``central_num_iterations`` = FedDRO rounds) plus FedDRO's own."""
+
   num_clients: int
   local_steps: int
   beta: float
@@ -210,16 +216,28 @@ class FedDRO(FederatedNNAlgorithm):
     super().__init__()
     self.storage, self.y_bar = InMemoryUserStateStorage(), None
 
-  def get_next_central_contexts(self, model, iteration, algorithm_params, model_train_params,
-                                model_eval_params=None):
+  def get_next_central_contexts(
+    self, model, iteration, algorithm_params, model_train_params, model_eval_params=None
+  ):
     p = algorithm_params
     if iteration == 1 + p.central_num_iterations * p.local_steps:
       return None, model, Metrics()
-    return (CentralContext(current_central_iteration=iteration, do_evaluation=False,
-                           cohort_size=p.num_clients, population=Population.TRAIN,
-                           model_train_params=model_train_params.static_clone(),
-                           model_eval_params=None, algorithm_params=p.static_clone(),
-                           seed=self._get_seed()),), model, Metrics()
+    return (
+      (
+        CentralContext(
+          current_central_iteration=iteration,
+          do_evaluation=False,
+          cohort_size=p.num_clients,
+          population=Population.TRAIN,
+          model_train_params=model_train_params.static_clone(),
+          model_eval_params=None,
+          algorithm_params=p.static_clone(),
+          seed=self._get_seed(),
+        ),
+      ),
+      model,
+      Metrics(),
+    )
 
   @staticmethod
   def _batch(data, k, iteration, draw, size):
@@ -234,8 +252,7 @@ class FedDRO(FederatedNNAlgorithm):
 
   def train_one_user(self, initial_model_state, model, user_dataset, central_context):
     p, hp = central_context.algorithm_params, central_context.model_train_params
-    i, k, net = central_context.current_central_iteration, user_dataset.user_id, \
-        model.pytorch_model
+    i, k, net = central_context.current_central_iteration, user_dataset.user_id, model.pytorch_model
     K, b = p.num_clients, hp.local_batch_size
     y = torch.zeros(K)
     if i == 0:  # y_bar_0: g_k(x_0; one batch)
@@ -262,17 +279,21 @@ class FedDRO(FederatedNNAlgorithm):
         stats["model/" + name] = diff
     return stats, Metrics()
 
-  def process_aggregated_statistics(self, central_context, aggregate_metrics, model,
-                                    statistics):
+  def process_aggregated_statistics(self, central_context, aggregate_metrics, model, statistics):
     statistics.average()  # uniform over the cohort (WeightByUser): mean_k
     self.y_bar = statistics["y"].clone()
-    i, steps = central_context.current_central_iteration, \
-        central_context.algorithm_params.local_steps
+    i, steps = (
+      central_context.current_central_iteration,
+      central_context.algorithm_params.local_steps,
+    )
     if i == 0 or (i - 1) % steps < steps - 1:
       return model, Metrics()
-    update = MappedVectorStatistics({n[len("model/"):]: v for n, v in statistics.items()
-                                     if n.startswith("model/")})
+    update = MappedVectorStatistics(
+      {n[len("model/") :]: v for n, v in statistics.items() if n.startswith("model/")}
+    )
     return model.apply_model_update(update)  # x_bar + mean_k (x_k - x_bar)
+
+
 # end FedDRO
 
 
@@ -283,12 +304,17 @@ def feddro_lines() -> int:
 
 # ---- main ----------------------------------------------------------------------------------
 
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workload", choices=sorted(workloads.WORKLOADS), required=True)
   parser.add_argument("--rounds", type=int, default=None)
-  parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                      help="torch.set_num_threads (pfl leaves it to the user)")
+  parser.add_argument(
+    "--threads",
+    type=int,
+    default=os.cpu_count(),
+    help="torch.set_num_threads (pfl leaves it to the user)",
+  )
   args = parser.parse_args()
   workload, w = args.workload, workloads.WORKLOADS[args.workload]
   rounds = args.rounds or w.rounds
@@ -300,36 +326,60 @@ def main():
 
   data = federated_dataset(workload, shuffle=workload in ("logistic", "cross_device"))
   net = make_model(workload)
-  model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,
-                       central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0))
+  model = PyTorchModel(
+    model=net,
+    local_optimizer_create=torch.optim.SGD,
+    central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+  )
   clock = RoundClock()
   if workload == "check":
-    data_note = ("check: whole-data local steps (local_batch_size=None, local_num_epochs=5), "
-                 "no shuffling, FedAvg weighted by examples (WeightByDatapoints)")
+    data_note = (
+      "check: whole-data local steps (local_batch_size=None, local_num_epochs=5), "
+      "no shuffling, FedAvg weighted by examples (WeightByDatapoints)"
+    )
   else:
-    data_note = ("user sampler: pfl's minimize_reuse over a seeded permutation of the client "
-                 "ids (distinct clients in a cohort); client rows permuted each time a "
-                 "client is sampled (pfl's Dataset.iter never shuffles)")
-  notes = [(f"pfl {pfl.__version__} SimulatedBackend (one process, clients trained in "
-            f"turn); torch {torch.__version__}, {torch.get_num_threads()} threads"),
-           ("rounds timed on the server: a TrainingProcessCallback's perf_counter at "
-            "on_train_begin and after every central iteration"),
-           data_note,
-           ("round 1 also carries pfl's local evaluation of every client before and after "
-            "training at central iteration 0 (FedAvg workloads); torch's lazy import of "
-            "torch._dynamo (about 1 s, at the first optimizer) is in setup_seconds, where the "
-            "central optimizer is built")]
+    data_note = (
+      "user sampler: pfl's minimize_reuse over a seeded permutation of the client "
+      "ids (distinct clients in a cohort); client rows permuted each time a "
+      "client is sampled (pfl's Dataset.iter never shuffles)"
+    )
+  notes = [
+    (
+      f"pfl {pfl.__version__} SimulatedBackend (one process, clients trained in "
+      f"turn); torch {torch.__version__}, {torch.get_num_threads()} threads"
+    ),
+    (
+      "rounds timed on the server: a TrainingProcessCallback's perf_counter at "
+      "on_train_begin and after every central iteration"
+    ),
+    data_note,
+    (
+      "round 1 also carries pfl's local evaluation of every client before and after "
+      "training at central iteration 0 (FedAvg workloads); torch's lazy import of "
+      "torch._dynamo (about 1 s, at the first optimizer) is in setup_seconds, where the "
+      "central optimizer is built"
+    ),
+  ]
   extra = {"notes": notes, "torch_threads": torch.get_num_threads()}
   if workload == "feddro":
     algorithm = FedDRO()
     algorithm_params = FedDROParams(
-        central_num_iterations=rounds, evaluation_frequency=rounds + 1,
-        train_cohort_size=w.num_clients, val_cohort_size=None, num_clients=w.num_clients,
-        local_steps=w.local_steps, beta=workloads.FEDDRO_BETA, gamma=workloads.FEDDRO_GAMMA)
+      central_num_iterations=rounds,
+      evaluation_frequency=rounds + 1,
+      train_cohort_size=w.num_clients,
+      val_cohort_size=None,
+      num_clients=w.num_clients,
+      local_steps=w.local_steps,
+      beta=workloads.FEDDRO_BETA,
+      gamma=workloads.FEDDRO_GAMMA,
+    )
     postprocessors = [WeightByUser()]
-    train_params = NNTrainHyperParams(local_learning_rate=w.learning_rate,
-                                      local_num_epochs=None, local_batch_size=w.batch_size,
-                                      local_num_steps=w.local_steps)
+    train_params = NNTrainHyperParams(
+      local_learning_rate=w.learning_rate,
+      local_num_epochs=None,
+      local_batch_size=w.batch_size,
+      local_num_steps=w.local_steps,
+    )
   else:
     algorithm = FederatedAveraging()
     postprocessors = [WeightByDatapoints()]
@@ -339,34 +389,45 @@ def main():
       steps = {"local_num_epochs": 1, "local_batch_size": w.batch_size}
       assert w.per_client // w.batch_size == w.local_steps
     else:
-      steps = {"local_num_epochs": None, "local_batch_size": w.batch_size,
-               "local_num_steps": w.local_steps}
+      steps = {
+        "local_num_epochs": None,
+        "local_batch_size": w.batch_size,
+        "local_num_steps": w.local_steps,
+      }
     train_params = NNTrainHyperParams(local_learning_rate=w.learning_rate, **steps)
-    algorithm_params = NNAlgorithmParams(central_num_iterations=rounds,
-                                         evaluation_frequency=rounds + 1,
-                                         train_cohort_size=w.clients_per_round,
-                                         val_cohort_size=None)
+    algorithm_params = NNAlgorithmParams(
+      central_num_iterations=rounds,
+      evaluation_frequency=rounds + 1,
+      train_cohort_size=w.clients_per_round,
+      val_cohort_size=None,
+    )
   backend = SimulatedBackend(training_data=data, val_data=data, postprocessors=postprocessors)
-  algorithm.run(algorithm_params=algorithm_params, backend=backend, model=model,
-                model_train_params=train_params, callbacks=[clock],
-                send_metrics_to_platform=False)
+  algorithm.run(
+    algorithm_params=algorithm_params,
+    backend=backend,
+    model=model,
+    model_train_params=train_params,
+    callbacks=[clock],
+    send_metrics_to_platform=False,
+  )
 
   stamps = clock.stamps
   if workload == "feddro":  # stamps[1] ends the y_bar_0 iteration; then local_steps per round
     first_round_start = stamps[1]
-    ends = stamps[1::w.local_steps]
+    ends = stamps[1 :: w.local_steps]
     extra["feddro_lines"] = feddro_lines()
     extra["pfl_iterations_per_round"] = w.local_steps
     notes.append(
-        "FedDRO: a FederatedNNAlgorithm subclass (get_next_central_contexts, train_one_user, "
-        "process_aggregated_statistics) and an NNAlgorithmParams subclass (K, local steps, "
-        "beta, gamma); rate and batch from NNTrainHyperParams; one pfl central iteration "
-        "per local step (y_bar, K floats, averaged by the server after every step) plus one "
-        "before round 1 for "
-        "y_bar_0 (in setup_seconds); y_bar kept on the algorithm object (as pfl's SCAFFOLD "
-        "keeps its server state) and read by the simulated clients; each client's x_k kept "
-        "in an InMemoryUserStateStorage between steps; x_k - x_bar sent and averaged at a "
-        f"round's last step; {extra['feddro_lines']} code lines")
+      "FedDRO: a FederatedNNAlgorithm subclass (get_next_central_contexts, train_one_user, "
+      "process_aggregated_statistics) and an NNAlgorithmParams subclass (K, local steps, "
+      "beta, gamma); rate and batch from NNTrainHyperParams; one pfl central iteration "
+      "per local step (y_bar, K floats, averaged by the server after every step) plus one "
+      "before round 1 for "
+      "y_bar_0 (in setup_seconds); y_bar kept on the algorithm object (as pfl's SCAFFOLD "
+      "keeps its server state) and read by the simulated clients; each client's x_k kept "
+      "in an InMemoryUserStateStorage between steps; x_k - x_bar sent and averaged at a "
+      f"round's last step; {extra['feddro_lines']} code lines"
+    )
   else:
     first_round_start = stamps[0]
     ends = stamps
@@ -374,12 +435,15 @@ def main():
   if len(round_seconds) != rounds:
     raise RuntimeError(f"timed {len(round_seconds)} rounds, expected {rounds}")
   if workload == "check":
-    extra["final_params"] = {"w": net.linear.weight.detach().tolist(),
-                             "b": net.linear.bias.detach().tolist()}
+    extra["final_params"] = {
+      "w": net.linear.weight.detach().tolist(),
+      "b": net.linear.bias.detach().tolist(),
+    }
   if workload == "feddro":
     extra["final_y_bar"] = algorithm.y_bar.tolist()
-  report = workloads.report("pfl", pfl.__version__, workload, round_seconds,
-                            first_round_start - START, **extra)
+  report = workloads.report(
+    "pfl", pfl.__version__, workload, round_seconds, first_round_start - START, **extra
+  )
   sys.stdout.flush()
   print(json.dumps(report), flush=True)
 

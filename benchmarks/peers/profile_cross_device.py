@@ -13,40 +13,91 @@ im2col convolutions), the mean of 3 calls after a compiling one:
 * ``one_model_pooled_batch_5_steps``: ONE model, 5 steps on the pooled 500-image batch:
   what the convolutions cost without per-client weights.
 """
-import sys, time, json
+
+import json
+import os
+import sys
+import time
+
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-import jax, jax.numpy as jnp, numpy as np, fedco, workloads, jax_bench
+import jax
+import jax.numpy as jnp
+import jax_bench
+import numpy as np
+import workloads
+
+import fedco
+
 w = workloads.WORKLOADS["cross_device"]
-arrays = workloads.data("cross_device"); arrays["y"] = arrays["y"].astype(np.int32)
+arrays = workloads.data("cross_device")
+arrays["y"] = arrays["y"].astype(np.int32)
 loss, params = jax_bench._model("cross_device", "auto")
-clients = [{k: v[workloads.client_rows("cross_device", c)] for k, v in arrays.items()} for c in range(w.num_clients)]
-sim = fedco.Simulator(fedco.plain(loss), fedco.fedavg(0.1, 5), fedco.FederatedData.from_clients(clients), batch_size=10, clients_per_round=50, evaluate=False)
+clients = [
+  {k: v[workloads.client_rows("cross_device", c)] for k, v in arrays.items()}
+  for c in range(w.num_clients)
+]
+sim = fedco.Simulator(
+  fedco.plain(loss),
+  fedco.fedavg(0.1, 5),
+  fedco.FederatedData.from_clients(clients),
+  batch_size=10,
+  clients_per_round=50,
+  evaluate=False,
+)
 state = sim.init(params, 0)
+
+
 def timeit(fn, n=3):
-  fn(); t = time.perf_counter()
-  for _ in range(n): fn()
+  fn()
+  t = time.perf_counter()
+  for _ in range(n):
+    fn()
   return (time.perf_counter() - t) / n
+
+
 def round_():
-  s, _ = sim.run(state, 1); jax.block_until_ready(s)
-x = jnp.asarray(arrays["x"][:500]); y = jnp.asarray(arrays["y"][:500])
-def batch_loss(p, xb, yb): return jnp.mean(jax.vmap(loss, (None, 0))(p, {"x": xb, "y": yb}))
+  s, _ = sim.run(state, 1)
+  jax.block_until_ready(s)
+
+
+x = jnp.asarray(arrays["x"][:500])
+y = jnp.asarray(arrays["y"][:500])
+
+
+def batch_loss(p, xb, yb):
+  return jnp.mean(jax.vmap(loss, (None, 0))(p, {"x": xb, "y": yb}))
+
+
 @jax.jit
 def central(p):  # 5 steps of ONE model on the pooled 500-image batch (50 clients x 10)
   def step(p, _):
-    g = jax.grad(batch_loss)(p, x, y); return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), None
+    g = jax.grad(batch_loss)(p, x, y)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), None
+
   return jax.lax.scan(step, p, None, length=5)[0]
+
+
 @jax.jit
 def clients50(p):  # 5 steps of 50 client models, batch 10 each (vmapped), no fedco runtime
   xs, ys = x.reshape(50, 10, *x.shape[1:]), y.reshape(50, 10)
+
   def one(p, xb, yb):
     def step(p, _):
-      g = jax.grad(batch_loss)(p, xb, yb); return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), None
+      g = jax.grad(batch_loss)(p, xb, yb)
+      return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), None
+
     return jax.lax.scan(step, p, None, length=5)[0]
+
   return jax.vmap(one, (None, 0, 0))(p, xs, ys)
-out = {"fedco_round": timeit(round_),
-       "one_model_pooled_batch_5_steps": timeit(lambda: jax.block_until_ready(central(params))),
-       "vmapped_50_models_5_steps": timeit(lambda: jax.block_until_ready(clients50(params)))}
-import os
-out.update({"load_average": list(os.getloadavg()), "jax": jax.__version__,
-            "cpu_count": os.cpu_count()})
+
+
+out = {
+  "fedco_round": timeit(round_),
+  "one_model_pooled_batch_5_steps": timeit(lambda: jax.block_until_ready(central(params))),
+  "vmapped_50_models_5_steps": timeit(lambda: jax.block_until_ready(clients50(params))),
+}
+
+out.update(
+  {"load_average": list(os.getloadavg()), "jax": jax.__version__, "cpu_count": os.cpu_count()}
+)
 print(json.dumps(out))

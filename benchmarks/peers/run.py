@@ -27,9 +27,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from absl import app
-from absl import flags
 import numpy as np
+from absl import app, flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,29 +42,35 @@ flags.DEFINE_string("python_jax", sys.executable, "python with fedco and drjax")
 flags.DEFINE_list("workloads", ["check", "logistic", "feddro", "cross_device"], "Workloads.")
 flags.DEFINE_integer("repeats", 3, "Processes per side and workload, alternating.")
 flags.DEFINE_integer("logistic_rounds", 100, "Timed rounds of the logistic workloads.")
-flags.DEFINE_integer("feddro_rounds", 20, "Timed FedDRO rounds (Flower and pfl: 5 of theirs "
-                     "each).")
+flags.DEFINE_integer("feddro_rounds", 20, "Timed FedDRO rounds (Flower and pfl: 5 of theirs each).")
 flags.DEFINE_integer("cross_device_rounds", 10, "Timed rounds of the cross-device workload.")
-flags.DEFINE_list("sides", [], "Only these sides (default: every side whose python is "
-                  "given).")
+flags.DEFINE_list("sides", [], "Only these sides (default: every side whose python is given).")
 flags.DEFINE_string("out", "benchmarks/results/peers.json", "Where to write the JSON.")
-flags.DEFINE_bool("resummarize", False, "Recompute the summary and table of --out from its "
-                  "recorded runs (no new runs).")
+flags.DEFINE_bool(
+  "resummarize",
+  False,
+  "Recompute the summary and table of --out from its recorded runs (no new runs).",
+)
 
 SIDES = {  # side: (python flag, program, extra arguments)
-    "fedco": ("python_jax", "jax_bench.py", ["--peer=fedco"]),
-    "fedco_xla_conv": ("python_jax", "jax_bench.py", ["--peer=fedco", "--conv_impl=xla"]),
-    "drjax": ("python_jax", "jax_bench.py", ["--peer=drjax"]),
-    "flower": ("python_flower", "flower_bench.py", []),
-    "pfl": ("python_pfl", "pfl_bench.py", []),
+  "fedco": ("python_jax", "jax_bench.py", ["--peer=fedco"]),
+  "fedco_xla_conv": ("python_jax", "jax_bench.py", ["--peer=fedco", "--conv_impl=xla"]),
+  "drjax": ("python_jax", "jax_bench.py", ["--peer=drjax"]),
+  "flower": ("python_flower", "flower_bench.py", []),
+  "pfl": ("python_pfl", "pfl_bench.py", []),
 }
 APPLIES = {"fedco_xla_conv": ("cross_device",), "drjax": ("check", "logistic", "cross_device")}
 
 
 def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
   python_flag, program, extra = SIDES[side]
-  command = [getattr(FLAGS, python_flag), os.path.join(HERE, program),
-             f"--workload={workload}", f"--rounds={rounds}", *extra]
+  command = [
+    getattr(FLAGS, python_flag),
+    os.path.join(HERE, program),
+    f"--workload={workload}",
+    f"--rounds={rounds}",
+    *extra,
+  ]
   start = time.perf_counter()
   try:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
@@ -74,8 +79,10 @@ def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
   wall = time.perf_counter() - start
   lines = [l for l in proc.stdout.strip().splitlines() if l.startswith("{")]
   if proc.returncode != 0 or not lines:
-    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:],
-            "process_seconds": wall}
+    return {
+      "error": (proc.stderr or proc.stdout).strip().splitlines()[-3:],
+      "process_seconds": wall,
+    }
   out = json.loads(lines[-1])
   out["process_seconds"] = wall
   out["load_after"] = list(os.getloadavg())
@@ -89,14 +96,17 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
   steady = [float(np.median(r["round_seconds"][1:] or r["round_seconds"])) for r in ok]
   per_round = float(np.median(steady))
   clients = ok[0]["client_updates_per_round"]
-  return {"version": ok[0]["version"], "repeats": len(ok),
-          "rounds_per_second": 1.0 / per_round,
-          "client_updates_per_second": clients / per_round,
-          "process_seconds": float(np.median([r["process_seconds"] -
-                                              r.get("duplicate_run_seconds", 0.0)
-                                              for r in ok])),
-          "setup_seconds": float(np.median([r["setup_seconds"] for r in ok])),
-          "rounds": ok[0]["rounds"]}
+  return {
+    "version": ok[0]["version"],
+    "repeats": len(ok),
+    "rounds_per_second": 1.0 / per_round,
+    "client_updates_per_second": clients / per_round,
+    "process_seconds": float(
+      np.median([r["process_seconds"] - r.get("duplicate_run_seconds", 0.0) for r in ok])
+    ),
+    "setup_seconds": float(np.median([r["setup_seconds"] for r in ok])),
+    "rounds": ok[0]["rounds"],
+  }
 
 
 def check_against_fedco(results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
@@ -106,18 +116,27 @@ def check_against_fedco(results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, A
     got = next((r for r in runs if "final_params" in r), None)
     if side == "fedco" or ref is None or got is None:
       continue
-    diffs = {k: float(np.max(np.abs(np.asarray(got["final_params"][k]) -
-                                    np.asarray(ref["final_params"][k]))))
-             for k in ("w", "b")}
+    diffs = {
+      k: float(
+        np.max(np.abs(np.asarray(got["final_params"][k]) - np.asarray(ref["final_params"][k])))
+      )
+      for k in ("w", "b")
+    }
     scale = max(float(np.max(np.abs(np.asarray(ref["final_params"][k])))) for k in ("w", "b"))
-    out[side] = {"max_abs_diff": max(diffs.values()), "max_abs_fedco": scale,
-                 "equal_to_float32": max(diffs.values()) <= 1e-5 * max(scale, 1.0)}
+    out[side] = {
+      "max_abs_diff": max(diffs.values()),
+      "max_abs_fedco": scale,
+      "equal_to_float32": max(diffs.values()) <= 1e-5 * max(scale, 1.0),
+    }
   return out
 
 
 def table(summary: Dict[str, Any]) -> str:
-  lines = ["| workload | side | version | rounds/s (steady) | client updates/s | process s "
-           "| fedco's speed-up |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  lines = [
+    "| workload | side | version | rounds/s (steady) | client updates/s | process s "
+    "| fedco's speed-up |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+  ]
   for workload, sides in summary["workloads"].items():
     if workload == "check":
       continue
@@ -126,12 +145,17 @@ def table(summary: Dict[str, Any]) -> str:
       if "error" in s:
         lines.append(f"| {workload} | {side} | - | failed | | | |")
         continue
-      ratio = ("" if side == "fedco" or "rounds_per_second" not in base else
-               f"{base['rounds_per_second'] / s['rounds_per_second']:.1f}x rounds/s, "
-               f"{s['process_seconds'] / base['process_seconds']:.1f}x process")
-      lines.append(f"| {workload} | {side} | {s['version']} | {s['rounds_per_second']:.3g} | "
-                   f"{s['client_updates_per_second']:.3g} | {s['process_seconds']:.1f} | "
-                   f"{ratio} |")
+      ratio = (
+        ""
+        if side == "fedco" or "rounds_per_second" not in base
+        else f"{base['rounds_per_second'] / s['rounds_per_second']:.1f}x rounds/s, "
+        f"{s['process_seconds'] / base['process_seconds']:.1f}x process"
+      )
+      lines.append(
+        f"| {workload} | {side} | {s['version']} | {s['rounds_per_second']:.3g} | "
+        f"{s['client_updates_per_second']:.3g} | {s['process_seconds']:.1f} | "
+        f"{ratio} |"
+      )
   return "\n".join(lines) + "\n"
 
 
@@ -139,6 +163,7 @@ def main(argv):
   del argv
   sys.path.insert(0, ROOT)
   from benchmarks import _common  # pylint: disable=g-import-not-at-top
+
   unknown = [s for s in FLAGS.sides if s not in SIDES]
   if unknown:
     raise app.UsageError(f"--sides: unknown {unknown}; allowed: {', '.join(SIDES)}")
@@ -150,37 +175,63 @@ def main(argv):
         record["workloads"][workload] = {s: summarize(rs) for s, rs in by_side.items()}
     _write(record)
     return
-  rounds = {"logistic": FLAGS.logistic_rounds, "feddro": FLAGS.feddro_rounds,
-            "cross_device": FLAGS.cross_device_rounds, "check": 3}
-  record = {"machine": _common.machine_info(), "started": _common.timestamp(),
-            "load_before": list(os.getloadavg()), "workloads": {}, "runs": {}}
+  rounds = {
+    "logistic": FLAGS.logistic_rounds,
+    "feddro": FLAGS.feddro_rounds,
+    "cross_device": FLAGS.cross_device_rounds,
+    "check": 3,
+  }
+  record = {
+    "machine": _common.machine_info(),
+    "started": _common.timestamp(),
+    "load_before": list(os.getloadavg()),
+    "workloads": {},
+    "runs": {},
+  }
   for workload in FLAGS.workloads:
-    sides = [s for s in SIDES if getattr(FLAGS, SIDES[s][0])
-             and workload in APPLIES.get(s, (workload,)) and (not FLAGS.sides
-                                                              or s in FLAGS.sides)]
+    sides = [
+      s
+      for s in SIDES
+      if getattr(FLAGS, SIDES[s][0])
+      and workload in APPLIES.get(s, (workload,))
+      and (not FLAGS.sides or s in FLAGS.sides)
+    ]
     results: Dict[str, List[Dict[str, Any]]] = {s: [] for s in sides}
     repeats = 1 if workload == "check" else FLAGS.repeats
     for i in range(repeats):
-      for side in (sides if i % 2 == 0 else sides[::-1]):
+      for side in sides if i % 2 == 0 else sides[::-1]:
         results[side].append(run_side(side, workload, rounds[workload]))
-        print(workload, side, i, {k: v for k, v in results[side][-1].items()
-                                  if k in ("setup_seconds", "process_seconds", "error")},
-              flush=True)
-    record["runs"][workload] = {s: [{k: v for k, v in r.items() if k != "final_params"}
-                                    for r in rs] for s, rs in results.items()}
+        print(
+          workload,
+          side,
+          i,
+          {
+            k: v
+            for k, v in results[side][-1].items()
+            if k in ("setup_seconds", "process_seconds", "error")
+          },
+          flush=True,
+        )
+    record["runs"][workload] = {
+      s: [{k: v for k, v in r.items() if k != "final_params"} for r in rs]
+      for s, rs in results.items()
+    }
     if workload == "check":
       record["workloads"]["check"] = check_against_fedco(results)
     else:
       record["workloads"][workload] = {s: summarize(rs) for s, rs in results.items()}
   record["load_after"] = list(os.getloadavg())
-  record["config"] = {"repeats": FLAGS.repeats, "rounds": rounds,
-                      "workloads": {k: dataclasses.asdict(w)
-                                    for k, w in workloads.WORKLOADS.items()}}
+  record["config"] = {
+    "repeats": FLAGS.repeats,
+    "rounds": rounds,
+    "workloads": {k: dataclasses.asdict(w) for k, w in workloads.WORKLOADS.items()},
+  }
   _write(record)
 
 
 def _write(record):
   from benchmarks import _common  # pylint: disable=g-import-not-at-top
+
   _common.write_json(FLAGS.out, record)
   md = table(record)
   with open(os.path.splitext(FLAGS.out)[0] + ".md", "w") as f:

@@ -12,9 +12,12 @@ class TorchCNN4(torch.nn.Module):
     super().__init__()
     layers, c = [], in_channels
     for _ in range(4):
-      layers += [torch.nn.Conv2d(c, filters, 3, padding=1, bias=False),
-                 torch.nn.GroupNorm(groups, filters, eps=1e-5),
-                 torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+      layers += [
+        torch.nn.Conv2d(c, filters, 3, padding=1, bias=False),
+        torch.nn.GroupNorm(groups, filters, eps=1e-5),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+      ]
       c = filters
     self.features = torch.nn.Sequential(*layers)
     self.logits = torch.nn.Linear(filters * (size // 16) ** 2, num_classes)

@@ -40,10 +40,10 @@ class Workload:
 
 
 WORKLOADS = {
-    "logistic": Workload("logistic", 10, 500, 10, 5, 32, 0.01, 100),
-    "cross_device": Workload("cross_device", 1000, 50, 50, 5, 10, 0.1, 10),
-    "check": Workload("check", 10, 500, 10, 5, 0, 0.1, 3),
-    "feddro": Workload("feddro", 10, 500, 10, 5, 32, 0.01, 100),
+  "logistic": Workload("logistic", 10, 500, 10, 5, 32, 0.01, 100),
+  "cross_device": Workload("cross_device", 1000, 50, 50, 5, 10, 0.1, 10),
+  "check": Workload("check", 10, 500, 10, 5, 0, 0.1, 3),
+  "feddro": Workload("feddro", 10, 500, 10, 5, 32, 0.01, 100),
 }
 FEATURES, CLASSES, IMAGE = 784, 10, (32, 32, 3)
 FEDDRO_BETA, FEDDRO_GAMMA = 0.5, 1.0
@@ -87,11 +87,18 @@ def code_lines(path: str, start: str = "FEDDRO_LINES", end: str = "# end FedDRO"
   return count
 
 
-def report(peer: str, version: str, workload: str, round_seconds: List[float],
-           setup_seconds: float, **extra) -> Dict:
+def report(
+  peer: str, version: str, workload: str, round_seconds: List[float], setup_seconds: float, **extra
+) -> Dict:
   """The JSON every peer program prints as its last line (the driver parses it)."""
   w = WORKLOADS[workload]
-  return {"peer": peer, "version": version, "workload": workload,
-          "rounds": len(round_seconds), "setup_seconds": setup_seconds,
-          "round_seconds": [float(s) for s in round_seconds],
-          "client_updates_per_round": w.clients_per_round, **extra}
+  return {
+    "peer": peer,
+    "version": version,
+    "workload": workload,
+    "rounds": len(round_seconds),
+    "setup_seconds": setup_seconds,
+    "round_seconds": [float(s) for s in round_seconds],
+    "client_updates_per_round": w.clients_per_round,
+    **extra,
+  }

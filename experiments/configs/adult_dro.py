@@ -12,13 +12,13 @@ from experiments import configs
 
 # problem: "erm", "kl_exp" (the client-level KL-DRO exp form) or "kl_log" (its log form).
 METHODS = {
-    "fedavg": {"algorithm": "fedavg", "problem": "erm", "weighting": "samples"},
-    "qfedavg": {"algorithm": "qfedavg", "problem": "erm", "q": 1.0},
-    "afl": {"algorithm": "afl", "problem": "erm", "weights_lr": 0.1},
-    "drfa": {"algorithm": "drfa", "problem": "erm", "weights_lr": 0.1},
-    "comfedl": {"algorithm": "comfedl", "problem": "kl_exp"},
-    "comfedl_normalized": {"algorithm": "comfedl", "problem": "kl_exp", "normalized": True},
-    "feddro": {"algorithm": "feddro", "problem": "kl_log", "beta": 0.5},
+  "fedavg": {"algorithm": "fedavg", "problem": "erm", "weighting": "samples"},
+  "qfedavg": {"algorithm": "qfedavg", "problem": "erm", "q": 1.0},
+  "afl": {"algorithm": "afl", "problem": "erm", "weights_lr": 0.1},
+  "drfa": {"algorithm": "drfa", "problem": "erm", "weights_lr": 0.1},
+  "comfedl": {"algorithm": "comfedl", "problem": "kl_exp"},
+  "comfedl_normalized": {"algorithm": "comfedl", "problem": "kl_exp", "normalized": True},
+  "feddro": {"algorithm": "feddro", "problem": "kl_log", "beta": 0.5},
 }
 
 

@@ -25,7 +25,10 @@ def get_config():
       entry["weighting"] = "uniform"
     methods[label] = entry
     for eps in EPSILONS:
-      methods[f"{label}_eps{eps:g}"] = {**entry, "curve": label, "privacy": {
-          "epsilon": eps, "delta": 1e-5, "clip": CLIP}}
+      methods[f"{label}_eps{eps:g}"] = {
+        **entry,
+        "curve": label,
+        "privacy": {"epsilon": eps, "delta": 1e-5, "clip": CLIP},
+      }
   config.methods = configs.methods(methods)
   return config

@@ -30,16 +30,17 @@ def get_config():
   # client's class mix); 0: digits 100, MNIST 10 (SPEC E1's floor).
   config.min_heldout = 0
   config.gamma = 0.2  # the KL temperature of the client-level DRO problem (ComFedL's)
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       # weighting: the prior of ComFedL's KL ball, "uniform" (the papers') or "samples"
       # (the clients' data sizes: tends to FedAvg's objective as gamma grows).
       "comfedl": {"algorithm": "comfedl", "weighting": "uniform"},
-      "comfedl_normalized": {"algorithm": "comfedl", "normalized": True,
-                             "weighting": "uniform"},
+      "comfedl_normalized": {"algorithm": "comfedl", "normalized": True, "weighting": "uniform"},
       "drfa": {"algorithm": "drfa", "weights_lr": 0.08},
       "qfedavg": {"algorithm": "qfedavg", "q": 0.2},
       "fedavg": {"algorithm": "fedavg", "weighting": "samples"},
-  })
+    }
+  )
   # ComFedL's ablations (papers' Fig. 3): "local_steps" or "gamma" over ablation_values.
   config.ablation = "none"
   config.ablation_values = ()  # default: local_steps 1, 2, 5, 10; gamma 0.1, 0.2, 2, 5
@@ -47,10 +48,12 @@ def get_config():
   # reported) and is scored by its validation worst-client accuracy at the last evaluated
   # round, then the average, each a mean over these seeds.
   config.select_seeds = (100, 101)
-  config.grid = ml_collections.ConfigDict({
+  config.grid = ml_collections.ConfigDict(
+    {
       "learning_rate": (0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0),
       "gamma": (0.1, 0.5, 1.0, 5.0),
       "drfa": {"weights_lr": (8e-3, 8e-2, 8e-1)},
       "qfedavg": {"q": (0.1, 0.2, 0.5, 1.0, 2.0)},
-  })
+    }
+  )
   return config

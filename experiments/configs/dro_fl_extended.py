@@ -11,8 +11,14 @@ def get_config():
   # FedAvg's variants at their papers' client means: SCAFFOLD's and FedAdam's uniform,
   # FedProx's by data size (as fedavg here); FedAdam's server rate is not the paper's (it
   # tunes it per task).
-  config.methods = configs.methods({**config.methods.to_dict(), **{
-      "scaffold": {"algorithm": "scaffold", "server_lr": 1.0},
-      "fedprox": {"algorithm": "fedprox", "mu": 0.01, "weighting": "samples"},
-      "fedadam": {"algorithm": "fedadam", "server_lr": 0.01}}})
+  config.methods = configs.methods(
+    {
+      **config.methods.to_dict(),
+      **{
+        "scaffold": {"algorithm": "scaffold", "server_lr": 1.0},
+        "fedprox": {"algorithm": "fedprox", "mu": 0.01, "weighting": "samples"},
+        "fedadam": {"algorithm": "fedadam", "server_lr": 0.01},
+      },
+    }
+  )
   return config

@@ -16,11 +16,11 @@ from experiments import configs
 # plain BCE per round (mini-batch SGD with num_clients x batch_size rows per step); the others
 # solve the fairness problem.
 METHODS = {
-    "feddro": {"algorithm": "feddro", "beta": 0.5},
-    "ds_feddro": {"algorithm": "ds_feddro", "beta": 0.5, "server_lr_x": 1.3, "server_lr_y": 1.4},
-    # GCIVR's Adagrad rate and its estimates' refresh period q (steps).
-    "gcivr": {"algorithm": "gcivr", "learning_rate": 0.01, "refresh_every": 10, "local_steps": 1},
-    "fedavg": {"algorithm": "fedavg", "local_steps": 1},
+  "feddro": {"algorithm": "feddro", "beta": 0.5},
+  "ds_feddro": {"algorithm": "ds_feddro", "beta": 0.5, "server_lr_x": 1.3, "server_lr_y": 1.4},
+  # GCIVR's Adagrad rate and its estimates' refresh period q (steps).
+  "gcivr": {"algorithm": "gcivr", "learning_rate": 0.01, "refresh_every": 10, "local_steps": 1},
+  "fedavg": {"algorithm": "fedavg", "local_steps": 1},
 }
 
 

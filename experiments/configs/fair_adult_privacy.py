@@ -26,7 +26,10 @@ def get_config():
     methods[label] = dict(entry)
     clip = {k: v for k, v in CLIP.items() if k == "params" or entry["algorithm"] != "fedavg"}
     for eps in EPSILONS:
-      methods[f"{label}_eps{eps:g}"] = {**entry, "curve": label, "privacy": {
-          "epsilon": eps, "delta": DELTA, "clip": clip}}
+      methods[f"{label}_eps{eps:g}"] = {
+        **entry,
+        "curve": label,
+        "privacy": {"epsilon": eps, "delta": DELTA, "clip": clip},
+      }
   config.methods = configs.methods(methods)
   return config

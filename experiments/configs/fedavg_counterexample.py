@@ -21,10 +21,12 @@ def get_config():
   config.batch_size = 0  # 0: each client's whole data (its one example); the only value
   config.eval_every = 1  # rounds between recorded |x_bar - x*| and |Phi'(x_bar)|
   config.x0 = 0.0  # the initial model x_bar_0
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       "fedavg_co_case1": {"algorithm": "fedavg_co", "case": "I"},
       "fedavg_co_case2": {"algorithm": "fedavg_co", "case": "II"},
       "fedavg_co_modified": {"algorithm": "fedavg_co", "case": "modified"},
       "feddro": {"algorithm": "feddro", "beta": 0.5},  # hybrid-tracker beta in (0, 1]
-  })
+    }
+  )
   return config

@@ -15,13 +15,27 @@ def get_config():
   config = fedavg_counterexample.get_config()
   config.seeds = (0, 1, 2)  # stochastic rounding makes the runs random: three seeds
   feddro = {"algorithm": "feddro", "beta": config.methods.feddro.beta}
-  config.methods = configs.methods({"feddro": feddro, **{
-      f"feddro_y{bits}bit": {**feddro, "curve": "feddro", "compression": {
-          "y": {"codec": "quantize", "bits": bits, "scale": Y_SCALE}}}
-      for bits in (8, 4, 3, 2)}, **{
-      # ADPCM: each client's change from its last decoded y on a grid that shrinks as the
-      # tracker settles, so the error vanishes at convergence
-      f"feddro_y{bits}bit_adaptive": {**feddro, "curve": "feddro_adaptive", "compression": {
-          "y": {"codec": "adaptive", "bits": bits, "initial_scale": Y_SCALE}}}
-      for bits in (4, 3)}})
+  config.methods = configs.methods(
+    {
+      "feddro": feddro,
+      **{
+        f"feddro_y{bits}bit": {
+          **feddro,
+          "curve": "feddro",
+          "compression": {"y": {"codec": "quantize", "bits": bits, "scale": Y_SCALE}},
+        }
+        for bits in (8, 4, 3, 2)
+      },
+      **{
+        # ADPCM: each client's change from its last decoded y on a grid that shrinks as the
+        # tracker settles, so the error vanishes at convergence
+        f"feddro_y{bits}bit_adaptive": {
+          **feddro,
+          "curve": "feddro_adaptive",
+          "compression": {"y": {"codec": "adaptive", "bits": bits, "initial_scale": Y_SCALE}},
+        }
+        for bits in (4, 3)
+      },
+    }
+  )
   return config

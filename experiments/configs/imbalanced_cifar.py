@@ -44,17 +44,17 @@ def get_config():
   # DRO problem over their own example weights (on the plain cross-entropy); the others get
   # the KL-DRO problem. primal_dual_dro's num_examples is the training split's size (set by
   # the experiment).
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       "feddro": {"algorithm": "feddro", "beta": 0.5},
-      "ds_feddro": {"algorithm": "ds_feddro", "beta": 0.5, "server_lr_x": 1.3,
-                    "server_lr_y": 1.4},
+      "ds_feddro": {"algorithm": "ds_feddro", "beta": 0.5, "server_lr_x": 1.3, "server_lr_y": 1.4},
       "fastdro": {"algorithm": "fastdro", "geometry": "chi2", "size": 1.0, "local_steps": 1},
-      "primal_dual_dro": {"algorithm": "primal_dual_dro", "weights_lr": 1e-4,
-                          "local_steps": 1},
+      "primal_dual_dro": {"algorithm": "primal_dual_dro", "weights_lr": 1e-4, "local_steps": 1},
       "mbsgd": {"algorithm": "mbsgd"},  # one step per round
       # FedAvg for CO, Case II: the failing baseline of Theorem 4.1.
       "fedavg_co": {"algorithm": "fedavg_co", "case": "II", "local_steps": 5},
-  })
+    }
+  )
   # The paper's ablation: "local_steps" runs the feddro / ds_feddro methods (only) once per
   # value of ablation_values.
   config.ablation = "none"

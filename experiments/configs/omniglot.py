@@ -42,12 +42,19 @@ def get_config():
   config.val_tasks = 100  # validation tasks evaluated every eval_every rounds
   config.test_tasks = 600  # test tasks evaluated on each final model (0: none)
   config.eval_chunk = 25  # tasks per vectorised evaluation chunk (memory)
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       # eta = 1 (its learning_rate), beta: the meta step coefficient, alpha: momentum rate,
       # gamma: tracker rate (alpha * eta and gamma * eta in (0, 1)).
-      "local_scgdm": {"algorithm": "local_scgdm", "learning_rate": 1.0, "beta": 0.1,
-                      "alpha": 0.9, "gamma": 0.99},
+      "local_scgdm": {
+        "algorithm": "local_scgdm",
+        "learning_rate": 1.0,
+        "beta": 0.1,
+        "alpha": 0.9,
+        "gamma": 0.99,
+      },
       "comfedl": {"algorithm": "comfedl"},  # Local-BSGD = ComFedL-MAML
       "local_scgd": {"algorithm": "local_scgd", "gamma": 0.99},
-  })
+    }
+  )
   return config

@@ -41,20 +41,32 @@ def get_config():
   # "maml" or "erm": the plain cross-entropy), ``inner_lr`` (a MAML problem's adaptation
   # step, also its one personalisation step at evaluation) or ``finetune_lr`` (an "erm"
   # method's personalisation step at evaluation; Ditto is scored with its personal models).
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       # normalized=True: client weights exp(L_k/gamma - L) normalised over the round's
       # clients (fedco.comfedl's normalised step; its gamma is config.gamma)
-      "comfedl_damaml": {"algorithm": "comfedl", "normalized": False,
-                         "problem": {"name": "da_maml", "inner_lr": 0.05}},
+      "comfedl_damaml": {
+        "algorithm": "comfedl",
+        "normalized": False,
+        "problem": {"name": "da_maml", "inner_lr": 0.05},
+      },
       "comfedl_maml": {"algorithm": "comfedl", "problem": {"name": "maml", "inner_lr": 0.05}},
       "fedavg": {"algorithm": "fedavg", "problem": {"name": "erm", "finetune_lr": 0.1}},
       "fedmaml": {"algorithm": "fedmaml", "problem": {"name": "maml", "inner_lr": 0.1}},
-      "tr_maml": {"algorithm": "tr_maml", "weights_lr": 0.08,
-                  "problem": {"name": "maml", "inner_lr": 0.05}},
-      "ditto": {"algorithm": "ditto", "learning_rate": 0.2, "lam": 0.1,
-                "personal_lr": None,  # None: the learning rate
-                "problem": {"name": "erm"}},
-  })
+      "tr_maml": {
+        "algorithm": "tr_maml",
+        "weights_lr": 0.08,
+        "problem": {"name": "maml", "inner_lr": 0.05},
+      },
+      "ditto": {
+        "algorithm": "ditto",
+        "learning_rate": 0.2,
+        "lam": 0.1,
+        "personal_lr": None,  # None: the learning rate
+        "problem": {"name": "erm"},
+      },
+    }
+  )
   # ComFedL-DAMAML's ablations (paper 001 Figs. 5-6): "local_steps", "gamma" or "rho" over
   # ablation_values (default: local_steps 1, 2, 5, 10; gamma 0.1, 0.5, 1, 5; rho 0.1, 0.28,
   # 0.6, 0.8). The ablated method is methods.comfedl_damaml (its settings, other methods

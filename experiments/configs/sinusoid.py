@@ -34,15 +34,22 @@ def get_config():
   config.query_shots = 10  # query points per task
   config.test_tasks = 600  # unseen test tasks (one set for every seed and method)
   config.episodes_per_client = 1000  # pre-drawn training episodes per client
-  config.methods = configs.methods({
+  config.methods = configs.methods(
+    {
       # eta = 1 (its learning_rate), beta: the meta step coefficient, alpha: momentum rate,
       # gamma: tracker rate (alpha * eta and gamma * eta in (0, 1)).
-      "local_scgdm": {"algorithm": "local_scgdm", "learning_rate": 1.0, "beta": 0.01,
-                      "alpha": 0.8, "gamma": 0.7},
+      "local_scgdm": {
+        "algorithm": "local_scgdm",
+        "learning_rate": 1.0,
+        "beta": 0.01,
+        "alpha": 0.8,
+        "gamma": 0.7,
+      },
       "comfedl": {"algorithm": "comfedl"},  # Local-BSGD = ComFedL-MAML
       "local_scgd": {"algorithm": "local_scgd", "gamma": 0.9},
       "local_moml": {"algorithm": "local_moml", "beta": 0.7},
-  })
+    }
+  )
   # Local-SCGDM's ablations: "gamma", "alpha" or "local_steps" over ablation_values (the
   # config's local_scgdm method with one setting changed; local_steps keeps the
   # meta-iterations).

@@ -56,6 +56,7 @@ RULES = ("adagrad", "yogi", "adam")
 
 class AdaptiveServerState(NamedTuple):
   """The server's moments of ``params``: ``m`` (first) and ``v`` (second)."""
+
   m: Any
   v: Any
 
@@ -71,13 +72,16 @@ def _second_moment(rule: str, b2):
 
 def _params_of(tree, where: str):
   if not isinstance(tree, dict) or "params" not in tree:
-    raise ValueError(f"{where} takes fedco's server values {{'params': ..., field: ...}} "
-                     f"(an Algorithm's server), got {type(tree).__name__}")
+    raise ValueError(
+      f"{where} takes fedco's server values {{'params': ..., field: ...}} "
+      f"(an Algorithm's server), got {type(tree).__name__}"
+    )
   return tree["params"]
 
 
-def adaptive_server(rule: str, server_lr: float = 0.01, *, b1: float = 0.9,
-                    b2: float = 0.99, adaptivity: float = 1e-3) -> optax.GradientTransformation:
+def adaptive_server(
+  rule: str, server_lr: float = 0.01, *, b1: float = 0.9, b2: float = 0.99, adaptivity: float = 1e-3
+) -> optax.GradientTransformation:
   """Algorithm 2's server step for ``rule`` (``"adagrad"``, ``"yogi"`` or ``"adam"``) as an
   optax transform on fedco's pseudo-gradient dicts (see the module docstring).
 
@@ -95,16 +99,21 @@ def adaptive_server(rule: str, server_lr: float = 0.01, *, b1: float = 0.9,
   if rule not in RULES:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
   decay = lambda name, value: extend.bounded(name, value, 0, 1, closed_low=True)
-  eta, b1, b2, tau = (extend.positive("server_lr", server_lr), decay("b1", b1),
-                      decay("b2", b2), extend.positive("adaptivity", adaptivity))
+  eta, b1, b2, tau = (
+    extend.positive("server_lr", server_lr),
+    decay("b1", b1),
+    decay("b2", b2),
+    extend.positive("adaptivity", adaptivity),
+  )
   second = _second_moment(rule, b2)
   where = f"the fed{rule} server"
 
   def init(server):
     params = _params_of(server, where)
     return AdaptiveServerState(
-        jax.tree.map(jnp.zeros_like, params),
-        jax.tree.map(lambda p: (jnp.zeros_like(p) + tau ** 2).astype(p.dtype), params))
+      jax.tree.map(jnp.zeros_like, params),
+      jax.tree.map(lambda p: (jnp.zeros_like(p) + tau**2).astype(p.dtype), params),
+    )
 
   def update(pseudo_grad, state, params=None):
     del params
@@ -112,35 +121,41 @@ def adaptive_server(rule: str, server_lr: float = 0.01, *, b1: float = 0.9,
     m = jax.tree.map(lambda m, d: (b1 * m + (1 - b1) * d).astype(m.dtype), state.m, delta)
     v = jax.tree.map(lambda v, d: second(v, d * d).astype(v.dtype), state.v, delta)
     step = jax.tree.map(lambda m, v: (eta * m / (jnp.sqrt(v) + tau)).astype(m.dtype), m, v)
-    updates = {k: step if k == "params" else jax.tree.map(jnp.negative, g)  # plain mean
-               for k, g in pseudo_grad.items()}
+    updates = {
+      k: step if k == "params" else jax.tree.map(jnp.negative, g)  # plain mean
+      for k, g in pseudo_grad.items()
+    }
     return updates, AdaptiveServerState(m, v)
 
   return optax.GradientTransformation(init, update)
 
 
-def fedadam_server(server_lr: float = 0.01, *, b1: float = 0.9, b2: float = 0.99,
-                   adaptivity: float = 1e-3) -> optax.GradientTransformation:
+def fedadam_server(
+  server_lr: float = 0.01, *, b1: float = 0.9, b2: float = 0.99, adaptivity: float = 1e-3
+) -> optax.GradientTransformation:
   """FedAdam's server: ``v_t = b2 v_{t-1} + (1 - b2) Delta_t^2`` (see
   :func:`adaptive_server`)."""
   return adaptive_server("adam", server_lr, b1=b1, b2=b2, adaptivity=adaptivity)
 
 
-def fedyogi_server(server_lr: float = 0.01, *, b1: float = 0.9, b2: float = 0.99,
-                   adaptivity: float = 1e-3) -> optax.GradientTransformation:
+def fedyogi_server(
+  server_lr: float = 0.01, *, b1: float = 0.9, b2: float = 0.99, adaptivity: float = 1e-3
+) -> optax.GradientTransformation:
   """FedYogi's server: ``v_t = v_{t-1} - (1 - b2) Delta_t^2 sign(v_{t-1} - Delta_t^2)`` (see
   :func:`adaptive_server`)."""
   return adaptive_server("yogi", server_lr, b1=b1, b2=b2, adaptivity=adaptivity)
 
 
-def fedadagrad_server(server_lr: float = 0.01, *, b1: float = 0.0,
-                      adaptivity: float = 1e-3) -> optax.GradientTransformation:
+def fedadagrad_server(
+  server_lr: float = 0.01, *, b1: float = 0.0, adaptivity: float = 1e-3
+) -> optax.GradientTransformation:
   """FedAdagrad's server: ``v_t = v_{t-1} + Delta_t^2`` (see :func:`adaptive_server`)."""
   return adaptive_server("adagrad", server_lr, b1=b1, adaptivity=adaptivity)
 
 
-def with_server(algorithm: extend.Algorithm,
-                server: optax.GradientTransformation) -> extend.Algorithm:
+def with_server(
+  algorithm: extend.Algorithm, server: optax.GradientTransformation
+) -> extend.Algorithm:
   """``algorithm`` with ``server`` (e.g. :func:`fedyogi_server`) as its server transform.
 
   Raises:
@@ -151,12 +166,17 @@ def with_server(algorithm: extend.Algorithm,
   if not isinstance(algorithm, extend.Algorithm):
     raise ValueError(f"with_server takes a fedco Algorithm, got {type(algorithm).__name__}")
   if isinstance(algorithm.server, extend.ServerAggregator):
-    raise ValueError(f"{algorithm.name}'s server is a ServerAggregator, not an optax transform "
-                     "on pseudo-gradients: an adaptive server cannot replace it")
+    raise ValueError(
+      f"{algorithm.name}'s server is a ServerAggregator, not an optax transform "
+      "on pseudo-gradients: an adaptive server cannot replace it"
+    )
   if isinstance(server, extend.ServerAggregator) or not isinstance(
-      server, optax.GradientTransformation):
-    raise ValueError(f"with_server takes an optax GradientTransformation as the server, got "
-                     f"{type(server).__name__}")
+    server, optax.GradientTransformation
+  ):
+    raise ValueError(
+      f"with_server takes an optax GradientTransformation as the server, got "
+      f"{type(server).__name__}"
+    )
   return algorithm.replace(server=server)
 
 
@@ -186,12 +206,21 @@ def _fedopt(name, learning_rate, local_steps, weighting, optimizer, server):
   return extend.Algorithm(init, update, plan, server, name, "plain")
 
 
-@extend.register(settings={"fedadam": dict(learning_rate=0.1, server_lr=0.1, b1=0.9, b2=0.99,
-                                           adaptivity=1e-3)})
+@extend.register(
+  settings={"fedadam": dict(learning_rate=0.1, server_lr=0.1, b1=0.9, b2=0.99, adaptivity=1e-3)}
+)
 @extend.factory(static=("local_steps", "optimizer"))
-def fedadam(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99, adaptivity: float = 1e-3,
-            weighting: str = "uniform", optimizer: extend.Optimizer = None) -> extend.Algorithm:
+def fedadam(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  server_lr: float = 0.01,
+  b1: float = 0.9,
+  b2: float = 0.99,
+  adaptivity: float = 1e-3,
+  weighting: str = "uniform",
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   """FedAdam: FedAvg clients, Adam's server step without bias correction::
 
       m = b1 m + (1 - b1) Delta,   v = b2 v + (1 - b2) Delta^2
@@ -210,16 +239,31 @@ def fedadam(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
   """
-  return _fedopt("fedadam", learning_rate, local_steps, weighting, optimizer,
-                 fedadam_server(server_lr, b1=b1, b2=b2, adaptivity=adaptivity))
+  return _fedopt(
+    "fedadam",
+    learning_rate,
+    local_steps,
+    weighting,
+    optimizer,
+    fedadam_server(server_lr, b1=b1, b2=b2, adaptivity=adaptivity),
+  )
 
 
-@extend.register(settings={"fedyogi": dict(learning_rate=0.1, server_lr=0.1, b1=0.9, b2=0.99,
-                                           adaptivity=1e-3)})
+@extend.register(
+  settings={"fedyogi": dict(learning_rate=0.1, server_lr=0.1, b1=0.9, b2=0.99, adaptivity=1e-3)}
+)
 @extend.factory(static=("local_steps", "optimizer"))
-def fedyogi(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99, adaptivity: float = 1e-3,
-            weighting: str = "uniform", optimizer: extend.Optimizer = None) -> extend.Algorithm:
+def fedyogi(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  server_lr: float = 0.01,
+  b1: float = 0.9,
+  b2: float = 0.99,
+  adaptivity: float = 1e-3,
+  weighting: str = "uniform",
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   """FedYogi: FedAvg clients, Yogi's server step::
 
       m = b1 m + (1 - b1) Delta,   v = v - (1 - b2) Delta^2 sign(v - Delta^2)
@@ -238,17 +282,30 @@ def fedyogi(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
   """
-  return _fedopt("fedyogi", learning_rate, local_steps, weighting, optimizer,
-                 fedyogi_server(server_lr, b1=b1, b2=b2, adaptivity=adaptivity))
+  return _fedopt(
+    "fedyogi",
+    learning_rate,
+    local_steps,
+    weighting,
+    optimizer,
+    fedyogi_server(server_lr, b1=b1, b2=b2, adaptivity=adaptivity),
+  )
 
 
-@extend.register(settings={"fedadagrad": dict(learning_rate=0.1, server_lr=0.1, b1=0.0,
-                                              adaptivity=1e-3)})
+@extend.register(
+  settings={"fedadagrad": dict(learning_rate=0.1, server_lr=0.1, b1=0.0, adaptivity=1e-3)}
+)
 @extend.factory(static=("local_steps", "optimizer"))
-def fedadagrad(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps: int = 5,
-               *, server_lr: float = 0.01, b1: float = 0.0, adaptivity: float = 1e-3,
-               weighting: str = "uniform",
-               optimizer: extend.Optimizer = None) -> extend.Algorithm:
+def fedadagrad(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  server_lr: float = 0.01,
+  b1: float = 0.0,
+  adaptivity: float = 1e-3,
+  weighting: str = "uniform",
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   """FedAdagrad: FedAvg clients, Adagrad's server step (``v`` has no decay: no ``b2``)::
 
       m = b1 m + (1 - b1) Delta,   v = v + Delta^2,   x = x + eta m / (sqrt(v) + tau)
@@ -265,7 +322,11 @@ def fedadagrad(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_st
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
   """
-  return _fedopt("fedadagrad", learning_rate, local_steps, weighting, optimizer,
-                 fedadagrad_server(server_lr, b1=b1, adaptivity=adaptivity))
-
-
+  return _fedopt(
+    "fedadagrad",
+    learning_rate,
+    local_steps,
+    weighting,
+    optimizer,
+    fedadagrad_server(server_lr, b1=b1, adaptivity=adaptivity),
+  )

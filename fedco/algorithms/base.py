@@ -53,10 +53,10 @@ import inspect
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedco import _validate
 
@@ -96,6 +96,7 @@ class CommPlan(NamedTuple):
     weighting: ``"uniform"`` (each client counts equally) or ``"samples"`` (weights
       proportional to client data sizes; FedAvg's default).
   """
+
   local_steps: int
   every_step: Tuple[str, ...] = ()
   every_round: Tuple[str, ...] = ()
@@ -114,8 +115,16 @@ class CommPlan(NamedTuple):
   @property
   def fields(self) -> Tuple[str, ...]:
     """Every state field the plan names, each once, in plan order."""
-    return tuple(dict.fromkeys(self.every_step + self.every_round + self.init_fields
-                               + self.round_start + self.round_start_loss + self.report))
+    return tuple(
+      dict.fromkeys(
+        self.every_step
+        + self.every_round
+        + self.init_fields
+        + self.round_start
+        + self.round_start_loss
+        + self.report
+      )
+    )
 
 
 class Algorithm(optax.GradientTransformationExtraArgs):
@@ -143,20 +152,26 @@ class Algorithm(optax.GradientTransformationExtraArgs):
   def replace(self, **changes) -> "Algorithm":
     """A copy with some of ``init``, ``update``, ``plan``, ``server``, ``name``,
     ``problem_kind`` replaced."""
-    fields = dict(init=self.init, update=self.update, plan=self.plan, server=self.server,
-                  name=self.name, problem_kind=self.problem_kind)
+    fields = dict(
+      init=self.init,
+      update=self.update,
+      plan=self.plan,
+      server=self.server,
+      name=self.name,
+      problem_kind=self.problem_kind,
+    )
     unknown = set(changes) - set(fields)
     if unknown:
-      raise ValueError(f"Algorithm.replace got unknown fields {sorted(unknown)}; allowed: "
-                       f"{sorted(fields)}")
+      raise ValueError(
+        f"Algorithm.replace got unknown fields {sorted(unknown)}; allowed: {sorted(fields)}"
+      )
     fields.update(changes)
     return Algorithm(**fields)
 
   _replace = replace
 
   def __repr__(self):
-    return (f"Algorithm(name={self.name!r}, problem_kind={self.problem_kind!r}, "
-            f"plan={self.plan!r})")
+    return f"Algorithm(name={self.name!r}, problem_kind={self.problem_kind!r}, plan={self.plan!r})"
 
 
 ScalarOrSchedule = optax.ScalarOrSchedule
@@ -173,10 +188,17 @@ _STRUCTURAL = {"int", "Optimizer", "base.Optimizer"}
 def _structural(annotation) -> bool:
   """Whether an annotation (a string under ``from __future__ import annotations``) is an
   int or an optimizer, alone or with ``None``."""
-  text = annotation if isinstance(annotation, str) else getattr(
-      annotation, "__name__", repr(annotation))
-  names = {n.strip() for n in text.replace("Optional[", "").replace("Union[", "").replace(
-      "typing.", "").replace("]", "").split(",")} - {"None"}
+  text = (
+    annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+  )
+  names = {
+    n.strip()
+    for n in text.replace("Optional[", "")
+    .replace("Union[", "")
+    .replace("typing.", "")
+    .replace("]", "")
+    .split(",")
+  } - {"None"}
   return bool(names) and names <= _STRUCTURAL
 
 
@@ -200,15 +222,23 @@ def factory(*, static: Tuple[str, ...] = ()):
     name = getattr(fn, "__name__", repr(fn))
     unknown = [a for a in static if a not in signature.parameters]
     if unknown:
-      raise ValueError(f"@factory(static=...) of {name} names {unknown}, which are not its "
-                       f"arguments; allowed: {list(signature.parameters)}")
-    missing = [p.name for p in signature.parameters.values()
-               if p.name not in static and p.annotation is not inspect.Parameter.empty
-               and _structural(p.annotation)]
+      raise ValueError(
+        f"@factory(static=...) of {name} names {unknown}, which are not its "
+        f"arguments; allowed: {list(signature.parameters)}"
+      )
+    missing = [
+      p.name
+      for p in signature.parameters.values()
+      if p.name not in static
+      and p.annotation is not inspect.Parameter.empty
+      and _structural(p.annotation)
+    ]
     if missing:
-      raise ValueError(f"@factory(static=...) of {name} leaves out {missing}: arguments "
-                       f"annotated int or Optimizer shape the compiled program and must be "
-                       f"static (add them to static=)")
+      raise ValueError(
+        f"@factory(static=...) of {name} leaves out {missing}: arguments "
+        f"annotated int or Optimizer shape the compiled program and must be "
+        f"static (add them to static=)"
+      )
 
     @functools.wraps(fn)
     def build(*args, **kwargs):
@@ -248,22 +278,26 @@ def register(*, settings: dict):
       is empty or names arguments the factory does not take.
   """
   if not isinstance(settings, dict) or not settings:
-    raise ValueError(f"register(settings=...) needs a non-empty dict {{label: kwargs}}, "
-                     f"got {settings!r}")
+    raise ValueError(
+      f"register(settings=...) needs a non-empty dict {{label: kwargs}}, got {settings!r}"
+    )
 
   def add(fn):
     name = getattr(fn, "__name__", None)
     if not hasattr(fn, "static_args"):
-      raise ValueError(f"register: decorate {name} with @factory(static=...) first (under "
-                       "@register)")
+      raise ValueError(
+        f"register: decorate {name} with @factory(static=...) first (under @register)"
+      )
     if name in REGISTRY and REGISTRY[name] is not fn:
       raise ValueError(f"register: an algorithm named {name!r} is registered already")
     parameters = inspect.signature(fn).parameters
     for label, kwargs in settings.items():
       unknown = set(kwargs) - set(parameters)
       if unknown:
-        raise ValueError(f"register: settings[{label!r}] of {name} names {sorted(unknown)}, "
-                         "which are not its arguments")
+        raise ValueError(
+          f"register: settings[{label!r}] of {name} names {sorted(unknown)}, "
+          "which are not its arguments"
+        )
     fn.settings = {label: dict(kwargs) for label, kwargs in settings.items()}
     REGISTRY[name] = fn
     return fn
@@ -355,8 +389,10 @@ def init_trackers(state, params, inner_value):
   if not has_pending(state):
     return state
   if inner_value is None:
-    raise ValueError("init_trackers needs inner_value=g(params, batch): the state has "
-                     "trackers of the inner value that are not filled yet")
+    raise ValueError(
+      "init_trackers needs inner_value=g(params, batch): the state has "
+      "trackers of the inner value that are not filled yet"
+    )
   inner_value = jax.tree.map(jnp.asarray, inner_value)
 
   def fill(x):
@@ -397,12 +433,13 @@ def get_field(state, name: str):
     value = optax.tree_utils.tree_get(state, name, default=_MISSING)
   except KeyError:
     raise ValueError(
-        f"the algorithm's state holds more than one field named {name!r} (a chained "
-        f"transform uses the same name); the runtime cannot tell which to communicate"
+      f"the algorithm's state holds more than one field named {name!r} (a chained "
+      f"transform uses the same name); the runtime cannot tell which to communicate"
     ) from None
   if value is _MISSING:
-    raise ValueError(f"the communication plan names the field {name!r}, which the "
-                     f"algorithm's state does not have")
+    raise ValueError(
+      f"the communication plan names the field {name!r}, which the algorithm's state does not have"
+    )
   return value
 
 
@@ -421,8 +458,10 @@ def set_fields(state, **values):
 def _the_algorithm(transforms, where: str) -> Algorithm:
   algorithms = [t for t in transforms if isinstance(t, Algorithm)]
   if len(algorithms) != 1:
-    raise ValueError(f"{where} needs exactly one fedco algorithm among its transforms (the "
-                     f"one whose plan and server the runtime uses), got {len(algorithms)}")
+    raise ValueError(
+      f"{where} needs exactly one fedco algorithm among its transforms (the "
+      f"one whose plan and server the runtime uses), got {len(algorithms)}"
+    )
   return algorithms[0]
 
 
@@ -450,6 +489,7 @@ def named_chain(*named_transforms) -> Algorithm:
 
 class InjectedServerState(NamedTuple):
   """The server's injected hyperparameters (change them between calls) and its own state."""
+
   count: jax.Array
   hyperparams: dict
   inner_state: Any
@@ -475,8 +515,9 @@ def _float_dtype(value, dtype):
   return value.astype(dtype) if jnp.issubdtype(value.dtype, jnp.floating) else value
 
 
-def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=(),
-                       hyperparam_dtype=None) -> Callable[..., Algorithm]:
+def inject_hyperparams(
+  algorithm_factory: Callable[..., Algorithm], static_args=(), hyperparam_dtype=None
+) -> Callable[..., Algorithm]:
   """``optax.inject_hyperparams`` for fedco algorithms: hyperparameters become state.
 
   Every numeric argument (learning rate, ``beta``, ``alpha``, ``gamma``, server rates,
@@ -498,24 +539,28 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
   static = {static_args} if isinstance(static_args, str) else set(static_args)
   signature = inspect.signature(algorithm_factory)
   static |= set(getattr(algorithm_factory, "static_args", ())) & set(signature.parameters)
-  client_factory = optax.inject_hyperparams(algorithm_factory, static_args=static,
-                                            hyperparam_dtype=hyperparam_dtype)
+  client_factory = optax.inject_hyperparams(
+    algorithm_factory, static_args=static, hyperparam_dtype=hyperparam_dtype
+  )
 
   @functools.wraps(algorithm_factory)
   def build(*args, **kwargs) -> Algorithm:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     # NumPy scalars as Python numbers: optax injects only those (and arrays), not np.float32
-    bound.arguments.update({k: v.item() for k, v in bound.arguments.items()
-                            if isinstance(v, (np.integer, np.floating))})
+    bound.arguments.update(
+      {k: v.item() for k, v in bound.arguments.items() if isinstance(v, (np.integer, np.floating))}
+    )
     numeric, schedules, other = _classify(bound.arguments, static)
     at_zero = {k: _schedule_at(v, 0) for k, v in schedules.items()}
     template = algorithm_factory(**other, **numeric, **at_zero)  # validates concrete values
     client = client_factory(*bound.args, **bound.kwargs)
 
     def hyperparams_at(count, values, dtype):
-      return {**values, **{k: _float_dtype(_schedule_at(v, count), dtype)
-                           for k, v in schedules.items()}}
+      return {
+        **values,
+        **{k: _float_dtype(_schedule_at(v, count), dtype) for k, v in schedules.items()},
+      }
 
     def aggregator(hyperparams) -> ServerAggregator:
       return as_aggregator(algorithm_factory(**other, **hyperparams).server)
@@ -537,9 +582,11 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
       server, inner = aggregator(hp).update(server, state.inner_state, client_values, info)
       return server, InjectedServerState(optax.safe_increment(state.count), values, inner)
 
-    return template.replace(init=client.init, update=client.update,
-                            server=as_aggregator(template.server)._replace(
-                                init=server_init, update=server_update))
+    return template.replace(
+      init=client.init,
+      update=client.update,
+      server=as_aggregator(template.server)._replace(init=server_init, update=server_update),
+    )
 
   build.static_args = tuple(sorted(static))
   return build
@@ -547,31 +594,56 @@ def inject_hyperparams(algorithm_factory: Callable[..., Algorithm], static_args=
 
 def _schedule_at(schedule, count):
   if isinstance(schedule, optax.schedules.StatefulSchedule):
-    raise ValueError("fedco.inject_hyperparams takes schedules of the step count "
-                     "(callables); stateful schedules are not supported")
+    raise ValueError(
+      "fedco.inject_hyperparams takes schedules of the step count "
+      "(callables); stateful schedules are not supported"
+    )
   return schedule(count)
 
 
-def make_plan(local_steps, *, every_step=(), every_round=(), at_init=(),
-              weighting="uniform", round_start=(), round_start_loss=(), report=(),
-              round_start_reduce=None, round_start_value="inner") -> CommPlan:
+def make_plan(
+  local_steps,
+  *,
+  every_step=(),
+  every_round=(),
+  at_init=(),
+  weighting="uniform",
+  round_start=(),
+  round_start_loss=(),
+  report=(),
+  round_start_reduce=None,
+  round_start_value="inner",
+) -> CommPlan:
   """A validated :class:`CommPlan` (see its attributes; ``at_init`` defaults to none)."""
   _validate.one_of("round_start_value", round_start_value, ("inner", "pre_link"))
   if at_init is None:
     raise ValueError("at_init must be a tuple of field names (() for none), got None")
-  for what, names in (("every_step", every_step), ("every_round", every_round),
-                      ("at_init", at_init), ("round_start", round_start),
-                      ("round_start_loss", round_start_loss), ("report", report)):
+  for what, names in (
+    ("every_step", every_step),
+    ("every_round", every_round),
+    ("at_init", at_init),
+    ("round_start", round_start),
+    ("round_start_loss", round_start_loss),
+    ("report", report),
+  ):
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
       raise ValueError(f"{what} must be a tuple of field names, got {names!r}")
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   if round_start_reduce is not None and not callable(round_start_reduce):
     raise ValueError(f"round_start_reduce must be callable, got {round_start_reduce!r}")
-  return CommPlan(int(local_steps), tuple(every_step), tuple(every_round),
-                  tuple(at_init), weighting, tuple(round_start),
-                  tuple(round_start_loss), tuple(report), round_start_reduce,
-                  round_start_value)
+  return CommPlan(
+    int(local_steps),
+    tuple(every_step),
+    tuple(every_round),
+    tuple(at_init),
+    weighting,
+    tuple(round_start),
+    tuple(round_start_loss),
+    tuple(report),
+    round_start_reduce,
+    round_start_value,
+  )
 
 
 class RoundInfo(NamedTuple):
@@ -588,6 +660,7 @@ class RoundInfo(NamedTuple):
     alive: ``bool [m]``: which of them survived the round (client dropout); dropped
       clients' values must not count. Their ``weights`` are already 0.
   """
+
   ids: jax.Array
   weights: jax.Array
   counts: jax.Array
@@ -616,6 +689,7 @@ class ServerAggregator(NamedTuple):
     queries_losses: whether ``update`` calls ``info.client_losses`` (DRFA's loss queries:
       uploads outside the communication plan, which privacy refuses).
   """
+
   init: Callable[..., Any]
   update: Callable[..., Tuple[Any, Any]]
   reads_each: bool = True
@@ -666,8 +740,9 @@ def averaging_server() -> optax.GradientTransformation:
   return optax.sgd(1.0)
 
 
-def param_optimizer(learning_rate: Optional[ScalarOrSchedule], optimizer, *,
-                    default: float, shared_rate: bool = False) -> optax.GradientTransformation:
+def param_optimizer(
+  learning_rate: Optional[ScalarOrSchedule], optimizer, *, default: float, shared_rate: bool = False
+) -> optax.GradientTransformation:
   """The parameter step.
 
   * ``optimizer=None``: the paper's ``optax.sgd(learning_rate)`` (``default`` when
@@ -686,27 +761,33 @@ def param_optimizer(learning_rate: Optional[ScalarOrSchedule], optimizer, *,
   if isinstance(optimizer, optax.GradientTransformation):
     if learning_rate is not None and not shared_rate:
       raise ValueError(
-          "pass learning_rate or optimizer, not both: optimizer is a GradientTransformation "
-          "with its own step size; pass a factory (e.g. optimizer=optax.adam) to feed it "
-          f"learning_rate={learning_rate!r}")
+        "pass learning_rate or optimizer, not both: optimizer is a GradientTransformation "
+        "with its own step size; pass a factory (e.g. optimizer=optax.adam) to feed it "
+        f"learning_rate={learning_rate!r}"
+      )
     return optimizer
   if callable(optimizer):
     lr = default if learning_rate is None else learning_rate
     tx = optimizer(_validate.rate("learning_rate", lr))
     if not isinstance(tx, optax.GradientTransformation):
-      raise ValueError(f"optimizer(learning_rate) must return an optax GradientTransformation, "
-                       f"got {type(tx).__name__}")
+      raise ValueError(
+        f"optimizer(learning_rate) must return an optax GradientTransformation, "
+        f"got {type(tx).__name__}"
+      )
     return tx
-  raise ValueError("optimizer must be an optax GradientTransformation or a factory of the "
-                   f"learning rate (e.g. optax.adam), got {optimizer!r}")
+  raise ValueError(
+    "optimizer must be an optax GradientTransformation or a factory of the "
+    f"learning rate (e.g. optax.adam), got {optimizer!r}"
+  )
 
 
 def require(name: str, value, algorithm: str):
   """Raise a clear error when a compositional algorithm is called without its oracle."""
   if value is None:
     raise ValueError(
-        f"{algorithm}.update needs the keyword argument {name}; pass a callable "
-        f"(see fedco.oracle_args), got None")
+      f"{algorithm}.update needs the keyword argument {name}; pass a callable "
+      f"(see fedco.oracle_args), got None"
+    )
   return value
 
 

@@ -78,6 +78,7 @@ class ComFedLState(NamedTuple):
 
 class NormalizedComFedLState(NamedTuple):
   """``log_normalizer``: this round's ``L``, set by the server before the local steps."""
+
   count: jnp.ndarray
   log_normalizer: jnp.ndarray
   opt_state: optax.OptState
@@ -85,9 +86,15 @@ class NormalizedComFedLState(NamedTuple):
 
 @base.register(settings={"comfedl": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer", "normalized", "gamma", "weighting"))
-def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            normalized: bool = False, gamma: Optional[float] = None,
-            weighting: str = "uniform", optimizer: base.Optimizer = None) -> base.Algorithm:
+def comfedl(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  normalized: bool = False,
+  gamma: Optional[float] = None,
+  weighting: str = "uniform",
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """ComFedL.
 
   Args:
@@ -115,28 +122,38 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
   if normalized:
     gamma = _validate.positive("gamma", gamma)
   elif gamma is not None:
-    raise ValueError(f"gamma={gamma!r} is only used with normalized=True (the literal step "
-                     "reads the temperature from the problem's outer function)")
+    raise ValueError(
+      f"gamma={gamma!r} is only used with normalized=True (the literal step "
+      "reads the temperature from the problem's outer function)"
+    )
   if not normalized:
     plan = base.make_plan(local_steps, weighting=weighting)
   else:
+
     def log_normalizer(losses, weights):
       """``log(sum_k w_k exp(f_k/gamma))`` over the surviving clients (``w`` sums to 1)."""
       return jax.nn.logsumexp(losses / gamma, b=weights)
 
-    plan = base.make_plan(local_steps, round_start=("log_normalizer",), at_init=(),
-                          round_start_reduce=log_normalizer, round_start_value="pre_link",
-                          weighting=weighting)
+    plan = base.make_plan(
+      local_steps,
+      round_start=("log_normalizer",),
+      at_init=(),
+      round_start_reduce=log_normalizer,
+      round_start_value="pre_link",
+      weighting=weighting,
+    )
 
   def init(params, *, inner_value=None):
     del inner_value
     if normalized:
-      return NormalizedComFedLState(jnp.zeros([], jnp.int32),
-                                    jnp.zeros([], jnp.result_type(float)), opt.init(params))
+      return NormalizedComFedLState(
+        jnp.zeros([], jnp.int32), jnp.zeros([], jnp.result_type(float)), opt.init(params)
+      )
     return ComFedLState(jnp.zeros([], jnp.int32), opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None,
-             unlinked_outer_fn=None, **unused):
+  def update(
+    updates, state, params=None, *, inner_fn=None, outer_fn=None, unlinked_outer_fn=None, **unused
+  ):
     del unused
     inner_fn, outer_fn, _ = base.oracles("comfedl", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
@@ -148,12 +165,15 @@ def comfedl(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
       return step, state._replace(count=state.count + 1, opt_state=opt_state)
     if normalized:
       leaves = jax.tree.leaves(sample)
-      if len(leaves) != 1 or jax.tree.structure(sample).num_nodes != 1 or jnp.shape(
-          leaves[0]) != ():
-        raise ValueError("comfedl(normalized=True) needs a scalar inner value (the client's "
-                         "loss, as in fedco.problems.client_kl_dro) or a problem with an "
-                         "outer_link (DA-MAML), got an inner value of shapes "
-                         f"{jax.tree.map(jnp.shape, sample)} and no link")
+      if (
+        len(leaves) != 1 or jax.tree.structure(sample).num_nodes != 1 or jnp.shape(leaves[0]) != ()
+      ):
+        raise ValueError(
+          "comfedl(normalized=True) needs a scalar inner value (the client's "
+          "loss, as in fedco.problems.client_kl_dro) or a problem with an "
+          "outer_link (DA-MAML), got an inner value of shapes "
+          f"{jax.tree.map(jnp.shape, sample)} and no link"
+        )
       weight = jnp.exp(sample / gamma - state.log_normalizer)
       z = base.add_grads(pullback(weight.astype(sample.dtype)), updates)
       step, opt_state = opt.update(z, state.opt_state, params)

@@ -48,8 +48,13 @@ class FedAvgCOState(NamedTuple):
 
 @base.register(settings={"fedavg": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
-def fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-           weighting: str = "samples", optimizer: base.Optimizer = None) -> base.Algorithm:
+def fedavg(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  weighting: str = "samples",
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Plain FedAvg on a non-compositional problem (steps on ``updates = grad h``).
 
   Args:
@@ -76,11 +81,19 @@ def fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
   return base.Algorithm(init, update, plan, base.averaging_server(), "fedavg", "plain")
 
 
-@base.register(settings={f"fedavg_co_{case}": dict(learning_rate=0.1, case=case)
-                           for case in ("I", "II", "modified")})
+@base.register(
+  settings={
+    f"fedavg_co_{case}": dict(learning_rate=0.1, case=case) for case in ("I", "II", "modified")
+  }
+)
 @base.factory(static=("local_steps", "optimizer"))
-def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-              case: str = "II", optimizer: base.Optimizer = None) -> base.Algorithm:
+def fedavg_co(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  case: str = "II",
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """FedAvg for global-inner compositional problems, Cases I, II and modified (paper 004).
 
   Args:
@@ -106,8 +119,17 @@ def fedavg_co(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
     y = base.pending_or(inner_value, lambda v: v)
     return FedAvgCOState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             local_step=None, **unused):
+  def update(
+    updates,
+    state,
+    params=None,
+    *,
+    inner_fn=None,
+    outer_fn=None,
+    next_inner_fn=None,
+    local_step=None,
+    **unused,
+  ):
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles(name, inner_fn, outer_fn, next_inner_fn)
     state = base.fill_pending(state, params, inner_fn)
@@ -133,8 +155,9 @@ class MBSGDState(NamedTuple):
 
 @base.register(settings={"mbsgd": dict(learning_rate=0.1)})
 @base.factory(static=("optimizer",))
-def mbsgd(learning_rate: Optional[base.ScalarOrSchedule] = None, *,
-          optimizer: base.Optimizer = None) -> base.Algorithm:
+def mbsgd(
+  learning_rate: Optional[base.ScalarOrSchedule] = None, *, optimizer: base.Optimizer = None
+) -> base.Algorithm:
   """Minibatch SGD for CO (SPEC 2.7), one step per round::
 
       y_bar = mean_k g_k(x; zeta_k)                   (clients evaluate, server averages)

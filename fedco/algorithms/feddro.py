@@ -53,8 +53,13 @@ class FedDROState(NamedTuple):
 
 @base.register(settings={"feddro": dict(learning_rate=0.1, beta=0.5)})
 @base.factory(static=("local_steps", "optimizer"))
-def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-           beta: float = 0.5, optimizer: base.Optimizer = None) -> base.Algorithm:
+def feddro(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  beta: float = 0.5,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """FedDRO (paper 004, Algorithm 2).
 
   Args:
@@ -77,8 +82,9 @@ def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
     y = base.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             **unused):
+  def update(
+    updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
+  ):
     del unused
     inner_fn, outer_fn, next_inner_fn = base.oracles("feddro", inner_fn, outer_fn, next_inner_fn)
     state = base.fill_pending(state, params, inner_fn)
@@ -94,9 +100,15 @@ def feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: i
 
 @base.register(settings={"ds_feddro": dict(learning_rate=0.1, beta=0.5)})
 @base.factory(static=("local_steps", "optimizer"))
-def ds_feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-              beta: float = 0.5, server_lr_x: float = 1.3, server_lr_y: float = 1.4,
-              optimizer: base.Optimizer = None) -> base.Algorithm:
+def ds_feddro(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  beta: float = 0.5,
+  server_lr_x: float = 1.3,
+  server_lr_y: float = 1.4,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """DS-FedDRO (paper 004, Algorithm 3): two-sided learning rates, nothing sent between rounds.
 
   Args:
@@ -114,19 +126,21 @@ def ds_feddro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps
   tracker = estimators.moving_average(beta)
   plan = base.make_plan(local_steps, every_round=("y",), at_init=("y",))
   server = optax.multi_transform(
-      {"x": optax.sgd(server_lr_x), "y": optax.sgd(server_lr_y)},
-      lambda tree: {k: jax.tree.map(lambda _, k=k: "x" if k == "params" else "y", v)
-                    for k, v in tree.items()})
+    {"x": optax.sgd(server_lr_x), "y": optax.sgd(server_lr_y)},
+    lambda tree: {
+      k: jax.tree.map(lambda _, k=k: "x" if k == "params" else "y", v) for k, v in tree.items()
+    },
+  )
 
   def init(params, *, inner_value=None):
     y = base.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             **unused):
+  def update(
+    updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
+  ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles("ds_feddro", inner_fn, outer_fn,
-                                                     next_inner_fn)
+    inner_fn, outer_fn, next_inner_fn = base.oracles("ds_feddro", inner_fn, outer_fn, next_inner_fn)
     state = base.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)

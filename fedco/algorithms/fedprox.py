@@ -38,6 +38,7 @@ from fedco import extend
 
 class FedProxState(NamedTuple):
   """Client state: the round's model ``anchor`` (``x`` of the proximal term)."""
+
   count: jnp.ndarray
   anchor: Any
   opt_state: optax.OptState
@@ -45,9 +46,14 @@ class FedProxState(NamedTuple):
 
 @extend.register(settings={"fedprox": dict(learning_rate=0.1, mu=0.01)})
 @extend.factory(static=("local_steps", "optimizer"))
-def fedprox(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            mu: float = 0.01, weighting: str = "samples",
-            optimizer: extend.Optimizer = None) -> extend.Algorithm:
+def fedprox(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  mu: float = 0.01,
+  weighting: str = "samples",
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   """FedProx on a plain problem (see the module docstring).
 
   Per local step, with ``updates = grad h_k(y; xi)``::
@@ -75,14 +81,16 @@ def fedprox(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps
 
   def init(params, *, inner_value=None):
     del inner_value
-    return FedProxState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.asarray, params),
-                        opt.init(params))
+    return FedProxState(
+      jnp.zeros([], jnp.int32), jax.tree.map(jnp.asarray, params), opt.init(params)
+    )
 
   def update(updates, state, params=None, *, local_step=None, **unused):
     del unused
     extend.require("updates (the gradient of the client loss)", updates, "fedprox")
-    anchor = extend.select(extend.at_round_start(local_step, state.count, steps), params,
-                           state.anchor)
+    anchor = extend.select(
+      extend.at_round_start(local_step, state.count, steps), params, state.anchor
+    )
     direction = jax.tree.map(lambda g, y, a: g + mu * (y - a), updates, params, anchor)
     step, opt_state = opt.update(direction, state.opt_state, params)
     return step, FedProxState(state.count + 1, anchor, opt_state)

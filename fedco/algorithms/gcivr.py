@@ -54,8 +54,8 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedco import _validate
 from fedco.algorithms import base
@@ -77,8 +77,13 @@ def adagrad(learning_rate) -> optax.GradientTransformation:
 
 @base.register(settings={"gcivr": dict(learning_rate=0.1, refresh_every=5)})
 @base.factory(static=("local_steps", "refresh_every", "optimizer"))
-def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
-          refresh_every: int = 10, optimizer: base.Optimizer = None) -> base.Algorithm:
+def gcivr(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 1,
+  *,
+  refresh_every: int = 10,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """GCIVR, parallel form (module docstring).
 
   Args:
@@ -91,8 +96,9 @@ def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
       rate or an optax transform with its own rate (then no ``learning_rate``).
   """
   q = _validate.positive_int("refresh_every", refresh_every)
-  opt = base.param_optimizer(learning_rate, adagrad if optimizer is None else optimizer,
-                             default=0.01)
+  opt = base.param_optimizer(
+    learning_rate, adagrad if optimizer is None else optimizer, default=0.01
+  )
   plan = base.make_plan(local_steps, every_step=("y", "J", "v"), at_init=("y", "J", "v"))
 
   def init(params, *, inner_value=None):
@@ -104,15 +110,23 @@ def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
     v = jax.tree.map(jnp.zeros_like, params)
     return GCIVRState(jnp.zeros([], jnp.int32), y, J, v, opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             extra_fn=None, **unused):
+  def update(
+    updates,
+    state,
+    params=None,
+    *,
+    inner_fn=None,
+    outer_fn=None,
+    next_inner_fn=None,
+    extra_fn=None,
+    **unused,
+  ):
     del updates, unused  # the direction uses the shared estimates only
     inner_fn, outer_fn, next_inner_fn = base.oracles("gcivr", inner_fn, outer_fn, next_inner_fn)
     state = base.fill_pending(state, params, inner_fn)
     flat_inner = lambda x: ravel_pytree(next_inner_fn(x))[0]
     grad_f, _ = ravel_pytree(jax.grad(outer_fn)(state.y))
-    direction = jax.tree.map(lambda j, v: jnp.tensordot(grad_f, j, axes=1) + v,
-                             state.J, state.v)
+    direction = jax.tree.map(lambda j, v: jnp.tensordot(grad_f, j, axes=1) + v, state.J, state.v)
     step, opt_state = opt.update(direction, state.opt_state, params)
     first = state.count == 0
     step = jax.tree.map(lambda s: jnp.where(first, jnp.zeros_like(s), s), step)
@@ -122,8 +136,9 @@ def gcivr(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: in
     refresh = state.count % q == 0
 
     def recurse(old, at_new, at_old):
-      return base.select(refresh, at_new,
-                         jax.tree.map(lambda a, n, o: a + n - o, old, at_new, at_old))
+      return base.select(
+        refresh, at_new, jax.tree.map(lambda a, n, o: a + n - o, old, at_new, at_old)
+      )
 
     y = recurse(state.y, next_inner_fn(new_params), next_inner_fn(params))
     J = recurse(state.J, jax.jacrev(flat_inner)(new_params), jax.jacrev(flat_inner)(params))

@@ -129,10 +129,11 @@ def _check_layout(y, params, variant):
   layout = _layout(y, params)
   if variant != "exact" and layout == "other":
     raise ValueError(
-        f"per_fedavg(variant={variant!r}) needs an inner value shaped like the parameters, "
-        "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
-        f"{jax.tree.map(jnp.shape, y)} for parameters {jax.tree.map(jnp.shape, params)}. "
-        "Use variant='exact' for other inner maps.")
+      f"per_fedavg(variant={variant!r}) needs an inner value shaped like the parameters, "
+      "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
+      f"{jax.tree.map(jnp.shape, y)} for parameters {jax.tree.map(jnp.shape, params)}. "
+      "Use variant='exact' for other inner maps."
+    )
   return layout
 
 
@@ -161,9 +162,14 @@ def _hessian_free(next_inner_fn, params, cotangent, layout, delta):
 
 @base.register(settings={"per_fedavg": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
-def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-               variant: str = "exact", delta: float = 1e-3,
-               optimizer: base.Optimizer = None) -> base.Algorithm:
+def per_fedavg(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  variant: str = "exact",
+  delta: float = 1e-3,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Per-FedAvg (= FedMAML in SPEC 3) on a local-inner (MAML) problem.
 
   Per step, on the runtime's three independent batches (see the module docstring)::
@@ -204,15 +210,17 @@ def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
       _check_layout(inner_value, params, variant)
     return PerFedAvgState(jnp.zeros([], jnp.int32), opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None,
-             **unused):
+  def update(
+    updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
+  ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles("per_fedavg", inner_fn, outer_fn,
-                                                     next_inner_fn)
-    y = inner_fn(params)                           # w~ = w - a grad f(w; D), every slot
+    inner_fn, outer_fn, next_inner_fn = base.oracles(
+      "per_fedavg", inner_fn, outer_fn, next_inner_fn
+    )
+    y = inner_fn(params)  # w~ = w - a grad f(w; D), every slot
     layout = _check_layout(y, params, variant)
-    grad_y = jax.grad(outer_fn)(y)                 # G = grad f(w~; D')
-    if variant == "exact":                         # (I - a Hess f(w; D'')) G
+    grad_y = jax.grad(outer_fn)(y)  # G = grad f(w~; D')
+    if variant == "exact":  # (I - a Hess f(w; D'')) G
       _, pullback = estimators.inner_vjp(next_inner_fn, params)
       z = pullback(grad_y)
     elif variant == "first_order":
@@ -228,16 +236,20 @@ def per_fedavg(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
 
 @base.register(settings={"fedmaml": dict(learning_rate=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
-def fedmaml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            variant: str = "exact", delta: float = 1e-3,
-            optimizer: base.Optimizer = None) -> base.Algorithm:
+def fedmaml(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  variant: str = "exact",
+  delta: float = 1e-3,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """FedMAML: :func:`per_fedavg` under the label ``"fedmaml"`` (SPEC 3 treats them as one).
 
   Paper 001's E2 uses inner and outer rates 0.1: ``fedmaml(0.1)`` on
   ``fedco.problems.maml(apply_fn, inner_lr=0.1)``. Arguments as :func:`per_fedavg`.
   """
-  alg = per_fedavg(learning_rate, local_steps, variant=variant, delta=delta,
-                   optimizer=optimizer)
+  alg = per_fedavg(learning_rate, local_steps, variant=variant, delta=delta, optimizer=optimizer)
   return alg.replace(name="fedmaml")
 
 
@@ -246,6 +258,7 @@ def fedmaml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
 
 class TRMAMLState(NamedTuple):
   """Client state: step counter, the adapted loss ``e_k`` at the round's model, optimizer."""
+
   count: jnp.ndarray
   loss: jnp.ndarray
   opt_state: optax.OptState
@@ -253,13 +266,19 @@ class TRMAMLState(NamedTuple):
 
 class TRMAMLServerState(NamedTuple):
   """The server's task (client) weights ``p`` on the simplex over all ``K`` clients."""
+
   p: jnp.ndarray
 
 
 @base.register(settings={"tr_maml": dict(learning_rate=0.1, weights_lr=0.08)})
 @base.factory(static=("local_steps", "optimizer"))
-def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-            weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
+def tr_maml(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  weights_lr: float = 0.08,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """TR-MAML in federated form (task = client), on a local-inner (MAML) problem.
 
   Client step (ComFedL-MAML's)::
@@ -297,8 +316,17 @@ def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
     del inner_value
     return TRMAMLState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.float32), opt.init(params))
 
-  def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, extra_fn=None,
-             local_step=None, **unused):
+  def update(
+    updates,
+    state,
+    params=None,
+    *,
+    inner_fn=None,
+    outer_fn=None,
+    extra_fn=None,
+    local_step=None,
+    **unused,
+  ):
     del unused
     inner_fn, outer_fn, _ = base.oracles("tr_maml", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
@@ -321,14 +349,17 @@ def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
     p, alive = state.p, info.alive_mask
     coef = (n / m) * p[info.ids] * alive
     x = jax.tree.map(
-        lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
-        server["params"], client_values["params"])
+      lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
+      server["params"],
+      client_values["params"],
+    )
     e = jnp.where(alive, client_values["loss"], 0.0).astype(p.dtype)
     v = jnp.zeros((n,), p.dtype).at[info.ids].set((n / m) * e)
     return {**server, "params": x}, TRMAMLServerState(base.project_simplex(p + eta_p * v))
 
-  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
-                        "tr_maml", "local")
+  return base.Algorithm(
+    init, update, plan, base.ServerAggregator(server_init, server_update), "tr_maml", "local"
+  )
 
 
 # ---- Ditto -------------------------------------------------------------------------------
@@ -336,6 +367,7 @@ def tr_maml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
 
 class DittoState(NamedTuple):
   """Client state: the personal model ``v_k``, the round's global model ``anchor``."""
+
   count: jnp.ndarray
   personal: Any
   anchor: Any
@@ -344,9 +376,15 @@ class DittoState(NamedTuple):
 
 @base.register(settings={"ditto": dict(learning_rate=0.1, lam=0.1)})
 @base.factory(static=("local_steps", "optimizer"))
-def ditto(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-          lam: float = 0.1, personal_lr: Optional[float] = None, weighting: str = "samples",
-          optimizer: base.Optimizer = None) -> base.Algorithm:
+def ditto(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  lam: float = 0.1,
+  personal_lr: Optional[float] = None,
+  weighting: str = "samples",
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Ditto on a plain problem: FedAvg for the global model plus a personal model per client.
 
   Per step, with ``updates = grad h_k(x; xi)`` and ``extra_fn = h_k(.; xi)`` on one batch::

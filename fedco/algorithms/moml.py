@@ -58,8 +58,10 @@ def _layout(u, params) -> str:
   if all(jnp.shape(a) == jnp.shape(p) for a, p in pairs):
     return "params"
   lead = {jnp.shape(a)[0] for a, _ in pairs if jnp.ndim(a) >= 1}
-  if (all(jnp.ndim(a) == jnp.ndim(p) + 1 and jnp.shape(a)[1:] == jnp.shape(p)
-          for a, p in pairs) and len(lead) == 1):
+  if (
+    all(jnp.ndim(a) == jnp.ndim(p) + 1 and jnp.shape(a)[1:] == jnp.shape(p) for a, p in pairs)
+    and len(lead) == 1
+  ):
     return "table"
   return "other"
 
@@ -74,12 +76,16 @@ def _slot_mask(grad_u, layout):
 
 
 # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
-@base.register(settings={"local_moml": dict(learning_rate=0.1, beta=0.7,
-                                                first_order=False)})
+@base.register(settings={"local_moml": dict(learning_rate=0.1, beta=0.7, first_order=False)})
 @base.factory(static=("local_steps", "optimizer"))
-def local_moml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-               beta: float = 0.7, first_order: bool = True,
-               optimizer: base.Optimizer = None) -> base.Algorithm:
+def local_moml(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  beta: float = 0.7,
+  first_order: bool = True,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Local-MOML.
 
   Args:
@@ -106,10 +112,11 @@ def local_moml(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
     layout = _layout(u, params)
     if first_order and layout == "other":
       raise ValueError(
-          "local_moml(first_order=True) needs an inner value shaped like the parameters, "
-          "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
-          f"{jax.tree.map(jnp.shape, u)} for parameters {jax.tree.map(jnp.shape, params)}. "
-          "Use first_order=False for other inner maps.")
+        "local_moml(first_order=True) needs an inner value shaped like the parameters, "
+        "optionally with a leading task-slot axis (a fedco.problems.maml problem); got "
+        f"{jax.tree.map(jnp.shape, u)} for parameters {jax.tree.map(jnp.shape, params)}. "
+        "Use first_order=False for other inner maps."
+      )
     return layout
 
   def init(params, *, inner_value=None):

@@ -41,6 +41,7 @@ from fedco.algorithms import base
 
 class LossState(NamedTuple):
   """Local SGD plus the client's loss ``F_k`` at the round's model."""
+
   count: jnp.ndarray
   loss: jnp.ndarray
   opt_state: optax.OptState
@@ -48,6 +49,7 @@ class LossState(NamedTuple):
 
 class SnapshotState(NamedTuple):
   """Local SGD plus the model after the round's random step ``k'`` (DRFA)."""
+
   count: jnp.ndarray
   snapshot: Any
   opt_state: optax.OptState
@@ -55,14 +57,18 @@ class SnapshotState(NamedTuple):
 
 class WeightsState(NamedTuple):
   """The server's mixture weights ``lambda`` over all clients."""
+
   weights: jnp.ndarray
 
 
 def _lambda_step(server, lam, client_values, info):
   """``x - sum_{i in S} (N/m) lambda_i (x - x_i)`` over the round's surviving clients."""
   coef = (info.num_clients / info.ids.shape[0]) * lam[info.ids] * info.alive_mask
-  return jax.tree.map(lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
-                      server["params"], client_values["params"])
+  return jax.tree.map(
+    lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
+    server["params"],
+    client_values["params"],
+  )
 
 
 def _local_sgd_with_loss(opt, name):
@@ -81,8 +87,13 @@ def _local_sgd_with_loss(opt, name):
 
 @base.register(settings={"qfedavg": dict(learning_rate=0.1, q=0.2)})
 @base.factory(static=("local_steps", "optimizer"))
-def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: float = 0.2,
-            optimizer: base.Optimizer = None) -> base.Algorithm:
+def qfedavg(
+  learning_rate: Optional[float] = None,
+  local_steps: int = 5,
+  *,
+  q: float = 0.2,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """q-FedAvg (q-FFL).
 
   Args:
@@ -110,20 +121,26 @@ def qfedavg(learning_rate: Optional[float] = None, local_steps: int = 5, *, q: f
     losses = jnp.maximum(client_values["loss"], 1e-10)  # F^(q-1) needs F > 0
     dw = jax.tree.map(lambda a, b: (a[None] - b) / lr, x, client_values["params"])
     sq_norm = sum(jnp.sum(l.reshape(l.shape[0], -1) ** 2, axis=1) for l in jax.tree.leaves(dw))
-    fq = alive * losses ** q
+    fq = alive * losses**q
     delta = jax.tree.map(lambda d: jnp.tensordot(fq.astype(d.dtype), d, axes=1), dw)
     h = jnp.sum(alive * (q * losses ** (q - 1.0) * sq_norm) + fq / lr)
     h = jnp.where(h > 0, h, 1.0)  # nobody survived: delta is 0 and x stays
     return {**server, "params": jax.tree.map(lambda a, d: a - d / h, x, delta)}, state
 
-  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
-                        "qfedavg", "plain")
+  return base.Algorithm(
+    init, update, plan, base.ServerAggregator(server_init, server_update), "qfedavg", "plain"
+  )
 
 
 @base.register(settings={"drfa": dict(learning_rate=0.1, weights_lr=0.08)})
 @base.factory(static=("local_steps", "optimizer"))
-def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-         weights_lr: float = 0.08, optimizer: base.Optimizer = None) -> base.Algorithm:
+def drfa(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  weights_lr: float = 0.08,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """DRFA / DRFL (Deng et al. 2020; paper 001 uses ``weights_lr = gamma_lambda = 0.08``).
 
   Args:
@@ -172,15 +189,24 @@ def drfa(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int
     lam = base.project_simplex(lam + gamma * tau * v)
     return {**server, "params": x_new}, WeightsState(lam)
 
-  return base.Algorithm(init, update, plan,
-                        base.ServerAggregator(server_init, server_update, queries_losses=True),
-                        "drfa", "plain")
+  return base.Algorithm(
+    init,
+    update,
+    plan,
+    base.ServerAggregator(server_init, server_update, queries_losses=True),
+    "drfa",
+    "plain",
+  )
 
 
 @base.register(settings={"afl": dict(learning_rate=0.1, weights_lr=0.1)})
 @base.factory(static=("optimizer",))
-def afl(learning_rate: Optional[base.ScalarOrSchedule] = None, *, weights_lr: float = 0.1,
-        optimizer: base.Optimizer = None) -> base.Algorithm:
+def afl(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  *,
+  weights_lr: float = 0.1,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Agnostic federated learning (one local step per round).
 
   Args:
@@ -202,9 +228,11 @@ def afl(learning_rate: Optional[base.ScalarOrSchedule] = None, *, weights_lr: fl
   def server_update(server, state, client_values, info):
     lam, alive = state.weights, info.alive_mask
     x_new = _lambda_step(server, lam, client_values, info)
-    losses = jnp.zeros((info.num_clients,), lam.dtype).at[info.ids].set(
-        client_values["loss"] * alive)
+    losses = (
+      jnp.zeros((info.num_clients,), lam.dtype).at[info.ids].set(client_values["loss"] * alive)
+    )
     return {**server, "params": x_new}, WeightsState(base.project_simplex(lam + eta * losses))
 
-  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
-                        "afl", "plain")
+  return base.Algorithm(
+    init, update, plan, base.ServerAggregator(server_init, server_update), "afl", "plain"
+  )

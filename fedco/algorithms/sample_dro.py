@@ -86,8 +86,9 @@ def _chi2_at(eta, losses, weights):
   return excess / jnp.where(total > 0, total, 1.0), total
 
 
-def chi2_best_response(losses: jax.Array, rho: float, weights: Optional[jax.Array] = None, *,
-                       iterations: int = 60) -> jax.Array:
+def chi2_best_response(
+  losses: jax.Array, rho: float, weights: Optional[jax.Array] = None, *, iterations: int = 60
+) -> jax.Array:
   """The chi^2-ball best response ``p*`` (see the module docstring), by bisection on ``eta``."""
   losses = jnp.asarray(losses)
   w = _uniform_weights(losses, weights)
@@ -117,8 +118,9 @@ def chi2_best_response(losses: jax.Array, rho: float, weights: Optional[jax.Arra
   return jax.lax.stop_gradient(jnp.where(vertex_inside, vertex, p))
 
 
-def cvar_best_response(losses: jax.Array, alpha: float, weights: Optional[jax.Array] = None,
-                       *, iterations: int = 60) -> jax.Array:
+def cvar_best_response(
+  losses: jax.Array, alpha: float, weights: Optional[jax.Array] = None, *, iterations: int = 60
+) -> jax.Array:
   """The CVaR_alpha best response ``p*`` (see the module docstring), by bisection on ``eta``."""
   losses = jnp.asarray(losses)
   w = _uniform_weights(losses, weights)
@@ -167,17 +169,23 @@ def _check_size(geometry: str, size) -> float:
 
 
 def _example_losses(example_losses_fn, name):
-  return base.require("example_losses_fn (per-example losses of the batch)", example_losses_fn,
-                      name)
+  return base.require(
+    "example_losses_fn (per-example losses of the batch)", example_losses_fn, name
+  )
 
 
 # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
-@base.register(settings={"fastdro": dict(learning_rate=0.1, geometry="cvar",
-                                             size=0.5)})
+@base.register(settings={"fastdro": dict(learning_rate=0.1, geometry="cvar", size=0.5)})
 @base.factory(static=("local_steps", "iterations", "optimizer"))
-def fastdro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 1, *,
-            geometry: str = "chi2", size: float = 1.0, iterations: int = 60,
-            optimizer: base.Optimizer = None) -> base.Algorithm:
+def fastdro(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 1,
+  *,
+  geometry: str = "chi2",
+  size: float = 1.0,
+  iterations: int = 60,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """FastDRO in parallel form (see the module docstring).
 
   Args:
@@ -201,12 +209,12 @@ def fastdro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
     del inner_value
     return FastDROState(jnp.zeros([], jnp.int32), opt.init(params))
 
-  def update(updates, state, params=None, *, example_losses_fn=None, example_weights=None,
-             **unused):
+  def update(
+    updates, state, params=None, *, example_losses_fn=None, example_weights=None, **unused
+  ):
     del updates, unused
     losses_fn = _example_losses(example_losses_fn, name)
-    p = best_response(losses_fn(params), geometry, size, example_weights,
-                      iterations=iterations)
+    p = best_response(losses_fn(params), geometry, size, example_weights, iterations=iterations)
     z = jax.grad(lambda x: jnp.sum(p * losses_fn(x)))(params)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, FastDROState(state.count + 1, opt_state)
@@ -216,6 +224,7 @@ def fastdro(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: 
 
 class PrimalDualState(NamedTuple):
   """Client state: the server's example weights ``p`` and this round's loss report ``v``."""
+
   count: jnp.ndarray
   p: jnp.ndarray
   ascent: jnp.ndarray
@@ -223,12 +232,19 @@ class PrimalDualState(NamedTuple):
 
 
 # N p_i-weighted steps on 130 rows: more than one local step diverges at this rate
-@base.register(settings={"primal_dual_dro": dict(learning_rate=0.1, local_steps=1,
-                                                   weights_lr=0.01)})
+@base.register(
+  settings={"primal_dual_dro": dict(learning_rate=0.1, local_steps=1, weights_lr=0.01)}
+)
 @base.factory(static=("local_steps", "num_examples", "optimizer"))
-def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
-                    local_steps: int = 1, *, num_examples: int, weights_lr: float = 0.01,
-                    reg: float = 0.0, optimizer: base.Optimizer = None) -> base.Algorithm:
+def primal_dual_dro(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 1,
+  *,
+  num_examples: int,
+  weights_lr: float = 0.01,
+  reg: float = 0.0,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Primal-dual SGD for sample-level DRO (see the module docstring).
 
   Args:
@@ -247,21 +263,33 @@ def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
   reg = _validate.positive("reg", reg, allow_zero=True)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   period = _validate.positive_int("local_steps", local_steps)
-  plan = base.make_plan(period, every_round=("p",), report=("ascent",), weighting="samples",
-                        at_init=("p",))
+  plan = base.make_plan(
+    period, every_round=("p",), report=("ascent",), weighting="samples", at_init=("p",)
+  )
 
   def init(params, *, inner_value=None):
     del inner_value
     p = jnp.full((n_total,), 1.0 / n_total, jnp.float32)
-    return PrimalDualState(jnp.zeros([], jnp.int32), p, jnp.zeros((n_total,), jnp.float32),
-                           opt.init(params))
+    return PrimalDualState(
+      jnp.zeros([], jnp.int32), p, jnp.zeros((n_total,), jnp.float32), opt.init(params)
+    )
 
-  def update(updates, state, params=None, *, example_losses_fn=None, example_weights=None,
-             example_rows=None, local_step=None, **unused):
+  def update(
+    updates,
+    state,
+    params=None,
+    *,
+    example_losses_fn=None,
+    example_weights=None,
+    example_rows=None,
+    local_step=None,
+    **unused,
+  ):
     del updates, unused
     losses_fn = _example_losses(example_losses_fn, "primal_dual_dro")
-    rows = base.require("example_rows (global ids of the batch's examples)", example_rows,
-                        "primal_dual_dro")
+    rows = base.require(
+      "example_rows (global ids of the batch's examples)", example_rows, "primal_dual_dro"
+    )
     rows = jnp.asarray(rows, jnp.int32)
     w = _uniform_weights(jnp.zeros(rows.shape, jnp.float32), example_weights)
     importance = jax.lax.stop_gradient(n_total * state.p[rows] * w)
@@ -287,5 +315,11 @@ def primal_dual_dro(learning_rate: Optional[base.ScalarOrSchedule] = None,
     anyone = jnp.any(info.alive_mask)
     return {"params": params, "p": jnp.where(anyone, p, server["p"])}, state
 
-  return base.Algorithm(init, update, plan, base.ServerAggregator(server_init, server_update),
-                        "primal_dual_dro", "plain")
+  return base.Algorithm(
+    init,
+    update,
+    plan,
+    base.ServerAggregator(server_init, server_update),
+    "primal_dual_dro",
+    "plain",
+  )

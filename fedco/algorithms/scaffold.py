@@ -54,6 +54,7 @@ from fedco import extend
 class ScaffoldState(NamedTuple):
   """Client state: the server's ``c`` (broadcast; holds the upload ``c + dc_i``), the
   round's ``c`` (``c_round``), the client's ``c_i`` and its candidate ``c_plus``."""
+
   count: jnp.ndarray
   c: Any
   c_round: Any
@@ -64,8 +65,13 @@ class ScaffoldState(NamedTuple):
 
 @extend.register(settings={"scaffold": dict(learning_rate=0.1, server_lr=1.0)})
 @extend.factory(static=("local_steps", "optimizer"))
-def scaffold(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_steps: int = 5, *,
-             server_lr: float = 1.0, optimizer: extend.Optimizer = None) -> extend.Algorithm:
+def scaffold(
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  server_lr: float = 1.0,
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   """SCAFFOLD with option II control variates (see the module docstring).
 
   Per local step, with ``g = updates = grad h_i(y)``::
@@ -100,20 +106,24 @@ def scaffold(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_step
     del inner_value
     params = extend.strong(params)
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
-    return ScaffoldState(jnp.zeros([], jnp.int32), zeros(), zeros(), zeros(), zeros(),
-                         opt.init(params))
+    return ScaffoldState(
+      jnp.zeros([], jnp.int32), zeros(), zeros(), zeros(), zeros(), opt.init(params)
+    )
 
   def update(updates, state, params=None, *, local_step=None, **unused):
     del unused
     extend.require("updates (the gradient of the client loss)", updates, "scaffold")
     first = extend.at_round_start(local_step, state.count, steps)
-    done = (jnp.asarray(state.count) % steps if local_step is None
-            else jnp.asarray(local_step))  # steps already taken this round
+    done = (
+      jnp.asarray(state.count) % steps if local_step is None else jnp.asarray(local_step)
+    )  # steps already taken this round
     c_round = extend.select(first, state.c, state.c_round)
     c_i = extend.select(first, state.c_plus, state.c_i)
     c_plus = jax.tree.map(
-        lambda m, g: jnp.where(first, g, m + (g - m) / (done + 1).astype(g.dtype)),
-        state.c_plus, updates)
+      lambda m, g: jnp.where(first, g, m + (g - m) / (done + 1).astype(g.dtype)),
+      state.c_plus,
+      updates,
+    )
     direction = jax.tree.map(lambda g, ci, c: g - ci + c, updates, c_i, c_round)
     step, opt_state = opt.update(direction, state.opt_state, params)
     upload = jax.tree.map(lambda c, cp, ci: c + (cp - ci), c_round, c_plus, c_i)
@@ -130,10 +140,15 @@ def scaffold(learning_rate: Optional[extend.ScalarOrSchedule] = None, local_step
     mean_c = extend.weighted_client_mean(client_values["c"], w)
     x = jax.tree.map(lambda a, b: a + eta_g * (b - a), server["params"], mean_y)
     c = jax.tree.map(
-        lambda a, b: a + (survivors.astype(a.dtype) / info.num_clients) * (b - a),
-        server["c"], mean_c)
+      lambda a, b: a + (survivors.astype(a.dtype) / info.num_clients) * (b - a), server["c"], mean_c
+    )
     return {**server, "params": x, "c": c}, state
 
-  return extend.Algorithm(init, update, plan,
-                          extend.ServerAggregator(server_init, server_update, reads_each=False),
-                          "scaffold", "plain")
+  return extend.Algorithm(
+    init,
+    update,
+    plan,
+    extend.ServerAggregator(server_init, server_update, reads_each=False),
+    "scaffold",
+    "plain",
+  )

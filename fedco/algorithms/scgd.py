@@ -48,8 +48,13 @@ class SCGDMState(NamedTuple):
 
 @base.register(settings={"local_scgd": dict(learning_rate=0.1, gamma=0.9)})
 @base.factory(static=("local_steps", "optimizer"))
-def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_steps: int = 5, *,
-               gamma: float = 0.9, optimizer: base.Optimizer = None) -> base.Algorithm:
+def local_scgd(
+  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  local_steps: int = 5,
+  *,
+  gamma: float = 0.9,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Local-SCGD: moving-average tracker ``u`` with rate ``gamma``, ``x`` and ``u`` averaged.
 
   Args:
@@ -84,9 +89,15 @@ def local_scgd(learning_rate: Optional[base.ScalarOrSchedule] = None, local_step
 
 @base.register(settings={"local_scgdm": dict(learning_rate=1.0, beta=0.1, alpha=0.8, gamma=0.7)})
 @base.factory(static=("local_steps", "optimizer"))
-def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5, *,
-                beta: float = 0.01, alpha: float = 0.8, gamma: float = 0.7,
-                optimizer: base.Optimizer = None) -> base.Algorithm:
+def local_scgdm(
+  learning_rate: base.ScalarOrSchedule = 1.0,
+  local_steps: int = 5,
+  *,
+  beta: float = 0.01,
+  alpha: float = 0.8,
+  gamma: float = 0.7,
+  optimizer: base.Optimizer = None,
+) -> base.Algorithm:
   """Local-SCGDM (paper 003, Algorithm 1).
 
   Args:
@@ -124,8 +135,7 @@ def local_scgdm(learning_rate: base.ScalarOrSchedule = 1.0, local_steps: int = 5
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = base.select(first, sample, estimators.moving_average(g_rate).update(state.u, sample))
     z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
-    m = base.select(first, z, jax.tree.map(lambda a, b: (1 - a_rate) * a + a_rate * b,
-                                           state.m, z))
+    m = base.select(first, z, jax.tree.map(lambda a, b: (1 - a_rate) * a + a_rate * b, state.m, z))
     step, opt_state = opt.update(m, state.opt_state, params)
     return step, SCGDMState(state.count + 1, u, m, opt_state)
 

@@ -14,25 +14,59 @@
 * Few-shot Omniglot episodes (E4): :func:`load_omniglot` and the module :mod:`.omniglot`.
 """
 
-from fedco.data.adult import (AdultData, federated_adult, load_adult, proxy_groups,
-                              resample_proxies)
-from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data import omniglot, sinusoid
+from fedco.data.adult import AdultData, federated_adult, load_adult, proxy_groups, resample_proxies
 from fedco.data.blocks import ClientBlockData
+from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data.federated import FederatedData
 from fedco.data.imbalanced import load_st, step_imbalance
 from fedco.data.omniglot import load_omniglot
-from fedco.data.partition import (dirichlet_label_skew, dominant_class, dominant_class_counts,
-                                  iid, matched_validation, quantity_skew)
-from fedco.data.sources import (DATASETS, NUM_CLASSES, Splits, load, load_digits, load_npz,
-                                load_tfds, num_classes)
+from fedco.data.partition import (
+  dirichlet_label_skew,
+  dominant_class,
+  dominant_class_counts,
+  iid,
+  matched_validation,
+  quantity_skew,
+)
+from fedco.data.sources import (
+  DATASETS,
+  NUM_CLASSES,
+  Splits,
+  load,
+  load_digits,
+  load_npz,
+  load_tfds,
+  num_classes,
+)
 
 __all__ = [
-    "ClientBlockData", "FederatedData", "FederatedDataset", "make_federated",
-    "iid", "quantity_skew", "dirichlet_label_skew", "dominant_class", "dominant_class_counts",
-    "matched_validation",
-    "DATASETS", "NUM_CLASSES", "Splits", "load", "load_digits", "load_npz", "load_tfds",
-    "num_classes",
-    "sinusoid", "omniglot", "load_omniglot", "load_st", "step_imbalance",
-    "AdultData", "federated_adult", "load_adult", "proxy_groups", "resample_proxies",
+  "ClientBlockData",
+  "FederatedData",
+  "FederatedDataset",
+  "make_federated",
+  "iid",
+  "quantity_skew",
+  "dirichlet_label_skew",
+  "dominant_class",
+  "dominant_class_counts",
+  "matched_validation",
+  "DATASETS",
+  "NUM_CLASSES",
+  "Splits",
+  "load",
+  "load_digits",
+  "load_npz",
+  "load_tfds",
+  "num_classes",
+  "sinusoid",
+  "omniglot",
+  "load_omniglot",
+  "load_st",
+  "step_imbalance",
+  "AdultData",
+  "federated_adult",
+  "load_adult",
+  "proxy_groups",
+  "resample_proxies",
 ]

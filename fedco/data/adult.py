@@ -52,18 +52,39 @@ from fedco.data.federated import FederatedData
 
 Arrays = Dict[str, np.ndarray]
 
-COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-           "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-           "hours-per-week", "native-country", "label")
-CATEGORICAL = ("workclass", "education", "marital-status", "occupation", "relationship", "sex",
-               "native-country")
+COLUMNS = (
+  "age",
+  "workclass",
+  "fnlwgt",
+  "education",
+  "education-num",
+  "marital-status",
+  "occupation",
+  "relationship",
+  "race",
+  "sex",
+  "capital-gain",
+  "capital-loss",
+  "hours-per-week",
+  "native-country",
+  "label",
+)
+CATEGORICAL = (
+  "workclass",
+  "education",
+  "marital-status",
+  "occupation",
+  "relationship",
+  "sex",
+  "native-country",
+)
 # Right-closed bins (pandas.cut convention) of the GCIVR preprocessing; ``age`` uses
 # training quantiles instead.
 FIXED_BINS = {
-    "capital-gain": (-1, 1, 4000, 10000, 100000),
-    "capital-loss": (-1, 1, 1800, 1950, 4500),
-    "hours-per-week": (0, 39, 41, 50, 100),
-    "education-num": (0, 8, 9, 11, 16),
+  "capital-gain": (-1, 1, 4000, 10000, 100000),
+  "capital-loss": (-1, 1, 1800, 1950, 4500),
+  "hours-per-week": (0, 39, 41, 50, 100),
+  "education-num": (0, 8, 9, 11, 16),
 }
 AGE_QUANTILES = 4
 GROUPS = ("White", "Black", "Other")
@@ -80,6 +101,7 @@ class AdultData(NamedTuple):
     train, test: ``{"x", "y", "group", "proxy"}`` arrays (see the module docstring).
     feature_names: one name per column of ``x`` (``"column=value"`` or ``"column#bucket"``).
   """
+
   train: Arrays
   test: Arrays
   feature_names: Tuple[str, ...]
@@ -97,8 +119,9 @@ def _read_rows(path: str) -> List[List[str]]:
   skipped."""
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f"Adult file not found: {path} (expected adult.data and adult.test from the UCI "
-        "repository or the project's copy in ../shared/data/adult)")
+      f"Adult file not found: {path} (expected adult.data and adult.test from the UCI "
+      "repository or the project's copy in ../shared/data/adult)"
+    )
   rows = []
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
@@ -109,8 +132,10 @@ def _read_rows(path: str) -> List[List[str]]:
       if fields[0].lower() == "age":  # the shared copy's header row
         continue
       if len(fields) != len(COLUMNS):
-        raise ValueError(f"{path}, line {number}: expected {len(COLUMNS)} comma-separated "
-                         f"fields, got {len(fields)}: {line[:80]!r}")
+        raise ValueError(
+          f"{path}, line {number}: expected {len(COLUMNS)} comma-separated "
+          f"fields, got {len(fields)}: {line[:80]!r}"
+        )
       rows.append(fields)
   if not rows:
     raise ValueError(f"{path} holds no data rows")
@@ -123,8 +148,10 @@ def _label(value: str, path: str) -> int:
     return 1
   if value == "<=50K":
     return 0
-  raise ValueError(f"{path}: unknown label {value!r}; expected '>50K' or '<=50K' (an optional "
-                   "trailing period is accepted)")
+  raise ValueError(
+    f"{path}: unknown label {value!r}; expected '>50K' or '<=50K' (an optional "
+    "trailing period is accepted)"
+  )
 
 
 def _numeric(rows, column: str, path: str) -> np.ndarray:
@@ -213,11 +240,13 @@ def preprocess(train_rows, test_rows, paths=("adult.data", "adult.test")):
       b = _bucket(_numeric(rows, c, path), edges)
       blocks.append(np.eye(len(edges) - 1, dtype=np.float32)[b])
     j_race, j_label = COLUMNS.index("race"), COLUMNS.index("label")
-    out.append({
+    out.append(
+      {
         "x": np.concatenate(blocks, axis=1),
         "y": np.array([_label(r[j_label], path) for r in rows], np.float32),
         "group": np.array([race_group(r[j_race]) for r in rows], np.int32),
-    })
+      }
+    )
   return out[0], out[1], tuple(names)
 
 
@@ -233,8 +262,9 @@ def proxy_groups(groups, noise: float, seed: int, num_groups: int = NUM_GROUPS) 
   noise = _check_noise(noise)
   num_groups = _validate.positive_int("num_groups", num_groups, minimum=2)
   if groups.ndim != 1 or (groups.size and (groups.min() < 0 or groups.max() >= num_groups)):
-    raise ValueError(f"groups must be a 1-D array of ids in [0, {num_groups}), got shape "
-                     f"{groups.shape}")
+    raise ValueError(
+      f"groups must be a 1-D array of ids in [0, {num_groups}), got shape {groups.shape}"
+    )
   rng = np.random.default_rng(_check_seed(seed))
   proxy = groups.astype(np.int32).copy()
   rows = rng.choice(groups.size, size=int(round(noise * groups.size)), replace=False)
@@ -244,8 +274,11 @@ def proxy_groups(groups, noise: float, seed: int, num_groups: int = NUM_GROUPS) 
 
 
 def _check_noise(noise) -> float:
-  if isinstance(noise, bool) or not isinstance(noise, (int, float, np.floating)) or not (
-      0.0 <= float(noise) <= 1.0):
+  if (
+    isinstance(noise, bool)
+    or not isinstance(noise, (int, float, np.floating))
+    or not (0.0 <= float(noise) <= 1.0)
+  ):
     raise ValueError(f"proxy_noise must be a number in [0, 1], got {noise!r}")
   return float(noise)
 
@@ -256,8 +289,9 @@ def _check_seed(seed) -> int:
   return int(seed)
 
 
-def load_adult(data_dir: Optional[str] = None, *, proxy_noise: float = 0.3,
-               seed: int = 0) -> AdultData:
+def load_adult(
+  data_dir: Optional[str] = None, *, proxy_noise: float = 0.3, seed: int = 0
+) -> AdultData:
   """Adult, preprocessed, with noisy proxy groups.
 
   Args:
@@ -286,8 +320,7 @@ def resample_proxies(data: AdultData, *, proxy_noise: float = 0.3, seed: int = 0
   """
   proxy_noise = _check_noise(proxy_noise)
   train_seed, test_seed = np.random.SeedSequence([_check_seed(seed), 6]).generate_state(2)
-  train = {**data.train, "proxy": proxy_groups(data.train["group"], proxy_noise,
-                                               int(train_seed))}
+  train = {**data.train, "proxy": proxy_groups(data.train["group"], proxy_noise, int(train_seed))}
   test = {**data.test, "proxy": proxy_groups(data.test["group"], proxy_noise, int(test_seed))}
   return AdultData(train, test, data.feature_names)
 

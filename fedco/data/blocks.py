@@ -14,9 +14,11 @@ import numpy as np
 from fedco.data.federated import FederatedData
 
 
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["examples", "counts", "offsets", "flat_rows", "flat_owner"],
-                   meta_fields=["max_count"])
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=["examples", "counts", "offsets", "flat_rows", "flat_owner"],
+  meta_fields=["max_count"],
+)
 @dataclasses.dataclass(frozen=True)
 class ClientBlockData(FederatedData):
   """:class:`~fedco.data.FederatedData` in client-block layout (see :func:`global_data`).
@@ -52,5 +54,6 @@ class ClientBlockData(FederatedData):
     """``1/n_owner`` on real rows, 0 on padding rows."""
     n = self.num_clients
     owner = jnp.minimum(self.flat_owner, n - 1)
-    return jnp.where(self.flat_owner < n, 1.0 / self.counts[owner].astype(jnp.result_type(float)),
-                     0.0)
+    return jnp.where(
+      self.flat_owner < n, 1.0 / self.counts[owner].astype(jnp.result_type(float)), 0.0
+    )

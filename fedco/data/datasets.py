@@ -42,6 +42,7 @@ class FederatedDataset:
     info: how the clients were made (partitioner name, its arguments, seed, ...), e.g. for
       an experiment's ``config.json``.
   """
+
   train: FederatedData
   val: FederatedData
   test: Mapping[str, np.ndarray]
@@ -64,19 +65,29 @@ class FederatedDataset:
 
 def _check_split(name: str, split) -> dict:
   if not isinstance(split, Mapping) or "x" not in split or "y" not in split:
-    raise ValueError(f"{name} must be a mapping with arrays 'x' and 'y', got "
-                     f"{type(split).__name__} with keys "
-                     f"{sorted(split) if isinstance(split, Mapping) else None}")
+    raise ValueError(
+      f"{name} must be a mapping with arrays 'x' and 'y', got "
+      f"{type(split).__name__} with keys "
+      f"{sorted(split) if isinstance(split, Mapping) else None}"
+    )
   x, y = np.asarray(split["x"]), np.asarray(split["y"])
   if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0]:
-    raise ValueError(f"{name}['x'] must be [N, ...] and {name}['y'] [N] with the same N, "
-                     f"got shapes {x.shape} and {y.shape}")
+    raise ValueError(
+      f"{name}['x'] must be [N, ...] and {name}['y'] [N] with the same N, "
+      f"got shapes {x.shape} and {y.shape}"
+    )
   return {"x": x, "y": y}
 
 
-def make_federated(train: Arrays, test: Arrays, train_parts: Sequence[Any],
-                   val_parts: Sequence[Any], name: str, num_classes: int,
-                   info: Optional[Mapping[str, Any]] = None) -> FederatedDataset:
+def make_federated(
+  train: Arrays,
+  test: Arrays,
+  train_parts: Sequence[Any],
+  val_parts: Sequence[Any],
+  name: str,
+  num_classes: int,
+  info: Optional[Mapping[str, Any]] = None,
+) -> FederatedDataset:
   """Build the clients' training and validation :class:`FederatedData` from index lists.
 
   Args:
@@ -103,17 +114,22 @@ def make_federated(train: Arrays, test: Arrays, train_parts: Sequence[Any],
   if not isinstance(name, str):
     raise ValueError(f"name must be a string, got {name!r}")
   if len(train_parts) != len(val_parts):
-    raise ValueError(f"train_parts and val_parts must name the same clients, got "
-                     f"{len(train_parts)} and {len(val_parts)} clients")
+    raise ValueError(
+      f"train_parts and val_parts must name the same clients, got "
+      f"{len(train_parts)} and {len(val_parts)} clients"
+    )
   for split_name, split in (("train", train), ("test", test)):
     y = split["y"]
     if y.size and (y.min() < 0 or y.max() >= num_classes):
-      raise ValueError(f"{split_name}['y'] must lie in [0, num_classes={num_classes}), got "
-                       f"min {y.min()}, max {y.max()}")
+      raise ValueError(
+        f"{split_name}['y'] must lie in [0, num_classes={num_classes}), got "
+        f"min {y.min()}, max {y.max()}"
+      )
   return FederatedDataset(
-      train=FederatedData.from_index_lists(train, train_parts),
-      val=FederatedData.from_index_lists(test, val_parts),
-      test=test,
-      num_classes=num_classes,
-      name=name,
-      info=dict(info or {}))
+    train=FederatedData.from_index_lists(train, train_parts),
+    val=FederatedData.from_index_lists(test, val_parts),
+    test=test,
+    num_classes=num_classes,
+    name=name,
+    info=dict(info or {}),
+  )

@@ -23,9 +23,11 @@ import numpy as np
 PyTree = Any
 
 
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["examples", "counts", "offsets", "flat_rows", "flat_owner"],
-                   meta_fields=["max_count"])
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=["examples", "counts", "offsets", "flat_rows", "flat_owner"],
+  meta_fields=["max_count"],
+)
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
   """Examples plus each client's slice of one row list (a pytree; pass it to jitted code).
@@ -40,6 +42,7 @@ class FederatedData:
     flat_owner: ``int32 [M]``: the client of each entry.
     max_count: the largest client's size (static: whole-data batches have this many rows).
   """
+
   examples: PyTree
   counts: jax.Array
   offsets: jax.Array
@@ -71,9 +74,14 @@ class FederatedData:
     return self.flat_rows[self.offsets[:, None] + pos]
 
   @classmethod
-  def from_index_lists(cls, examples: PyTree, client_indices: Sequence[Any], *,
-                       num_classes: Optional[int] = None,
-                       label_key: str = "y") -> "FederatedData":
+  def from_index_lists(
+    cls,
+    examples: PyTree,
+    client_indices: Sequence[Any],
+    *,
+    num_classes: Optional[int] = None,
+    label_key: str = "y",
+  ) -> "FederatedData":
     """Clients given as lists of row indices into ``examples`` (rows may be shared).
 
     Integer labels (the ``label_key`` field, when present) must lie in ``[0, num_classes)``
@@ -91,8 +99,9 @@ class FederatedData:
     for leaf in leaves:
       if np.ndim(leaf) == 0 or np.shape(leaf)[0] != n:
         raise ValueError(
-            "every examples leaf needs the same leading (example) axis; got shapes "
-            f"{[np.shape(l) for l in leaves]}")
+          "every examples leaf needs the same leading (example) axis; got shapes "
+          f"{[np.shape(l) for l in leaves]}"
+        )
     if len(client_indices) == 0:
       raise ValueError("client_indices must name at least one client, got none")
     rows = [np.asarray(ix, dtype=np.int64).reshape(-1) for ix in client_indices]
@@ -100,20 +109,30 @@ class FederatedData:
       if ix.size == 0:
         raise ValueError(f"client {k} has no examples; every client needs at least one")
       if ix.min() < 0 or ix.max() >= n:
-        raise ValueError(f"client {k} has indices outside [0, {n}): min {ix.min()}, "
-                         f"max {ix.max()}")
+        raise ValueError(f"client {k} has indices outside [0, {n}): min {ix.min()}, max {ix.max()}")
     if isinstance(examples, dict) and label_key in examples:
       _check_labels(np.asarray(examples[label_key]), rows, num_classes, label_key)
     counts = np.array([ix.size for ix in rows], np.int32)
     offsets = (np.cumsum(counts, dtype=np.int64) - counts).astype(np.int32)
     flat_rows = np.concatenate(rows).astype(np.int32)
     flat_owner = np.repeat(np.arange(len(rows), dtype=np.int32), counts)
-    return cls(jax.tree.map(jnp.asarray, examples), jnp.asarray(counts), jnp.asarray(offsets),
-               jnp.asarray(flat_rows), jnp.asarray(flat_owner), int(counts.max()))
+    return cls(
+      jax.tree.map(jnp.asarray, examples),
+      jnp.asarray(counts),
+      jnp.asarray(offsets),
+      jnp.asarray(flat_rows),
+      jnp.asarray(flat_owner),
+      int(counts.max()),
+    )
 
   @classmethod
-  def from_clients(cls, client_examples: Sequence[PyTree], *,
-                   num_classes: Optional[int] = None, label_key: str = "y") -> "FederatedData":
+  def from_clients(
+    cls,
+    client_examples: Sequence[PyTree],
+    *,
+    num_classes: Optional[int] = None,
+    label_key: str = "y",
+  ) -> "FederatedData":
     """Clients given as separate pytrees of arrays; they are concatenated once.
 
     Raises:
@@ -126,27 +145,36 @@ class FederatedData:
     first = None
     for k, ex in enumerate(client_examples):
       if jax.tree.structure(ex) != structure:
-        raise ValueError(f"client {k}'s examples have structure {jax.tree.structure(ex)}, "
-                         f"expected {structure}")
+        raise ValueError(
+          f"client {k}'s examples have structure {jax.tree.structure(ex)}, expected {structure}"
+        )
       fields = jax.tree_util.tree_flatten_with_path(ex)[0]
       for path, leaf in fields:
         name = jax.tree_util.keystr(path) or "examples"
         if not hasattr(leaf, "shape") or np.ndim(leaf) == 0:
-          raise ValueError(f"client {k}'s field {name} must be an array with a leading "
-                           f"example axis, got {type(leaf).__name__}")
+          raise ValueError(
+            f"client {k}'s field {name} must be an array with a leading "
+            f"example axis, got {type(leaf).__name__}"
+          )
       shapes = [np.shape(leaf)[1:] for _, leaf in fields]
       first = shapes if first is None else first
       for (path, _), shape, want in zip(fields, shapes, first):
         if shape != want:
-          raise ValueError(f"client {k}'s field {jax.tree_util.keystr(path)} has per-example "
-                           f"shape {shape}, client 0's has {want}")
+          raise ValueError(
+            f"client {k}'s field {jax.tree_util.keystr(path)} has per-example "
+            f"shape {shape}, client 0's has {want}"
+          )
     sizes = [int(np.shape(jax.tree.leaves(ex)[0])[0]) for ex in client_examples]
-    examples = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
-                            *client_examples)
+    examples = jax.tree.map(
+      lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *client_examples
+    )
     starts = np.cumsum([0] + sizes)
     return cls.from_index_lists(
-        examples, [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))],
-        num_classes=num_classes, label_key=label_key)
+      examples,
+      [np.arange(starts[k], starts[k + 1]) for k in range(len(sizes))],
+      num_classes=num_classes,
+      label_key=label_key,
+    )
 
   def with_owner(self, key: str = "client") -> "FederatedData":
     """A copy whose examples carry their client's index under ``key`` (``int32``).
@@ -158,8 +186,9 @@ class FederatedData:
       ValueError: ``key`` already names an example field, or a row is shared by clients.
     """
     if not isinstance(self.examples, dict):
-      raise ValueError("with_owner needs examples to be a dict of arrays, got "
-                       f"{type(self.examples).__name__}")
+      raise ValueError(
+        f"with_owner needs examples to be a dict of arrays, got {type(self.examples).__name__}"
+      )
     if key in self.examples:
       raise ValueError(f"key {key!r} already names an example field; pick another key")
     return self.replace(examples={**self.examples, key: self._owner_labels()})
@@ -168,8 +197,9 @@ class FederatedData:
     """Each example row's client index (``int32``, ``[num_examples]``), for ``with_owner``."""
     rows = np.asarray(self.flat_rows)
     if np.unique(rows).size != rows.size:
-      raise ValueError("with_owner needs every row to belong to exactly one client; some rows "
-                       "are shared")
+      raise ValueError(
+        "with_owner needs every row to belong to exactly one client; some rows are shared"
+      )
     owner = np.zeros((self.num_examples,), np.int32)
     owner[rows] = np.asarray(self.flat_owner)
     return jnp.asarray(owner)
@@ -177,7 +207,7 @@ class FederatedData:
   def client(self, k: int) -> PyTree:
     """Client ``k``'s examples (host-side convenience; not for the hot path)."""
     start = int(self.offsets[k])
-    rows = np.asarray(self.flat_rows[start:start + int(self.counts[k])])
+    rows = np.asarray(self.flat_rows[start : start + int(self.counts[k])])
     return jax.tree.map(lambda a: a[rows], self.examples)
 
   def flat_weights(self) -> jax.Array:
@@ -189,9 +219,11 @@ def _check_labels(labels: np.ndarray, rows, num_classes, key):
   """Integer labels in ``[0, num_classes)``; the error names the client and row."""
   if not np.issubdtype(labels.dtype, np.integer):
     return
-  if num_classes is not None and (isinstance(num_classes, bool) or
-                                  not isinstance(num_classes, (int, np.integer)) or
-                                  num_classes < 1):
+  if num_classes is not None and (
+    isinstance(num_classes, bool)
+    or not isinstance(num_classes, (int, np.integer))
+    or num_classes < 1
+  ):
     raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
   high = np.iinfo(labels.dtype).max if num_classes is None else int(num_classes) - 1
   for k, ix in enumerate(rows):
@@ -199,5 +231,7 @@ def _check_labels(labels: np.ndarray, rows, num_classes, key):
     bad = np.flatnonzero((values < 0) | (values > high))
     if bad.size:
       allowed = f"[0, {num_classes})" if num_classes is not None else ">= 0"
-      raise ValueError(f"label {key!r} of client {k}, row {int(ix[bad[0]])}, is "
-                       f"{int(values[bad[0]])}; labels must be {allowed}")
+      raise ValueError(
+        f"label {key!r} of client {k}, row {int(ix[bad[0]])}, is "
+        f"{int(values[bad[0]])}; labels must be {allowed}"
+      )

@@ -41,11 +41,14 @@ def step_imbalance(labels, num_classes: int, keep_fraction: float = 0.02) -> np.
   labels = np.asarray(labels)
   num_classes = _validate.positive_int("num_classes", num_classes, minimum=2)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape "
-                     f"{labels.shape}")
+    raise ValueError(
+      f"labels must be a 1-D integer array, got dtype {labels.dtype} and shape {labels.shape}"
+    )
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(f"labels must lie in [0, num_classes={num_classes}), got min "
-                     f"{labels.min()}, max {labels.max()}")
+    raise ValueError(
+      f"labels must lie in [0, num_classes={num_classes}), got min "
+      f"{labels.min()}, max {labels.max()}"
+    )
   keep_fraction = _validate.interval("keep_fraction", keep_fraction, 0, 1, closed_high=True)
   keep = np.ones(labels.shape, bool)
   for c in range(num_classes // 2):
@@ -53,12 +56,16 @@ def step_imbalance(labels, num_classes: int, keep_fraction: float = 0.02) -> np.
     if rows.size == 0:
       continue
     kept = max(1, int(round(keep_fraction * rows.size)))
-    keep[rows[:rows.size - kept]] = False
+    keep[rows[: rows.size - kept]] = False
   return np.flatnonzero(keep)
 
 
-def load_st(name: str = "cifar10", data_dir: Union[str, os.PathLike, None] = None, *,
-            keep_fraction: float = 0.02) -> sources.Splits:
+def load_st(
+  name: str = "cifar10",
+  data_dir: Union[str, os.PathLike, None] = None,
+  *,
+  keep_fraction: float = 0.02,
+) -> sources.Splits:
   """The step-imbalanced training split and the unchanged test split of ``name``.
 
   Args:

@@ -88,27 +88,78 @@ ROTATIONS = 4  # multiples of 90 degrees
 SPLITS = ("vinyals", "random")
 
 BACKGROUND_ALPHABETS = (
-    "Alphabet_of_the_Magi", "Anglo-Saxon_Futhorc", "Arcadian", "Armenian",
-    "Asomtavruli_(Georgian)", "Balinese", "Bengali", "Blackfoot_(Canadian_Aboriginal_Syllabics)",
-    "Braille", "Burmese_(Myanmar)", "Cyrillic", "Early_Aramaic", "Futurama", "Grantha", "Greek",
-    "Gujarati", "Hebrew", "Inuktitut_(Canadian_Aboriginal_Syllabics)", "Japanese_(hiragana)",
-    "Japanese_(katakana)", "Korean", "Latin", "Malay_(Jawi_-_Arabic)", "Mkhedruli_(Georgian)",
-    "N_Ko", "Ojibwe_(Canadian_Aboriginal_Syllabics)", "Sanskrit", "Syriac_(Estrangelo)",
-    "Tagalog", "Tifinagh")
+  "Alphabet_of_the_Magi",
+  "Anglo-Saxon_Futhorc",
+  "Arcadian",
+  "Armenian",
+  "Asomtavruli_(Georgian)",
+  "Balinese",
+  "Bengali",
+  "Blackfoot_(Canadian_Aboriginal_Syllabics)",
+  "Braille",
+  "Burmese_(Myanmar)",
+  "Cyrillic",
+  "Early_Aramaic",
+  "Futurama",
+  "Grantha",
+  "Greek",
+  "Gujarati",
+  "Hebrew",
+  "Inuktitut_(Canadian_Aboriginal_Syllabics)",
+  "Japanese_(hiragana)",
+  "Japanese_(katakana)",
+  "Korean",
+  "Latin",
+  "Malay_(Jawi_-_Arabic)",
+  "Mkhedruli_(Georgian)",
+  "N_Ko",
+  "Ojibwe_(Canadian_Aboriginal_Syllabics)",
+  "Sanskrit",
+  "Syriac_(Estrangelo)",
+  "Tagalog",
+  "Tifinagh",
+)
 EVALUATION_ALPHABETS = (
-    "Angelic", "Atemayar_Qelisayer", "Atlantean", "Aurek-Besh", "Avesta", "Ge_ez",
-    "Glagolitic", "Gurmukhi", "Kannada", "Keble", "Malayalam", "Manipuri", "Mongolian",
-    "Old_Church_Slavonic_(Cyrillic)", "Oriya", "Sylheti", "Syriac_(Serto)", "Tengwar",
-    "Tibetan", "ULOG")
+  "Angelic",
+  "Atemayar_Qelisayer",
+  "Atlantean",
+  "Aurek-Besh",
+  "Avesta",
+  "Ge_ez",
+  "Glagolitic",
+  "Gurmukhi",
+  "Kannada",
+  "Keble",
+  "Malayalam",
+  "Manipuri",
+  "Mongolian",
+  "Old_Church_Slavonic_(Cyrillic)",
+  "Oriya",
+  "Sylheti",
+  "Syriac_(Serto)",
+  "Tengwar",
+  "Tibetan",
+  "ULOG",
+)
 # TFDS's ``alphabet`` ClassLabel: the 50 directory names, sorted.
 ALPHABETS = tuple(sorted(BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS))
 VINYALS_VAL = ("Armenian", "Bengali", "Early_Aramaic", "Hebrew", "Mkhedruli_(Georgian)")
-VINYALS_TEST = ("Kannada", "Keble", "Malayalam", "Manipuri", "Mongolian",
-                "Old_Church_Slavonic_(Cyrillic)", "Oriya", "Sylheti", "Syriac_(Serto)",
-                "Tengwar", "Tibetan", "ULOG")
+VINYALS_TEST = (
+  "Kannada",
+  "Keble",
+  "Malayalam",
+  "Manipuri",
+  "Mongolian",
+  "Old_Church_Slavonic_(Cyrillic)",
+  "Oriya",
+  "Sylheti",
+  "Syriac_(Serto)",
+  "Tengwar",
+  "Tibetan",
+  "ULOG",
+)
 VINYALS_TRAIN = tuple(a for a in ALPHABETS if a not in VINYALS_VAL + VINYALS_TEST)
 VINYALS_SIZES = (len(VINYALS_TRAIN), len(VINYALS_VAL), len(VINYALS_TEST))  # (33, 5, 12)
-
 
 
 class OmniglotData(NamedTuple):
@@ -122,6 +173,7 @@ class OmniglotData(NamedTuple):
     alphabet_names: the names of the alphabet ids (:data:`ALPHABETS` unless the data set's
       metadata says otherwise).
   """
+
   images: np.ndarray
   character: np.ndarray
   alphabet: np.ndarray
@@ -131,6 +183,7 @@ class OmniglotData(NamedTuple):
 
 class AlphabetSplit(NamedTuple):
   """Alphabet ids of the training (one client each), validation and test alphabets."""
+
   train: Tuple[int, ...]
   val: Tuple[int, ...]
   test: Tuple[int, ...]
@@ -138,15 +191,18 @@ class AlphabetSplit(NamedTuple):
 
 # ---- loading -----------------------------------------------------------------------------
 
+
 def _to_28(image: np.ndarray, size: int) -> np.ndarray:
   """One TFDS drawing (``[105, 105, 3]`` uint8, black on white) -> ``uint8 [size, size]``,
   strokes 255."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   gray = np.asarray(image)
   if gray.ndim == 3:
     gray = gray[..., 0]
   small = Image.fromarray(np.ascontiguousarray(gray, dtype=np.uint8)).resize(
-      (size, size), Image.LANCZOS)
+    (size, size), Image.LANCZOS
+  )
   return 255 - np.asarray(small, np.uint8)
 
 
@@ -179,8 +235,9 @@ def _alphabet_names(source) -> Optional[Tuple[str, ...]]:
   return names
 
 
-def load_omniglot(data_dir: Union[str, os.PathLike, None] = None, *,
-                  image_size: int = IMAGE_SIZE) -> OmniglotData:
+def load_omniglot(
+  data_dir: Union[str, os.PathLike, None] = None, *, image_size: int = IMAGE_SIZE
+) -> OmniglotData:
   """Both TFDS splits of ``omniglot``, as 28x28 float images with strokes 1.
 
   Args:
@@ -196,12 +253,15 @@ def load_omniglot(data_dir: Union[str, os.PathLike, None] = None, *,
       ``data_dir``; the message says how to prepare it.
     ValueError: a bad ``image_size``.
   """
-  if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or \
-      image_size < 4:
+  if (
+    isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 4
+  ):
     raise ValueError(f"image_size must be an integer >= 4, got {image_size!r}")
   data_dir = None if data_dir is None else os.fspath(data_dir)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   from fedco.data.sources import _open_source  # pylint: disable=g-import-not-at-top
+
   parts, names = [], None
   for split in ("train", "test"):
     source = _open_source(tfds, NAME, split, data_dir)
@@ -215,14 +275,20 @@ def load_omniglot(data_dir: Union[str, os.PathLike, None] = None, *,
   _, character = np.unique(pairs, axis=0, return_inverse=True)
   names = names or ALPHABETS
   if alphabets.min() < 0 or alphabets.max() >= len(names):
-    raise ValueError(f"alphabet ids must lie in [0, {len(names)}), got "
-                     f"[{alphabets.min()}, {alphabets.max()}]")
-  return OmniglotData(np.multiply(images, 1.0 / 255.0, dtype=np.float32)[..., None],
-                      character.reshape(-1).astype(np.int32), alphabets, background,
-                      tuple(names))
+    raise ValueError(
+      f"alphabet ids must lie in [0, {len(names)}), got [{alphabets.min()}, {alphabets.max()}]"
+    )
+  return OmniglotData(
+    np.multiply(images, 1.0 / 255.0, dtype=np.float32)[..., None],
+    character.reshape(-1).astype(np.int32),
+    alphabets,
+    background,
+    tuple(names),
+  )
 
 
 # ---- the alphabet split ------------------------------------------------------------------
+
 
 def _check_count(name, value, minimum):
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -230,8 +296,9 @@ def _check_count(name, value, minimum):
   return int(value)
 
 
-def split_alphabets(data: OmniglotData, split: str = "vinyals", *,
-                    sizes: Sequence[int] = VINYALS_SIZES, seed: int = 0) -> AlphabetSplit:
+def split_alphabets(
+  data: OmniglotData, split: str = "vinyals", *, sizes: Sequence[int] = VINYALS_SIZES, seed: int = 0
+) -> AlphabetSplit:
   """Training, validation and test alphabets (see the module docstring for the rules).
 
   Args:
@@ -258,39 +325,49 @@ def split_alphabets(data: OmniglotData, split: str = "vinyals", *,
   present = np.unique(np.asarray(data.alphabet))
   if split == "vinyals":
     if sizes != VINYALS_SIZES:
-      raise ValueError(f"the vinyals split has sizes {VINYALS_SIZES}, got sizes={sizes}; use "
-                       f"split='random' for other sizes")
+      raise ValueError(
+        f"the vinyals split has sizes {VINYALS_SIZES}, got sizes={sizes}; use "
+        f"split='random' for other sizes"
+      )
     index = {name: i for i, name in enumerate(data.alphabet_names)}
     groups = (VINYALS_TRAIN, VINYALS_VAL, VINYALS_TEST)
     missing = [a for g in groups for a in g if a not in index or index[a] not in present]
     if missing:
-      raise ValueError(f"the vinyals split needs all {sum(VINYALS_SIZES)} alphabets; the data "
-                       f"has {present.size} ({len(missing)} missing: {missing[:5]}"
-                       f"{' ...' if len(missing) > 5 else ''})")
+      raise ValueError(
+        f"the vinyals split needs all {sum(VINYALS_SIZES)} alphabets; the data "
+        f"has {present.size} ({len(missing)} missing: {missing[:5]}"
+        f"{' ...' if len(missing) > 5 else ''})"
+      )
     return AlphabetSplit(*(tuple(sorted(index[a] for a in g)) for g in groups))
   need = sum(sizes)
   if present.size < need:
-    raise ValueError(f"a random split into {sizes[0]} train / {sizes[1]} val / {sizes[2]} test "
-                     f"alphabets needs {need} alphabets; the data has {present.size}")
+    raise ValueError(
+      f"a random split into {sizes[0]} train / {sizes[1]} val / {sizes[2]} test "
+      f"alphabets needs {need} alphabets; the data has {present.size}"
+    )
   order = present[np.random.default_rng([seed, 11]).permutation(present.size)]
   a, b = sizes[0], sizes[0] + sizes[1]
-  return AlphabetSplit(*(tuple(sorted(int(i) for i in part))
-                         for part in (order[:a], order[a:b], order[b:need])))
+  return AlphabetSplit(
+    *(tuple(sorted(int(i) for i in part)) for part in (order[:a], order[a:b], order[b:need]))
+  )
 
 
 # ---- classes, tasks and episodes ---------------------------------------------------------
 
+
 class _Bank(NamedTuple):
   """Images in every rotation and each character's rows."""
-  rotated: np.ndarray                 # uint8 [n, R, H, W, 1]
-  rows: Dict[int, np.ndarray]         # character -> rows of its drawings
+
+  rotated: np.ndarray  # uint8 [n, R, H, W, 1]
+  rows: Dict[int, np.ndarray]  # character -> rows of its drawings
   alphabet_chars: Dict[int, np.ndarray]  # alphabet -> its characters (sorted)
 
 
 def _bank(data: OmniglotData, rotations: bool) -> _Bank:
   images = np.round(np.asarray(data.images) * 255.0).astype(np.uint8)
-  rotated = np.stack([np.rot90(images, k, axes=(1, 2)) for k in range(
-      ROTATIONS if rotations else 1)], axis=1)
+  rotated = np.stack(
+    [np.rot90(images, k, axes=(1, 2)) for k in range(ROTATIONS if rotations else 1)], axis=1
+  )
   character = np.asarray(data.character)
   order = np.argsort(character, kind="stable")
   chars, starts = np.unique(character[order], return_index=True)
@@ -302,8 +379,9 @@ def _bank(data: OmniglotData, rotations: bool) -> _Bank:
   return _Bank(rotated, rows, {a: np.asarray(c) for a, c in per_alphabet.items()})
 
 
-def alphabet_classes(data_or_bank, alphabet: int, *, shots: int, query: int,
-                     rotations: bool = True) -> np.ndarray:
+def alphabet_classes(
+  data_or_bank, alphabet: int, *, shots: int, query: int, rotations: bool = True
+) -> np.ndarray:
   """``int [c, 2]``: the ``(character, rotation)`` classes of one alphabet whose characters
   have at least ``shots + query`` drawings (rotation ``r`` is ``r * 90`` degrees)."""
   bank = data_or_bank if isinstance(data_or_bank, _Bank) else _bank(data_or_bank, rotations)
@@ -313,8 +391,16 @@ def alphabet_classes(data_or_bank, alphabet: int, *, shots: int, query: int,
   return np.asarray([(c, k) for c in usable for k in range(r)], np.int64).reshape(-1, 2)
 
 
-def _draw_tasks(rng: np.random.Generator, bank: _Bank, classes: np.ndarray, count: int, *,
-                ways: int, shots: int, query: int):
+def _draw_tasks(
+  rng: np.random.Generator,
+  bank: _Bank,
+  classes: np.ndarray,
+  count: int,
+  *,
+  ways: int,
+  shots: int,
+  query: int,
+):
   """``count`` tasks of one class table: uint8 support/query images and int32 labels."""
   h, w = bank.rotated.shape[2:4]
   sx = np.empty((count, ways * shots, h, w, 1), np.uint8)
@@ -326,15 +412,23 @@ def _draw_tasks(rng: np.random.Generator, bank: _Bank, classes: np.ndarray, coun
     for label, (char, rot) in enumerate(picked.tolist()):
       rows = rng.choice(bank.rows[char], shots + query, replace=False)
       imgs = bank.rotated[rows, rot]
-      sx[t, label * shots:(label + 1) * shots] = imgs[:shots]
-      qx[t, label * query:(label + 1) * query] = imgs[shots:]
-  return sx, np.broadcast_to(sy, (count, sy.size)).copy(), qx, np.broadcast_to(
-      qy, (count, qy.size)).copy()
+      sx[t, label * shots : (label + 1) * shots] = imgs[:shots]
+      qx[t, label * query : (label + 1) * query] = imgs[shots:]
+  return (
+    sx,
+    np.broadcast_to(sy, (count, sy.size)).copy(),
+    qx,
+    np.broadcast_to(qy, (count, qy.size)).copy(),
+  )
 
 
 def _check_task_args(ways, shots, query, tasks):
-  for name, value in (("ways", ways), ("shots", shots), ("query", query),
-                      ("tasks_per_episode", tasks)):
+  for name, value in (
+    ("ways", ways),
+    ("shots", shots),
+    ("query", query),
+    ("tasks_per_episode", tasks),
+  ):
     _check_count(name, value, 1)
   if ways < 2:
     raise ValueError(f"ways must be an integer >= 2, got {ways!r}")
@@ -347,28 +441,50 @@ def _class_tables(bank, data, alphabets, *, ways, shots, query, rotations):
     if len(table) < ways:
       chars = bank.alphabet_chars.get(int(a), np.zeros(0))
       raise ValueError(
-          f"alphabet {data.alphabet_names[a]!r} (id {a}) has {len(table)} classes with at "
-          f"least shots + query = {shots + query} drawings ({len(chars)} characters"
-          f"{' x 4 rotations' if rotations else ''}); a {ways}-way task needs {ways}")
+        f"alphabet {data.alphabet_names[a]!r} (id {a}) has {len(table)} classes with at "
+        f"least shots + query = {shots + query} drawings ({len(chars)} characters"
+        f"{' x 4 rotations' if rotations else ''}); a {ways}-way task needs {ways}"
+      )
     tables.append(table)
   return tables
 
 
-def client_episodes(rng: np.random.Generator, bank: _Bank, classes: np.ndarray, count: int, *,
-                    ways: int, shots: int, query: int, tasks_per_episode: int
-                    ) -> Dict[str, np.ndarray]:
+def client_episodes(
+  rng: np.random.Generator,
+  bank: _Bank,
+  classes: np.ndarray,
+  count: int,
+  *,
+  ways: int,
+  shots: int,
+  query: int,
+  tasks_per_episode: int,
+) -> Dict[str, np.ndarray]:
   """``count`` episodes of ``tasks_per_episode`` independent tasks of one class table."""
   t = tasks_per_episode
-  sx, sy, qx, qy = _draw_tasks(rng, bank, classes, count * t, ways=ways, shots=shots,
-                               query=query)
+  sx, sy, qx, qy = _draw_tasks(rng, bank, classes, count * t, ways=ways, shots=shots, query=query)
   split = lambda a: a.reshape((count, t) + a.shape[1:])
-  return {"support_x": split(sx), "support_y": split(sy), "query_x": split(qx),
-          "query_y": split(qy), "task_weight": np.full((count, t), 1.0 / t, np.float32)}
+  return {
+    "support_x": split(sx),
+    "support_y": split(sy),
+    "query_x": split(qx),
+    "query_y": split(qy),
+    "task_weight": np.full((count, t), 1.0 / t, np.float32),
+  }
 
 
-def federated(data: OmniglotData, alphabets: Sequence[int], seed: int = 0, *, ways: int = 5,
-              shots: int = 1, query: int = 15, tasks_per_episode: int = 1,
-              episodes_per_client: int = 256, rotations: bool = True) -> FederatedData:
+def federated(
+  data: OmniglotData,
+  alphabets: Sequence[int],
+  seed: int = 0,
+  *,
+  ways: int = 5,
+  shots: int = 1,
+  query: int = 15,
+  tasks_per_episode: int = 1,
+  episodes_per_client: int = 256,
+  rotations: bool = True,
+) -> FederatedData:
   """One client per alphabet in ``alphabets``, each with ``episodes_per_client`` episodes.
 
   Raises:
@@ -379,18 +495,38 @@ def federated(data: OmniglotData, alphabets: Sequence[int], seed: int = 0, *, wa
   if len(alphabets) == 0:
     raise ValueError("alphabets must name at least one training alphabet")
   bank = _bank(data, rotations)
-  tables = _class_tables(bank, data, alphabets, ways=ways, shots=shots, query=query,
-                         rotations=rotations)
+  tables = _class_tables(
+    bank, data, alphabets, ways=ways, shots=shots, query=query, rotations=rotations
+  )
   rng = np.random.default_rng([seed, 12])
-  clients = [client_episodes(rng, bank, table, episodes_per_client, ways=ways, shots=shots,
-                             query=query, tasks_per_episode=tasks_per_episode)
-             for table in tables]
+  clients = [
+    client_episodes(
+      rng,
+      bank,
+      table,
+      episodes_per_client,
+      ways=ways,
+      shots=shots,
+      query=query,
+      tasks_per_episode=tasks_per_episode,
+    )
+    for table in tables
+  ]
   return FederatedData.from_clients(clients)
 
 
-def evaluation_episode(data: OmniglotData, alphabets: Sequence[int], seed: int = 0, *,
-                       num_tasks: int = 100, ways: int = 5, shots: int = 1, query: int = 15,
-                       rotations: bool = True, stream: int = 0) -> Dict[str, np.ndarray]:
+def evaluation_episode(
+  data: OmniglotData,
+  alphabets: Sequence[int],
+  seed: int = 0,
+  *,
+  num_tasks: int = 100,
+  ways: int = 5,
+  shots: int = 1,
+  query: int = 15,
+  rotations: bool = True,
+  stream: int = 0,
+) -> Dict[str, np.ndarray]:
   """``num_tasks`` fresh tasks as ONE episode (slots = tasks, uniform weights): each task
   picks one of ``alphabets`` uniformly, then ``ways`` of its classes. Also returns
   ``alphabet int32 [num_tasks]``. ``stream`` separates the draws of different sets (say
@@ -400,15 +536,18 @@ def evaluation_episode(data: OmniglotData, alphabets: Sequence[int], seed: int =
   if len(alphabets) == 0:
     raise ValueError("alphabets must name at least one alphabet")
   bank = _bank(data, rotations)
-  tables = _class_tables(bank, data, alphabets, ways=ways, shots=shots, query=query,
-                         rotations=rotations)
+  tables = _class_tables(
+    bank, data, alphabets, ways=ways, shots=shots, query=query, rotations=rotations
+  )
   rng = np.random.default_rng([seed, 13, stream])
   which = rng.integers(0, len(tables), num_tasks)
   h, w = bank.rotated.shape[2:4]
-  out = {"support_x": np.empty((num_tasks, ways * shots, h, w, 1), np.uint8),
-         "support_y": np.empty((num_tasks, ways * shots), np.int32),
-         "query_x": np.empty((num_tasks, ways * query, h, w, 1), np.uint8),
-         "query_y": np.empty((num_tasks, ways * query), np.int32)}
+  out = {
+    "support_x": np.empty((num_tasks, ways * shots, h, w, 1), np.uint8),
+    "support_y": np.empty((num_tasks, ways * shots), np.int32),
+    "query_x": np.empty((num_tasks, ways * query, h, w, 1), np.uint8),
+    "query_y": np.empty((num_tasks, ways * query), np.int32),
+  }
   for i, a in enumerate(which.tolist()):
     parts = _draw_tasks(rng, bank, tables[a], 1, ways=ways, shots=shots, query=query)
     for key, part in zip(("support_x", "support_y", "query_x", "query_y"), parts):

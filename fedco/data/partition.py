@@ -42,8 +42,7 @@ def _check_seed(seed) -> np.random.Generator:
 def _check_labels(name: str, labels) -> np.ndarray:
   labels = np.asarray(labels)
   if labels.ndim != 1 or labels.size == 0:
-    raise ValueError(f"{name} must be a non-empty 1-D array of class ids, got shape "
-                     f"{labels.shape}")
+    raise ValueError(f"{name} must be a non-empty 1-D array of class ids, got shape {labels.shape}")
   if not np.issubdtype(labels.dtype, np.integer):
     raise ValueError(f"{name} must hold integer class ids, got dtype {labels.dtype}")
   if labels.min() < 0:
@@ -54,8 +53,10 @@ def _check_labels(name: str, labels) -> np.ndarray:
 def _check_clients(num_clients, num_examples: int) -> int:
   num_clients = _validate.positive_int("num_clients", num_clients)
   if num_clients > num_examples:
-    raise ValueError(f"num_clients must be <= the number of examples ({num_examples}) so "
-                     f"every client gets one, got {num_clients}")
+    raise ValueError(
+      f"num_clients must be <= the number of examples ({num_examples}) so "
+      f"every client gets one, got {num_clients}"
+    )
   return num_clients
 
 
@@ -94,8 +95,9 @@ def iid(num_examples: int, num_clients: int, seed: int) -> Parts:
   return [np.sort(p) for p in np.array_split(rng.permutation(num_examples), num_clients)]
 
 
-def quantity_skew(labels, num_clients: int, big: int, small: int, seed: int,
-                  big_client: Optional[int] = None) -> Parts:
+def quantity_skew(
+  labels, num_clients: int, big: int, small: int, seed: int, big_client: Optional[int] = None
+) -> Parts:
   """One client holds ``big`` examples, each other client ``small`` (SPEC E1).
 
   Examples are drawn uniformly without replacement, so the clients are disjoint and each
@@ -120,25 +122,31 @@ def quantity_skew(labels, num_clients: int, big: int, small: int, seed: int,
   n = labels.size
   if big + (num_clients - 1) * small > n:
     raise ValueError(
-        f"big + (num_clients - 1) * small must be <= the number of examples ({n}), got "
-        f"big={big}, small={small}, num_clients={num_clients} "
-        f"({big + (num_clients - 1) * small})")
+      f"big + (num_clients - 1) * small must be <= the number of examples ({n}), got "
+      f"big={big}, small={small}, num_clients={num_clients} "
+      f"({big + (num_clients - 1) * small})"
+    )
   rng = _check_seed(seed)
   if big_client is None:
     big_client = int(rng.integers(num_clients))
-  elif (isinstance(big_client, bool) or not isinstance(big_client, numbers.Integral)
-        or not 0 <= big_client < num_clients):
-    raise ValueError(f"big_client must be an integer in [0, {num_clients}) or None, got "
-                     f"{big_client!r}")
+  elif (
+    isinstance(big_client, bool)
+    or not isinstance(big_client, numbers.Integral)
+    or not 0 <= big_client < num_clients
+  ):
+    raise ValueError(
+      f"big_client must be an integer in [0, {num_clients}) or None, got {big_client!r}"
+    )
   sizes = np.full(num_clients, small)
   sizes[big_client] = big
   perm = rng.permutation(n)
   starts = np.concatenate([[0], np.cumsum(sizes)])
-  return [np.sort(perm[starts[k]:starts[k + 1]]) for k in range(num_clients)]
+  return [np.sort(perm[starts[k] : starts[k + 1]]) for k in range(num_clients)]
 
 
-def dirichlet_label_skew(labels, num_clients: int, alpha: float, seed: int,
-                         min_size: int = 1, max_tries: int = 1000) -> Parts:
+def dirichlet_label_skew(
+  labels, num_clients: int, alpha: float, seed: int, min_size: int = 1, max_tries: int = 1000
+) -> Parts:
   """Label skew: each class is split over clients by shares ``p ~ Dirichlet(alpha 1_K)``.
 
   The classic non-IID split (Hsu et al. 2019; Wang et al. 2020): every example goes to
@@ -167,8 +175,9 @@ def dirichlet_label_skew(labels, num_clients: int, alpha: float, seed: int,
   min_size = _validate.positive_int("min_size", min_size)
   max_tries = _validate.positive_int("max_tries", max_tries)
   if num_clients * min_size > labels.size:
-    raise ValueError(f"min_size must be <= N / num_clients = {labels.size // num_clients}, "
-                     f"got {min_size}")
+    raise ValueError(
+      f"min_size must be <= N / num_clients = {labels.size // num_clients}, got {min_size}"
+    )
   rng = _check_seed(seed)
   by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
   for _ in range(max_tries):
@@ -182,12 +191,15 @@ def dirichlet_label_skew(labels, num_clients: int, alpha: float, seed: int,
     parts = [np.sort(np.concatenate(p)) for p in pieces]
     if min(p.size for p in parts) >= min_size:
       return parts
-  raise ValueError(f"no Dirichlet(alpha={alpha}) draw in max_tries={max_tries} gave every "
-                   f"client min_size={min_size} examples; raise alpha or lower min_size")
+  raise ValueError(
+    f"no Dirichlet(alpha={alpha}) draw in max_tries={max_tries} gave every "
+    f"client min_size={min_size} examples; raise alpha or lower min_size"
+  )
 
 
-def dominant_class_counts(rho: float, per_client: int, num_classes: int,
-                          dominant: int) -> np.ndarray:
+def dominant_class_counts(
+  rho: float, per_client: int, num_classes: int, dominant: int
+) -> np.ndarray:
   """Per-class counts of one :func:`dominant_class` client (sums to ``per_client``).
 
   ``rho * per_client`` from ``dominant`` and ``(1 - rho) / (C - 1) * per_client`` from each
@@ -200,8 +212,14 @@ def dominant_class_counts(rho: float, per_client: int, num_classes: int,
   return np.roll(rolled, dominant)
 
 
-def dominant_class(labels, num_clients: int, rho: float, per_client: int, seed: int,
-                   num_classes: Optional[int] = None) -> Parts:
+def dominant_class(
+  labels,
+  num_clients: int,
+  rho: float,
+  per_client: int,
+  seed: int,
+  num_classes: Optional[int] = None,
+) -> Parts:
   """Client ``i`` holds a fraction ``rho`` of class ``i mod C``, the rest spread evenly.
 
   SPEC E2: client ``i`` draws ``rho * per_client`` images from class ``i mod C`` and
@@ -235,35 +253,45 @@ def dominant_class(labels, num_clients: int, rho: float, per_client: int, seed: 
     num_classes = int(labels.max()) + 1
   num_classes = _validate.positive_int("num_classes", num_classes, minimum=2)
   if labels.max() >= num_classes:
-    raise ValueError(f"labels must lie in [0, num_classes={num_classes}), got max "
-                     f"{labels.max()}")
+    raise ValueError(f"labels must lie in [0, num_classes={num_classes}), got max {labels.max()}")
   rng = _check_seed(seed)
-  counts = np.stack([dominant_class_counts(float(rho), per_client, num_classes,
-                                           k % num_classes) for k in range(num_clients)])
+  counts = np.stack(
+    [
+      dominant_class_counts(float(rho), per_client, num_classes, k % num_classes)
+      for k in range(num_clients)
+    ]
+  )
   need = counts.sum(0)
   have = np.bincount(labels, minlength=num_classes)
   if np.any(need > have):
     c = int(np.argmax(need - have))
     ratio = min(have[j] / need[j] for j in range(num_classes) if need[j] > 0)
     raise ValueError(
-        f"per_client={per_client} needs {need[c]} examples of class {c} over "
-        f"{num_clients} clients (rho={rho}), but the split has {have[c]}; per_client must "
-        f"be at most about {int(per_client * ratio)}")
+      f"per_client={per_client} needs {need[c]} examples of class {c} over "
+      f"{num_clients} clients (rho={rho}), but the split has {have[c]}; per_client must "
+      f"be at most about {int(per_client * ratio)}"
+    )
   pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
   used = np.zeros(num_classes, np.int64)
   parts = []
   for k in range(num_clients):
     rows = []
     for c in range(num_classes):
-      rows.append(pools[c][used[c]:used[c] + counts[k, c]])
+      rows.append(pools[c][used[c] : used[c] + counts[k, c]])
       used[c] += counts[k, c]
     parts.append(np.sort(np.concatenate(rows)))
   return parts
 
 
-def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_labels,
-                       seed: int, ratio: Optional[float] = None,
-                       min_size: int = 10, disjoint: bool = True) -> Parts:
+def matched_validation(
+  train_parts: Sequence[np.ndarray],
+  train_labels,
+  test_labels,
+  seed: int,
+  ratio: Optional[float] = None,
+  min_size: int = 10,
+  disjoint: bool = True,
+) -> Parts:
   """Per-client validation sets from the test split, matched to each training set.
 
   SPEC E1 Choice: client ``k`` with ``n_k`` training examples gets
@@ -314,8 +342,10 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
     if p.size == 0:
       raise ValueError(f"train_parts[{k}] is empty; every client needs training examples")
     if not np.issubdtype(p.dtype, np.integer) or p.min() < 0 or p.max() >= train_labels.size:
-      raise ValueError(f"train_parts[{k}] must hold integer indices in "
-                       f"[0, {train_labels.size}), got min {p.min()}, max {p.max()}")
+      raise ValueError(
+        f"train_parts[{k}] must hold integer indices in "
+        f"[0, {train_labels.size}), got min {p.min()}, max {p.max()}"
+      )
     parts.append(p)
   if ratio is None:
     ratio = test_labels.size / train_labels.size
@@ -336,11 +366,12 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
     rows = []
     for c in np.flatnonzero(want):
       if by_class[c].size == 0:
-        raise ValueError(f"client {k}'s training set has class {c}, which the test split "
-                         f"(test_labels) lacks")
+        raise ValueError(
+          f"client {k}'s training set has class {c}, which the test split (test_labels) lacks"
+        )
       if not disjoint:  # a fresh pool per client
         pools[c], used[c] = rng.permutation(by_class[c]), 0
-      fresh = pools[c][used[c]:used[c] + want[c]]
+      fresh = pools[c][used[c] : used[c] + want[c]]
       used[c] += fresh.size
       rows.append(fresh)
       short = int(want[c] - fresh.size)
@@ -349,12 +380,16 @@ def matched_validation(train_parts: Sequence[np.ndarray], train_labels, test_lab
         replace = rest.size < short
         rows.append(rng.choice(by_class[c] if replace else rest, size=short, replace=replace))
         if disjoint:
-          what = (f"test class {c} ran out; client {k} reuses {short} examples of it "
-                  f"{'with' if replace else 'without'} replacement (its validation set "
-                  f"overlaps other clients')")
+          what = (
+            f"test class {c} ran out; client {k} reuses {short} examples of it "
+            f"{'with' if replace else 'without'} replacement (its validation set "
+            f"overlaps other clients')"
+          )
         else:
-          what = (f"client {k} wants {want[c]} examples of test class {c}, which holds "
-                  f"{by_class[c].size}; {short} are drawn again with replacement")
+          what = (
+            f"client {k} wants {want[c]} examples of test class {c}, which holds "
+            f"{by_class[c].size}; {short} are drawn again with replacement"
+          )
         warnings.warn(f"matched_validation: {what}", RuntimeWarning, stacklevel=2)
     out[k] = np.sort(np.concatenate(rows))
   return out

@@ -41,13 +41,15 @@ def sinusoid(x, amplitude, phase):
 
 class ClientTasks(NamedTuple):
   """The training tasks of every client: ``[K, T]`` arrays (slot ``t`` of client ``k``)."""
+
   amplitude: np.ndarray
   phase: np.ndarray
   task_id: np.ndarray
 
 
-def assign_tasks(num_clients: int = 5, seed: int = 0, amplitudes=AMPLITUDES,
-                 phases=PHASES) -> ClientTasks:
+def assign_tasks(
+  num_clients: int = 5, seed: int = 0, amplitudes=AMPLITUDES, phases=PHASES
+) -> ClientTasks:
   """The grid of ``len(amplitudes) * len(phases)`` tasks, shuffled and split evenly.
 
   Task ``i`` of the grid has amplitude ``amplitudes[i // len(phases)]`` and phase
@@ -57,10 +59,15 @@ def assign_tasks(num_clients: int = 5, seed: int = 0, amplitudes=AMPLITUDES,
     ValueError: the number of tasks is not a positive multiple of ``num_clients``.
   """
   n_tasks = len(amplitudes) * len(phases)
-  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or \
-      num_clients < 1 or n_tasks % num_clients:
-    raise ValueError(f"num_clients must divide the {n_tasks} training tasks evenly, got "
-                     f"{num_clients!r}")
+  if (
+    isinstance(num_clients, bool)
+    or not isinstance(num_clients, (int, np.integer))
+    or num_clients < 1
+    or n_tasks % num_clients
+  ):
+    raise ValueError(
+      f"num_clients must divide the {n_tasks} training tasks evenly, got {num_clients!r}"
+    )
   grid_a = np.repeat(np.asarray(amplitudes, np.float32), len(phases))
   grid_b = np.tile(np.asarray(phases, np.float32), len(amplitudes))
   order = np.random.default_rng(seed).permutation(n_tasks).reshape(num_clients, -1)
@@ -71,14 +78,23 @@ def draw_points(rng: np.random.Generator, amplitude, phase, n: int):
   """``n`` points per task: ``x ~ U[-5, 5]``, shapes ``amplitude.shape + (n, 1)``."""
   amplitude = np.asarray(amplitude, np.float32)[..., None, None]
   phase = np.asarray(phase, np.float32)[..., None, None]
-  x = rng.uniform(*X_RANGE, size=np.broadcast_shapes(amplitude.shape, phase.shape)[:-2]
-                  + (n, 1)).astype(np.float32)
+  x = rng.uniform(
+    *X_RANGE, size=np.broadcast_shapes(amplitude.shape, phase.shape)[:-2] + (n, 1)
+  ).astype(np.float32)
   return x, sinusoid(x, amplitude, phase).astype(np.float32)
 
 
-def episodes(rng: np.random.Generator, amplitude, phase, task_id, count: int, *,
-             shots: int = 10, query_shots: int = 10, tasks_per_step: int = 3
-             ) -> Dict[str, np.ndarray]:
+def episodes(
+  rng: np.random.Generator,
+  amplitude,
+  phase,
+  task_id,
+  count: int,
+  *,
+  shots: int = 10,
+  query_shots: int = 10,
+  tasks_per_step: int = 3,
+) -> Dict[str, np.ndarray]:
   """``count`` episodes over one client's ``T`` tasks (leading axis ``count``).
 
   Returns a dict with ``support_x``, ``support_y`` ``[count, T, shots, 1]``, ``query_x``,
@@ -87,8 +103,9 @@ def episodes(rng: np.random.Generator, amplitude, phase, task_id, count: int, *,
   """
   t = len(amplitude)
   if not 1 <= tasks_per_step <= t:
-    raise ValueError(f"tasks_per_step must be in [1, {t}] (the client's tasks), got "
-                     f"{tasks_per_step!r}")
+    raise ValueError(
+      f"tasks_per_step must be in [1, {t}] (the client's tasks), got {tasks_per_step!r}"
+    )
   a = np.broadcast_to(np.asarray(amplitude, np.float32), (count, t))
   b = np.broadcast_to(np.asarray(phase, np.float32), (count, t))
   sx, sy = draw_points(rng, a, b, shots)
@@ -97,28 +114,54 @@ def episodes(rng: np.random.Generator, amplitude, phase, task_id, count: int, *,
   weight = np.zeros((count, t), np.float32)
   np.put_along_axis(weight, picks, 1.0 / tasks_per_step, axis=1)
   ids = np.broadcast_to(np.asarray(task_id, np.int32), (count, t)).copy()
-  return {"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy,
-          "task_weight": weight, "task_id": ids}
+  return {
+    "support_x": sx,
+    "support_y": sy,
+    "query_x": qx,
+    "query_y": qy,
+    "task_weight": weight,
+    "task_id": ids,
+  }
 
 
-def federated(seed: int = 0, *, num_clients: int = 5, episodes_per_client: int = 1000,
-              shots: int = 10, query_shots: int = 10, tasks_per_step: int = 3
-              ) -> Tuple[FederatedData, ClientTasks]:
+def federated(
+  seed: int = 0,
+  *,
+  num_clients: int = 5,
+  episodes_per_client: int = 1000,
+  shots: int = 10,
+  query_shots: int = 10,
+  tasks_per_step: int = 3,
+) -> Tuple[FederatedData, ClientTasks]:
   """E3's training clients: the task split and ``episodes_per_client`` episodes each."""
-  for name, value in (("episodes_per_client", episodes_per_client), ("shots", shots),
-                      ("query_shots", query_shots)):
+  for name, value in (
+    ("episodes_per_client", episodes_per_client),
+    ("shots", shots),
+    ("query_shots", query_shots),
+  ):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
   tasks = assign_tasks(num_clients, seed)
   rng = np.random.default_rng([seed, 1])
-  clients = [episodes(rng, tasks.amplitude[k], tasks.phase[k], tasks.task_id[k],
-                      episodes_per_client, shots=shots, query_shots=query_shots,
-                      tasks_per_step=tasks_per_step) for k in range(num_clients)]
+  clients = [
+    episodes(
+      rng,
+      tasks.amplitude[k],
+      tasks.phase[k],
+      tasks.task_id[k],
+      episodes_per_client,
+      shots=shots,
+      query_shots=query_shots,
+      tasks_per_step=tasks_per_step,
+    )
+    for k in range(num_clients)
+  ]
   return FederatedData.from_clients(clients), tasks
 
 
-def training_eval_episode(tasks: ClientTasks, seed: int = 0, *, repeats: int = 4,
-                          shots: int = 10, query_shots: int = 10) -> Dict[str, np.ndarray]:
+def training_eval_episode(
+  tasks: ClientTasks, seed: int = 0, *, repeats: int = 4, shots: int = 10, query_shots: int = 10
+) -> Dict[str, np.ndarray]:
   """One evaluation episode over every training task, ``repeats`` fresh draws each
   (``T = K * T_k * repeats`` slots in task-id order, uniform weights): the post-adaptation
   training MSE. The draws depend on ``seed`` only, not on how tasks are split over clients."""
@@ -129,22 +172,34 @@ def training_eval_episode(tasks: ClientTasks, seed: int = 0, *, repeats: int = 4
   rng = np.random.default_rng([seed, 2])
   sx, sy = draw_points(rng, a, b, shots)
   qx, qy = draw_points(rng, a, b, query_shots)
-  return {"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy,
-          "task_weight": np.full(a.shape, 1.0 / a.size, np.float32), "task_id": ids}
+  return {
+    "support_x": sx,
+    "support_y": sy,
+    "query_x": qx,
+    "query_y": qy,
+    "task_weight": np.full(a.shape, 1.0 / a.size, np.float32),
+    "task_id": ids,
+  }
 
 
-def unseen_tasks(seed: int = 0, *, num_tasks: int = 600, shots: int = 10, query_shots: int = 10
-               ) -> Dict[str, Any]:
+def unseen_tasks(
+  seed: int = 0, *, num_tasks: int = 600, shots: int = 10, query_shots: int = 10
+) -> Dict[str, Any]:
   """``num_tasks`` unseen tasks (``A ~ U[0.1, 5]``, ``b ~ U[0, 5]``) as one episode with
   uniform weights, plus their ``amplitude`` and ``phase``."""
-  if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or \
-      num_tasks < 1:
+  if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or num_tasks < 1:
     raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
   rng = np.random.default_rng([seed, 3])
   a = rng.uniform(*TEST_AMPLITUDE, size=num_tasks).astype(np.float32)
   b = rng.uniform(*TEST_PHASE, size=num_tasks).astype(np.float32)
   sx, sy = draw_points(rng, a, b, shots)
   qx, qy = draw_points(rng, a, b, query_shots)
-  return {"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy,
-          "task_weight": np.full((num_tasks,), 1.0 / num_tasks, np.float32),
-          "amplitude": a, "phase": b}
+  return {
+    "support_x": sx,
+    "support_y": sy,
+    "query_x": qx,
+    "query_y": qy,
+    "task_weight": np.full((num_tasks,), 1.0 / num_tasks, np.float32),
+    "amplitude": a,
+    "phase": b,
+  }

@@ -47,10 +47,10 @@ Arrays = Dict[str, np.ndarray]
 
 # name -> (image feature key, label feature key, number of classes)
 TFDS_DATASETS = {
-    "mnist": ("image", "label", 10),
-    "fashion_mnist": ("image", "label", 10),
-    "cifar10": ("image", "label", 10),
-    "cifar100": ("image", "label", 100),
+  "mnist": ("image", "label", 10),
+  "fashion_mnist": ("image", "label", 10),
+  "cifar10": ("image", "label", 10),
+  "cifar100": ("image", "label", 100),
 }
 NUM_CLASSES = {"digits": 10, **{name: spec[2] for name, spec in TFDS_DATASETS.items()}}
 DATASETS = tuple(NUM_CLASSES)
@@ -60,6 +60,7 @@ _CHUNK = 4096
 
 class Splits(NamedTuple):
   """The train and test splits of one data set, each ``{"x": float32, "y": int32}``."""
+
   train: Arrays
   test: Arrays
 
@@ -82,15 +83,16 @@ def _check_name(arg: str, name: Any, allowed) -> None:
 def _prepare_hint(name: str, data_dir: Optional[str]) -> str:
   target = f" --data_dir={data_dir}" if data_dir else ""
   return (
-      f"To prepare it (once, on a machine with network access; preparing needs "
-      f"TensorFlow):\n"
-      f"  pip install tensorflow tensorflow-datasets\n"
-      f"  tfds build {name} --file_format=array_record{target}\n"
-      f"or in Python: tfds.builder('{name}', file_format='array_record'"
-      f"{f', data_dir={data_dir!r}' if data_dir else ''}).download_and_prepare()\n"
-      f"then copy the data directory (default ~/tensorflow_datasets) here and pass it as "
-      f"data_dir (or set TFDS_DATA_DIR). fedco reads it with tfds.data_source, without "
-      f"TensorFlow, and never downloads.")
+    f"To prepare it (once, on a machine with network access; preparing needs "
+    f"TensorFlow):\n"
+    f"  pip install tensorflow tensorflow-datasets\n"
+    f"  tfds build {name} --file_format=array_record{target}\n"
+    f"or in Python: tfds.builder('{name}', file_format='array_record'"
+    f"{f', data_dir={data_dir!r}' if data_dir else ''}).download_and_prepare()\n"
+    f"then copy the data directory (default ~/tensorflow_datasets) here and pass it as "
+    f"data_dir (or set TFDS_DATA_DIR). fedco reads it with tfds.data_source, without "
+    f"TensorFlow, and never downloads."
+  )
 
 
 def _open_source(tfds, name: str, split: str, data_dir: Optional[str]):
@@ -108,23 +110,23 @@ def _open_source(tfds, name: str, split: str, data_dir: Optional[str]):
   """
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except (KeyError, ValueError, FileNotFoundError, NotImplementedError,
-          AssertionError) as err:
+  except (KeyError, ValueError, FileNotFoundError, NotImplementedError, AssertionError) as err:
     builder = tfds.builder(name, data_dir=data_dir)
     where = builder.data_dir
     if not builder.is_prepared():
       raise FileNotFoundError(
-          f"TFDS data set {name!r} is not prepared under data_dir={data_dir!r} "
-          f"(looked in {where}). " + _prepare_hint(name, data_dir)) from err
+        f"TFDS data set {name!r} is not prepared under data_dir={data_dir!r} "
+        f"(looked in {where}). " + _prepare_hint(name, data_dir)
+      ) from err
     formats = builder.info.available_file_formats()
     if tfds.core.FileFormat.ARRAY_RECORD not in formats:
       raise FileNotFoundError(
-          f"TFDS data set {name!r} under data_dir={data_dir!r} ({where}) has no "
-          f"array_record files (formats on disk: {sorted(f.value for f in formats)}); "
-          f"tfds.data_source needs array_record. Convert it where TensorFlow is installed "
-          f"(tfds convert_format --dataset_version_dir={where} "
-          f"--out_file_format=array_record). "
-          + _prepare_hint(name, data_dir)) from err
+        f"TFDS data set {name!r} under data_dir={data_dir!r} ({where}) has no "
+        f"array_record files (formats on disk: {sorted(f.value for f in formats)}); "
+        f"tfds.data_source needs array_record. Convert it where TensorFlow is installed "
+        f"(tfds convert_format --dataset_version_dir={where} "
+        f"--out_file_format=array_record). " + _prepare_hint(name, data_dir)
+      ) from err
     raise
 
 
@@ -198,6 +200,7 @@ def load_tfds(name: str, split: str, data_dir: Union[str, os.PathLike, None] = N
     raise ValueError(f"split must be a non-empty TFDS split string, got {split!r}")
   data_dir = None if data_dir is None else os.fspath(data_dir)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   image_key, label_key, _ = TFDS_DATASETS[name]
   source = _open_source(tfds, name, split, data_dir)
   images, labels = _read_records(source, image_key, label_key)
@@ -224,8 +227,9 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:
   try:
     from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
   except ImportError as err:
-    raise ImportError("load_digits needs scikit-learn: pip install scikit-learn "
-                      "(or pip install 'fedco[test]')") from err
+    raise ImportError(
+      "load_digits needs scikit-learn: pip install scikit-learn (or pip install 'fedco[test]')"
+    ) from err
   digits = sk_datasets.load_digits()
   x = (np.asarray(digits.data, np.float32) / 16.0).reshape(-1, 64)
   y = np.asarray(digits.target, np.int32)
@@ -246,7 +250,7 @@ def stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) ->
   is_test = np.zeros(labels.size, bool)
   for c in np.unique(labels):
     rows = rng.permutation(np.flatnonzero(labels == c))
-    is_test[rows[:int(round(test_fraction * rows.size))]] = True
+    is_test[rows[: int(round(test_fraction * rows.size))]] = True
   return is_test
 
 
@@ -279,40 +283,54 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
   except unreadable:
     raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is not") from None
   if not isinstance(archive, np.lib.npyio.NpzFile):
-    raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is a single "
-                     f"array")
+    raise ValueError(f"path must be a NumPy .npz archive (np.savez), {path} is a single array")
   with archive:
     missing = [k for k in NPZ_KEYS if k not in archive.files]
     if missing:
-      raise ValueError(f"path: {path} must hold the arrays {NPZ_KEYS}, missing {missing} "
-                       f"(it has {sorted(archive.files)})")
+      raise ValueError(
+        f"path: {path} must hold the arrays {NPZ_KEYS}, missing {missing} "
+        f"(it has {sorted(archive.files)})"
+      )
     arrays = {}
     for key in NPZ_KEYS:
       try:
         arrays[key] = archive[key]
       except unreadable as err:  # object arrays (pickles), damaged members
-        raise ValueError(f"path: {key} in {path} cannot be read as a numeric array "
-                         f"({type(err).__name__})") from None
+        raise ValueError(
+          f"path: {key} in {path} cannot be read as a numeric array ({type(err).__name__})"
+        ) from None
       if not isinstance(arrays[key], np.ndarray):  # a member not stored as {key}.npy: bytes
-        raise ValueError(f"path: {key} in {path} is not a NumPy array (the archive's member "
-                         f"{key!r} is raw bytes, not {key}.npy); save the arrays with np.savez")
+        raise ValueError(
+          f"path: {key} in {path} is not a NumPy array (the archive's member "
+          f"{key!r} is raw bytes, not {key}.npy); save the arrays with np.savez"
+        )
   splits = []
   for split in ("train", "test"):
     x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
     if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0] or not y.size:
-      raise ValueError(f"path: x_{split} must be [N, ...] and y_{split} [N] with the same "
-                       f"N >= 1, got shapes {x.shape} and {y.shape} in {path}")
+      raise ValueError(
+        f"path: x_{split} must be [N, ...] and y_{split} [N] with the same "
+        f"N >= 1, got shapes {x.shape} and {y.shape} in {path}"
+      )
     if x.dtype.kind not in "biuf":
-      raise ValueError(f"path: x_{split} must hold real numbers, got dtype {x.dtype} in "
-                       f"{path}")
-    if (y.dtype.kind not in "biuf" or not np.all(np.isfinite(y)) or np.any(y != np.round(y))
-        or y.min() < 0 or y.max() >= 2**31):
-      raise ValueError(f"path: y_{split} must hold class labels, whole numbers in "
-                       f"[0, 2**31), got dtype {y.dtype} in {path}")
+      raise ValueError(f"path: x_{split} must hold real numbers, got dtype {x.dtype} in {path}")
+    if (
+      y.dtype.kind not in "biuf"
+      or not np.all(np.isfinite(y))
+      or np.any(y != np.round(y))
+      or y.min() < 0
+      or y.max() >= 2**31
+    ):
+      raise ValueError(
+        f"path: y_{split} must hold class labels, whole numbers in "
+        f"[0, 2**31), got dtype {y.dtype} in {path}"
+      )
     splits.append({"x": x.astype(np.float32), "y": y.astype(np.int32)})
   if splits[0]["x"].shape[1:] != splits[1]["x"].shape[1:]:
-    raise ValueError(f"path: x_train and x_test must have the same example shape, got "
-                     f"{splits[0]['x'].shape[1:]} and {splits[1]['x'].shape[1:]} in {path}")
+    raise ValueError(
+      f"path: x_train and x_test must have the same example shape, got "
+      f"{splits[0]['x'].shape[1:]} and {splits[1]['x'].shape[1:]} in {path}"
+    )
   return Splits(*splits)
 
 

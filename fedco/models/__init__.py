@@ -6,5 +6,17 @@ from fedco.models.linear import LogisticRegression, accuracy, cross_entropy, ini
 from fedco.models.mlp import MLP, init_mlp
 from fedco.models.resnet import ResNet20
 
-__all__ = ["layers", "CNN4", "OmniglotCNN", "TaskBatchNorm", "ResNet20", "init_cnn", "MLP",
-           "init_mlp", "LogisticRegression", "accuracy", "cross_entropy", "init_params"]
+__all__ = [
+  "layers",
+  "CNN4",
+  "OmniglotCNN",
+  "TaskBatchNorm",
+  "ResNet20",
+  "init_cnn",
+  "MLP",
+  "init_mlp",
+  "LogisticRegression",
+  "accuracy",
+  "cross_entropy",
+  "init_params",
+]

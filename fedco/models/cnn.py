@@ -77,8 +77,9 @@ def _image_batch(x, name: str) -> tuple[jax.Array, bool]:
     return x[None], True
   if x.ndim == 4:
     return x, False
-  raise ValueError(f"{name} takes one image [H, W, C] or a batch [n, H, W, C], got shape "
-                   f"{tuple(x.shape)}")
+  raise ValueError(
+    f"{name} takes one image [H, W, C] or a batch [n, H, W, C], got shape {tuple(x.shape)}"
+  )
 
 
 class TaskBatchNorm(nn.Module):
@@ -92,6 +93,7 @@ class TaskBatchNorm(nn.Module):
   Attributes:
     epsilon: added to the variance (1e-5, as in PyTorch and MAML's TensorFlow code).
   """
+
   epsilon: float = 1e-5
 
   def __post_init__(self):
@@ -110,10 +112,10 @@ class TaskBatchNorm(nn.Module):
     return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
 
 
-def _conv_block(x: jax.Array, filters: int, norm: nn.Module, use_bias: bool, index: int,
-                impl: str) -> jax.Array:
-  x = Conv(filters, (3, 3), padding="SAME", use_bias=use_bias, impl=impl,
-           name=f"conv_{index}")(x)
+def _conv_block(
+  x: jax.Array, filters: int, norm: nn.Module, use_bias: bool, index: int, impl: str
+) -> jax.Array:
+  x = Conv(filters, (3, 3), padding="SAME", use_bias=use_bias, impl=impl, name=f"conv_{index}")(x)
   x = nn.relu(norm(x))
   return max_pool_2x2(x, impl)
 
@@ -134,6 +136,7 @@ class CNN4(nn.Module):
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions and pools
       are computed (``fedco.models.layers``; the parameters are the same for all three).
   """
+
   num_classes: int = 10
   filters: int = 32
   norm: str = "group"
@@ -174,6 +177,7 @@ class OmniglotCNN(nn.Module):
     filters: channels of every convolution (64, MAML's Omniglot width).
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"`` (as in ``CNN4``).
   """
+
   num_classes: int = 5
   filters: int = 64
   conv_impl: str = "auto"
@@ -188,8 +192,7 @@ class OmniglotCNN(nn.Module):
   def __call__(self, x) -> jax.Array:
     x, single = _image_batch(x, "OmniglotCNN")
     for i in range(4):
-      x = _conv_block(x, self.filters, TaskBatchNorm(name=f"norm_{i}"), False, i,
-                      self.conv_impl)
+      x = _conv_block(x, self.filters, TaskBatchNorm(name=f"norm_{i}"), False, i, self.conv_impl)
     x = nn.Dense(self.num_classes, name="logits")(x.reshape((x.shape[0], -1)))
     return x[0] if single else x
 

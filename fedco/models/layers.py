@@ -67,16 +67,19 @@ def _pairs(name: str, value, rank: int = 2) -> Tuple[int, ...]:
   try:
     value = (value,) * rank if isinstance(value, numbers.Integral) else tuple(value)
   except TypeError:
-    raise ValueError(f"{name} must be a positive int or {rank} positive ints, got "
-                     f"{value!r}") from None
-  if len(value) != rank or any(isinstance(v, (bool, np.bool_))
-                               or not isinstance(v, numbers.Integral) or v < 1 for v in value):
+    raise ValueError(
+      f"{name} must be a positive int or {rank} positive ints, got {value!r}"
+    ) from None
+  if len(value) != rank or any(
+    isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 1 for v in value
+  ):
     raise ValueError(f"{name} must be a positive int or {rank} positive ints, got {value!r}")
   return tuple(int(v) for v in value)
 
 
-def conv2d(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding: Padding = "SAME",
-           impl: str = "auto") -> jax.Array:
+def conv2d(
+  x: jax.Array, kernel: jax.Array, strides=(1, 1), padding: Padding = "SAME", impl: str = "auto"
+) -> jax.Array:
   """2-D convolution, NHWC input ``[n, H, W, C_in]`` and HWIO kernel ``[kh, kw, C_in, C_out]``.
 
   Equals ``lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=("NHWC",
@@ -86,8 +89,10 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding: Padding = "
   impl = resolve_impl(impl)
   strides = _pairs("strides", strides)
   if x.ndim != 4 or kernel.ndim != 4 or x.shape[-1] != kernel.shape[2]:
-    raise ValueError(f"conv2d takes x [n, H, W, C] and kernel [kh, kw, C, C_out] with the same "
-                     f"C, got x {tuple(x.shape)} and kernel {tuple(kernel.shape)}")
+    raise ValueError(
+      f"conv2d takes x [n, H, W, C] and kernel [kh, kw, C, C_out] with the same "
+      f"C, got x {tuple(x.shape)} and kernel {tuple(kernel.shape)}"
+    )
   if impl == "xla":
     return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
   n, h, w, c = x.shape
@@ -101,10 +106,14 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides=(1, 1), padding: Padding = "
   ho = (xp.shape[1] - kh) // sh + 1
   wo = (xp.shape[2] - kw) // sw + 1
   if ho < 1 or wo < 1:
-    raise ValueError(f"conv2d: kernel {kh}x{kw} does not fit the padded input "
-                     f"{xp.shape[1]}x{xp.shape[2]}")
-  windows = [xp[:, a:a + sh * (ho - 1) + 1:sh, b:b + sw * (wo - 1) + 1:sw]
-             for a in range(kh) for b in range(kw)]
+    raise ValueError(
+      f"conv2d: kernel {kh}x{kw} does not fit the padded input {xp.shape[1]}x{xp.shape[2]}"
+    )
+  windows = [
+    xp[:, a : a + sh * (ho - 1) + 1 : sh, b : b + sw * (wo - 1) + 1 : sw]
+    for a in range(kh)
+    for b in range(kw)
+  ]
   cols = windows[0] if len(windows) == 1 else jnp.concatenate(windows, axis=-1)
   y = cols.reshape(n * ho * wo, kh * kw * c) @ kernel.reshape(kh * kw * c, out)
   return y.reshape(n, ho, wo, out)
@@ -116,7 +125,7 @@ def max_pool_2x2(x: jax.Array, impl: str = "auto") -> jax.Array:
   if resolve_impl(impl) == "xla":
     return nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
   n, h, w, c = x.shape
-  x = x[:, :h // 2 * 2, :w // 2 * 2]
+  x = x[:, : h // 2 * 2, : w // 2 * 2]
   return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
@@ -128,6 +137,7 @@ class Conv(nn.Module):
   values. ``impl``: ``"auto"``, ``"matmul"`` (im2col, loop-friendly on the CPU) or
   ``"xla"`` (``lax.conv_general_dilated``).
   """
+
   features: int
   kernel_size: Tuple[int, int] = (3, 3)
   strides: Tuple[int, int] = (1, 1)
@@ -147,8 +157,9 @@ class Conv(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     kh, kw = _pairs("kernel_size", self.kernel_size)
-    kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features),
-                        jnp.float32)
+    kernel = self.param(
+      "kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features), jnp.float32
+    )
     dtype = jnp.promote_types(x.dtype, kernel.dtype)  # as nn.Conv with dtype=None
     y = conv2d(x.astype(dtype), kernel.astype(dtype), self.strides, self.padding, self.impl)
     if self.use_bias:
@@ -164,6 +175,7 @@ class GroupNorm(nn.Module):
   group, ``var_g = max(E[x^2] - E[x]^2, 0)`` (``nn.GroupNorm``'s default fast variance).
   Parameters ``scale`` (ones) and ``bias`` (zeros), shape ``[C]``, as in ``nn.GroupNorm``.
   """
+
   num_groups: int = 32
   epsilon: float = 1e-6
 
@@ -176,8 +188,10 @@ class GroupNorm(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     c, g = x.shape[-1], self.num_groups
     if x.ndim < 2 or c % g:
-      raise ValueError(f"GroupNorm takes [n, ..., C] with C divisible by num_groups={g}, got "
-                       f"shape {tuple(x.shape)}")
+      raise ValueError(
+        f"GroupNorm takes [n, ..., C] with C divisible by num_groups={g}, got "
+        f"shape {tuple(x.shape)}"
+      )
     scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
     dtype = jnp.promote_types(x.dtype, scale.dtype)

@@ -23,6 +23,7 @@ class LogisticRegression(nn.Module):
   contraction that is about 1.8x slower, and a whole federated round of the E1 workload is
   1.35-1.56x slower (``benchmarks/README.md``, "Weight layout").
   """
+
   num_classes: int
 
   @nn.compact
@@ -30,8 +31,9 @@ class LogisticRegression(nn.Module):
     x = jnp.reshape(x, (-1,))
     if not jnp.issubdtype(x.dtype, jnp.floating):
       x = x.astype(jnp.float32)
-    kernel = self.param("kernel", nn.initializers.zeros, (self.num_classes, x.shape[0]),
-                        jnp.float32)
+    kernel = self.param(
+      "kernel", nn.initializers.zeros, (self.num_classes, x.shape[0]), jnp.float32
+    )
     bias = self.param("bias", nn.initializers.zeros, (self.num_classes,), jnp.float32)
     return kernel @ x + bias
 

@@ -23,6 +23,7 @@ class MLP(nn.Module):
     out: output width.
     activation: the hidden non-linearity (default ReLU).
   """
+
   hidden: Sequence[int] = (40, 40)
   out: int = 1
   activation: Callable[[jax.Array], jax.Array] = nn.relu
@@ -40,4 +41,3 @@ class MLP(nn.Module):
 def init_mlp(model: MLP, in_features: int = 1, seed: int = 0):
   """Parameters of ``model`` for inputs with ``in_features`` features."""
   return jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((in_features,), jnp.float32))
-

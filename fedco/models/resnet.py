@@ -56,6 +56,7 @@ _PAD1 = ((1, 1), (1, 1))
 
 class _BasicBlock(nn.Module):
   """Two 3x3 convolutions and a shortcut (identity, or 1x1 projection on a shape change)."""
+
   channels: int
   stride: int
   norm: str
@@ -71,17 +72,39 @@ class _BasicBlock(nn.Module):
     bias = self.norm == "none"
     strides = (self.stride, self.stride)
     last_init = nn.initializers.zeros if bias else nn.initializers.he_normal()
-    y = Conv(self.channels, (3, 3), strides=strides, padding=_PAD1, use_bias=bias,
-             kernel_init=nn.initializers.he_normal(), impl=self.conv_impl, name="conv_0")(x)
+    y = Conv(
+      self.channels,
+      (3, 3),
+      strides=strides,
+      padding=_PAD1,
+      use_bias=bias,
+      kernel_init=nn.initializers.he_normal(),
+      impl=self.conv_impl,
+      name="conv_0",
+    )(x)
     y = nn.relu(self._norm("norm_0")(y))
-    y = Conv(self.channels, (3, 3), padding=_PAD1, use_bias=bias, kernel_init=last_init,
-             impl=self.conv_impl, name="conv_1")(y)
+    y = Conv(
+      self.channels,
+      (3, 3),
+      padding=_PAD1,
+      use_bias=bias,
+      kernel_init=last_init,
+      impl=self.conv_impl,
+      name="conv_1",
+    )(y)
     y = self._norm("norm_1")(y)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != self.channels:
-      shortcut = Conv(self.channels, (1, 1), strides=strides, padding="VALID",
-                      use_bias=bias, kernel_init=nn.initializers.he_normal(),
-                      impl=self.conv_impl, name="proj_conv")(x)
+      shortcut = Conv(
+        self.channels,
+        (1, 1),
+        strides=strides,
+        padding="VALID",
+        use_bias=bias,
+        kernel_init=nn.initializers.he_normal(),
+        impl=self.conv_impl,
+        name="proj_conv",
+      )(x)
       shortcut = self._norm("proj_norm")(shortcut)
     return nn.relu(y + shortcut)
 
@@ -96,6 +119,7 @@ class ResNet20(nn.Module):
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions are
       computed (``fedco.models.layers``; the parameters are the same for all three).
   """
+
   num_classes: int = 10
   norm: str = "group"
   width: int = 16
@@ -112,16 +136,28 @@ class ResNet20(nn.Module):
   def __call__(self, x) -> jax.Array:
     x, single = _image_batch(x, "ResNet20")
     bias = self.norm == "none"
-    x = Conv(self.width, (3, 3), padding=_PAD1, use_bias=bias,
-             kernel_init=nn.initializers.he_normal(), impl=self.conv_impl, name="stem_conv")(x)
+    x = Conv(
+      self.width,
+      (3, 3),
+      padding=_PAD1,
+      use_bias=bias,
+      kernel_init=nn.initializers.he_normal(),
+      impl=self.conv_impl,
+      name="stem_conv",
+    )(x)
     if self.norm == "group":
       x = GroupNorm(num_groups=group_count(self.width), epsilon=1e-5, name="stem_norm")(x)
     x = nn.relu(x)
     for stage in range(3):
       for block in range(3):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = _BasicBlock(self.width * 2**stage, stride, self.norm, self.conv_impl,
-                        name=f"stage{stage + 1}_block{block}")(x)
+        x = _BasicBlock(
+          self.width * 2**stage,
+          stride,
+          self.norm,
+          self.conv_impl,
+          name=f"stage{stage + 1}_block{block}",
+        )(x)
     x = jnp.mean(x, axis=(1, 2))
     x = nn.Dense(self.num_classes, name="logits")(x)
     return x[0] if single else x

@@ -80,8 +80,9 @@ class Problem:
       raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
     if (self.inner is None) != (self.outer is None):
       raise ValueError(
-          "inner and outer must both be given (a compositional problem) or both be None "
-          f"(a plain problem); got inner={self.inner!r}, outer={self.outer!r}")
+        "inner and outer must both be given (a compositional problem) or both be None "
+        f"(a plain problem); got inner={self.inner!r}, outer={self.outer!r}"
+      )
     if self.inner is None and self.extra is None:
       raise ValueError("a problem needs an inner/outer pair, an extra term, or both")
     if self.outer_link is not None and self.outer is None:
@@ -105,8 +106,7 @@ class Problem:
     """``f(y; B)``; deterministic outer functions ignore the batch."""
     if not self.outer_uses_data:
       return self._link(self.outer(y))
-    return self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch),
-                                    weights))
+    return self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch), weights))
 
   def _link(self, value):
     return value if self.outer_link is None else self.outer_link(value)
@@ -137,8 +137,9 @@ class Problem:
       value = value + self.outer_value(y, batch, weights)
     return value
 
-  def evaluate(self, params: PyTree, examples: Batch, owner: jax.Array, weights: jax.Array,
-               num_clients: int):
+  def evaluate(
+    self, params: PyTree, examples: Batch, owner: jax.Array, weights: jax.Array, num_clients: int
+  ):
     """The exact objective and every client's own loss, from all clients' data.
 
     The data is a flat list of (example, owner) pairs: ``examples`` leaves are ``[M, ...]``,
@@ -154,9 +155,13 @@ class Problem:
 
     def per_client(values):
       return jax.tree.map(
-          lambda v: jax.ops.segment_sum(
-              weights.reshape(weights.shape + (1,) * (v.ndim - 1)).astype(v.dtype) * v,
-              owner, num_segments=num_clients), values)
+        lambda v: jax.ops.segment_sum(
+          weights.reshape(weights.shape + (1,) * (v.ndim - 1)).astype(v.dtype) * v,
+          owner,
+          num_segments=num_clients,
+        ),
+        values,
+      )
 
     losses = jnp.zeros((num_clients,), jnp.float32)
     if self.extra is not None:
@@ -174,15 +179,17 @@ class Problem:
       return jnp.mean(client_losses), client_losses
     g = jax.tree.map(lambda a: jnp.mean(a, axis=0), g_k)
     if self.outer_uses_data:
-      f = self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(g, examples),
-                                   weights / num_clients))
+      f = self._link(
+        weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(g, examples), weights / num_clients)
+      )
     else:
       f = self._link(self.outer(g))
     return jnp.mean(losses) + f, client_losses
 
 
-def local_inner(inner, outer, extra=None, *, outer_uses_data=False, name="local_inner",
-                outer_link=None):
+def local_inner(
+  inner, outer, extra=None, *, outer_uses_data=False, name="local_inner", outer_link=None
+):
   """A local-inner problem ``1/K sum_k f_k(g_k(x)) + h_k(x)`` (ComFedL, SCGD(M), MAML)."""
   return Problem(inner, outer, extra, "local", outer_uses_data, name, outer_link)
 

@@ -68,8 +68,7 @@ def client_kl_dro(loss, gamma: float):
     gamma: the KL regularisation ``gamma > 0``.
   """
   gamma = _validate.interval("gamma", gamma, 0)
-  return base.Problem(loss, lambda y: jnp.exp(y / gamma), None, "local", False,
-                      "client_kl_dro")
+  return base.Problem(loss, lambda y: jnp.exp(y / gamma), None, "local", False, "client_kl_dro")
 
 
 def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str = "client"):
@@ -97,8 +96,9 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
   def outer(v):
     return kl_dro_value(v, gamma)
 
-  return base.Problem(inner, outer, None, "global", False, "client_kl_dro_log",
-                      num_clients=num_clients)
+  return base.Problem(
+    inner, outer, None, "global", False, "client_kl_dro_log", num_clients=num_clients
+  )
 
 
 def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):
@@ -118,9 +118,14 @@ def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):
   """
   lam = _validate.interval("lam", lam, 0)
   shift = _validate.real("shift", shift)
-  return base.Problem(lambda p, e: jnp.exp((loss(p, e) - shift) / lam),
-                      lambda y: shift / lam + jnp.log(y), None, "global", False,
-                      "sample_kl_dro")
+  return base.Problem(
+    lambda p, e: jnp.exp((loss(p, e) - shift) / lam),
+    lambda y: shift / lam + jnp.log(y),
+    None,
+    "global",
+    False,
+    "sample_kl_dro",
+  )
 
 
 def sample_kl_dro_value(losses: jax.Array, lam: float) -> jax.Array:
@@ -153,8 +158,9 @@ def sample_chi2_dro(loss, lam: float):
     l = loss(params, example)
     return l + l * l / (2.0 * lam)
 
-  return base.Problem(loss, lambda g: -g * g / (2.0 * lam), extra, "global", False,
-                      "sample_chi2_dro")
+  return base.Problem(
+    loss, lambda g: -g * g / (2.0 * lam), extra, "global", False, "sample_chi2_dro"
+  )
 
 
 def chi2_dro_value(losses: jax.Array, lam: float) -> jax.Array:

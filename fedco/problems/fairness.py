@@ -107,7 +107,7 @@ def outer_map(num_groups: int, eps=EPS, alpha=ALPHA, gamma=GAMMA):
   G = num_groups
 
   def outer(v):
-    a, n, m = v[:G], v[G:2 * G], v[2 * G]
+    a, n, m = v[:G], v[G : 2 * G], v[2 * G]
     present = n > 0
     ratio = jnp.where(present, a / jnp.where(present, n, 1.0), m)
     s = alpha * (ratio - m - eps) / gamma
@@ -123,8 +123,9 @@ def fairness_problem(num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA) -> 
   :func:`init_params`'s ``{"w", "b"}``.
   """
   G = _check(num_groups, eps, alpha, gamma)
-  return global_inner(inner_map(G), outer_map(G, eps, alpha, gamma), example_loss,
-                      name="fair_logistic")
+  return global_inner(
+    inner_map(G), outer_map(G, eps, alpha, gamma), example_loss, name="fair_logistic"
+  )
 
 
 def unconstrained() -> Problem:
@@ -160,5 +161,10 @@ def group_metrics(params, x, y, groups, num_groups: int = 3, eps=EPS):
   member = jax.nn.one_hot(groups, num_groups) * pos[:, None]
   group_tpr = (pred @ member) / jnp.maximum(jnp.sum(member, axis=0), 1.0)
   violations = tpr - group_tpr - eps
-  return {"acc": acc, "tpr": tpr, "group_tpr": group_tpr, "violations": violations,
-          "max_violation": jnp.max(violations)}
+  return {
+    "acc": acc,
+    "tpr": tpr,
+    "group_tpr": group_tpr,
+    "violations": violations,
+    "max_violation": jnp.max(violations),
+  }

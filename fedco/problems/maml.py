@@ -86,6 +86,7 @@ class MAML:
     first_order: stop the gradient through the inner gradients (``J_g = I``).
     loss: pointwise ``(prediction, target) -> scalar``; a task loss is its mean over points.
   """
+
   apply_fn: Callable[..., jax.Array]
   inner_lr: float
   inner_steps: int = 1
@@ -109,8 +110,16 @@ class MAML:
     preds = jax.vmap(lambda xi: self.apply_fn(params, xi))(x)
     return jnp.mean(jax.vmap(self.loss)(preds, y))
 
-  def adapt(self, params, x, y, *, steps: Optional[int] = None,
-            inner_lr: Optional[float] = None, first_order: Optional[bool] = None):
+  def adapt(
+    self,
+    params,
+    x,
+    y,
+    *,
+    steps: Optional[int] = None,
+    inner_lr: Optional[float] = None,
+    first_order: Optional[bool] = None,
+  ):
     """``steps`` unrolled steps ``w = w - a grad L(w; x, y)`` (defaults: the problem's)."""
     steps = self.inner_steps if steps is None else steps
     lr = self.inner_lr if inner_lr is None else inner_lr
@@ -127,8 +136,9 @@ class MAML:
 
   def inner(self, params, episode) -> PyTree:
     """``g(w; e)``: adapted parameters of every task slot, leaves ``[T, *param_shape]``."""
-    return jax.vmap(lambda x, y: self.adapt(params, x, y))(episode["support_x"],
-                                                            episode["support_y"])
+    return jax.vmap(lambda x, y: self.adapt(params, x, y))(
+      episode["support_x"], episode["support_y"]
+    )
 
   def query_losses(self, table, episode) -> jax.Array:
     """``[T]``: each slot's query loss at its own entry of the parameter table."""
@@ -151,13 +161,14 @@ class MAML:
     """The MAML loss written directly, ``sum_t w_t L_t(adapt_t(w); query_t)``."""
     return self.outer(self.inner(params, episode), episode)
 
-  def adapted_losses(self, params, episode, *, steps: Optional[int] = None,
-                     inner_lr: Optional[float] = None) -> jax.Array:
+  def adapted_losses(
+    self, params, episode, *, steps: Optional[int] = None, inner_lr: Optional[float] = None
+  ) -> jax.Array:
     """``[T]`` query losses after ``steps`` adaptation steps (``steps=0``: before)."""
     steps = self.inner_steps if steps is None else steps
-    table = jax.vmap(lambda x, y: self.adapt(params, x, y, steps=steps, inner_lr=inner_lr,
-                                             first_order=True))(
-        episode["support_x"], episode["support_y"])
+    table = jax.vmap(
+      lambda x, y: self.adapt(params, x, y, steps=steps, inner_lr=inner_lr, first_order=True)
+    )(episode["support_x"], episode["support_y"])
     return self.query_losses(table, episode)
 
   # ---- problems --------------------------------------------------------------------------
@@ -168,8 +179,9 @@ class MAML:
   def da_problem(self, gamma: float, shift: float = 0.0, name: str = "da_maml") -> base.Problem:
     _validate.positive("gamma", gamma)
     shift = _validate.real("shift", shift)
-    return base.local_inner(self.inner, self.da_outer(gamma, shift), outer_uses_data=True,
-                            name=name)
+    return base.local_inner(
+      self.inner, self.da_outer(gamma, shift), outer_uses_data=True, name=name
+    )
 
 
 def task_weights(episode) -> jax.Array:
@@ -180,8 +192,15 @@ def task_weights(episode) -> jax.Array:
   return jnp.full((t,), 1.0 / t, jnp.float32)
 
 
-def maml(apply_fn, inner_lr: float, *, inner_steps: int = 1, first_order: bool = False,
-         loss=squared_error, name: str = "maml") -> base.Problem:
+def maml(
+  apply_fn,
+  inner_lr: float,
+  *,
+  inner_steps: int = 1,
+  first_order: bool = False,
+  loss=squared_error,
+  name: str = "maml",
+) -> base.Problem:
   """MAML (SPEC 4.4) over episodes (see the module docstring for the example layout).
 
   Args:
@@ -194,9 +213,17 @@ def maml(apply_fn, inner_lr: float, *, inner_steps: int = 1, first_order: bool =
   return MAML(apply_fn, inner_lr, inner_steps, first_order, loss).problem(name)
 
 
-def da_maml(apply_fn, inner_lr: float, gamma: float, *, shift: float = 0.0,
-            inner_steps: int = 1, first_order: bool = False, loss=squared_error,
-            name: str = "da_maml") -> base.Problem:
+def da_maml(
+  apply_fn,
+  inner_lr: float,
+  gamma: float,
+  *,
+  shift: float = 0.0,
+  inner_steps: int = 1,
+  first_order: bool = False,
+  loss=squared_error,
+  name: str = "da_maml",
+) -> base.Problem:
   """DA-MAML (SPEC 4.5, paper 001 eq. 10): outer ``sum_t w_t exp((L_t - shift)/gamma)``.
 
   See the module docstring for the float32 range; ``shift`` divides the objective by

@@ -42,8 +42,9 @@ def example_loss(apply_fn: Callable, loss: Callable) -> Callable:
   return fn
 
 
-def adapt(apply_fn: Callable, loss: Callable, params, batch, weights, inner_lr: float,
-          steps: int = 1):
+def adapt(
+  apply_fn: Callable, loss: Callable, params, batch, weights, inner_lr: float, steps: int = 1
+):
   """``steps`` gradient steps of rate ``inner_lr`` on the weighted batch loss (personalisation)."""
   per_example = example_loss(apply_fn, loss)
 
@@ -56,9 +57,16 @@ def adapt(apply_fn: Callable, loss: Callable, params, batch, weights, inner_lr: 
   return params
 
 
-def personalized_maml(apply_fn: Callable, inner_lr: float, loss: Callable, *,
-                      first_order: bool = False, gamma: Optional[float] = None,
-                      shift: float = 0.0, name: Optional[str] = None) -> base.Problem:
+def personalized_maml(
+  apply_fn: Callable,
+  inner_lr: float,
+  loss: Callable,
+  *,
+  first_order: bool = False,
+  gamma: Optional[float] = None,
+  shift: float = 0.0,
+  name: Optional[str] = None,
+) -> base.Problem:
   """MAML (``gamma=None``) or DA-MAML (``gamma > 0``) with one task per client.
 
   Args:
@@ -96,5 +104,4 @@ def personalized_maml(apply_fn: Callable, inner_lr: float, loss: Callable, *,
   if gamma is not None:
     link = lambda v: jnp.exp((v - shift) / gamma)
   label = name or ("maml" if gamma is None else "da_maml")
-  return base.local_inner(inner, per_example, outer_uses_data=True, name=label,
-                          outer_link=link)
+  return base.local_inner(inner, per_example, outer_uses_data=True, name=label, outer_link=link)

@@ -26,6 +26,7 @@ class ClientView(NamedTuple):
     id_offset: resident blocks only: the compact example id of the block's first row, so the
       ids an algorithm sees equal those of a one-process run (``None`` otherwise).
   """
+
   examples: Any
   start: jax.Array
   count: jax.Array
@@ -33,8 +34,9 @@ class ClientView(NamedTuple):
   id_offset: Optional[jax.Array] = None
 
 
-def draw(key, view: ClientView, batch_size: Optional[int], max_count: int, *,
-         return_rows: bool = False):
+def draw(
+  key, view: ClientView, batch_size: Optional[int], max_count: int, *, return_rows: bool = False
+):
   """One client's batch from its view: rows gathered by position, and weights summing to 1.
 
   ``batch_size=None`` takes the client's whole data: ``max_count`` positions (static), those
@@ -59,8 +61,9 @@ def draw(key, view: ClientView, batch_size: Optional[int], max_count: int, *,
   return batch, weights, rows if view.id_offset is None else rows + view.id_offset
 
 
-def draw_batch(key, data: FederatedData, client, batch_size: Optional[int], *,
-               return_rows: bool = False):
+def draw_batch(
+  key, data: FederatedData, client, batch_size: Optional[int], *, return_rows: bool = False
+):
   """Client ``client``'s batch of ``data`` (see :func:`draw`): ``(batch, weights)``, and the
   drawn example rows with ``return_rows=True``. Traceable; ``client`` may be traced.
 
@@ -71,8 +74,9 @@ def draw_batch(key, data: FederatedData, client, batch_size: Optional[int], *,
   return draw(key, view, batch_size, data.max_count, return_rows=return_rows)
 
 
-def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=None,
-                weights=(None, None, None)):
+def oracle_args(
+  problem: Problem, inner_batch, outer_batch, next_inner_batch=None, weights=(None, None, None)
+):
   """The keyword arguments an algorithm's ``update`` takes, bound to the given batches.
 
   Returns ``(grad_h_fn, kwargs)``: ``grad_h_fn(params)`` is ``grad h(x; outer_batch)`` (or
@@ -97,9 +101,10 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
   kwargs = {}
   if problem.compositional:
     kwargs = dict(
-        inner_fn=lambda x: problem.inner_value(x, inner_batch, wg),
-        outer_fn=lambda y: problem.outer_value(y, outer_batch, wf),
-        next_inner_fn=lambda x: problem.inner_value(x, next_inner_batch, wn))
+      inner_fn=lambda x: problem.inner_value(x, inner_batch, wg),
+      outer_fn=lambda y: problem.outer_value(y, outer_batch, wf),
+      next_inner_fn=lambda x: problem.inner_value(x, next_inner_batch, wn),
+    )
     if problem.outer_link is not None:  # the loss inside the link (normalised ComFedL)
       kwargs["unlinked_outer_fn"] = lambda y: problem.unlinked_outer_value(y, outer_batch, wf)
   grad_h = None
@@ -107,7 +112,8 @@ def oracle_args(problem: Problem, inner_batch, outer_batch, next_inner_batch=Non
     grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)
     kwargs["extra_fn"] = lambda x: problem.extra_value(x, outer_batch, wf)
     kwargs["example_losses_fn"] = lambda x: jax.vmap(problem.extra, in_axes=(None, 0))(
-        x, outer_batch)
+      x, outer_batch
+    )
     kwargs["example_weights"] = wf
   return grad_h, kwargs
 

@@ -30,8 +30,9 @@ class NonFiniteError(FloatingPointError):
 
 def _scalar(name, shape_dtype):
   if tuple(shape_dtype.shape) != ():
-    raise ValueError(f"the problem's {name} function must return a scalar, got shape "
-                     f"{tuple(shape_dtype.shape)}")
+    raise ValueError(
+      f"the problem's {name} function must return a scalar, got shape {tuple(shape_dtype.shape)}"
+    )
 
 
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
@@ -44,30 +45,38 @@ def _check_dtypes(params, examples):
     dtype = jnp.asarray(leaf).dtype
     if not jnp.issubdtype(dtype, jnp.inexact):
       raise ValueError(
-          f"params{jax.tree_util.keystr(path)} has dtype {dtype}; params must be float32 or "
-          "float64 arrays (they are differentiated), e.g. jnp.asarray(params, jnp.float32)")
+        f"params{jax.tree_util.keystr(path)} has dtype {dtype}; params must be float32 or "
+        "float64 arrays (they are differentiated), e.g. jnp.asarray(params, jnp.float32)"
+      )
   for what, tree in (("params", params), ("data.examples", examples)):
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       if jnp.asarray(leaf).dtype in _LOW_PRECISION:
         raise ValueError(
-            f"{what}{jax.tree_util.keystr(path)} has dtype {jnp.asarray(leaf).dtype}; fedco's "
-            "trackers and averages need float32 or float64. Cast first, e.g. "
-            "jax.tree.map(lambda a: a.astype(jnp.float32), tree)")
+          f"{what}{jax.tree_util.keystr(path)} has dtype {jnp.asarray(leaf).dtype}; fedco's "
+          "trackers and averages need float32 or float64. Cast first, e.g. "
+          "jax.tree.map(lambda a: a.astype(jnp.float32), tree)"
+        )
 
 
 def _check_kinds(problem: Problem, algorithm: Algorithm):
   kind = algorithm.problem_kind
   if kind == "plain":
     if problem.extra is None:
-      raise ValueError(f"{algorithm.name} trains on the extra (non-compositional) term, but "
-                       f"problem {problem.name!r} has none; use fedco.problems.plain(loss)")
+      raise ValueError(
+        f"{algorithm.name} trains on the extra (non-compositional) term, but "
+        f"problem {problem.name!r} has none; use fedco.problems.plain(loss)"
+      )
     return
   if not problem.compositional:
-    raise ValueError(f"{algorithm.name} needs a compositional problem (inner and outer), got "
-                     f"the plain problem {problem.name!r}")
+    raise ValueError(
+      f"{algorithm.name} needs a compositional problem (inner and outer), got "
+      f"the plain problem {problem.name!r}"
+    )
   if problem.kind != kind:
-    raise ValueError(f"{algorithm.name} solves {kind}-inner problems, but problem "
-                     f"{problem.name!r} is {problem.kind}-inner")
+    raise ValueError(
+      f"{algorithm.name} solves {kind}-inner problems, but problem "
+      f"{problem.name!r} is {problem.kind}-inner"
+    )
 
 
 def _check_rows_finite(rows, host_metrics):
@@ -78,8 +87,13 @@ def _check_rows_finite(rows, host_metrics):
       values = np.asarray(value)
       if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
         shown = np.array2string(values, threshold=8, precision=4)
-        raise NonFiniteError(f"round {row['round']}: the host metric {name} is not finite "
-                             f"({shown})", row["round"], None, host_metrics, name)
+        raise NonFiniteError(
+          f"round {row['round']}: the host metric {name} is not finite ({shown})",
+          row["round"],
+          None,
+          host_metrics,
+          name,
+        )
 
 
 def _data_note(data) -> str:
@@ -91,8 +105,10 @@ def _data_note(data) -> str:
     values = np.asarray(leaf)
     if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
       row = int(np.argwhere(~np.isfinite(values))[0][0])
-      return (f"The data hold non-finite values (field {jax.tree_util.keystr(path)}, row "
-              f"{row}): fix the data.")
+      return (
+        f"The data hold non-finite values (field {jax.tree_util.keystr(path)}, row "
+        f"{row}): fix the data."
+      )
   return "The data are finite: the iterates diverged."
 
 
@@ -101,27 +117,38 @@ def _check_finite(metrics, state, rounds_before):
   first, then scalar metrics before per-client vectors)."""
   count = len(metrics["clients"]) if "clients" in metrics else 0
   evaluated = np.asarray(metrics.get("evaluated", np.ones(count, bool)), bool)
-  names = sorted((k for k, v in metrics.items()
-                  if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype,
-                                                                      np.floating)),
-                 key=lambda k: (k != "objective", np.ndim(metrics[k]) > 1))
+  names = sorted(
+    (
+      k
+      for k, v in metrics.items()
+      if k not in ("evaluated", "clients") and np.issubdtype(np.asarray(v).dtype, np.floating)
+    ),
+    key=lambda k: (k != "objective", np.ndim(metrics[k]) > 1),
+  )
   first = None
   for name in names:
     values = np.asarray(metrics[name]).reshape(evaluated.shape[0], -1)
     bad = np.flatnonzero(evaluated & ~np.all(np.isfinite(values), axis=1))
     if bad.size and (first is None or bad[0] < first[0]):
       first = (int(bad[0]), name, values[bad[0]])
-  model_finite = all(bool(np.all(np.isfinite(np.asarray(l))))
-                     for l in jax.tree.leaves(fetch(state.server["params"])))
+  model_finite = all(
+    bool(np.all(np.isfinite(np.asarray(l)))) for l in jax.tree.leaves(fetch(state.server["params"]))
+  )
   all_nan = first is not None and all(
-      bool(np.all(np.isnan(np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]])))
-      for n in names)
+    bool(np.all(np.isnan(np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]])))
+    for n in names
+  )
   if all_nan and not model_finite:  # NaN everywhere: the model itself diverged, say so
     r = rounds_before + first[0] + 1
     raise NonFiniteError(
-        f"round {r}: the model diverged (its metrics {', '.join(names[:3])} are not finite "
-        "from this evaluated round on). Lower the learning rate, or check the data for NaN or "
-        "out-of-range labels and the problem's exp/log terms.", r, None, (), "model")
+      f"round {r}: the model diverged (its metrics {', '.join(names[:3])} are not finite "
+      "from this evaluated round on). Lower the learning rate, or check the data for NaN or "
+      "out-of-range labels and the problem's exp/log terms.",
+      r,
+      None,
+      (),
+      "model",
+    )
   if first is not None:
     r = rounds_before + first[0] + 1
     values = first[2]
@@ -131,19 +158,32 @@ def _check_finite(metrics, state, rounds_before):
       bad_clients = np.flatnonzero(~np.isfinite(values)).tolist()
       shown = np.array2string(values[bad_clients], threshold=6, precision=4)
       what = f"{first[1]} is not finite for client(s) {bad_clients[:10]} ({shown})"
-    others = [n for n in names if n != first[1] and not np.all(np.isfinite(
-        np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]]))]
+    others = [
+      n
+      for n in names
+      if n != first[1]
+      and not np.all(np.isfinite(np.asarray(metrics[n]).reshape(evaluated.shape[0], -1)[first[0]]))
+    ]
     if others:
       what += f", and so are {', '.join(others[:3])}" + (" ..." if len(others) > 3 else "")
-    earlier = np.flatnonzero(evaluated[:first[0]])
-    before = (f"round {rounds_before + int(earlier[-1]) + 1} was finite" if earlier.size
-              else "the rounds before it were finite" if rounds_before
-              else "it was the first evaluated round")
+    earlier = np.flatnonzero(evaluated[: first[0]])
+    before = (
+      f"round {rounds_before + int(earlier[-1]) + 1} was finite"
+      if earlier.size
+      else "the rounds before it were finite"
+      if rounds_before
+      else "it was the first evaluated round"
+    )
     raise NonFiniteError(
-        f"round {r}: {what} ({before}). Lower the learning rate, or check the data for NaN "
-        "or out-of-range labels and the problem's exp/log terms.", r, None, (), first[1])
+      f"round {r}: {what} ({before}). Lower the learning rate, or check the data for NaN "
+      "or out-of-range labels and the problem's exp/log terms.",
+      r,
+      None,
+      (),
+      first[1],
+    )
   if not model_finite:
     last = int(fetch(state.round))
     raise NonFiniteError(
-        f"rounds {rounds_before + 1}-{last}: the server model has non-finite "
-        "values", last, None)
+      f"rounds {rounds_before + 1}-{last}: the server model has non-finite values", last, None
+    )

@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
-from flax import errors as flax_errors
 import numpy as np
 import optax
+from flax import errors as flax_errors
 
 from fedco import _labels, _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
@@ -34,6 +34,7 @@ class RunConfig:
   """The validated settings of one simulation (see :class:`~fedco.runtime.Simulator` for
   their meaning). Frozen: the compiled round closes over it, so nothing can change under it.
   """
+
   problem: Problem
   algorithm: Algorithm
   layout: Any  # a layouts.Compact or layouts.Resident
@@ -64,34 +65,53 @@ class RunConfig:
     return self.participation < 1 or self.straggler_prob > 0
 
 
-def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
-                clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
-                outer_batch_size: Optional[int] = -1, paired_batches: bool = False,
-                evaluate: bool = True, exact_grad_norm: bool = False,
-                metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
-                eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
-                participation: float = 1.0, straggler_prob: float = 0.0,
-                compression=None, privacy=None) -> RunConfig:
+def make_config(
+  problem: Problem,
+  algorithm: Algorithm,
+  data: FederatedData,
+  *,
+  clients_per_round: Optional[int] = None,
+  batch_size: Optional[int] = 32,
+  outer_batch_size: Optional[int] = -1,
+  paired_batches: bool = False,
+  evaluate: bool = True,
+  exact_grad_norm: bool = False,
+  metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
+  eval_every: int = 1,
+  mesh: Optional[jax.sharding.Mesh] = None,
+  participation: float = 1.0,
+  straggler_prob: float = 0.0,
+  compression=None,
+  privacy=None,
+) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
   if not isinstance(problem, Problem):
     raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
   if not isinstance(algorithm, Algorithm):
     hint = ""
     if isinstance(algorithm, optax.GradientTransformation):
-      hint = ("; optax.chain and optax.inject_hyperparams drop the communication plan: use "
-              "fedco.chain / fedco.inject_hyperparams, which keep it")
-    raise ValueError(f"algorithm must be a fedco Algorithm, got "
-                     f"{type(algorithm).__name__}{hint}")
+      hint = (
+        "; optax.chain and optax.inject_hyperparams drop the communication plan: use "
+        "fedco.chain / fedco.inject_hyperparams, which keep it"
+      )
+    raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}{hint}")
   if not isinstance(data, FederatedData):
     raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
   _check_kinds(problem, algorithm)
   n = data.num_clients
   if problem.num_clients is not None and problem.num_clients != n:
-    raise ValueError(f"problem {problem.name!r} was built for num_clients="
-                     f"{problem.num_clients}, but data holds {n} clients; build it with "
-                     f"num_clients={n}")
-  m = n if clients_per_round is None else _validate.positive_int(
-      "clients_per_round", clients_per_round, maximum=n, note="the number of clients")
+    raise ValueError(
+      f"problem {problem.name!r} was built for num_clients="
+      f"{problem.num_clients}, but data holds {n} clients; build it with "
+      f"num_clients={n}"
+    )
+  m = (
+    n
+    if clients_per_round is None
+    else _validate.positive_int(
+      "clients_per_round", clients_per_round, maximum=n, note="the number of clients"
+    )
+  )
   if batch_size is not None:
     _validate.positive_int("batch_size", batch_size)
   if outer_batch_size == -1:
@@ -101,9 +121,11 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   if not isinstance(paired_batches, bool):
     raise ValueError(f"paired_batches must be a bool, got {paired_batches!r}")
   if paired_batches and outer_batch_size != batch_size:
-    raise ValueError(f"paired_batches=True draws the outer batch as the inner one, so "
-                     f"outer_batch_size must equal batch_size={batch_size!r}, got "
-                     f"{outer_batch_size!r}")
+    raise ValueError(
+      f"paired_batches=True draws the outer batch as the inner one, so "
+      f"outer_batch_size must equal batch_size={batch_size!r}, got "
+      f"{outer_batch_size!r}"
+    )
   eval_every = _validate.positive_int("eval_every", eval_every)
   mesh = check_mesh(mesh)
   _validate.open_unit("participation", participation, closed_right=True)
@@ -112,20 +134,38 @@ def make_config(problem: Problem, algorithm: Algorithm, data: FederatedData, *,
   smallest = int(np.min(np.asarray(data.counts)))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
-      warnings.warn(f"{name}={size} is larger than the smallest client ({smallest} "
-                    "examples): batches are drawn with replacement, so its rows repeat",
-                    stacklevel=3)
+      warnings.warn(
+        f"{name}={size} is larger than the smallest client ({smallest} "
+        "examples): batches are drawn with replacement, so its rows repeat",
+        stacklevel=3,
+      )
       break
   layout = layouts.for_data(data, m, mesh)
   link = uplink.make_uplink(algorithm, n, m, compression, privacy)
-  return RunConfig(problem, algorithm, layout, n, m, batch_size, outer_batch_size,
-                   paired_batches, evaluate, exact_grad_norm, metrics_fn, eval_every, mesh,
-                   participation, straggler_prob, link)
+  return RunConfig(
+    problem,
+    algorithm,
+    layout,
+    n,
+    m,
+    batch_size,
+    outer_batch_size,
+    paired_batches,
+    evaluate,
+    exact_grad_norm,
+    metrics_fn,
+    eval_every,
+    mesh,
+    participation,
+    straggler_prob,
+    link,
+  )
 
 
 _FLAX_SHAPE = re.compile(
-    r'parameter "(?P<name>[^"]*)" in "(?P<scope>[^"]*)".*?expected to generate shape '
-    r'(?P<want>\([^)]*\)).*?received has shape (?P<got>\([^)]*\))')
+  r'parameter "(?P<name>[^"]*)" in "(?P<scope>[^"]*)".*?expected to generate shape '
+  r'(?P<want>\([^)]*\)).*?received has shape (?P<got>\([^)]*\))'
+)
 
 
 def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTree:
@@ -134,13 +174,15 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
   params = jax.tree.map(jnp.asarray, params)
   _check_dtypes(params, data.examples)
   # Shapes only: indexing a multi-process array on the host would move a row.
-  example = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)),
-                         data.examples)
+  example = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), data.examples
+  )
 
   def over_data(fn):  # labels read from the example are checked against the data's values
     def traced(*args):
       with _labels.from_data(args[-1], data.examples, data.flat_rows):
         return fn(*args)
+
     return traced
 
   def trace():
@@ -160,17 +202,20 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
   except flax_errors.ScopeParamShapeError as err:  # a flax model's parameter, wrong shape
     found = _FLAX_SHAPE.search(str(err))
     if found is None:
-      raise ValueError(f"params do not fit problem {problem.name!r}: "
-                       f"{str(err).splitlines()[0]}") from None
+      raise ValueError(
+        f"params do not fit problem {problem.name!r}: {str(err).splitlines()[0]}"
+      ) from None
     raise ValueError(
-        f"params do not fit problem {problem.name!r}: the model's parameter "
-        f"{found['name']!r} in {found['scope']!r} has shape {found['want']}, but params give "
-        f"it shape {found['got']}; build params with the model's init (e.g. "
-        f"fedco.models.init_params)") from None
+      f"params do not fit problem {problem.name!r}: the model's parameter "
+      f"{found['name']!r} in {found['scope']!r} has shape {found['want']}, but params give "
+      f"it shape {found['got']}; build params with the model's init (e.g. "
+      f"fedco.models.init_params)"
+    ) from None
   except (TypeError, ValueError, IndexError, KeyError, flax_errors.FlaxError) as err:
     shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
     raise ValueError(
-        f"params and data do not fit problem {problem.name!r}: params shapes "
-        f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
-        f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}") from None
+      f"params and data do not fit problem {problem.name!r}: params shapes "
+      f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
+      f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}"
+    ) from None
   return params

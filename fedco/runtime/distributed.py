@@ -66,16 +66,25 @@ PyTree = Any
 
 
 def _check_int(name, value, low, high=None):
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low or (
-      high is not None and value > high):
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, (int, np.integer))
+    or value < low
+    or (high is not None and value > high)
+  ):
     bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
     raise ValueError(f"{name} must be an integer in {bounds}, got {value!r}")
   return int(value)
 
 
-def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
-               local_device_count: Optional[int] = None,
-               initialization_timeout: int = 300) -> None:
+def initialize(
+  coordinator_address: str,
+  num_processes: int,
+  process_id: int,
+  *,
+  local_device_count: Optional[int] = None,
+  initialization_timeout: int = 300,
+) -> None:
   """Join this process to a multi-process JAX run (call before any other JAX work).
 
   Args:
@@ -91,36 +100,46 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
     RuntimeError: JAX's backend was already initialised in this process.
   """
   if not isinstance(coordinator_address, str) or coordinator_address.count(":") < 1:
-    raise ValueError(f"coordinator_address must be a 'host:port' string, got "
-                     f"{coordinator_address!r}")
+    raise ValueError(
+      f"coordinator_address must be a 'host:port' string, got {coordinator_address!r}"
+    )
   host, _, port = coordinator_address.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise ValueError(f"coordinator_address must be a 'host:port' string with a port in "
-                     f"[1, 65535], got {coordinator_address!r}")
+    raise ValueError(
+      f"coordinator_address must be a 'host:port' string with a port in "
+      f"[1, 65535], got {coordinator_address!r}"
+    )
   num_processes = _check_int("num_processes", num_processes, 1)
   process_id = _check_int("process_id", process_id, 0, num_processes - 1)
   _check_int("initialization_timeout", initialization_timeout, 1)
   if local_device_count is not None:
     local_device_count = _check_int("local_device_count", local_device_count, 1)
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+
   if getattr(xla_bridge, "backends_are_initialized", lambda: False)():
-    raise RuntimeError("fedco.runtime.distributed.initialize must run before any JAX "
-                       "computation or device query in this process")
+    raise RuntimeError(
+      "fedco.runtime.distributed.initialize must run before any JAX "
+      "computation or device query in this process"
+    )
   if local_device_count is not None:
     jax.config.update("jax_num_cpu_devices", local_device_count)
   # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                             initialization_timeout=initialization_timeout)
+  jax.distributed.initialize(
+    coordinator_address, num_processes, process_id, initialization_timeout=initialization_timeout
+  )
 
 
 def _default_mesh(mesh):
   if mesh is None:
     from fedco.runtime.simulator import client_mesh  # pylint: disable=g-import-not-at-top
+
     return client_mesh()
   if not isinstance(mesh, jax.sharding.Mesh) or CLIENTS not in mesh.axis_names:
-    raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
-                     f"fedco.runtime.client_mesh), got {mesh!r}")
+    raise ValueError(
+      f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
+      f"fedco.runtime.client_mesh), got {mesh!r}"
+    )
   return mesh
 
 
@@ -132,9 +151,11 @@ def _position_owners(mesh) -> List[int]:
   for i, row in enumerate(devices):
     procs = {d.process_index for d in row}
     if len(procs) != 1:
-      raise ValueError(f"position {i} of the mesh's {CLIENTS!r} axis spans processes "
-                       f"{sorted(procs)}; every device replicating a block of clients must "
-                       "belong to one process")
+      raise ValueError(
+        f"position {i} of the mesh's {CLIENTS!r} axis spans processes "
+        f"{sorted(procs)}; every device replicating a block of clients must "
+        "belong to one process"
+      )
     owners.append(procs.pop())
   return owners
 
@@ -153,28 +174,37 @@ def client_layout(num_clients: int, mesh: Optional[jax.sharding.Mesh] = None):
   return c, c * d, [owners[j // c] for j in range(c * d)]
 
 
-def process_clients(num_clients: int, mesh: Optional[jax.sharding.Mesh] = None,
-                    process_index: Optional[int] = None) -> List[int]:
+def process_clients(
+  num_clients: int, mesh: Optional[jax.sharding.Mesh] = None, process_index: Optional[int] = None
+) -> List[int]:
   """The client ids process ``process_index`` (default: this one) holds, ascending.
 
   See the module docstring for the rule; with :func:`fedco.runtime.client_mesh` the ids form
   one contiguous range. A process may own none when ``K`` is small.
   """
   _, _, owners = client_layout(num_clients, mesh)
-  p = jax.process_index() if process_index is None else _check_int(
-      "process_index", process_index, 0, jax.process_count() - 1)
+  p = (
+    jax.process_index()
+    if process_index is None
+    else _check_int("process_index", process_index, 0, jax.process_count() - 1)
+  )
   return [k for k, o in enumerate(owners[:num_clients]) if o == p]
 
 
 def _spec_checksum(structure, leaves) -> int:
-  text = repr((str(structure), [(tuple(np.shape(l)[1:]), str(np.asarray(l).dtype))
-                                for l in leaves]))
+  text = repr(
+    (str(structure), [(tuple(np.shape(l)[1:]), str(np.asarray(l).dtype)) for l in leaves])
+  )
   return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
-def global_data(local_clients, num_clients: int,
-                mesh: Optional[jax.sharding.Mesh] = None, *,
-                client_sizes: Optional[Sequence[int]] = None) -> ClientBlockData:
+def global_data(
+  local_clients,
+  num_clients: int,
+  mesh: Optional[jax.sharding.Mesh] = None,
+  *,
+  client_sizes: Optional[Sequence[int]] = None,
+) -> ClientBlockData:
   """Federated data whose examples are sharded over ``mesh`` from each process's own clients.
 
   Every process calls this with the same ``num_clients`` and ``mesh`` (it is collective when
@@ -205,37 +235,48 @@ def global_data(local_clients, num_clients: int,
   mine = [k for k, o in enumerate(owners[:num_clients]) if o == me]
   if isinstance(local_clients, Mapping):
     if sorted(local_clients) != mine:
-      raise ValueError(f"local_clients must hold exactly this process's clients {mine} (see "
-                       f"process_clients), got ids {sorted(local_clients)}")
+      raise ValueError(
+        f"local_clients must hold exactly this process's clients {mine} (see "
+        f"process_clients), got ids {sorted(local_clients)}"
+      )
     local = {int(k): local_clients[k] for k in mine}
   else:
     if len(local_clients) != len(mine):
-      raise ValueError(f"local_clients must hold this process's {len(mine)} clients {mine} "
-                       f"(see process_clients), got {len(local_clients)}")
+      raise ValueError(
+        f"local_clients must hold this process's {len(mine)} clients {mine} "
+        f"(see process_clients), got {len(local_clients)}"
+      )
     local = dict(zip(mine, local_clients))
   if not local:
-    raise ValueError(f"process {me} owns no clients ({num_clients} clients over "
-                     f"{mesh.shape[CLIENTS]} mesh positions); use fewer devices or more "
-                     "clients so every process holds at least one")
+    raise ValueError(
+      f"process {me} owns no clients ({num_clients} clients over "
+      f"{mesh.shape[CLIENTS]} mesh positions); use fewer devices or more "
+      "clients so every process holds at least one"
+    )
   first = next(iter(local.values()))
   structure = jax.tree.structure(first)
   host = {}
   for k, ex in local.items():
     if jax.tree.structure(ex) != structure:
-      raise ValueError(f"client {k}'s examples have structure {jax.tree.structure(ex)}, "
-                       f"expected {structure}")
+      raise ValueError(
+        f"client {k}'s examples have structure {jax.tree.structure(ex)}, expected {structure}"
+      )
     leaves = [np.asarray(l) for l in jax.tree.leaves(ex)]
     if not leaves or any(l.ndim == 0 for l in leaves):
       raise ValueError(f"client {k}'s examples need leaves with a leading example axis")
     sizes = {l.shape[0] for l in leaves}
     if len(sizes) != 1 or 0 in sizes:
-      raise ValueError(f"client {k}'s example leaves need one non-zero leading size, got "
-                       f"shapes {[l.shape for l in leaves]}")
+      raise ValueError(
+        f"client {k}'s example leaves need one non-zero leading size, got "
+        f"shapes {[l.shape for l in leaves]}"
+      )
     ref = [np.asarray(l) for l in jax.tree.leaves(first)]
     for a, b in zip(leaves, ref):
       if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
-        raise ValueError(f"client {k}'s example leaf {a.shape[1:]} {a.dtype} differs from "
-                         f"client {mine[0]}'s {b.shape[1:]} {b.dtype}")
+        raise ValueError(
+          f"client {k}'s example leaf {a.shape[1:]} {a.dtype} differs from "
+          f"client {mine[0]}'s {b.shape[1:]} {b.dtype}"
+        )
     host[k] = leaves
   checksum = _spec_checksum(structure, host[mine[0]])
   local_counts = np.zeros(num_blocks + 1, np.int64)
@@ -244,19 +285,24 @@ def global_data(local_clients, num_clients: int,
   local_counts[num_blocks] = checksum
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     gathered = np.asarray(multihost_utils.process_allgather(local_counts.astype(np.int32)))
   else:
     gathered = local_counts[None].astype(np.int32)
   if len(set(gathered[:, num_blocks].tolist())) != 1:
-    raise ValueError("processes disagree on the examples' structure, trailing shapes or "
-                     f"dtypes (checksums {gathered[:, num_blocks].tolist()})")
+    raise ValueError(
+      "processes disagree on the examples' structure, trailing shapes or "
+      f"dtypes (checksums {gathered[:, num_blocks].tolist()})"
+    )
   counts = gathered[:, :num_clients].sum(axis=0).astype(np.int64)
   if client_sizes is not None:
     given = np.asarray(client_sizes, np.int64).reshape(-1)
     if given.shape != (num_clients,) or np.any(given[mine] != counts[mine]):
-      raise ValueError(f"client_sizes must list the {num_clients} clients' example counts; "
-                       f"this process's clients {mine} have {counts[mine].tolist()}, "
-                       f"client_sizes says {np.asarray(client_sizes).tolist()}")
+      raise ValueError(
+        f"client_sizes must list the {num_clients} clients' example counts; "
+        f"this process's clients {mine} have {counts[mine].tolist()}, "
+        f"client_sizes says {np.asarray(client_sizes).tolist()}"
+      )
   if np.any(counts < 1):
     raise ValueError(f"every client needs at least one example; counts {counts.tolist()}")
   max_n = int(counts.max())
@@ -265,8 +311,9 @@ def global_data(local_clients, num_clients: int,
     """Block ``j`` (``max_n`` rows) of leaf ``leaf``, from this process's data only."""
     if j < num_clients:
       if j not in host:  # the layout guarantees this never happens
-        raise AssertionError(f"process {me} asked for client {j}'s rows, owned by "
-                             f"process {owners[j]}")
+        raise AssertionError(
+          f"process {me} asked for client {j}'s rows, owned by process {owners[j]}"
+        )
       a = host[j][leaf]
       pad = np.repeat(a[:1], max_n - a.shape[0], axis=0)
       return np.concatenate([a, pad])
@@ -290,11 +337,13 @@ def global_data(local_clients, num_clients: int,
 
   owner = np.full((num_blocks, max_n), num_clients, np.int32)
   for k in range(num_clients):
-    owner[k, :counts[k]] = k
+    owner[k, : counts[k]] = k
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   offsets = np.arange(num_clients, dtype=np.int32) * max_n  # client k's block starts here
-  meta = jax.device_put((counts.astype(np.int32), offsets, np.arange(rows, dtype=np.int32),
-                         owner.reshape(-1)), replicated)
+  meta = jax.device_put(
+    (counts.astype(np.int32), offsets, np.arange(rows, dtype=np.int32), owner.reshape(-1)),
+    replicated,
+  )
   return ClientBlockData(examples, *meta, max_count=max_n)
 
 
@@ -312,6 +361,7 @@ def fetch(tree: PyTree) -> PyTree:
     if x.sharding.is_fully_replicated:
       return np.asarray(x.addressable_data(0))
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
   return jax.tree.map(one, tree)

@@ -20,8 +20,7 @@ def flat_examples(cfg, data):
 
 def client_objectives(cfg, params, data, flat):
   """``(objective, per-client losses)`` of ``params`` over every client's whole data."""
-  return cfg.problem.evaluate(params, flat, data.flat_owner, data.flat_weights(),
-                              cfg.num_clients)
+  return cfg.problem.evaluate(params, flat, data.flat_owner, data.flat_weights(), cfg.num_clients)
 
 
 def maybe_metrics(cfg, completed, params, data, flat, final_round, metrics_data=None):
@@ -36,9 +35,14 @@ def maybe_metrics(cfg, completed, params, data, flat, final_round, metrics_data=
   shapes = jax.eval_shape(compute, params)
   if not shapes:
     return {}
-  skip = lambda p: jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype)
-                                if jnp.issubdtype(s.dtype, jnp.inexact)
-                                else jnp.zeros(s.shape, s.dtype), shapes)
+  skip = lambda p: jax.tree.map(
+    lambda s: (
+      jnp.full(s.shape, jnp.nan, s.dtype)
+      if jnp.issubdtype(s.dtype, jnp.inexact)
+      else jnp.zeros(s.shape, s.dtype)
+    ),
+    shapes,
+  )
   due = (completed == 1) | (completed % cfg.eval_every == 0) | (completed == final_round)
   out = jax.lax.cond(due, compute, skip, params)
   return {**out, "evaluated": due}
@@ -57,6 +61,7 @@ def metrics(cfg, params, data, flat, metrics_data=None):
       obj, losses = objective(params)
     out["objective"], out["client_losses"] = obj, losses
   if cfg.metrics_fn is not None:
-    out.update(cfg.metrics_fn(params) if metrics_data is None
-               else cfg.metrics_fn(params, metrics_data))
+    out.update(
+      cfg.metrics_fn(params) if metrics_data is None else cfg.metrics_fn(params, metrics_data)
+    )
   return out

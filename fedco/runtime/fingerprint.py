@@ -55,31 +55,48 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
   cfg = sim.config
   algorithm, problem, data = cfg.algorithm, cfg.problem, sim.data
   # round_start_value changes nothing without an outer link: older fingerprints stay
-  plan = {k: describe(v) for k, v in cfg.plan._asdict().items() if k != "round_start_reduce"
-          and not (k == "round_start_value" and (v == "inner" or problem.outer_link is None))}
+  plan = {
+    k: describe(v)
+    for k, v in cfg.plan._asdict().items()
+    if k != "round_start_reduce"
+    and not (k == "round_start_value" and (v == "inner" or problem.outer_link is None))
+  }
   probe = None
-  if all(not isinstance(a, jax.Array) or a.is_fully_addressable
-         for a in jax.tree.leaves(data.examples)):
+  if all(
+    not isinstance(a, jax.Array) or a.is_fully_addressable for a in jax.tree.leaves(data.examples)
+  ):
     start, count = int(data.offsets[0]), min(int(data.counts[0]), 8)
-    rows = np.asarray(data.flat_rows[start:start + count])
+    rows = np.asarray(data.flat_rows[start : start + count])
     batch = jax.tree.map(lambda a: a[rows], data.examples)
     weights = np.full((count,), 1.0 / count, np.result_type(float))
     probe = array_digest(problem.client_objective(params, batch, weights))
   description = {
-      "algorithm": {"name": algorithm.name,
-                    "arguments": describe(algorithm.__dict__.get("arguments")), "plan": plan},
-      "problem": {"name": problem.name, "kind": problem.kind, "probe": probe},
-      "data": {"digest": array_digest((data.examples, data.counts, data.flat_rows)),
-               "clients": data.num_clients, "examples": data.num_examples},
-      "seed": describe(seed),
-      "initial_state": array_digest(state),
-      "options": {"clients_per_round": cfg.clients_per_round, "batch_size": cfg.batch_size,
-                  "outer_batch_size": cfg.outer_batch_size,
-                  "paired_batches": cfg.paired_batches, "evaluate": cfg.evaluate,
-                  "exact_grad_norm": cfg.exact_grad_norm, "eval_every": cfg.eval_every,
-                  "participation": cfg.participation, "straggler_prob": cfg.straggler_prob,
-                  "metrics_fn": describe(cfg.metrics_fn),
-                  "mesh": None if cfg.mesh is None else dict(cfg.mesh.shape)},
+    "algorithm": {
+      "name": algorithm.name,
+      "arguments": describe(algorithm.__dict__.get("arguments")),
+      "plan": plan,
+    },
+    "problem": {"name": problem.name, "kind": problem.kind, "probe": probe},
+    "data": {
+      "digest": array_digest((data.examples, data.counts, data.flat_rows)),
+      "clients": data.num_clients,
+      "examples": data.num_examples,
+    },
+    "seed": describe(seed),
+    "initial_state": array_digest(state),
+    "options": {
+      "clients_per_round": cfg.clients_per_round,
+      "batch_size": cfg.batch_size,
+      "outer_batch_size": cfg.outer_batch_size,
+      "paired_batches": cfg.paired_batches,
+      "evaluate": cfg.evaluate,
+      "exact_grad_norm": cfg.exact_grad_norm,
+      "eval_every": cfg.eval_every,
+      "participation": cfg.participation,
+      "straggler_prob": cfg.straggler_prob,
+      "metrics_fn": describe(cfg.metrics_fn),
+      "mesh": None if cfg.mesh is None else dict(cfg.mesh.shape),
+    },
   }
   if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
     description["options"]["uplink"] = describe(cfg.uplink.describe())

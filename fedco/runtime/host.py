@@ -19,12 +19,14 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
-from fedco import _validate, io as fedco_io
+from fedco import _validate
+from fedco import io as fedco_io
 from fedco.runtime.interrupts import Interrupted, interrupt_guard  # noqa: F401 (re-exported)
 
 
-def rows(metrics: Mapping[str, np.ndarray], first_round: int,
-         labels: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+def rows(
+  metrics: Mapping[str, np.ndarray], first_round: int, labels: Optional[Mapping[str, Any]] = None
+) -> List[Dict[str, Any]]:
   """One row per evaluated round of a chunk: ``{"round": r, **labels, metric: value}``.
 
   Scalars become floats; small vectors (``client_losses``) lists; ``clients`` and
@@ -50,8 +52,11 @@ def rows(metrics: Mapping[str, np.ndarray], first_round: int,
 
 def finite_row(row: Mapping[str, Any]) -> bool:
   """Whether every number of a row is finite (a diverged round's row is not written)."""
-  return all(np.all(np.isfinite(np.asarray(v, float))) for k, v in row.items()
-             if isinstance(v, (float, list)))
+  return all(
+    np.all(np.isfinite(np.asarray(v, float)))
+    for k, v in row.items()
+    if isinstance(v, (float, list))
+  )
 
 
 class RowWriter:
@@ -77,8 +82,7 @@ def _append(path: str, text: str) -> None:
 
 
 def _is_later_row_of(row: Mapping[str, Any], round_: int, labels: Mapping[str, Any]) -> bool:
-  return row.get("round", 0) > round_ and all(str(row.get(k)) == str(v)
-                                               for k, v in labels.items())
+  return row.get("round", 0) > round_ and all(str(row.get(k)) == str(v) for k, v in labels.items())
 
 
 class JsonlWriter(RowWriter):
@@ -131,8 +135,11 @@ class CsvWriter(RowWriter):
       return
     with open(self.path, encoding="utf-8", newline="") as f:
       table = list(csv.DictReader(f))
-    kept = [r for r in table
-            if not _is_later_row_of({**r, "round": int(r.get("round") or 0)}, round_, labels)]
+    kept = [
+      r
+      for r in table
+      if not _is_later_row_of({**r, "round": int(r.get("round") or 0)}, round_, labels)
+    ]
     if len(kept) != len(table):
       buffer = io.StringIO()
       writer = csv.DictWriter(buffer, self.columns)
@@ -155,8 +162,11 @@ class TensorBoardWriter(RowWriter):
 
   def write(self, rows):
     for row in rows:
-      prefix = "/".join(str(v) for k, v in row.items()
-                        if k != "round" and isinstance(v, (str, int)) and not isinstance(v, bool))
+      prefix = "/".join(
+        str(v)
+        for k, v in row.items()
+        if k != "round" and isinstance(v, (str, int)) and not isinstance(v, bool)
+      )
       for name, value in row.items():
         if isinstance(value, float):
           self._writer.add_scalar(f"{prefix}/{name}" if prefix else name, value, row["round"])
@@ -175,9 +185,15 @@ class ProgressBar:
     self._steady = None  # (rounds done, time) when the first chunk ended
     if enabled:
       from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
-      self._bar = tqdm(total=total, initial=initial, desc=label, unit="round", leave=True,
-                       bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
-                                  "rounds{postfix}")
+
+      self._bar = tqdm(
+        total=total,
+        initial=initial,
+        desc=label,
+        unit="round",
+        leave=True,
+        bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} rounds{postfix}",
+      )
 
   def update(self, done: int, metric: Optional[float] = None, name: str = "objective"):
     if self._bar is None:
@@ -230,8 +246,9 @@ class RoundAction:
     if out is None:
       return None
     if not isinstance(out, Mapping):
-      raise ValueError(f"a RoundAction's fn must return a dict of numbers or None, got "
-                       f"{type(out).__name__}")
+      raise ValueError(
+        f"a RoundAction's fn must return a dict of numbers or None, got {type(out).__name__}"
+      )
     return {k: (float(v) if np.ndim(v) == 0 else np.asarray(v).tolist()) for k, v in out.items()}
 
 

@@ -43,7 +43,6 @@ class Interrupted(KeyboardInterrupt):
     return cls(f"interrupted {name} {when}: {rows}", done)
 
 
-
 class _StopRequest:
   def __init__(self):
     self.requested = False
@@ -113,5 +112,6 @@ def interrupt_guard():
     _guards.pop()
     signal.signal(signal.SIGINT, previous)
   if stop.requested:  # a stop that no run inside the block honoured
-    raise Interrupted("interrupted: the block ended after Ctrl-C; everything it ran is "
-                      "written", None)
+    raise Interrupted(
+      "interrupted: the block ended after Ctrl-C; everything it ran is written", None
+    )

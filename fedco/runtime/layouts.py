@@ -31,16 +31,21 @@ def for_data(data: FederatedData, clients_per_round: int, mesh):
   """The layout for ``data``: resident for client blocks, compact otherwise."""
   if isinstance(data, ClientBlockData):
     if mesh is not None and data.num_blocks % mesh.shape[CLIENTS]:
-      raise ValueError(f"data has {data.num_blocks} client blocks, not a multiple of the "
-                       f"mesh's {mesh.shape[CLIENTS]} {CLIENTS!r} positions; build it with "
-                       "fedco.runtime.distributed.global_data on the same mesh")
+      raise ValueError(
+        f"data has {data.num_blocks} client blocks, not a multiple of the "
+        f"mesh's {mesh.shape[CLIENTS]} {CLIENTS!r} positions; build it with "
+        "fedco.runtime.distributed.global_data on the same mesh"
+      )
     if mesh is not None and any(
-        isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
-        and leaf.sharding.mesh != mesh for leaf in jax.tree.leaves(data.examples)):
-      raise ValueError("data's examples are laid out on another mesh than mesh=; build them "
-                       "with fedco.runtime.distributed.global_data on the same mesh")
-    return Resident(data.num_clients, clients_per_round, mesh, data.max_count,
-                    data.num_blocks)
+      isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
+      and leaf.sharding.mesh != mesh
+      for leaf in jax.tree.leaves(data.examples)
+    ):
+      raise ValueError(
+        "data's examples are laid out on another mesh than mesh=; build them "
+        "with fedco.runtime.distributed.global_data on the same mesh"
+      )
+    return Resident(data.num_clients, clients_per_round, mesh, data.max_count, data.num_blocks)
   return Compact(data.num_clients, clients_per_round, mesh, data.max_count)
 
 
@@ -62,8 +67,9 @@ class Compact:
 
   def init_views(self, data) -> Tuple[jax.Array, ClientView]:
     """Every client's view, for the initial states: ``(ids, views)``."""
-    return jnp.arange(self.num_clients), ClientView(data.examples, data.offsets, data.counts,
-                                                     data.flat_rows)
+    return jnp.arange(self.num_clients), ClientView(
+      data.examples, data.offsets, data.counts, data.flat_rows
+    )
 
   def cut(self, tree):
     """Slot values -> one per client (nothing to cut in this layout)."""
@@ -86,19 +92,20 @@ class Compact:
 
   def take(self, tree, ids):
     """Per-client values (leading axis ``K``) -> per-slot values."""
-    return tree if self.direct else jax.tree.map(
-        lambda a: jnp.take(a, ids, axis=0, mode="clip"), tree)
+    return (
+      tree if self.direct else jax.tree.map(lambda a: jnp.take(a, ids, axis=0, mode="clip"), tree)
+    )
 
   def views(self, data, ids) -> ClientView:
     """The round's slot views (clients ``ids``), laid along the mesh."""
-    start, count = place((self.take(data.offsets, ids), self.take(data.counts, ids)),
-                         self.mesh)
+    start, count = place((self.take(data.offsets, ids), self.take(data.counts, ids)), self.mesh)
     return ClientView(data.examples, start, count, data.flat_rows)
 
   def client_losses(self, data, fn, ids):
     """``fn(k, view)`` for each listed client ``k``."""
-    return self.map(fn)(ids, ClientView(data.examples, data.offsets[ids], data.counts[ids],
-                                        data.flat_rows))
+    return self.map(fn)(
+      ids, ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
+    )
 
 
 class Resident(Compact):
@@ -106,8 +113,9 @@ class Resident(Compact):
 
   resident = True
 
-  def __init__(self, num_clients: int, clients_per_round: int, mesh, max_count: int,
-               num_blocks: int):
+  def __init__(
+    self, num_clients: int, clients_per_round: int, mesh, max_count: int, num_blocks: int
+  ):
     super().__init__(num_clients, clients_per_round, mesh, max_count)
     self.slots = num_blocks
     self.direct = self.slots == num_clients == clients_per_round
@@ -128,15 +136,16 @@ class Resident(Compact):
     blocks = jax.tree.map(lambda a: a.reshape((b, rows) + a.shape[1:]), data.examples)
     counts = data.counts.astype(jnp.int32)
     starts = jnp.cumsum(counts) - counts
-    blocks, count, offset = place((blocks, jnp.take(data.counts, real),
-                                   jnp.take(starts, real)), self.mesh)
+    blocks, count, offset = place(
+      (blocks, jnp.take(data.counts, real), jnp.take(starts, real)), self.mesh
+    )
     return ids, ClientView(blocks, jnp.zeros([], jnp.int32), count, None, offset)
 
   def init_views(self, data):
     return self._block_views(data)
 
   def cut(self, tree):
-    return jax.tree.map(lambda a: a[:self.num_clients], tree)
+    return jax.tree.map(lambda a: a[: self.num_clients], tree)
 
   def map(self, fn):
     return client_vmap(fn, self.mesh, (0, _VIEW_RESIDENT))

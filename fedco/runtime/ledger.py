@@ -19,6 +19,7 @@ class Ledger(NamedTuple):
   bits (:mod:`fedco.compression`), any other its floats' size. ``uplink`` describes the
   codecs and the privacy mechanism (``None`` without them).
   """
+
   up: Dict[str, int]
   down: Dict[str, int]
   clients_per_round: int
@@ -31,11 +32,12 @@ class Ledger(NamedTuple):
 
   def per_round(self) -> Dict[str, int]:
     """Total floats over all participating clients in one round, both directions."""
-    return {"up": self.clients_per_round * sum(self.up.values()),
-            "down": self.clients_per_round * sum(self.down.values())}
+    return {
+      "up": self.clients_per_round * sum(self.up.values()),
+      "down": self.clients_per_round * sum(self.down.values()),
+    }
 
-  def _totals(self, per_client_up, per_step_up, per_client_down, rounds, survivors,
-              local_steps):
+  def _totals(self, per_client_up, per_step_up, per_client_down, rounds, survivors, local_steps):
     """Run totals of one unit (floats or bytes) over participating clients."""
     total_up = self.clients_per_round * sum(per_client_up.values()) * rounds
     total_down = self.clients_per_round * sum(per_client_down.values()) * rounds
@@ -51,28 +53,41 @@ class Ledger(NamedTuple):
   def as_dict(self, rounds: int, survivors=None, local_steps=None) -> Dict[str, Any]:
     """Per-client items and run totals; ``survivors`` (``bool [rounds, m]``) and
     ``local_steps`` (``[rounds, m]``, steps each client did) count only what was sent."""
-    total_up, total_down = self._totals(self.up, self.per_step_up, self.down, rounds,
-                                        survivors, local_steps)
-    out = {"up_per_client_per_round": dict(self.up),
-           "down_per_client_per_round": dict(self.down),
-           "clients_per_round": self.clients_per_round,
-           "rounds": rounds,
-           "total_up": int(total_up),
-           "total_down": int(total_down)}
+    total_up, total_down = self._totals(
+      self.up, self.per_step_up, self.down, rounds, survivors, local_steps
+    )
+    out = {
+      "up_per_client_per_round": dict(self.up),
+      "down_per_client_per_round": dict(self.down),
+      "clients_per_round": self.clients_per_round,
+      "rounds": rounds,
+      "total_up": int(total_up),
+      "total_down": int(total_down),
+    }
     if self.up_bytes:
-      bytes_up, bytes_down = self._totals(self.up_bytes, self.per_step_up_bytes,
-                                          self.down_bytes, rounds, survivors, local_steps)
-      out.update(bytes_up_per_client_per_round=dict(self.up_bytes),
-                 bytes_down_per_client_per_round=dict(self.down_bytes),
-                 total_bytes_up=float(bytes_up), total_bytes_down=float(bytes_down))
+      bytes_up, bytes_down = self._totals(
+        self.up_bytes, self.per_step_up_bytes, self.down_bytes, rounds, survivors, local_steps
+      )
+      out.update(
+        bytes_up_per_client_per_round=dict(self.up_bytes),
+        bytes_down_per_client_per_round=dict(self.down_bytes),
+        total_bytes_up=float(bytes_up),
+        total_bytes_down=float(bytes_down),
+      )
     if self.uplink is not None:
       out["uplink"] = dict(self.uplink)
       if self.uplink.get("noise_multiplier"):  # 0: clipping only, no epsilon
         from fedco import privacy  # pylint: disable=g-import-not-at-top
+
         u = self.uplink
         out["uplink"]["epsilon"] = privacy.epsilon_spent(
-            u["noise_multiplier"], u["sampling_rate"], sum(u["messages_per_round"].values()),
-            rounds, u["delta"], init_messages=u["messages_at_init"])
+          u["noise_multiplier"],
+          u["sampling_rate"],
+          sum(u["messages_per_round"].values()),
+          rounds,
+          u["delta"],
+          init_messages=u["messages_at_init"],
+        )
     return out
 
   def run_totals(self, rounds: int, metrics: Dict[str, Any]) -> Dict[str, Any]:

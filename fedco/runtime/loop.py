@@ -22,8 +22,7 @@ from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import fingerprint, host
-from fedco.runtime.checks import (NonFiniteError, _check_finite, _check_rows_finite,
-                                  _data_note)
+from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
 
@@ -49,6 +48,7 @@ class SimulationResult:
       ``{"round": r, **metric_labels, name: value}``, in round order; a resumed run's
       earlier rows come back from its checkpoint.
   """
+
   params: PyTree
   random_params: PyTree
   state: SimState
@@ -58,14 +58,27 @@ class SimulationResult:
   host_metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params: PyTree, *,
-             rounds: int, seed=0, chunk_rounds: Optional[int] = None, progress: bool = False,
-             check_finite: bool = True, checkpoint_dir=None,
-             checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
-             checkpoint_mismatch: str = "error",
-             progress_metric: str = "objective", metric_writers=(), actions=(),
-             metric_labels: Optional[Dict[str, Any]] = None,
-             **simulator_kwargs) -> SimulationResult:
+def simulate(
+  problem: Problem,
+  algorithm: Algorithm,
+  data: FederatedData,
+  params: PyTree,
+  *,
+  rounds: int,
+  seed=0,
+  chunk_rounds: Optional[int] = None,
+  progress: bool = False,
+  check_finite: bool = True,
+  checkpoint_dir=None,
+  checkpoint_every: Optional[int] = None,
+  keep_checkpoints: int = 3,
+  checkpoint_mismatch: str = "error",
+  progress_metric: str = "objective",
+  metric_writers=(),
+  actions=(),
+  metric_labels: Optional[Dict[str, Any]] = None,
+  **simulator_kwargs,
+) -> SimulationResult:
   """Run ``rounds`` rounds and collect the per-round metrics on the host.
 
   Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
@@ -115,8 +128,11 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   before the call stops it before round 1. A second Ctrl-C ends the process at once.
   """
   rounds = _validate.positive_int("rounds", rounds)
-  chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
-      "chunk_rounds", chunk_rounds)
+  chunk = (
+    min(rounds, 100)
+    if chunk_rounds is None
+    else _validate.positive_int("chunk_rounds", chunk_rounds)
+  )
   _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
   private = simulator_kwargs.get("privacy")
   if isinstance(private, privacy_lib.ClientDP):
@@ -129,28 +145,32 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
     from fedco.io import DirectoryLock  # pylint: disable=g-import-not-at-top
-    every = chunk if checkpoint_every is None else _validate.positive_int(
-        "checkpoint_every", checkpoint_every)
+
+    every = (
+      chunk
+      if checkpoint_every is None
+      else _validate.positive_int("checkpoint_every", checkpoint_every)
+    )
     lock = DirectoryLock(checkpoint_dir, what="checkpoint_dir")
     if jax.process_index() == 0:  # a multi-process run shares the directory: one holder
       lock.acquire()
     try:
       description = fingerprint.describe_run(sim, fetch(state.server["params"]), seed, state)
-      run_id = {"fingerprint": fingerprint.fingerprint(description),
-                "description": description}
+      run_id = {"fingerprint": fingerprint.fingerprint(description), "description": description}
       ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
       if ckpt.latest_round() is not None:
         try:
-          done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True,
-                                                            run=run_id)
+          done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True, run=run_id)
         except checkpoint_lib.RunMismatchError:
           if checkpoint_mismatch == "error":
             raise
           ckpt.delete_all()
           history = None
         if done > rounds:
-          raise ValueError(f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
-                           "another checkpoint_dir or more rounds")
+          raise ValueError(
+            f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
+            "another checkpoint_dir or more rounds"
+          )
         if done:
           print(f"resumed from round {done} ({checkpoint_dir})", file=sys.stderr, flush=True)
         collected = [history] if history else []
@@ -226,15 +246,21 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           except NonFiniteError as err:
             err.args = (f"{err.args[0]} {_data_note(sim.data)}",) + err.args[1:]
             if ckpt is not None:  # the last good state, round 0 included
-              ckpt.save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {},
-                        host_metrics, run=run_id)
+              ckpt.save(
+                done,
+                last_good,
+                _stack(collected[:-1]) if collected[:-1] else {},
+                host_metrics,
+                run=run_id,
+              )
             err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
             if stop.requested:  # the user asked to stop: that, not the divergence, ends it
-              raise interrupted(f"in rounds {done + 1}-{done + size} of {rounds}, which "
-                                f"diverged ({err.args[0]})") from err
+              raise interrupted(
+                f"in rounds {done + 1}-{done + size} of {rounds}, which diverged ({err.args[0]})"
+              ) from err
             raise
         done += size
-        rows = act(lambda a: a.due(done, rounds))
+        rows = act(lambda a, done=done: a.due(done, rounds))
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
           ckpt.save(done, state, _stack(collected), host_metrics, run=run_id)
         shown = None
@@ -248,8 +274,9 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
           raise interrupted(f"after round {done} of {rounds}")
       if stop.requested:  # during the last chunk: the run is complete, and still stops
         err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
-        err.result = _result(sim, state, collected, rounds, time.perf_counter() - start,
-                             host_metrics)
+        err.result = _result(
+          sim, state, collected, rounds, time.perf_counter() - start, host_metrics
+        )
         raise err
   finally:
     bar.close()
@@ -262,8 +289,15 @@ def simulate(problem: Problem, algorithm: Algorithm, data: FederatedData, params
 
 
 def _result(sim, state, collected, rounds, seconds, host_metrics):
-  return SimulationResult(state.server["params"], state.random_params, state, _stack(collected),
-                          _ledger(sim, state, collected, rounds), seconds, host_metrics)
+  return SimulationResult(
+    state.server["params"],
+    state.random_params,
+    state,
+    _stack(collected),
+    _ledger(sim, state, collected, rounds),
+    seconds,
+    host_metrics,
+  )
 
 
 def _act(action, state, done, labels):

@@ -16,17 +16,25 @@ CLIENTS = "clients"
 def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
   """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices (default all)."""
   available = jax.device_count()
-  num = available if num_devices is None else _validate.positive_int(
-      "num_devices", num_devices, maximum=available, note="the devices present")
+  num = (
+    available
+    if num_devices is None
+    else _validate.positive_int(
+      "num_devices", num_devices, maximum=available, note="the devices present"
+    )
+  )
   return jax.sharding.Mesh(np.array(jax.devices()[:num]), (CLIENTS,))
 
 
 def check_mesh(mesh) -> Optional[jax.sharding.Mesh]:
   """``mesh`` if it is ``None`` or a mesh with a ``"clients"`` axis, else a ``ValueError``."""
-  if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh)
-                           or CLIENTS not in mesh.axis_names):
-    raise ValueError(f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
-                     f"fedco.runtime.client_mesh), got {mesh!r}")
+  if mesh is not None and (
+    not isinstance(mesh, jax.sharding.Mesh) or CLIENTS not in mesh.axis_names
+  ):
+    raise ValueError(
+      f"mesh must be a jax.sharding.Mesh with a {CLIENTS!r} axis (see "
+      f"fedco.runtime.client_mesh), got {mesh!r}"
+    )
   return mesh
 
 

@@ -41,6 +41,7 @@ class SimState(NamedTuple):
     uplink: every client's codec state per compressed field (``{field: [K, ...]}``,
       :mod:`~fedco.runtime.uplink`); ``()`` without compression.
   """
+
   round: jax.Array
   key: jax.Array
   server: Dict[str, PyTree]
@@ -62,8 +63,9 @@ def broadcast(tree, m):
 def client_weights(cfg, counts, mask=None):
   """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
   mask = jnp.ones(counts.shape, bool) if mask is None else mask
-  c = counts.astype(_float()) if cfg.plan.weighting == "samples" else jnp.ones(
-      counts.shape, _float())
+  c = (
+    counts.astype(_float()) if cfg.plan.weighting == "samples" else jnp.ones(counts.shape, _float())
+  )
   c = jnp.where(mask, c, 0.0)
   total = jnp.sum(c)
   return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
@@ -87,9 +89,10 @@ def init_state(cfg, params, key, data) -> SimState:
   up = cfg.uplink
   if up is not None and up.private:  # the trackers' common start is the clients' data too
     k_noise = jax.random.fold_in(k_init, _UPLINK_STREAM)
-    means = {f: up.private_init_mean(f, get_field(clients, f), w,
-                                     jax.random.fold_in(k_noise, i))
-             for i, f in enumerate(plan.init_fields)}
+    means = {
+      f: up.private_init_mean(f, get_field(clients, f), w, jax.random.fold_in(k_noise, i))
+      for i, f in enumerate(plan.init_fields)
+    }
   else:
     means = {f: mean(get_field(clients, f), w) for f in plan.init_fields}
   clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
@@ -100,8 +103,16 @@ def init_state(cfg, params, key, data) -> SimState:
   uplink = ()
   if up is not None and up.codecs:
     uplink = up.init(server, shared, clients, n)
-  return SimState(jnp.zeros([], jnp.int32), key, server,
-                  cfg.aggregator.init(server, data.counts), shared, clients, params, uplink)
+  return SimState(
+    jnp.zeros([], jnp.int32),
+    key,
+    server,
+    cfg.aggregator.init(server, data.counts),
+    shared,
+    clients,
+    params,
+    uplink,
+  )
 
 
 def _client_step(cfg, round_key, local_step, params, cstate, key, view):
@@ -115,16 +126,18 @@ def _client_step(cfg, round_key, local_step, params, cstate, key, view):
   bn, wn = draw(kn, view, cfg.batch_size, max_count)
   grad_h_fn, kwargs = oracle_args(cfg.problem, bg, bf, bn, (wg, wf, wn))
   grad_h = None if grad_h_fn is None else grad_h_fn(params)
-  return cfg.algorithm.update(grad_h, cstate, params, round_key=round_key,
-                              local_step=local_step, example_rows=rows, **kwargs)
+  return cfg.algorithm.update(
+    grad_h, cstate, params, round_key=round_key, local_step=local_step, example_rows=rows, **kwargs
+  )
 
 
 def _client_losses(cfg, data, params, ids, key):
   """Each listed client's loss of ``params`` on one fresh mini-batch (server queries)."""
 
   def one(k, view):
-    batch, weights = draw(jax.random.fold_in(key, k), view, cfg.outer_batch_size,
-                          cfg.layout.max_count)
+    batch, weights = draw(
+      jax.random.fold_in(key, k), view, cfg.outer_batch_size, cfg.layout.max_count
+    )
     return cfg.problem.client_objective(params, batch, weights)
 
   return cfg.layout.client_losses(data, one, ids)
@@ -143,8 +156,9 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
     batch, weights = draw(key, view, cfg.batch_size, cfg.layout.max_count)
     value = problem.inner_value(params, batch, weights)
     if unlinked:  # the query loss before the link, on a fresh query batch
-      query, query_weights = draw(jax.random.fold_in(key, 1), view, cfg.outer_batch_size,
-                                  cfg.layout.max_count)
+      query, query_weights = draw(
+        jax.random.fold_in(key, 1), view, cfg.outer_batch_size, cfg.layout.max_count
+      )
       value = problem.unlinked_outer_value(value, query, query_weights)
     return value
 
@@ -153,8 +167,9 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
   plain = lambda: mean(values, w) if reduce is None else reduce(values, w)
   if channel is None:
     value = plain()
-    return set_fields(cst, **{f: broadcast(value, ckeys.shape[0])
-                              for f in cfg.plan.round_start}), None
+    return set_fields(
+      cst, **{f: broadcast(value, ckeys.shape[0]) for f in cfg.plan.round_start}
+    ), None
   ust, key, ids, alive = channel
   up, fields = cfg.uplink, {}
   for i, f in enumerate(cfg.plan.round_start):
@@ -190,8 +205,11 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   real = _sample(cfg, k_sample)
   ids, mask, pick = layout.round_slots(real)
   cst = layout.take(state.clients, ids)
-  cst = set_fields(cst, **{f: broadcast(state.server[f], slots) for f in plan.every_round},
-                   **{f: broadcast(state.shared[f], slots) for f in plan.every_step})
+  cst = set_fields(
+    cst,
+    **{f: broadcast(state.server[f], slots) for f in plan.every_round},
+    **{f: broadcast(state.shared[f], slots) for f in plan.every_step},
+  )
   params = broadcast(state.server["params"], slots)
   views = layout.views(data, ids)
   alive, steps = draw_faults(cfg, k_sample, ids, mask)
@@ -206,8 +224,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     ust = ust if sent is None else sent
   if plan.round_start_loss:
     _, losses = evaluation.client_objectives(cfg, state.server["params"], data, flat)
-    cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip")
-                          for f in plan.round_start_loss})
+    cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip") for f in plan.round_start_loss})
   params, cst, ckeys = place((params, cst, ckeys), mesh)
   step_fn = layout.step_map(functools.partial(_client_step, cfg), 3)
   step_channel = () if up is None else up.fields(plan.every_step)
@@ -222,7 +239,8 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     if cfg.faults:  # dropped clients and finished stragglers keep what they had
       active = alive & (t < steps)
       keep = lambda new, old: jnp.where(
-          active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old)
+        active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old
+      )
       new_params = jax.tree.map(keep, new_params, params)
       new_cst = jax.tree.map(keep, new_cst, cst)
     params, cst = new_params, new_cst
@@ -232,17 +250,18 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
         if f in step_channel:  # the delta from the y_bar the step started from
           reference = jax.tree.map(lambda a: a[0], get_field(before, f))
           k = jax.random.fold_in(jax.random.fold_in(k_up, 1 + i), t)
-          means[f], ust = up.send_mean(f, get_field(cst, f), reference, w, ust, k, ids,
-                                       sending)
+          means[f], ust = up.send_mean(f, get_field(cst, f), reference, w, ust, k, ids, sending)
         else:
           means[f] = mean(get_field(cst, f), w)
       cst = set_fields(cst, **{f: broadcast(v, slots) for f, v in means.items()})
     return place((params, cst), mesh) + (ust,), None
 
-  (params, cst, ust), _ = jax.lax.scan(local_step, (params, cst, ust),
-                                       jnp.arange(plan.local_steps))
-  shared = ({f: mean(get_field(cst, f), w) for f in plan.every_step} if not step_channel
-            else {f: jax.tree.map(lambda a: a[0], get_field(cst, f)) for f in plan.every_step})
+  (params, cst, ust), _ = jax.lax.scan(local_step, (params, cst, ust), jnp.arange(plan.local_steps))
+  shared = (
+    {f: mean(get_field(cst, f), w) for f in plan.every_step}
+    if not step_channel
+    else {f: jax.tree.map(lambda a: a[0], get_field(cst, f)) for f in plan.every_step}
+  )
   uploads = {"params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}}
   client_losses = functools.partial(_client_losses, cfg, data)
   if up is not None:
@@ -252,26 +271,33 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   client_values = jax.tree.map(pick, uploads)
   info = RoundInfo(real, pick(w), pick(views.count), n, k_agg, client_losses, pick(alive))
   server, server_opt_state = cfg.aggregator.update(
-      state.server, state.server_opt_state, client_values, info)
+    state.server, state.server_opt_state, client_values, info
+  )
   if cfg.faults:  # a round nobody survived changes nothing on the server
     anyone = jnp.any(alive)
     server, server_opt_state, shared = jax.tree.map(
-        lambda new, old: jnp.where(anyone, new, old), (server, server_opt_state, shared),
-        (state.server, state.server_opt_state, state.shared))
+      lambda new, old: jnp.where(anyone, new, old),
+      (server, server_opt_state, shared),
+      (state.server, state.server_opt_state, state.shared),
+    )
   cst = set_fields(cst, **{f: broadcast(server[f], slots) for f in plan.every_round})
   write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
-  write_back = lambda old, new: new if layout.direct else jax.tree.map(
-      lambda a, b: a.at[write].set(b, mode="drop"), old, new)
+  write_back = lambda old, new: (
+    new if layout.direct else jax.tree.map(lambda a, b: a.at[write].set(b, mode="drop"), old, new)
+  )
   clients = write_back(state.clients, cst)
   uplink = write_back(state.uplink, ust) if up is not None and up.codecs else state.uplink
   completed = state.round + 1
   keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
-  random_params = jax.tree.map(lambda a, b: jnp.where(keep, a, b), server["params"],
-                               state.random_params)
-  new_state = SimState(completed, key, server, server_opt_state, shared, clients,
-                       random_params, uplink)
-  metrics = evaluation.maybe_metrics(cfg, completed, server["params"], data, flat,
-                                     final_round, metrics_data)
+  random_params = jax.tree.map(
+    lambda a, b: jnp.where(keep, a, b), server["params"], state.random_params
+  )
+  new_state = SimState(
+    completed, key, server, server_opt_state, shared, clients, random_params, uplink
+  )
+  metrics = evaluation.maybe_metrics(
+    cfg, completed, server["params"], data, flat, final_round, metrics_data
+  )
   metrics["clients"] = real
   if cfg.faults:
     metrics["survivors"] = pick(alive)
@@ -294,17 +320,27 @@ def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):
       continue
     report = f in cfg.plan.report and f not in cfg.plan.every_round and f != "params"
     reference = None if report else state.server[f]
-    out[f], ust = up.send_each(f, uploads[f], reference, w, ust,
-                               jax.random.fold_in(k_up, 1000 + i), ids, alive,
-                               shared_noise=not (report or up.server_reads_each))
+    out[f], ust = up.send_each(
+      f,
+      uploads[f],
+      reference,
+      w,
+      ust,
+      jax.random.fold_in(k_up, 1000 + i),
+      ids,
+      alive,
+      shared_noise=not (report or up.server_reads_each),
+    )
   return out, ust
 
 
 def _unprivate_losses(*args, **kwargs):
   del args, kwargs
-  raise ValueError("this algorithm's server queries client losses outside its communication "
-                   "plan (DRFA's loss queries), which privacy does not cover; run it "
-                   "without privacy=")
+  raise ValueError(
+    "this algorithm's server queries client losses outside its communication "
+    "plan (DRFA's loss queries), which privacy does not cover; run it "
+    "without privacy="
+  )
 
 
 def run_rounds(cfg, state: SimState, data, rounds: int, final_round=None, metrics_data=None):
@@ -313,5 +349,9 @@ def run_rounds(cfg, state: SimState, data, rounds: int, final_round=None, metric
   last round."""
   flat = evaluation.flat_examples(cfg, data)
   final_round = state.round + rounds if final_round is None else final_round
-  return jax.lax.scan(lambda s, _: round_step(cfg, data, flat, s, final_round, metrics_data),
-                      state, None, length=rounds)
+  return jax.lax.scan(
+    lambda s, _: round_step(cfg, data, flat, s, final_round, metrics_data),
+    state,
+    None,
+    length=rounds,
+  )

@@ -33,7 +33,8 @@ from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, get_field
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
-from fedco.runtime import config, rounds as rounds_lib
+from fedco.runtime import config
+from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.ledger import Ledger, _tree_size
 from fedco.runtime.mesh import CLIENTS, client_mesh, replicated
 from fedco.runtime.rounds import SimState
@@ -94,21 +95,45 @@ class Simulator:
       the evaluated rounds.
   """
 
-  def __init__(self, problem: Problem, algorithm: Algorithm, data: FederatedData, *,
-               clients_per_round: Optional[int] = None, batch_size: Optional[int] = 32,
-               outer_batch_size: Optional[int] = -1, paired_batches: bool = False,
-               evaluate: bool = True,
-               exact_grad_norm: bool = False,
-               metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
-               eval_every: int = 1, mesh: Optional[jax.sharding.Mesh] = None,
-               participation: float = 1.0, straggler_prob: float = 0.0,
-               compression=None, privacy=None, metrics_data=None):
+  def __init__(
+    self,
+    problem: Problem,
+    algorithm: Algorithm,
+    data: FederatedData,
+    *,
+    clients_per_round: Optional[int] = None,
+    batch_size: Optional[int] = 32,
+    outer_batch_size: Optional[int] = -1,
+    paired_batches: bool = False,
+    evaluate: bool = True,
+    exact_grad_norm: bool = False,
+    metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
+    eval_every: int = 1,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    participation: float = 1.0,
+    straggler_prob: float = 0.0,
+    compression=None,
+    privacy=None,
+    metrics_data=None,
+  ):
     self.config = cfg = config.make_config(
-        problem, algorithm, data, clients_per_round=clients_per_round, batch_size=batch_size,
-        outer_batch_size=outer_batch_size, paired_batches=paired_batches, evaluate=evaluate,
-        exact_grad_norm=exact_grad_norm, metrics_fn=metrics_fn, eval_every=eval_every,
-        mesh=mesh, participation=participation, straggler_prob=straggler_prob,
-        compression=compression, privacy=privacy)
+      problem,
+      algorithm,
+      data,
+      clients_per_round=clients_per_round,
+      batch_size=batch_size,
+      outer_batch_size=outer_batch_size,
+      paired_batches=paired_batches,
+      evaluate=evaluate,
+      exact_grad_norm=exact_grad_norm,
+      metrics_fn=metrics_fn,
+      eval_every=eval_every,
+      mesh=mesh,
+      participation=participation,
+      straggler_prob=straggler_prob,
+      compression=compression,
+      privacy=privacy,
+    )
     self.problem, self.algorithm, self.plan = problem, algorithm, algorithm.plan
     self.num_clients, self.clients_per_round = cfg.num_clients, cfg.clients_per_round
     self.batch_size, self.outer_batch_size = cfg.batch_size, cfg.outer_batch_size
@@ -119,9 +144,15 @@ class Simulator:
     self.data = cfg.layout.place_data(data)  # placed once: every run sees the same shardings
     # an argument of the compiled chunk, not a constant in it: runs that differ only in it
     # (seeds with their own held-out sets) compile to the same program
-    self.metrics_data = None if metrics_data is None else (
-        jax.device_put(metrics_data, self._replicated) if mesh is not None
-        else jax.tree.map(jnp.asarray, metrics_data))
+    self.metrics_data = (
+      None
+      if metrics_data is None
+      else (
+        jax.device_put(metrics_data, self._replicated)
+        if mesh is not None
+        else jax.tree.map(jnp.asarray, metrics_data)
+      )
+    )
     # Per-instance jits of pure functions (never a global cache keyed on ``self``), so a
     # dropped simulator and its data are collected.
     self._run = jax.jit(functools.partial(_run_rounds, cfg), static_argnames="rounds")
@@ -159,8 +190,11 @@ class Simulator:
   def ledger(self, state: SimState) -> Ledger:
     """Floats and bytes per participating client per round, split by what was sent."""
     steps = self.plan.local_steps
-    field = lambda f: (state.server["params"] if f == "params"
-                       else jax.tree.map(lambda a: a[0], get_field(state.clients, f)))
+    field = lambda f: (
+      state.server["params"]
+      if f == "params"
+      else jax.tree.map(lambda a: a[0], get_field(state.clients, f))
+    )
     size = lambda f: _tree_size(field(f))
     up = {"params": size("params")}
     for f in self.plan.every_round:
@@ -188,8 +222,17 @@ class Simulator:
     up_bytes = {f: messages[f] * message_bytes(f) for f in up}
     down_bytes = {f: down[f] * itemsize(f) for f in down}
     per_step_bytes = {f: message_bytes(f) for f in self.plan.every_step}
-    return Ledger(up, down, self.clients_per_round, per_step, steps, up_bytes, down_bytes,
-                  per_step_bytes, None if link is None else link.describe())
+    return Ledger(
+      up,
+      down,
+      self.clients_per_round,
+      per_step,
+      steps,
+      up_bytes,
+      down_bytes,
+      per_step_bytes,
+      None if link is None else link.describe(),
+    )
 
   def epsilon(self, rounds):
     """Epsilon spent after ``rounds`` rounds (int or sequence) under ``privacy``, else

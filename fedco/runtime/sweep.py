@@ -67,6 +67,7 @@ class SweepResult:
     ledgers: per run, the communication ledger (``SimulationResult.ledger``).
     seconds: wall time of the rounds, compilation included.
   """
+
   runs: List[Dict[str, Any]]
   params: PyTree
   random_params: PyTree
@@ -79,9 +80,14 @@ class SweepResult:
   def simulation(self, r: int) -> SimulationResult:
     """Run ``r`` as a :class:`SimulationResult` (``seconds``: the whole sweep's)."""
     one = lambda tree: jax.tree.map(lambda a: a[r], tree)
-    return SimulationResult(one(self.params), one(self.random_params), one(self.state),
-                            {k: v[r] for k, v in self.metrics.items()}, self.ledgers[r],
-                            self.seconds)
+    return SimulationResult(
+      one(self.params),
+      one(self.random_params),
+      one(self.state),
+      {k: v[r] for k, v in self.metrics.items()},
+      self.ledgers[r],
+      self.seconds,
+    )
 
 
 def _grid_runs(factory, grid, seeds, static):
@@ -89,12 +95,16 @@ def _grid_runs(factory, grid, seeds, static):
   parameters = inspect.signature(factory).parameters if factory is not None else {}
   for name in names:
     if factory is None:
-      raise ValueError(f"grid: {name!r} needs an algorithm factory (fedco.feddro, ...); an "
-                       f"Algorithm instance sweeps seeds only")
+      raise ValueError(
+        f"grid: {name!r} needs an algorithm factory (fedco.feddro, ...); an "
+        f"Algorithm instance sweeps seeds only"
+      )
     if name not in parameters or name in static:
       numeric = sorted(p for p in parameters if p not in static)
-      raise ValueError(f"grid: {name!r} is not a numeric hyperparameter of "
-                       f"{getattr(factory, '__name__', factory)}; allowed: {numeric}")
+      raise ValueError(
+        f"grid: {name!r} is not a numeric hyperparameter of "
+        f"{getattr(factory, '__name__', factory)}; allowed: {numeric}"
+      )
     values = grid[name]
     if isinstance(values, np.ndarray) and values.ndim == 1:
       values = grid[name] = list(values)
@@ -103,9 +113,11 @@ def _grid_runs(factory, grid, seeds, static):
     for i, value in enumerate(values):  # jnp.asarray of them all must work
       _validate.real(f"grid[{name!r}][{i}]", value)
   if isinstance(seeds, numbers.Integral) and not isinstance(seeds, (bool, np.bool_)):
-    raise ValueError(f"seeds must be a non-empty list of integers >= 0, got the int {seeds!r}: "
-                     f"for {int(seeds)} runs pass seeds=range({int(seeds)}), for the seed "
-                     f"{int(seeds)} alone seeds=[{int(seeds)}]")
+    raise ValueError(
+      f"seeds must be a non-empty list of integers >= 0, got the int {seeds!r}: "
+      f"for {int(seeds)} runs pass seeds=range({int(seeds)}), for the seed "
+      f"{int(seeds)} alone seeds=[{int(seeds)}]"
+    )
   if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
     raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
   seeds = [_validate.positive_int(f"seeds[{i}]", s, minimum=0) for i, s in enumerate(seeds)]
@@ -132,14 +144,27 @@ def _algorithm(algorithm, grid, kwargs, seeds):
   return injected_factory(**kwargs, **first), (seeds, runs)
 
 
-def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data,
-          params: PyTree, *, rounds: int, grid: Optional[Dict[str, Sequence[float]]] = None,
-          seeds: Sequence[int] = (0,), algorithm_kwargs: Optional[Dict[str, Any]] = None,
-          chunk_rounds: Optional[int] = None, progress: bool = False,
-          mesh: Optional[jax.sharding.Mesh] = None, checkpoint_dir=None,
-          checkpoint_every: Optional[int] = None, keep_checkpoints: int = 3,
-          metric_writers=(), metric_labels: Optional[Sequence[Dict[str, Any]]] = None,
-          progress_metric: str = "objective", **simulator_kwargs) -> SweepResult:
+def sweep(
+  problem,
+  algorithm_factory: Callable[..., Algorithm] | Algorithm,
+  data,
+  params: PyTree,
+  *,
+  rounds: int,
+  grid: Optional[Dict[str, Sequence[float]]] = None,
+  seeds: Sequence[int] = (0,),
+  algorithm_kwargs: Optional[Dict[str, Any]] = None,
+  chunk_rounds: Optional[int] = None,
+  progress: bool = False,
+  mesh: Optional[jax.sharding.Mesh] = None,
+  checkpoint_dir=None,
+  checkpoint_every: Optional[int] = None,
+  keep_checkpoints: int = 3,
+  metric_writers=(),
+  metric_labels: Optional[Sequence[Dict[str, Any]]] = None,
+  progress_metric: str = "objective",
+  **simulator_kwargs,
+) -> SweepResult:
   """Run every combination of ``grid`` times ``seeds`` as one vmapped program.
 
   Args:
@@ -175,16 +200,19 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
   finished ``result``), as :func:`fedco.simulate` does.
   """
   rounds = _validate.positive_int("rounds", rounds)
-  chunk = min(rounds, 100) if chunk_rounds is None else _validate.positive_int(
-      "chunk_rounds", chunk_rounds)
+  chunk = (
+    min(rounds, 100)
+    if chunk_rounds is None
+    else _validate.positive_int("chunk_rounds", chunk_rounds)
+  )
   mesh = check_mesh(mesh)
   grid = dict(grid or {})
-  algorithm, (seeds, runs) = _algorithm(algorithm_factory, grid, dict(algorithm_kwargs or {}),
-                                        seeds)
+  algorithm, (seeds, runs) = _algorithm(
+    algorithm_factory, grid, dict(algorithm_kwargs or {}), seeds
+  )
   labels = [dict(l) for l in (runs if metric_labels is None else metric_labels)]
   if len(labels) != len(runs):
-    raise ValueError(f"metric_labels must hold one dict per run ({len(runs)}), got "
-                     f"{len(labels)}")
+    raise ValueError(f"metric_labels must hold one dict per run ({len(runs)}), got {len(labels)}")
   private = simulator_kwargs.get("privacy")
   if isinstance(private, privacy_lib.ClientDP):
     simulator_kwargs["privacy"] = private.over(rounds)
@@ -204,8 +232,9 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
     metrics_data = jax.tree.map(jnp.asarray, metrics_data)
   axes = {}  # per input, the vmap axis of each leaf: 0 (one per run) or None (shared)
   (data, axes["data"]), (params, axes["params"]), (metrics_data, axes["metrics_data"]) = (
-      vmapped.per_run(name, value, seeds, run_seeds)
-      for name, value in (("data", data), ("params", params), ("metrics_data", metrics_data)))
+    vmapped.per_run(name, value, seeds, run_seeds)
+    for name, value in (("data", data), ("params", params), ("metrics_data", metrics_data))
+  )
   values = {k: jnp.asarray([run[k] for run in padded], jnp.result_type(float)) for k in grid}
   keys = jnp.stack([jax.random.PRNGKey(s) for s in run_seeds])
   jit_init, jit_chunk = {}, {}
@@ -214,17 +243,20 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
 
     def place(value, axes):
       leaves, treedef = jax.tree.flatten(value)
-      axes = ([axes] * len(leaves) if axes is None or isinstance(axes, int)
-              else jax.tree.leaves(axes, is_leaf=lambda x: x is None))
-      return treedef.unflatten([jax.device_put(a, along if x == 0 else replicated(mesh))
-                                for a, x in zip(leaves, axes)])
+      axes = (
+        [axes] * len(leaves)
+        if axes is None or isinstance(axes, int)
+        else jax.tree.leaves(axes, is_leaf=lambda x: x is None)
+      )
+      return treedef.unflatten(
+        [jax.device_put(a, along if x == 0 else replicated(mesh)) for a, x in zip(leaves, axes)]
+      )
 
     params, data = place(params, axes["params"]), place(data, axes["data"])
     metrics_data = place(metrics_data, axes["metrics_data"])
     keys, values = jax.device_put((keys, values), along)
     per_round = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, CLIENTS))
-    jit_init, jit_chunk = {"out_shardings": along}, {"out_shardings": (along, along,
-                                                                        per_round)}
+    jit_init, jit_chunk = {"out_shardings": along}, {"out_shardings": (along, along, per_round)}
   run_chunk = vmapped.chunk_program(sim.config, axes, rounds, **jit_chunk)
   start = time.perf_counter()
   states = vmapped.init_program(sim.config, axes, **jit_init)(params, keys, values, data)
@@ -234,10 +266,20 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
   log = sweep_io.RunRows(labels, metric_writers, len(runs))
   ckpt, done = None, 0
   if checkpoint_dir is not None:
-    every = chunk if checkpoint_every is None else _validate.positive_int(
-        "checkpoint_every", checkpoint_every)
-    ckpt = sweep_io.Checkpoints(checkpoint_dir, keep_checkpoints, every, sim, runs,
-                                (params, data, metrics_data), (states, frozen))
+    every = (
+      chunk
+      if checkpoint_every is None
+      else _validate.positive_int("checkpoint_every", checkpoint_every)
+    )
+    ckpt = sweep_io.Checkpoints(
+      checkpoint_dir,
+      keep_checkpoints,
+      every,
+      sim,
+      runs,
+      (params, data, metrics_data),
+      (states, frozen),
+    )
     done, (states, frozen), log.collected = ckpt.restore(rounds, (states, frozen))
   log.rewind()
   name = sweep_io.bar_name(labels, algorithm)
@@ -259,29 +301,31 @@ def sweep(problem, algorithm_factory: Callable[..., Algorithm] | Algorithm, data
           if done < rounds:
             raise interrupted(f"after round {done} of {rounds}")
           err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
-          err.result = _result(sim, runs, states, frozen, log.collected, rounds,
-                               time.perf_counter() - start)
+          err.result = _result(
+            sim, runs, states, frozen, log.collected, rounds, time.perf_counter() - start
+          )
           raise err
   finally:
     bar.close()
     host.close_all(log.writers)
     if ckpt is not None:
       ckpt.close()
-  return _result(sim, runs, states, frozen, log.collected, rounds,
-                 time.perf_counter() - start)
+  return _result(sim, runs, states, frozen, log.collected, rounds, time.perf_counter() - start)
 
 
 def _result(sim, runs, states, frozen, collected, rounds, seconds) -> SweepResult:
   """The finished sweep's :class:`SweepResult`."""
   metrics = dict(collected)
-  diverged = vmapped.divergences(np.asarray(frozen)[:len(runs)], metrics)
-  states = jax.tree.map(lambda a: a[:len(runs)], states)
+  diverged = vmapped.divergences(np.asarray(frozen)[: len(runs)], metrics)
+  states = jax.tree.map(lambda a: a[: len(runs)], states)
   ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
   faults = {k: v for k, v in metrics.items() if k in ("survivors", "local_steps")}
-  ledgers = [ledger.run_totals(rounds, {k: v[r] for k, v in faults.items()})
-             for r in range(len(runs))]
-  return SweepResult(runs, states.server["params"], states.random_params, states, metrics,
-                     diverged, ledgers, seconds)
+  ledgers = [
+    ledger.run_totals(rounds, {k: v[r] for k, v in faults.items()}) for r in range(len(runs))
+  ]
+  return SweepResult(
+    runs, states.server["params"], states.random_params, states, metrics, diverged, ledgers, seconds
+  )
 
 
 __all__ = ["PerSeed", "SweepResult", "sweep"]

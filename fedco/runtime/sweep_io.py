@@ -42,17 +42,21 @@ class RunRows:
     return list(itertools.takewhile(host.finite_row, rows))
 
   def chunk(self, metrics, done, sim):
-    metrics = {k: np.swapaxes(np.asarray(v), 0, 1)[:self.count] for k, v in metrics.items()}
+    metrics = {k: np.swapaxes(np.asarray(v), 0, 1)[: self.count] for k, v in metrics.items()}
     link = sim.config.uplink
     if link is not None and link.private and link.noise_multiplier > 0:  # as simulate's
       size = next(iter(metrics.values())).shape[1]
-      metrics["epsilon"] = np.tile(link.epsilon(np.arange(done + 1, done + size + 1)),
-                                   (self.count, 1))
+      metrics["epsilon"] = np.tile(
+        link.epsilon(np.arange(done + 1, done + size + 1)), (self.count, 1)
+      )
     rows = [row for r in range(self.count) for row in self._rows(r, metrics, done)]
     for writer in self.writers if rows else ():
       writer.write(rows)
-    self.collected = metrics if not self.collected else {
-        k: np.concatenate([self.collected[k], metrics[k]], axis=1) for k in metrics}
+    self.collected = (
+      metrics
+      if not self.collected
+      else {k: np.concatenate([self.collected[k], metrics[k]], axis=1) for k in metrics}
+    )
 
   def shown(self, name) -> Optional[float]:
     """The mean over runs of ``name``'s last finite evaluated value."""
@@ -60,8 +64,9 @@ class RunRows:
     if values is None or values.ndim != 2:
       return None
     evaluated = np.asarray(self.collected.get("evaluated", np.ones(values.shape, bool)))
-    last = [v[e & np.isfinite(v)][-1] for v, e in zip(values, evaluated)
-            if np.any(e & np.isfinite(v))]
+    last = [
+      v[e & np.isfinite(v)][-1] for v, e in zip(values, evaluated) if np.any(e & np.isfinite(v))
+    ]
     return float(np.mean(last)) if last else None
 
 
@@ -71,17 +76,20 @@ class Checkpoints:
   def __init__(self, directory, keep, every, sim, runs, inputs, template):
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
     from fedco.io import DirectoryLock  # pylint: disable=g-import-not-at-top
+
     self.every, self.directory = every, directory
     self.lock = DirectoryLock(directory, what="checkpoint_dir").acquire()
     try:
       params, data, metrics_data = inputs
       first = jax.tree.map(lambda a: a[0], template[0])  # run 0's: the problem's probe
-      description = fingerprint.describe_run(sim, jax.device_get(first.server["params"]),
-                                             [r["seed"] for r in runs], template[0])
-      description["sweep"] = {"runs": fingerprint.describe(runs),
-                              "inputs": fingerprint.array_digest((params, data, metrics_data))}
-      self.run = {"fingerprint": fingerprint.fingerprint(description),
-                  "description": description}
+      description = fingerprint.describe_run(
+        sim, jax.device_get(first.server["params"]), [r["seed"] for r in runs], template[0]
+      )
+      description["sweep"] = {
+        "runs": fingerprint.describe(runs),
+        "inputs": fingerprint.array_digest((params, data, metrics_data)),
+      }
+      self.run = {"fingerprint": fingerprint.fingerprint(description), "description": description}
       self.ckpt = checkpoint_lib.Checkpointer(directory, keep=keep)
     except BaseException:
       self.lock.release()
@@ -92,8 +100,10 @@ class Checkpoints:
       return 0, template, {}
     done, state, history = self.ckpt.restore(template, run=self.run)
     if done > rounds:
-      raise ValueError(f"{self.directory} holds round {done}, past rounds={rounds}; use "
-                       "another checkpoint_dir or more rounds")
+      raise ValueError(
+        f"{self.directory} holds round {done}, past rounds={rounds}; use "
+        "another checkpoint_dir or more rounds"
+      )
     print(f"resumed from round {done} ({self.directory})", file=sys.stderr, flush=True)
     return done, state, history
 

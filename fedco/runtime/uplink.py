@@ -45,6 +45,7 @@ class Uplink:
     init_messages: the ``at_init`` fields every client sends once, before round 1 (their
       mean starts every client's trackers); clipped and noised like the rest.
   """
+
   codecs: Mapping[str, compression_lib.Codec]
   clip: Mapping[str, float]
   noise_multiplier: float
@@ -68,19 +69,28 @@ class Uplink:
     """Epsilon spent after ``rounds`` rounds (int or sequence), ``None`` without privacy."""
     if self.privacy is None:
       return None
-    return privacy_lib.epsilon_spent(self.noise_multiplier, self.sampling_rate,
-                                     sum(self.messages.values()), rounds,
-                                     self.privacy.delta, init_messages=self.init_messages)
+    return privacy_lib.epsilon_spent(
+      self.noise_multiplier,
+      self.sampling_rate,
+      sum(self.messages.values()),
+      rounds,
+      self.privacy.delta,
+      init_messages=self.init_messages,
+    )
 
   def describe(self) -> Dict[str, Any]:
     """What a fingerprint and a ledger record about the uplink."""
     out: Dict[str, Any] = {"codecs": {f: c.name for f, c in sorted(self.codecs.items())}}
     if self.privacy is not None:
-      out.update(clip=dict(sorted(self.clip.items())), noise_multiplier=self.noise_multiplier,
-                 delta=self.privacy.delta, messages_per_round=dict(self.messages),
-                 messages_at_init=self.init_messages, sampling_rate=self.sampling_rate,
-                 accounting="RDP; fixed-size client samples accounted as Poisson at "
-                            "clients_per_round / K")
+      out.update(
+        clip=dict(sorted(self.clip.items())),
+        noise_multiplier=self.noise_multiplier,
+        delta=self.privacy.delta,
+        messages_per_round=dict(self.messages),
+        messages_at_init=self.init_messages,
+        sampling_rate=self.sampling_rate,
+        accounting="RDP; fixed-size client samples accounted as Poisson at clients_per_round / K",
+      )
     return out
 
   # ---- per-client codec state ----------------------------------------------------------
@@ -91,8 +101,7 @@ class Uplink:
     for f, codec in self.codecs.items():
       template = _reference(f, server, shared, clients)
       state = codec.init(template)
-      out[f] = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)),
-                            state)
+      out[f] = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), state)
     return out
 
   def private_init_mean(self, field: str, values, weights, key):
@@ -118,20 +127,22 @@ class Uplink:
     codec = self.codecs.get(field)
     new = None
     if codec is not None:
-      coded, new = jax.vmap(lambda d, s, k: codec.update(d, s, key=k))(
-          deltas, ustate[field], keys)
+      coded, new = jax.vmap(lambda d, s, k: codec.update(d, s, key=k))(deltas, ustate[field], keys)
       deltas = coded
     bound = self.clip.get(field)
     if bound is not None:
       clipped = _clip_each(deltas, bound)
       if isinstance(new, compression_lib.TopKState) and jax.tree.leaves(new.error):
         # error feedback keeps what clipping removed too, so it is sent later
-        new = compression_lib.TopKState(jax.tree.map(
-            lambda e, c, k: e + c - k, new.error, deltas, clipped))
+        new = compression_lib.TopKState(
+          jax.tree.map(lambda e, c, k: e + c - k, new.error, deltas, clipped)
+        )
       deltas = clipped
     if new is not None:
-      ustate = {**ustate, field: jax.tree.map(lambda n, o: jnp.where(mask(n), n, o), new,
-                                              ustate[field])}
+      ustate = {
+        **ustate,
+        field: jax.tree.map(lambda n, o: jnp.where(mask(n), n, o), new, ustate[field]),
+      }
     deltas = jax.tree.map(lambda d: jnp.where(mask(d), d, jnp.zeros_like(d)), deltas)
     return deltas, ustate
 
@@ -148,8 +159,9 @@ class Uplink:
       mean = jax.tree.map(jnp.add, reference, mean)
     return mean, ustate
 
-  def send_each(self, field, values, reference, weights, ustate, key, ids, alive, *,
-                shared_noise: bool):
+  def send_each(
+    self, field, values, reference, weights, ustate, key, ids, alive, *, shared_noise: bool
+  ):
     """Every client's value as the server decodes it: ``(values, codec states)``. With
     ``shared_noise`` the server averages them with ``weights`` (summing to 1), so one noise
     draw added to all lands once on that mean; otherwise each value gets its own."""
@@ -165,7 +177,8 @@ class Uplink:
       else:  # each client's own draw, keyed by its id (not its slot)
         std = self.noise_multiplier * self.clip[field]
         noise = jax.vmap(lambda k: _noise(one, std, k))(
-            jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids))
+          jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids)
+        )
         deltas = jax.tree.map(jnp.add, deltas, noise)
     if reference is not None:
       deltas = jax.tree.map(lambda d, r: d + r, deltas, reference)
@@ -188,8 +201,9 @@ def _noise(tree, std, key):
   """Gaussian noise of standard deviation ``std`` shaped and typed like ``tree``."""
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, len(leaves))
-  return jax.tree.unflatten(treedef, [(std * jax.random.normal(k, a.shape)).astype(a.dtype)
-                                      for a, k in zip(leaves, keys)])
+  return jax.tree.unflatten(
+    treedef, [(std * jax.random.normal(k, a.shape)).astype(a.dtype) for a, k in zip(leaves, keys)]
+  )
 
 
 def _add_noise(tree, std, key):
@@ -207,8 +221,14 @@ def _reference(field, server, shared, clients):
 
 def sent_fields(plan) -> Tuple[str, ...]:
   """Every field a client sends up: ``params`` and the plan's communicated state fields."""
-  names = ("params",) + tuple(plan.every_step) + tuple(plan.every_round) + tuple(
-      plan.round_start) + tuple(plan.report) + tuple(plan.init_fields)
+  names = (
+    ("params",)
+    + tuple(plan.every_step)
+    + tuple(plan.every_round)
+    + tuple(plan.round_start)
+    + tuple(plan.report)
+    + tuple(plan.init_fields)
+  )
   return tuple(dict.fromkeys(names))
 
 
@@ -217,8 +237,9 @@ def delta_fields(plan) -> Tuple[str, ...]:
   return ("params",) + tuple(plan.every_step) + tuple(plan.every_round)
 
 
-def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression,
-                privacy) -> Optional[Uplink]:
+def make_uplink(
+  algorithm, num_clients: int, clients_per_round: int, compression, privacy
+) -> Optional[Uplink]:
   """Validate ``compression`` and ``privacy`` against the algorithm's plan (one-line
   ``ValueError`` naming the argument); ``None`` when both are absent."""
   if not compression and privacy is None:
@@ -228,21 +249,29 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
   codecs = {}
   if compression:
     if not isinstance(compression, Mapping):
-      raise ValueError(f"compression must be a dict {{field: fedco.compression codec}}, got "
-                       f"{type(compression).__name__}")
+      raise ValueError(
+        f"compression must be a dict {{field: fedco.compression codec}}, got "
+        f"{type(compression).__name__}"
+      )
     for field, codec in compression.items():
       if field not in sent:
-        raise ValueError(f"compression names field {field!r}, which {algorithm.name} does "
-                         f"not send; it sends {list(sent)}")
+        raise ValueError(
+          f"compression names field {field!r}, which {algorithm.name} does "
+          f"not send; it sends {list(sent)}"
+        )
       if not isinstance(codec, compression_lib.Codec):
-        raise ValueError(f"compression[{field!r}] must be a fedco.compression codec "
-                         f"(stochastic_quantization, top_k, ...), got {codec!r}")
+        raise ValueError(
+          f"compression[{field!r}] must be a fedco.compression codec "
+          f"(stochastic_quantization, top_k, ...), got {codec!r}"
+        )
       if codec.memory and field not in delta_fields(plan):
-        raise ValueError(f"compression[{field!r}] keeps an error-feedback memory, but "
-                         f"{algorithm.name} sends {field!r} as a value (not a change from "
-                         f"a server copy): last round's remainder would enter a new "
-                         f"statistic; use stochastic_quantization or "
-                         f"top_k(error_feedback=False)")
+        raise ValueError(
+          f"compression[{field!r}] keeps an error-feedback memory, but "
+          f"{algorithm.name} sends {field!r} as a value (not a change from "
+          f"a server copy): last round's remainder would enter a new "
+          f"statistic; use stochastic_quantization or "
+          f"top_k(error_feedback=False)"
+        )
       codecs[field] = codec
   clip, z = {}, 0.0
   messages = privacy_lib.messages_per_round(plan)
@@ -251,32 +280,55 @@ def make_uplink(algorithm, num_clients: int, clients_per_round: int, compression
     if not isinstance(privacy, privacy_lib.ClientDP):
       raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
     if as_aggregator(algorithm.server).queries_losses:
-      raise ValueError(f"privacy cannot cover {algorithm.name}: its server queries client "
-                       f"losses outside its communication plan (DRFA's loss queries)")
+      raise ValueError(
+        f"privacy cannot cover {algorithm.name}: its server queries client "
+        f"losses outside its communication plan (DRFA's loss queries)"
+      )
     if plan.weighting != "uniform":
-      raise ValueError(f"privacy needs uniform client weights: {algorithm.name} weighs "
-                       f"clients by their data sizes (weighting={plan.weighting!r}), which "
-                       f"are private and set the noise's scale; build it with "
-                       f"weighting='uniform' where it has that argument")
+      raise ValueError(
+        f"privacy needs uniform client weights: {algorithm.name} weighs "
+        f"clients by their data sizes (weighting={plan.weighting!r}), which "
+        f"are private and set the noise's scale; build it with "
+        f"weighting='uniform' where it has that argument"
+      )
     missing = [f for f in sent if privacy.clip_of(f) is None]
     if missing:
-      raise ValueError(f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
-                       f"{list(sent)}, and every upload must be clipped")
+      raise ValueError(
+        f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
+        f"{list(sent)}, and every upload must be clipped"
+      )
     if isinstance(privacy.clip, Mapping):
       unknown = sorted(set(privacy.clip) - set(sent))
       if unknown:
-        raise ValueError(f"privacy.clip names {unknown}, which {algorithm.name} does not "
-                         f"send; it sends {list(sent)}")
+        raise ValueError(
+          f"privacy.clip names {unknown}, which {algorithm.name} does not "
+          f"send; it sends {list(sent)}"
+        )
     clip = {f: float(privacy.clip_of(f)) for f in sent}
     if privacy.noise_multiplier is None:
       if privacy.rounds is None:
-        raise ValueError("privacy was given a target epsilon but no rounds to spend it "
-                         "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
-                         "fills in its own; Simulator and fedco.sweep need it)")
-      z = privacy_lib.calibrate(privacy.epsilon, privacy.delta, rate, sum(messages.values()),
-                                privacy.rounds, init_messages=len(plan.init_fields))
+        raise ValueError(
+          "privacy was given a target epsilon but no rounds to spend it "
+          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
+          "fills in its own; Simulator and fedco.sweep need it)"
+        )
+      z = privacy_lib.calibrate(
+        privacy.epsilon,
+        privacy.delta,
+        rate,
+        sum(messages.values()),
+        privacy.rounds,
+        init_messages=len(plan.init_fields),
+      )
       privacy = dataclasses.replace(privacy, noise_multiplier=z)
     z = float(privacy.noise_multiplier)
-  return Uplink(codecs, clip, z, privacy, messages, rate,
-                as_aggregator(algorithm.server).reads_each,
-                len(plan.init_fields) if privacy is not None else 0)
+  return Uplink(
+    codecs,
+    clip,
+    z,
+    privacy,
+    messages,
+    rate,
+    as_aggregator(algorithm.server).reads_each,
+    len(plan.init_fields) if privacy is not None else 0,
+  )

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedco.algorithms.base import InjectedServerState, get_field, set_fields
-from fedco.runtime import evaluation, rounds as rounds_lib
+from fedco.runtime import evaluation
+from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.simulator import SimState
 
 
@@ -37,8 +38,9 @@ class PerSeed:
 
   def __init__(self, values: Sequence[Any]):
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
-      raise ValueError(f"PerSeed needs a non-empty list with one value per seed, got "
-                       f"{type(values).__name__}")
+      raise ValueError(
+        f"PerSeed needs a non-empty list with one value per seed, got {type(values).__name__}"
+      )
     self.values = list(values)
 
   def __len__(self):
@@ -60,9 +62,11 @@ def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
   first = value.values[0]
   for seed, v in zip(seeds[1:], value.values[1:]):
     if not stackable([first, v]):
-      raise ValueError(f"{name}: seed {seed}'s value has other shapes than seed {seeds[0]}'s "
-                       f"({_brief(v)} vs {_brief(first)}); the runs of one sweep are stacked, "
-                       f"so per-seed values need equal shapes (and equal client counts)")
+      raise ValueError(
+        f"{name}: seed {seed}'s value has other shapes than seed {seeds[0]}'s "
+        f"({_brief(v)} vs {_brief(first)}); the runs of one sweep are stacked, "
+        f"so per-seed values need equal shapes (and equal client counts)"
+      )
   where = {s: i for i, s in enumerate(seeds)}
   order = [where[s] for s in run_seeds]
 
@@ -73,15 +77,19 @@ def per_run(name: str, value, seeds: Sequence[int], run_seeds: Sequence[int]):
 
   treedef = jax.tree.structure(first)
   pairs = [leaf(*ls) for ls in zip(*(jax.tree.leaves(v) for v in value.values))]
-  return (jax.tree.unflatten(treedef, [p[0] for p in pairs]),
-          jax.tree.unflatten(treedef, [p[1] for p in pairs]))
+  return (
+    jax.tree.unflatten(treedef, [p[0] for p in pairs]),
+    jax.tree.unflatten(treedef, [p[1] for p in pairs]),
+  )
 
 
 def stackable(values: Sequence[Any]) -> bool:
   """Whether pytrees have one structure and equal leaf shapes and dtypes (can be stacked
   into one sweep: data with equal client counts and ``max_count``, say)."""
-  shape = lambda v: (jax.tree.structure(v), [(np.shape(a), jnp.result_type(a))
-                                              for a in jax.tree.leaves(v)])
+  shape = lambda v: (
+    jax.tree.structure(v),
+    [(np.shape(a), jnp.result_type(a)) for a in jax.tree.leaves(v)],
+  )
   return all(shape(v) == shape(values[0]) for v in values[1:])
 
 
@@ -108,8 +116,11 @@ def set_hyperparams(state: SimState, values: Dict[str, jax.Array]) -> SimState:
 
 
 def all_finite(tree) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
+  leaves = [
+    jnp.all(jnp.isfinite(a))
+    for a in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.result_type(a), jnp.inexact)
+  ]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.ones([], bool)
 
 
@@ -130,8 +141,10 @@ def init_program(cfg, axes, **jit_kwargs):
 
   ``axes`` says which of ``params`` and ``data`` are stacked per run (``0``) or shared
   (``None``); ``values`` are the runs' hyperparameters ``{name: [R]}``."""
+
   def one(params, key, hp, data):
     return set_hyperparams(rounds_lib.init_state(cfg, params, key, data), hp)
+
   return jax.jit(jax.vmap(one, in_axes=(axes["params"], 0, 0, axes["data"])), **jit_kwargs)
 
 
@@ -140,6 +153,7 @@ def chunk_program(cfg, axes, final_round: int, **jit_kwargs):
 
   ``frozen`` holds, per run, ``0`` or the (1-based) round its state or evaluated metrics
   first stopped being finite; such a run keeps its last finite state and NaN metrics."""
+
   def step(state, data, metrics_data):
     flat = evaluation.flat_examples(cfg, data)
     return rounds_lib.round_step(cfg, data, flat, state, final_round, metrics_data)
@@ -157,8 +171,13 @@ def chunk_program(cfg, axes, final_round: int, **jit_kwargs):
       keep_old = frozen > 0
       states = jax.tree.map(lambda a, b: jnp.where(_per_run(keep_old, a), a, b), states, new)
       masked = jax.tree.map(
-          lambda m: m if not jnp.issubdtype(m.dtype, jnp.inexact) else jnp.where(
-              _per_run(keep_old & ~stop, m), jnp.nan, m), metrics)
+        lambda m: (
+          m
+          if not jnp.issubdtype(m.dtype, jnp.inexact)
+          else jnp.where(_per_run(keep_old & ~stop, m), jnp.nan, m)
+        ),
+        metrics,
+      )
       return (states, frozen), masked
 
     (states, frozen), metrics = jax.lax.scan(one_round, (states, frozen), None, length=length)
