@@ -6,10 +6,12 @@ transform; the runtime simulates many clients in one jitted program.
 
 from fedco import (
   algorithms,
+  checkpoint,
   compression,
   data,
   estimators,
   extend,
+  io,
   metrics,
   models,
   privacy,
@@ -33,8 +35,13 @@ __version__ = "0.2.0"
 
 globals().update(ALGORITHMS)  # fedco.feddro, fedco.scaffold, ...: every built-in algorithm
 
+from fedco import testing  # noqa: E402  (it builds on everything above)
+
 __all__ = [
   "algorithms",
+  "checkpoint",
+  "io",
+  "testing",
   "compression",
   "privacy",
   "data",

@@ -360,3 +360,6 @@ class Checkpointer:
 
   def close(self):
     self._manager.close()
+
+
+__all__ = ["Checkpointer", "RunMismatchError"]

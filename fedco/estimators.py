@@ -97,3 +97,14 @@ def hybrid(beta) -> Tracker:
     return jax.tree.map(lambda a, n, o: (1 - beta) * (a - o) + n, y, s_new, s_old)
 
   return Tracker(_identity, update)
+
+
+__all__ = [
+  "inner_vjp",
+  "compositional_grad",
+  "value_and_compositional_grad",
+  "Tracker",
+  "fresh",
+  "moving_average",
+  "hybrid",
+]

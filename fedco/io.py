@@ -162,3 +162,6 @@ class DirectoryLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+__all__ = ["atomic_write", "atomic_write_json", "remove_stale_temporaries", "DirectoryLock"]

@@ -45,3 +45,6 @@ def summarize(per_client: jax.Array, *, worst: str = "min"):
   """``(mean over clients, worst client)``; ``worst`` is ``"min"`` (accuracy) or ``"max"``."""
   pick = jnp.min if worst == "min" else jnp.max
   return jnp.mean(per_client), pick(per_client)
+
+
+__all__ = ["per_client_mean", "summarize"]
