@@ -85,7 +85,35 @@ def interval(
 
 
 def positive(name: str, value, *, allow_zero: bool = False):
-  """Raise ``ValueError`` unless ``value > 0`` (``>= 0`` with ``allow_zero``) and finite."""
+  r"""Checks that an argument is a finite number :math:`> 0` (or :math:`\ge 0`).
+
+  For a factory's step sizes, temperatures and penalties. A concrete number (Python's,
+  NumPy's scalars, a 0-d array) is checked; a traced hyperparameter (injected with
+  :func:`fedco.inject_hyperparams`, then ``jax.jit``) has no value to check and passes as it
+  is, so the factory stays injectable.
+
+  Args:
+    name: the argument's name, for the message.
+    value: the value to check.
+    allow_zero: also accept ``0`` (default ``False``: strictly positive).
+
+  Returns:
+    ``value`` itself, unchanged (not converted to ``float``).
+
+  Raises:
+    ValueError: ``value`` is not a real number (bools are refused), is NaN or infinite, or
+      is ``<= 0`` (``< 0`` with ``allow_zero``); the message names ``name``.
+
+  Examples:
+    >>> from fedco import extend
+    >>> extend.positive("learning_rate", 0.1)
+    0.1
+    >>> extend.positive("mu", 0, allow_zero=True)
+    0
+    >>> extend.positive("learning_rate", -1.0)
+    Traceback (most recent call last):
+    ValueError: learning_rate must be > 0, got -1.0
+  """
   what = "a finite number >= 0" if allow_zero else "a finite number > 0"
   number = _value(name, value, what)
   if number is not None and not (number >= 0 if allow_zero else number > 0):
@@ -96,8 +124,36 @@ def positive(name: str, value, *, allow_zero: bool = False):
 def bounded(
   name: str, value, low=None, high=None, *, closed_low: bool = False, closed_high: bool = False
 ):
-  """``value`` unless it is a concrete number outside ``(low, high)`` (``closed_*`` include
-  that end) or not finite; a traced (injected) hyperparameter passes as it is."""
+  r"""Checks that an argument is a finite number in an interval (open by default).
+
+  The interval is :math:`(\mathrm{low}, \mathrm{high})`; ``closed_low`` / ``closed_high``
+  include that end, and a ``None`` end is unbounded. For momentum, mixing and
+  moving-average weights (e.g. :math:`\beta \in (0, 1]`). A traced (injected)
+  hyperparameter passes as it is.
+
+  Args:
+    name: the argument's name, for the message.
+    value: the value to check.
+    low: the lower end, or ``None`` (default) for none.
+    high: the upper end, or ``None`` (default) for none.
+    closed_low: include ``low`` itself (default ``False``).
+    closed_high: include ``high`` itself (default ``False``).
+
+  Returns:
+    ``value`` itself, unchanged.
+
+  Raises:
+    ValueError: ``value`` is not a finite real number or lies outside the interval; the
+      message names ``name`` and the interval.
+
+  Examples:
+    >>> from fedco import extend
+    >>> extend.bounded("beta", 1.0, 0, 1, closed_high=True)  # beta in (0, 1]
+    1.0
+    >>> extend.bounded("beta", 1.5, 0, 1, closed_high=True)
+    Traceback (most recent call last):
+    ValueError: beta must be a finite number > 0 and <= 1, got 1.5
+  """
   if isinstance(value, jax.core.Tracer):
     return value
   interval(name, value, low, high, closed_low=closed_low, closed_high=closed_high)
@@ -105,7 +161,32 @@ def bounded(
 
 
 def rate(name: str, value):
-  """A step size: a finite number ``> 0`` or an optax schedule (a callable of the step)."""
+  """Checks a step size: a finite number :math:`> 0` or an optax schedule.
+
+  A schedule (any callable of the step count, e.g. ``optax.cosine_decay_schedule(...)``)
+  passes unchecked; a number is checked as by :func:`positive` (a traced one passes). Use
+  it for every ``learning_rate``-like argument (:data:`ScalarOrSchedule`).
+
+  Args:
+    name: the argument's name, for the message.
+    value: a number or a callable ``step -> rate``.
+
+  Returns:
+    ``value`` itself, unchanged.
+
+  Raises:
+    ValueError: ``value`` is neither callable nor a finite number ``> 0``.
+
+  Examples:
+    >>> import optax
+    >>> from fedco import extend
+    >>> schedule = optax.linear_schedule(0.1, 0.01, transition_steps=100)
+    >>> extend.rate("learning_rate", schedule) is schedule
+    True
+    >>> extend.rate("learning_rate", 0)
+    Traceback (most recent call last):
+    ValueError: learning_rate must be > 0, got 0
+  """
   if callable(value) and not isinstance(value, (jax.Array, np.ndarray)):
     return value
   return positive(name, value)
@@ -123,11 +204,35 @@ def open_unit(name: str, value, *, closed_right: bool = False):
 
 
 def positive_int(name: str, value, *, minimum: int = 1, maximum=None, note: str = ""):
-  """``int(value)`` for a (static) integer in ``[minimum, maximum]`` (no upper bound when
-  ``maximum`` is None); else ``ValueError`` (``note`` says what ``maximum`` is).
+  """Checks a structural integer (``local_steps``, a size) and returns it as a Python ``int``.
 
-  Integers are Python's, NumPy's (``np.int64``, ...) and 0-d NumPy arrays of an integer
-  dtype; bools are refused.
+  The value must lie in ``[minimum, maximum]`` (no upper bound when ``maximum`` is
+  ``None``). Integers are Python's, NumPy's (``np.int64``, ...) and 0-d NumPy arrays of an
+  integer dtype; bools and floats such as ``2.0`` are refused. Such an argument shapes the
+  compiled program, so it must be static: a JAX array (concrete or traced) is refused, with
+  the hint to list it in ``static_args`` (:func:`factory`'s ``static``).
+
+  Args:
+    name: the argument's name, for the message.
+    value: the value to check.
+    minimum: the smallest allowed value (default 1).
+    maximum: the largest allowed value, or ``None`` (default) for no upper bound.
+    note: what ``maximum`` is, added to the message (e.g. ``"the number of clients"``).
+
+  Returns:
+    ``int(value)``.
+
+  Raises:
+    ValueError: ``value`` is not a static integer in ``[minimum, maximum]``.
+
+  Examples:
+    >>> import numpy as np
+    >>> from fedco import extend
+    >>> extend.positive_int("local_steps", np.int64(5))
+    5
+    >>> extend.positive_int("clients_per_round", 5, maximum=3, note="the number of clients")
+    Traceback (most recent call last):
+    ValueError: clients_per_round must be an integer in [1, 3] (the number of clients), got 5
   """
   if isinstance(value, (jax.core.Tracer, jax.Array)):
     raise ValueError(
@@ -152,6 +257,28 @@ def positive_int(name: str, value, *, minimum: int = 1, maximum=None, note: str 
 
 
 def one_of(name: str, value, allowed):
+  """Checks that an argument is one of the allowed choices (a mode, a variant's name).
+
+  Args:
+    name: the argument's name, for the message.
+    value: the value to check.
+    allowed: the allowed values (a tuple, set, ... anything supporting ``in``); an
+      unhashable or incomparable ``value`` counts as not allowed.
+
+  Returns:
+    ``value`` itself, unchanged.
+
+  Raises:
+    ValueError: ``value`` is not in ``allowed``; the message lists the allowed values.
+
+  Examples:
+    >>> from fedco import extend
+    >>> extend.one_of("weighting", "samples", ("uniform", "samples"))
+    'samples'
+    >>> extend.one_of("weighting", "equal", ("uniform", "samples"))
+    Traceback (most recent call last):
+    ValueError: weighting must be one of ('uniform', 'samples'), got 'equal'
+  """
   try:
     ok = value in allowed
   except TypeError:  # unhashable or incomparable

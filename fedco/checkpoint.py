@@ -12,6 +12,10 @@ arrays that span devices of other processes (replicated over them, or laid out b
 so that each process holds only its own part) go to orbax as global arrays, which writes
 each shard once, and ``restore`` puts every shard back on the devices the ``template``
 names. Arrays local to one process are copied to the host first.
+
+``fedco.simulate(..., checkpoint_dir=...)`` and ``fedco.sweep`` use a :class:`Checkpointer`
+themselves (resuming a run that was stopped); use one directly to keep states of your own
+loop.
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ _NO_METRICS = "__no_metrics__"
 
 
 class RunMismatchError(ValueError):
-  """A checkpoint directory holds another run's checkpoints."""
+  """A checkpoint directory holds another run's checkpoints (a ``ValueError``).
+
+  Raised by :meth:`Checkpointer.restore` given ``run=`` (and so by a ``fedco.simulate`` or
+  ``fedco.sweep`` resuming from ``checkpoint_dir``) when the checkpoint's run fingerprint
+  differs from the current run's, or the checkpoint records none; the message names what
+  differs. Use another directory, or ``checkpoint_mismatch='restart'`` to start over there.
+  """
 
 
 class _Damaged(Exception):
@@ -180,9 +190,42 @@ def _check_run(directory, round_, saved, current):
 class Checkpointer:
   """Saves and restores ``(round, SimState, metrics)`` under one directory.
 
+  Each :meth:`save` writes one round's state (any pytree of arrays; ``fedco.simulate``
+  saves its whole :class:`~fedco.runtime.SimState`), the per-round metrics so far and the
+  host rows, with a checksum of every array; orbax writes it atomically, so a killed process
+  leaves a whole checkpoint or none. :meth:`restore` returns the newest intact one (a
+  damaged one is skipped with a warning) in the structure of a template. Only the newest
+  ``keep`` rounds are kept. A checkpoint of another model or algorithm (other array shapes)
+  is a ``ValueError``; one of another run (``run=`` fingerprints) a
+  :class:`RunMismatchError`.
+
   Args:
-    directory: where checkpoints live (created if missing); one sub-directory per round.
-    keep: how many of the newest checkpoints to keep (``>= 1``).
+    directory: where checkpoints live (str or path-like; created if missing); one
+      sub-directory per round.
+    keep: how many of the newest checkpoints to keep (an integer ``>= 1``; default 3).
+
+  Raises:
+    ValueError: ``directory`` is not a non-empty path, or ``keep`` is not an integer
+      ``>= 1``.
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...   ckpt = fedco.checkpoint.Checkpointer(os.path.join(directory, "ckpt"), keep=2)
+    ...   for r in (1, 2, 3):  # the state after round r, and the metrics of rounds 1..r
+    ...     state = {"params": jnp.array([1.0, 2.0]) * r, "count": jnp.int32(r)}
+    ...     ckpt.save(r, state, {"loss": np.array([0.5, 0.25, 0.125])[:r]})
+    ...   print(ckpt.all_rounds())  # keep=2: round 1 was deleted
+    ...   template = {"params": jnp.zeros(2), "count": jnp.int32(0)}
+    ...   round_, state, metrics = ckpt.restore(template)  # the newest intact round
+    ...   print(round_, state["params"].tolist(), metrics["loss"].tolist())
+    ...   ckpt.close()
+    [2, 3]
+    3 [3.0, 6.0] [0.5, 0.25, 0.125]
   """
 
   def __init__(self, directory, *, keep: int = 3):
@@ -208,6 +251,7 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def all_rounds(self):
+    """The saved rounds, oldest first (a list of ints; ``[]`` when there is none)."""
     return sorted(self._manager.all_steps())
 
   def save(
@@ -359,6 +403,7 @@ class Checkpointer:
       self._manager.delete(round_)
 
   def close(self):
+    """Releases orbax's checkpoint manager; the checkpoints stay on disk."""
     self._manager.close()
 
 

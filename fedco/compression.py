@@ -4,11 +4,15 @@ A :class:`Codec` is an ``optax.GradientTransformationExtraArgs`` that maps a cli
 of one field (the *delta* from the value the server already holds, see
 :mod:`fedco.runtime.uplink`) to what the server decodes, keeping any per-client memory in its
 state (error feedback). It also says how many bits one message costs
-(:meth:`Codec.payload_bits`), which the run's ledger reports as bytes::
+(``Codec.payload_bits``), which the run's ledger reports as bytes.
 
-    codec = fedco.compression.stochastic_quantization(bits=4)
-    state = codec.init(delta)
-    decoded, state = codec.update(delta, state, key=jax.random.PRNGKey(0))
+The codecs:
+
+* :func:`identity`: the upload as it is, one float per number;
+* :func:`stochastic_quantization`: ``bits`` per number, unbiased;
+* :func:`adaptive_quantization`: ``bits`` per number, sent as changes from the last decoded
+  value on a grid that adapts to them (error vanishing as the uploads settle);
+* :func:`top_k`: the largest numbers and their indices, with error feedback.
 
 Give codecs to a run per field name of the algorithm's communication plan::
 
@@ -16,7 +20,23 @@ Give codecs to a run per field name of the algorithm's communication plan::
                    compression={"y": fedco.compression.stochastic_quantization(4),
                                 "params": fedco.compression.top_k(0.1)})
 
+The run keeps one codec state per client and field, gives each message its own PRNG key
+(folded with the client's id), and, under :mod:`fedco.privacy`, clips what the codec decodes.
 The codecs act on the whole field (a pytree), flattened.
+
+Examples:
+  One message of a 4-number field at 2 bits per number, and its cost against 32-bit floats:
+
+  >>> import jax
+  >>> import jax.numpy as jnp
+  >>> import fedco
+  >>> codec = fedco.compression.stochastic_quantization(bits=2)
+  >>> delta = jnp.array([0.0, 0.25, 0.5, 1.0])
+  >>> decoded, state = codec.update(delta, codec.init(delta), key=jax.random.PRNGKey(0))
+  >>> [round(float(v), 4) for v in decoded]
+  [0.0, 0.0, 0.6667, 1.0]
+  >>> codec.payload_bits(4, jnp.float32), fedco.compression.identity().payload_bits(4, jnp.float32)
+  (72, 128)
 """
 
 from __future__ import annotations
@@ -38,6 +58,11 @@ PyTree = Any
 class Codec(optax.GradientTransformationExtraArgs):
   """An optax transform on one client's upload, plus its cost in bits.
 
+  A ``GradientTransformationExtraArgs`` (``init``, ``update``) with three more attributes.
+  The run calls ``update`` once per message, vmapped over the round's clients, each with its
+  own state and key. Build one from the functions below, or from your own ``init`` and
+  ``update`` (its ``update`` must accept ``key=`` and any other keyword arguments).
+
   Attributes:
     init: ``(value) -> state`` (one client's state, e.g. its error-feedback memory).
     update: ``(value, state, params=None, *, key) -> (decoded, state)``: ``decoded`` is what
@@ -47,7 +72,25 @@ class Codec(optax.GradientTransformationExtraArgs):
       numbers of ``dtype``.
     name: a short label for ledgers and fingerprints.
     memory: whether the state carries what earlier messages left unsent (error feedback),
-      which only makes sense for uploads that are changes of one quantity over time.
+      which only makes sense for uploads that are changes of one quantity over time
+      (default ``False``; a run refuses such a codec on a field sent as a value).
+
+  Examples:
+    A codec of your own, sending every number as a 16-bit float:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import fedco
+    >>> def update(value, state, params=None, **extra_args):
+    ...   half = lambda a: a.astype(jnp.float16).astype(a.dtype)
+    ...   return jax.tree.map(half, value), state
+    >>> codec = fedco.compression.Codec(
+    ...   lambda value: optax.EmptyState(), update, lambda size, dtype: 16 * size, "half"
+    ... )
+    >>> decoded, _ = codec.update(jnp.array([1 / 3]), codec.init(None))
+    >>> print(round(float(decoded[0]), 6), codec.payload_bits(1000, jnp.float32) // 8)
+    0.333252 2000
   """
 
   def __new__(
@@ -66,7 +109,22 @@ def _float_bits(dtype) -> int:
 
 
 def identity() -> Codec:
-  """Sends the upload as it is (the uncompressed cost: one float per number)."""
+  """Sends the upload as it is (the uncompressed cost: one float per number).
+
+  The reference codec: decoding returns the upload unchanged, and a message of ``size``
+  numbers of ``dtype`` costs ``size * 8 * itemsize`` bits (32 per float32).
+
+  Returns:
+    A :class:`Codec` named ``"identity"``, with an empty state.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.identity()
+    >>> decoded, _ = codec.update(jnp.array([0.5, -1.0]), codec.init(None))
+    >>> decoded.tolist(), codec.payload_bits(1000, jnp.float32) // 8
+    ([0.5, -1.0], 4000)
+  """
 
   def update(value, state, params=None, **extra_args):
     del params, extra_args
@@ -81,7 +139,17 @@ def identity() -> Codec:
 
 
 class QuantizationState(NamedTuple):
-  """Stochastic quantization keeps nothing between messages."""
+  """Stochastic quantization's state: empty, as it keeps nothing between messages.
+
+  Attributes:
+    (none): the tuple has no fields; it is there so every codec has a state.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> fedco.compression.stochastic_quantization(4).init(jnp.zeros(3))
+    QuantizationState()
+  """
 
 
 def _check_bits(bits, minimum=1) -> int:
@@ -101,12 +169,20 @@ def _stochastic_round(position, key, codec_name):
 
 
 def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
-  """Unbiased stochastic quantization to ``bits`` bits per number.
+  r"""Unbiased stochastic quantization to ``bits`` bits per number.
 
   Each number ``v`` of the flattened upload is placed on a grid of ``2**bits`` evenly spaced
   levels over ``[lo, hi]`` and rounded to one of its two neighbouring levels at random, up
   with probability equal to its distance from the lower one in grid steps, so
-  ``E[Q(v)] = v``:
+  ``E[Q(v)] = v``: with step :math:`\Delta = (hi - lo) / (2^{bits} - 1)` and
+  :math:`p = (v - lo) / \Delta`,
+
+  .. math::
+
+    Q(v) = lo + \Delta \big(\lfloor p \rfloor + b\big), \qquad
+    b \sim \mathrm{Bernoulli}\big(p - \lfloor p \rfloor\big).
+
+  The range ``[lo, hi]`` is:
 
   * ``scale=None``: ``[lo, hi]`` is the message's own ``[min, max]``, sent with it (two
     floats per message), so every number is in range and the quantizer is exactly unbiased;
@@ -114,9 +190,36 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
     fields, where two floats would cost more than they save). Numbers outside it are
     clipped to it first, which biases them: choose ``r`` above the uploads' size.
 
+  A message of ``size`` numbers costs ``size * bits`` bits, plus two floats of the field's
+  dtype with ``scale=None``. A field whose message is constant (``lo == hi``) is sent exactly.
+  ``update`` needs ``key=``, a PRNG key per message (the run gives each client its own).
+
   Args:
-    bits: bits per number, at least 1 (``2**bits`` levels).
-    scale: ``None`` or the fixed half-range ``r > 0``.
+    bits: bits per number, an int in ``[1, 24]`` (``2**bits`` levels).
+    scale: ``None`` (default) for the message's own range, or the fixed half-range ``r > 0``.
+
+  Returns:
+    A :class:`Codec` with a :class:`QuantizationState` (empty) state, named
+    ``"quantize{bits}"`` (``"quantize{bits}_scale{r}"`` with a fixed grid).
+
+  Raises:
+    ValueError: if ``bits`` is not an int in ``[1, 24]`` or ``scale`` is not positive
+      (at build), or if ``update`` is called without ``key``.
+
+  Examples:
+    At 2 bits the levels of ``[0, 1]`` are 0, 1/3, 2/3 and 1; 0.25 and 0.5 are rounded to
+    a neighbouring level at random:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.stochastic_quantization(bits=2)
+    >>> delta = jnp.array([0.0, 0.25, 0.5, 1.0])
+    >>> decoded, state = codec.update(delta, codec.init(delta), key=jax.random.PRNGKey(0))
+    >>> [round(float(v), 4) for v in decoded]
+    [0.0, 0.0, 0.6667, 1.0]
+    >>> codec.payload_bits(1000, jnp.float32) // 8  # bytes, against 4000 for float32
+    258
   """
   bits = _check_bits(bits)
   if scale is not None:
@@ -150,7 +253,19 @@ def stochastic_quantization(bits: int, scale: Optional[float] = None) -> Codec:
 
 
 class TopKState(NamedTuple):
-  """Top-k's error-feedback memory: what earlier messages left unsent."""
+  """Top-k's error-feedback memory: what earlier messages left unsent.
+
+  Attributes:
+    error: the unsent remainder, shaped like the field (``()`` without error feedback).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.top_k(0.5)
+    >>> _, state = codec.update(jnp.array([0.1, -2.0, 0.3, 1.0]), codec.init(jnp.zeros(4)))
+    >>> [round(float(e), 4) for e in state.error]
+    [0.1, 0.0, 0.3, 0.0]
+  """
 
   error: PyTree
 
@@ -160,17 +275,53 @@ def _index_bits(size: int) -> int:
 
 
 def top_k(fraction: float, error_feedback: bool = True) -> Codec:
-  """Top-k sparsification: send the ``k = ceil(fraction * size)`` largest-magnitude numbers
-  (value and index) and zero the rest.
+  r"""Top-k sparsification: send the largest-magnitude numbers and zero the rest.
+
+  Each message sends the ``k = max(1, ceil(fraction * size))`` largest-magnitude numbers of
+  the flattened upload (value and index) and zeros the rest, costing ``k`` times (float
+  bits + ``ceil(log2(size))`` index bits).
 
   With ``error_feedback`` (the default) each client keeps what it did not send and adds it
-  to its next upload of the field (Stich et al. 2018; Karimireddy et al. 2019), so over
-  rounds every part of the uploads is sent: the sum of the decoded messages equals the sum
-  of the uploads minus the error still held, whose size stays bounded.
+  to its next upload of the field (Stich et al. 2018; Karimireddy et al. 2019): with
+  :math:`C` the top-k operator and :math:`e_0 = 0`,
+
+  .. math::
+
+    \hat v_t = C(v_t + e_t), \qquad e_{t+1} = v_t + e_t - \hat v_t,
+
+  so over rounds every part of the uploads is sent: the sum of the decoded messages equals
+  the sum of the uploads minus the error still held, whose size stays bounded.
 
   Args:
     fraction: the share of numbers sent, in ``(0, 1]``.
-    error_feedback: keep the unsent remainder in the client's state.
+    error_feedback: keep the unsent remainder in the client's state (default ``True``);
+      only for fields sent as changes from a server copy (``params``, ``every_step`` and
+      ``every_round`` fields), which a run checks.
+
+  Returns:
+    A :class:`Codec` with a :class:`TopKState`, named ``"top{fraction}"`` (``"_ef"`` added
+    with error feedback).
+
+  Raises:
+    ValueError: if ``fraction`` is not in ``(0, 1]`` or ``error_feedback`` is not a bool.
+
+  Examples:
+    Half of four numbers: the two largest are sent, the rest waits in the error memory
+    and goes out with the next message:
+
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.top_k(0.5)
+    >>> delta = jnp.array([0.1, -2.0, 0.3, 1.0])
+    >>> state = codec.init(delta)
+    >>> decoded, state = codec.update(delta, state)
+    >>> [round(float(v), 4) for v in decoded]
+    [0.0, -2.0, 0.0, 1.0]
+    >>> decoded, state = codec.update(jnp.array([0.0, 0.0, 0.3, 0.0]), state)
+    >>> [round(float(v), 4) for v in decoded]
+    [0.0, 0.0, 0.6, 0.0]
+    >>> codec.payload_bits(4, jnp.float32)  # 2 x (32 value bits + 2 index bits)
+    68
   """
   fraction = _validate.plain(_validate.open_unit("fraction", fraction, closed_right=True))
   if not isinstance(error_feedback, bool):
@@ -202,8 +353,24 @@ def top_k(fraction: float, error_feedback: bool = True) -> Codec:
 
 
 class AdaptiveState(NamedTuple):
-  """Adaptive quantization's memory, which the server mirrors from the codes it receives:
-  the last decoded value and the current grid half-range, per number."""
+  """Adaptive quantization's memory, which the server mirrors from the codes it receives.
+
+  Both are flat vectors, one entry per number of the field, so client and server agree on
+  them without sending them.
+
+  Attributes:
+    decoded: the last decoded value of each number (zeros at the start).
+    scale: the current grid half-range ``s`` of each number (``initial_scale`` at the start).
+
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.adaptive_quantization(bits=3, initial_scale=1.0)
+    >>> state = codec.init({"w": jnp.zeros((2, 2)), "b": jnp.zeros(1)})
+    >>> state.decoded.shape, state.scale.tolist()
+    ((5,), [1.0, 1.0, 1.0, 1.0, 1.0])
+  """
 
   decoded: jax.Array
   scale: jax.Array
@@ -212,7 +379,7 @@ class AdaptiveState(NamedTuple):
 def adaptive_quantization(
   bits: int, initial_scale: float, *, grow: float = 2.0, shrink: float = 0.5
 ) -> Codec:
-  """Differential quantization with an adaptive step (ADPCM with stochastic rounding).
+  r"""Differential quantization with an adaptive step (ADPCM with stochastic rounding).
 
   Each number is sent as the change from its last decoded value, stochastically rounded to
   a grid of ``2**bits - 1`` levels over ``[-s, s]`` (zero is a level), so the decoded value
@@ -225,10 +392,48 @@ def adaptive_quantization(
   cannot give a one-number field. The server keeps each client's decoded values and scales
   (``K`` copies of the field).
 
+  Per number, with :math:`h = 2^{bits - 1} - 1`, last decoded value :math:`\hat v` and
+  half-range :math:`s`, an upload :math:`v` is sent as the code
+
+  .. math::
+
+    c = \operatorname{SR}\Big(\operatorname{clip}\big(h (v - \hat v) / s, -h, h\big)\Big)
+    \in \{-h, \dots, h\},
+    \qquad \hat v \leftarrow \hat v + c\, s / h,
+
+  where :math:`\operatorname{SR}` rounds stochastically (unbiased), then :math:`s` is
+  multiplied by ``grow`` if :math:`|c| = h`, by ``shrink`` if :math:`c = 0`.
+
   Args:
-    bits: bits per number, at least 2 (three levels: ``-s``, 0, ``s``).
+    bits: bits per number, an int in ``[2, 24]`` (at 2, three levels: ``-s``, 0, ``s``).
     initial_scale: the first half-range ``s_0 > 0`` (about the first upload's size).
-    grow, shrink: the step multipliers, ``grow > 1 > shrink > 0``.
+    grow: the step multiplier after an outermost code, ``> 1`` (default ``2.0``).
+    shrink: the step multiplier after a zero code, in ``(0, 1)`` (default ``0.5``).
+
+  Returns:
+    A :class:`Codec` with an :class:`AdaptiveState`, costing ``bits`` per number.
+
+  Raises:
+    ValueError: if an argument is out of its range (at build), or if ``update`` is called
+      without ``key``.
+
+  Examples:
+    The same upload sent again and again: the grid shrinks around it and the decoded value
+    closes in on it:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> codec = fedco.compression.adaptive_quantization(bits=3, initial_scale=1.0)
+    >>> delta = jnp.array([0.3, -0.2])
+    >>> state = codec.init(delta)
+    >>> update = jax.jit(codec.update)
+    >>> for i in range(12):
+    ...   decoded, state = update(delta, state, key=jax.random.PRNGKey(i))
+    >>> [round(float(v), 4) for v in decoded], [float(s) for s in state.scale]
+    ([0.3008, -0.1979], [0.00390625, 0.015625])
+    >>> codec.payload_bits(2, jnp.float32)
+    6
   """
   bits = _check_bits(bits, minimum=2)
   initial_scale = _validate.plain(_validate.positive("initial_scale", initial_scale))

@@ -1,4 +1,4 @@
-"""Write your own algorithm: the public pieces, and the contract they follow.
+r"""Write your own algorithm: the public pieces, and the contract they follow.
 
 An algorithm is a factory decorated with :func:`factory` that returns an :class:`Algorithm`:
 an ``optax.GradientTransformationExtraArgs`` (``init``, ``update``) plus a communication
@@ -8,32 +8,48 @@ file, it runs everywhere a built-in one does: your own loop, ``optax.chain``,
 mesh, several processes, checkpoints, privacy and compression; and
 :func:`fedco.testing.check_algorithm` checks it as fedco's own suite checks the built-ins.
 
-A minimal algorithm (local SGD with server averaging; ``fedco.fedavg`` is the full one)::
+A minimal algorithm (local SGD with server averaging; ``fedco.fedavg`` is the full one):
 
-  import jax.numpy as jnp
-  import optax
-  from typing import NamedTuple, Optional
-  from fedco import extend
+>>> import jax.numpy as jnp
+>>> import optax
+>>> from typing import NamedTuple, Optional
+>>> import fedco
+>>> from fedco import extend
+>>>
+>>> class State(NamedTuple):
+...   count: jnp.ndarray
+...   opt_state: optax.OptState
+>>>
+>>> @extend.factory(static=("local_steps", "optimizer"))
+... def local_sgd(learning_rate: Optional[extend.ScalarOrSchedule] = None,
+...               local_steps: int = 5, *, optimizer: extend.Optimizer = None):
+...   opt = extend.param_optimizer(learning_rate, optimizer, default=0.1)
+...
+...   def init(params, *, inner_value=None):
+...     del inner_value
+...     return State(jnp.zeros([], jnp.int32), opt.init(params))
+...
+...   def update(updates, state, params=None, **unused):  # updates: grad h (plain problems)
+...     step, opt_state = opt.update(updates, state.opt_state, params)
+...     return step, State(state.count + 1, opt_state)
+...
+...   return extend.Algorithm(init, update, extend.make_plan(local_steps),
+...                           extend.averaging_server(), "local_sgd", "plain")
 
-  class State(NamedTuple):
-    count: jnp.ndarray
-    opt_state: optax.OptState
+It is an optax transform in your own loop (here on :math:`h(x) = \tfrac12 \lVert x \rVert^2`,
+so ``grad h = x``), and it meets the contract fedco's algorithms meet
+(:func:`fedco.testing.check_algorithm`; here its cheap checks):
 
-  @extend.factory(static=("local_steps", "optimizer"))
-  def local_sgd(learning_rate: Optional[extend.ScalarOrSchedule] = None,
-                local_steps: int = 5, *, optimizer: extend.Optimizer = None):
-    opt = extend.param_optimizer(learning_rate, optimizer, default=0.1)
-
-    def init(params, *, inner_value=None):
-      del inner_value
-      return State(jnp.zeros([], jnp.int32), opt.init(params))
-
-    def update(updates, state, params=None, **unused):  # updates: grad h (plain problems)
-      step, opt_state = opt.update(updates, state.opt_state, params)
-      return step, State(state.count + 1, opt_state)
-
-    return extend.Algorithm(init, update, extend.make_plan(local_steps),
-                            extend.averaging_server(), "local_sgd", "plain")
+>>> alg = local_sgd(0.5)
+>>> params = jnp.array([1.0, -2.0])
+>>> state = alg.init(params)
+>>> for _ in range(3):
+...   updates, state = alg.update(params, state, params)
+...   params = optax.apply_updates(params, updates)
+>>> params.tolist(), int(state.count)
+([0.125, -0.25], 3)
+>>> fedco.testing.check_algorithm(local_sgd, learning_rate=0.1, checks=("builds", "state"))
+{'builds': 'passed', 'state': 'passed'}
 
 The client-state contract (what the runtime does with your state):
 
@@ -83,6 +99,41 @@ The client-state contract (what the runtime does with your state):
   start every float field in the dtype ``update`` returns (``jnp.zeros_like(params)``,
   not a Python ``0.0``), from :func:`strong` params (weak-typed params would make
   ``zeros_like`` and optax states weak until the first update).
+
+The pieces, by what they are for:
+
+* **The algorithm and its factory.** :class:`Algorithm` (the transform, its plan, server,
+  name and problem kind); :func:`factory` marks the structural arguments that
+  :func:`fedco.inject_hyperparams` must keep static; :func:`register` adds a factory to
+  ``fedco.ALGORITHMS`` (only needed for the experiment configs); :func:`param_optimizer`
+  builds the parameter step from ``learning_rate`` and ``optimizer``.
+* **Argument types.** ``ScalarOrSchedule`` (``optax.ScalarOrSchedule``) is the type of a
+  ``learning_rate``: a number or an optax schedule ``step -> rate`` (check it with
+  :func:`rate`). ``Optimizer`` (``Optional[Any]``) is the type of an ``optimizer=``
+  argument: ``None`` (the paper's SGD), an optax transform with its own rate, or a factory
+  of the learning rate such as ``optax.adam`` (:func:`param_optimizer` reads it). Both are
+  ``typing`` aliases for annotations; :func:`factory` reads them: an argument annotated
+  ``Optimizer`` (or ``int``) must be among its ``static`` arguments, which it checks.
+* **The communication plan.** :func:`make_plan` builds a validated :class:`CommPlan` (which
+  state fields are broadcast, averaged, recomputed or reported, and when); the runtime
+  reads and writes those fields with :func:`get_field` / :func:`set_fields`.
+* **The server.** :func:`averaging_server` (plain model averaging), any optax transform on
+  the pseudo-gradient (:func:`optax_aggregator`), or a :class:`ServerAggregator` that sees
+  every client's values and a :class:`RoundInfo`; :func:`as_aggregator` turns either into
+  an aggregator, :func:`weighted_client_mean` averages stacked client values,
+  :func:`project_simplex` keeps client weights on the simplex, and
+  :class:`InjectedServerState` is the server state under injected hyperparameters.
+* **Inside update.** :func:`oracles` and :func:`require` fetch the oracles a compositional
+  ``update`` receives as keyword arguments (a clear error when one is missing);
+  :func:`inner_vjp` and :func:`compositional_grad` compute
+  :math:`J_g(x; \zeta)^\top \nabla f(y)` without forming :math:`J_g`, and :func:`add_grads`
+  adds ``grad h``; :func:`at_round_start` / :func:`at_round_end` tell where the step is in
+  the round and :func:`select` branches on it without Python control flow.
+* **Trackers of the inner value.** :class:`Pending`, :func:`pending_or`,
+  :func:`has_pending`, :func:`fill_pending` and :func:`init_trackers` (see the contract).
+* **Checks and dtypes.** :func:`positive`, :func:`bounded`, :func:`positive_int`,
+  :func:`one_of`, :func:`rate` for the factory's arguments; :func:`strong` for state built
+  from params.
 """
 
 from fedco._validate import bounded, one_of, positive, positive_int, rate

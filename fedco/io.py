@@ -1,4 +1,12 @@
-"""Atomic file writes: a reader never sees a half-written file, even after a kill."""
+"""Atomic file writes: a reader never sees a half-written file, even after a kill.
+
+What fedco writes while a run goes on (streamed metric rows, sweep results, an experiment's
+outputs and manifest) goes through :func:`atomic_write` / :func:`atomic_write_json`: the
+text goes to a temporary file beside the target, is flushed to disk, and replaces the
+target in one ``os.replace``. A process killed mid-write leaves the old file whole (and a
+``.tmp-*`` file that :func:`remove_stale_temporaries` clears). :class:`DirectoryLock` keeps
+two processes out of one working or checkpoint directory.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +26,34 @@ def _umask() -> int:
 
 
 def atomic_write(path, data, *, mode: str = "w") -> None:
-  """Write ``data`` (str, or bytes with ``mode="wb"``) to ``path`` atomically."""
+  r"""Writes a file atomically: readers see the old content or the new, never a part.
+
+  The data go to a temporary file ``.tmp-<name>.<random>`` in the same directory (created
+  with the usual permissions, ``0o666`` less the umask), are flushed and ``fsync``-ed, and
+  the file then replaces ``path`` with ``os.replace`` (atomic on POSIX). On any error,
+  including ``KeyboardInterrupt``, the temporary file is removed and the error re-raised;
+  only a hard kill leaves one behind (see :func:`remove_stale_temporaries`).
+
+  Args:
+    path: the file to write (str or path-like); its directory must exist.
+    data: the content: a ``str`` (or ``bytes`` with ``mode="wb"``), or a callable
+      ``data(file)`` that writes into the open file itself (for large or streamed content).
+    mode: the ``open`` mode of the temporary file: ``"w"`` (default, text) or ``"wb"``.
+
+  Returns:
+    ``None``.
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...   path = os.path.join(directory, "rows.csv")
+    ...   fedco.io.atomic_write(path, "round,loss\n1,0.5\n")
+    ...   fedco.io.atomic_write(path, lambda f: f.write("round,loss\n2,0.25\n"))
+    ...   print(open(path).read().splitlines(), os.listdir(directory))  # no temporary left
+    ['round,loss', '2,0.25'] ['rows.csv']
+  """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + os.path.basename(path) + ".", dir=directory)
@@ -39,12 +74,33 @@ def atomic_write(path, data, *, mode: str = "w") -> None:
 
 
 def remove_stale_temporaries(directory, names: Iterable[str]) -> List[str]:
-  """Remove the temporary files that :func:`atomic_write` left in ``directory`` for the files
-  ``names`` (a process killed while writing one); returns the names removed.
+  """Removes the temporary files that a killed :func:`atomic_write` left behind.
 
-  Only regular files named ``.tmp-<name>.<8 random characters>`` (``mkstemp``'s names) go,
-  never a directory, a link or any other file. A write in progress has such a file too: call
-  this only while holding the lock its writers hold (a workdir's :class:`DirectoryLock`).
+  A process killed while writing one of the files ``names`` in ``directory`` leaves its
+  temporary file. Only regular files named ``.tmp-<name>.<8 random characters>``
+  (``mkstemp``'s names) for one of ``names`` go, never a directory, a link or any other
+  file. A write in progress has such a file too: call this only while holding the lock its
+  writers hold (a workdir's :class:`DirectoryLock`). Errors (a missing directory, a file
+  that cannot be removed) are skipped silently.
+
+  Args:
+    directory: the directory to clean (str or path-like).
+    names: the base names of the files whose temporaries may go (e.g. ``["rows.csv"]``).
+
+  Returns:
+    The sorted names of the temporary files removed (``[]`` when none).
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...   open(os.path.join(directory, ".tmp-rows.csv.ab12cd34"), "w").close()  # a killed write
+    ...   open(os.path.join(directory, "notes.txt"), "w").close()
+    ...   print(fedco.io.remove_stale_temporaries(directory, ["rows.csv"]))
+    ...   print(sorted(os.listdir(directory)))
+    ['.tmp-rows.csv.ab12cd34']
+    ['notes.txt']
   """
   names = sorted(set(names))
   if not names:
@@ -68,7 +124,34 @@ def remove_stale_temporaries(directory, names: Iterable[str]) -> List[str]:
 
 
 def atomic_write_json(path, value, *, indent: int = 2) -> None:
-  """``json.dump(value)`` to ``path`` atomically (plain JSON values only)."""
+  """Writes a value as JSON, atomically (see :func:`atomic_write`).
+
+  The file holds ``json.dumps(value, indent=indent)`` and a final newline.
+
+  Args:
+    path: the file to write (str or path-like); its directory must exist.
+    value: plain JSON values only: dicts with string keys, lists, strings, Python numbers,
+      bools and ``None`` (convert NumPy and JAX values with ``.tolist()`` or ``float``).
+    indent: the indentation of nested values (default 2).
+
+  Returns:
+    ``None``.
+
+  Raises:
+    TypeError: ``value`` holds something JSON cannot encode (e.g. a ``np.float32``); the
+      file is left as it was.
+
+  Examples:
+    >>> import json
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...   path = os.path.join(directory, "result.json")
+    ...   fedco.io.atomic_write_json(path, {"round": 3, "loss": [0.5, 0.25]})
+    ...   print(json.load(open(path)))
+    {'round': 3, 'loss': [0.5, 0.25]}
+  """
   atomic_write(path, json.dumps(value, indent=indent) + "\n")
 
 
@@ -82,19 +165,44 @@ def _rewrite(handle, text: str) -> None:
 class DirectoryLock:
   """An exclusive lock on a directory for one process: ``<directory>/.lock``.
 
-  Held with ``fcntl.flock``, so the operating system releases it when the holder exits or is
-  killed: a stale lock of a dead process is simply free again, and the next process takes it
-  over. While held, the file records the holder (``held by pid ... since ...``) for the
-  message another process gets; a clean release rewrites it to ``released by pid ... at
-  ...``. The file itself stays (removing a lock file while another process may be opening
-  it would let two processes hold two different files). The lock excludes other
-  *processes*; within one process it is shared (a count), so nested users (an experiment's
-  workdir and a run inside it) never lock themselves out. Use as a context manager or with
-  :meth:`acquire` / :meth:`release`.
+  ``fedco.simulate``'s and ``fedco.sweep``'s ``checkpoint_dir`` and an experiment's workdir
+  are held with it, so two processes never write one directory. Held with ``fcntl.flock``,
+  so the operating system releases it when the holder exits or is killed: a stale lock of a
+  dead process is simply free again, and the next process takes it over. While held, the
+  file records the holder (``held by pid ... since ...``) for the message another process
+  gets; a clean release rewrites it to ``released by pid ... at ...``. The file itself stays
+  (removing a lock file while another process may be opening it would let two processes
+  hold two different files). The lock excludes other *processes*; within one process it is
+  shared (a count), so nested users (an experiment's workdir and a run inside it) never
+  lock themselves out. Use as a context manager or with :meth:`acquire` / :meth:`release`.
+  Constructing it takes nothing; the directory is created on acquire.
 
-  Raises (on acquire):
-    ValueError: another process holds the lock (the message names it), or the directory
-      cannot be created or written.
+  Args:
+    directory: the directory to lock (str or path-like; created on acquire if missing).
+    what: how messages name the directory (default ``"directory"``; fedco passes the
+      argument's name, e.g. ``"checkpoint_dir"``).
+
+  Attributes:
+    directory: the absolute path of the locked directory.
+    path: the absolute path of the lock file, ``<directory>/.lock``.
+    what: as given.
+
+  Raises:
+    ValueError: (on acquire) another process holds the lock (the message names it), or
+      the directory cannot be created or written.
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...   lock = fedco.io.DirectoryLock(os.path.join(directory, "run"), what="workdir")
+    ...   with lock:
+    ...     with fedco.io.DirectoryLock(lock.directory):  # nested in one process: shared
+    ...       print(open(lock.path).read().strip())
+    ...   print(open(lock.path).read().strip())
+    held by pid ... since ...
+    released by pid ... at ...
   """
 
   NAME = ".lock"
@@ -107,6 +215,17 @@ class DirectoryLock:
     self._file = None
 
   def acquire(self) -> "DirectoryLock":
+    """Takes the lock (creating the directory), or adds one holder in this process.
+
+    Does not wait: a lock held by another process is an error at once.
+
+    Returns:
+      ``self``, so that ``lock = DirectoryLock(path).acquire()`` works.
+
+    Raises:
+      ValueError: another process holds the lock (the message names it), or the directory
+        cannot be created or written.
+    """
     import datetime  # pylint: disable=g-import-not-at-top
     import fcntl  # pylint: disable=g-import-not-at-top
     import socket  # pylint: disable=g-import-not-at-top
@@ -140,6 +259,7 @@ class DirectoryLock:
     return self
 
   def release(self) -> None:
+    """Drops this holder; the last holder in the process frees the lock (a no-op if not held)."""
     if self._file is None:
       return
     self._file = None

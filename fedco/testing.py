@@ -1,15 +1,19 @@
 """Check your algorithm as fedco checks its own: a chex-based contract kit.
 
-:func:`check_algorithm` runs an algorithm factory through the contract every built-in
-algorithm meets (fedco's own test suite calls it on every entry of ``fedco.ALGORITHMS``)::
+You wrote an algorithm with :mod:`fedco.extend`; this kit tells you whether it really runs
+everywhere a built-in one does. :func:`check_algorithm` runs an algorithm factory through
+the contract every built-in algorithm meets (fedco's own test suite calls it on every entry
+of ``fedco.ALGORITHMS``), so one call in your own test suite is enough::
 
   import fedco.testing
-  report = fedco.testing.check_algorithm(my_factory, learning_rate=0.1, local_steps=3)
-  # {"builds": "passed", "state": "passed", ..., "mesh": "skipped: ..."}
+
+  def test_my_algorithm_meets_fedcos_contract():
+    report = fedco.testing.check_algorithm(my_factory, learning_rate=0.1, local_steps=3)
+    # {"builds": "passed", "state": "passed", ..., "mesh": "skipped: ..."}
 
 Each check raises :class:`ContractError` (an ``AssertionError``) naming the algorithm, the
 check and what broke; the report says which passed and which were skipped and why. The
-checks (``checks=`` picks some):
+checks (:data:`CHECKS`; ``checks=`` picks some):
 
 * ``builds``: the factory returns an :class:`~fedco.extend.Algorithm` directly and under
   :func:`fedco.inject_hyperparams`; every field its plan names exists in its state.
@@ -32,12 +36,19 @@ checks (``checks=`` picks some):
   one device: set ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` before importing
   jax).
 
-The default problem is the portfolio problem of the algorithm's kind (SPEC 4.7; a plain
-quadratic-plus-quartic loss for ``"plain"`` algorithms) on three clients of different
-sizes and means; pass ``problem``, ``data`` and ``params`` for your own.
+The cheap checks (``builds``, ``state``, ``jit``) take seconds; all of them, tens of seconds
+on a CPU. The default problem (:func:`default_problem`) is the portfolio problem of the
+algorithm's kind (SPEC 4.7; a plain quadratic-plus-quartic loss for ``"plain"``
+algorithms) on three clients of different sizes and means (:func:`default_data`), from
+:func:`default_params`; pass ``problem``, ``data`` and ``params`` for your own.
 
-For float64 NumPy transcription tests, :func:`run_float64` runs ``fedco.simulate`` in
-float64 with full-batch oracles and returns each round's server model and clients.
+The other helpers serve tests of your own:
+
+* :func:`loop_reference`: what ``fedco.simulate`` must compute, as plain Python loops over
+  clients and steps (the oracle of the ``simulate`` check).
+* :func:`run_float64`: ``fedco.simulate`` in float64 with full-batch oracles, returning
+  each round's server model and sampled clients, for comparing with a NumPy transcription
+  of the paper's pseudocode.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ from fedco.runtime.sweep import sweep
 
 PyTree = Any
 
+#: The contract checks ``check_algorithm`` runs, in order (pass a subset as ``checks=``).
 CHECKS = (
   "builds",
   "state",
@@ -81,22 +93,70 @@ ROUNDS, STEPS = 3, 3
 
 
 class ContractError(AssertionError):
-  """An algorithm broke the contract: the message names the algorithm, check and what."""
+  """An algorithm broke the contract: the message names the algorithm, check and what.
+
+  Raised by :func:`check_algorithm` as ``fedco.testing.check_algorithm(<name>): <check>:
+  <what broke>``; an ``AssertionError``, so a test that calls the kit fails with it.
+  """
 
 
 # ---- defaults --------------------------------------------------------------------------------
 
 
 def default_problem(kind: str) -> Problem:
-  """The problem the kit uses for an algorithm of ``problem_kind`` ``kind``: the portfolio
-  problem (local- or global-inner), or a plain per-example loss on the same data."""
+  r"""The problem the kit checks an algorithm of ``problem_kind`` ``kind`` on.
+
+  For a compositional algorithm, the mean-variance portfolio problem (SPEC 4.7) with
+  :math:`\lambda = 1` in the algorithm's class: :math:`g(x; r) = (r^\top x, (r^\top x)^2)`,
+  :math:`f(a, b) = -a + \lambda (b - a^2)`. For a ``"plain"`` algorithm, the per-example
+  loss :math:`h(x; r) = \tfrac12 \lVert x - r \rVert^2 + 0.1 \sum_i x_i^4`. Both read
+  the field ``"r"`` (3 returns) of :func:`default_data`'s examples.
+
+  Args:
+    kind: ``"plain"``, ``"local"`` (local-inner) or ``"global"`` (global-inner); an
+      algorithm's ``problem_kind``.
+
+  Returns:
+    A :class:`~fedco.problems.Problem`.
+
+  Raises:
+    ValueError: ``kind`` is none of these.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.testing.default_problem("global")
+    >>> problem.name, problem.kind, problem.compositional
+    ('portfolio', 'global', True)
+    >>> x = fedco.testing.default_params()
+    >>> problem.inner(x, {"r": jnp.array([1.0, 2.0, 3.0])}).tolist()  # (r.x, (r.x)^2)
+    [0.6, 0.36]
+  """
   if kind == "plain":
     return plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2) + 0.1 * jnp.sum(x**4))
   return portfolio(1.0, kind=kind)
 
 
 def default_data(sizes: Sequence[int] = (12, 5, 20), seed: int = 0) -> FederatedData:
-  """Three clients of different sizes whose returns have different means (heterogeneous)."""
+  r"""Heterogeneous clients for the kit: different sizes, and returns of different means.
+
+  Client :math:`k` holds ``sizes[k]`` examples ``{"r": float32 [3]}`` drawn from
+  :math:`\mathcal{N}(0.2 (k + 1), 1)` per coordinate, so both the client sizes and the
+  client optima differ (what a federated algorithm must handle).
+
+  Args:
+    sizes: the number of examples of each client (default ``(12, 5, 20)``: three clients).
+    seed: the NumPy seed of the draw (default 0; the data is the same on every machine).
+
+  Returns:
+    A :class:`~fedco.data.FederatedData` with ``len(sizes)`` clients.
+
+  Examples:
+    >>> import fedco
+    >>> data = fedco.testing.default_data()
+    >>> data.num_clients, data.counts.tolist(), data.examples["r"].shape
+    (3, [12, 5, 20], (37, 3))
+  """
   rng = np.random.default_rng(seed)
   return FederatedData.from_clients(
     [
@@ -107,6 +167,20 @@ def default_data(sizes: Sequence[int] = (12, 5, 20), seed: int = 0) -> Federated
 
 
 def default_params() -> jax.Array:
+  """The kit's initial model: ``[0.1, 0.1, 0.1]`` in float32, strongly typed.
+
+  Not zero, so that a step that multiplies the model (a quartic term, weight decay) is
+  seen; strongly typed, as ``fedco.simulate``'s parameters are.
+
+  Returns:
+    A float32 array of shape ``[3]`` (the dimension of :func:`default_data`'s returns).
+
+  Examples:
+    >>> import fedco
+    >>> x = fedco.testing.default_params()
+    >>> x.shape, str(x.dtype), [round(float(v), 4) for v in x]
+    ((3,), 'float32', [0.1, 0.1, 0.1])
+  """
   return jnp.full((3,), 0.1, jnp.float32)
 
 
@@ -126,6 +200,13 @@ def check_algorithm(
 ) -> Dict[str, str]:
   """Runs the contract checks (module docstring) on ``factory(**factory_kwargs)``.
 
+  Checks the configuration ``factory(**factory_kwargs)`` the way fedco checks its
+  built-in algorithms: building and injecting it, the stability of its state under
+  ``jax.jit``, ``optax.chain``, ``inject_hyperparams``, ``fedco.simulate`` against a
+  per-client Python loop, the server, ``fedco.sweep``, resuming from a checkpoint and
+  device meshes (the list: :data:`CHECKS`, described in :mod:`fedco.testing`). The checks
+  run in :data:`CHECKS` order on the default problem, data and params unless given.
+
   Args:
     factory: an algorithm factory, ideally decorated with :func:`fedco.extend.factory`
       (its ``static_args`` keep structural arguments static under ``inject_hyperparams``).
@@ -139,12 +220,31 @@ def check_algorithm(
       factory's ``settings``); ``local_steps`` defaults to 3 where the factory takes it.
 
   Returns:
-    ``{check: "passed" or "skipped: <why>"}`` in :data:`CHECKS` order.
+    ``{check: "passed" or "skipped: <why>"}`` for the chosen checks, in :data:`CHECKS`
+    order (e.g. ``mesh`` is skipped with one device, ``sweep`` without a numeric
+    ``learning_rate``).
 
   Raises:
     ContractError: a check failed; the message names the algorithm, the check and what
       broke.
-    ValueError: an unknown check name.
+    ValueError: an unknown check name, or ``factory`` is not callable.
+
+  Examples:
+    The cheap checks on a configuration (here a built-in factory; pass your own):
+
+    >>> import fedco
+    >>> fedco.testing.check_algorithm(
+    ...   fedco.fedavg, learning_rate=0.1, local_steps=2, checks=("builds", "state")
+    ... )
+    {'builds': 'passed', 'state': 'passed'}
+
+    Every check (tens of seconds), as a test of your own algorithm would run them:
+
+    .. code-block:: python
+
+      report = fedco.testing.check_algorithm(my_factory, learning_rate=0.1, local_steps=3)
+      # {'builds': 'passed', 'state': 'passed', 'jit': 'passed', ..., 'resume': 'passed',
+      #  'mesh': 'skipped: one device (set XLA_FLAGS=... before importing jax)'}
   """
   chosen = CHECKS if checks is None else tuple(checks)
   unknown = [c for c in chosen if c not in CHECKS]
@@ -508,18 +608,43 @@ def loop_reference(
   rounds: int,
   seed: int = 0,
 ) -> Dict[str, PyTree]:
-  """The server values ``{"params": x, field: ...}`` after ``rounds`` rounds, computed as
-  Python loops over clients and steps from the algorithm's transform and plan.
+  """The server values after ``rounds`` rounds, computed as plain Python loops over clients.
 
-  Every client takes part in every round with full-batch oracles (its whole data), so the
-  result must equal ``fedco.simulate(..., batch_size=None)``; it shares with the runtime
-  only the key schedule (``round_key``, the server's key), the batch layout
+  The reference that ``fedco.simulate`` is checked against (the ``simulate`` check of
+  :func:`check_algorithm`): the algorithm's transform and plan run client by client and
+  step by step, one jitted step at a time. Every client takes part in every round with
+  full-batch oracles (its whole data), so the result must equal
+  ``fedco.simulate(..., batch_size=None)``; it shares with the runtime only the key
+  schedule (``round_key``, the server's key), the batch layout
   (:func:`fedco.runtime.draw_batch`) and :func:`fedco.runtime.oracle_args`. It follows the
   plan's contract (:mod:`fedco.extend`): ``at_init`` means over all clients; per round,
   ``every_round`` fields broadcast, ``round_start`` and ``round_start_loss`` fields
   refreshed, ``every_step`` fields averaged after each step, then the server combines the
   models, ``every_round`` and ``report`` fields (an optax transform on the weighted mean's
   pseudo-gradient, or a ``ServerAggregator`` given every client's values).
+
+  Args:
+    problem: the :class:`~fedco.problems.Problem` (of ``algorithm.problem_kind``).
+    algorithm: the :class:`~fedco.extend.Algorithm` to run (a configured instance, not a
+      factory).
+    data: the clients (:class:`~fedco.data.FederatedData`); each uses all its examples.
+    params: the initial model.
+    rounds: how many rounds to run.
+    seed: the simulation seed (default 0), as ``fedco.simulate``'s ``seed``.
+
+  Returns:
+    The server's values after the last round: ``{"params": x, field: value, ...}`` with
+    one entry per ``every_round`` field of the plan.
+
+  Examples:
+    >>> import fedco
+    >>> problem = fedco.testing.default_problem("plain")
+    >>> data = fedco.testing.default_data(sizes=(2, 2))
+    >>> server = fedco.testing.loop_reference(  # SCAFFOLD broadcasts its control variate c
+    ...   problem, fedco.scaffold(0.1, 2), data, fedco.testing.default_params(), rounds=1
+    ... )  # what fedco.simulate(..., rounds=1, batch_size=None) must end with
+    >>> sorted(server), [round(float(v), 4) for v in server["params"]]
+    (['c', 'params'], [0.1507, 0.1216, 0.154])
   """
   n, plan = data.num_clients, algorithm.plan
   aggregator = base.as_aggregator(algorithm.server)
@@ -625,20 +750,45 @@ def run_float64(
   seed: int = 0,
   **simulate_kwargs,
 ):
-  """``fedco.simulate`` in float64 with full-batch oracles, for NumPy transcription tests.
+  r"""``fedco.simulate`` in float64 with full-batch oracles, for NumPy transcription tests.
+
+  A paper's pseudocode transcribed in NumPy (float64, loops over clients) is the clearest
+  check of an algorithm's arithmetic; this runs the same configuration through
+  ``fedco.simulate`` under ``jax.enable_x64`` with every client's whole data as its batch
+  (``batch_size=None``) and no evaluation, and records the server model after every round
+  and the clients each round sampled, so the transcription can follow the same clients and
+  be compared round by round at ``rtol=1e-12``.
 
   Args:
-    problem, algorithm: as for :func:`fedco.simulate`.
+    problem: as for :func:`fedco.simulate`.
+    algorithm: as for :func:`fedco.simulate`.
     clients: each client's examples (a dict of arrays), cast to float64.
     params: the initial model, cast to float64.
     rounds: rounds to run.
-    seed: the simulation seed (client sampling under ``clients_per_round``).
+    seed: the simulation seed (client sampling under ``clients_per_round``; default 0).
     **simulate_kwargs: more :func:`fedco.simulate` arguments (``clients_per_round``, ...).
 
   Returns:
-    ``{"params": final model, "trajectory": [model after round 1, ...], "clients":
-    [sampled ids of round 1, ...]}`` as float64 NumPy arrays (ids as int lists), to compare
-    with a transcription that loops over the same clients.
+    A dict with ``"params"``, the final model; ``"trajectory"``, the list of the models
+    after rounds 1, 2, ...; and ``"clients"``, the list of each round's sampled client ids
+    (lists of ints). Models are float64 NumPy arrays.
+
+  Examples:
+    FedAvg with one local step on :math:`\tfrac12 \lVert x - r \rVert^2`: each round
+    :math:`x \leftarrow \tfrac1K \sum_k \bigl(x - \eta (x - \bar r_k)\bigr)`.
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> clients = [{"r": np.array([[1.0, 0.0], [3.0, 0.0]])}, {"r": np.array([[0.0, 4.0]])}]
+    >>> problem = fedco.plain(lambda x, e: 0.5 * jnp.sum((x - e["r"]) ** 2))
+    >>> algorithm = fedco.fedavg(0.5, 1, weighting="uniform")
+    >>> out = fedco.testing.run_float64(problem, algorithm, clients, np.zeros(2), rounds=2)
+    >>> x = np.zeros(2)
+    >>> for _ in range(2):  # the NumPy transcription
+    ...   x = np.mean([x - 0.5 * (x - c["r"].mean(0)) for c in clients], axis=0)
+    >>> out["clients"], str(out["params"].dtype), out["params"].tolist(), x.tolist()
+    ([[0, 1], [0, 1]], 'float64', [0.75, 1.5], [0.75, 1.5])
   """
   trajectory = []
 

@@ -7,6 +7,7 @@ as doctests (``conftest.py`` collects ``fedco/`` for pytest), and the API refere
 
 import importlib
 import inspect
+import typing
 
 import pytest
 
@@ -37,6 +38,8 @@ def _public():
       obj = getattr(module, attr)
       if inspect.ismodule(obj) or not callable(obj) or id(obj) in seen:
         continue
+      if typing.get_origin(obj) is not None:  # a type alias (extend.Optimizer): typing's own
+        continue  # object, documented in its module's docstring
       seen.add(id(obj))
       found.append((f"{name}.{attr}", obj))
   return found
@@ -87,8 +90,8 @@ def _problems(obj) -> list:
   if inspect.isclass(obj) and issubclass(obj, BaseException):
     return found  # an error: its summary says when it is raised
   if inspect.isclass(obj):
-    own_init = "__init__" in vars(obj) or hasattr(obj, "_fields") or hasattr(
-      obj, "__dataclass_fields__"
+    own_init = (
+      "__init__" in vars(obj) or hasattr(obj, "_fields") or hasattr(obj, "__dataclass_fields__")
     )
     if own_init and _parameters(obj) and "Args:" not in doc and "Attributes:" not in doc:
       found.append("no Args: or Attributes: section")

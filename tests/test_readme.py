@@ -1,15 +1,24 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written; the sketches in README and guides compile.
+
+The guides in ``docs/guides`` run their cells when the docs are built (``.ci/run``).
+"""
 
 import pathlib
 import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 ALL_BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+GUIDE_BLOCKS = [
+  block
+  for guide in sorted((ROOT / "docs" / "guides").glob("*.md"))
+  for block in re.findall(r"```python\n(.*?)```", guide.read_text(), flags=re.S)
+]
 # Blocks marked "# sketch" hold placeholders (the multi-host one runs on every host): they are
 # compiled and their fedco names checked, not executed.
-SKETCHES = [b for b in ALL_BLOCKS if b.startswith("# sketch")]
+SKETCHES = [b for b in ALL_BLOCKS + GUIDE_BLOCKS if b.startswith("# sketch")]
 BLOCKS = [b for b in ALL_BLOCKS if not b.startswith("# sketch")]
 
 

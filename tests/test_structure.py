@@ -1,14 +1,22 @@
 """The package's shape: no import cycles among fedco's modules, and runtime modules a
-newcomer can read one at a time (about 300 lines at most)."""
+newcomer can read one at a time (under 300 lines of code each).
+
+Code lines leave out docstrings, comments and blank lines: the docstrings are the API
+reference (issue 29 added Args, Returns and Examples to every public name), and the
+formatter (ruff, decision 79) spreads long calls over lines; neither makes a module harder
+to read.
+"""
 
 import ast
+import io
 import pathlib
+import tokenize
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedco"
-MAX_RUNTIME_LINES = 320
+MAX_RUNTIME_CODE_LINES = 280
 
 
 def _module_name(path):
@@ -87,5 +95,27 @@ def test_the_runtime_imports_no_experiment_code_and_data_no_runtime():
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "runtime").glob("*.py")), ids=lambda p: p.name)
 def test_runtime_modules_stay_short(path):
-  lines = len(path.read_text().splitlines())
-  assert lines <= MAX_RUNTIME_LINES, f"{path.name} has {lines} lines"
+  lines = _code_lines(path.read_text())
+  assert lines <= MAX_RUNTIME_CODE_LINES, f"{path.name} has {lines} lines of code"
+
+
+def _code_lines(source: str) -> int:
+  """Lines holding code: not blank, not only a comment, not part of a docstring."""
+  docstrings = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      first = node.body[0] if node.body else None
+      if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        if isinstance(first.value.value, str):
+          docstrings.update(range(first.lineno, first.end_lineno + 1))
+  skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+  code = set()
+  for token in tokenize.generate_tokens(io.StringIO(source).readline):
+    if token.type not in skip and token.type != tokenize.ENDMARKER:
+      code.update(range(token.start[0], token.end[0] + 1))
+  return len(code - docstrings)
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blanks():
+  source = 'def f():\n  """Doc.\n\n  More.\n  """\n  # note\n\n  return (1 +\n          2)\n'
+  assert _code_lines(source) == 3

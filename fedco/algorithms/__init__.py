@@ -1,9 +1,26 @@
 """fedco algorithms: optax-style client transforms with a communication plan and a server.
 
+Each algorithm is built by a factory of its hyperparameters (``fedco.feddro(learning_rate,
+local_steps, beta=...)``) and is an :class:`Algorithm`: an optax
+``GradientTransformationExtraArgs`` whose ``update`` takes the oracles of the compositional
+problem (``inner_fn(x) = g(x; zeta)``, ``outer_fn(y) = f(y; xi)``, ...) as keyword
+arguments, plus a :class:`CommPlan` (which state fields the runtime averages, and when), a
+server (an optax transform on pseudo-gradients, or a :class:`ServerAggregator`) and the
+problem class it solves (``"local"``, ``"global"`` or ``"plain"``). The contract is in
+``fedco.algorithms.base``; :func:`chain`, :func:`named_chain` and :func:`inject_hyperparams`
+compose algorithms with optax and keep them runnable in :func:`fedco.simulate`.
+
 Every module of this package but ``base`` defines algorithms and registers them
 (:func:`fedco.extend.register`); importing the package imports them all, so
 :data:`ALGORITHMS` (name -> factory), this package's names and ``fedco``'s follow from the
-modules alone: a new built-in algorithm is one module (and its tests).
+modules alone: a new built-in algorithm is one module (and its tests). To write your own,
+see :mod:`fedco.extend`.
+
+Examples:
+  >>> import fedco
+  >>> opt = fedco.algorithms.ALGORITHMS["feddro"](0.05, local_steps=4)
+  >>> opt.problem_kind, opt.plan.local_steps, opt.plan.every_step
+  ('global', 4, ('y',))
 """
 
 import importlib as _importlib

@@ -221,23 +221,70 @@ def fedadam(
   weighting: str = "uniform",
   optimizer: extend.Optimizer = None,
 ) -> extend.Algorithm:
-  """FedAdam: FedAvg clients, Adam's server step without bias correction::
+  r"""FedAdam (Reddi et al. 2021, Algorithm 2): FedAvg clients, an Adam step on the server.
 
-      m = b1 m + (1 - b1) Delta,   v = b2 v + (1 - b2) Delta^2
-      x = x + eta m / (sqrt(v) + tau)
+  A baseline for **plain** problems :math:`\frac{1}{K}\sum_k h_k(x)`: the round's clients
+  run FedAvg's local SGD on ``updates`` :math:`= \nabla h_k` from the server model
+  :math:`x_t`, and the server treats their mean change as a pseudo-gradient, elementwise
+  and without bias correction (the paper has none):
+
+  .. math::
+
+    \Delta_t = \frac{1}{|S|}\sum_{i \in S} (y_i - x_t), \qquad
+    m_t = b_1 m_{t-1} + (1 - b_1)\Delta_t, \\
+    v_t = b_2 v_{t-1} + (1 - b_2)\Delta_t^2, \qquad
+    x_{t+1} = x_t + \eta \frac{m_t}{\sqrt{v_t} + \tau},
+
+  with :math:`m_{-1} = 0`, :math:`v_{-1} = \tau^2`. The paper's settings: :math:`b_1 =
+  0.9`, :math:`b_2 = 0.99`, :math:`\tau = 10^{-3}`, :math:`\eta` tuned per task. The same
+  server fits other algorithms: :func:`fedco.algorithms.adaptive.with_server`.
 
   Args:
-    learning_rate: the clients' local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: local steps per round.
-    server_lr: the server rate ``eta > 0`` (the paper tunes it per task).
-    b1: the first-moment decay in ``[0, 1)`` (the paper's 0.9).
-    b2: the second-moment decay in ``[0, 1)`` (the paper's 0.99).
-    adaptivity: the paper's ``tau > 0`` (``sqrt(v) + tau``; also ``v_{-1} = tau^2``;
-      the paper's 1e-3).
-    weighting: the client mean ``Delta_t``: ``"uniform"`` (Algorithm 2's) or ``"samples"``.
+    learning_rate: the clients' local SGD rate :math:`> 0` (a number or an optax
+      schedule); ``None``: 0.01.
+    local_steps: local steps per round, :math:`\ge 1` (default 5).
+    server_lr: the server rate :math:`\eta > 0` (default 0.01, this module's: the paper
+      tunes it per task).
+    b1: the first-moment decay :math:`b_1 \in [0, 1)` (default 0.9, the paper's).
+    b2: the second-moment decay :math:`b_2 \in [0, 1)` (default 0.99, the paper's).
+    adaptivity: the paper's :math:`\tau > 0` in :math:`\sqrt{v} + \tau` (also
+      :math:`v_{-1} = \tau^2`; default 1e-3, the paper's); renamed because fedco's
+      :math:`\tau` elsewhere is the local step count.
+    weighting: the client mean :math:`\Delta_t`: ``"uniform"`` (Algorithm 2's, default) or
+      ``"samples"`` (by client data sizes).
     optimizer: the clients' local step: ``None`` (``optax.sgd(learning_rate)``), a factory
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="plain"``, only the model travels: ``d``
+    floats up and down per client per round) whose ``server`` is
+    :func:`fedco.algorithms.adaptive.fedadam_server` (an optax transform on the pseudo-gradients).
+
+  Raises:
+    ValueError: if a rate or ``adaptivity`` is not positive, ``b1`` or ``b2`` is not in
+      ``[0, 1)``, ``local_steps`` is not a positive int, ``weighting`` is unknown, both
+      ``learning_rate`` and an optax transform ``optimizer`` are given, or ``update`` gets
+      ``updates=None``.
+
+  Examples:
+    The server's first two steps for the clients' mean change :math:`\Delta = (1, -0.01)`
+    each round (the pseudo-gradient the server receives is :math:`x - \mathrm{mean}_i\,
+    y_i = -\Delta`);
+    each coordinate moves by a fraction of ``server_lr``, though they differ 100x:
+
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> opt = fedco.fedadam(0.01, 5, server_lr=0.01, b1=0.9, b2=0.99, adaptivity=1e-3)
+    >>> opt.plan.weighting, opt.plan.fields  # the model only, a uniform mean
+    ('uniform', ())
+    >>> server_state = opt.server.init({"params": jnp.zeros(2)})
+    >>> delta = jnp.array([1.0, -0.01])
+    >>> for _ in range(2):
+    ...   updates, server_state = opt.server.update({"params": -delta}, server_state)
+    ...   print([round(float(v), 4) for v in updates["params"]])  # x = x + updates
+    [0.0099, -0.0041]
+    [0.0134, -0.007]
   """
   return _fedopt(
     "fedadam",
@@ -264,23 +311,71 @@ def fedyogi(
   weighting: str = "uniform",
   optimizer: extend.Optimizer = None,
 ) -> extend.Algorithm:
-  """FedYogi: FedAvg clients, Yogi's server step::
+  r"""FedYogi (Reddi et al. 2021, Algorithm 2): FedAvg clients, a Yogi step on the server.
 
-      m = b1 m + (1 - b1) Delta,   v = v - (1 - b2) Delta^2 sign(v - Delta^2)
-      x = x + eta m / (sqrt(v) + tau)
+  A baseline for **plain** problems :math:`\frac{1}{K}\sum_k h_k(x)`: the round's clients
+  run FedAvg's local SGD on ``updates`` :math:`= \nabla h_k` from the server model
+  :math:`x_t`, and the server treats their mean change as a pseudo-gradient, elementwise:
+
+  .. math::
+
+    \Delta_t = \frac{1}{|S|}\sum_{i \in S} (y_i - x_t), \qquad
+    m_t = b_1 m_{t-1} + (1 - b_1)\Delta_t, \\
+    v_t = v_{t-1} - (1 - b_2)\Delta_t^2 \operatorname{sign}(v_{t-1} - \Delta_t^2), \qquad
+    x_{t+1} = x_t + \eta \frac{m_t}{\sqrt{v_t} + \tau},
+
+  with :math:`m_{-1} = 0`, :math:`v_{-1} = \tau^2`: unlike Adam's, :math:`v` moves
+  additively, by :math:`(1 - b_2)\Delta_t^2` a round towards :math:`\Delta_t^2`. The
+  paper's settings: :math:`b_1 = 0.9`, :math:`b_2 = 0.99`, :math:`\tau = 10^{-3}`,
+  :math:`\eta` tuned per task. The same server fits other algorithms:
+  :func:`fedco.algorithms.adaptive.with_server`.
 
   Args:
-    learning_rate: the clients' local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: local steps per round.
-    server_lr: the server rate ``eta > 0`` (the paper tunes it per task).
-    b1: the first-moment decay in ``[0, 1)`` (the paper's 0.9).
-    b2: the second-moment decay in ``[0, 1)`` (the paper's 0.99).
-    adaptivity: the paper's ``tau > 0`` (``sqrt(v) + tau``; also ``v_{-1} = tau^2``;
-      the paper's 1e-3).
-    weighting: the client mean ``Delta_t``: ``"uniform"`` (Algorithm 2's) or ``"samples"``.
+    learning_rate: the clients' local SGD rate :math:`> 0` (a number or an optax
+      schedule); ``None``: 0.01.
+    local_steps: local steps per round, :math:`\ge 1` (default 5).
+    server_lr: the server rate :math:`\eta > 0` (default 0.01, this module's: the paper
+      tunes it per task).
+    b1: the first-moment decay :math:`b_1 \in [0, 1)` (default 0.9, the paper's).
+    b2: the second-moment rate :math:`b_2 \in [0, 1)` (default 0.99, the paper's).
+    adaptivity: the paper's :math:`\tau > 0` in :math:`\sqrt{v} + \tau` (also
+      :math:`v_{-1} = \tau^2`; default 1e-3, the paper's); renamed because fedco's
+      :math:`\tau` elsewhere is the local step count.
+    weighting: the client mean :math:`\Delta_t`: ``"uniform"`` (Algorithm 2's, default) or
+      ``"samples"`` (by client data sizes).
     optimizer: the clients' local step: ``None`` (``optax.sgd(learning_rate)``), a factory
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="plain"``, only the model travels: ``d``
+    floats up and down per client per round) whose ``server`` is
+    :func:`fedco.algorithms.adaptive.fedyogi_server` (an optax transform on the pseudo-gradients).
+
+  Raises:
+    ValueError: if a rate or ``adaptivity`` is not positive, ``b1`` or ``b2`` is not in
+      ``[0, 1)``, ``local_steps`` is not a positive int, ``weighting`` is unknown, both
+      ``learning_rate`` and an optax transform ``optimizer`` are given, or ``update`` gets
+      ``updates=None``.
+
+  Examples:
+    The server's first two steps for the clients' mean change :math:`\Delta = (1, -0.01)`
+    each round (the pseudo-gradient the server receives is :math:`x - \mathrm{mean}_i\,
+    y_i = -\Delta`);
+    from :math:`v_{-1} = \tau^2` its first step is FedAdam's:
+
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> opt = fedco.fedyogi(0.01, 5, server_lr=0.01, b1=0.9, b2=0.99, adaptivity=1e-3)
+    >>> opt.plan.weighting, opt.plan.fields  # the model only, a uniform mean
+    ('uniform', ())
+    >>> server_state = opt.server.init({"params": jnp.zeros(2)})
+    >>> delta = jnp.array([1.0, -0.01])
+    >>> for _ in range(2):
+    ...   updates, server_state = opt.server.update({"params": -delta}, server_state)
+    ...   print([round(float(v), 4) for v in updates["params"]])  # x = x + updates
+    [0.0099, -0.0041]
+    [0.0133, -0.007]
   """
   return _fedopt(
     "fedyogi",
@@ -306,21 +401,71 @@ def fedadagrad(
   weighting: str = "uniform",
   optimizer: extend.Optimizer = None,
 ) -> extend.Algorithm:
-  """FedAdagrad: FedAvg clients, Adagrad's server step (``v`` has no decay: no ``b2``)::
+  r"""FedAdagrad (Reddi et al. 2021, Algorithm 2): FedAvg clients, an Adagrad server step.
 
-      m = b1 m + (1 - b1) Delta,   v = v + Delta^2,   x = x + eta m / (sqrt(v) + tau)
+  A baseline for **plain** problems :math:`\frac{1}{K}\sum_k h_k(x)`: the round's clients
+  run FedAvg's local SGD on ``updates`` :math:`= \nabla h_k` from the server model
+  :math:`x_t`, and the server treats their mean change as a pseudo-gradient, elementwise
+  (:math:`v` has no decay, so there is no ``b2``):
+
+  .. math::
+
+    \Delta_t = \frac{1}{|S|}\sum_{i \in S} (y_i - x_t), \qquad
+    m_t = b_1 m_{t-1} + (1 - b_1)\Delta_t, \\
+    v_t = v_{t-1} + \Delta_t^2, \qquad
+    x_{t+1} = x_t + \eta \frac{m_t}{\sqrt{v_t} + \tau},
+
+  with :math:`m_{-1} = 0`, :math:`v_{-1} = \tau^2`. The paper's settings: :math:`b_1 = 0`
+  (no momentum), :math:`\tau = 10^{-3}`, :math:`\eta` tuned per task. The same server
+  fits other algorithms: :func:`fedco.algorithms.adaptive.with_server`.
 
   Args:
-    learning_rate: the clients' local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: local steps per round.
-    server_lr: the server rate ``eta > 0`` (the paper tunes it per task).
-    b1: the first-moment decay in ``[0, 1)`` (the paper's 0: no momentum).
-    adaptivity: the paper's ``tau > 0`` (``sqrt(v) + tau``; also ``v_{-1} = tau^2``;
-      the paper's 1e-3).
-    weighting: the client mean ``Delta_t``: ``"uniform"`` (Algorithm 2's) or ``"samples"``.
+    learning_rate: the clients' local SGD rate :math:`> 0` (a number or an optax
+      schedule); ``None``: 0.01.
+    local_steps: local steps per round, :math:`\ge 1` (default 5).
+    server_lr: the server rate :math:`\eta > 0` (default 0.01, this module's: the paper
+      tunes it per task).
+    b1: the first-moment decay :math:`b_1 \in [0, 1)` (default 0, the paper's: no
+      momentum).
+    adaptivity: the paper's :math:`\tau > 0` in :math:`\sqrt{v} + \tau` (also
+      :math:`v_{-1} = \tau^2`; default 1e-3, the paper's); renamed because fedco's
+      :math:`\tau` elsewhere is the local step count.
+    weighting: the client mean :math:`\Delta_t`: ``"uniform"`` (Algorithm 2's, default) or
+      ``"samples"`` (by client data sizes).
     optimizer: the clients' local step: ``None`` (``optax.sgd(learning_rate)``), a factory
       of the learning rate (``optax.adam``) or an optax transform with its own rate (then
       no ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="plain"``, only the model travels: ``d``
+    floats up and down per client per round) whose ``server`` is
+    :func:`fedco.algorithms.adaptive.fedadagrad_server` (an optax transform on the
+    pseudo-gradients).
+
+  Raises:
+    ValueError: if a rate or ``adaptivity`` is not positive, ``b1`` is not in
+      ``[0, 1)``, ``local_steps`` is not a positive int, ``weighting`` is unknown, both
+      ``learning_rate`` and an optax transform ``optimizer`` are given, or ``update`` gets
+      ``updates=None``.
+
+  Examples:
+    The server's first two steps for the clients' mean change :math:`\Delta = (1, -0.01)`
+    each round (the pseudo-gradient the server receives is :math:`x - \mathrm{mean}_i\,
+    y_i = -\Delta`);
+    the accumulated :math:`v` shrinks the second step:
+
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> opt = fedco.fedadagrad(0.01, 5, server_lr=0.01, b1=0.0, adaptivity=1e-3)
+    >>> opt.plan.weighting, opt.plan.fields  # the model only, a uniform mean
+    ('uniform', ())
+    >>> server_state = opt.server.init({"params": jnp.zeros(2)})
+    >>> delta = jnp.array([1.0, -0.01])
+    >>> for _ in range(2):
+    ...   updates, server_state = opt.server.update({"params": -delta}, server_state)
+    ...   print([round(float(v), 4) for v in updates["params"]])  # x = x + updates
+    [0.01, -0.009]
+    [0.0071, -0.0066]
   """
   return _fedopt(
     "fedadagrad",

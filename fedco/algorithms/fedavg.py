@@ -55,15 +55,61 @@ def fedavg(
   weighting: str = "samples",
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """Plain FedAvg on a non-compositional problem (steps on ``updates = grad h``).
+  r"""FedAvg (McMahan et al. 2017): local SGD on the client loss, then model averaging.
+
+  The baseline for **plain** (non-compositional) problems :math:`\frac{1}{K}\sum_k h_k(x)`:
+  it steps on ``updates`` :math:`= \nabla h_k(x; \xi)` alone (no oracles). Each round the
+  sampled clients start from the server model :math:`\bar x` and take :math:`\tau` local
+  steps, then the server averages:
+
+  .. math::
+
+    x_k \leftarrow x_k - \eta \nabla h_k(x_k; \xi) \ \ (\tau \text{ times}), \qquad
+    \bar x = \sum_k w_k x_k,
+
+  with :math:`w_k = n_k / \sum_j n_j` over the round's clients (``weighting="samples"``,
+  the default) or :math:`1/m` (``"uniform"``). Only the model travels, ``d`` floats up and
+  down per client per round. The papers' experiments use it as a baseline: E1 (paper
+  000/001) :math:`\tau = 5`, :math:`\eta = 0.01`; E2 :math:`\eta = 0.1` with one
+  fine-tuning step before evaluation. q-FedAvg with ``q = 0`` is FedAvg.
 
   Args:
-    learning_rate: local SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: local steps per round.
-    weighting: ``"samples"`` (server mean weighted by client data sizes) or ``"uniform"``.
+    learning_rate: the local SGD rate :math:`\eta > 0` (a number or an optax schedule);
+      ``None``: 0.01.
+    local_steps: :math:`\tau \ge 1`, local steps per round (default 5).
+    weighting: the server's mean, ``"samples"`` (weighted by client data sizes, default) or
+      ``"uniform"``.
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="plain"``) that communicates only the
+    model; its server averages.
+
+  Raises:
+    ValueError: if ``learning_rate`` is not positive, ``local_steps`` is not a positive
+      int, ``weighting`` is not ``"samples"`` or ``"uniform"``, both ``learning_rate`` and
+      an optax transform ``optimizer`` are given, or ``update`` gets ``updates=None``.
+
+  Examples:
+    One client's local steps at E1's settings on :math:`h(x) = \frac{1}{2}\|x - a\|^2`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import fedco
+    >>> opt = fedco.fedavg(0.01, 5)
+    >>> opt.problem_kind, opt.plan.weighting, opt.plan.fields  # only the model is sent
+    ('plain', 'samples', ())
+    >>> loss = lambda x: 0.5 * jnp.sum((x - jnp.array([1.0, -2.0])) ** 2)
+    >>> x = jnp.zeros(2)
+    >>> state = opt.init(x)
+    >>> for _ in range(opt.plan.local_steps):
+    ...   step, state = opt.update(jax.grad(loss)(x), state, x)
+    ...   x = optax.apply_updates(x, step)
+    >>> print(round(float(loss(x)), 4))  # from 2.5
+    2.261
   """
   opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
   plan = base.make_plan(local_steps, weighting=weighting)
@@ -94,15 +140,62 @@ def fedavg_co(
   case: str = "II",
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """FedAvg for global-inner compositional problems, Cases I, II and modified (paper 004).
+  r"""FedAvg on global-inner compositional problems (paper 004, Algorithm 1): the failing baseline.
+
+  On the **global-inner** problem :math:`\Phi(x) = h(x) + f(g(x))`,
+  :math:`g = \frac{1}{K}\sum_k g_k`, each client keeps :math:`x_k` and a *local* inner value
+  :math:`y_k` and steps
+
+  .. math::
+
+    x_k \leftarrow x_k - \eta \big(J_{g_k}(x_k; \zeta)^\top \nabla f(y_k; \xi)
+      + \nabla h_k(x_k; \xi)\big), \qquad y_k \leftarrow g_k(x_k; \zeta'),
+
+  the new :math:`y_k` on an independent sample at the new iterate. All clients start from
+  :math:`(\bar x_0, \bar y_0)`. Every :math:`I` steps the models are averaged,
+  :math:`x_k = \bar x`, and
+
+  * Case I (``case="I"``): :math:`y_k = g_k(\bar x)` (recomputed at the round's first step,
+    on that step's sample);
+  * Case II (``case="II"``, the paper's FedAvg baseline in its experiments):
+    :math:`y_k = \bar y = \frac{1}{K}\sum_k y_k`;
+  * modified (``case="modified"``, Theorem 4.2): :math:`y_k = \bar y` after *every* step.
+
+  Theorem 4.1: Cases I and II do not converge to a stationary point of :math:`\Phi` for
+  :math:`I > 1`, because :math:`\nabla f(y_k)` of a client's own inner value is not
+  :math:`\nabla f(g(x))`; E7 shows this on a two-client instance beside :func:`feddro`
+  converging. Communication per client: the model every round, plus ``y`` (``p`` floats)
+  once a round in Case II and after every step in the modified case. The algorithm's
+  ``name`` is ``"fedavg_co_case1"``, ``"fedavg_co_case2"`` or ``"fedavg_co_modified"``.
 
   Args:
-    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.05.
-    local_steps: ``I``.
-    case: ``"I"``, ``"II"`` or ``"modified"`` (see the module docstring).
+    learning_rate: the local step size :math:`\eta > 0` (a number or an optax schedule);
+      ``None``: 0.05.
+    local_steps: :math:`I \ge 1`, local steps per round (default 5; E5 runs Case II with 5).
+    case: ``"I"``, ``"II"`` (default) or ``"modified"``, as above.
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="global"``) whose plan starts every
+    client from :math:`\bar y_0` (``at_init=("y",)``) and shares ``y`` as the case says.
+
+  Raises:
+    ValueError: if ``case`` is not one of the three, ``learning_rate`` is not positive,
+      ``local_steps`` is not a positive int, or both ``learning_rate`` and an optax
+      transform ``optimizer`` are given.
+
+  Examples:
+    The three cases differ only in when ``y`` is shared:
+
+    >>> import fedco
+    >>> for case in ("I", "II", "modified"):
+    ...   opt = fedco.fedavg_co(0.05, 5, case=case)
+    ...   print(opt.name, opt.plan.every_step, opt.plan.every_round)
+    fedavg_co_case1 () ()
+    fedavg_co_case2 () ('y',)
+    fedavg_co_modified ('y',) ()
   """
   _validate.one_of("case", case, _CASES)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
@@ -158,24 +251,67 @@ class MBSGDState(NamedTuple):
 def mbsgd(
   learning_rate: Optional[base.ScalarOrSchedule] = None, *, optimizer: base.Optimizer = None
 ) -> base.Algorithm:
-  """Minibatch SGD for CO (SPEC 2.7), one step per round::
+  r"""Minibatch SGD for compositional problems (MBSGD, SPEC 2.7): one synchronised step a round.
 
-      y_bar = mean_k g_k(x; zeta_k)                   (clients evaluate, server averages)
-      z_k = J_{g_k}(x; zeta_k')^T grad f(y_bar) + grad h_k(x)
-      x = x - eta mean_k z_k                          (server averages)
+  A baseline of paper 004 for the **global-inner** problem :math:`\Phi(x) = h(x) + f(g(x))`,
+  :math:`g = \frac{1}{K}\sum_k g_k` (Ghadimi & Lan's minibatch SGD, customised for CO).
+  Every round is one step at the server model :math:`x`:
+
+  .. math::
+
+    \bar y = \frac{1}{K}\sum_k g_k(x; \zeta_k), \qquad
+    z_k = J_{g_k}(x; \zeta_k')^\top \nabla f(\bar y) + \nabla h_k(x), \qquad
+    x \leftarrow x - \eta \frac{1}{K}\sum_k z_k.
 
   ``y`` is a ``round_start`` field of the plan: at the start of every round the runtime has
-  each client evaluate ``g_k`` at the server model and sets ``y`` to the mean, before the
-  step. Averaging the one-step models ``x - eta z_k`` is ``x - eta z_bar``. This is FedDRO
-  with ``I = 1`` and a fresh ``y``. In a user's own loop the caller plays the server: set
-  ``state = fedco.algorithms.set_fields(state, y=y_bar)`` (e.g. ``inner_fn(params)``) before
-  each ``update``.
+  each client evaluate :math:`g_k` at the server model on a fresh batch and sets ``y`` to
+  the mean before the step; averaging the one-step models :math:`x - \eta z_k` is the step
+  on :math:`\bar z`. This is :func:`feddro` with :math:`I = 1` and a fresh ``y``.
+  Communication per client per round: ``p`` floats up and down for :math:`\bar y`, then the
+  model. In a user's own loop the caller plays the server: set
+  ``state = fedco.algorithms.set_fields(state, y=y_bar)`` (e.g. ``inner_fn(params)``)
+  before each ``update``. The paper's experiments (E5) tune :math:`\eta` over
+  ``{0.001, 0.01, 0.05, 0.1}`` with batches of 16 per client.
 
   Args:
-    learning_rate: ``eta > 0`` or a schedule; ``None``: 0.05.
+    learning_rate: the step size :math:`\eta > 0` (a number or an optax schedule);
+      ``None``: 0.05.
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
+
+  Returns:
+    An :class:`~fedco.Algorithm` (``problem_kind="global"``) with one local step per round
+    and ``round_start=("y",)``.
+
+  Raises:
+    ValueError: if ``learning_rate`` is not positive, or both ``learning_rate`` and an
+      optax transform ``optimizer`` are given.
+
+  Examples:
+    The caller sets :math:`\bar y` before each step (here one client: :math:`\bar y =
+    g(x)`) on the mean-variance portfolio:
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import fedco
+    >>> opt = fedco.mbsgd(0.05)
+    >>> opt.plan.local_steps, opt.plan.round_start
+    (1, ('y',))
+    >>> problem = fedco.problems.portfolio(lam=1.0)
+    >>> batch = {"r": jnp.array([[1.0, 0.5], [0.6, -0.2], [0.2, 1.0]])}
+    >>> _, oracles = fedco.oracle_args(problem, batch, batch)
+    >>> inner_fn, outer_fn = oracles["inner_fn"], oracles["outer_fn"]
+    >>> x = jnp.zeros(2)
+    >>> state = opt.init(x, inner_value=inner_fn(x))
+    >>> for _ in range(3):
+    ...   state = fedco.algorithms.set_fields(state, y=inner_fn(x))  # the server's y_bar
+    ...   step, state = opt.update(None, state, x, **oracles)
+    ...   x = optax.apply_updates(x, step)
+    ...   print(f"{float(outer_fn(inner_fn(x))):.4f}")
+    -0.0273
+    -0.0540
+    -0.0803
   """
   opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
   plan = base.make_plan(1, round_start=("y",), at_init=("y",))

@@ -88,9 +88,9 @@ communicates only the parameters); they persist across rounds on the client, als
 rounds the client is not sampled in, and are read from ``result.state.clients.personal``.
 **Choice**: the server mean is weighted by client sample counts (``weighting="samples"``,
 the default of :func:`fedco.fedavg`, SPEC 3's "plain FedAvg"; Ditto leaves the global
-solver's aggregation to FedAvg); ``weighting="uniform"`` is offered. ``personal_lr`` defaults to ``learning_rate``
-(paper 001: 0.2 for both). The optax ``optimizer``, when given, replaces the *global* SGD
-step only; the personal step is the SPEC's SGD.
+solver's aggregation to FedAvg); ``weighting="uniform"`` is offered. ``personal_lr``
+defaults to ``learning_rate`` (paper 001: 0.2 for both). The optax ``optimizer``, when
+given, replaces the *global* SGD step only; the personal step is the SPEC's SGD.
 
 References:
   Fallah, Mokhtari, Ozdaglar, "Personalized federated learning with theoretical guarantees:
@@ -170,35 +170,86 @@ def per_fedavg(
   delta: float = 1e-3,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """Per-FedAvg (= FedMAML in SPEC 3) on a local-inner (MAML) problem.
+  r"""Per-FedAvg (Fallah et al. 2020; = FedMAML, Chen et al. 2018): local MAML steps, averaged.
 
-  Per step, on the runtime's three independent batches (see the module docstring)::
+  The Per-FedAvg / FedMAML baseline of SPEC 3 (paper 001's personalised-FL experiment,
+  E2) for local-inner problems :math:`F(x) = \frac{1}{K}\sum_k [f_k(g_k(x)) + h_k(x)]`,
+  in practice :func:`fedco.problems.maml`: the inner value :math:`g(w; D)` is the table of
+  adapted parameters :math:`g_t(w) = w - a \nabla L_t(w; D_t)` over the client's task slots
+  and the outer is :math:`f(y; D') = \sum_t \omega_t L_t(y_t; D'_t)`. Each local step uses
+  the runtime's three independent batches :math:`D` (``inner_fn``), :math:`D'`
+  (``outer_fn``) and :math:`D''` (``next_inner_fn``):
 
-      y = g(w; D)                        inner_fn: the table of adapted parameters
-      G = grad_y f(y; D')                outer_fn: the table of weighted query gradients
-      z = J_g(w; D'')^T G                "exact" (jax.vjp of next_inner_fn)
-        = sum_t G[t]                     "first_order"
-        ~ sum_t (g_t(w + delta G[t]; D'') - g_t(w - delta G[t]; D'')) / (2 delta)
-                                         "hessian_free"
-      w = w - b (z + grad h(w))
+  .. math::
 
-  The server averages the models uniformly every ``local_steps`` steps. The inner step ``a``
-  is the problem's (``fedco.problems.maml(..., inner_lr=a)``).
+     G &= \nabla_y f(g(w; D); D')
+       \quad \text{(query gradients at the adapted parameters)}, \\
+     z &= J_g(w; D'')^\top G = \sum_t (I - a \nabla^2 L_t(w; D''_t))\, G_t
+       \quad (\text{exact}), \\
+     z &= \sum_t G_t \quad (\text{first order}), \\
+     z &\approx \sum_t \frac{g_t(w + \delta G_t; D'') - g_t(w - \delta G_t; D'')}{2\delta}
+       \quad (\text{Hessian-free}), \\
+     w &\leftarrow w - b\, (z + \nabla h(w)).
+
+  ``"exact"`` is one ``jax.vjp`` of ``next_inner_fn`` (Hessian-vector products; the
+  Hessian is never formed) and, with several inner steps, the exact MAML gradient.
+  ``"hessian_free"`` is Per-FedAvg's finite-difference estimate: exact up to
+  :math:`O(\delta^2)` and float32 rounding for one inner step (with several it estimates
+  :math:`J_g v`, not :math:`J_g^\top v`), and it costs :math:`2T` evaluations of
+  ``next_inner_fn`` for a table of :math:`T` slots (see the module docstring). The inner
+  step :math:`a` is the problem's (``fedco.problems.maml(apply_fn, inner_lr=a)``), so the
+  algorithm takes none. Every ``local_steps`` steps the server averages the models with
+  uniform weights.
+
+  Communication: only the parameters, ``d`` floats each way per sampled client per round.
+  Client state ``PerFedAvgState(count, opt_state)``: nothing beyond the optimizer.
 
   Args:
-    learning_rate: the meta step ``b > 0`` or a schedule; ``None``: 0.1.
-    local_steps: local steps per round.
-    variant: ``"exact"`` (second order, any local-inner problem), ``"first_order"`` or
-      ``"hessian_free"`` (these two need an inner value shaped like the parameters,
-      optionally with a leading task-slot axis).
-    delta: the finite-difference step of ``"hessian_free"`` (``> 0``; SPEC: ``1e-3``).
+    learning_rate: the meta step :math:`b > 0` or an optax schedule; ``None``: 0.1 (paper
+      001 E2).
+    local_steps: local steps per round, a positive int (paper 001 E2: :math:`\tau = 5`).
+    variant: ``"exact"`` (default; second order, any local-inner problem),
+      ``"first_order"`` or ``"hessian_free"`` (these two need an inner value shaped like the
+      parameters, optionally with a leading task-slot axis).
+    delta: the finite-difference step :math:`\delta > 0` of ``"hessian_free"`` (SPEC:
+      ``1e-3``); unused by the other variants.
     optimizer: the parameter step: ``None`` (``optax.sgd(b)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
 
   Returns:
-    An :class:`~fedco.algorithms.base.Algorithm` (local-inner; sends ``d`` floats up and down
-    per sampled client per round).
+    A :class:`fedco.Algorithm` (``problem_kind="local"``) named ``"per_fedavg"``, whose
+    plan averages only the parameters, uniformly.
+
+  Raises:
+    ValueError: ``variant`` is not one of the three, ``delta`` or the learning rate is not
+      positive, or both ``learning_rate`` and an optax transform ``optimizer`` are given;
+      from ``init`` / ``update``, ``"first_order"`` or ``"hessian_free"`` on an inner value
+      not shaped like the parameters (use ``"exact"`` there).
+
+  Examples:
+    Two tasks :math:`L_t(w) = \frac{1}{2}\|w - c_t\|^2` (the same on every batch) with
+    inner step :math:`a = 0.1`: the Hessian is :math:`I`, so the exact direction is the
+    first-order one times :math:`1 - a = 0.9`, and the Hessian-free one matches it:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> centers = jnp.array([[1.0, 2.0], [3.0, 0.0]])  # c_t, one row per task
+    >>> loss = lambda w, c: 0.5 * jnp.sum((w - c) ** 2)
+    >>> inner_fn = lambda w: jnp.stack([w - 0.1 * jax.grad(loss)(w, c) for c in centers])
+    >>> outer_fn = lambda y: 0.5 * (loss(y[0], centers[0]) + loss(y[1], centers[1]))
+    >>> def first_step(alg, w):
+    ...   updates, _ = alg.update(None, alg.init(w), w, inner_fn=inner_fn,
+    ...                           outer_fn=outer_fn, next_inner_fn=inner_fn)
+    ...   return updates
+    >>> for variant in ("exact", "first_order", "hessian_free"):
+    ...   alg = fedco.per_fedavg(1.0, variant=variant)  # b = 1: the step is -z
+    ...   updates = jax.jit(lambda w: first_step(alg, w))(jnp.zeros(2))
+    ...   print(variant, [round(v, 3) for v in updates.tolist()])
+    exact [1.62, 0.81]
+    first_order [1.8, 0.9]
+    hessian_free [1.62, 0.81]
   """
   _validate.one_of("variant", variant, VARIANTS)
   delta = _validate.positive("delta", delta)
@@ -244,10 +295,56 @@ def fedmaml(
   delta: float = 1e-3,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """FedMAML: :func:`per_fedavg` under the label ``"fedmaml"`` (SPEC 3 treats them as one).
+  r"""FedMAML (Chen et al. 2018): :func:`per_fedavg` under the label ``"fedmaml"``.
 
-  Paper 001's E2 uses inner and outer rates 0.1: ``fedmaml(0.1)`` on
-  ``fedco.problems.maml(apply_fn, inner_lr=0.1)``. Arguments as :func:`per_fedavg`.
+  **Choice**: SPEC 3 names FedMAML and Per-FedAvg (Fallah et al. 2020) as one algorithm,
+  so this is :func:`per_fedavg` with the same arguments and the name ``"fedmaml"`` (in
+  logs, metrics and experiment configs): local MAML steps
+  :math:`w \leftarrow w - b\,(J_g(w; D'')^\top \nabla f(g(w; D); D') + \nabla h(w))` on a
+  local-inner (MAML) problem, with uniform model averaging every ``local_steps`` steps.
+  Only the parameters are communicated (``d`` floats each way per sampled client per
+  round); clients keep no state beyond the optimizer. Paper 001's E2 setting "FedMAML
+  0.1/0.1" is ``fedmaml(0.1)`` on ``fedco.problems.maml(apply_fn, inner_lr=0.1)``.
+
+  Args:
+    learning_rate: the meta step :math:`b > 0` or an optax schedule; ``None``: 0.1 (paper
+      001 E2).
+    local_steps: local steps per round, a positive int (paper 001 E2: :math:`\tau = 5`).
+    variant: ``"exact"`` (default), ``"first_order"`` or ``"hessian_free"``, as in
+      :func:`per_fedavg`.
+    delta: the finite-difference step :math:`\delta > 0` of ``"hessian_free"`` (SPEC:
+      ``1e-3``).
+    optimizer: the parameter step: ``None`` (``optax.sgd(b)``), a factory of the learning
+      rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
+
+  Returns:
+    A :class:`fedco.Algorithm` (``problem_kind="local"``) named ``"fedmaml"``; its steps
+    are :func:`per_fedavg`'s.
+
+  Raises:
+    ValueError: as :func:`per_fedavg`.
+
+  Examples:
+    Paper 001's rates (inner step 0.1, meta step 0.1) on two tasks
+    :math:`L_t(w) = \frac{1}{2}\|w - c_t\|^2`: the first step from :math:`w = 0` is
+    :func:`per_fedavg`'s exact step with :math:`b = 1` (``[1.62, 0.81]``) times 0.1:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> centers = jnp.array([[1.0, 2.0], [3.0, 0.0]])  # c_t, one row per task
+    >>> loss = lambda w, c: 0.5 * jnp.sum((w - c) ** 2)
+    >>> inner_fn = lambda w: jnp.stack([w - 0.1 * jax.grad(loss)(w, c) for c in centers])
+    >>> outer_fn = lambda y: 0.5 * (loss(y[0], centers[0]) + loss(y[1], centers[1]))
+    >>> alg = fedco.fedmaml(0.1)
+    >>> alg.name, alg.plan.local_steps, alg.plan.every_round  # only x is averaged
+    ('fedmaml', 5, ())
+    >>> step_fn = jax.jit(lambda w: alg.update(None, alg.init(w), w, inner_fn=inner_fn,
+    ...                                        outer_fn=outer_fn, next_inner_fn=inner_fn))
+    >>> updates, _ = step_fn(jnp.zeros(2))
+    >>> [round(v, 4) for v in updates.tolist()]
+    [0.162, 0.081]
   """
   alg = per_fedavg(learning_rate, local_steps, variant=variant, delta=delta, optimizer=optimizer)
   return alg.replace(name="fedmaml")
@@ -279,33 +376,85 @@ def tr_maml(
   weights_lr: float = 0.08,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """TR-MAML in federated form (task = client), on a local-inner (MAML) problem.
+  r"""TR-MAML (Collins et al. 2020) in federated form: task-robust MAML with task = client.
 
-  Client step (ComFedL-MAML's)::
+  Task-robust MAML minimises the worst mixture of the clients' MAML losses,
+  :math:`\min_x \max_{p \in \Delta_K} \sum_k p_k F_k(x)` with
+  :math:`F_k(x) = f_k(g_k(x)) + h_k(x)` (SPEC 3), on local-inner (MAML) problems such as
+  :func:`fedco.problems.maml`. In a round with the set :math:`S` of :math:`m` of the
+  :math:`K` clients sampled, every client in :math:`S` starts from the server model
+  :math:`x` and takes ``local_steps`` steps (ComFedL-MAML's step: the VJP of ``inner_fn``,
+  the same batch for the value and the Jacobian), recording at its first step its adapted
+  loss :math:`e_k`:
 
-      w = w - b (J_g(w; D)^T grad f(g(w; D); D') + grad h(w))
-      e_k = f(g(x; D); D') + h(x; D')     recorded at the round's first step (w = x)
+  .. math::
 
-  Server, with ``S`` the round's ``m`` sampled clients (a client that drops out of the round
-  contributes nothing to either sum)::
+     w &\leftarrow w - b\, (J_g(w; D)^\top \nabla f(g(w; D); D') + \nabla h(w)), \\
+     e_k &= f(g(x; D); D') + h(x; D') \quad \text{(first step, } w = x \text{)}.
 
-      x = x - sum_{k in S} (K/m) p_k (x - x_k)
-      p = Proj_simplex(p + weights_lr * v),  v_k = (K/m) e_k (k in S), 0 otherwise
+  The server then steps the model and the client weights :math:`p` (uniform at first):
+
+  .. math::
+
+     x &\leftarrow x - \sum_{k \in S} \frac{K}{m}\, p_k\, (x - x_k), \\
+     p &\leftarrow \mathrm{Proj}_{\Delta_K}(p + \eta_p v), \qquad
+       v_k = \frac{K}{m} e_k \ (k \in S), \ 0 \text{ otherwise},
+
+  so :math:`v` is unbiased for the full loss vector and, with :math:`m = K`, :math:`x` is
+  the :math:`p`-weighted average of the clients' models. Clients that drop out of a round
+  count in neither sum.
+
+  Communication: each sampled client sends its model and :math:`e_k` (the plan's
+  ``report=("loss",)``: ``d + 1`` floats up) and receives ``d``. Client state
+  ``TRMAMLState(count, loss, opt_state)``; the server state ``TRMAMLServerState(p)`` holds
+  :math:`p` (``result.state.server_opt_state.p`` after :func:`fedco.simulate`).
 
   Args:
-    learning_rate: the client's meta step ``b > 0`` or a schedule; ``None``: 0.1 (paper 001
-      E2, inner lr 0.05 in the problem).
-    local_steps: local steps per round.
-    weights_lr: the step of the weights ``p`` (``> 0``; paper 001 E2: 0.08).
+    learning_rate: the client's meta step :math:`b > 0` or an optax schedule; ``None``: 0.1
+      (paper 001 E2, with inner step 0.05 in the problem).
+    local_steps: local steps per round, a positive int (paper 001 E2: :math:`\tau = 5`).
+    weights_lr: the step :math:`\eta_p > 0` of the weights :math:`p` (paper 001 E2: 0.08).
     optimizer: the parameter step: ``None`` (``optax.sgd(b)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
 
   Returns:
-    An :class:`~fedco.algorithms.base.Algorithm` (local-inner) whose server is a
-    :class:`~fedco.algorithms.base.ServerAggregator`; ``p`` is
-    ``result.state.server_opt_state.p``. Each sampled client sends ``d + 1`` floats up
-    (model and ``e_k``) and receives ``d``.
+    A :class:`fedco.Algorithm` (``problem_kind="local"``) whose ``server`` is a
+    :class:`fedco.algorithms.ServerAggregator` holding :math:`p`.
+
+  Raises:
+    ValueError: ``weights_lr`` or the learning rate is not positive, or both
+      ``learning_rate`` and an optax transform ``optimizer`` are given.
+
+  Examples:
+    A client records its adapted loss :math:`e_k` at the round's model; then the server
+    step on two clients' uploads moves :math:`p` toward the one with the larger loss:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> from fedco.algorithms import RoundInfo
+    >>> loss = lambda w, c: 0.5 * jnp.sum((w - c) ** 2)  # one task, L(w) = |w - c|^2 / 2
+    >>> inner_fn = lambda w: w - 0.1 * jax.grad(loss)(w, jnp.array([1.0, 2.0]))
+    >>> outer_fn = lambda y: loss(y, jnp.array([1.0, 2.0]))
+    >>> alg = fedco.tr_maml(0.1, local_steps=5, weights_lr=0.1)
+    >>> alg.plan.report  # sent up with the model
+    ('loss',)
+    >>> step_fn = jax.jit(lambda w: alg.update(None, alg.init(w), w, inner_fn=inner_fn,
+    ...                                        outer_fn=outer_fn, local_step=0))
+    >>> _, state = step_fn(jnp.zeros(2))
+    >>> round(float(state.loss), 4)  # e_k = 0.9^2 * |c|^2 / 2
+    2.025
+    >>> info = RoundInfo(ids=jnp.array([0, 1]), weights=jnp.array([0.5, 0.5]),
+    ...                  counts=jnp.array([4, 4]), num_clients=2,
+    ...                  key=jax.random.PRNGKey(0), client_losses=None)
+    >>> server = {"params": jnp.zeros(2)}
+    >>> p = alg.server.init(server, info.counts)  # uniform over the K = 2 clients
+    >>> models = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # x_k, one row per client
+    >>> uploads = {"params": models, "loss": jnp.array([0.5, 2.0])}
+    >>> server, p = jax.jit(lambda u: alg.server.update(server, p, u, info))(uploads)
+    >>> [round(v, 3) for v in server["params"].tolist()], [round(v, 3) for v in p.p.tolist()]
+    ([0.5, 0.5], [0.425, 0.575])
   """
   eta_p = _validate.positive("weights_lr", weights_lr)
   opt = base.param_optimizer(learning_rate, optimizer, default=0.1)
@@ -385,31 +534,79 @@ def ditto(
   weighting: str = "samples",
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """Ditto on a plain problem: FedAvg for the global model plus a personal model per client.
+  r"""Ditto (Li, Hu, Beirami, Smith 2021): FedAvg for the global model plus personal models.
 
-  Per step, with ``updates = grad h_k(x; xi)`` and ``extra_fn = h_k(.; xi)`` on one batch::
+  The Ditto baseline of SPEC 3 (paper 001's personalised-FL experiment, E2) on a plain
+  problem (only :math:`h_k`, the client loss). The global model is trained by plain FedAvg;
+  every client also keeps a personal model :math:`v_k`, pulled toward the global model the
+  round started from. Per local step, on one batch :math:`\xi` (``updates`` is
+  :math:`\nabla h_k(x; \xi)` and ``extra_fn`` is :math:`h_k(\cdot; \xi)`):
 
-      anchor = x                                        if this is the round's first step
-      v = v - eta_p (grad h_k(v; xi) + lam (v - anchor))
-      x = x - eta grad h_k(x; xi)
+  .. math::
 
-  and the server averages ``x`` every ``local_steps`` steps; ``v`` is never sent.
+     \bar{x} &= x \quad \text{at the round's first step (the anchor)}, \\
+     v_k &\leftarrow v_k - \eta_p\, (\nabla h_k(v_k; \xi) + \lambda\, (v_k - \bar{x})), \\
+     x &\leftarrow x - \eta\, \nabla h_k(x; \xi),
+
+  and every ``local_steps`` steps the server averages :math:`x`. **Choice**: the server
+  mean is weighted by client sample counts (``weighting="samples"``, the default of
+  :func:`fedco.fedavg`, SPEC 3's "plain FedAvg"); ``"uniform"`` is offered. The optax
+  ``optimizer``, when given, replaces the *global* SGD step only; the personal step is the
+  SPEC's SGD.
+
+  Communication: only the parameters, ``d`` floats each way per sampled client per round;
+  personal models are never sent. Client state ``DittoState(count, personal, anchor,
+  opt_state)``: :math:`v_k` starts at the initial parameters and persists across rounds,
+  also through rounds the client is not sampled in (``result.state.clients.personal``
+  after :func:`fedco.simulate`, leaves ``[K, ...]``).
 
   Args:
-    learning_rate: the global model's local SGD rate ``eta > 0``; ``None``: 0.2 (paper 001
-      E2).
-    local_steps: local steps per round.
-    lam: the proximal weight ``lam >= 0`` (paper 001 E2: 0.1; 0 makes ``v`` plain local SGD
-      on the client's own loss).
-    personal_lr: the personal step ``eta_p > 0``; default ``learning_rate`` (0.2 when that
-      is ``None`` too).
+    learning_rate: the global model's local SGD rate :math:`\eta > 0` or an optax schedule;
+      ``None``: 0.2 (paper 001 E2).
+    local_steps: local steps per round, a positive int (paper 001 E2: :math:`\tau = 5`).
+    lam: the proximal weight :math:`\lambda \ge 0` (paper 001 E2: 0.1; 0 makes :math:`v_k`
+      plain local SGD on the client's own loss).
+    personal_lr: the personal step :math:`\eta_p > 0`; ``None``: ``learning_rate`` (0.2
+      when that is ``None`` too; paper 001 uses 0.2 for both). Give it when
+      ``learning_rate`` is a schedule.
     weighting: the server mean, ``"samples"`` (FedAvg's, default) or ``"uniform"``.
     optimizer: the global model's step: ``None`` (``optax.sgd(eta)``), a factory of the
-      learning rate or an optax transform with its own rate (then no ``learning_rate``).
+      learning rate (``optax.adam``) or an optax transform with its own rate (then no
+      ``learning_rate``).
 
   Returns:
-    An :class:`~fedco.algorithms.base.Algorithm` (plain); personal models are
-    ``result.state.clients.personal`` (leaves ``[K, ...]``).
+    A :class:`fedco.Algorithm` (``problem_kind="plain"``) whose plan averages only the
+    parameters.
+
+  Raises:
+    ValueError: ``lam`` is negative, a rate is not positive (also a schedule
+      ``learning_rate`` without ``personal_lr``), ``weighting`` is not one of the two, or
+      both ``learning_rate`` and an optax transform ``optimizer`` are given; from
+      ``update``, a problem without the client loss (no ``updates`` or ``extra_fn``).
+
+  Examples:
+    One client with :math:`h(x) = \frac{1}{2}\|x - (1, 2)\|^2`, two local steps from
+    :math:`x = v = 0`: the global model heads for :math:`(1, 2)`, the personal model for
+    :math:`((1, 2) + \lambda \bar{x}) / (1 + \lambda) = (0.5, 1)`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import fedco
+    >>> problem = fedco.problems.plain(lambda x, e: 0.5 * jnp.sum((x - e["target"]) ** 2))
+    >>> batch = {"target": jnp.array([[1.0, 2.0]])}  # one example
+    >>> grad_h, oracles = fedco.oracle_args(problem, batch, batch)
+    >>> alg = fedco.ditto(0.5, local_steps=2, lam=1.0)
+    >>> @jax.jit
+    ... def local_round(x):
+    ...   state = alg.init(x)
+    ...   for t in range(2):
+    ...     updates, state = alg.update(grad_h(x), state, x, local_step=t, **oracles)
+    ...     x = optax.apply_updates(x, updates)
+    ...   return x, state.personal
+    >>> x, personal = local_round(jnp.zeros(2))
+    >>> [round(v, 3) for v in x.tolist()], [round(v, 3) for v in personal.tolist()]
+    ([0.75, 1.5], [0.5, 1.0])
   """
   _validate.positive("lam", lam, allow_zero=True)
   if personal_lr is None:

@@ -86,21 +86,84 @@ def local_moml(
   first_order: bool = True,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """Local-MOML.
+  r"""Local-MOML: memory-based MAML with local steps and model averaging (Wang et al. 2021).
+
+  The Local-MOML baseline of paper 003 (Sec. 5.1, E3; SPEC 3) for local-inner problems
+  :math:`F(x) = \frac{1}{K}\sum_k [f_k(g_k(x)) + h_k(x)]`, in practice
+  :func:`fedco.problems.maml`, whose inner value :math:`g(w; e)` is the table of adapted
+  parameters over the client's task slots (leaves ``[T, *param_shape]``). Each client keeps
+  one memory :math:`u_t` per task slot (the state's ``u``, shaped like the inner value), and
+  at every step refreshes the memories of the tasks the outer batch weighs, then steps on
+  the query losses at the memories:
+
+  .. math::
+
+     u_t &\leftarrow (1 - \beta)\, u_t + \beta\, (w - a \nabla L_t(w; D_t^{tr}))
+       \quad \text{for the sampled tasks } t, \\
+     w &\leftarrow w - \eta\, (z + \nabla h(w)), \qquad
+       z = \sum_t \omega_t \nabla L_t(u_t; D_t^{val}),
+
+  with :math:`\omega_t` the outer batch's task weights (``task_weight``) and :math:`a` the
+  problem's ``inner_lr``. That :math:`z` is SPEC 3's first-order direction
+  (``first_order=True``); ``first_order=False`` is MOML's second-order
+  :math:`z = J_g(w)^\top \nabla f(u) = \sum_t (I - a H_t)\, \omega_t \nabla L_t(u_t)`
+  (a Hessian-vector product through the inner sample), which works on any local-inner
+  problem. A slot counts as sampled when the outer gradient on it is non-zero; unsampled
+  slots keep their memory (see the module docstring). Every ``local_steps`` steps the
+  server averages the models with uniform weights.
+
+  Communication: the plan sends only the parameters (``d`` floats each way per client per
+  round). Client state ``MOMLState(count, u, opt_state)``: the memories ``u`` never leave
+  the client; they start from its first inner sample :math:`g(x_0; \zeta_0)`.
 
   Args:
-    learning_rate: meta step ``eta > 0`` or a schedule; ``None``: 0.01 (paper 003 sinusoid).
-    local_steps: steps between model averaging.
-    beta: memory rate in ``(0, 1]`` (paper 003 sinusoid: 0.7).
-    first_order: the SPEC's first-order direction ``grad_u L(u; val)`` (default), or
-      MOML's ``J_g^T grad_u L(u; val)``.
+    learning_rate: the meta step :math:`\eta > 0` or an optax schedule; ``None``: 0.01
+      (paper 003's sinusoid setting, E3).
+    local_steps: steps between model averages, a positive int (paper 003: :math:`p = 5`).
+    beta: the memory rate :math:`\beta \in (0, 1]` (paper 003 sinusoid: 0.7); 1 keeps no
+      memory (each step uses the fresh adapted parameters).
+    first_order: ``True`` (default): SPEC 3's first-order direction through the memories,
+      which needs an inner value shaped like the parameters, with or without a leading
+      task-slot axis; ``False``: MOML's second-order direction :math:`J_g^\top \nabla f(u)`,
+      for any local-inner problem.
     optimizer: the parameter step: ``None`` (``optax.sgd(eta)``), a factory of the learning
       rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
 
   Returns:
-    An :class:`~fedco.algorithms.base.Algorithm` (local-inner); the plan averages only the
-    parameters.
+    A :class:`fedco.Algorithm` (``problem_kind="local"``) whose plan averages only the
+    parameters, uniformly, every ``local_steps`` steps.
+
+  Raises:
+    ValueError: ``beta`` is not in :math:`(0, 1]`, ``first_order`` is not a bool, the
+      learning rate is not positive, or both ``learning_rate`` and an optax transform
+      ``optimizer`` are given; from ``init`` / ``update``, ``first_order=True`` on an inner
+      value that is not shaped like the parameters (with or without a slot axis).
+
+  Examples:
+    Two tasks :math:`L_t(w) = \frac{1}{2}\|w - c_t\|^2` (the same on support and query
+    sets); the memories are a ``[T, d]`` table, refreshed half-way (:math:`\beta = 0.5`)
+    toward the adapted parameters at the new model :math:`w = (1, 1)`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> centers = jnp.array([[1.0, 2.0], [3.0, 0.0]])  # c_t, one row per task
+    >>> loss = lambda w, c: 0.5 * jnp.sum((w - c) ** 2)
+    >>> inner_fn = lambda w: jnp.stack([w - 0.1 * jax.grad(loss)(w, c) for c in centers])
+    >>> outer_fn = lambda y: 0.5 * (loss(y[0], centers[0]) + loss(y[1], centers[1]))
+    >>> alg = fedco.local_moml(0.1, local_steps=5, beta=0.5)
+    >>> alg.plan.every_round  # only the parameters are averaged: u stays on the client
+    ()
+    >>> w0 = jnp.zeros(2)
+    >>> state = alg.init(w0, inner_value=jax.jit(inner_fn)(w0))  # u = g(w0)
+    >>> step_fn = jax.jit(lambda w, s: alg.update(None, s, w, inner_fn=inner_fn,
+    ...                                           outer_fn=outer_fn))
+    >>> updates, state = step_fn(jnp.ones(2), state)
+    >>> [[round(v, 3) for v in row] for row in state.u.tolist()]
+    [[0.55, 0.65], [0.75, 0.45]]
+    >>> [round(v, 3) for v in updates.tolist()]  # -eta * sum_t 0.5 (u_t - c_t)
+    [0.135, 0.045]
   """
   _validate.open_unit("beta", beta, closed_right=True)
   if not isinstance(first_order, bool):

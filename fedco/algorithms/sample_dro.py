@@ -186,18 +186,80 @@ def fastdro(
   iterations: int = 60,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """FastDRO in parallel form (see the module docstring).
+  r"""FastDRO (Levy, Carmon, Duchi, Sidford 2020): mini-batch DRO by best-response weights.
+
+  The FastDRO baseline of SPEC 3 (paper 004's imbalanced-CIFAR experiment, E5) for
+  sample-level DRO on a plain per-example loss :math:`\ell_i(x)` (the problem's ``h``,
+  read through the ``example_losses_fn`` oracle). Per step, on the client's mini-batch
+  with empirical weights :math:`w_i` (``example_weights``: :math:`1/b`, 0 on padding):
+
+  .. math::
+
+     p^\star = \mathop{\arg\max}_{p \in U(w)} \sum_i p_i \ell_i(x), \qquad
+     x \leftarrow x - \eta\, \nabla_x \sum_i p^\star_i \ell_i(x)
+       \quad (p^\star \text{ held fixed}),
+
+  with the uncertainty set, found by ``iterations`` steps of bisection on the dual
+  variable (see the module docstring):
+
+  * ``geometry="chi2"``, ``size`` :math:`= \rho`:
+    :math:`U = \{p \in \Delta : \frac{1}{2} \sum_i w_i (p_i / w_i - 1)^2 \le \rho\}`;
+  * ``geometry="cvar"``, ``size`` :math:`= \alpha`:
+    :math:`U = \{p \in \Delta : p_i \le w_i / \alpha\}`, the mean of the largest
+    :math:`\alpha` fraction of the losses (:math:`\alpha = 1` is ERM).
+
+  *Parallel form* (paper 004's centralised baselines, SPEC E5): every client computes the
+  best response on its own mini-batch, and the server averages the models (uniformly) every
+  ``local_steps`` steps; with the default 1 this is data-parallel FastDRO with the
+  per-client batch.
+
+  Communication: only the parameters, ``d`` floats each way per sampled client per round.
+  Client state ``FastDROState(count, opt_state)``: nothing beyond the optimizer.
 
   Args:
-    learning_rate: SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: steps between model averages (1: the paper's data-parallel baseline).
-    geometry: ``"chi2"`` (chi^2 ball of radius ``size = rho > 0``) or ``"cvar"`` (CVaR at
-      level ``size = alpha`` in ``(0, 1]``).
-    size: the uncertainty set's size, as above.
-    iterations: bisection steps (60 halve the bracket to float precision).
+    learning_rate: the SGD rate :math:`\eta > 0` or an optax schedule; ``None``: 0.01
+      (paper 004's grid: :math:`\{0.001, 0.01, 0.05, 0.1\}`).
+    local_steps: steps between model averages, a positive int (1, the default: the
+      paper's data-parallel baseline).
+    geometry: ``"chi2"`` (default; :math:`\chi^2` ball of radius ``size`` :math:`= \rho`)
+      or ``"cvar"`` (CVaR at level ``size`` :math:`= \alpha`).
+    size: the uncertainty set's size: :math:`\rho > 0` for ``"chi2"``, :math:`\alpha \in
+      (0, 1]` for ``"cvar"``; default 1.0.
+    iterations: bisection steps, a positive int (the default 60 halves the bracket to
+      float precision).
     optimizer: the parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory of the
       learning rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
+
+  Returns:
+    A :class:`fedco.Algorithm` (``problem_kind="plain"``) named ``"fastdro_chi2"`` or
+    ``"fastdro_cvar"``.
+
+  Raises:
+    ValueError: ``geometry`` is not one of the two, ``size`` is outside its range,
+      ``iterations`` is not a positive int, the learning rate is not positive, or both
+      ``learning_rate`` and an optax transform ``optimizer`` are given; from ``update``, a
+      problem without a per-example loss (no ``example_losses_fn``).
+
+  Examples:
+    Four examples :math:`\ell_i(x) = \frac{1}{2}\|x - a_i\|^2` with losses
+    :math:`(0.5, 0.5, 2, 8)` at :math:`x = 0`: CVaR at :math:`\alpha = 0.5` puts all the
+    weight on the two largest, so the step is :math:`0.1 \cdot (a_3 + a_4) / 2` (ERM's,
+    :math:`\alpha = 1`, would be :math:`0.1 \cdot (0.75, 1.25)`, the mean of all four):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.plain(lambda x, e: 0.5 * jnp.sum((x - e["a"]) ** 2))
+    >>> batch = {"a": jnp.array([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0], [0.0, 4.0]])}
+    >>> _, oracles = fedco.oracle_args(problem, batch, batch)
+    >>> alg = fedco.fastdro(0.1, geometry="cvar", size=0.5)
+    >>> alg.name, alg.plan.local_steps
+    ('fastdro_cvar', 1)
+    >>> step_fn = jax.jit(lambda x: alg.update(None, alg.init(x), x, **oracles))
+    >>> updates, _ = step_fn(jnp.zeros(2))
+    >>> [round(v, 3) for v in updates.tolist()]
+    [0.1, 0.2]
   """
   size = _check_size(geometry, size)
   iterations = _validate.positive_int("iterations", iterations)
@@ -245,18 +307,86 @@ def primal_dual_dro(
   reg: float = 0.0,
   optimizer: base.Optimizer = None,
 ) -> base.Algorithm:
-  """Primal-dual SGD for sample-level DRO (see the module docstring).
+  r"""Primal-dual SGD for sample-level DRO (Namkoong and Duchi 2016), federated.
+
+  The primal-dual SGD baseline of SPEC 3 (paper 004's imbalanced-CIFAR experiment, E5) on
+  a plain per-example loss :math:`\ell_i(x)` (the problem's ``h``): weights :math:`p` on the
+  simplex over *all* :math:`N` training examples (uniform at first) and the saddle problem
+  :math:`\min_x \max_{p \in \Delta_N} \sum_i p_i \ell_i(x) - \frac{r N}{2}
+  \sum_i (p_i - 1/N)^2`. A step on client :math:`k`, with mini-batch rows
+  :math:`i_1, \dots, i_b` (the runtime's ``example_rows``):
+
+  .. math::
+
+     x &\leftarrow x - \eta\, \nabla_x \frac{N}{b} \sum_j p_{i_j} \ell_{i_j}(x)
+       \quad \text{(importance weights } N p_i \text{; ERM at } p = 1/N \text{)}, \\
+     v_k &\mathrel{+}= \frac{1}{b} \sum_j \ell_{i_j}(x)\, e_{i_j}
+       \quad \text{(summed over the round's steps, reset at its start)}.
+
+  After the round's ``local_steps`` steps the server averages the models weighted by data
+  size (``weighting="samples"``, so the mean step is unbiased for the full gradient) and
+  ascends, with :math:`S` the round's :math:`m` of :math:`K` clients and :math:`n_k`
+  their sizes:
+
+  .. math::
+
+     p \leftarrow \mathrm{Proj}_{\Delta_N}\Big(p + \eta_p \Big(\frac{K}{m} \sum_{k \in S}
+       n_k v_k - r N (p - 1/N)\Big)\Big).
+
+  :math:`r = 0` (``reg``) is SPEC 3's plain projected ascent.
+
+  Communication: clients hold :math:`p` (``N`` floats, sent down every round and at
+  initialisation: the plan's ``every_round=("p",)``, ``at_init=("p",)``; as an
+  ``every_round`` field it also travels up, and the ledger counts those ``N`` floats,
+  though the server does not read them) and report :math:`v_k` (``report=("ascent",)``,
+  an ``N``-vector of which only ``b * local_steps`` entries are non-zero). Client state
+  ``PrimalDualState(count, p, ascent, opt_state)``.
 
   Args:
-    learning_rate: model SGD rate ``> 0`` or a schedule; ``None``: 0.01.
-    local_steps: steps between synchronisations of the model and ``p`` (1: parallel SGD).
-    num_examples: ``N``, the number of rows of the training data's ``examples`` (every row
-      owned by a client); ``p`` has one weight per row.
-    weights_lr: ascent rate on ``p``, ``> 0``.
-    reg: chi^2 penalty ``>= 0`` on ``p`` (0: SPEC 3's plain projected ascent).
+    learning_rate: the model SGD rate :math:`\eta > 0` or an optax schedule; ``None``: 0.01
+      (paper 004's grid: :math:`\{0.001, 0.01, 0.05, 0.1\}`).
+    local_steps: steps between synchronisations of the model and :math:`p`, a positive int
+      (1, the default: parallel SGD as in paper 004).
+    num_examples: :math:`N`, required: the number of rows of the training data's
+      ``examples`` (every row owned by a client); :math:`p` has one weight per row.
+    weights_lr: the ascent rate :math:`\eta_p > 0` on :math:`p`; default 0.01.
+    reg: the :math:`\chi^2` penalty :math:`r \ge 0` on :math:`p`; default 0 (SPEC 3's plain
+      projected ascent).
     optimizer: the parameter step: ``None`` (``optax.sgd(learning_rate)``), a factory of the
       learning rate (``optax.adam``) or an optax transform with its own rate (then no
       ``learning_rate``).
+
+  Returns:
+    A :class:`fedco.Algorithm` (``problem_kind="plain"``) whose ``server`` is a
+    :class:`fedco.algorithms.ServerAggregator` that steps the model and :math:`p`.
+
+  Raises:
+    ValueError: ``num_examples`` or ``local_steps`` is not a positive int, ``weights_lr``
+      or the learning rate is not positive, ``reg`` is negative, or both ``learning_rate``
+      and an optax transform ``optimizer`` are given; from ``update``, a problem without a
+      per-example loss or a call without ``example_rows``.
+
+  Examples:
+    One step of a client holding rows 1 and 3 of :math:`N = 4` examples, with
+    :math:`\ell_i(x) = \frac{1}{2}\|x - a_i\|^2`: at uniform :math:`p` the step is ERM's,
+    and the report holds :math:`\ell_i / b` on the batch's rows only:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.plain(lambda x, e: 0.5 * jnp.sum((x - e["a"]) ** 2))
+    >>> batch = {"a": jnp.array([[1.0, 0.0], [0.0, 2.0]])}  # losses 0.5 and 2 at x = 0
+    >>> _, oracles = fedco.oracle_args(problem, batch, batch)
+    >>> alg = fedco.primal_dual_dro(0.1, num_examples=4, weights_lr=0.1)
+    >>> alg.plan.every_round, alg.plan.report
+    (('p',), ('ascent',))
+    >>> step_fn = jax.jit(lambda x: alg.update(None, alg.init(x), x,
+    ...                                        example_rows=jnp.array([1, 3]), **oracles))
+    >>> updates, state = step_fn(jnp.zeros(2))
+    >>> [round(v, 3) for v in updates.tolist()]  # -0.1 * mean_i (x - a_i)
+    [0.05, 0.1]
+    >>> [round(v, 3) for v in state.ascent.tolist()]
+    [0.0, 0.25, 0.0, 1.0]
   """
   n_total = _validate.positive_int("num_examples", num_examples)
   eta_p = _validate.positive("weights_lr", weights_lr)

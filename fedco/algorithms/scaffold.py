@@ -72,30 +72,76 @@ def scaffold(
   server_lr: float = 1.0,
   optimizer: extend.Optimizer = None,
 ) -> extend.Algorithm:
-  """SCAFFOLD with option II control variates (see the module docstring).
+  r"""SCAFFOLD (Karimireddy et al. 2020): control variates correct the clients' drift.
 
-  Per local step, with ``g = updates = grad h_i(y)``::
+  A baseline for **plain** problems :math:`\frac{1}{N}\sum_i h_i(x)`, option II control
+  variates, partial participation. The server holds the model :math:`x` and a control
+  variate :math:`c`; each of the :math:`N` clients keeps its own :math:`c_i` (0 at first)
+  from round to round. A round with clients :math:`S` (those that survive it):
+
+  .. math::
+
+    y_i &= x, \qquad y_i \leftarrow y_i - \eta\,(g_i(y_i) - c_i + c)
+      \ \ (K \text{ times}), \qquad c_i^+ = c_i - c + \frac{x - y_i}{K\eta}, \\
+    x &\leftarrow x + \eta_g \frac{1}{|S|}\sum_{i \in S} (y_i - x), \qquad
+    c \leftarrow c + \frac{|S|}{N} \frac{1}{|S|}\sum_{i \in S} (c_i^+ - c_i),
+
+  with :math:`g_i = \nabla h_i` (``updates``). The client computes :math:`c_i^+` as the
+  running mean of the round's gradients, which equals option II's ratio for SGD at a
+  constant rate (and stays the average gradient with a schedule or an optax
+  ``optimizer``). Per local step, with ``g = updates``::
 
       y = y - eta (g - c_i + c_round)
       c_plus = mean of this round's g so far              (c_i+ of option II)
       c = c_round + c_plus - c_i                          (the upload: dc_i = c_plus - c_i)
 
   and at a round's first step ``c_round = c`` (the server's) and ``c_i = c_plus`` (the
-  client's last round). The server: ``x = x + server_lr * mean_S (y_i - x)`` and
-  ``c = c + (|S| / N) mean_S dc_i``.
+  client's last round). ``c`` is an ``every_round`` field: clients send the model and
+  ``c + dc_i`` (``2d`` floats) and receive both. A straggler uploads its ``k``-step
+  values; a dropped client keeps its state. **Choices**: client means are uniform (the
+  paper's); :math:`|S|` counts the round's surviving clients. In a user's own loop (one
+  client, nobody playing the server) the ``c`` the client leaves is the next round's
+  ``c``: the server with :math:`N = |S| = 1`, so the steps are plain SGD.
 
   Args:
-    learning_rate: the local rate ``eta > 0`` or a schedule; ``None``: 0.01.
-    local_steps: ``K``, local steps per round.
-    server_lr: the global step ``eta_g > 0`` (the paper's; 1.0 is model averaging).
-    optimizer: the local step on the corrected gradient ``g - c_i + c``: ``None``
+    learning_rate: the local rate :math:`\eta > 0` (a number or an optax schedule);
+      ``None``: 0.01.
+    local_steps: :math:`K \ge 1`, local steps per round (default 5).
+    server_lr: the global step :math:`\eta_g > 0` (default 1.0, which is model averaging).
+    optimizer: the local step on the corrected gradient :math:`g - c_i + c`: ``None``
       (``optax.sgd(eta)``), a factory of the learning rate (``optax.adam``) or an optax
       transform with its own rate (then no ``learning_rate``).
 
   Returns:
-    An :class:`~fedco.extend.Algorithm` (plain); the clients' control variates are
-    ``result.state.clients.c_plus`` (``c_i`` of their last round), the server's
-    ``result.state.server["c"]``.
+    An :class:`~fedco.Algorithm` (``problem_kind="plain"``, ``every_round=("c",)``) whose
+    server is a :class:`~fedco.extend.ServerAggregator`; after :func:`fedco.simulate` the
+    clients' control variates are ``result.state.clients.c_plus`` (:math:`c_i` of their
+    last round) and the server's is ``result.state.server["c"]``.
+
+  Raises:
+    ValueError: if ``server_lr`` or ``learning_rate`` is not positive, ``local_steps`` is
+      not a positive int, both ``learning_rate`` and an optax transform ``optimizer`` are
+      given, or ``update`` gets ``updates=None``.
+
+  Examples:
+    One round of two local steps on :math:`h(y) = \frac{1}{2}\|y - a\|^2`; the uploaded
+    ``c`` is the mean of the round's two gradients:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import fedco
+    >>> opt = fedco.scaffold(0.1, 2, server_lr=1.0)
+    >>> opt.plan.every_round
+    ('c',)
+    >>> loss = lambda y: 0.5 * jnp.sum((y - jnp.array([1.0, -2.0])) ** 2)
+    >>> y = jnp.zeros(2)
+    >>> state = opt.init(y)
+    >>> for _ in range(opt.plan.local_steps):
+    ...   step, state = opt.update(jax.grad(loss)(y), state, y)
+    ...   y = optax.apply_updates(y, step)
+    >>> [round(float(v), 4) for v in state.c]  # mean of (-1, 2) and (-0.9, 1.8)
+    [-0.95, 1.9]
   """
   opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   eta_g = extend.positive("server_lr", server_lr)

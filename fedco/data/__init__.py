@@ -1,17 +1,56 @@
-"""Federated data: the container, loaders, partitioners and the federated set.
+"""Federated data: the container, loaders, partitioners and the federated data set.
 
-* :class:`FederatedData`: one examples pytree plus each client's slice of one sorted row
-  list (memory ``O(total examples)``); :class:`ClientBlockData`, the multi-process layout.
-* Sources (host NumPy ``{"x": float32, "y": int32}``): :func:`load`, :func:`load_tfds`
-  (``tfds.data_source``, no TensorFlow), :func:`load_digits` (scikit-learn, offline),
-  :func:`load_npz` (your own arrays in an ``.npz`` file).
-* Partitioners (seeded, one index array per client): :func:`iid`, :func:`quantity_skew`,
-  :func:`dirichlet_label_skew`, :func:`dominant_class`, :func:`matched_validation`.
-* :class:`FederatedDataset` and :func:`make_federated`: training and validation clients
-  plus the central test split.
-* UCI Adult for the fairness experiment: :func:`load_adult`, :func:`federated_adult`.
-* Step-imbalanced CIFAR10-ST / CIFAR100-ST (E5): :func:`load_st`, :func:`step_imbalance`.
-* Few-shot Omniglot episodes (E4): :func:`load_omniglot` and the module :mod:`.omniglot`.
+The simulator takes one :class:`~fedco.FederatedData`: every example stored once (a pytree of
+arrays with a leading example axis) and each client ``k`` a slice of one sorted row list, so
+clients of 50,000 and 1 examples cost ``O(total examples)`` memory, not ``K x largest``. It
+is a pytree; pass it to jitted code. :class:`ClientBlockData` is the same data in
+client-block layout for multi-device and multi-process runs (made by
+:func:`fedco.runtime.distributed.global_data`).
+
+A typical pipeline loads host splits, partitions them, and builds the clients::
+
+  train, test = fedco.data.load("digits")                  # offline
+  train_parts = fedco.data.quantity_skew(train["y"], 10, big=500, small=20, seed=0)
+  val_parts = fedco.data.matched_validation(train_parts, train["y"], test["y"], seed=0)
+  fed = fedco.data.make_federated(train, test, train_parts, val_parts, "digits", 10)
+  fedco.simulate(..., data=fed.train, ...)
+
+* **Containers**: :class:`~fedco.FederatedData` (``from_clients``, ``from_index_lists``),
+  :class:`ClientBlockData`, and :class:`FederatedDataset` with :func:`make_federated`
+  (training and validation clients plus the central test split).
+* **Sources** (host NumPy ``{"x": float32, "y": int32}`` in :class:`Splits`): :func:`load`,
+  :func:`load_tfds`, :func:`load_digits`, :func:`load_npz`, :func:`num_classes`,
+  :data:`DATASETS`, :data:`NUM_CLASSES`.
+* **Partitioners** (seeded, one sorted index array per client, every client non-empty):
+  :func:`iid`, :func:`quantity_skew` (SPEC E1), :func:`dirichlet_label_skew`,
+  :func:`dominant_class` and :func:`dominant_class_counts` (SPEC E2), and
+  :func:`matched_validation` (per-client validation sets from the test split, SPEC E1).
+* **UCI Adult** for the fairness experiments (SPEC 4.6, E1b, E6): :func:`load_adult`,
+  :class:`AdultData`, :func:`proxy_groups`, :func:`resample_proxies`,
+  :func:`federated_adult`.
+* **Step-imbalanced** CIFAR10-ST / CIFAR100-ST (SPEC E5): :func:`load_st`,
+  :func:`step_imbalance`.
+* **Meta-learning episodes**: few-shot Omniglot (SPEC E4), :func:`load_omniglot` and the
+  module :mod:`fedco.data.omniglot`; sinusoid regression tasks (SPEC E3), the module
+  :mod:`fedco.data.sinusoid`.
+
+What works offline and what needs data on disk (fedco never downloads anything):
+
+* **Offline**: :func:`load_digits` and ``load("digits")`` / ``load_st("digits")``
+  (scikit-learn's 1797 8x8 digits, bundled with scikit-learn), :mod:`fedco.data.sinusoid`
+  (synthetic), :func:`load_npz` (your own arrays in an ``.npz`` file), and every
+  partitioner and container (plain arrays).
+* **TFDS, prepared beforehand**: :func:`load_tfds`, ``load``/``load_st`` of ``mnist``,
+  ``fashion_mnist``, ``cifar10``, ``cifar100``, and :func:`load_omniglot` read with
+  ``tfds.data_source(..., download=False)`` (no TensorFlow at run time). Prepare each data
+  set once, on a machine with network and TensorFlow, with ``tfds build <name>
+  --file_format=array_record``, and pass the folder as ``data_dir`` (or set
+  ``TFDS_DATA_DIR``); :mod:`fedco.data.sources` has the details. A data set that is missing
+  raises ``FileNotFoundError`` with that advice. In tests, ``tfds.testing.mock_data`` stands
+  in for the files.
+* **Adult files**: :func:`load_adult` reads ``adult.data`` and ``adult.test`` from a folder
+  (the UCI files; no copy ships in the package); ``data_dir=None`` is the project's shared
+  copy next to a source checkout.
 """
 
 from fedco.data import omniglot, sinusoid

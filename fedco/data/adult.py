@@ -1,7 +1,10 @@
 """UCI Adult (census income) for fair classification with noisy protected groups (SPEC 4.6).
 
-Reads ``adult.data`` (train, 32561 rows) and ``adult.test`` (test, 16281 rows) from a folder,
-in either of two layouts:
+Reads ``adult.data`` (train, 32561 rows) and ``adult.test`` (test, 16281 rows) from a folder.
+Nothing is downloaded and no copy ships inside the package: ``data_dir=None`` means the
+project's shared copy, ``<repository>/../shared/data/adult`` (found relative to a source
+checkout); elsewhere, download the two files from the UCI repository and pass their folder.
+Either of two layouts is accepted:
 
 * the UCI original: no header, ``adult.test`` opens with the line ``|1x3 Cross validator``
   and its labels carry a trailing period (``>50K.``);
@@ -95,11 +98,30 @@ DEFAULT_DATA_DIR = os.path.join(_REPO_ROOT, "..", "shared", "data", "adult")
 
 
 class AdultData(NamedTuple):
-  """Preprocessed Adult splits.
+  """Preprocessed Adult splits, as :func:`load_adult` returns them.
+
+  Each split is a dict of host NumPy arrays: ``"x"`` ``float32 [N, d]`` (one-hot features,
+  ``d = 117`` on the real data), ``"y"`` ``float32 [N]`` (1 for ``>50K``), ``"group"``
+  ``int32 [N]`` (true race group: 0 White, 1 Black, 2 Other) and ``"proxy"`` ``int32 [N]``
+  (the noisy group the fairness constraints use, SPEC 4.6).
 
   Attributes:
-    train, test: ``{"x", "y", "group", "proxy"}`` arrays (see the module docstring).
+    train: the training split (``adult.data``, 32561 rows).
+    test: the test split (``adult.test``, 16281 rows).
     feature_names: one name per column of ``x`` (``"column=value"`` or ``"column#bucket"``).
+
+  Examples:
+    Built by hand here (:func:`load_adult` reads it from the files):
+
+    >>> import numpy as np
+    >>> import fedco
+    >>> def split(n):
+    ...   group = np.arange(n, dtype=np.int32) % 3
+    ...   return {"x": np.zeros((n, 3), np.float32), "y": np.zeros(n, np.float32),
+    ...           "group": group, "proxy": group.copy()}
+    >>> data = fedco.data.AdultData(split(6), split(2), ("sex=Female", "sex=Male", "age#0"))
+    >>> data.num_features, sorted(data.train), data.test["x"].shape
+    (3, ['group', 'proxy', 'x', 'y'], (2, 3))
   """
 
   train: Arrays
@@ -108,6 +130,7 @@ class AdultData(NamedTuple):
 
   @property
   def num_features(self) -> int:
+    """The number of feature columns ``d`` of ``x``."""
     return len(self.feature_names)
 
 
@@ -251,12 +274,35 @@ def preprocess(train_rows, test_rows, paths=("adult.data", "adult.test")):
 
 
 def proxy_groups(groups, noise: float, seed: int, num_groups: int = NUM_GROUPS) -> np.ndarray:
-  """Noisy proxies: ``round(noise * N)`` rows, drawn without replacement, move to a different
-  group chosen uniformly among the other ``num_groups - 1``.
+  r"""Noisy proxy groups: a fraction ``noise`` of the rows moved to another group at random.
+
+  SPEC 4.6: a set :math:`S` of exactly ``round(noise * N)`` rows is drawn uniformly without
+  replacement, and each row :math:`i \in S` moves to a different group chosen uniformly
+  among the other ``num_groups - 1``:
+  :math:`\mathrm{proxy}_i = (\mathrm{group}_i + s_i) \bmod G` with
+  :math:`s_i \sim U\{1, \dots, G - 1\}`; the other rows keep their group.
+
+  Args:
+    groups: ``int [N]`` true group ids in ``[0, num_groups)``.
+    noise: the fraction of rows moved, in ``[0, 1]`` (SPEC 4.6: 0.3).
+    seed: integer ``>= 0`` seeding ``np.random.default_rng``.
+    num_groups: ``G >= 2``; default 3 (White, Black, Other).
+
+  Returns:
+    ``int32 [N]`` proxy groups, differing from ``groups`` on exactly ``round(noise * N)``
+    rows.
 
   Raises:
     ValueError: ``noise`` outside [0, 1], ``seed`` not an integer >= 0, ``num_groups < 2``,
       or a group id outside ``[0, num_groups)``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import fedco
+    >>> groups = np.repeat(np.arange(3), 10)
+    >>> proxy = fedco.data.proxy_groups(groups, noise=0.3, seed=0)
+    >>> int((proxy != groups).sum()), proxy.dtype
+    (9, dtype('int32'))
   """
   groups = np.asarray(groups)
   noise = _check_noise(noise)
@@ -292,17 +338,51 @@ def _check_seed(seed) -> int:
 def load_adult(
   data_dir: Optional[str] = None, *, proxy_noise: float = 0.3, seed: int = 0
 ) -> AdultData:
-  """Adult, preprocessed, with noisy proxy groups.
+  r"""Adult, preprocessed, with noisy proxy groups.
+
+  Reads the two files (UCI original or the project's copy with a header row; see
+  :mod:`fedco.data.adult` for the format), one-hot encodes the features as the GCIVR code
+  does (``fnlwgt`` dropped, continuous columns bucketised, categories from the training
+  split), removes ``race`` from the features and keeps it as the true group (0 White,
+  1 Black, 2 Other), and draws the proxy groups with :func:`resample_proxies`. Nothing is
+  downloaded.
 
   Args:
-    data_dir: folder holding ``adult.data`` and ``adult.test``; ``None`` is the project's
-      shared copy, ``<repo>/../shared/data/adult``.
-    proxy_noise: fraction of rows whose proxy group differs from the true one, in [0, 1].
+    data_dir: folder holding ``adult.data`` and ``adult.test`` (rows of 15 comma-separated
+      fields: age, workclass, fnlwgt, education, education-num, marital-status,
+      occupation, relationship, race, sex, capital-gain, capital-loss, hours-per-week,
+      native-country, label ``>50K`` or ``<=50K``); ``None`` is the project's shared copy,
+      ``<repo>/../shared/data/adult``, which exists only next to a source checkout.
+    proxy_noise: fraction of rows whose proxy group differs from the true one, in [0, 1];
+      default 0.3 (SPEC 4.6).
     seed: integer >= 0 for the proxy noise (train and test use independent streams).
+
+  Returns:
+    :class:`AdultData`: ``train`` and ``test`` dicts ``{"x": float32 [N, d], "y": float32
+    [N], "group": int32 [N], "proxy": int32 [N]}`` and the ``d`` feature names (32561 and
+    16281 rows and ``d = 117`` on the real data).
 
   Raises:
     FileNotFoundError: the folder or a file is missing (the path is named).
     ValueError: a bad argument (named) or a malformed file.
+
+  Examples:
+    Three people per split, written in the UCI format to a temporary folder: 7 categorical
+    columns with one value each plus 5 bucketised columns of 4 buckets give ``d = 27``.
+
+    >>> import os, tempfile
+    >>> import fedco
+    >>> row = "{}, Private, 0, HS-grad, 9, Single, Sales, Husband, {}, Male, 0, 0, 40, US, {}\n"
+    >>> people = [(25, "White", "<=50K"), (38, "Black", ">50K"), (50, "Eskimo", ">50K")]
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...   for name in ("adult.data", "adult.test"):
+    ...     with open(os.path.join(folder, name), "w") as f:
+    ...       f.writelines(row.format(*person) for person in people)
+    ...   data = fedco.data.load_adult(folder, proxy_noise=0.3, seed=0)
+    >>> data.train["x"].shape, data.train["y"].tolist(), data.train["group"].tolist()
+    ((3, 27), [0.0, 1.0, 1.0], [0, 1, 2])
+    >>> int((data.train["proxy"] != data.train["group"]).sum())  # round(0.3 * 3) rows
+    1
   """
   proxy_noise = _check_noise(proxy_noise)
   seed = _check_seed(seed)
@@ -316,7 +396,34 @@ def load_adult(
 def resample_proxies(data: AdultData, *, proxy_noise: float = 0.3, seed: int = 0) -> AdultData:
   """``data`` with new proxy groups drawn from its true groups (no re-reading of the files).
 
-  Train and test use independent streams derived from ``seed``.
+  Train and test use independent streams derived from ``seed``; each split's proxies are
+  :func:`proxy_groups` of its ``"group"`` with ``noise=proxy_noise``. Use it to run several
+  seeds from one :func:`load_adult`.
+
+  Args:
+    data: an :class:`AdultData` (its ``"proxy"`` arrays, if any, are replaced).
+    proxy_noise: fraction of rows whose proxy group differs from the true one, in [0, 1];
+      default 0.3 (SPEC 4.6).
+    seed: integer >= 0.
+
+  Returns:
+    A new :class:`AdultData` with the same features, labels and groups and new ``"proxy"``
+    arrays; ``data`` is unchanged.
+
+  Raises:
+    ValueError: ``proxy_noise`` outside [0, 1] or a bad ``seed``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import fedco
+    >>> def split(n):
+    ...   group = np.repeat(np.arange(3, dtype=np.int32), n // 3)
+    ...   return {"x": np.zeros((n, 2), np.float32), "y": np.zeros(n, np.float32),
+    ...           "group": group, "proxy": group.copy()}
+    >>> data = fedco.data.AdultData(split(30), split(9), ("a", "b"))
+    >>> noisy = fedco.data.resample_proxies(data, proxy_noise=0.3, seed=1)
+    >>> [int((s["proxy"] != s["group"]).sum()) for s in (noisy.train, noisy.test)]
+    [9, 3]
   """
   proxy_noise = _check_noise(proxy_noise)
   train_seed, test_seed = np.random.SeedSequence([_check_seed(seed), 6]).generate_state(2)
@@ -328,9 +435,33 @@ def resample_proxies(data: AdultData, *, proxy_noise: float = 0.3, seed: int = 0
 def federated_adult(data: AdultData, num_clients: int, seed: int) -> FederatedData:
   """The training rows split IID over ``num_clients`` clients (near-equal sizes, seeded).
 
+  The split is :func:`fedco.data.iid` (SPEC E6: 8 clients, also 32); every client's
+  examples keep all four fields, so problems read the proxy groups per example.
+
+  Args:
+    data: an :class:`AdultData`, e.g. from :func:`load_adult`.
+    num_clients: ``K``, an integer in ``[1, number of training rows]``.
+    seed: integer >= 0 for the split.
+
+  Returns:
+    A :class:`~fedco.FederatedData` over ``data.train`` (examples ``{"x", "y", "group",
+    "proxy"}``), client sizes differing by at most one.
+
   Raises:
     ValueError: ``num_clients`` not an integer in [1, number of training rows], or a bad
       ``seed``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import fedco
+    >>> def split(n):
+    ...   group = np.arange(n, dtype=np.int32) % 3
+    ...   return {"x": np.zeros((n, 2), np.float32), "y": np.zeros(n, np.float32),
+    ...           "group": group, "proxy": group.copy()}
+    >>> data = fedco.data.AdultData(split(10), split(4), ("a", "b"))
+    >>> fed = fedco.data.federated_adult(data, num_clients=3, seed=0)
+    >>> fed.counts.tolist(), sorted(fed.examples)
+    ([4, 3, 3], ['group', 'proxy', 'x', 'y'])
   """
   n = int(data.train["y"].shape[0])
   parts = partition.iid(n, num_clients, _check_seed(seed))

@@ -1,13 +1,12 @@
-"""The federated dataset: one on-device array of examples and each client's slice of one
-sorted row list.
+r"""The federated dataset: examples stored once, each client a slice of one row list.
 
 Clients of very different sizes (50,000 and 1 examples, say) are not padded copies of their
 data, and no ``clients x largest client`` table exists. The clients' example rows are
 concatenated, client by client, into one ``int32`` list ``flat_rows`` of length
-``M = sum_k n_k``; client ``k`` is the slice ``flat_rows[offsets[k] : offsets[k] +
+:math:`M = \sum_k n_k`; client ``k`` is the slice ``flat_rows[offsets[k] : offsets[k] +
 counts[k]]``. Batches are gathered by position inside the jitted program, and exact
 evaluation reads the same list with each pair's owner (``flat_owner``), so memory and
-evaluation cost are ``O(M)``.
+evaluation cost are :math:`O(M)`.
 """
 
 from __future__ import annotations
@@ -30,17 +29,46 @@ PyTree = Any
 )
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
-  """Examples plus each client's slice of one row list (a pytree; pass it to jitted code).
+  r"""Examples plus each client's slice of one row list (a pytree; pass it to jitted code).
+
+  Client :math:`k`'s data set :math:`D_k` (SPEC notation: ``K`` clients, :math:`n_k` examples
+  each) is the rows ``flat_rows[offsets[k] : offsets[k] + counts[k]]`` of ``examples``; rows
+  may be shared by clients. Every field but ``max_count`` is an array leaf, so the whole
+  object goes into ``jax.jit``, ``fedco.simulate`` and ``fedco.sweep`` as one argument;
+  ``max_count`` is static (whole-data batches have this many rows).
+
+  Build it with :meth:`from_clients` (one examples pytree per client),
+  :meth:`from_index_lists` (index lists into one split, e.g. from a
+  :mod:`fedco.data.partition` partitioner) or :func:`fedco.data.make_federated`, rather than
+  from the fields. Host-side helpers: :attr:`num_clients`, :attr:`num_examples`,
+  :meth:`client`, :attr:`index`, :meth:`with_owner`, :meth:`flat_weights`.
 
   Attributes:
-    examples: pytree of arrays with a shared leading axis ``N``.
-    counts: ``int32 [K]``, examples per client (each ``>= 1``).
+    examples: pytree of arrays with a shared leading axis ``N`` (e.g. ``{"x", "y"}``).
+    counts: ``int32 [K]``, examples per client :math:`n_k` (each ``>= 1``).
     offsets: ``int32 [K]``, where client ``k``'s slice of ``flat_rows`` starts
       (``sum(counts[:k])``).
-    flat_rows: ``int32 [M]`` with ``M = sum_k counts[k]``: the clients' example rows, client
+    flat_rows: ``int32 [M]`` with :math:`M = \sum_k n_k`: the clients' example rows, client
       by client.
     flat_owner: ``int32 [M]``: the client of each entry.
-    max_count: the largest client's size (static: whole-data batches have this many rows).
+    max_count: the largest client's size, :math:`\max_k n_k` (static: whole-data batches
+      have this many rows).
+
+  Examples:
+    Two clients of 3 and 1 examples, concatenated once:
+
+    >>> import numpy as np
+    >>> import fedco
+    >>> data = fedco.FederatedData.from_clients([
+    ...   {"x": np.ones((3, 2), np.float32), "y": np.array([0, 1, 1])},
+    ...   {"x": np.zeros((1, 2), np.float32), "y": np.array([2])},
+    ... ])
+    >>> data.num_clients, data.num_examples, data.max_count
+    (2, 4, 3)
+    >>> data.counts.tolist(), data.offsets.tolist()
+    ([3, 1], [0, 3])
+    >>> data.flat_rows.tolist(), data.flat_owner.tolist()
+    ([0, 1, 2, 3], [0, 0, 0, 1])
   """
 
   examples: PyTree
@@ -52,14 +80,23 @@ class FederatedData:
 
   @property
   def num_clients(self) -> int:
+    """The number of clients ``K`` (``len(counts)``)."""
     return int(self.counts.shape[0])
 
   @property
   def num_examples(self) -> int:
+    """The number of stored example rows ``N`` (shared rows counted once)."""
     return int(jax.tree.leaves(self.examples)[0].shape[0])
 
   def replace(self, **changes) -> "FederatedData":
-    """A copy with the given fields changed (``dataclasses.replace``)."""
+    """A copy with the given fields changed (``dataclasses.replace``).
+
+    Args:
+      **changes: new values of fields, by name (e.g. ``examples=...``).
+
+    Returns:
+      A new object of the same type; this one is unchanged (it is frozen).
+    """
     return dataclasses.replace(self, **changes)
 
   @property
@@ -67,7 +104,8 @@ class FederatedData:
     """The ``int32 [K, max_count]`` table of each client's rows, padded with its first row.
 
     Materialised on request (``K * max_count`` entries) for inspection and small data; the
-    runtime never builds it.
+    runtime never builds it. For the clients of the class example above it is
+    ``[[0, 1, 2], [3, 3, 3]]``.
     """
     pos = jnp.arange(self.max_count)
     pos = jnp.where(pos[None, :] < self.counts[:, None], pos[None, :], 0)
@@ -84,13 +122,34 @@ class FederatedData:
   ) -> "FederatedData":
     """Clients given as lists of row indices into ``examples`` (rows may be shared).
 
-    Integer labels (the ``label_key`` field, when present) must lie in ``[0, num_classes)``
-    (``num_classes=None``: only ``>= 0`` is checked): a gather would silently wrap ``-1``
-    to the last class.
+    ``examples`` is stored once, on device; each client keeps only its row indices, in the
+    order given. Integer labels (the ``label_key`` field, when present) must lie in
+    ``[0, num_classes)`` (``num_classes=None``: only ``>= 0`` is checked): a gather would
+    silently wrap ``-1`` to the last class.
+
+    Args:
+      examples: pytree of arrays (host or device) with a shared leading example axis ``N``.
+      client_indices: ``K >= 1`` non-empty sequences of integer rows in ``[0, N)``, one per
+        client (e.g. a partitioner's output); a row may appear in several clients.
+      num_classes: number of classes, to check the labels against; ``None`` checks only
+        that they are ``>= 0``.
+      label_key: the field of a dict ``examples`` that holds the labels (checked only when
+        it is present and integer).
+
+    Returns:
+      A :class:`FederatedData` whose ``examples`` are ``examples`` as device arrays.
 
     Raises:
       ValueError: no clients, an empty client, an index out of range, example leaves with
         different leading sizes, or a label out of range (naming the client and row).
+
+    Examples:
+      >>> import numpy as np
+      >>> import fedco
+      >>> examples = {"x": np.arange(5.0)[:, None], "y": np.array([0, 1, 0, 1, 1])}
+      >>> data = fedco.FederatedData.from_index_lists(examples, [[0, 1, 2], [2, 3, 4]])
+      >>> data.counts.tolist(), data.flat_rows.tolist(), data.num_examples
+      ([3, 3], [0, 1, 2, 2, 3, 4], 5)
     """
     leaves = jax.tree.leaves(examples)
     if not leaves:
@@ -134,6 +193,20 @@ class FederatedData:
     label_key: str = "y",
   ) -> "FederatedData":
     """Clients given as separate pytrees of arrays; they are concatenated once.
+
+    Client ``k``'s rows follow client ``k - 1``'s, so ``flat_rows`` is ``arange(N)``. See
+    the class example.
+
+    Args:
+      client_examples: ``K >= 1`` pytrees of arrays, one per client, all with the same
+        structure and per-example (trailing) shapes; every leaf has a leading example axis
+        of the client's size ``n_k >= 1``.
+      num_classes: number of classes, to check integer labels against (see
+        :meth:`from_index_lists`); ``None`` checks only that they are ``>= 0``.
+      label_key: the field of dict examples that holds the labels.
+
+    Returns:
+      A :class:`FederatedData` with ``counts`` the clients' sizes.
 
     Raises:
       ValueError: no clients, a client whose structure, field types or trailing shapes
@@ -180,10 +253,25 @@ class FederatedData:
     """A copy whose examples carry their client's index under ``key`` (``int32``).
 
     Client-level objectives whose inner map depends on the owner (the client-level KL-DRO log
-    form) read it. Rows must belong to exactly one client.
+    form, :mod:`fedco.problems.dro`) read it. Rows must belong to exactly one client.
+
+    Args:
+      key: the new example field, not already in ``examples``.
+
+    Returns:
+      A copy whose ``examples`` dict has the extra field ``key``: ``int32 [N]``, each row's
+      client.
 
     Raises:
-      ValueError: ``key`` already names an example field, or a row is shared by clients.
+      ValueError: ``examples`` is not a dict, ``key`` already names an example field, or a
+        row is shared by clients.
+
+    Examples:
+      >>> import numpy as np
+      >>> import fedco
+      >>> data = fedco.FederatedData.from_clients([{"x": np.ones((2, 1))}, {"x": np.ones((1, 1))}])
+      >>> data.with_owner().examples["client"].tolist()
+      [0, 0, 1]
     """
     if not isinstance(self.examples, dict):
       raise ValueError(
@@ -205,13 +293,28 @@ class FederatedData:
     return jnp.asarray(owner)
 
   def client(self, k: int) -> PyTree:
-    """Client ``k``'s examples (host-side convenience; not for the hot path)."""
+    """Client ``k``'s examples (host-side convenience; not for the hot path).
+
+    Args:
+      k: a client index in ``[0, K)``.
+
+    Returns:
+      The pytree ``examples`` restricted to client ``k``'s rows, in its order: leaves with
+      leading size ``counts[k]``.
+    """
     start = int(self.offsets[k])
     rows = np.asarray(self.flat_rows[start : start + int(self.counts[k])])
     return jax.tree.map(lambda a: a[rows], self.examples)
 
   def flat_weights(self) -> jax.Array:
-    """Weights of the flat pairs, ``1/n_owner``: summed per owner they give client means."""
+    r"""Weights of the flat pairs, ``1/n_owner``: summed per owner they give client means.
+
+    For per-pair values :math:`l_j`, :math:`\sum_{j:\,\mathrm{owner}(j)=k} w_j l_j` is
+    client :math:`k`'s mean over :math:`D_k`; exact evaluation uses this.
+
+    Returns:
+      ``float [M]`` (the default float dtype): ``1 / counts[flat_owner]``.
+    """
     return 1.0 / self.counts[self.flat_owner].astype(jnp.result_type(float))
 
 

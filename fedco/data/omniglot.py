@@ -210,7 +210,8 @@ def _read_split(source, size: int):
   """``(images uint8 [n, size, size], label int64 [n], alphabet int64 [n])`` of one split.
 
   Reads through :func:`fedco.data.sources.iter_records` (chunks, with the fallback that
-  ``tfds.testing.mock_data``'s source needs); images are reduced as they are read (the raw 105x105x3 images of one split would take 0.7 GB).
+  ``tfds.testing.mock_data``'s source needs); images are reduced as they are read (the raw
+  105x105x3 images of one split would take 0.7 GB).
   """
   n = len(source)
   images = np.empty((n, size, size), np.uint8)
@@ -240,18 +241,46 @@ def load_omniglot(
 ) -> OmniglotData:
   """Both TFDS splits of ``omniglot``, as 28x28 float images with strokes 1.
 
+  Reads TFDS ``omniglot`` (1623 characters of 50 alphabets, 20 drawings each) from its
+  ``train`` (background, 964 characters) and ``test`` (evaluation, 659 characters) splits
+  with ``tfds.data_source(..., download=False)``: no TensorFlow at run time and nothing
+  downloaded, so the data set must be prepared beforehand (``tfds build omniglot
+  --file_format=array_record``, see :mod:`fedco.data.sources`). Each 105x105 drawing (black
+  strokes on white) is reduced to its first channel, resized to ``image_size`` with PIL's
+  Lanczos filter (as MAML's reference code does) and inverted, so strokes are 1 and the
+  background 0. Characters are numbered over both splits by their ``(alphabet, label)`` pair.
+  Then :func:`fedco.data.omniglot.split_alphabets` and :func:`fedco.data.omniglot.federated`
+  make the SPEC E4 clients (one per training alphabet) of few-shot episodes.
+
   Args:
     data_dir: the TFDS data directory holding ``omniglot`` prepared as ``array_record``;
       ``None`` uses ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
-    image_size: side of the resized images (28, as in MAML).
+    image_size: side of the resized images, an integer ``>= 4`` (default 28, as in MAML).
 
   Returns:
-    :class:`OmniglotData` (rows of the ``train`` split first, then ``test``).
+    :class:`~fedco.data.omniglot.OmniglotData`, rows of the ``train`` split first, then
+    ``test``: ``images`` ``float32 [n, image_size, image_size, 1]`` in [0, 1],
+    ``character`` ``int32 [n]`` in ``0..C-1``, ``alphabet`` ``int32 [n]`` (TFDS's alphabet
+    id, an index of ``alphabet_names``), ``background`` ``bool [n]`` (from the ``train``
+    split) and ``alphabet_names``.
 
   Raises:
     FileNotFoundError: the data set is not prepared in ``array_record`` format under
       ``data_dir``; the message says how to prepare it.
     ValueError: a bad ``image_size``.
+
+  Examples:
+    Offline, under ``tfds.testing.mock_data`` (random drawings with the real feature shapes,
+    3 per split; with real data, pass ``data_dir`` instead):
+
+    >>> import tensorflow_datasets as tfds
+    >>> import fedco
+    >>> with tfds.testing.mock_data(num_examples=3):
+    ...   data = fedco.data.load_omniglot()
+    >>> data.images.shape, data.images.dtype, data.background.tolist()
+    ((6, 28, 28, 1), dtype('float32'), [True, True, True, False, False, False])
+    >>> len(data.alphabet_names), data.character.shape
+    (50, (6,))
   """
   if (
     isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 4

@@ -52,14 +52,37 @@ TFDS_DATASETS = {
   "cifar10": ("image", "label", 10),
   "cifar100": ("image", "label", 100),
 }
+#: The number of classes of each dataset ``load`` knows, by name.
+#: Number of classes of each data set :func:`load` knows, by name.
 NUM_CLASSES = {"digits": 10, **{name: spec[2] for name, spec in TFDS_DATASETS.items()}}
+#: The names :func:`load` accepts: ``digits`` (offline) and the TFDS data sets.
 DATASETS = tuple(NUM_CLASSES)
 
 _CHUNK = 4096
 
 
 class Splits(NamedTuple):
-  """The train and test splits of one data set, each ``{"x": float32, "y": int32}``."""
+  """The train and test splits of one data set, each ``{"x": float32, "y": int32}``.
+
+  A ``NamedTuple``: unpack it as ``train, test = fedco.data.load(...)``. The loaders
+  (:func:`load`, :func:`load_digits`, :func:`load_npz`, :func:`fedco.data.load_st`) return
+  one; the partitioners and :func:`fedco.data.make_federated` take its splits.
+
+  Attributes:
+    train: the training split, ``{"x": float32 [N, ...], "y": int32 [N]}`` (host NumPy).
+    test: the test split, same layout with its own size ``M``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import fedco
+    >>> splits = fedco.data.Splits(
+    ...   train={"x": np.zeros((5, 3), np.float32), "y": np.zeros(5, np.int32)},
+    ...   test={"x": np.zeros((2, 3), np.float32), "y": np.zeros(2, np.int32)},
+    ... )
+    >>> train, test = splits
+    >>> train["x"].shape, test["y"].shape
+    ((5, 3), (2,))
+  """
 
   train: Arrays
   test: Arrays
@@ -68,8 +91,20 @@ class Splits(NamedTuple):
 def num_classes(name: str) -> int:
   """Number of classes of a data set that :func:`load` knows.
 
+  Args:
+    name: one of :data:`DATASETS`: ``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``,
+      ``cifar100``.
+
+  Returns:
+    The number of classes (labels lie in ``[0, num_classes)``), from :data:`NUM_CLASSES`.
+
   Raises:
     ValueError: ``name`` is not one of :data:`DATASETS`.
+
+  Examples:
+    >>> import fedco
+    >>> fedco.data.num_classes("digits"), fedco.data.num_classes("cifar100")
+    (10, 100)
   """
   _check_name("name", name, DATASETS)
   return NUM_CLASSES[name]
@@ -181,6 +216,12 @@ def _to_float01(images: np.ndarray) -> np.ndarray:
 def load_tfds(name: str, split: str, data_dir: Union[str, os.PathLike, None] = None) -> Arrays:
   """One split of a TFDS image-classification data set, read whole into NumPy.
 
+  Reads with ``tfds.data_source(..., download=False)``: it never downloads, and needs no
+  TensorFlow, but the data set must already be prepared on disk in the ``array_record``
+  format (see :mod:`fedco.data.sources` for the one-time ``tfds build`` command). Images
+  are decoded on the host (about 8 s for 60000 MNIST images); load once and reuse the
+  arrays.
+
   Args:
     name: one of ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` (fine labels).
     split: a TFDS split, e.g. ``"train"``, ``"test"`` or ``"train[:10%]"``.
@@ -194,6 +235,17 @@ def load_tfds(name: str, split: str, data_dir: Union[str, os.PathLike, None] = N
     ValueError: ``name`` is not a supported data set.
     FileNotFoundError: the data set is not prepared in ``array_record`` format under
       ``data_dir``; the message says how to prepare it.
+
+  Examples:
+    Offline, under ``tfds.testing.mock_data`` (random records with MNIST's shapes; with
+    real data, pass ``data_dir`` instead):
+
+    >>> import tensorflow_datasets as tfds
+    >>> import fedco
+    >>> with tfds.testing.mock_data(num_examples=4):
+    ...   train = fedco.data.load_tfds("mnist", "train")
+    >>> train["x"].shape, train["x"].dtype, train["y"].dtype
+    ((4, 28, 28, 1), dtype('float32'), dtype('int32'))
   """
   _check_name("name", name, TFDS_DATASETS)
   if not isinstance(split, str) or not split:
@@ -210,17 +262,32 @@ def load_tfds(name: str, split: str, data_dir: Union[str, os.PathLike, None] = N
 def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:
   """scikit-learn's 8x8 digits with a deterministic stratified train/test split.
 
+  The 1797 images ship inside scikit-learn (``sklearn.datasets.load_digits`` reads a file
+  bundled with the package): nothing is downloaded, so this is the offline stand-in for
+  MNIST in tests, examples and the default E1 configuration. The test split takes
+  ``round(test_fraction * n_c)`` images of each class ``c``, drawn by
+  ``np.random.default_rng(seed)``.
+
   Args:
-    test_fraction: share of each class put in the test split, in (0, 1).
-    seed: seed of the split (``np.random.default_rng``).
+    test_fraction: share of each class put in the test split, in (0, 1); default 0.25.
+    seed: seed of the split (``np.random.default_rng``); default 0.
 
   Returns:
     :class:`Splits`; ``x`` is ``float32 [n, 64]`` in [0, 1] (pixel values / 16), ``y`` is
     ``int32 [n]`` in 0..9. With the defaults: 1347 train and 450 test images.
 
   Raises:
-    ImportError: scikit-learn is missing (it is a test extra, not a runtime dependency).
+    ImportError: scikit-learn is missing (it is a dependency of fedco, but may have been
+      left out of a hand-made environment).
     ValueError: ``test_fraction`` outside (0, 1).
+
+  Examples:
+    >>> import fedco
+    >>> train, test = fedco.data.load_digits()
+    >>> train["x"].shape, test["x"].shape, train["x"].dtype, train["y"].dtype
+    ((1347, 64), (450, 64), dtype('float32'), dtype('int32'))
+    >>> float(train["x"].max()), sorted(set(test["y"].tolist())) == list(range(10))
+    (1.0, True)
   """
   if isinstance(test_fraction, bool) or not 0 < test_fraction < 1:
     raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
@@ -260,6 +327,9 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 def load_npz(path: Union[str, os.PathLike]) -> Splits:
   """Train and test splits from a NumPy archive: your own data, offline.
 
+  The archive is what ``np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)``
+  writes; it is read with ``allow_pickle=False``.
+
   Args:
     path: an ``.npz`` file (``np.savez``) holding ``x_train`` ``[N, ...]``, ``y_train``
       ``[N]``, ``x_test`` ``[M, ...]`` and ``y_test`` ``[M]``; features with the same shape
@@ -273,6 +343,18 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
   Raises:
     FileNotFoundError: ``path`` does not exist.
     ValueError: not a NumPy archive, a key missing, or arrays of the wrong shape or labels.
+
+  Examples:
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...   path = os.path.join(folder, "mine.npz")
+    ...   np.savez(path, x_train=np.ones((6, 4)), y_train=np.arange(6) % 3,
+    ...            x_test=np.ones((3, 4)), y_test=np.arange(3))
+    ...   train, test = fedco.data.load_npz(path)
+    >>> train["x"].shape, train["x"].dtype, test["y"].tolist()
+    ((6, 4), dtype('float32'), [0, 1, 2])
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
@@ -337,17 +419,29 @@ def load_npz(path: Union[str, os.PathLike]) -> Splits:
 def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
   """The train and test splits of a named data set.
 
+  ``digits`` is :func:`load_digits` with its defaults (offline); a TFDS name reads the
+  ``train`` and ``test`` splits with :func:`load_tfds`, which needs the data set prepared
+  beforehand (never downloaded here).
+
   Args:
     name: ``digits`` (scikit-learn, offline) or one of the TFDS names ``mnist``,
-      ``fashion_mnist``, ``cifar10``, ``cifar100``.
-    data_dir: TFDS data directory (ignored for ``digits``).
+      ``fashion_mnist``, ``cifar10``, ``cifar100`` (see :data:`DATASETS`).
+    data_dir: TFDS data directory (ignored for ``digits``); ``None`` uses
+      ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
 
   Returns:
-    :class:`Splits` ``(train, test)``, each ``{"x": float32, "y": int32}``.
+    :class:`Splits` ``(train, test)``, each ``{"x": float32, "y": int32}``; images in
+    ``[0, 1]``.
 
   Raises:
     ValueError: unknown ``name``.
     FileNotFoundError: a TFDS data set is not prepared under ``data_dir``.
+
+  Examples:
+    >>> import fedco
+    >>> train, test = fedco.data.load("digits")
+    >>> train["x"].shape, test["y"].shape, fedco.data.num_classes("digits")
+    ((1347, 64), (450,), 10)
   """
   _check_name("name", name, DATASETS)
   if name == "digits":

@@ -90,8 +90,24 @@ class TaskBatchNorm(nn.Module):
   images and their pixels). There are no running averages: training and evaluation both use
   the batch's own statistics (MAML's "batch statistics per task"), so the module is pure.
 
+  Parameters ``scale`` (ones) and ``bias`` (zeros), shape ``[C]``.
+
   Attributes:
-    epsilon: added to the variance (1e-5, as in PyTorch and MAML's TensorFlow code).
+    epsilon: added to the variance, ``> 0`` (default ``1e-5``, as in PyTorch and MAML's
+      TensorFlow code).
+
+  Examples:
+    Each channel of a batch of three comes out with mean 0 and standard deviation 1:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> norm = fedco.models.TaskBatchNorm()
+    >>> x = jnp.array([[1.0, 10.0], [2.0, 20.0], [3.0, 60.0]])  # [n=3, C=2]
+    >>> params = norm.init(jax.random.PRNGKey(0), x)
+    >>> y = norm.apply(params, x)
+    >>> [round(float(v), 4) for v in y.mean(0)], [round(float(v), 3) for v in y.std(0)]
+    ([0.0, 0.0], [1.0, 1.0])
   """
 
   epsilon: float = 1e-5
@@ -135,6 +151,27 @@ class CNN4(nn.Module):
     norm: ``"group"`` (GroupNorm) or ``"none"`` (no normalization; convolutions with bias).
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions and pools
       are computed (``fedco.models.layers``; the parameters are the same for all three).
+
+  Raises:
+    ValueError: if ``num_classes`` or ``filters`` is not a positive int, or ``norm`` or
+      ``conv_impl`` is not one of its values.
+
+  Examples:
+    Parameter count and output shapes on CIFAR-10 images (``jax.eval_shape`` gives the
+    shapes without computing anything; :func:`init_cnn` makes the parameters):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> model = fedco.models.CNN4(num_classes=10)
+    >>> image = jnp.zeros((32, 32, 3))
+    >>> params = jax.eval_shape(model.init, jax.random.PRNGKey(0), image)
+    >>> sum(p.size for p in jax.tree.leaves(params))
+    30058
+    >>> jax.eval_shape(model.apply, params, image).shape  # one image
+    (10,)
+    >>> jax.eval_shape(model.apply, params, jnp.zeros((8, 32, 32, 3))).shape  # a batch
+    (8, 10)
   """
 
   num_classes: int = 10
@@ -176,6 +213,27 @@ class OmniglotCNN(nn.Module):
     num_classes: ways N of N-way classification (5 in paper 003).
     filters: channels of every convolution (64, MAML's Omniglot width).
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"`` (as in ``CNN4``).
+
+  Raises:
+    ValueError: if ``num_classes`` or ``filters`` is not a positive int, or ``conv_impl``
+      is not one of its values.
+
+  Examples:
+    A 5-way task of 5 images (``jax.eval_shape`` gives the shapes without computing
+    anything; :func:`init_cnn` makes the parameters):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> model = fedco.models.OmniglotCNN(num_classes=5)
+    >>> task = jnp.zeros((5, 28, 28, 1))
+    >>> params = jax.eval_shape(model.init, jax.random.PRNGKey(0), task)
+    >>> sum(p.size for p in jax.tree.leaves(params))
+    112005
+    >>> jax.eval_shape(model.apply, params, task).shape
+    (5, 5)
+    >>> jax.eval_shape(model.apply, params, jnp.zeros((28, 28, 1))).shape  # a task of one
+    (5,)
   """
 
   num_classes: int = 5
@@ -200,8 +258,35 @@ class OmniglotCNN(nn.Module):
 def init_cnn(model: nn.Module, input_shape: Sequence[int], seed: int = 0):
   """Parameters of ``model`` (``CNN4``, ``OmniglotCNN``, ``ResNet20``) for ``input_shape``.
 
-  ``input_shape`` is one image's ``(H, W, C)`` or a batch's ``(n, H, W, C)``; the parameters
-  do not depend on ``n``.
+  ``model.init`` on zeros of ``input_shape``, compiled with ``jax.jit``. ``input_shape`` is
+  one image's ``(H, W, C)`` or a batch's ``(n, H, W, C)``; the parameters do not depend on
+  ``n``.
+
+  Args:
+    model: a Flax module taking images, e.g. :class:`CNN4`, :class:`OmniglotCNN` or
+      :class:`ResNet20`.
+    input_shape: a tuple of positive ints, ``(H, W, C)`` or ``(n, H, W, C)``.
+    seed: the seed of the initializers' PRNG key (default ``0``).
+
+  Returns:
+    The variables ``{"params": {layer: {"kernel": ..., ...}}}`` as ``model.init`` returns
+    them.
+
+  Raises:
+    ValueError: if ``input_shape`` is not a non-empty tuple of positive ints.
+
+  Examples:
+    ``params = init_cnn(model, (32, 32, 3))`` makes the parameters of a CIFAR-10 model; here
+    ``jax.eval_shape`` only traces the call, to show their shapes without compiling:
+
+    >>> import jax
+    >>> import fedco
+    >>> model = fedco.models.CNN4(num_classes=10)
+    >>> params = jax.eval_shape(lambda: fedco.models.init_cnn(model, (32, 32, 3), seed=1))
+    >>> params["params"]["conv_0"]["kernel"].shape  # 3x3, 3 channels in, 32 out
+    (3, 3, 3, 32)
+    >>> params["params"]["logits"]["kernel"].shape  # 2x2 pixels x 32 channels after pooling
+    (128, 10)
   """
   shape = tuple(input_shape)
   bad = lambda d: isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1

@@ -110,7 +110,19 @@ class _BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-  """CIFAR ResNet-20 (He et al. 2016) with GroupNorm or no normalization; see the module.
+  """CIFAR ResNet-20 (He et al. 2016) with GroupNorm or no normalization.
+
+  A 3x3 stem convolution, three stages of three basic blocks (``width``, ``2 * width`` and
+  ``4 * width`` channels; stages 2 and 3 halve the resolution, with a 1x1 projection
+  shortcut), global average pooling and ``Dense(num_classes)``. A basic block is
+  ``relu(norm(conv3x3(relu(norm(conv3x3_s(x))))) + shortcut(x))``. ``norm="group"`` uses
+  GroupNorm with ``gcd(channels, 8)`` groups, so an image's output does not depend on the
+  batch: one image ``[H, W, C]`` -> ``[num_classes]``, a batch ``[n, H, W, C]`` -> ``[n,
+  num_classes]``. ``norm="none"`` has no normalization, convolutions with a bias, and the
+  last convolution of each residual branch starting at zero (every block starts as the
+  identity). 272,474 parameters at the defaults (the paper's 0.27M). Batch norm is not
+  offered: per-example problems have no batch statistics (the module ``fedco.models.resnet``
+  says more).
 
   Attributes:
     num_classes: number of logits.
@@ -118,6 +130,27 @@ class ResNet20(nn.Module):
     width: channels of stage 1 (16 in the paper); stages 2 and 3 have 2x and 4x.
     conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"``: how convolutions are
       computed (``fedco.models.layers``; the parameters are the same for all three).
+
+  Raises:
+    ValueError: if ``num_classes`` or ``width`` is not a positive int, or ``norm`` or
+      ``conv_impl`` is not one of its values.
+
+  Examples:
+    The parameter count, and the projection shortcut into stage 2 (``jax.eval_shape``
+    gives the shapes without computing anything; :func:`init_cnn` makes the parameters):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> model = fedco.models.ResNet20(num_classes=10)
+    >>> image = jnp.zeros((32, 32, 3))
+    >>> params = jax.eval_shape(model.init, jax.random.PRNGKey(0), image)
+    >>> sum(p.size for p in jax.tree.leaves(params))
+    272474
+    >>> params["params"]["stage2_block0"]["proj_conv"]["kernel"].shape
+    (1, 1, 16, 32)
+    >>> jax.eval_shape(model.apply, params, image).shape
+    (10,)
   """
 
   num_classes: int = 10

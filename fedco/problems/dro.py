@@ -34,14 +34,74 @@ from fedco.problems import base
 
 
 def kl_dro_value(losses: jax.Array, gamma: float) -> jax.Array:
-  """``gamma log(1/n sum_i exp(l_i / gamma))`` via log-sum-exp (never overflows)."""
+  r"""The KL-DRO value :math:`\gamma \log(\frac{1}{n} \sum_i \exp(\ell_i / \gamma))`.
+
+  By KL duality (SPEC 4.1) this is the worst case over reweightings of the losses,
+
+  .. math::
+
+    \max_{r \in \Delta_n} \sum_i r_i \ell_i - \gamma\, \mathrm{KL}(r \,\|\, 1/n)
+    = \gamma \log \frac{1}{n} \sum_{i=1}^n \exp(\ell_i / \gamma),
+
+  which lies between the mean loss (:math:`\gamma \to \infty`) and the largest
+  (:math:`\gamma \to 0`). Computed by log-sum-exp, so it never overflows (finite for
+  :math:`\ell / \gamma` of 1e4 and beyond). Use it to report client-level DRO: the value of
+  the log form, and :math:`\gamma \log` of ComFedL's exp form.
+
+  Args:
+    losses: ``[..., n]`` losses :math:`\ell_i` (e.g. the clients' mean losses :math:`f_k`);
+      reduced over the last axis.
+    gamma: the KL regularisation :math:`\gamma > 0` (not checked here).
+
+  Returns:
+    A ``[...]`` array: the value for each leading index (a scalar for ``[n]`` losses).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> losses = jnp.array([1.0, 3.0])
+    >>> for gamma in (0.1, 1.0, 100.0):  # from near the max (3) to near the mean (2)
+    ...   print(gamma, round(float(fedco.problems.kl_dro_value(losses, gamma)), 4))
+    0.1 2.9307
+    1.0 2.4338
+    100.0 2.005
+    >>> print(round(float(fedco.problems.kl_dro_value(jnp.array([1e4, 0.0]), 1.0)), 1))
+    9999.3
+  """
   n = losses.shape[-1]
   return gamma * (jax.nn.logsumexp(losses / gamma, axis=-1) - jnp.log(n))
 
 
 def kl_dro_weights(losses: jax.Array, gamma: float, prior=None) -> jax.Array:
-  """The worst-case client weights ``r = softmax(l / gamma)``, or with a ``prior`` (the KL
-  ball's centre, e.g. the data sizes; normalised here) ``r_k ~ prior_k exp(l_k / gamma)``."""
+  r"""The worst-case client weights :math:`r = \mathrm{softmax}(\ell / \gamma)` of KL-DRO.
+
+  The maximiser of :math:`\sum_k r_k \ell_k - \gamma\, \mathrm{KL}(r \,\|\, \pi)` over the
+  simplex is :math:`r_k \propto \pi_k \exp(\ell_k / \gamma)`: with the uniform centre
+  :math:`\pi = 1/n` (the default) it is :math:`\mathrm{softmax}(\ell / \gamma)`, the gradient
+  of :func:`kl_dro_value` (SPEC 4.1 asks to report it as a metric). The worst clients get
+  the most weight, and the more so the smaller :math:`\gamma`.
+
+  Args:
+    losses: ``[..., n]`` losses :math:`\ell_k` (the clients' mean losses); the softmax runs
+      over the last axis.
+    gamma: the KL regularisation :math:`\gamma > 0` (not checked here).
+    prior: optional ``[n]`` (or broadcastable) nonnegative centre :math:`\pi` of the KL
+      ball, e.g. the clients' data sizes; normalised here. ``None``: uniform.
+
+  Returns:
+    A ``[..., n]`` array of weights, each row summing to 1.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> losses = jnp.array([0.5, 1.0, 2.0])
+    >>> r = fedco.problems.kl_dro_weights(losses, 0.5)
+    >>> print([round(float(v), 3) for v in r])  # the worst client gets the most weight
+    [0.042, 0.114, 0.844]
+    >>> r = fedco.problems.kl_dro_weights(losses, 0.5, prior=[8, 1, 1])
+    >>> print([round(float(v), 3) for v in r])
+    [0.26, 0.088, 0.652]
+  """
   logits = losses / gamma
   if prior is not None:
     prior = jnp.asarray(prior, logits.dtype)
@@ -50,41 +110,139 @@ def kl_dro_weights(losses: jax.Array, gamma: float, prior=None) -> jax.Array:
 
 
 def log_exp_form_value(losses: jax.Array, gamma: float) -> jax.Array:
-  """``log(1/n sum_i exp(l_i / gamma))``: the log of ComFedL's exp-form objective."""
+  r"""The log of ComFedL's exp-form objective, computed without overflow.
+
+  That is :math:`\log(\frac{1}{n} \sum_i \exp(\ell_i / \gamma))`. The exp form
+  :math:`\frac{1}{n} \sum_i \exp(\ell_i / \gamma)` that :func:`client_kl_dro` minimises
+  overflows float32 once :math:`\ell_i / \gamma` passes about 88; its log,
+  :func:`kl_dro_value` divided by :math:`\gamma`, is computed by log-sum-exp and stays
+  finite.
+
+  Args:
+    losses: ``[..., n]`` losses :math:`\ell_i`; reduced over the last axis.
+    gamma: :math:`\gamma > 0` (not checked here).
+
+  Returns:
+    A ``[...]`` array (a scalar for ``[n]`` losses).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> print(round(float(fedco.problems.log_exp_form_value(jnp.array([0.0, 5.0]), 1.0)), 4))
+    4.3136
+    >>> print(round(float(fedco.problems.log_exp_form_value(jnp.array([0.0, 1e4]), 1.0)), 1))
+    9999.3
+  """
   return kl_dro_value(losses, gamma) / gamma
 
 
 def client_kl_dro(loss, gamma: float):
-  """ComFedL's client-level KL-DRO, the exp form ``1/K sum_k exp(f_k / gamma)`` (local-inner).
+  r"""ComFedL's client-level KL-DRO in the exp form (SPEC 4.1), a local-inner problem.
 
-  ``g_k(x) = f_k(x)`` is client ``k``'s mean loss and ``f = exp(. / gamma)``, so the
-  compositional step is ``exp(f_k/gamma)/gamma * grad f_k`` (SPEC 2.1). The minimiser equals
-  that of the log form ``gamma log(1/K sum_k exp(f_k/gamma))`` (a monotone transform); report
-  the value with :func:`kl_dro_value` on the per-client losses, which never overflows. The
-  exp form's own value and step overflow float32 once ``f_k/gamma`` passes about 88.
+  Client-level KL-DRO (papers 000/001, eq. 4-6) is
+
+  .. math::
+
+    \min_x \max_{r \in \Delta_K} \sum_k r_k f_k(x) - \gamma\, \mathrm{KL}(r \,\|\, 1/K)
+    = \min_x \gamma \log \Big( \frac{1}{K} \sum_{k=1}^K \exp(f_k(x) / \gamma) \Big),
+    \qquad f_k(x) = \mathbb{E}_{\xi \sim D_k} \ell(x; \xi),
+
+  and ComFedL minimises the monotone transform :math:`\frac{1}{K} \sum_k \exp(f_k(x) /
+  \gamma)`, which has the same minimisers: local-inner with :math:`g_k(x) = f_k(x)` (the
+  client's mean loss, :math:`p = 1`) and outer :math:`f(y) = \exp(y / \gamma)`, so the
+  compositional step is :math:`\exp(f_k/\gamma)/\gamma \cdot \nabla f_k` (SPEC 2.1). The exp
+  form's own value and step overflow float32 once :math:`f_k/\gamma` passes about 88;
+  report the value with :func:`kl_dro_value` on the per-client losses (it never overflows),
+  the worst-case weights with :func:`kl_dro_weights`, or use the log form
+  :func:`client_kl_dro_log`.
 
   Args:
-    loss: per-example loss ``(params, example) -> scalar``.
-    gamma: the KL regularisation ``gamma > 0``.
+    loss: ``loss(params, example) -> scalar``, the per-example loss :math:`\ell(x; \xi)`.
+    gamma: the KL regularisation :math:`\gamma > 0`; smaller is more robust (closer to the
+      worst client's loss).
+
+  Returns:
+    A local-inner :class:`Problem` named ``"client_kl_dro"`` with ``inner = loss`` and a
+    deterministic outer ``exp(y / gamma)``.
+
+  Raises:
+    ValueError: if ``gamma`` is not a finite number ``> 0`` or ``loss`` is not callable.
+
+  Examples:
+    Two clients with mean losses 0 and 5 at ``x = 0``; :math:`\gamma \log` of the objective
+    is the KL-DRO value:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.client_kl_dro(lambda x, ex: (x - ex["t"]) ** 2, gamma=1.0)
+    >>> examples = {"t": jnp.array([0.0, 0.0, 1.0, 3.0])}
+    >>> owner, weights = jnp.array([0, 0, 1, 1]), jnp.full((4,), 0.5)
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> objective, _ = evaluate(jnp.array(0.0), examples, owner, weights, num_clients=2)
+    >>> print(round(float(objective), 2), round(float(jnp.log(objective)), 4))
+    74.71 4.3136
+    >>> print(round(float(fedco.problems.kl_dro_value(jnp.array([0.0, 5.0]), 1.0)), 4))
+    4.3136
   """
   gamma = _validate.interval("gamma", gamma, 0)
   return base.Problem(loss, lambda y: jnp.exp(y / gamma), None, "local", False, "client_kl_dro")
 
 
 def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str = "client"):
-  """The log form ``gamma log(1/K sum_k exp(f_k / gamma))`` as a global-inner problem.
+  r"""Client-level KL-DRO in the log form (SPEC 4.1), a global-inner problem.
 
-  ``g(x)`` is the vector of client mean losses: an example of client ``k`` (its examples
-  carry ``k`` under ``client_key``; see :meth:`fedco.FederatedData.with_owner`) maps to
-  ``K l(x; e) e_k``, so ``1/K sum_k g_k(x) = (f_1(x), ..., f_K(x))`` and the inner dimension
-  is ``p = K``. The outer is ``gamma (logsumexp(v / gamma) - log K)``: stable for ``f/gamma``
-  up to 1e4 and beyond, with gradient ``softmax(v / gamma)`` (the worst-case weights ``r``).
+  The objective is the KL-DRO value itself,
+
+  .. math::
+
+    \min_x \gamma \log \Big( \frac{1}{K} \sum_{k=1}^K \exp(f_k(x) / \gamma) \Big),
+    \qquad f_k(x) = \mathbb{E}_{\xi \sim D_k} \ell(x; \xi),
+
+  written as :math:`f(g(x))` over the vector of client mean losses: an example :math:`\xi`
+  of client :math:`k` (its examples carry ``k`` under ``client_key``; see
+  :meth:`fedco.FederatedData.with_owner`) maps to :math:`g(x; \xi) = K \ell(x; \xi) e_k`,
+  so :math:`g(x) = \frac{1}{K} \sum_k g_k(x) = (f_1(x), \dots, f_K(x))` and the inner
+  dimension is :math:`p = K`. The outer :math:`f(v) = \gamma (\mathrm{logsumexp}(v /
+  \gamma) - \log K)` is stable for :math:`f/\gamma` up to 1e4 and beyond, and its gradient
+  :math:`\mathrm{softmax}(v / \gamma)` is the worst-case weights :math:`r`
+  (:func:`kl_dro_weights`), so the step :math:`\sum_k r_k \nabla f_k` stays bounded where
+  :func:`client_kl_dro`'s exp form overflows. A per-client value :math:`f(g_k(x))` (the
+  ``client_losses`` of :meth:`Problem.evaluate`) is not client :math:`k`'s loss.
 
   Args:
-    loss: per-example loss ``(params, example) -> scalar``.
-    gamma: ``gamma > 0``.
-    num_clients: ``K``; a simulation checks it against its data's clients.
-    client_key: the example field holding the owning client's index.
+    loss: ``loss(params, example) -> scalar``, the per-example loss :math:`\ell(x; \xi)`.
+    gamma: the KL regularisation :math:`\gamma > 0`.
+    num_clients: :math:`K \ge 1`; a simulation checks it against its data's clients.
+    client_key: the example field holding the owning client's index (an ``int`` in
+      ``[0, K)``); default ``"client"``.
+
+  Returns:
+    A global-inner :class:`Problem` named ``"client_kl_dro_log"`` with
+    ``num_clients = K``.
+
+  Raises:
+    ValueError: if ``gamma`` is not a finite number ``> 0`` or ``num_clients`` is not a
+      positive integer.
+
+  Examples:
+    Where the exp form overflows (:math:`f_k/\gamma = 500`), the log form gives the value:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> loss = lambda x, ex: (x - ex["t"]) ** 2
+    >>> owner, weights = jnp.array([0, 0, 1, 1]), jnp.full((4,), 0.5)
+    >>> examples = {"t": jnp.array([0.0, 0.0, 1.0, 3.0]), "client": owner}
+    >>> problem = fedco.problems.client_kl_dro_log(loss, 0.01, num_clients=2)
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> objective, _ = evaluate(jnp.array(0.0), examples, owner, weights, num_clients=2)
+    >>> print(round(float(objective), 4))
+    4.9931
+    >>> problem = fedco.problems.client_kl_dro(loss, 0.01)  # the exp form overflows
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> print(float(evaluate(jnp.array(0.0), examples, owner, weights, num_clients=2)[0]))
+    inf
   """
   gamma = _validate.interval("gamma", gamma, 0)
   num_clients = _validate.positive_int("num_clients", num_clients)
@@ -102,19 +260,54 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
 
 
 def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):
-  """Sample-level KL-DRO ``log(1/m sum_i exp(l_i / lam))`` (paper 004 eq. 4), global-inner.
+  r"""Sample-level KL-DRO (SPEC 4.2, paper 004 eq. 4), a global-inner problem.
 
-  ``g(x; zeta) = exp((l(x; zeta) - shift) / lam)`` and ``f(y) = shift / lam + log y``: the
-  same function for every constant ``shift``. ``exp`` overflows float32 once
-  ``(l - shift)/lam`` passes about 88 and ``g`` underflows to 0 (``f = -inf``) once every
-  ``(l - shift)/lam`` is below about -87, so set ``shift`` near the largest loss you expect
-  (for losses in ``[0, L]``, ``shift = L`` keeps ``g`` in ``(0, 1]``). Report the value with
-  :func:`sample_kl_dro_value`, which is exact for any ``l / lam``.
+  The objective over all :math:`m` examples of the federation is
+
+  .. math::
+
+    \min_x \log \Big( \frac{1}{m} \sum_{i=1}^m \exp(\ell_i(x) / \lambda) \Big)
+    = f(g(x)), \qquad
+    g(x; \zeta) = \exp\big((\ell(x; \zeta) - s) / \lambda\big), \qquad
+    f(y) = s / \lambda + \log y,
+
+  the same function for every constant shift :math:`s`. Being global-inner,
+  :math:`g = \frac{1}{K} \sum_k g_k` weighs client :math:`k`'s examples by
+  :math:`1/(K n_k)`: the plain mean over examples when the clients are of equal size.
+  ``exp`` overflows float32 once :math:`(\ell - s)/\lambda` passes about 88, and ``g``
+  underflows to 0 (:math:`f = -\infty`) once every :math:`(\ell - s)/\lambda` is below
+  about -87, so set ``shift`` near the largest loss you expect (for losses in
+  :math:`[0, L]`, :math:`s = L` keeps ``g`` in :math:`(0, 1]`). Report the value with
+  :func:`sample_kl_dro_value`, which is exact for any :math:`\ell / \lambda`.
 
   Args:
-    loss: per-example loss ``(params, example) -> scalar``.
-    lam: ``lambda > 0``.
-    shift: the constant above.
+    loss: ``loss(params, example) -> scalar``, the per-example loss :math:`\ell(x; \zeta)`.
+    lam: the temperature :math:`\lambda > 0`; smaller is more robust (closer to the largest
+      loss).
+    shift: the constant :math:`s` (a finite real); default 0.
+
+  Returns:
+    A global-inner :class:`Problem` named ``"sample_kl_dro"``.
+
+  Raises:
+    ValueError: if ``lam`` is not a finite number ``> 0`` or ``shift`` not a finite real.
+
+  Examples:
+    Losses ``[0, 0, 1, 9]`` on two equal clients; the objective matches
+    :func:`sample_kl_dro_value`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.sample_kl_dro(lambda x, ex: (x - ex["t"]) ** 2, 2.0, shift=9.0)
+    >>> examples = {"t": jnp.array([0.0, 0.0, 1.0, 3.0])}
+    >>> owner, weights = jnp.array([0, 0, 1, 1]), jnp.full((4,), 0.5)
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> objective, _ = evaluate(jnp.array(0.0), examples, owner, weights, num_clients=2)
+    >>> print(round(float(objective), 4))
+    3.1534
+    >>> print(round(float(fedco.problems.sample_kl_dro_value(jnp.array([0.0, 0, 1, 9]), 2.0)), 4))
+    3.1534
   """
   lam = _validate.interval("lam", lam, 0)
   shift = _validate.real("shift", shift)
@@ -129,28 +322,81 @@ def sample_kl_dro(loss, lam: float, *, shift: float = 0.0):
 
 
 def sample_kl_dro_value(losses: jax.Array, lam: float) -> jax.Array:
-  """``log(1/m sum_i exp(l_i / lam))`` by log-sum-exp."""
+  r"""The sample-level KL-DRO value :math:`\log(\frac{1}{m} \sum_i \exp(\ell_i / \lambda))`.
+
+  The objective of :func:`sample_kl_dro`, computed by log-sum-exp: exact and finite for any
+  :math:`\ell / \lambda` (it is :func:`kl_dro_value` divided by :math:`\lambda`).
+
+  Args:
+    losses: ``[..., m]`` per-example losses :math:`\ell_i`; reduced over the last axis.
+    lam: :math:`\lambda > 0` (not checked here).
+
+  Returns:
+    A ``[...]`` array (a scalar for ``[m]`` losses).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> losses = jnp.array([0.0, 0.0, 1.0, 9.0])
+    >>> print(round(float(fedco.problems.sample_kl_dro_value(losses, 2.0)), 4))
+    3.1534
+    >>> print(round(float(fedco.problems.sample_kl_dro_value(1000 * losses, 2.0)), 1))
+    4498.6
+  """
   return kl_dro_value(losses, lam) / lam
 
 
 def sample_chi2_dro(loss, lam: float):
-  """Sample-level chi^2-regularised DRO, global-inner.
+  r"""Sample-level :math:`\chi^2`-regularised DRO (SPEC 4.3), a global-inner problem.
 
-  ``max_{p in simplex} sum_i p_i l_i - lam m/2 sum_i (p_i - 1/m)^2`` equals, while the
-  maximiser ``p_i = 1/m + (l_i - mean l)/(lam m)`` stays in the simplex,
+  The worst case over reweightings :math:`p` of the :math:`m` examples,
 
-      E[l] + Var(l) / (2 lam) = h(x) + f(g(x)),
-      h(x) = E[l + l^2 / (2 lam)],   g(x) = E[l],   f(g) = -g^2 / (2 lam).
+  .. math::
+
+    \max_{p \in \Delta_m} \sum_i p_i \ell_i - \frac{\lambda m}{2} \sum_i (p_i - 1/m)^2
+    = \mathbb{E}[\ell] + \frac{\mathrm{Var}(\ell)}{2 \lambda} = h(x) + f(g(x)),
+
+  (while the maximiser :math:`p_i = 1/m + (\ell_i - \bar\ell)/(\lambda m)` stays in the
+  simplex), with
+
+  .. math::
+
+    h(x; \xi) = \ell(x; \xi) + \frac{\ell(x; \xi)^2}{2 \lambda}, \qquad
+    g(x; \zeta) = \ell(x; \zeta), \qquad f(g) = -\frac{g^2}{2 \lambda}.
 
   **Deviation from the printed eq. 5 of paper 004 (and SPEC 4.3):** the printed
-  ``-1/(2 lam m) sum l_i^2 + (mean l)^2/(2 lam)`` equals ``-Var(l)/(2 lam)``, whose minimiser
-  *maximises* the loss variance and drops the mean loss; the dual derivation above gives the
-  signs used here. The compositional structure (a squared mean plus a mean of squares) is
-  the paper's.
+  :math:`-\frac{1}{2 \lambda m} \sum_i \ell_i^2 + \frac{\bar\ell^2}{2 \lambda}` equals
+  :math:`-\mathrm{Var}(\ell)/(2 \lambda)`, whose minimiser *maximises* the loss variance and
+  drops the mean loss; the dual derivation above gives the signs used here. The
+  compositional structure (a squared mean plus a mean of squares) is the paper's. As for
+  every global-inner problem, the means weigh client :math:`k`'s examples by
+  :math:`1/(K n_k)`.
 
   Args:
-    loss: per-example loss ``(params, example) -> scalar``.
-    lam: ``lambda > 0``.
+    loss: ``loss(params, example) -> scalar``, the per-example loss :math:`\ell(x; \xi)`.
+    lam: the regularisation :math:`\lambda > 0`; smaller penalises the variance more.
+
+  Returns:
+    A global-inner :class:`Problem` named ``"sample_chi2_dro"`` (``inner = loss``, a
+    deterministic outer and the ``extra`` term :math:`h`).
+
+  Raises:
+    ValueError: if ``lam`` is not a finite number ``> 0``.
+
+  Examples:
+    Losses ``[0, 0, 1, 9]`` (mean 2.5, variance 14.25) on two equal clients; the objective
+    matches :func:`chi2_dro_value`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.sample_chi2_dro(lambda x, ex: (x - ex["t"]) ** 2, lam=10.0)
+    >>> examples = {"t": jnp.array([0.0, 0.0, 1.0, 3.0])}
+    >>> owner, weights = jnp.array([0, 0, 1, 1]), jnp.full((4,), 0.5)
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> objective, _ = evaluate(jnp.array(0.0), examples, owner, weights, num_clients=2)
+    >>> print(round(float(objective), 4))
+    3.2125
   """
   lam = _validate.interval("lam", lam, 0)
 
@@ -164,5 +410,24 @@ def sample_chi2_dro(loss, lam: float):
 
 
 def chi2_dro_value(losses: jax.Array, lam: float) -> jax.Array:
-  """``mean(l) + Var(l) / (2 lam)`` (the chi^2-regularised worst case, interior maximiser)."""
+  r"""The :math:`\chi^2`-DRO value :math:`\bar\ell + \mathrm{Var}(\ell) / (2 \lambda)`.
+
+  The objective of :func:`sample_chi2_dro`: the :math:`\chi^2`-regularised worst case while
+  its maximiser is interior (every :math:`\ell_i \ge \bar\ell - \lambda`). The variance is
+  the population one (divided by :math:`m`).
+
+  Args:
+    losses: ``[..., m]`` per-example losses :math:`\ell_i`; reduced over the last axis.
+    lam: :math:`\lambda > 0` (not checked here).
+
+  Returns:
+    A ``[...]`` array (a scalar for ``[m]`` losses).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> losses = jnp.array([0.0, 0.0, 1.0, 9.0])
+    >>> print(round(float(fedco.problems.chi2_dro_value(losses, 10.0)), 4))
+    3.2125
+  """
   return jnp.mean(losses, -1) + jnp.var(losses, -1) / (2.0 * lam)

@@ -117,10 +117,63 @@ def outer_map(num_groups: int, eps=EPS, alpha=ALPHA, gamma=GAMMA):
 
 
 def fairness_problem(num_groups: int = 3, eps=EPS, alpha=ALPHA, gamma=GAMMA) -> Problem:
-  """SPEC 4.6 as a global-inner problem ``BCE(w) + log P(w)`` (module docstring).
+  r"""Fair logistic regression with noisy protected groups (SPEC 4.6), a global-inner problem.
 
-  Examples are dicts ``{"x": float [d], "y": float 0/1, "proxy": int}``; parameters are
-  :func:`init_params`'s ``{"w", "b"}``.
+  Logistic regression :math:`z = w^\top x + b` with the per-example loss
+  :math:`\ell = \mathrm{BCE}(z, y)` and an equal-opportunity constraint per *proxy* group
+  :math:`k` of :math:`G`, entering through a smooth penalty (paper 004 Sec. 6, GCIVR's setup):
+
+  .. math::
+
+    \Phi(w) = \mathrm{BCE}(w) + \log P(w), \qquad
+    P(w) = \sum_{k=1}^G \frac{1}{G+1} \Big(\frac{1}{G} + e^{\alpha c_k(w) / \gamma}\Big),
+
+    c_k(w) = \mathrm{BCE}(\text{positive rows of proxy group } k) - \mathrm{BCE}(\text{all rows})
+    - \epsilon.
+
+  The group loss is a ratio of two means, so the per-example inner map is the
+  :math:`2G + 1` vector :math:`g(w; i) = \big((y_i o_{ik} \ell_i)_k, (y_i o_{ik})_k, \ell_i\big)`
+  (:math:`o_{ik} = 1[\mathrm{proxy}_i = k]`), the outer :math:`f` forms the ratios and
+  :math:`\log P` by log-sum-exp (never overflows), and :math:`h(w; i) = \ell_i`; see
+  :mod:`fedco.problems.fairness` for the derivation and the gradient. A group with no
+  positive row in a (mini-batch) estimate gets the neutral :math:`c_k = -\epsilon`. Being
+  global-inner, every mean weighs client :math:`k`'s rows by :math:`1/(K n_k)`.
+
+  Args:
+    num_groups: the number of proxy groups :math:`G \ge 1`; default 3 (race in {White,
+      Black, Other}).
+    eps: the constraint slack :math:`\epsilon \ge 0`; default 0.01.
+    alpha: the penalty scale :math:`\alpha > 0`; default 0.1.
+    gamma: the penalty temperature :math:`\gamma > 0`; default 0.1.
+
+  Returns:
+    A global-inner :class:`Problem` named ``"fair_logistic"``. Its examples are dicts
+    ``{"x": float [d], "y": float 0/1, "proxy": int in [0, G)}``; its parameters are
+    ``{"w": [d], "b": []}`` (``fedco.problems.fairness.init_params(d)`` gives zeros).
+
+  Raises:
+    ValueError: if ``num_groups`` is not a positive integer, ``eps`` is negative, or
+      ``alpha`` or ``gamma`` is not ``> 0``.
+
+  Examples:
+    Six rows on two clients; at :math:`w = 0` every loss is :math:`\log 2`, so
+    :math:`c_k = -\epsilon` and :math:`\Phi = \log 2 + \log((1 + 3 e^{-0.01}) / 4)`:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> problem = fedco.problems.fairness_problem(num_groups=3)
+    >>> x = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0], [0.5, -1.0], [0.0, -1.0]])
+    >>> y = jnp.array([1.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    >>> rows = {"x": x, "y": y, "proxy": jnp.array([0, 1, 2, 0, 1, 2])}
+    >>> owner, weights = jnp.array([0, 0, 0, 1, 1, 1]), jnp.full((6,), 1 / 3)
+    >>> evaluate = jax.jit(problem.evaluate, static_argnames="num_clients")
+    >>> for w in ([0.0, 0.0], [1.0, 1.0]):
+    ...   params = {"w": jnp.array(w), "b": jnp.array(0.0)}
+    ...   objective, _ = evaluate(params, rows, owner, weights, num_clients=2)
+    ...   print(w, round(float(objective), 4))
+    [0.0, 0.0] 0.6857
+    [1.0, 1.0] 0.379
   """
   G = _check(num_groups, eps, alpha, gamma)
   return global_inner(
@@ -147,12 +200,43 @@ def objective(params, x, y, proxy, num_groups: int = 3, eps=EPS, alpha=ALPHA, ga
 
 
 def group_metrics(params, x, y, groups, num_groups: int = 3, eps=EPS):
-  """Accuracy, TPRs and equal-opportunity violations on the given groups.
+  r"""Accuracy, TPRs and equal-opportunity violations of a logistic model on given groups.
+
+  The metrics of SPEC 4.6, computed on the TRUE groups (race), not the proxies the problem
+  trains on: the true positive rate :math:`\mathrm{TPR}(S)` is the fraction of the positive
+  rows of :math:`S` predicted positive (:math:`z = w^\top x + b > 0`), and
+
+  .. math::
+
+    \text{max group violation} = \max_k \big[\mathrm{TPR}(\text{all}) -
+    \mathrm{TPR}(\text{group } k) - \epsilon\big]
+
+  (GCIVR's ``violation``). A group without positive rows has TPR 0, as in GCIVR's
+  evaluation.
+
+  Args:
+    params: ``{"w": [d], "b": []}``, the logistic-regression parameters.
+    x: ``[n, d]`` features.
+    y: ``[n]`` labels, 0 or 1 (a row is positive when ``y > 0``).
+    groups: ``int [n]``, each row's group in ``[0, num_groups)``.
+    num_groups: the number of groups :math:`G`; default 3.
+    eps: the slack :math:`\epsilon` subtracted from every violation; default 0.01.
 
   Returns:
-    ``{"acc", "tpr", "group_tpr" [G], "violations" [G], "max_violation"}`` with
-    ``violations[k] = TPR(all) - TPR(group k) - eps``; a group without positive rows has
-    TPR 0 (as in GCIVR's evaluation).
+    A dict of scalar arrays ``"acc"``, ``"tpr"`` (over all rows) and ``"max_violation"``,
+    and ``[G]`` arrays ``"group_tpr"`` and ``"violations"`` with
+    ``violations[k] = TPR(all) - TPR(group k) - eps``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> x = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0], [0.5, -1.0], [0.0, -1.0]])
+    >>> y = jnp.array([1.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    >>> groups = jnp.array([0, 0, 1, 1, 2, 2])
+    >>> params = {"w": jnp.array([1.0, 1.0]), "b": jnp.array(0.0)}
+    >>> m = fedco.problems.fairness_metrics(params, x, y, groups, num_groups=3)
+    >>> print(m["group_tpr"].tolist(), round(float(m["max_violation"]), 4))
+    [1.0, 1.0, 0.0] 0.74
   """
   pred = (logit(params, x) > 0).astype(jnp.float32)
   pos = (y > 0).astype(jnp.float32)

@@ -60,9 +60,31 @@ def finite_row(row: Mapping[str, Any]) -> bool:
 
 
 class RowWriter:
-  """Receives each chunk's rows as soon as the chunk is done."""
+  """Receives each chunk's rows as soon as the chunk is done; the base of metric writers.
+
+  :func:`fedco.simulate` and :func:`fedco.sweep` (``metric_writers=``) call ``write`` after
+  every compiled chunk of rounds with that chunk's evaluated rows, ``{"round": r,
+  **metric_labels, metric: value}`` (scalars as floats, per-client vectors as lists; the
+  rows of :class:`RoundAction` s too), ``rewind`` once before a run starts (a resumed run
+  then writes its restored rows again), and ``close`` at the end. A subclass overrides
+  ``write`` and, to support resuming, ``rewind``; ``can_rewind = False`` says ``rewind`` is a
+  no-op, so a resumed run does not write its restored rows again (append-only sinks).
+  Built-in: :class:`JsonlWriter`, :class:`CsvWriter`, :class:`TensorBoardWriter`.
+
+  Examples:
+    A writer that prints the objective of each row:
+
+    >>> import fedco
+    >>> class Printer(fedco.runtime.RowWriter):
+    ...   def write(self, rows):
+    ...     for row in rows:
+    ...       print(row["round"], row["algorithm"], round(row["objective"], 3))
+    >>> Printer().write([{"round": 1, "algorithm": "fedavg", "objective": 0.51234}])
+    1 fedavg 0.512
+  """
 
   def write(self, rows: List[Dict[str, Any]]) -> None:
+    """Record ``rows`` (a list of dicts, in round order); subclasses must override it."""
     raise NotImplementedError
 
   can_rewind = True  # False: rewind is a no-op, so a resumed run does not rewrite rows
@@ -71,7 +93,7 @@ class RowWriter:
     """Forget this run's rows after ``round_`` (a resumed run writes them again)."""
 
   def close(self) -> None:
-    pass
+    """Release the writer's resources (called once, when the run ends)."""
 
 
 def _append(path: str, text: str) -> None:
@@ -86,7 +108,31 @@ def _is_later_row_of(row: Mapping[str, Any], round_: int, labels: Mapping[str, A
 
 
 class JsonlWriter(RowWriter):
-  """Appends one JSON object per row to ``path`` (created with its folder if missing)."""
+  """Appends one JSON object per row to ``path`` (created with its folder if missing).
+
+  Every ``write`` is appended, flushed and fsynced, so a killed run keeps every row of the
+  chunks it finished. ``rewind`` (a resumed run) drops the rows of this run (same labels)
+  after the resumed round by an atomic rewrite; other runs' rows in the same file are kept.
+  Non-finite numbers are written as ``NaN`` / ``Infinity`` (Python's ``json`` reads them).
+
+  Args:
+    path: the ``.jsonl`` file, a string or path-like; appended to if it exists.
+
+  Examples:
+    >>> import json
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...   path = os.path.join(tmp, "runs", "metrics.jsonl")
+    ...   writer = fedco.runtime.JsonlWriter(path)
+    ...   writer.write([{"round": 1, "objective": 0.5}, {"round": 2, "objective": 0.25}])
+    ...   writer.rewind(1, {})  # a run resumed from round 1 drops its later rows
+    ...   writer.close()
+    ...   with open(path) as f:
+    ...     print([json.loads(line) for line in f])
+    [{'round': 1, 'objective': 0.5}]
+  """
 
   def __init__(self, path: str):
     self.path = os.fspath(path)
@@ -107,8 +153,34 @@ class JsonlWriter(RowWriter):
 
 
 class CsvWriter(RowWriter):
-  """Appends scalar rows to a CSV file; the columns are fixed by the first rows written
-  (an existing file's header is kept)."""
+  """Appends scalar rows to a CSV file; the first rows written fix the columns.
+
+  Vector values (``client_losses``) are left out, and so is a column the first rows did not
+  have; an existing file's header is kept. Every ``write`` is appended, flushed and fsynced;
+  ``rewind`` (a resumed run) drops this run's rows after the resumed round.
+
+  Args:
+    path: the ``.csv`` file, a string or path-like (created with its folder if missing,
+      appended to if it exists).
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...   path = os.path.join(tmp, "metrics.csv")
+    ...   writer = fedco.runtime.CsvWriter(path)
+    ...   writer.write([
+    ...     {"round": 1, "algorithm": "fedavg", "objective": 0.5, "client_losses": [0.4, 0.6]},
+    ...     {"round": 2, "algorithm": "fedavg", "objective": 0.25, "client_losses": [0.2, 0.3]},
+    ...   ])
+    ...   writer.close()
+    ...   with open(path) as f:
+    ...     print(f.read().strip())
+    round,algorithm,objective
+    1,fedavg,0.5
+    2,fedavg,0.25
+  """
 
   def __init__(self, path: str):
     self.path = os.fspath(path)
@@ -149,7 +221,30 @@ class CsvWriter(RowWriter):
 
 
 class TensorBoardWriter(RowWriter):
-  """Scalars ``<label values>/<metric>`` at step ``round`` (needs ``tensorboardX``)."""
+  """Writes each row's numbers as TensorBoard scalars at step ``round`` (needs tensorboardX).
+
+  A row's float values become scalars named ``<label values>/<metric>`` (the row's string
+  and int labels joined by ``/``, e.g. ``fedavg/objective``), flushed after every write.
+  Event files are append-only: ``can_rewind`` is ``False``, so a resumed run keeps the
+  scalars already written and does not write its restored rows again.
+
+  Args:
+    logdir: the TensorBoard log directory, a string or path-like (created if missing).
+
+  Raises:
+    ValueError: if ``tensorboardX`` is not installed.
+
+  Examples:
+    >>> import os
+    >>> import tempfile
+    >>> import fedco
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...   writer = fedco.runtime.TensorBoardWriter(tmp)
+    ...   writer.write([{"round": 1, "algorithm": "fedavg", "objective": 0.5}])
+    ...   writer.close()
+    ...   [name.split(".")[0] for name in os.listdir(tmp)]
+    ['events']
+  """
 
   can_rewind = False  # event files are append-only: a resumed run does not replay its rows
 
@@ -217,13 +312,45 @@ class ProgressBar:
 
 
 class RoundAction:
-  """Calls ``fn(state, round)`` on the host after every ``every_rounds``-th round (and after
-  the last round), with the whole simulation state: personal models, trackers, the server's
-  weights, not only the parameters that ``metrics_fn`` sees. A returned dict of numbers is a
-  row of metrics at that round (streamed to the metric writers, kept in
-  ``SimulationResult.host_metrics``); ``None`` records nothing. The run's chunks end at the
-  action's rounds, so it sees exactly that round's state. ``at_start=True`` also calls it
-  on the initial state (round 0) of a run that starts fresh (not on a resume).
+  """Calls ``fn(state, round)`` on the host every ``every_rounds`` rounds of a simulation.
+
+  Pass it in :func:`fedco.simulate`'s ``actions=``. It runs after every ``every_rounds``-th
+  round and after the last round, with the whole :class:`~fedco.runtime.SimState`: personal
+  models, trackers, the server's weights, not only the parameters that ``metrics_fn`` sees.
+  A returned dict of numbers is a row of metrics at that round, ``{"round": r,
+  **metric_labels, name: value}`` (streamed to the metric writers, checkpointed, kept in
+  ``SimulationResult.host_metrics``; a non-finite number stops the run like a diverged
+  metric); ``None`` records nothing. The run's chunks end at the action's rounds, so it sees
+  exactly that round's state.
+
+  Args:
+    fn: a callable ``fn(state, round) -> dict of numbers (scalars or arrays) or None``;
+      ``round`` is the number of completed rounds.
+    every_rounds: an int ``>= 1``: call ``fn`` after rounds ``every_rounds``,
+      ``2 every_rounds``, ..., and after the run's last round.
+    at_start: ``True`` also calls ``fn`` on the initial state (round 0) of a run that starts
+      fresh (not on a resume); default ``False``.
+
+  Raises:
+    ValueError: if ``fn`` is not callable, ``every_rounds`` is not an int ``>= 1`` or
+      ``at_start`` is not a bool; when called, if ``fn`` returns neither a dict nor ``None``.
+
+  Examples:
+    The norm of the server model at the start and after every second round of FedAvg:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> norm = lambda state, r: {"norm": jnp.linalg.norm(state.server["params"])}
+    >>> result = fedco.simulate(
+    ...   problem, fedco.fedavg(0.1, 1), data, jnp.zeros(2), rounds=4, batch_size=None,
+    ...   actions=[fedco.runtime.RoundAction(norm, every_rounds=2, at_start=True)],
+    ... )
+    >>> [(row["round"], row["algorithm"], round(row["norm"], 2)) for row in result.host_metrics]
+    [(0, 'fedavg', 0.0), (2, 'fedavg', 1.21), (4, 'fedavg', 1.99)]
   """
 
   def __init__(self, fn, every_rounds: int, *, at_start: bool = False):

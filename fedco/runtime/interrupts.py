@@ -73,7 +73,7 @@ def _end_process(signum, frame):
 def interrupt_guard():
   """Defer Ctrl-C: a block of runs that one Ctrl-C stops at the next safe point.
 
-  Yields an object whose ``requested`` the first SIGINT sets. ``fedco.simulate`` and
+  Installs a SIGINT handler that only records the request. ``fedco.simulate`` and
   ``fedco.sweep`` run under this guard: they stop after the running chunk with
   :class:`Interrupted`, after writing every finished row and checkpoint, also when the stop
   came during their last chunk or a diverging one. Guards nest: a guard around a loop of
@@ -81,13 +81,34 @@ def interrupt_guard():
   between two runs stops the next one before it starts, and one that came while the block
   ran no run raises :class:`Interrupted` when the block ends. A second Ctrl-C ends the
   process at once (exit by SIGINT; in a Jupyter kernel, ``KeyboardInterrupt``). A no-op
-  outside the main thread.
+  outside the main thread. The previous SIGINT handler is restored on exit.
 
-  Example::
+  Typical use, one Ctrl-C stopping a loop of runs after a finished chunk::
 
     with fedco.runtime.interrupt_guard():
-      for seed in range(3):  # one Ctrl-C stops the loop after a finished chunk
+      for seed in range(3):
         fedco.simulate(problem, algorithm, data, params, rounds=100, seed=seed)
+
+  Yields:
+    A stop request whose boolean ``requested`` the first SIGINT sets (shared with the
+    enclosing guard when nested).
+
+  Raises:
+    Interrupted: when the block ends after a Ctrl-C that no run inside it honoured.
+
+  Examples:
+    A Ctrl-C (here sent by the process itself) is recorded, and the block runs to its end:
+
+    >>> import signal
+    >>> import fedco
+    >>> try:
+    ...   with fedco.runtime.interrupt_guard() as stop:
+    ...     signal.raise_signal(signal.SIGINT)
+    ...     print("still running, stop requested:", stop.requested)
+    ... except fedco.runtime.Interrupted as err:
+    ...   print(err)
+    still running, stop requested: True
+    interrupted: the block ended after Ctrl-C; everything it ran is written
   """
   if threading.current_thread() is not threading.main_thread():
     yield _StopRequest()

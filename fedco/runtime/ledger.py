@@ -12,12 +12,45 @@ import numpy as np
 class Ledger(NamedTuple):
   """Floats each participating client sends (up) and receives (down) per round, by item.
 
-  ``per_step_up`` are the items sent after every local step (FedDRO's ``y``), counted in
-  ``up`` for a full round of ``local_steps``; a straggler sends them only for the steps it
-  did, and a dropped client sends nothing up (:meth:`as_dict` with the run's fault record).
-  ``up_bytes`` / ``down_bytes`` are the same in bytes: a compressed field costs its codec's
-  bits (:mod:`fedco.compression`), any other its floats' size. ``uplink`` describes the
-  codecs and the privacy mechanism (``None`` without them).
+  :meth:`fedco.Simulator.ledger` builds it from the algorithm's communication plan;
+  :func:`fedco.simulate` returns :meth:`as_dict` of it with the run's totals as
+  ``SimulationResult.ledger``. An item is ``"params"`` or a state field the plan sends
+  (FedDRO's ``y``). ``per_step_up`` are the items sent after every local step (FedDRO's
+  ``y``), counted in ``up`` for a full round of ``local_steps``; a straggler sends them only
+  for the steps it did, and a dropped client sends nothing up (:meth:`as_dict` with the
+  run's fault record). ``up_bytes`` / ``down_bytes`` are the same in bytes: a compressed
+  field costs its codec's bits (:mod:`fedco.compression`), any other its floats' size.
+
+  Attributes:
+    up: ``{item: floats}`` one client sends per round.
+    down: ``{item: floats}`` one client receives per round.
+    clients_per_round: ``m``, the clients sampled each round.
+    per_step_up: ``{item: floats}`` of the items sent after every local step (one step's
+      worth; empty by default).
+    local_steps: ``I``, the local steps of a full round (default 1).
+    up_bytes: ``{item: bytes}`` one client sends per round (empty: not counted).
+    down_bytes: ``{item: bytes}`` one client receives per round.
+    per_step_up_bytes: ``{item: bytes}`` of one step's ``per_step_up`` message.
+    uplink: what describes the codecs and the privacy mechanism (``None`` without them).
+
+  Examples:
+    FedDRO's plan with 2 local steps on a 2-dimensional model and a 4-dimensional inner
+    value: ``y`` goes up and down after every step, the model once a round. In round 2 of 3
+    one client dropped out and one straggler did a single step:
+
+    >>> import numpy as np
+    >>> from fedco.runtime import Ledger
+    >>> ledger = Ledger(
+    ...   {"params": 2, "y": 8}, {"params": 2, "y": 8}, 4, per_step_up={"y": 4}, local_steps=2
+    ... )
+    >>> ledger.per_round()
+    {'up': 40, 'down': 40}
+    >>> ledger.as_dict(rounds=3)["total_up"]
+    120
+    >>> survivors = np.array([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    >>> steps = np.array([[2, 2, 2, 2], [2, 1, 2, 0], [2, 2, 2, 2]])
+    >>> ledger.as_dict(3, survivors, steps)["total_up"]  # 11 x 2 + 21 steps x 4
+    106
   """
 
   up: Dict[str, int]
@@ -51,8 +84,20 @@ class Ledger(NamedTuple):
     return total_up, total_down
 
   def as_dict(self, rounds: int, survivors=None, local_steps=None) -> Dict[str, Any]:
-    """Per-client items and run totals; ``survivors`` (``bool [rounds, m]``) and
-    ``local_steps`` (``[rounds, m]``, steps each client did) count only what was sent."""
+    """Per-client items and run totals over ``rounds`` rounds.
+
+    Args:
+      rounds: the run's rounds.
+      survivors: ``bool [rounds, m]``, which sampled clients survived each round (``None``:
+        all); with it only what was sent counts.
+      local_steps: ``[rounds, m]``, the local steps each client did (with ``survivors``).
+
+    Returns:
+      ``{"up_per_client_per_round", "down_per_client_per_round", "clients_per_round",
+      "rounds", "total_up", "total_down"}``, with the ``bytes_*`` and ``total_bytes_*``
+      counterparts when bytes are counted and ``"uplink"`` (with the ``epsilon`` spent
+      under noise) when there is one.
+    """
     total_up, total_down = self._totals(
       self.up, self.per_step_up, self.down, rounds, survivors, local_steps
     )

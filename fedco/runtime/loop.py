@@ -31,22 +31,42 @@ PyTree = Any
 
 @dataclasses.dataclass
 class SimulationResult:
-  """What :func:`simulate` returns.
+  """What :func:`simulate` returns: the final model, the per-round metrics and the ledger.
 
   Attributes:
     params: the server model after the last round.
-    random_params: the server model of a uniformly random round.
+    random_params: the server model of a uniformly random round (reservoir sampling), the
+      iterate the FedDRO/DS-FedDRO theorems return.
     state: the final :class:`SimState` (resume with ``Simulator.run``).
-    metrics: per-round host arrays: ``objective``, ``client_losses`` ``[R, K]``,
-      ``grad_norm`` (if asked), user metrics, ``evaluated`` (which rounds were evaluated;
-      the others hold NaN), ``clients`` (sampled ids ``[R, m]``) and, under ``privacy``
-      with noise, ``epsilon`` (spent by the end of each round).
-    ledger: communication per client per round and in total, in floats and bytes (see
-      :class:`~fedco.runtime.Ledger`).
+    metrics: per-round host arrays (NumPy), ``[rounds, ...]``: ``objective``,
+      ``client_losses`` ``[R, K]``, ``grad_norm`` (if asked), user metrics, ``evaluated``
+      (which rounds were evaluated; the others hold NaN), ``clients`` (sampled ids
+      ``[R, m]``), with faults ``survivors`` and ``local_steps`` ``[R, m]`` and, under
+      ``privacy`` with noise, ``epsilon`` (spent by the end of each round).
+    ledger: communication per client per round and in total, in floats and bytes (a dict,
+      :meth:`fedco.runtime.Ledger.as_dict` with the run's fault record).
     seconds: wall time of the rounds (compilation included).
     host_metrics: the rows the :class:`~fedco.runtime.host.RoundAction` s returned,
       ``{"round": r, **metric_labels, name: value}``, in round order; a resumed run's
       earlier rows come back from its checkpoint.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> result = fedco.simulate(
+    ...   problem, fedco.fedavg(0.1, 1), data, jnp.zeros(2), rounds=2, batch_size=None,
+    ...   clients_per_round=2,
+    ... )
+    >>> result.params.shape, int(result.state.round), result.seconds > 0
+    ((2,), 2, True)
+    >>> sorted(result.metrics), result.metrics["clients"].shape
+    (['client_losses', 'clients', 'evaluated', 'objective'], (2, 2))
+    >>> result.ledger["up_per_client_per_round"], result.ledger["total_up"]
+    ({'params': 2}, 8)
   """
 
   params: PyTree
@@ -79,45 +99,17 @@ def simulate(
   metric_labels: Optional[Dict[str, Any]] = None,
   **simulator_kwargs,
 ) -> SimulationResult:
-  """Run ``rounds`` rounds and collect the per-round metrics on the host.
+  r"""Run ``rounds`` rounds of ``algorithm`` on ``problem`` and collect the metrics on the host.
 
-  Rounds run in chunks of ``chunk_rounds`` (default: all of them, at most 100); each chunk is
-  one jitted ``lax.scan``, and the host logs, checks and checkpoints between chunks.
-
-  Args:
-    problem, algorithm, data: see :class:`Simulator`.
-    params: the initial model ``x_bar_0``.
-    rounds: number of rounds ``>= 1``.
-    seed: an int or a PRNG key.
-    chunk_rounds: rounds per jitted call.
-    progress: print a progress line with rounds per second and ``progress_metric``.
-    progress_metric: the scalar metric the progress line shows (``"objective"`` or one of
-      ``metrics_fn``'s).
-    check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
-      first evaluated round whose metrics, the server model, or an action's row stop being
-      finite; it carries the metrics and action rows collected so far. With checkpointing,
-      the last good state (the start of the failing chunk) is saved first.
-    checkpoint_dir: save the whole simulation state and the metrics so far there (see
-      :mod:`fedco.checkpoint`); if it already holds a checkpoint of this run (same
-      fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from the newest intact
-      one, says "resumed from round N" on stderr, and ends bit-identical to an
-      uninterrupted run. The directory is locked for the run (a second run gets a one-line
-      ``ValueError`` naming the holder; in a multi-process run, process 0 holds it).
-    checkpoint_every: rounds between checkpoints (default: every chunk).
-    keep_checkpoints: how many checkpoints to keep.
-    checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
-      does: ``"error"`` (``fedco.checkpoint.RunMismatchError``, naming what differs) or
-      ``"restart"`` (delete that directory's checkpoints and start afresh).
-    metric_writers: :class:`fedco.runtime.host.RowWriter` s (``JsonlWriter``,
-      ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
-      soon as the chunk is done (a diverging chunk's up to the divergence); a resumed run
-      first drops its rows from them and writes its restored rows again.
-    actions: :class:`fedco.runtime.host.RoundAction` s, run on the host with the whole
-      state at their rounds (chunks end there); their rows are written, checkpointed and
-      returned in ``host_metrics``; ``progress_metric`` may name one of their numbers.
-    metric_labels: fields added to every written row (default
-      ``{"algorithm": algorithm.name}``).
-    **simulator_kwargs: forwarded to :class:`Simulator`.
+  The main entry point. A :class:`Simulator` compiles the rounds; they run in chunks of
+  ``chunk_rounds`` (default: all of them, at most 100), each chunk one jitted ``lax.scan``,
+  and between chunks the host fetches the metrics, checks them, streams them to the metric
+  writers, runs the actions, checkpoints and updates the progress bar. Every round samples
+  ``m`` clients, runs ``local_steps`` of the algorithm on each and applies its
+  communication plan and server transform; evaluated rounds record the exact objective
+  (:math:`F(x)` or :math:`\Phi(x)`, SPEC 0) and every client's loss. One seed gives one
+  result: a client's batches depend on its id, not on which clients were sampled with it or
+  on the device layout.
 
   Ctrl-C is deferred to the end of the running chunk: the chunk's rows are written, a
   checkpoint is saved (when checkpointing) and :class:`~fedco.runtime.host.Interrupted`
@@ -126,6 +118,93 @@ def simulate(
   during a chunk that diverges raises it instead of the ``NonFiniteError`` (chained as its
   cause), and under an enclosing :func:`~fedco.runtime.host.interrupt_guard` one that came
   before the call stops it before round 1. A second Ctrl-C ends the process at once.
+
+  Args:
+    problem: the :class:`~fedco.problems.Problem`, of the algorithm's kind (see
+      :class:`Simulator`).
+    algorithm: the :class:`~fedco.algorithms.Algorithm` (``fedco.feddro(...)``, ...).
+    data: the :class:`~fedco.data.FederatedData`.
+    params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays.
+    rounds: number of rounds, an int ``>= 1``.
+    seed: an int or a ``jax.random.PRNGKey``: client sampling, batches, faults and the
+      random iterate. Default 0.
+    chunk_rounds: rounds per jitted call, an int ``>= 1`` (default ``min(rounds, 100)``);
+      chunks also end at checkpoints and at the actions' rounds.
+    progress: print a ``tqdm`` progress line with rounds per second (leaving out the first
+      chunk, compilation) and ``progress_metric``. Default ``False``.
+    check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
+      first evaluated round whose metrics, the server model, or an action's row stop being
+      finite; it carries the metrics and action rows collected so far. With checkpointing,
+      the last good state (the start of the failing chunk) is saved first. Default ``True``.
+    checkpoint_dir: a directory (str or path-like) to save the whole simulation state and
+      the metrics so far in (see :mod:`fedco.checkpoint`); if it already holds a checkpoint
+      of this run (same fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from
+      the newest intact one, says "resumed from round N" on stderr, and ends bit-identical
+      to an uninterrupted run. The directory is locked for the run (a second run gets a
+      one-line ``ValueError`` naming the holder; in a multi-process run, process 0 holds
+      it). ``None`` (default): no checkpoints.
+    checkpoint_every: rounds between checkpoints, an int ``>= 1`` (default: every chunk).
+    keep_checkpoints: how many checkpoints to keep, an int ``>= 1``. Default 3.
+    checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
+      does: ``"error"`` (default; ``fedco.checkpoint.RunMismatchError``, naming what
+      differs) or ``"restart"`` (delete that directory's checkpoints and start afresh).
+    progress_metric: the scalar metric the progress line shows (``"objective"``, default, or
+      one of ``metrics_fn``'s or of the actions' rows).
+    metric_writers: :class:`fedco.runtime.host.RowWriter` s (``JsonlWriter``,
+      ``CsvWriter``, ``TensorBoardWriter``) that receive every chunk's evaluated rows as
+      soon as the chunk is done (a diverging chunk's up to the divergence); a resumed run
+      first drops its rows from them and writes its restored rows again. They are closed at
+      the end. Default: none.
+    actions: :class:`fedco.runtime.host.RoundAction` s, run on the host with the whole
+      state at their rounds (chunks end there); their rows are written, checkpointed and
+      returned in ``host_metrics``; ``progress_metric`` may name one of their numbers.
+      Default: none.
+    metric_labels: a dict of fields added to every written row (default
+      ``{"algorithm": algorithm.name}``); its ``"method"`` (else ``"algorithm"``) and
+      ``"seed"`` name the run on the progress line.
+    **simulator_kwargs: forwarded to :class:`Simulator`, which documents each:
+      ``clients_per_round`` (int in ``[1, K]``), ``batch_size`` (int ``>= 1`` or ``None``;
+      default 32), ``outer_batch_size``, ``paired_batches``, ``evaluate``,
+      ``exact_grad_norm``, ``metrics_fn``, ``metrics_data``, ``eval_every`` (int ``>= 1``),
+      ``mesh``, ``participation`` (in ``(0, 1]``), ``straggler_prob`` (in ``[0, 1)``),
+      ``compression`` and ``privacy`` (a :func:`fedco.privacy.gaussian` whose target
+      epsilon is calibrated to ``rounds`` here).
+
+  Returns:
+    A :class:`SimulationResult`: final and random-iterate ``params``, the final ``state``,
+    per-round host ``metrics`` ``[rounds, ...]``, the ``ledger`` dict, ``seconds`` and the
+    actions' ``host_metrics``.
+
+  Raises:
+    ValueError: an argument outside what is allowed above (one line naming it), params that
+      do not fit the problem and data, a ``checkpoint_dir`` locked by another process or
+      holding a round past ``rounds``, or (``fedco.checkpoint.RunMismatchError``) holding
+      another run's checkpoints with ``checkpoint_mismatch="error"``.
+    NonFiniteError: with ``check_finite``, when the run diverges.
+    Interrupted: after a Ctrl-C, at the end of the running chunk.
+
+  Examples:
+    FedDRO on the log form of client-level KL-DRO,
+    :math:`\gamma \log \frac1K \sum_k \exp(f_k(x) / \gamma)`, over 4 clients of 4
+    examples each (the per-example loss is a squared distance):
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)]).with_owner()
+    >>> loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)  # l(w; e)
+    >>> problem = fedco.problems.client_kl_dro_log(loss, gamma=1.0, num_clients=4)
+    >>> result = fedco.simulate(
+    ...   problem, fedco.feddro(0.05, 2), data, jnp.zeros(2), rounds=3, batch_size=None
+    ... )
+    >>> evaluated = result.metrics["objective"][result.metrics["evaluated"]]
+    >>> [round(float(v), 2) for v in evaluated]  # the objective after rounds 1, 2, 3
+    [19.8, 13.59, 9.88]
+    >>> result.metrics["client_losses"].shape  # [rounds, K]
+    (3, 4)
+    >>> result.ledger["up_per_client_per_round"]  # y after each of the 2 local steps
+    {'params': 2, 'y': 8}
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = (

@@ -10,11 +10,38 @@ import numpy as np
 from fedco import _validate
 
 PyTree = Any
+#: The name of the device-mesh axis that clients are laid along.
 CLIENTS = "clients"
 
 
 def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
-  """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices (default all)."""
+  """A one-axis ``("clients",)`` mesh over the first ``num_devices`` devices.
+
+  Pass it as ``mesh=`` to :func:`fedco.simulate` / :class:`fedco.Simulator`, which lay each
+  round's clients along it (a client count the mesh does not divide is padded with masked
+  clients; results equal the one-device run), or to :func:`fedco.sweep`, which lays whole
+  runs along it. In a multi-process run (:mod:`fedco.runtime.distributed`) the devices are
+  those of every process.
+
+  Args:
+    num_devices: how many of ``jax.devices()`` to use, an int in ``[1, jax.device_count()]``;
+      ``None`` (default) uses them all.
+
+  Returns:
+    A ``jax.sharding.Mesh`` with the single axis ``"clients"`` (:data:`CLIENTS`).
+
+  Raises:
+    ValueError: if ``num_devices`` is not an int in ``[1, jax.device_count()]``.
+
+  Examples:
+    >>> import jax
+    >>> import fedco
+    >>> mesh = fedco.runtime.client_mesh(1)
+    >>> mesh.axis_names, dict(mesh.shape)
+    (('clients',), {'clients': 1})
+    >>> fedco.runtime.client_mesh().size == jax.device_count()
+    True
+  """
   available = jax.device_count()
   num = (
     available

@@ -27,10 +27,15 @@ PyTree = Any
 
 
 class SimState(NamedTuple):
-  """Everything the simulation carries between rounds (a pytree).
+  r"""Everything the simulation carries between rounds (a pytree).
+
+  :meth:`fedco.Simulator.init` builds it and :meth:`fedco.Simulator.run` advances it;
+  :func:`fedco.simulate` returns the final one as ``SimulationResult.state``, and
+  :class:`~fedco.runtime.RoundAction` s receive it. Being a pytree of arrays, it can be
+  checkpointed (:mod:`fedco.checkpoint`) and a run resumed from it.
 
   Attributes:
-    round: rounds completed so far.
+    round: rounds completed so far (an ``int32`` scalar).
     key: the PRNG key for the next round.
     server: ``{"params": x, field: value}`` for the round-synchronised state fields.
     server_opt_state: the server transform's state.
@@ -40,6 +45,27 @@ class SimState(NamedTuple):
       sampling), the iterate the FedDRO/DS-FedDRO theorems return.
     uplink: every client's codec state per compressed field (``{field: [K, ...]}``,
       :mod:`~fedco.runtime.uplink`); ``()`` without compression.
+
+  Examples:
+    FedDRO's initial state on the log form of client-level KL-DRO over 4 clients: the
+    shared tracker starts at :math:`\bar y_0 = g(x_0)`, the vector of client losses
+    (whole-data batches here), and every client holds its own copy of it:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)]).with_owner()
+    >>> loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
+    >>> problem = fedco.problems.client_kl_dro_log(loss, gamma=1.0, num_clients=4)
+    >>> sim = fedco.Simulator(problem, fedco.feddro(0.05, 2), data, batch_size=None)
+    >>> state = sim.init(jnp.zeros(2), seed=0)
+    >>> int(state.round), sorted(state.server), sorted(state.shared)
+    (0, ['params'], ['y'])
+    >>> [round(float(v), 2) for v in state.shared["y"]]
+    [2.25, 7.75, 17.25, 30.75]
+    >>> state.clients.y.shape  # [K, p]
+    (4, 4)
   """
 
   round: jax.Array

@@ -43,56 +43,114 @@ PyTree = Any
 
 
 class Simulator:
-  """Runs an algorithm on a problem over federated data, a chunk of rounds per jit call.
+  r"""Runs an algorithm on a problem over federated data, a chunk of rounds per jit call.
+
+  The one-program simulator that :func:`fedco.simulate` drives: :meth:`init` builds the
+  :class:`~fedco.runtime.SimState` (every client's state from the initial model and one
+  mini-batch), :meth:`run` advances it ``rounds`` rounds as one jitted ``lax.scan`` and
+  returns the per-round metrics as device arrays, :meth:`ledger` counts what the plan
+  communicates. Each round samples ``m`` of the ``K`` clients, runs the algorithm's
+  ``local_steps`` on each (``vmap`` over clients, ``lax.scan`` over steps), averages what
+  its :class:`~fedco.algorithms.CommPlan` says, and applies its server transform. The
+  compiled program is kept per instance: calls with the same ``rounds`` reuse it. Use this
+  class to drive rounds yourself (resuming, interleaving your own host code); use
+  :func:`fedco.simulate` for metrics on the host, checkpoints, writers and Ctrl-C.
+
+  Evaluation (``evaluate=True``) computes the exact objective over every client's whole
+  data, :math:`F(x) = \frac1K \sum_k [f_k(g_k(x)) + h_k(x)]` for local-inner problems and
+  :math:`\Phi(x) = h(x) + f(g(x))` for global-inner ones (SPEC 0), and each client's loss.
 
   Args:
-    problem: the :class:`~fedco.problems.Problem`.
-    algorithm: the :class:`~fedco.algorithms.Algorithm`.
-    data: the :class:`~fedco.data.FederatedData`.
-    clients_per_round: ``m`` clients sampled without replacement each round; ``None``
-      means all ``K``.
-    batch_size: examples per inner (and next-inner) batch per step; ``None`` is each
-      client's whole data (deterministic).
-    outer_batch_size: examples per outer / extra batch (``b1``); defaults to ``batch_size``.
-    paired_batches: the outer (and extra) batch of a step is its inner batch, the same rows,
-      instead of an independent draw (needs ``outer_batch_size == batch_size``). For
-      problems whose outer data must belong to the inner sample, e.g. MAML over episodes of
-      random tasks (E4, :mod:`fedco.data.omniglot`): an episode's query sets score the
-      parameters adapted on its own support sets. The next-inner batch stays independent.
-    evaluate: compute the exact objective and per-client losses.
-    exact_grad_norm: also the norm of the exact gradient of the objective (small problems).
-    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model; with
-      ``metrics_data``, ``(params, metrics_data) -> dict``.
-    metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
-      the compiled rounds as an argument: runs that differ only in it compile to one
-      program (and a persistent compilation cache serves the others), where arrays a
-      ``metrics_fn`` closes over are constants of each run's own program.
+    problem: the :class:`~fedco.problems.Problem`; its kind must be the algorithm's
+      (``algorithm.problem_kind``: a ``"plain"`` algorithm needs an extra term, e.g.
+      :func:`fedco.problems.plain`; a ``"local"`` / ``"global"`` one a compositional problem
+      of that inner kind), and a problem built for ``num_clients`` needs data with as many.
+    algorithm: the :class:`~fedco.algorithms.Algorithm` (a ``fedco`` factory's result, or
+      :func:`fedco.chain` / :func:`fedco.inject_hyperparams` of one; ``optax.chain`` drops
+      the communication plan and is refused).
+    data: the :class:`~fedco.data.FederatedData` with ``K`` clients (or a
+      :class:`~fedco.data.blocks.ClientBlockData`, see ``mesh``).
+    clients_per_round: ``m``, an int in ``[1, K]``: clients sampled without replacement
+      each round; ``None`` (default) means all ``K``.
+    batch_size: an int ``>= 1``: examples per inner (and next-inner) batch per step, drawn
+      with replacement (a size above the smallest client's warns); ``None`` is each client's
+      whole data (deterministic). Default 32.
+    outer_batch_size: ``b1``, an int ``>= 1`` or ``None``: examples per outer / extra batch;
+      the default ``-1`` means ``batch_size``.
+    paired_batches: a bool: the outer (and extra) batch of a step is its inner batch, the
+      same rows, instead of an independent draw (needs ``outer_batch_size == batch_size``).
+      For problems whose outer data must belong to the inner sample, e.g. MAML over
+      episodes of random tasks (E4, :mod:`fedco.data.omniglot`): an episode's query sets
+      score the parameters adapted on its own support sets. The next-inner batch stays
+      independent. Default ``False``.
+    evaluate: compute the exact objective (``metrics["objective"]``) and the per-client
+      losses (``metrics["client_losses"]``, ``[K]`` per round). Default ``True``.
+    exact_grad_norm: also the norm of the exact gradient of the objective
+      (``metrics["grad_norm"]``; small problems). Default ``False``.
+    metrics_fn: ``params -> dict of scalars/arrays``, evaluated on the server model and
+      added to the metrics under its keys; with ``metrics_data``,
+      ``(params, metrics_data) -> dict``. Traced inside the compiled rounds. Default ``None``.
+    eval_every: an int ``>= 1``: evaluate (objective and ``metrics_fn``) after every
+      ``eval_every``-th round, after round 1 and after the run's last round (:meth:`run`'s
+      ``final_round``); other rounds skip the work (``lax.cond``) and hold NaN, and
+      ``metrics["evaluated"]`` marks the evaluated rounds. Default 1.
     mesh: a ``jax.sharding.Mesh`` with a ``"clients"`` axis (see :func:`client_mesh`); each
       round's clients are laid along it (``vmap`` with ``spmd_axis_name`` plus sharding
       constraints). A round's client count that the axis does not divide is padded with
-      masked clients that neither train nor count. ``None``: one device. With a
+      masked clients that neither train nor count. ``None`` (default): one device. With a
       :class:`~fedco.data.blocks.ClientBlockData` (multi-process data from
       :func:`fedco.runtime.distributed.global_data`) the examples stay sharded where they are
       and every round has one slot per client block: each client trains on the device
       holding its data, and unsampled clients are masked instead of moved.
-    participation: the probability that each of a round's clients survives the round
-      (client dropout); a dropped client neither trains nor counts in any average, and a
-      round whose clients all drop leaves the server as it was.
-    straggler_prob: the probability that a surviving client is a straggler this round and
-      does only a uniform number of local steps in ``{1, ..., I - 1}``; a straggler counts
-      in the averages with the work it did.
+    participation: a number in ``(0, 1]``: the probability that each of a round's clients
+      survives the round (client dropout); a dropped client neither trains nor counts in
+      any average, and a round whose clients all drop leaves the server as it was. Default
+      1 (no dropout).
+    straggler_prob: a number in ``[0, 1)``: the probability that a surviving client is a
+      straggler this round and does only a uniform number of local steps in
+      ``{1, ..., I - 1}``; a straggler counts in the averages with the work it did. Default
+      0.
     compression: ``{field: codec}`` (:mod:`fedco.compression`) for fields the plan sends
       (``"params"`` and its state fields): each client's upload of the field is its delta
       from the server's copy, encoded by the codec (state kept per client); the ledger
-      counts the codec's bits. See :mod:`fedco.runtime.uplink`.
+      counts the codec's bits. A codec with error-feedback memory only for fields sent as
+      deltas. See :mod:`fedco.runtime.uplink`. Default ``None``.
     privacy: a :func:`fedco.privacy.gaussian` mechanism: every sent field clipped per
-      client and Gaussian noise added where the server combines them; :meth:`epsilon` is
-      the epsilon spent (``fedco.simulate`` calibrates a target epsilon to its rounds and
-      reports it per round as ``epsilon``).
-    eval_every: evaluate (objective and ``metrics_fn``) after every ``eval_every``-th round,
-      after round 1 and after the run's last round (:meth:`run`'s ``final_round``); other
-      rounds skip the work (``lax.cond``) and hold NaN, and ``metrics["evaluated"]`` marks
-      the evaluated rounds.
+      client (it needs a clip bound for each) and Gaussian noise added where the server
+      combines them; :meth:`epsilon` is the epsilon spent (``fedco.simulate`` calibrates a
+      target epsilon to its rounds and reports it per round as ``epsilon``). Needs uniform
+      client weighting and an algorithm whose server queries no client losses (not DRFA).
+      Default ``None``.
+    metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
+      the compiled rounds as an argument: runs that differ only in it compile to one
+      program (and a persistent compilation cache serves the others), where arrays a
+      ``metrics_fn`` closes over are constants of each run's own program. Default ``None``.
+
+  Raises:
+    ValueError: one line naming the argument and what is allowed, when an argument is not
+      of the allowed type or range above, the problem's kind does not fit the algorithm's,
+      or ``compression`` / ``privacy`` do not fit the algorithm's plan.
+
+  Examples:
+    FedAvg on a least-squares problem over 4 clients, run as two calls of 2 rounds (the
+    second reuses the first's compiled program):
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> sim = fedco.Simulator(problem, fedco.fedavg(0.1, 1), data, batch_size=None)
+    >>> state = sim.init(jnp.zeros(2), seed=0)
+    >>> state, metrics = sim.run(state, 2)
+    >>> int(state.round), metrics["objective"].shape, metrics["client_losses"].shape
+    (2, (2,), (2, 4))
+    >>> state, more = sim.run(state, 2)
+    >>> [round(float(v), 2) for v in jnp.concatenate([metrics["objective"], more["objective"]])]
+    [10.43, 7.82, 6.15, 5.09]
+    >>> sim.ledger(state).per_round()  # floats over the 4 clients, one round
+    {'up': 8, 'down': 8}
   """
 
   def __init__(
@@ -159,8 +217,23 @@ class Simulator:
     self._init_jit = jax.jit(functools.partial(rounds_lib.init_state, cfg))
 
   def init(self, params: PyTree, seed=0) -> SimState:
-    """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
-    init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
+    """The initial :class:`~fedco.runtime.SimState` (round 0) from the model ``params``.
+
+    Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
+    init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``.
+
+    Args:
+      params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays that the
+        problem accepts on one example of the data.
+      seed: an int or a ``jax.random.PRNGKey``: client sampling, batches and faults.
+
+    Returns:
+      The :class:`~fedco.runtime.SimState` at round 0.
+
+    Raises:
+      ValueError: if ``seed`` is not an int or key, or ``params`` do not fit the problem and
+        data (dtype or shapes).
+    """
     if isinstance(seed, (bool, float, str)) or seed is None:
       raise ValueError(f"seed must be an int or a PRNG key, got {seed!r}")
     key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
@@ -176,9 +249,19 @@ class Simulator:
   def run(self, state: SimState, rounds: int, *, final_round: Optional[int] = None):
     """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``.
 
-    ``final_round`` is the run's last round, evaluated whatever ``eval_every`` says
-    (default: this call's last round; :func:`fedco.simulate` passes its ``rounds``, so its
-    chunks share one program)."""
+    Args:
+      state: a :class:`~fedco.runtime.SimState` from :meth:`init` or an earlier call.
+      rounds: an int ``>= 1``; each distinct value compiles once.
+      final_round: the run's last round, evaluated whatever ``eval_every`` says (default:
+        this call's last round; :func:`fedco.simulate` passes its ``rounds``, so its chunks
+        share one program).
+
+    Returns:
+      ``(state, metrics)``: the state after the rounds and ``{name: array [rounds, ...]}``
+      on the device: ``objective``, ``client_losses`` ``[rounds, K]``, ``grad_norm``,
+      ``metrics_fn``'s entries and ``evaluated`` (as asked), ``clients`` (sampled ids
+      ``[rounds, m]``) and, with faults, ``survivors`` and ``local_steps``.
+    """
     _validate.positive_int("rounds", rounds)
     if final_round is None:
       final_round = -1  # a traced sentinel: this call's last round (see run_rounds)
@@ -188,7 +271,14 @@ class Simulator:
     return self._run(state, self.data, self.metrics_data, np.int32(final_round), rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
-    """Floats and bytes per participating client per round, split by what was sent."""
+    """Floats and bytes per participating client per round, split by what was sent.
+
+    Args:
+      state: a :class:`~fedco.runtime.SimState` of this simulator (for the fields' sizes).
+
+    Returns:
+      The :class:`~fedco.runtime.Ledger`.
+    """
     steps = self.plan.local_steps
     field = lambda f: (
       state.server["params"]
@@ -235,8 +325,15 @@ class Simulator:
     )
 
   def epsilon(self, rounds):
-    """Epsilon spent after ``rounds`` rounds (int or sequence) under ``privacy``, else
-    ``None``."""
+    """Epsilon spent after ``rounds`` rounds under ``privacy``, else ``None``.
+
+    Args:
+      rounds: an int, or a sequence of ints (one epsilon each).
+
+    Returns:
+      The epsilon (a float, or an array for a sequence) at the mechanism's ``delta``, or
+      ``None`` without ``privacy``.
+    """
     link = self.config.uplink
     return None if link is None else link.epsilon(rounds)
 

@@ -53,7 +53,11 @@ PyTree = Any
 
 @dataclasses.dataclass
 class SweepResult:
-  """What :func:`sweep` returns; run ``r`` is ``runs[r]``.
+  """What :func:`sweep` returns: every run's final models, metrics and ledger, stacked.
+
+  Run ``r`` is ``runs[r]``; its slice of every stacked field is index ``r`` of the leading
+  axis, and :meth:`simulation` gives it as the :class:`SimulationResult` a separate
+  :func:`fedco.simulate` call would have returned (up to float round-off).
 
   Attributes:
     runs: one dict per run: ``{"seed": s, name: value, ...}`` (grid order, seeds fastest).
@@ -63,9 +67,34 @@ class SweepResult:
     metrics: per-run, per-round host arrays ``[R, rounds, ...]`` (as
       :attr:`SimulationResult.metrics`); a frozen run's rounds after its divergence are NaN.
     diverged: per run, ``None`` or ``{"round": r, "quantity": name}``: the first round
-      whose state (``"state"``) or evaluated metric (its name) was not finite.
+      whose state (``"state"``) or evaluated metric (its name) was not finite; the run was
+      frozen there while the others went on.
     ledgers: per run, the communication ledger (``SimulationResult.ledger``).
     seconds: wall time of the rounds, compilation included.
+
+  Examples:
+    FedAvg at a sane and an absurd learning rate, one program: the second run overflows
+    in round 2 and is frozen, the first goes on:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> result = fedco.sweep(
+    ...   problem, fedco.fedavg, data, jnp.zeros(2), rounds=3, batch_size=None,
+    ...   grid={"learning_rate": [0.1, 1e10]}, algorithm_kwargs={"local_steps": 1},
+    ... )
+    >>> result.runs
+    [{'learning_rate': 0.1, 'seed': 0}, {'learning_rate': 10000000000.0, 'seed': 0}]
+    >>> result.diverged
+    [None, {'round': 2, 'quantity': 'objective'}]
+    >>> result.metrics["objective"].shape, result.params.shape  # [R, rounds], [R, d]
+    ((2, 3), (2, 2))
+    >>> first = result.simulation(0)  # run 0 as a fedco.simulate result
+    >>> [round(float(v), 2) for v in first.metrics["objective"]]
+    [10.43, 7.82, 6.15]
   """
 
   runs: List[Dict[str, Any]]
@@ -78,7 +107,14 @@ class SweepResult:
   seconds: float
 
   def simulation(self, r: int) -> SimulationResult:
-    """Run ``r`` as a :class:`SimulationResult` (``seconds``: the whole sweep's)."""
+    """Run ``r`` as a :class:`SimulationResult` (``seconds``: the whole sweep's).
+
+    Args:
+      r: the run's index in ``runs``, an int in ``[0, R)``.
+
+    Returns:
+      The run's :class:`SimulationResult` (its ``host_metrics`` empty).
+    """
     one = lambda tree: jax.tree.map(lambda a: a[r], tree)
     return SimulationResult(
       one(self.params),
@@ -167,37 +203,100 @@ def sweep(
 ) -> SweepResult:
   """Run every combination of ``grid`` times ``seeds`` as one vmapped program.
 
-  Args:
-    problem: as :func:`fedco.simulate` (shared by all runs).
-    algorithm_factory: a registry factory (``fedco.feddro``, ...), or an ``Algorithm``
-      (then the runs are the seeds alone: no ``grid``, no ``algorithm_kwargs``).
-    data, params: as :func:`fedco.simulate`, shared by all runs, or a
-      :class:`~fedco.runtime.vmapped.PerSeed` with each seed's own.
-    rounds: rounds per run.
-    grid: ``{hyperparameter: [values]}``, numeric arguments of the factory (learning rate,
-      ``beta``, ``gamma``, server rates, ...); runs are their Cartesian product.
-    seeds: simulation seeds (client sampling, batches, faults); each grid point runs once
-      per seed.
-    algorithm_kwargs: the factory's other arguments (``local_steps``, ``case``, ...).
-    chunk_rounds: rounds per jitted call (default: all, at most 100).
-    progress: show a progress bar.
-    mesh: a mesh with a ``"clients"`` axis (:func:`fedco.runtime.client_mesh`) to lay the
-      runs along; ``None``: one device.
-    checkpoint_dir, checkpoint_every, keep_checkpoints: as :func:`fedco.simulate`: every
-      run's state, freeze round and metrics so far in one checkpoint; a sweep finding its own
-      checkpoint resumes (bit-identical to an uninterrupted sweep), another's is refused.
-    metric_writers: :class:`fedco.runtime.host.RowWriter` s receiving each run's evaluated
-      rows after every chunk (a frozen run's up to its divergence).
-    metric_labels: one dict of row labels per run (default: the run's ``runs`` entry).
-    progress_metric: the metric the bar shows (its mean over the runs still finite).
-    **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
-      ``metrics_fn``, ``metrics_data`` (also a ``PerSeed``), faults, ``compression``,
-      ``privacy`` (a target epsilon is spent over ``rounds``; ``metrics["epsilon"]`` per run
-      and round), ...).
+  The algorithm is built once under :func:`fedco.inject_hyperparams`, so every numeric
+  hyperparameter is state; each run gets its own seed (client sampling, batches, faults,
+  the random iterate) and its hyperparameters written into its state, and all runs advance
+  together: one ``lax.scan`` over rounds of a ``vmap`` over runs of the simulator's round,
+  one ``jax.jit`` per chunk. Each run keeps its own metrics, ledger and random iterate, and
+  equals its separate :func:`fedco.simulate` call up to float round-off. A run whose state or
+  evaluated metrics stop being finite is frozen at its last finite state (its later metrics
+  are NaN) and reported in ``diverged``; the others go on. As :func:`fedco.simulate`, a
+  sweep streams each run's evaluated rows to metric writers (labelled per run), checkpoints
+  all runs together and resumes from its newest intact checkpoint. The problem is shared by
+  all runs (a problem hyperparameter such as a KL temperature needs one sweep per value).
 
   Ctrl-C stops the sweep after the running chunk with :class:`fedco.runtime.Interrupted`
   (a checkpoint is saved first when checkpointing; one during the last chunk carries the
   finished ``result``), as :func:`fedco.simulate` does.
+
+  Args:
+    problem: the :class:`~fedco.problems.Problem`, as :func:`fedco.simulate` (shared by all
+      runs).
+    algorithm_factory: a registry factory (``fedco.feddro``, ...), or an ``Algorithm``
+      (then the runs are the seeds alone: no ``grid``, no ``algorithm_kwargs``).
+    data: the :class:`~fedco.data.FederatedData`, shared by all runs, or a
+      :class:`~fedco.runtime.vmapped.PerSeed` with each seed's own (equal shapes).
+    params: the initial model, shared by all runs, or a ``PerSeed`` with each seed's own.
+    rounds: rounds per run, an int ``>= 1``.
+    grid: ``{hyperparameter: [values]}``: numeric arguments of the factory (learning rate,
+      ``beta``, ``gamma``, server rates, ...; not its static ``local_steps`` or
+      ``optimizer``), each a non-empty list of finite numbers; runs are their Cartesian
+      product. Every point is validated by the factory before anything compiles. Default:
+      no grid.
+    seeds: simulation seeds, a non-empty sequence of distinct ints ``>= 0`` (``range(n)``
+      for ``n`` runs; a bare int is refused); each grid point runs once per seed. Default
+      ``(0,)``.
+    algorithm_kwargs: a dict of the factory's other arguments (``local_steps``, ``case``,
+      ...), none of them in ``grid``.
+    chunk_rounds: rounds per jitted call, an int ``>= 1`` (default: all, at most 100).
+    progress: show a progress bar. Default ``False``.
+    mesh: a mesh with a ``"clients"`` axis (:func:`fedco.runtime.client_mesh`) to lay the
+      runs along: each of its ``D`` devices advances ``R / D`` whole runs (the run count is
+      padded to a multiple of ``D`` with copies of the last run, cut off afterwards), and
+      within a run clients are vmapped on its device. ``None`` (default): one device.
+    checkpoint_dir: as :func:`fedco.simulate`: every run's state, freeze round and metrics
+      so far in one checkpoint; a sweep finding its own checkpoint resumes (bit-identical to
+      an uninterrupted sweep), another's is refused. ``None`` (default): no checkpoints.
+    checkpoint_every: rounds between checkpoints, an int ``>= 1`` (default: every chunk).
+    keep_checkpoints: how many checkpoints to keep, an int ``>= 1``. Default 3.
+    metric_writers: :class:`fedco.runtime.host.RowWriter` s receiving each run's evaluated
+      rows after every chunk (a frozen run's up to its divergence).
+    metric_labels: one dict of row labels per run, in ``runs`` order (default: the run's
+      ``runs`` entry).
+    progress_metric: the metric the bar shows (its mean over the runs still finite).
+      Default ``"objective"``.
+    **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
+      ``metrics_fn``, ``metrics_data`` (also a ``PerSeed``), ``clients_per_round``, faults,
+      ``compression``, ``privacy`` (a target epsilon is spent over ``rounds``;
+      ``metrics["epsilon"]`` per run and round), ...), shared by all runs.
+
+  Returns:
+    A :class:`SweepResult`: ``runs`` (one dict per run), stacked ``params``,
+    ``random_params``, ``state`` and ``metrics`` with a leading run axis ``R``, per-run
+    ``diverged`` and ``ledgers``, and ``seconds``.
+
+  Raises:
+    ValueError: a ``grid`` name that is not a numeric hyperparameter of the factory (or a
+      grid or ``algorithm_kwargs`` with an ``Algorithm``), grid values or ``seeds`` that
+      are not allowed, ``metric_labels`` without one dict per run, a ``PerSeed`` without
+      one value per seed or with unequal shapes, a ``mesh`` without a ``"clients"`` axis, or
+      any of :func:`fedco.simulate`'s argument errors.
+    Interrupted: after a Ctrl-C, at the end of the running chunk.
+
+  Examples:
+    Two FedAvg learning rates times two seeds (each seed samples its own 2 of the 4 clients
+    per round), 4 runs in one program:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> result = fedco.sweep(
+    ...   problem, fedco.fedavg, data, jnp.zeros(2), rounds=3, batch_size=None,
+    ...   clients_per_round=2, grid={"learning_rate": [0.02, 0.1]}, seeds=[0, 1],
+    ...   algorithm_kwargs={"local_steps": 1},
+    ... )
+    >>> [(run["learning_rate"], run["seed"]) for run in result.runs]
+    [(0.02, 0), (0.02, 1), (0.1, 0), (0.1, 1)]
+    >>> result.metrics["objective"].shape  # [runs, rounds]
+    (4, 3)
+    >>> final = result.metrics["objective"][:, -1].reshape(2, 2)  # [learning rate, seed]
+    >>> [round(float(v), 1) for v in final.mean(axis=1)]  # mean over the seeds
+    [12.1, 6.5]
+    >>> result.runs[int(np.argmin(final))]  # the best run
+    {'learning_rate': 0.1, 'seed': 0}
   """
   rounds = _validate.positive_int("rounds", rounds)
   chunk = (

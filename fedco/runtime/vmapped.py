@@ -30,10 +30,35 @@ class PerSeed:
   ``fedco.sweep(problem, alg, PerSeed([d0, d1]), PerSeed([p0, p1]), seeds=(0, 1), ...)``
   runs seed 0 on ``d0`` from ``p0`` and seed 1 on ``d1`` from ``p1`` (each seed's own client
   partition and initial model), still as one program: the values are stacked, so they must
-  have equal shapes and dtypes (and, for data, equal client counts and ``max_count``).
+  have equal shapes and dtypes (and, for data, equal client counts and ``max_count``). With
+  a grid, every grid point of a seed uses that seed's value. A leaf that all values share
+  (the same array object, such as the examples of seeds that partition one dataset
+  differently) is not copied.
 
   Args:
-    values: a sequence with one value per entry of ``seeds``, in that order.
+    values: a non-empty sequence with one value per entry of ``seeds``, in that order.
+
+  Raises:
+    ValueError: if ``values`` is not a non-empty sequence (a string is refused); ``sweep``
+      raises it when their number is not the number of seeds or their shapes differ.
+
+  Examples:
+    Two seeds of FedAvg, each from its own initial model:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]], np.float32)
+    >>> data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(4)])
+    >>> problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> starts = fedco.runtime.PerSeed([jnp.zeros(2), jnp.full(2, 2.0)])
+    >>> starts
+    PerSeed(<2 values>)
+    >>> result = fedco.sweep(
+    ...   problem, fedco.fedavg(0.1, 1), data, starts, rounds=1, seeds=[0, 1], batch_size=None
+    ... )
+    >>> [[round(float(v), 2) for v in params] for params in result.params]  # after 1 round
+    [[0.5, 0.45], [2.1, 2.05]]
   """
 
   def __init__(self, values: Sequence[Any]):
