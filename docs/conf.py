@@ -5,8 +5,6 @@ so a JAX user finds the same layout and the same notebook-style guides. ``-W`` t
 warning into an error; the guides run at build time and a failing cell fails the build.
 """
 
-import importlib
-import inspect
 import os
 import sys
 
@@ -49,24 +47,25 @@ nb_execution_timeout = 600
 nb_merge_streams = True
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 
-# The public modules, in the order the reference lists them; each object is documented once,
-# under the first module whose ``__all__`` lists it (the rule tests/test_docstrings.py uses).
-API = (
-  ("fedco", "Top level: algorithms, problems, the simulator"),
-  ("fedco.algorithms", "Algorithms: building blocks"),
-  ("fedco.problems", "Problems"),
-  ("fedco.runtime", "Runtime: simulate, sweep, writers"),
-  ("fedco.data", "Data"),
-  ("fedco.privacy", "Privacy"),
-  ("fedco.compression", "Compression"),
-  ("fedco.models", "Models"),
-  ("fedco.extend", "Extension API: your own algorithm"),
-  ("fedco.testing", "Testing kit: check your algorithm"),
-  ("fedco.estimators", "Estimators"),
-  ("fedco.metrics", "Metrics"),
-  ("fedco.checkpoint", "Checkpoints"),
-  ("fedco.io", "Files"),
-)
+# The title of each public module's page; fedco._api.PUBLIC_MODULES gives the modules and
+# their order, and says where each object is documented (the first module listing it, the
+# rule tests/test_docstrings.py uses).
+TITLES = {
+  "fedco": "Top level: algorithms, problems, the simulator",
+  "fedco.algorithms": "Algorithms: building blocks",
+  "fedco.problems": "Problems",
+  "fedco.runtime": "Runtime: simulate, sweep, writers",
+  "fedco.data": "Data",
+  "fedco.privacy": "Privacy",
+  "fedco.compression": "Compression",
+  "fedco.models": "Models",
+  "fedco.extend": "Extension API: your own algorithm",
+  "fedco.testing": "Testing kit: check your algorithm",
+  "fedco.estimators": "Estimators",
+  "fedco.metrics": "Metrics",
+  "fedco.checkpoint": "Checkpoints",
+  "fedco.io": "Files",
+}
 
 
 def _data_doc(attr: str) -> list:
@@ -83,51 +82,39 @@ def _data_doc(attr: str) -> list:
   raise ValueError(f"public data {attr!r} has no '#:' comment where it is assigned")
 
 
-def _directive(obj) -> str:
-  if inspect.isclass(obj):
-    return "autoclass"
-  if inspect.isfunction(obj) or callable(obj):
-    return "autofunction"
-  return "autodata"
+def _page(module_name: str, entries) -> str:
+  title = TITLES[module_name]
+  lines = [title, "=" * len(title), "", f".. automodule:: {module_name}", ""]
+  elsewhere = []
+  for e in entries:
+    if e.home != f"{e.module}.{e.name}":
+      elsewhere.append(f":py:obj:`{e.name} <{e.home}>`")
+    elif e.kind in ("data", "alias"):  # a dict or a typing alias: its type's docstring
+      lines += [f".. py:data:: {e.home}", ""]  # says nothing; its #: comment does
+      lines += ["   " + line for line in _data_doc(e.name)] + [""]
+    elif e.kind == "class":
+      lines += [f".. autoclass:: {e.home}", "   :members:", ""]
+    else:
+      lines += [f".. autofunction:: {e.home}", ""]
+  if elsewhere:
+    lines += ["Also available here, documented where first listed: " + ", ".join(elsewhere), ""]
+  return "\n".join(lines)
 
 
 def write_api_pages(out_dir: str) -> None:
   """Writes one reST page per public module (generated; not kept in git)."""
+  from fedco import _api
+
   os.makedirs(out_dir, exist_ok=True)
-  seen = {}
-  toc = []
-  for name, title in API:
-    module = importlib.import_module(name)
-    lines = [title, "=" * len(title), "", f".. automodule:: {name}", ""]
-    here, elsewhere = [], []
-    for attr in module.__all__:
-      obj = getattr(module, attr)
-      if inspect.ismodule(obj):
-        continue
-      key = id(obj) if (callable(obj) or inspect.isclass(obj)) else (name, attr)
-      if key in seen:
-        elsewhere.append(f":py:obj:`{attr} <{seen[key]}>`")
-        continue
-      seen[key] = f"{name}.{attr}"
-      here.append((attr, obj))
-    for attr, obj in here:
-      directive = _directive(obj)
-      if directive == "autodata":  # a dict or an int: its type's docstring says nothing
-        lines += [f".. py:data:: {name}.{attr}", ""]
-        lines += ["   " + line for line in _data_doc(attr)] + [""]
-        continue
-      lines += [f".. {directive}:: {name}.{attr}"]
-      if directive == "autoclass":
-        lines += ["   :members:"]
-      lines += [""]
-    if elsewhere:
-      lines += ["Also available here, documented where first listed: " + ", ".join(elsewhere), ""]
-    page = name.replace(".", "_")
-    toc.append(page)
+  entries = _api.entries()
+  pages = []
+  for module_name in _api.PUBLIC_MODULES:
+    page = module_name.replace(".", "_")
+    pages.append(page)
     with open(os.path.join(out_dir, page + ".rst"), "w") as f:
-      f.write("\n".join(lines))
+      f.write(_page(module_name, [e for e in entries if e.module == module_name]))
   index = ["API reference", "=============", "", ".. toctree::", "   :maxdepth: 1", ""]
-  index += [f"   {page}" for page in toc]
+  index += [f"   {page}" for page in pages]
   with open(os.path.join(out_dir, "index.rst"), "w") as f:
     f.write("\n".join(index) + "\n")
 

@@ -7,45 +7,20 @@ as doctests (``conftest.py`` collects ``fedco/`` for pytest), and the API refere
 
 import importlib
 import inspect
-import typing
 
 import pytest
 
-PUBLIC_MODULES = (
-  "fedco",
-  "fedco.algorithms",
-  "fedco.problems",
-  "fedco.runtime",
-  "fedco.data",
-  "fedco.privacy",
-  "fedco.compression",
-  "fedco.models",
-  "fedco.extend",
-  "fedco.testing",
-  "fedco.estimators",
-  "fedco.metrics",
-  "fedco.checkpoint",
-  "fedco.io",
-)
+from fedco import _api
 
-
-def _public():
-  """(qualified name, object) for each public function and class, first module first."""
-  seen, found = set(), []
-  for name in PUBLIC_MODULES:
-    module = importlib.import_module(name)
-    for attr in module.__all__:
-      obj = getattr(module, attr)
-      if inspect.ismodule(obj) or not callable(obj) or id(obj) in seen:
-        continue
-      if typing.get_origin(obj) is not None:  # a type alias (extend.Optimizer): typing's own
-        continue  # object, documented in its module's docstring
-      seen.add(id(obj))
-      found.append((f"{name}.{attr}", obj))
-  return found
-
-
-PUBLIC = _public()
+PUBLIC_MODULES = _api.PUBLIC_MODULES
+# Functions and classes, each once, under the module that first lists it (where the API
+# reference documents it). Type aliases are typing's objects: their modules' docstrings
+# describe them.
+PUBLIC = [
+  (e.home, e.obj)
+  for e in _api.entries()
+  if e.kind in ("class", "function") and e.home == f"{e.module}.{e.name}"
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

@@ -228,8 +228,10 @@ class Algorithm(optax.GradientTransformationExtraArgs):
     return f"Algorithm(name={self.name!r}, problem_kind={self.problem_kind!r}, plan={self.plan!r})"
 
 
+#: A learning rate: a number, or an optax schedule ``step -> rate``.
 ScalarOrSchedule = optax.ScalarOrSchedule
-# ``None``, an optax transform, or a factory of the learning rate (``optax.adam``).
+#: The parameter step of a factory's ``optimizer=``: ``None``, an optax transform, or a
+#: factory of the learning rate (``optax.adam``).
 Optimizer = Optional[Any]
 
 
