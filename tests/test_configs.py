@@ -1,6 +1,6 @@
 """Every experiment config file (variants included): the shared vocabulary, methods from
 fedco.ALGORITHMS, checks that refuse bad fields before running, placeholders for every
-method's own rate and steps, and a README row for every field."""
+method's own rate and steps, and a row in docs/guides/reproduce.md for every field."""
 
 import importlib
 import pathlib
@@ -94,8 +94,8 @@ def test_an_unknown_experiment_is_named():
     runner.check(config)
 
 
-def test_every_config_field_is_documented_in_the_readme():
-  readme = (ROOT / "README.md").read_text()
+def test_every_config_field_is_documented_in_the_reproduce_guide():
+  readme = (ROOT / "docs" / "guides" / "reproduce.md").read_text()
   missing = []
   for name in CONFIGS:
     missing += [
