@@ -30,13 +30,20 @@ A typical pipeline loads host splits, partitions them, and builds the clients::
   :func:`federated_adult`.
 * **Step-imbalanced** CIFAR10-ST / CIFAR100-ST (SPEC E5): :func:`load_st`,
   :func:`step_imbalance`.
+* **Natural partitions** (one client per user, with each user's own held-out examples):
+  LEAF's JSON files, :func:`load_leaf` (FEMNIST, Shakespeare, Sent140, Synthetic; also
+  :func:`read_leaf`, :func:`write_leaf`); FedJAX's SQLite client files, :func:`load_sqlite`
+  (EMNIST-62, Shakespeare, CIFAR-100; :func:`read_clients`, :func:`write_clients`); TFDS
+  records grouped by a feature, :func:`load_tfds_clients`; FedProx's Synthetic(alpha,
+  beta), :func:`synthetic` and :func:`synthetic_users` (offline); all through
+  :func:`from_users`.
 * **Meta-learning episodes**: few-shot Omniglot (SPEC E4), :func:`load_omniglot` and the
   module :mod:`fedco.data.omniglot`; sinusoid regression tasks (SPEC E3), the module
   :mod:`fedco.data.sinusoid`.
 
 What works offline and what needs data on disk (fedco never downloads anything):
 
-* **Offline**: :func:`load_digits` and ``load("digits")`` / ``load_st("digits")``
+* **Offline**: :func:`synthetic` (LEAF / FedProx Synthetic(alpha, beta)), :func:`load_digits` and ``load("digits")`` / ``load_st("digits")``
   (scikit-learn's 1797 8x8 digits, bundled with scikit-learn), :mod:`fedco.data.sinusoid`
   (synthetic), :func:`load_npz` (your own arrays in an ``.npz`` file), and every
   partitioner and container (plain arrays).
@@ -48,6 +55,9 @@ What works offline and what needs data on disk (fedco never downloads anything):
   ``TFDS_DATA_DIR``); :mod:`fedco.data.sources` has the details. A data set that is missing
   raises ``FileNotFoundError`` with that advice. In tests, ``tfds.testing.mock_data`` stands
   in for the files.
+* **LEAF and FedJAX files**, prepared once with network (LEAF's ``preprocess.sh``,
+  FedJAX's download addresses): :mod:`fedco.data.leaf` and :mod:`fedco.data.sqlite` give
+  the commands.
 * **Adult files**: :func:`load_adult` reads ``adult.data`` and ``adult.test`` from a folder
   (the UCI files; no copy ships in the package); ``data_dir=None`` is the project's shared
   copy next to a source checkout.
@@ -59,6 +69,16 @@ from fedco.data.blocks import ClientBlockData
 from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data.federated import FederatedData
 from fedco.data.imbalanced import load_st, step_imbalance
+from fedco.data.leaf import (
+  LEAF_DATASETS,
+  LETTERS,
+  load_leaf,
+  read_leaf,
+  synthetic,
+  synthetic_users,
+  write_leaf,
+)
+from fedco.data.natural import from_users, load_tfds_clients
 from fedco.data.omniglot import load_omniglot
 from fedco.data.partition import (
   dirichlet_label_skew,
@@ -78,6 +98,7 @@ from fedco.data.sources import (
   load_tfds,
   num_classes,
 )
+from fedco.data.sqlite import SQLITE_DATASETS, load_sqlite, read_clients, write_clients
 
 __all__ = [
   "ClientBlockData",
@@ -108,4 +129,17 @@ __all__ = [
   "load_adult",
   "proxy_groups",
   "resample_proxies",
+  "from_users",
+  "load_tfds_clients",
+  "LEAF_DATASETS",
+  "LETTERS",
+  "read_leaf",
+  "write_leaf",
+  "load_leaf",
+  "synthetic_users",
+  "synthetic",
+  "SQLITE_DATASETS",
+  "read_clients",
+  "write_clients",
+  "load_sqlite",
 ]
