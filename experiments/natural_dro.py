@@ -1,0 +1,191 @@
+r"""E8: DRO-FL where clients really differ: natural partitions, one client per user.
+
+E1 (quantity skew, the same label distribution everywhere) and Adult's doctorate client
+have little distribution shift between clients, so reweighting clients raises the worst
+client's *training* accuracy but not its held-out one. Here every client is a user with its
+own data distribution and its own held-out examples: FedProx's Synthetic(alpha, beta)
+(``dataset = "synthetic"``: each user's labelling model drawn around :math:`u_k \sim
+N(0, \alpha^2)` and its inputs around :math:`B_k \sim N(0, \beta^2)`; a new draw per seed),
+or FEMNIST's writers from LEAF's files (``"femnist"``, ``data_dir`` = LEAF's
+``data/femnist/data``) or FedJAX's EMNIST-62 SQLite files (``"emnist"``, ``data_dir``
+holding ``federated_emnist_{train,test}.sqlite``).
+
+The model is multinomial logistic regression (FedProx's on Synthetic). The methods are E1's
+and Adult's: FedAvg (sample-weighted), q-FedAvg, DRFL, AFL (no local steps: it runs
+``rounds * local_steps`` rounds of one step), ComFedL normalised on the KL-DRO exp form and
+FedDRO on its log form, all at the shared learning rate and local steps, every client in
+every round, nothing tuned. Reported per evaluation: the clients' held-out accuracy (mean,
+worst and 10th percentile over clients, each client counted once) and training loss; after
+the runs each method's difference from FedAvg, paired by seed (same data, initial model):
+mean, standard error and on how many seeds it is ahead.
+
+    python -m experiments.main --config=experiments/configs/natural_dro.py --workdir=runs/e8
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+import jax.numpy as jnp
+import numpy as np
+
+import fedco
+from experiments import common, dro_fl, runner
+from fedco import metrics as metrics_lib
+from fedco import models
+
+DATASETS = ("synthetic", "femnist", "emnist")
+PROBLEMS = ("erm", "kl_exp", "kl_log")
+KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
+TABLE_KEYS = KEYS + ("train_loss_worst",)
+PROGRESS = "heldout_acc_worst"
+
+
+def check(config) -> None:
+  """The experiment's own fields (``ValueError`` naming ``--config.<field>``)."""
+  if config.dataset not in DATASETS:
+    raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
+  if config.dataset != "synthetic" and not os.path.isdir(config.data_dir or ""):
+    raise FileNotFoundError(
+      f"--config.data_dir={config.data_dir!r} must be the folder of the {config.dataset} files "
+      "(docs/data.md says how to prepare them)"
+    )
+  common.check_positive("config.gamma", config.gamma)
+  for field in ("alpha", "beta"):
+    if not isinstance(config[field], (int, float)) or config[field] < 0:
+      raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
+  common.check_int("config.num_users", config.num_users, 0)
+  for label, entry in config.methods.items():
+    if entry.get("problem") not in PROBLEMS:
+      raise ValueError(
+        f"--config.methods.{label}.problem must be one of {PROBLEMS}, got {entry.get('problem')!r}"
+      )
+
+
+def setup(config):
+  """The files' clients, read once (Synthetic is drawn per seed in ``prepare``)."""
+  if config.dataset == "synthetic":
+    return None
+  cap = config.num_users or None
+  if config.dataset == "femnist":
+    return fedco.data.load_leaf(config.data_dir, "femnist")
+  files = [os.path.join(config.data_dir, f"federated_emnist_{s}.sqlite") for s in ("train", "test")]
+  return fedco.data.load_sqlite(*files, "emnist", max_clients=cap)
+
+
+def prepare(config, seed, setup):
+  """One seed's clients (a new Synthetic draw, or the files' clients) and initial model."""
+  if setup is None:
+    kwargs = {"num_users": config.num_users or 30, "seed": seed}
+    fed = fedco.data.synthetic(float(config.alpha), float(config.beta), **kwargs)
+  else:
+    fed = setup
+  model, loss, stats = dro_fl.logistic_model(fed.num_classes)
+  params = models.init_params(model, fed.train.examples["x"][0], seed)
+  return {"fed": fed, "params": params, "loss": loss, "stats": stats}
+
+
+def make_metrics_fn(stats):
+  """Held-out accuracy over clients (mean, worst, 10th percentile) and training loss."""
+
+  def metrics_fn(p, d):
+    _, accs = metrics_lib.per_client_mean(stats, p, d["val"])
+    losses, _ = metrics_lib.per_client_mean(stats, p, d["train"])
+    return {
+      "heldout_acc_avg": jnp.mean(accs),
+      "heldout_acc_worst": jnp.min(accs),
+      "heldout_acc_p10": jnp.quantile(accs, 0.1),
+      "train_loss_avg": jnp.mean(losses),
+      "train_loss_worst": jnp.max(losses),
+    }
+
+  return metrics_fn
+
+
+def build(config, method, seed, prepared) -> runner.Run:
+  """One method's problem form and algorithm; AFL (one local step) runs ``rounds *
+  local_steps`` rounds."""
+  del seed
+  fed, loss = prepared["fed"], prepared["loss"]
+  form = method.problem["problem"]
+  if form == "erm":
+    problem = fedco.plain(loss, name="cross_entropy")
+  elif form == "kl_exp":
+    problem = fedco.problems.client_kl_dro(loss, config.gamma)
+  else:
+    problem = fedco.problems.client_kl_dro_log(loss, config.gamma, fed.num_clients)
+  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
+  scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+  return runner.Run(
+    problem,
+    algorithm,
+    fed.train.with_owner(),  # the log form's inner function reads each example's client
+    prepared["params"],
+    metrics_fn=make_metrics_fn(prepared["stats"]),
+    metrics_data={"train": fed.train, "val": fed.val},
+    rounds=config.rounds * scale,
+    eval_every=config.eval_every * scale,
+    simulate={"evaluate": False},
+    record_keys=KEYS,
+  )
+
+
+def against_fedavg(per_method) -> Dict[str, Any]:
+  """Each method's final ``KEYS`` minus FedAvg's, paired by seed over the seeds both
+  finished: mean, standard error (``None`` with one seed), seeds and seeds ahead."""
+  fedavg = per_method.get("fedavg")
+  out: Dict[str, Any] = {}
+  for label, entry in per_method.items() if fedavg is not None else ():
+    if label == "fedavg":
+      continue
+    done = lambda e, s: "diverged" not in e["per_seed"].get(s, {"diverged": True})
+    seeds = [s for s in entry["per_seed"] if done(entry, s) and done(fedavg, s)]
+    out[label] = {}
+    for key in KEYS:
+      d = np.array([entry["per_seed"][s][key] - fedavg["per_seed"][s][key] for s in seeds])
+      out[label][key] = {
+        "difference": float(d.mean()) if d.size else None,
+        "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
+        "seeds": len(seeds),
+        "seeds_ahead": int((d > 0).sum()),
+      }
+  return out
+
+
+def summarize(config, outcome) -> Dict[str, Any]:
+  fed = outcome.setup
+  summary: Dict[str, Any] = {"dataset": config.dataset, "gamma": config.gamma}
+  if fed is None:
+    summary.update(alpha=config.alpha, beta=config.beta, users=config.num_users or 30)
+  else:
+    summary.update(users=fed.num_clients, dropped_users=fed.info.get("dropped_users", 0))
+  summary["against_fedavg"] = against_fedavg(outcome.per_method)
+  return summary
+
+
+def report(summary) -> List[str]:
+  """One line per method: its held-out accuracy minus FedAvg's, paired by seed."""
+  lines = []
+  for label, keys in summary["against_fedavg"].items():
+    cells = []
+    for key, d in keys.items():
+      if d["difference"] is None:
+        continue
+      err = f" +- {d['stderr']:.3f}" if d["stderr"] is not None else ""
+      cells.append(f"{key[12:]} {d['difference']:+.3f}{err} ({d['seeds_ahead']}/{d['seeds']})")
+    if cells:
+      lines.append(f"{label} - fedavg, held-out accuracy paired by seed: {', '.join(cells)}")
+  return lines
+
+
+def plot(wd, config, outcome):
+  fig = common.figure(figsize=(10, 4))
+  axes = fig.subplots(1, 2)
+  for ax, key, title in zip(axes, KEYS[:2], ("worst client", "10th percentile client")):
+    common.plot_mean_curves(ax, outcome.records, key, band=0.15, group="method")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"held-out accuracy, {title}")
+    ax.set_title(f"{config.dataset}: {title}")
+    ax.grid(alpha=0.3)
+  common.save_with_legend(wd, fig, axes[0], "natural_dro.png", legend=bool(outcome.records))
