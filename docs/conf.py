@@ -26,7 +26,13 @@ extensions = [
 html_theme = "sphinx_book_theme"
 html_title = "fedco"
 html_theme_options = {"show_toc_level": 2}
-exclude_patterns = ["_build", "check_docstrings.py", "**.ipynb_checkpoints"]
+exclude_patterns = [
+  "_build",
+  "screenshots",
+  "check_docstrings.py",
+  "check_build.py",
+  "**.ipynb_checkpoints",
+]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
 
 # Docstrings: Google style (napoleon); attributes as fields, not separate objects, so a
@@ -38,6 +44,19 @@ napoleon_use_rtype = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
+# Show the argument types by their names, not expanded (optax.ScalarOrSchedule is a long
+# Union); the keys are the annotations as written (modules use postponed annotations).
+autodoc_type_aliases = {
+  name: f"fedco.extend.{name.split('.')[-1]}"
+  for name in (
+    "ScalarOrSchedule",
+    "base.ScalarOrSchedule",
+    "extend.ScalarOrSchedule",
+    "Optimizer",
+    "base.Optimizer",
+    "extend.Optimizer",
+  )
+}
 autodoc_inherit_docstrings = False
 
 # Guides: every cell runs at build time (no cache from an earlier build), and an error fails.
