@@ -5,14 +5,42 @@ loadfile``: module fixtures and shared compiled runs stay in one process), unles
 command line decides otherwise: ``-n0`` or ``-p no:xdist`` runs in this process (a subset,
 a debugger), ``-n 4`` on four workers. Set here rather than in ``setup.cfg``'s ``addopts``,
 where ``-n 2`` would make ``-p no:xdist`` an error.
+
+Compilation dominates the suite (hundreds of small programs), so the tests compile with
+JAX's ``jax_disable_most_optimizations`` (XLA and LLVM skip their expensive passes: the
+programs are tiny, the compilation is not) and share JAX's persistent compilation cache, in
+a folder per CPU model (XLA compiles for the CPU it runs on) under ``~/.cache/fedco/``: a
+program compiled by one test, worker or subprocess is loaded by the others, and by the next
+run. Both are set in the environment, so subprocesses (the driver, multi-process workers)
+inherit them; set ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` or ``JAX_COMPILATION_CACHE_DIR`` to
+choose otherwise (decision 80).
 """
 
+import hashlib
+import os
 import pathlib
+import platform
 
 import pytest
 from _pytest import doctest
 
 WORKERS = 2
+
+
+def _cache_dir() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = "".join(line for line in f if line.startswith(("model name", "flags")))
+  except OSError:
+    cpu = platform.processor()
+  tag = hashlib.sha256(cpu.encode()).hexdigest()[:12]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache"))
+  return os.path.join(base, "fedco", "jax-tests", f"{platform.machine()}-{tag}")
+
+
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache_dir())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -105,6 +105,8 @@ def main(argv):
           "off"
         ) from None
       jax.config.update("jax_compilation_cache_dir", cache)
+    else:  # '' turns it off, also where JAX_COMPILATION_CACHE_DIR names a folder
+      jax.config.update("jax_compilation_cache_dir", None)
     try:
       config = _CONFIG.value
     except (OSError, ValueError) as err:  # ml_collections loads the file lazily

@@ -18,7 +18,7 @@ def _tiny(**changes):
   config.seeds = (0, 1)
   config.rounds, config.local_steps, config.eval_every = 4, 2, 2
   config.num_users = 4
-  for label in ("qfedavg", "drfa", "comfedl_normalized"):
+  for label in ("qfedavg", "drfa", "comfedl_normalized", "fedavg_uniform"):
     del config.methods[label]
   config.update(changes)
   return config
@@ -40,7 +40,7 @@ def test_synthetic_runs_every_method_and_pairs_them_with_fedavg(synthetic_run):
   finals = {
     (r["method"], r["seed"]): r for r in rows if r["round"] == (8 if r["method"] == "afl" else 4)
   }
-  paired = summary["against_fedavg"]["feddro"]["heldout_acc_p10"]
+  paired = summary["against_fedavg"]["fedavg"]["feddro"]["heldout_acc_p10"]
   d = [
     finals["feddro", s]["heldout_acc_p10"] - finals["fedavg", s]["heldout_acc_p10"] for s in (0, 1)
   ]

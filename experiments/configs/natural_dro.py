@@ -13,6 +13,8 @@ from experiments import configs
 # problem: "erm", "kl_exp" (client-level KL-DRO, exp form) or "kl_log" (its log form).
 METHODS = {
   "fedavg": {"algorithm": "fedavg", "problem": "erm", "weighting": "samples"},
+  # Every client alike: separates reweighting by loss from merely not weighting by size.
+  "fedavg_uniform": {"algorithm": "fedavg", "problem": "erm", "weighting": "uniform"},
   "qfedavg": {"algorithm": "qfedavg", "problem": "erm", "q": 1.0},
   "drfa": {"algorithm": "drfa", "problem": "erm", "weights_lr": 0.1},
   "afl": {"algorithm": "afl", "problem": "erm", "weights_lr": 0.1},
