@@ -93,10 +93,13 @@ def summarize(per_client: jax.Array, *, worst: str = "min"):
   Args:
     per_client: ``[K]`` values, e.g. from :func:`per_client_mean`.
     worst: which end is worst: ``"min"`` (default; accuracy, higher is better) or
-      ``"max"`` (a loss). Any value other than ``"min"`` is taken as ``"max"``.
+      ``"max"`` (a loss).
 
   Returns:
     ``(mean, worst)``, two scalar arrays.
+
+  Raises:
+    ValueError: ``worst`` is neither ``"min"`` nor ``"max"``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -106,6 +109,8 @@ def summarize(per_client: jax.Array, *, worst: str = "min"):
     >>> print(round(float(mean), 4), round(float(worst), 4))
     0.75 0.6
   """
+  if worst not in ("min", "max"):
+    raise ValueError(f'worst must be "min" (accuracy) or "max" (a loss), got {worst!r}')
   pick = jnp.min if worst == "min" else jnp.max
   return jnp.mean(per_client), pick(per_client)
 

@@ -222,6 +222,9 @@ def messages_per_round(plan, fields=None) -> Dict[str, int]:
   Returns:
     A dict ``{field: messages per round}``.
 
+  Raises:
+    ValueError: ``fields`` names a field the plan does not send.
+
   Examples:
     FedDRO with 5 local steps sends the model once and ``y`` every step:
 
@@ -234,7 +237,14 @@ def messages_per_round(plan, fields=None) -> Dict[str, int]:
     counts[f] = counts.get(f, 0) + 1
   for f in plan.every_step:
     counts[f] = counts.get(f, 0) + plan.local_steps
-  return counts if fields is None else {f: counts[f] for f in fields}
+  if fields is None:
+    return counts
+  unsent = [f for f in fields if f not in counts]
+  if unsent:
+    raise ValueError(
+      f"fields names {unsent}, which the plan does not send; it sends {list(counts)}"
+    )
+  return {f: counts[f] for f in fields}
 
 
 @contextlib.contextmanager
@@ -398,8 +408,8 @@ def epsilon_spent(
 
   scalar = np.ndim(rounds) == 0
   counts = np.atleast_1d(np.asarray(rounds, np.int64))
-  if noise_multiplier == 0:
-    out = np.where(counts > 0, np.inf, 0.0)
+  if noise_multiplier == 0:  # no noise: the at_init means already spend everything
+    out = np.where((counts > 0) | (init_messages > 0), np.inf, 0.0)
     return float(out[0]) if scalar else out
   with _quiet():
     accountant = rdp.RdpAccountant()
@@ -451,7 +461,8 @@ def calibrate(
     The noise multiplier ``z``, a float.
 
   Raises:
-    ValueError: if even ``z = 1e6`` spends more than ``epsilon``.
+    ValueError: ``epsilon`` is not a positive number, or even ``z = 1e6`` spends more than
+      ``epsilon``.
 
   Examples:
     Epsilon 8 over 20 rounds of every client, for 6 messages per round and one ``at_init``
@@ -464,6 +475,7 @@ def calibrate(
     >>> print(round(fedco.privacy.epsilon_spent(z, 1.0, 6, 20, 1e-5, init_messages=1), 2))
     8.0
   """
+  _validate.positive("epsilon", epsilon)
   spent = lambda z: epsilon_spent(
     z, sampling_rate, messages, rounds, delta, init_messages=init_messages
   )

@@ -313,3 +313,42 @@ def test_binary_names_the_misspelled_override_in_one_line():
   [line] = out.stderr.strip().splitlines()
   assert line.startswith("error: cannot apply --config.roundz: no field 'roundz'")
   assert "--config.seeds" not in line and "Traceback" not in out.stderr
+
+
+# Found by the issue-29 docstring review: arguments these accepted and then misbehaved on.
+LIBRARY_REFUSALS = {
+  "portfolio lam=inf": (lambda: fedco.problems.portfolio(lam=float("inf")), "lam must be finite"),
+  "summarize worst": (
+    lambda: fedco.metrics.summarize(np.ones(3), worst="maximum"),
+    'worst must be "min"',
+  ),
+  "kl_dro_weights prior": (
+    lambda: fedco.problems.kl_dro_weights(np.ones(3), 0.5, prior=[1.0, -1.0, 1.0]),
+    "prior must be finite, >= 0",
+  ),
+  "dominant_class_counts": (
+    lambda: fedco.data.dominant_class_counts(0.3, 10, 4, dominant=4),
+    r"dominant must be an integer in \[0, 3\]",
+  ),
+  "calibrate epsilon": (
+    lambda: fedco.privacy.calibrate(0.0, 1e-5, 1.0, messages=6, rounds=20),
+    "epsilon must be > 0",
+  ),
+  "messages_per_round fields": (
+    lambda: fedco.privacy.messages_per_round(fedco.feddro(0.1, 5).plan, ["u"]),
+    r"fields names \['u'\], which the plan does not send",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", LIBRARY_REFUSALS)
+def test_library_functions_refuse_what_they_cannot_serve(name):
+  call, match = LIBRARY_REFUSALS[name]
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+def test_no_noise_spends_infinite_epsilon_already_at_init():
+  # the at_init means are Gaussian mechanisms too: with no noise, nothing is private
+  assert fedco.privacy.epsilon_spent(0.0, 1.0, 6, 0, 1e-5, init_messages=1) == float("inf")
+  assert fedco.privacy.epsilon_spent(0.0, 1.0, 6, 0, 1e-5) == 0.0

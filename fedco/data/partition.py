@@ -251,8 +251,7 @@ def dominant_class_counts(
 
   ``rho * per_client`` from ``dominant`` and ``(1 - rho) / (C - 1) * per_client`` from each
   other class, rounded by largest remainder; ties go to the classes after ``dominant``
-  (cyclically), so rounding does not favour low class ids across clients. The arguments are
-  not checked here (:func:`dominant_class` checks them).
+  (cyclically), so rounding does not favour low class ids across clients.
 
   Args:
     rho: share of the dominant class, in ``[0, 1]``.
@@ -263,6 +262,9 @@ def dominant_class_counts(
   Returns:
     ``int64 [C]`` counts summing to ``per_client``.
 
+  Raises:
+    ValueError: an argument outside the ranges above.
+
   Examples:
     SPEC E2 (CIFAR-10, ``rho = 0.28``, 5000 images per client), then a rounding tie:
 
@@ -272,6 +274,10 @@ def dominant_class_counts(
     >>> fedco.data.dominant_class_counts(0.5, 10, 4, dominant=1).tolist()
     [1, 5, 2, 2]
   """
+  rho = _validate.interval("rho", rho, 0.0, 1.0, closed_low=True, closed_high=True)
+  per_client = _validate.positive_int("per_client", per_client)
+  num_classes = _validate.positive_int("num_classes", num_classes, minimum=2)
+  dominant = _validate.positive_int("dominant", dominant, minimum=0, maximum=num_classes - 1)
   weights = np.full(num_classes, (1.0 - rho) / (num_classes - 1))
   weights[dominant] = rho
   rolled = _apportion(np.roll(weights, -dominant), per_client)

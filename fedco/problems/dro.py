@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedco import _validate
 from fedco.problems import base
@@ -103,6 +104,10 @@ def kl_dro_weights(losses: jax.Array, gamma: float, prior=None) -> jax.Array:
     [0.26, 0.088, 0.652]
   """
   logits = losses / gamma
+  if isinstance(prior, (list, tuple, np.ndarray)):  # concrete: checked (a traced one is not)
+    values = np.asarray(prior, np.float64)
+    if not np.all(np.isfinite(values)) or np.any(values < 0) or not np.all(values.sum(-1) > 0):
+      raise ValueError(f"prior must be finite, >= 0 and not all 0, got {prior!r}")
   if prior is not None:
     prior = jnp.asarray(prior, logits.dtype)
     logits = logits + jnp.log(prior / jnp.sum(prior, axis=-1, keepdims=True))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from fedco import _validate
 from fedco.problems import base
 
 
@@ -70,8 +71,7 @@ def portfolio(lam: float = 1.0, *, kind: str = "global") -> base.Problem:
     >>> print(round(float(value), 4), bool(jnp.abs(grad).max() < 1e-4))
     -1.1146 True
   """
-  if not lam > 0:
-    raise ValueError(f"lam must be > 0, got {lam!r}")
+  _validate.positive("lam", lam)  # finite and > 0 (lam=inf has no stationary point)
 
   def inner(x, example):
     ret = jnp.dot(example["r"], x)
