@@ -11,6 +11,7 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedco
@@ -61,6 +62,24 @@ def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path, 
   with pytest.raises(checkpoint.RunMismatchError, match=named) as err:
     _run(tmp_path, 4, **change)
   assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def _chained(directory, clip, lr, rounds):
+  algorithm = fedco.chain(optax.clip(clip), fedco.fedavg(lr, 2))
+  data = _data()
+  return fedco.simulate(
+    fedco.plain(lambda x, e: jnp.sum((x - e["r"]) ** 2)), algorithm, data, jnp.zeros(3),
+    rounds=rounds, batch_size=4, chunk_rounds=1, checkpoint_dir=directory,
+  )  # fmt: skip
+
+
+def test_chained_transforms_of_other_constants_are_other_runs(tmp_path):
+  # fedco.chain drops the factory's recorded arguments: the closures' constants tell them apart
+  _chained(tmp_path, 1.0, 0.1, 2)
+  for clip, lr in ((5.0, 0.1), (1.0, 0.3)):
+    with pytest.raises(checkpoint.RunMismatchError, match="algorithm.functions"):
+      _chained(tmp_path, clip, lr, 4)
+  _chained(tmp_path, 1.0, 0.1, 4)  # the same run resumes
 
 
 def test_restart_starts_afresh_and_a_resume_says_so(tmp_path, straight, capsys):

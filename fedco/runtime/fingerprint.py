@@ -6,14 +6,19 @@ arguments, the communication plan), the problem (its name and a probe: its clien
 at the initial model on client 0's first rows, so a changed temperature or loss shows), a
 digest of the data, the seed, a digest of the whole initial ``SimState`` (initial model,
 PRNG key, trackers, injected hyperparameters, optimizer states) and the runtime options.
-Limits: an optax transform chained around an algorithm, or a schedule, is described by its
-type; a changed ``metrics_fn`` body is not seen (its name is).
+An algorithm a factory did not build whole (``fedco.chain``, ``named_chain``,
+``Algorithm.replace``, ``with_server``: no recorded ``arguments``) is also described by its
+``update`` and server functions: their names and the constants their closures hold,
+followed through nested functions and transforms, so ``chain(clip(1.0), fedavg(0.1))`` and
+``chain(clip(5.0), fedavg(0.3))`` differ. Limits: a function's body is not seen (its
+name is), e.g. a changed ``metrics_fn``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from functools import partial as functools_partial
 from typing import Any, Dict, Tuple
 
 import jax
@@ -48,6 +53,42 @@ def describe(value) -> Any:
     return [describe(v) for v in value]
   name = getattr(value, "__qualname__", None) or type(value).__qualname__
   return f"<{getattr(value, '__module__', '') or type(value).__module__}.{name}>"
+
+
+def describe_callable(value, depth: int = 24, seen=None) -> Any:
+  """A JSON-able description of a function or transform by its name and closure constants
+  (numbers, arrays by digest, strings), following nested functions, NamedTuples and
+  containers up to ``depth`` levels (cycles cut)."""
+  seen = set() if seen is None else seen
+  if depth == 0 or id(value) in seen:
+    return "<...>"
+  if value is None or isinstance(value, (bool, str, int, float, np.integer, np.floating)):
+    return describe(value)
+  if isinstance(value, (np.ndarray, jax.Array)):
+    return describe(value)
+  seen = seen | {id(value)}
+  follow = lambda v: describe_callable(v, depth - 1, seen)
+  if isinstance(value, dict):
+    return {str(k): follow(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+  if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (optax transform)
+    return {type(value).__qualname__: {f: follow(getattr(value, f)) for f in value._fields}}
+  if isinstance(value, (list, tuple)):
+    return [follow(v) for v in value]
+  if callable(value) and hasattr(value, "__code__"):
+    cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
+    defaults = list(value.__defaults__ or ()) + list((value.__kwdefaults__ or {}).values())
+    return {describe(value): [follow(v) for v in cells + defaults]}
+  if isinstance(value, functools_partial):
+    return {"partial": [follow(value.func), follow(value.args), follow(value.keywords)]}
+  return describe(value)
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents  # noqa: B018
+  except ValueError:  # an empty cell (a name not yet bound)
+    return False
+  return True
 
 
 def describe_run(sim, params, seed, state) -> Dict[str, Any]:
@@ -98,6 +139,11 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
       "mesh": None if cfg.mesh is None else dict(cfg.mesh.shape),
     },
   }
+  if algorithm.__dict__.get("arguments") is None:  # only then: earlier runs keep theirs
+    description["algorithm"]["functions"] = {
+      "update": describe_callable(algorithm.update),
+      "server": describe_callable(algorithm.server),
+    }
   if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
     description["options"]["uplink"] = describe(cfg.uplink.describe())
   return description
