@@ -107,6 +107,12 @@ CASES = {
     ),
     "checkpoint_every",
   ),
+  "progress_metric": (
+    lambda: fedco.simulate(
+      portfolio(1.0), fedco.feddro(), _data(), jnp.zeros(3), rounds=2, progress_metric=3
+    ),
+    "progress_metric must be a metric's name",
+  ),
   # binaries
   "e1 lr": (lambda: _check("dro_fl", learning_rate=-1.0), "--config.learning_rate"),
   "e1 algorithm": (
@@ -333,6 +339,10 @@ LIBRARY_REFUSALS = {
   "calibrate epsilon": (
     lambda: fedco.privacy.calibrate(0.0, 1e-5, 1.0, messages=6, rounds=20),
     "epsilon must be > 0",
+  ),
+  "proxy_groups names its own argument": (
+    lambda: fedco.data.proxy_groups(np.zeros(10, np.int32), noise=2.0, seed=0),
+    r"^noise must be a number in \[0, 1\]",
   ),
   "messages_per_round fields": (
     lambda: fedco.privacy.messages_per_round(fedco.feddro(0.1, 5).plan, ["u"]),

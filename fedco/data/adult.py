@@ -305,7 +305,7 @@ def proxy_groups(groups, noise: float, seed: int, num_groups: int = NUM_GROUPS) 
     (9, dtype('int32'))
   """
   groups = np.asarray(groups)
-  noise = _check_noise(noise)
+  noise = _check_noise(noise, "noise")
   num_groups = _validate.positive_int("num_groups", num_groups, minimum=2)
   if groups.ndim != 1 or (groups.size and (groups.min() < 0 or groups.max() >= num_groups)):
     raise ValueError(
@@ -319,13 +319,13 @@ def proxy_groups(groups, noise: float, seed: int, num_groups: int = NUM_GROUPS) 
   return proxy
 
 
-def _check_noise(noise) -> float:
+def _check_noise(noise, name: str = "proxy_noise") -> float:
   if (
     isinstance(noise, bool)
     or not isinstance(noise, (int, float, np.floating))
     or not (0.0 <= float(noise) <= 1.0)
   ):
-    raise ValueError(f"proxy_noise must be a number in [0, 1], got {noise!r}")
+    raise ValueError(f"{name} must be a number in [0, 1], got {noise!r}")
   return float(noise)
 
 

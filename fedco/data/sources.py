@@ -295,7 +295,7 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:
     from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
   except ImportError as err:
     raise ImportError(
-      "load_digits needs scikit-learn: pip install scikit-learn (or pip install 'fedco[test]')"
+      "load_digits needs scikit-learn, a dependency of fedco: pip install scikit-learn"
     ) from err
   digits = sk_datasets.load_digits()
   x = (np.asarray(digits.data, np.float32) / 16.0).reshape(-1, 64)

@@ -213,6 +213,8 @@ def simulate(
     else _validate.positive_int("chunk_rounds", chunk_rounds)
   )
   _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
+  if not isinstance(progress_metric, str) or not progress_metric:
+    raise ValueError(f"progress_metric must be a metric's name (a string), got {progress_metric!r}")
   private = simulator_kwargs.get("privacy")
   if isinstance(private, privacy_lib.ClientDP):
     simulator_kwargs["privacy"] = private.over(rounds)
