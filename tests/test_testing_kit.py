@@ -156,3 +156,17 @@ def test_a_user_algorithm_gets_compression_and_privacy_of_its_own_fields():
   )
   assert set(private.ledger["uplink"]["clip"]) == {"params", "m"}
   assert private.metrics["epsilon"][-1] > 0
+
+
+@pytest.mark.parametrize(
+  "annotation", ["int", "Optional[int]", "int | None", "extend.Optimizer", "Optional[Optimizer]"]
+)
+def test_factory_refuses_a_structural_argument_left_out_of_static(annotation):
+  # however the int or the optimizer is written (postponed annotations are strings)
+  def make(learning_rate: float = 0.1, local_steps: int = 2, *, inner=None):
+    return None
+
+  make.__annotations__["inner"] = annotation
+  with pytest.raises(ValueError, match=r"leaves out \['inner'\]"):
+    fedco.extend.factory(static=("local_steps",))(make)
+  fedco.extend.factory(static=("local_steps", "inner"))(make)

@@ -27,7 +27,7 @@ class MomentumState(NamedTuple):
   m: optax.Params
 
 
-@extend.factory(static=("local_steps",))
+@extend.factory(static=("local_steps", "optimizer"))
 def shared_momentum(
   learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,

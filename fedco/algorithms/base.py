@@ -238,23 +238,21 @@ Optimizer = Optional[Any]
 # Annotations of arguments that inject_hyperparams would mistake for hyperparameters: an int
 # becomes a traced number, an optimizer factory (a callable) a schedule. (Strings and bools
 # stay static by their value.)
-_STRUCTURAL = {"int", "Optimizer", "base.Optimizer"}
+_STRUCTURAL = {"int", "Optimizer"}
 
 
 def _structural(annotation) -> bool:
-  """Whether an annotation (a string under ``from __future__ import annotations``) is an
-  int or an optimizer, alone or with ``None``."""
-  text = (
-    annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
-  )
-  names = {
-    n.strip()
-    for n in text.replace("Optional[", "")
-    .replace("Union[", "")
-    .replace("typing.", "")
-    .replace("]", "")
-    .split(",")
-  } - {"None"}
+  """Whether an annotation (a string under ``from __future__ import annotations``, or an
+  ``int`` object) is an int or an optimizer, alone or with ``None`` (``Optional[...]``, ``X |
+  None``), however the module was imported (``base.``, ``extend.``, ``fedco.``)."""
+  # (Optimizer is Optional[Any] once evaluated: only its written name tells it apart.)
+  if annotation is int or annotation == Optional[int]:
+    return True
+  text = annotation if isinstance(annotation, str) else repr(annotation)
+  for prefix in ("typing.", "fedco.algorithms.base.", "fedco.extend.", "fedco.", "extend."):
+    text = text.replace(prefix, "")
+  text = text.replace("base.", "").replace("Optional[", "").replace("Union[", "")
+  names = {n.strip() for n in text.replace("]", "").replace("|", ",").split(",")} - {"None"}
   return bool(names) and names <= _STRUCTURAL
 
 
