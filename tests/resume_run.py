@@ -2,8 +2,12 @@
 
 Runs 1500 rounds with a checkpoint every 50 and saves the final model and metrics to
 ``OUT.npz``. Run it twice on one DIR (killed the first time) to test resumption.
+``streamed``: SCAFFOLD on a plain problem, its clients read from a
+:class:`fedco.data.ClientStore` written next to ``OUT`` (streamed runs evaluate through
+``metrics_fn``).
 """
 
+import os
 import sys
 
 import jax.numpy as jnp
@@ -29,12 +33,20 @@ def setup(name):
     ),
     "feddro": (portfolio(1.0), fedco.feddro(0.01, 3, beta=0.5)),
   }
+  if name == "streamed":
+    return fedco.plain(lambda x, e: jnp.sum((x - e["r"]) ** 2)), fedco.scaffold(0.01, 3), data
   problem, alg = algorithms[name]
   return problem, alg, data
 
 
 def main(name, directory, out, checkpoint=True):
   problem, alg, data = setup(name)
+  kwargs = {}
+  if name == "streamed":
+    path = out + ".store"
+    store = fedco.data.ClientStore(path) if os.path.isdir(path) else None
+    data = store or fedco.data.write_store(path, data)
+    kwargs = dict(evaluate=False, metrics_fn=lambda x: {"objective": jnp.sum(x**2)})
   result = fedco.simulate(
     problem,
     alg,
@@ -47,6 +59,7 @@ def main(name, directory, out, checkpoint=True):
     chunk_rounds=EVERY,
     checkpoint_dir=directory if checkpoint else None,
     checkpoint_every=EVERY,
+    **kwargs,
   )
   np.savez(
     out,

@@ -32,7 +32,7 @@ def _run(args, **kwargs):
   )
 
 
-@pytest.mark.parametrize("name", ["comfedl", "local_scgdm", "feddro"])
+@pytest.mark.parametrize("name", ["comfedl", "local_scgdm", "feddro", "streamed"])
 def test_sigkill_and_resume_is_bit_identical(tmp_path, name):
   ckpt_dir = tmp_path / "ckpt"
   victim = _run([name, str(ckpt_dir), str(tmp_path / "never.npz")])

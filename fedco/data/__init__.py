@@ -99,6 +99,7 @@ from fedco.data.sources import (
   num_classes,
 )
 from fedco.data.sqlite import SQLITE_DATASETS, load_sqlite, read_clients, write_clients
+from fedco.data.store import ClientStore, write_store
 
 __all__ = [
   "ClientBlockData",
@@ -142,4 +143,6 @@ __all__ = [
   "read_clients",
   "write_clients",
   "load_sqlite",
+  "ClientStore",
+  "write_store",
 ]

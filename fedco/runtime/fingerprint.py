@@ -118,7 +118,8 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
       "plan": plan,
     },
     "problem": {"name": problem.name, "kind": problem.kind, "probe": probe},
-    "data": {
+    "data": getattr(sim, "data_description", None)
+    or {
       "digest": array_digest((data.examples, data.counts, data.flat_rows)),
       "clients": data.num_clients,
       "examples": data.num_examples,

@@ -20,8 +20,9 @@ from fedco import _validate
 from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
+from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
-from fedco.runtime import fingerprint, host
+from fedco.runtime import fingerprint, host, streaming
 from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
@@ -123,7 +124,9 @@ def simulate(
     problem: the :class:`~fedco.problems.Problem`, of the algorithm's kind (see
       :class:`Simulator`).
     algorithm: the :class:`~fedco.algorithms.Algorithm` (``fedco.feddro(...)``, ...).
-    data: the :class:`~fedco.data.FederatedData`.
+    data: the :class:`~fedco.data.FederatedData`, or a :class:`~fedco.data.ClientStore`
+      (clients on disk, streamed: each chunk reads only the clients it samples; results
+      equal the in-memory run's; see :mod:`fedco.runtime.streaming` for what it refuses).
     params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays.
     rounds: number of rounds, an int ``>= 1``.
     seed: an int or a ``jax.random.PRNGKey``: client sampling, batches, faults and the
@@ -218,10 +221,24 @@ def simulate(
   private = simulator_kwargs.get("privacy")
   if isinstance(private, privacy_lib.ClientDP):
     simulator_kwargs["privacy"] = private.over(rounds)
+  store = data if isinstance(data, ClientStore) else None
+  if store is not None:  # streamed clients: built on a template, each chunk read in turn
+    data = streaming.template(store)
   sim = Simulator(problem, algorithm, data, **simulator_kwargs)
   link = sim.config.uplink
   spends = link is not None and link.private and link.noise_multiplier > 0
+  chunks = None
+  if store is not None:
+    streaming.check(sim.config)
+    sim.data_description = {
+      "store": store.digest,
+      "clients": store.num_clients,
+      "examples": store.num_examples,
+    }
   state = sim.init(params, seed)
+  if store is not None:  # every round's clients, from the initial key (resumes included)
+    sampled = streaming.schedule(state.key, sim.num_clients, sim.clients_per_round, rounds)
+    chunks = streaming.Chunks(store, sampled, chunk)
   collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
@@ -295,6 +312,15 @@ def simulate(
 
   start = time.perf_counter()
 
+  def chunk_size(done):
+    """The rounds of the chunk starting after round ``done``."""
+    size = min(chunk, rounds - done)
+    if ckpt is not None:
+      size = min(size, every - done % every)
+    for action in actions:
+      size = min(size, action.rounds_to_next(done))
+    return size
+
   def interrupted(when):
     return host.Interrupted.of_run(name, when, done, ckpt is not None)
 
@@ -305,13 +331,12 @@ def simulate(
       if done == 0:
         act(lambda a: a.at_start)
       while done < rounds:
-        size = min(chunk, rounds - done)
-        if ckpt is not None:
-          size = min(size, every - done % every)
-        for action in actions:
-          size = min(size, action.rounds_to_next(done))
+        size = chunk_size(done)
         last_good = state
-        state, metrics = sim.run(state, size, final_round=rounds)
+        chunk_data = None if chunks is None else chunks.get(done, size)
+        if chunks is not None and done + size < rounds:
+          chunks.prefetch(done + size, chunk_size(done + size))
+        state, metrics = sim.run(state, size, final_round=rounds, data=chunk_data)
         metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
         if spends:  # the privacy spent by the end of each round
           metrics["epsilon"] = link.epsilon(np.arange(done + 1, done + size + 1))
@@ -361,6 +386,8 @@ def simulate(
         raise err
   finally:
     bar.close()
+    if chunks is not None:
+      chunks.close()
     host.close_all(writers)
     if ckpt is not None:
       ckpt.close()

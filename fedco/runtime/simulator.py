@@ -246,7 +246,14 @@ class Simulator:
     """``params`` as arrays, refused when they do not fit the data and problem."""
     return config.check_params(params, self.data, self.problem)
 
-  def run(self, state: SimState, rounds: int, *, final_round: Optional[int] = None):
+  def run(
+    self,
+    state: SimState,
+    rounds: int,
+    *,
+    final_round: Optional[int] = None,
+    data: Optional[FederatedData] = None,
+  ):
     """Advance ``rounds`` rounds in one jitted program; returns ``(state, metrics)``.
 
     Args:
@@ -255,6 +262,9 @@ class Simulator:
       final_round: the run's last round, evaluated whatever ``eval_every`` says (default:
         this call's last round; :func:`fedco.simulate` passes its ``rounds``, so its chunks
         share one program).
+      data: these rounds' data in place of the simulator's (the same clients and counts;
+        :mod:`fedco.runtime.streaming` passes each chunk's clients); ``None``: the
+        simulator's own.
 
     Returns:
       ``(state, metrics)``: the state after the rounds and ``{name: array [rounds, ...]}``
@@ -268,7 +278,8 @@ class Simulator:
     final_round = _validate.positive_int("final_round", final_round, minimum=-1)
     if self.mesh is not None:  # same input shardings every call: no second compilation
       state = jax.device_put(state, self._replicated)
-    return self._run(state, self.data, self.metrics_data, np.int32(final_round), rounds=rounds)
+    data = self.data if data is None else data
+    return self._run(state, data, self.metrics_data, np.int32(final_round), rounds=rounds)
 
   def ledger(self, state: SimState) -> Ledger:
     """Floats and bytes per participating client per round, split by what was sent.

@@ -1,0 +1,131 @@
+"""Clients streamed from a :class:`~fedco.data.ClientStore`: only a chunk's clients in memory.
+
+The clients a round samples depend only on the PRNG key the state carries, and each round's
+key only on the previous one (``round_step`` splits it before anything else), so the host
+can list every round's sampled clients before running them (:func:`schedule`). For each
+chunk of rounds :class:`Chunks` reads the union of its sampled clients from the store into
+a :class:`~fedco.FederatedData` whose ``counts`` are every client's and whose ``offsets``
+point into the chunk's rows (other clients are not read: no round of the chunk asks for
+them); the compiled rounds are unchanged, batches are drawn by position inside a client,
+so a streamed run equals the in-memory one bit for bit. The chunk's row capacity is fixed
+for the whole run (the largest sum of sampled clients' rows over any ``chunk_rounds``
+consecutive rounds), so every chunk, a resumed run's included, runs one compiled program,
+and the next chunk is read by a host thread while the current one runs.
+
+Not streamed (refused with a ``ValueError`` naming the option): the exact objective over
+all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
+reads every client's loss (``round_start_loss``, DRFA's loss queries), compositional
+problems (their initial state reads every client), a mesh, and client blocks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedco.data.federated import FederatedData
+from fedco.data.store import ClientStore
+
+
+def check(cfg) -> None:
+  """Refuse what a streamed run cannot do (see the module)."""
+  refused = {
+    "evaluate=True (the exact objective reads every client; pass evaluate=False and a "
+    "metrics_fn with metrics_data)": cfg.evaluate,
+    "exact_grad_norm=True": cfg.exact_grad_norm,
+    "a mesh": cfg.mesh is not None,
+    "a plan whose round start reads every client's loss (round_start_loss)": bool(
+      cfg.plan.round_start_loss
+    ),
+    "a server that queries clients' losses (queries_losses)": bool(
+      getattr(cfg.aggregator, "queries_losses", False)
+    ),
+    "a compositional problem (its initial state reads every client)": cfg.problem.compositional,
+  }
+  bad = [what for what, yes in refused.items() if yes]
+  if bad:
+    raise ValueError(f"data is a ClientStore (streamed clients), which does not support {bad[0]}")
+
+
+@functools.partial(jax.jit, static_argnames=("num_clients", "clients_per_round", "rounds"))
+def _schedule(key, *, num_clients, clients_per_round, rounds):
+  def one(key, _):
+    key, k_sample, *_ = jax.random.split(key, 5)  # as round_step splits it
+    if clients_per_round == num_clients:
+      return key, jnp.arange(num_clients)
+    return key, jnp.sort(jax.random.permutation(k_sample, num_clients)[:clients_per_round])
+
+  return jax.lax.scan(one, key, None, length=rounds)[1]
+
+
+def schedule(key, num_clients: int, clients_per_round: int, rounds: int) -> np.ndarray:
+  """``int [rounds, m]``: the clients each of ``rounds`` rounds from state key ``key``
+  samples (``round_step``'s draw, replayed)."""
+  return np.asarray(
+    _schedule(key, num_clients=num_clients, clients_per_round=clients_per_round, rounds=rounds)
+  )
+
+
+def template(store: ClientStore) -> FederatedData:
+  """A :class:`FederatedData` with the store's clients and client 0's rows only: what the
+  simulator is built and initialised with (its shapes and counts, not its rows, matter)."""
+  rows = store.read([0])
+  return _assemble(store, np.array([0]), rows, int(store.counts[0]))
+
+
+def _assemble(store, ids, rows, capacity) -> FederatedData:
+  k = store.num_clients
+  counts = store.counts[ids]
+  offsets = np.zeros(k, np.int32)
+  offsets[ids] = np.concatenate([[0], np.cumsum(counts)[:-1]])
+  owner = np.zeros(capacity, np.int32)
+  owner[: counts.sum()] = np.repeat(ids, counts)
+  return FederatedData(
+    examples=jax.tree.map(jnp.asarray, rows),
+    counts=jnp.asarray(store.counts, jnp.int32),
+    offsets=jnp.asarray(offsets),
+    flat_rows=jnp.arange(capacity, dtype=jnp.int32),
+    flat_owner=jnp.asarray(owner),
+    max_count=store.max_count,
+  )
+
+
+class Chunks:
+  """Reads each chunk's clients from the store, the next one ahead on a host thread."""
+
+  def __init__(self, store: ClientStore, sampled: np.ndarray, chunk_rounds: int):
+    self.store, self.sampled = store, sampled
+    per_round = store.counts[sampled].sum(axis=1)  # rows each round reads (repeats counted)
+    window = min(chunk_rounds, len(per_round))
+    sums = np.convolve(per_round, np.ones(window, np.int64), mode="valid")
+    self.capacity = int(sums.max())  # any chunk of at most chunk_rounds rounds fits
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-stream")
+    self._ahead: Tuple[Tuple[int, int], concurrent.futures.Future] | None = None
+
+  def _read(self, start: int, size: int):
+    ids = np.unique(self.sampled[start : start + size])
+    rows = {f: np.zeros((self.capacity,) + s, d) for f, (d, s) in self.store.fields.items()}
+    self.store.read(ids, out=rows)
+    return ids, rows
+
+  def get(self, start: int, size: int) -> FederatedData:
+    """The data of rounds ``start + 1 .. start + size`` (0-based ``start``)."""
+    if self._ahead is not None and self._ahead[0] == (start, size):
+      ids, rows = self._ahead[1].result()
+    else:
+      ids, rows = self._read(start, size)
+    self._ahead = None
+    return _assemble(self.store, ids, rows, self.capacity)
+
+  def prefetch(self, start: int, size: int) -> None:
+    """Start reading rounds ``start + 1 .. start + size`` on the host thread."""
+    if size > 0 and start + size <= len(self.sampled):
+      self._ahead = ((start, size), self._pool.submit(self._read, start, size))
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,117 @@
+"""Clients streamed from a ClientStore: bit for bit the in-memory run, what it refuses, the
+store's own checks. (A SIGKILLed streamed run resumes bit for bit: test_checkpoint.py.)"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedco
+from fedco.runtime import streaming
+
+
+def _clients(k=30, seed=0):
+  rng = np.random.default_rng(seed)
+  return [
+    {
+      "x": rng.normal(size=(int(n), 5)).astype(np.float32),
+      "y": rng.integers(0, 3, int(n)).astype(np.int32),
+    }
+    for n in rng.integers(1, 9, k)
+  ]
+
+
+def _loss(p, e):
+  logits = e["x"] @ p["w"] + p["b"]
+  return jax.nn.logsumexp(logits) - logits[e["y"]]
+
+
+def _metrics(p, d):
+  losses = fedco.metrics.per_client_mean(_loss, p, d)
+  return {"mean_loss": jnp.mean(losses), "worst_loss": jnp.max(losses)}
+
+
+PARAMS = {"w": jnp.zeros((5, 3)), "b": jnp.zeros(3)}
+
+
+@pytest.fixture(scope="module")
+def data_and_store(tmp_path_factory):
+  data = fedco.FederatedData.from_clients(_clients())
+  return data, fedco.data.write_store(tmp_path_factory.mktemp("s") / "clients", data)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_streamed_run_equals_the_in_memory_run_bit_for_bit(data_and_store, algorithm):
+  data, store = data_and_store
+  alg = getattr(fedco, algorithm)(0.1, 3)
+  kwargs = dict(rounds=7, seed=3, batch_size=4, clients_per_round=5, evaluate=False)
+  kwargs.update(chunk_rounds=3, metrics_fn=_metrics, metrics_data=data)  # 3 + 3 + 1 rounds
+  memory = fedco.simulate(fedco.plain(_loss), alg, data, PARAMS, **kwargs)
+  streamed = fedco.simulate(fedco.plain(_loss), alg, store, PARAMS, **kwargs)
+  for a, b in zip(jax.tree.leaves(memory.state), jax.tree.leaves(streamed.state)):
+    np.testing.assert_array_equal(a, b)
+  for key in ("mean_loss", "worst_loss", "clients"):
+    np.testing.assert_array_equal(memory.metrics[key], streamed.metrics[key], err_msg=key)
+
+
+def test_each_chunk_holds_only_its_clients_and_the_next_is_read_ahead(data_and_store):
+  _, store = data_and_store
+  sampled = streaming.schedule(jax.random.PRNGKey(0), store.num_clients, 4, rounds=6)
+  assert sampled.shape == (6, 4) and (np.diff(sampled, axis=1) > 0).all()
+  chunks = streaming.Chunks(store, sampled, chunk_rounds=2)
+  per_round = store.counts[sampled].sum(1)
+  assert chunks.capacity == max(per_round[i] + per_round[i + 1] for i in range(5))
+  try:
+    chunks.prefetch(2, 2)
+    ahead = chunks._ahead[1]
+    data = chunks.get(2, 2)
+    assert ahead.done() and chunks._ahead is None  # served from the read-ahead
+    ids = np.unique(sampled[2:4])
+    assert data.examples["x"].shape[0] == chunks.capacity
+    for k in ids:
+      rows = data.flat_rows[data.offsets[k] : data.offsets[k] + data.counts[k]]
+      np.testing.assert_array_equal(data.examples["x"][rows], store.read([k])["x"])
+    np.testing.assert_array_equal(data.counts, store.counts)  # every client's weight
+  finally:
+    chunks.close()
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({}, r"does not support evaluate=True"),
+    ({"evaluate": False, "exact_grad_norm": True}, "exact_grad_norm"),
+  ],
+)
+def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, match):
+  _, store = data_and_store
+  with pytest.raises(ValueError, match=match):
+    fedco.simulate(fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, **kwargs)
+  problem = fedco.local_inner(lambda x, e: jnp.sum(e["x"]) * x, lambda y: y**2)
+  with pytest.raises(ValueError, match="a compositional problem"):
+    fedco.simulate(problem, fedco.comfedl(0.1), store, jnp.zeros(()), rounds=2, evaluate=False)
+
+
+def test_store_round_trip_and_damage(tmp_path):
+  clients = _clients(5, seed=1)
+  store = fedco.data.write_store(tmp_path / "a", iter(clients))  # a generator, read once
+  assert store.num_clients == 5 and store.counts.tolist() == [len(c["y"]) for c in clients]
+  got = store.read([3, 0])
+  np.testing.assert_array_equal(got["x"], np.concatenate([clients[3]["x"], clients[0]["x"]]))
+  again = fedco.data.ClientStore(tmp_path / "a")
+  assert again.digest == store.digest
+  with pytest.raises(ValueError, match="not empty"):
+    fedco.data.write_store(tmp_path / "a", clients)
+  with pytest.raises(ValueError, match=r"clients\[1\] has fields"):
+    fedco.data.write_store(tmp_path / "b", [clients[0], {"x": clients[1]["x"]}])
+  with pytest.raises(ValueError, match=r"ids must lie in \[0, 5\)"):
+    store.read([5])
+  rows = tmp_path / "a" / "x.rows"
+  rows.write_bytes(rows.read_bytes()[:-4])
+  with pytest.raises(ValueError, match=r"x.rows: missing or of the wrong size"):
+    fedco.data.ClientStore(tmp_path / "a")
+  with pytest.raises(FileNotFoundError, match="is not a client store"):
+    fedco.data.ClientStore(tmp_path / "missing")
+  assert not os.path.exists(tmp_path / "b" / "store.json")  # a failed write leaves no store
