@@ -13,7 +13,11 @@ a folder per CPU model (XLA compiles for the CPU it runs on) under ``~/.cache/fe
 program compiled by one test, worker or subprocess is loaded by the others, and by the next
 run. Both are set in the environment, so subprocesses (the driver, multi-process workers)
 inherit them; set ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` or ``JAX_COMPILATION_CACHE_DIR`` to
-choose otherwise (decision 80).
+choose otherwise (decision 80). A test module that sets ``COMPILE_OPTIMIZED = True`` compiles
+with XLA's optimizations (its subprocesses too): XLA's CPU backend at optimization level 0
+miscompiles the backward pass of the im2col convolutions into NaNs (the same program is
+finite op by op and when optimized), so the modules that train convolutional models opt
+out.
 """
 
 import hashlib
@@ -58,6 +62,28 @@ def pytest_cmdline_main(config):
 
 
 _FEDCO = pathlib.Path(__file__).parent / "fedco"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_mode(request):
+  """Optimized compilation for a module with ``COMPILE_OPTIMIZED = True`` (see above)."""
+  if not getattr(request.module, "COMPILE_OPTIMIZED", False):
+    yield
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+
+  name = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+  env, flag = os.environ.get(name), jax.config.values["jax_disable_most_optimizations"]
+  os.environ[name] = "0"
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", flag)
+    if env is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = env
 
 
 def pytest_collect_file(file_path, parent):

@@ -17,6 +17,8 @@ from experiments import imbalanced_cifar as e5
 from experiments.configs import imbalanced_cifar as e5_config
 from fedco.data import imbalanced
 
+COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
 

@@ -26,6 +26,8 @@ from experiments import omniglot as e4
 from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
 
+COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
+
 MOCK_EXAMPLES = 300
 QUIET = runner.Options(progress=False)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
