@@ -115,3 +115,36 @@ def test_store_round_trip_and_damage(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a client store"):
     fedco.data.ClientStore(tmp_path / "missing")
   assert not os.path.exists(tmp_path / "b" / "store.json")  # a failed write leaves no store
+
+
+def test_few_of_many_clients_are_drawn_uniformly_without_a_permutation(monkeypatch):
+  from fedco.runtime import rounds
+
+  big = jax.jit(lambda k: rounds.sample_clients(k, 1_000_000, 100))(jax.random.PRNGKey(0))
+  assert np.unique(np.asarray(big)).size == 100 and 0 <= big.min() and big.max() < 1_000_000
+  monkeypatch.setattr(rounds, "FLOYD_MIN_CLIENTS", 0)  # Floyd's draw on a small case
+  draws = jax.jit(jax.vmap(lambda k: rounds.sample_clients(k, 10, 3)))
+  s = np.asarray(draws(jax.random.split(jax.random.PRNGKey(1), 60_000)))
+  assert (np.diff(s, axis=1) > 0).all()  # sorted, no repeats
+  inclusion = np.bincount(s.ravel(), minlength=10) / len(s)
+  np.testing.assert_allclose(inclusion, 0.3, atol=0.006)  # 3.5 standard errors
+  pairs = np.mean([(0 in row) and (9 in row) for row in s])
+  np.testing.assert_allclose(pairs, 3 * 2 / (10 * 9), atol=0.005)
+
+
+def test_a_streamed_run_of_many_clients_equals_the_in_memory_one(tmp_path):
+  # 70,000 clients: past FLOYD_MIN_CLIENTS, so the host replays Floyd's draw
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(70_000, 1, 2)).astype(np.float32)
+  clients = ({"x": x[k], "y": np.array([k % 3], np.int32)} for k in range(70_000))
+  store = fedco.data.write_store(tmp_path / "many", clients)
+  data = fedco.FederatedData.from_index_lists(
+    {"x": x[:, 0], "y": (np.arange(70_000) % 3).astype(np.int32)},
+    [np.array([k]) for k in range(70_000)],
+  )
+  loss = lambda p, e: jnp.sum((e["x"] @ p - e["y"]) ** 2)
+  kwargs = dict(rounds=3, seed=1, batch_size=1, clients_per_round=8, evaluate=False)
+  a = fedco.simulate(fedco.plain(loss), fedco.fedavg(0.1, 2), data, jnp.zeros(2), **kwargs)
+  b = fedco.simulate(fedco.plain(loss), fedco.fedavg(0.1, 2), store, jnp.zeros(2), **kwargs)
+  np.testing.assert_array_equal(a.params, b.params)
+  np.testing.assert_array_equal(a.metrics["clients"], b.metrics["clients"])

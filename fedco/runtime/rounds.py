@@ -212,10 +212,35 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
 
 
 def _sample(cfg, key):
-  n, m = cfg.num_clients, cfg.clients_per_round
+  return sample_clients(key, cfg.num_clients, cfg.clients_per_round)
+
+
+# From this many clients on, a round of few clients is drawn by Floyd's algorithm (O(m^2))
+# instead of a permutation of all of them (O(K log K): about 1 s at a million clients).
+FLOYD_MIN_CLIENTS = 65_536
+
+
+def sample_clients(key, n: int, m: int) -> jax.Array:
+  """``m`` of ``n`` clients uniformly without replacement, sorted (a round's sample).
+
+  All ``n`` when ``m == n``; the first ``m`` of a random permutation for fewer than
+  :data:`FLOYD_MIN_CLIENTS` clients or ``m^2 > n``; otherwise Floyd's algorithm: for
+  ``j = n - m, ..., n - 1`` draw ``t`` uniform in ``[0, j]`` and take ``t``, or ``j`` if
+  ``t`` was taken (``m`` draws, no ``O(n)`` work). Both are uniform over the ``m``-subsets;
+  the choice depends only on ``(n, m)``.
+  """
   if m == n:
     return jnp.arange(n)
-  return jnp.sort(jax.random.permutation(key, n)[:m])
+  if n < FLOYD_MIN_CLIENTS or m * m > n:
+    return jnp.sort(jax.random.permutation(key, n)[:m])
+
+  def draw(i, taken):
+    j = n - m + i
+    t = jax.random.randint(jax.random.fold_in(key, i), (), 0, j + 1)
+    seen = jnp.any((taken == t) & (jnp.arange(m) < i))
+    return taken.at[i].set(jnp.where(seen, j, t))
+
+  return jnp.sort(jax.lax.fori_loop(0, m, draw, jnp.zeros((m,), jnp.int32)))
 
 
 def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None):

@@ -30,6 +30,7 @@ import numpy as np
 
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
+from fedco.runtime import rounds as rounds_lib
 
 
 def check(cfg) -> None:
@@ -56,9 +57,7 @@ def check(cfg) -> None:
 def _schedule(key, *, num_clients, clients_per_round, rounds):
   def one(key, _):
     key, k_sample, *_ = jax.random.split(key, 5)  # as round_step splits it
-    if clients_per_round == num_clients:
-      return key, jnp.arange(num_clients)
-    return key, jnp.sort(jax.random.permutation(k_sample, num_clients)[:clients_per_round])
+    return key, rounds_lib.sample_clients(k_sample, num_clients, clients_per_round)
 
   return jax.lax.scan(one, key, None, length=rounds)[1]
 
