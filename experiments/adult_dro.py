@@ -63,11 +63,33 @@ def check(config) -> None:
     raise ValueError(f"--config.budget must be one of {BUDGETS}, got {config.budget!r}")
   common.check_positive("config.gamma", config.gamma)
   common.check_positive("config.converge_tol", config.converge_tol)
+  check_problems(config)
+
+
+def check_problems(config) -> None:
+  """Every method names the problem form it solves (``ValueError`` naming the field)."""
   for label, entry in config.methods.items():
     if entry.get("problem") not in PROBLEMS:
       raise ValueError(
         f"--config.methods.{label}.problem must be one of {PROBLEMS}, got {entry.get('problem')!r}"
       )
+
+
+def problem_and_algorithm(config, method, loss, num_clients: int, name: str):
+  """``(problem, algorithm, scale)``: the method's problem form (``method.problem["problem"]``:
+  the plain loss named ``name``, or client-level KL-DRO at ``config.gamma`` in its exp or log
+  form), its algorithm (normalised ComFedL also gets ``gamma``) and how many rounds of one
+  step stand for one round (``method.local_steps`` for methods without local steps, AFL)."""
+  form = method.problem["problem"]
+  if form == "erm":
+    problem = fedco.plain(loss, name=name)
+  elif form == "kl_exp":
+    problem = fedco.problems.client_kl_dro(loss, config.gamma)
+  else:
+    problem = fedco.problems.client_kl_dro_log(loss, config.gamma, num_clients)
+  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
+  scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+  return problem, algorithm, scale
 
 
 def setup(config):
@@ -107,15 +129,7 @@ def build(config, method, seed, prepared) -> runner.Run:
   without local steps (AFL) run ``rounds * local_steps`` rounds of one step."""
   del seed
   fed, _, metrics_fn = prepared
-  form = method.problem["problem"]
-  if form == "erm":
-    problem = fedco.plain(_loss, name="logistic")
-  elif form == "kl_exp":
-    problem = fedco.problems.client_kl_dro(_loss, config.gamma)
-  else:
-    problem = fedco.problems.client_kl_dro_log(_loss, config.gamma, len(CLIENTS))
-  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
-  scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+  problem, algorithm, scale = problem_and_algorithm(config, method, _loss, len(CLIENTS), "logistic")
   dim = fed.examples["x"].shape[1]
   return runner.Run(
     problem,

@@ -32,12 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import common, dro_fl, runner
+from experiments import adult_dro, common, dro_fl, runner
 from fedco import metrics as metrics_lib
 from fedco import models
 
 DATASETS = ("synthetic", "femnist", "emnist")
-PROBLEMS = ("erm", "kl_exp", "kl_log")
 KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
 TABLE_KEYS = KEYS + ("train_loss_worst",)
 PROGRESS = "heldout_acc_worst"
@@ -57,11 +56,7 @@ def check(config) -> None:
     if not isinstance(config[field], (int, float)) or config[field] < 0:
       raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
   common.check_int("config.num_users", config.num_users, 0)
-  for label, entry in config.methods.items():
-    if entry.get("problem") not in PROBLEMS:
-      raise ValueError(
-        f"--config.methods.{label}.problem must be one of {PROBLEMS}, got {entry.get('problem')!r}"
-      )
+  adult_dro.check_problems(config)
 
 
 def setup(config):
@@ -108,16 +103,10 @@ def build(config, method, seed, prepared) -> runner.Run:
   """One method's problem form and algorithm; AFL (one local step) runs ``rounds *
   local_steps`` rounds."""
   del seed
-  fed, loss = prepared["fed"], prepared["loss"]
-  form = method.problem["problem"]
-  if form == "erm":
-    problem = fedco.plain(loss, name="cross_entropy")
-  elif form == "kl_exp":
-    problem = fedco.problems.client_kl_dro(loss, config.gamma)
-  else:
-    problem = fedco.problems.client_kl_dro_log(loss, config.gamma, fed.num_clients)
-  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
-  scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
+  fed = prepared["fed"]
+  problem, algorithm, scale = adult_dro.problem_and_algorithm(
+    config, method, prepared["loss"], fed.num_clients, "cross_entropy"
+  )
   return runner.Run(
     problem,
     algorithm,

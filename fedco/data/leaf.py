@@ -186,7 +186,8 @@ def _femnist(x, y, user, split, _):
   return {"x": 1.0 - pixels.reshape(-1, 28, 28, 1), "y": _labels(y, user, split)}
 
 
-def _letters(text: str) -> List[int]:
+def letter_ids(text: str) -> List[int]:
+  """Each character's index in :data:`LETTERS` (``80`` for any other character)."""
   return [LETTERS.find(c) if c in LETTERS else len(LETTERS) for c in text]
 
 
@@ -195,8 +196,8 @@ def _shakespeare(x, y, user, split, _):
     raise ValueError(f"{split} user {user!r}: shakespeare inputs must be 80-character strings")
   if any(not isinstance(c, str) or len(c) != 1 for c in y):
     raise ValueError(f"{split} user {user!r}: shakespeare labels must be single characters")
-  xs = np.asarray([_letters(s) for s in x], np.int32).reshape(-1, 80)
-  return {"x": xs, "y": np.asarray(_letters("".join(y)), np.int32)}
+  xs = np.asarray([letter_ids(s) for s in x], np.int32).reshape(-1, 80)
+  return {"x": xs, "y": np.asarray(letter_ids("".join(y)), np.int32)}
 
 
 def _words(row, user, split) -> List[str]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from fedco import _validate, io
 from fedco.data.datasets import FederatedDataset
-from fedco.data.leaf import LETTERS
+from fedco.data.leaf import LETTERS, letter_ids
 from fedco.data.natural import from_users
 
 #: The FedJAX files :func:`load_sqlite` converts, with their classes.
@@ -199,7 +199,7 @@ def _windows(snippets, stride: int) -> Dict[str, np.ndarray]:
   xs, ys = [], []
   for snippet in snippets:
     text = snippet.decode("utf-8", "replace") if isinstance(snippet, bytes) else str(snippet)
-    ids = [LETTERS.find(c) if c in LETTERS else len(LETTERS) for c in text]
+    ids = letter_ids(text)
     for start in range(0, len(ids) - 80, stride):
       xs.append(ids[start : start + 80])
       ys.append(ids[start + 80])
