@@ -175,12 +175,19 @@ def report(summary) -> List[str]:
 
 
 def plot(wd, config, outcome):
+  """Held-out accuracy against local steps per client, so AFL's one-step rounds and the
+  others' ``local_steps``-step rounds share the axis."""
+  steps = {}
+  for m in outcome.methods:
+    algorithm = m.build(**({"gamma": config.gamma} if m.kwargs.get("normalized") else {}))
+    steps[m.label] = algorithm.plan.local_steps
+  records = [{**r, "steps": r["round"] * steps[r["method"]]} for r in outcome.records]
   fig = common.figure(figsize=(10, 4))
   axes = fig.subplots(1, 2)
   for ax, key, title in zip(axes, KEYS[:2], ("worst client", "10th percentile client")):
-    common.plot_mean_curves(ax, outcome.records, key, band=0.15, group="method")
-    ax.set_xlabel("round")
+    common.plot_mean_curves(ax, records, key, x="steps", band=0.15, group="method")
+    ax.set_xlabel("local steps per client")
     ax.set_ylabel(f"held-out accuracy, {title}")
     ax.set_title(f"{config.dataset}: {title}")
     ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, axes[0], "natural_dro.png", legend=bool(outcome.records))
+  common.save_with_legend(wd, fig, axes[0], "natural_dro.png", legend=bool(records))
