@@ -235,6 +235,28 @@ def maxrss_bytes() -> int:
   return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def disk_bytes(directory: str, prefix: str = "") -> int:
+  """Bytes of disk in use (allocated blocks: sparse files count what was written) by the
+  files under ``directory``'s entries whose names start with ``prefix``."""
+  total = 0
+  for entry in os.listdir(directory) if os.path.isdir(directory) else ():
+    if not entry.startswith(prefix):
+      continue
+    for root, _, files in os.walk(os.path.join(directory, entry)):
+      for name in files:
+        try:
+          total += os.stat(os.path.join(root, name)).st_blocks * 512
+        except OSError:  # removed meanwhile
+          pass
+  return total
+
+
+def leading_rows(tree) -> int:
+  """The leading axis of a per-client tree's first leaf (its ``Pages``' rows when paged)."""
+  leaves = jax.tree.leaves(tree)
+  return int(leaves[0].shape[0]) if leaves else 0
+
+
 def live_array_bytes() -> Optional[int]:
   try:
     return int(sum(a.nbytes for a in jax.live_arrays()))

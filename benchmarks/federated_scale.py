@@ -7,14 +7,17 @@ average); 100 clients per round, 5 local steps of batch 10, multinomial logistic
 regression. ``fedavg`` is stateless; ``scaffold`` keeps a control variate per client (the
 model's size), the persistent client state that grows with ``K``.
 
-This version measures fedco's **in-memory** path: every example and every client's state
-resident. Each (K, algorithm) runs in a fresh subprocess, which records the data build
-time, the bytes of the data and of the simulation state, the peak RSS after the first
-(compiling) run call, and the median rounds per second of ``--repeats`` timed calls. A size
-whose estimated footprint exceeds ``--max_gib`` is not started (recorded as skipped with the
-estimate), so the benchmark never drives the machine out of memory. Issue 30's target is
-K = 10^6 under 4 GiB of RSS, which needs clients streamed from disk and client state off the
-device (not in this version; the JSON says so).
+Two paths, each (K, algorithm, path) in a fresh subprocess: ``in_memory`` (every example
+and every client's state resident) and ``streamed`` (the examples in a
+:class:`fedco.data.ClientStore` on disk, each chunk reading only its sampled clients; the
+persistent client state on disk too, :class:`fedco.runtime.streaming.StateStore`, only the
+chunk's clients' rows on the device). Each records the data build time, the bytes of the
+data and of the simulation state, the peak RSS, the disk used by the examples and by the
+client state, and the median rounds per second of ``--repeats`` timed chunks. A run whose
+estimated footprint exceeds ``--max_gib`` is not started (recorded as skipped with the
+estimate), so the benchmark never drives the machine out of memory. Issue 30's target:
+K = 10^6 with 100 per round under 4 GiB of peak RSS, at a round time within 2x of the
+in-memory path at K = 10^4.
 
 Run::
 
@@ -68,10 +71,12 @@ def client_sizes(k: int, seed: int):
 def estimate_gib(k: int, algorithm: str, seed: int, streamed: bool = False) -> float:
   """Peak memory, from what K = 10^5 measured: the examples (float32 features, int32
   label, the row list and owner; none when streamed) plus SCAFFOLD's client state (four
-  model-sized arrays per client, 0.91 GiB at 10^5) about 2.5 times over (the state, its
-  update and the round's copies: 2.34 GiB of peak RSS at 10^5, streamed)."""
+  model-sized arrays per client, 0.91 GiB at 10^5; streamed, only a chunk's clients' rows)
+  about 2.5 times over (the state, its update and the round's copies: 2.34 GiB of peak RSS
+  at 10^5 with the state resident)."""
   examples = 0 if streamed else int(client_sizes(k, seed).sum())
-  state = k * PARAMS * 4 * (4 if algorithm == "scaffold" else 0)
+  held = min(k, FLAGS.rounds * FLAGS.clients_per_round) if streamed else k  # a chunk's rows
+  state = held * PARAMS * 4 * (4 if algorithm == "scaffold" else 0)
   return (examples * (DIM * 4 + 4 + 8) + 2.5 * state) / 2**30
 
 
@@ -165,6 +170,11 @@ def worker():
   def mark(state, round_):
     del state, round_
     marks.append(time.perf_counter())
+    state_disk.append(C.disk_bytes(state_tmp, prefix="fedco-client-state-"))
+
+  state_disk = []  # streamed: the client state's files (sparse: blocks in use), per chunk
+  state_tmp = tempfile.mkdtemp(prefix="fedco-scale-state-")
+  tempfile.tempdir = state_tmp  # where simulate puts a run's client state without checkpoints
 
   total = FLAGS.rounds * (FLAGS.repeats + 1)
   action = fedco.runtime.RoundAction(mark, every_rounds=FLAGS.rounds, at_start=True)
@@ -198,6 +208,8 @@ def worker():
     "maxrss_bytes": rss,
     "peak_rss_gib": rss["after_run"] / 2**30,
     "disk_bytes": disk_bytes,
+    "client_state_disk_bytes_per_chunk": state_disk,
+    "client_state_rows_on_device": C.leading_rows(state.clients),
     "final_params_finite": C.finite(state.server["params"]),
   }
   with open(FLAGS.result_file, "w") as f:
@@ -297,7 +309,8 @@ def main(argv):
     "target": "K = 10^6 with 100 per round under 4 GiB peak RSS, rounds within 2x of the "
     "in-memory path at K = 10^4",
     "streamed_path": "examples read per chunk from a fedco.data.ClientStore on disk; the "
-    "client state (SCAFFOLD's control variates) is still on the device, [K, ...]",
+    "persistent client state (SCAFFOLD's control variates) on disk too "
+    "(fedco.runtime.streaming.StateStore), only the chunk's clients' rows on the device",
     "million_clients_streamed_vs_ten_thousand_in_memory": versus,
   }
   C.write_json(FLAGS.out, out)

@@ -2,6 +2,7 @@
 store's own checks. (A SIGKILLed streamed run resumes bit for bit: test_checkpoint.py.)"""
 
 import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import fedco
-from fedco.runtime import streaming
+from fedco.runtime import paging, streaming
 
 
 def _clients(k=30, seed=0):
@@ -42,18 +43,94 @@ def data_and_store(tmp_path_factory):
   return data, fedco.data.write_store(tmp_path_factory.mktemp("s") / "clients", data)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
-def test_streamed_run_equals_the_in_memory_run_bit_for_bit(data_and_store, algorithm):
+# Per-client state of each kind: an optimizer count (FedAvg), control variates (SCAFFOLD),
+# personal models (Ditto), a codec's error feedback (top-k: the uplink's state).
+CASES = {
+  "fedavg": (fedco.fedavg, {}),
+  "scaffold": (fedco.scaffold, {}),
+  "ditto": (fedco.ditto, {}),
+  "fedavg_top_k": (fedco.fedavg, {"compression": {"params": fedco.compression.top_k(0.5)}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("checkpoint_every", [3, 6])
+def test_streamed_run_equals_the_in_memory_run_bit_for_bit(
+  data_and_store, case, checkpoint_every, tmp_path
+):
+  """Every client's state too: on the device a streamed run holds only the last chunk's
+  clients' state; the disk holds every sampled client's, each equal to the in-memory run's.
+  Checkpoints every chunk (rows written to the files each chunk) or every second chunk
+  (rows of the chunk between them read back from memory)."""
   data, store = data_and_store
-  alg = getattr(fedco, algorithm)(0.1, 3)
+  factory, options = CASES[case]
+  alg = factory(0.1, 3)
   kwargs = dict(rounds=7, seed=3, batch_size=4, clients_per_round=5, evaluate=False)
-  kwargs.update(chunk_rounds=3, metrics_fn=_metrics, metrics_data=data)  # 3 + 3 + 1 rounds
+  kwargs.update(chunk_rounds=3, metrics_fn=_metrics, metrics_data=data, **options)  # 3+3+1
   memory = fedco.simulate(fedco.plain(_loss), alg, data, PARAMS, **kwargs)
-  streamed = fedco.simulate(fedco.plain(_loss), alg, store, PARAMS, **kwargs)
-  for a, b in zip(jax.tree.leaves(memory.state), jax.tree.leaves(streamed.state)):
+  ckpt = tmp_path / "ckpt"
+  streamed = fedco.simulate(
+    fedco.plain(_loss), alg, store, PARAMS, checkpoint_dir=ckpt,
+    checkpoint_every=checkpoint_every, **kwargs,
+  )  # fmt: skip
+  pages = streamed.state.uplink if case.endswith("top_k") else streamed.state.clients
+  assert isinstance(pages, fedco.runtime.Pages) and pages.ids.shape[0] < data.num_clients
+  states = paging.StateStore.open(ckpt / "client_state", streamed.state)
+  assert states.touched.sum() == np.unique(memory.metrics["clients"]).size < data.num_clients
+  state = paging.unpaged(streamed.state, states)
+  for a, b in zip(jax.tree.leaves(memory.state), jax.tree.leaves(state), strict=True):
     np.testing.assert_array_equal(a, b)
   for key in ("mean_loss", "worst_loss", "clients"):
     np.testing.assert_array_equal(memory.metrics[key], streamed.metrics[key], err_msg=key)
+
+
+def test_without_checkpoints_client_state_lives_in_a_temporary_folder(
+  data_and_store, tmp_path, monkeypatch
+):
+  """Applied to the files after every chunk, removed at the end; the run is the same."""
+  data, store = data_and_store
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  kwargs = dict(rounds=7, seed=3, batch_size=4, clients_per_round=5, evaluate=False)
+  kwargs.update(chunk_rounds=2, metrics_fn=_metrics, metrics_data=data)
+  seen = []
+  action = fedco.runtime.RoundAction(
+    lambda state, r: seen.append(os.listdir(tmp_path)), every_rounds=2
+  )
+  memory = fedco.simulate(fedco.plain(_loss), fedco.scaffold(0.1, 3), data, PARAMS, **kwargs)
+  streamed = fedco.simulate(
+    fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, actions=[action], **kwargs
+  )
+  assert seen and all(any(n.startswith("fedco-client-state-") for n in s) for s in seen)
+  assert not os.listdir(tmp_path)
+  np.testing.assert_array_equal(memory.params["w"], streamed.params["w"])
+  np.testing.assert_array_equal(memory.metrics["mean_loss"], streamed.metrics["mean_loss"])
+
+
+def test_client_state_on_disk_recovers_a_killed_checkpoint(tmp_path):
+  """Killed after a checkpoint's journal was written but before its rows reached the files:
+  reopened at that round, the journal is applied again; at an older round, refused."""
+  fresh = ({"a": np.zeros(2, np.float32)}, ())
+  ids = np.array([1, 3, 5])
+  rows = lambda v: ({"a": np.full((3, 2), v, np.float32)}, ())
+  states = paging.StateStore(tmp_path / "s", fresh, 6, run="r")
+  states.write(ids, rows(1.0))
+  states.journal(4)
+  states.apply(4)
+  states.write(ids[:2], ({"a": np.full((2, 2), 2.0, np.float32)}, ()))
+  states.journal(8)  # ... and killed here: the checkpoint of round 8 was then saved
+  states.close()
+  again = paging.StateStore(tmp_path / "s", fresh, 6, run="r", create=False)
+  assert again.round == 4
+  np.testing.assert_array_equal(again.read([1, 5])[0]["a"][:, 0], [1.0, 1.0])
+  again.recover(8)
+  got = again.read([0, 1, 3, 5, 6])[0]["a"][:, 0]  # 0 never sampled, 6 is padding: fresh
+  np.testing.assert_array_equal(got, [0.0, 2.0, 2.0, 1.0, 0.0])
+  again.close()
+  reopened = paging.StateStore(tmp_path / "s", fresh, 6, run="r", create=False)
+  with pytest.raises(ValueError, match="holds round 8, the checkpoint restored round 4"):
+    reopened.recover(4)
+  with pytest.raises(ValueError, match="written by another run"):
+    paging.StateStore(tmp_path / "s", fresh, 6, run="other", create=False)
 
 
 def test_each_chunk_holds_only_its_clients_and_the_next_is_read_ahead(data_and_store):

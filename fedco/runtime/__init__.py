@@ -62,6 +62,7 @@ from fedco.runtime.host import (
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
 from fedco.runtime.mesh import CLIENTS, client_mesh
+from fedco.runtime.paging import Pages, StateStore, unpaged
 from fedco.runtime.rounds import SimState
 from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import PerSeed, SweepResult, sweep
@@ -73,6 +74,9 @@ __all__ = [
   "Ledger",
   "NonFiniteError",
   "SimState",
+  "Pages",
+  "StateStore",
+  "unpaged",
   "SimulationResult",
   "Simulator",
   "client_mesh",

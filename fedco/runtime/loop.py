@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -22,7 +25,8 @@ from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
-from fedco.runtime import fingerprint, host, streaming
+from fedco.runtime import fingerprint, host, paging, streaming
+from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
@@ -235,10 +239,12 @@ def simulate(
       "clients": store.num_clients,
       "examples": store.num_examples,
     }
-  state = sim.init(params, seed)
   if store is not None:  # every round's clients, from the initial key (resumes included)
-    sampled = streaming.schedule(state.key, sim.num_clients, sim.clients_per_round, rounds)
+    key = rounds_lib.state_key(sim.seed_key(seed))
+    sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)
+  state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
+  states, states_temporary = None, False  # persistent client state on disk (streamed runs)
   collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
@@ -277,6 +283,38 @@ def simulate(
         ckpt.close()
       lock.release()
       raise
+  if paging.is_paged(state):
+    try:
+      if ckpt is None:
+        states_dir, states_temporary = tempfile.mkdtemp(prefix="fedco-client-state-"), True
+      else:
+        states_dir = os.path.join(checkpoint_dir, "client_state")
+      states = paging.StateStore(
+        states_dir,
+        paging.fresh(state),
+        sim.num_clients,
+        run="" if run_id is None else run_id["fingerprint"],
+        create=done == 0,
+        durable=not states_temporary,
+      )
+      states.recover(done)
+    except BaseException:
+      if ckpt is not None:
+        ckpt.close()
+      if lock is not None:
+        lock.release()
+      if states_temporary:
+        shutil.rmtree(states_dir, ignore_errors=True)
+      raise
+
+  def save(round_, saved_state, metrics):
+    """A checkpoint of ``round_``; the client state on disk is journaled before it."""
+    if states is not None:
+      states.journal(round_)
+    ckpt.save(round_, saved_state, metrics, host_metrics, run=run_id)
+    if states is not None:
+      states.apply(round_)
+
   writers = tuple(metric_writers)
   labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
   # The writers get this run's rows afresh: a resumed run's restored rows are written again
@@ -334,6 +372,9 @@ def simulate(
         size = chunk_size(done)
         last_good = state
         chunk_data = None if chunks is None else chunks.get(done, size)
+        if states is not None:  # this chunk's clients' state, from the disk
+          ids = chunks.ids(done, size)
+          state = last_good = paging.with_pages(state, ids, states.read(ids))
         if chunks is not None and done + size < rounds:
           chunks.prefetch(done + size, chunk_size(done + size))
         state, metrics = sim.run(state, size, final_round=rounds, data=chunk_data)
@@ -352,13 +393,7 @@ def simulate(
           except NonFiniteError as err:
             err.args = (f"{err.args[0]} {_data_note(sim.data)}",) + err.args[1:]
             if ckpt is not None:  # the last good state, round 0 included
-              ckpt.save(
-                done,
-                last_good,
-                _stack(collected[:-1]) if collected[:-1] else {},
-                host_metrics,
-                run=run_id,
-              )
+              save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {})
             err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
             if stop.requested:  # the user asked to stop: that, not the divergence, ends it
               raise interrupted(
@@ -366,9 +401,13 @@ def simulate(
               ) from err
             raise
         done += size
+        if states is not None:  # the chunk's client state back to the disk
+          states.write(*paging.pages_of(state))
+          if ckpt is None:
+            states.apply(done)
         rows = act(lambda a, done=done: a.due(done, rounds))
         if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
-          ckpt.save(done, state, _stack(collected), host_metrics, run=run_id)
+          save(done, state, _stack(collected))
         shown = None
         if progress_metric in metrics and np.any(metrics["evaluated"]):
           values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
@@ -388,6 +427,8 @@ def simulate(
     bar.close()
     if chunks is not None:
       chunks.close()
+    if states is not None:
+      states.close(remove=states_temporary)
     host.close_all(writers)
     if ckpt is not None:
       ckpt.close()

@@ -22,6 +22,7 @@ from fedco.runtime import evaluation
 from fedco.runtime.batching import _float, draw, oracle_args
 from fedco.runtime.faults import draw_faults
 from fedco.runtime.mesh import place
+from fedco.runtime.paging import take_clients, write_clients
 
 PyTree = Any
 
@@ -40,11 +41,14 @@ class SimState(NamedTuple):
     server: ``{"params": x, field: value}`` for the round-synchronised state fields.
     server_opt_state: the server transform's state.
     shared: ``{field: mean}`` for the every-step fields (FedDRO's ``y_bar``).
-    clients: every client's algorithm state, stacked on a leading ``[K]`` axis.
+    clients: every client's algorithm state, stacked on a leading ``[K]`` axis (a
+      streamed run with persistent client state holds only its chunk's clients, as
+      :class:`Pages`; :mod:`~fedco.runtime.streaming`).
     random_params: the averaged model of a uniformly random completed round (reservoir
       sampling), the iterate the FedDRO/DS-FedDRO theorems return.
     uplink: every client's codec state per compressed field (``{field: [K, ...]}``,
-      :mod:`~fedco.runtime.uplink`); ``()`` without compression.
+      :mod:`~fedco.runtime.uplink`); ``()`` without compression (:class:`Pages` when
+      streamed, as ``clients``).
 
   Examples:
     FedDRO's initial state on the log form of client-level KL-DRO over 4 clients: the
@@ -78,6 +82,11 @@ class SimState(NamedTuple):
   uplink: Any = ()
 
 
+def state_key(key):
+  """The key a state starts with, from the seed's key (what :func:`init_state` keeps)."""
+  return jax.random.split(key)[0]
+
+
 def mean(tree, w):
   return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
 
@@ -100,7 +109,7 @@ def client_weights(cfg, counts, mask=None):
 def init_state(cfg, params, key, data) -> SimState:
   """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
   init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
-  key, k_init = jax.random.split(key)
+  key, k_init = state_key(key), jax.random.split(key)[1]
   plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
 
   def client_init(k, view):
@@ -255,7 +264,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   k_up = None if up is None else jax.random.fold_in(state.key, _UPLINK_STREAM)
   real = _sample(cfg, k_sample)
   ids, mask, pick = layout.round_slots(real)
-  cst = layout.take(state.clients, ids)
+  cst = take_clients(layout, state.clients, ids)
   cst = set_fields(
     cst,
     **{f: broadcast(state.server[f], slots) for f in plan.every_round},
@@ -266,7 +275,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   alive, steps = draw_faults(cfg, k_sample, ids, mask)
   w = client_weights(cfg, views.count, alive)
   ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
-  ust = () if up is None else layout.take(state.uplink, ids)
+  ust = () if up is None else take_clients(layout, state.uplink, ids)
   if plan.round_start:
     channel = None
     if up is not None and up.fields(plan.round_start):
@@ -332,12 +341,10 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
       (state.server, state.server_opt_state, state.shared),
     )
   cst = set_fields(cst, **{f: broadcast(server[f], slots) for f in plan.every_round})
-  write = jnp.where(mask, ids, n)  # padding and unsampled (resident) slots are dropped
-  write_back = lambda old, new: (
-    new if layout.direct else jax.tree.map(lambda a, b: a.at[write].set(b, mode="drop"), old, new)
-  )
-  clients = write_back(state.clients, cst)
-  uplink = write_back(state.uplink, ust) if up is not None and up.codecs else state.uplink
+  clients = write_clients(layout, state.clients, cst, ids, mask)
+  uplink = state.uplink
+  if up is not None and up.codecs:
+    uplink = write_clients(layout, state.uplink, ust, ids, mask)
   completed = state.round + 1
   keep = jax.random.uniform(k_res) * completed.astype(jnp.float32) < 1.0
   random_params = jax.tree.map(

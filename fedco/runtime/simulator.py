@@ -33,7 +33,7 @@ from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, get_field
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
-from fedco.runtime import config
+from fedco.runtime import config, paging
 from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.ledger import Ledger, _tree_size
 from fedco.runtime.mesh import CLIENTS, client_mesh, replicated
@@ -215,8 +215,9 @@ class Simulator:
     # dropped simulator and its data are collected.
     self._run = jax.jit(functools.partial(_run_rounds, cfg), static_argnames="rounds")
     self._init_jit = jax.jit(functools.partial(rounds_lib.init_state, cfg))
+    self._init_paged = jax.jit(functools.partial(_init_paged, cfg), static_argnames="pages")
 
-  def init(self, params: PyTree, seed=0) -> SimState:
+  def init(self, params: PyTree, seed=0, *, pages: Optional[int] = None) -> SimState:
     """The initial :class:`~fedco.runtime.SimState` (round 0) from the model ``params``.
 
     Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
@@ -226,6 +227,9 @@ class Simulator:
       params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays that the
         problem accepts on one example of the data.
       seed: an int or a ``jax.random.PRNGKey``: client sampling, batches and faults.
+      pages: streamed runs (:mod:`fedco.runtime.streaming`): the per-client state of only
+        this many clients, as :class:`~fedco.runtime.Pages` (every client's initial
+        state is computed, never stored). ``None`` (default): every client's, ``[K]``.
 
     Returns:
       The :class:`~fedco.runtime.SimState` at round 0.
@@ -234,13 +238,21 @@ class Simulator:
       ValueError: if ``seed`` is not an int or key, or ``params`` do not fit the problem and
         data (dtype or shapes).
     """
-    if isinstance(seed, (bool, float, str)) or seed is None:
-      raise ValueError(f"seed must be an int or a PRNG key, got {seed!r}")
-    key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
+    key = self.seed_key(seed)
     params = self._checked_params(params)
     if self.mesh is not None:
       params, key = jax.device_put((params, key), self._replicated)
+    if pages is not None:
+      pages = _validate.positive_int("pages", pages)
+      return self._init_paged(params, key, self.data, pages=pages)
     return self._init_jit(params, key, self.data)
+
+  @staticmethod
+  def seed_key(seed) -> jax.Array:
+    """The PRNG key of ``seed`` (an int or a key), as :meth:`init` takes it."""
+    if isinstance(seed, (bool, float, str)) or seed is None:
+      raise ValueError(f"seed must be an int or a PRNG key, got {seed!r}")
+    return jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
 
   def _checked_params(self, params):
     """``params`` as arrays, refused when they do not fit the data and problem."""
@@ -294,7 +306,7 @@ class Simulator:
     field = lambda f: (
       state.server["params"]
       if f == "params"
-      else jax.tree.map(lambda a: a[0], get_field(state.clients, f))
+      else jax.tree.map(lambda a: a[0], get_field(_per_client(state.clients), f))
     )
     size = lambda f: _tree_size(field(f))
     up = {"params": size("params")}
@@ -347,6 +359,17 @@ class Simulator:
     """
     link = self.config.uplink
     return None if link is None else link.epsilon(rounds)
+
+
+def _per_client(tree):
+  return tree.values if isinstance(tree, paging.Pages) else tree
+
+
+def _init_paged(cfg, params, key, data, *, pages):
+  """The initial state with :class:`~fedco.runtime.Pages` of ``pages`` rows (the
+  ``[K]`` stacks are not outputs, so the compiled program never holds them)."""
+  state = rounds_lib.init_state(cfg, params, key, data)
+  return paging.to_pages(state, pages, cfg.num_clients)
 
 
 def _run_rounds(cfg, state, data, metrics_data, final_round, *, rounds):

@@ -12,6 +12,10 @@ for the whole run (the largest sum of sampled clients' rows over any ``chunk_rou
 consecutive rounds), so every chunk, a resumed run's included, runs one compiled program,
 and the next chunk is read by a host thread while the current one runs.
 
+Persistent client state (SCAFFOLD's control variates, Ditto's personal models, a codec's
+error feedback) is streamed too: the device holds only the chunk's clients' rows, the disk
+the rest (:mod:`~fedco.runtime.paging`).
+
 Not streamed (refused with a ``ValueError`` naming the option): the exact objective over
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
 reads every client's loss (``round_start_loss``, DRFA's loss queries), compositional
@@ -94,6 +98,25 @@ def _assemble(store, ids, rows, capacity) -> FederatedData:
   )
 
 
+def _most_distinct(sampled: np.ndarray, window: int) -> int:
+  """The most distinct clients in any ``window`` consecutive rounds of ``sampled``
+  (``[R, m]``, distinct within a round), in O(R m): an entry of round ``r`` whose client
+  was last sampled in round ``p`` is new in the windows starting at ``max(p + 1, r - window
+  + 1) .. r``."""
+  num_rounds, m = sampled.shape
+  flat = sampled.ravel()
+  rounds = np.repeat(np.arange(num_rounds), m)
+  order = np.lexsort((rounds, flat))
+  prev = np.full(flat.size, -1)
+  same = flat[order][1:] == flat[order][:-1]
+  prev[order[1:][same]] = rounds[order[:-1][same]]
+  lo = np.maximum(prev + 1, rounds - window + 1)
+  counts = np.zeros(num_rounds + 1, np.int64)
+  np.add.at(counts, np.maximum(lo, 0), 1)
+  np.add.at(counts, rounds + 1, -1)
+  return int(np.cumsum(counts)[: num_rounds - window + 1].max())
+
+
 class Chunks:
   """Reads each chunk's clients from the store, the next one ahead on a host thread."""
 
@@ -103,8 +126,17 @@ class Chunks:
     window = min(chunk_rounds, len(per_round))
     sums = np.convolve(per_round, np.ones(window, np.int64), mode="valid")
     self.capacity = int(sums.max())  # any chunk of at most chunk_rounds rounds fits
+    self.pages = _most_distinct(sampled, window)  # a chunk's client state rows on the device
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-stream")
     self._ahead: Tuple[Tuple[int, int], concurrent.futures.Future] | None = None
+
+  def ids(self, start: int, size: int) -> np.ndarray:
+    """int32 ``[pages]``: the distinct clients of rounds ``start + 1 .. start + size``,
+    sorted, padded with ``K`` (a :class:`~fedco.runtime.rounds.Pages`' ``ids``)."""
+    ids = np.full(self.pages, self.store.num_clients, np.int32)
+    chunk = np.unique(self.sampled[start : start + size])
+    ids[: chunk.size] = chunk
+    return ids
 
   def _read(self, start: int, size: int):
     ids = np.unique(self.sampled[start : start + size])

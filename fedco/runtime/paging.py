@@ -1,0 +1,425 @@
+"""Per-client state of a streamed run: a chunk's clients on the device, the rest on disk.
+
+A stateful algorithm (SCAFFOLD's control variates, Ditto's personal models, a codec's error
+feedback) keeps state per client. In memory that is a ``[K, ...]`` stack in the
+:class:`~fedco.runtime.SimState`; a streamed run (:mod:`~fedco.runtime.streaming`) holds
+instead :class:`Pages`: the rows of the ``P`` clients of the chunk it runs (``P``: the most
+distinct clients any chunk samples). A round finds its clients' rows by their position in
+the pages' sorted ids (:func:`take_clients`, :func:`write_clients`). Between chunks the host
+writes the pages back to a :class:`StateStore` on disk and reads the next chunk's. A client
+no round has sampled yet has no row: it starts from the state every client of a plain
+problem starts from (:func:`to_pages`). State memory is O(clients per chunk), disk O(clients
+sampled so far), and the run equals the in-memory one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedco import io
+
+__all__ = ["Pages", "StateStore", "unpaged"]
+
+
+class Pages(NamedTuple):
+  """Per-client state of a few clients, in place of every client's ``[K]`` stack.
+
+  A streamed run (:mod:`~fedco.runtime.streaming`) keeps its persistent client state on
+  disk and holds on the device only the clients of the chunk it runs: ``ids`` (int32
+  ``[P]``) are their ids, sorted, padded with ``K``; ``values`` hold their states on a
+  leading ``[P]`` axis, row ``i`` for client ``ids[i]``. A round reads and writes its
+  clients' rows by their position in ``ids``.
+
+  Attributes:
+    ids: int32 ``[P]``: the clients whose state the pages hold, sorted; padding ``K``.
+    values: their states, the algorithm's (or the codecs') client state with a leading
+      ``[P]`` axis.
+
+  Examples:
+    A streamed, stateful run's final state holds its last chunk's clients (see
+    :class:`~fedco.runtime.StateStore` for the whole run):
+
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> pages = fedco.runtime.Pages(jnp.array([1, 4, 6]), {"c": jnp.zeros((3, 2))})
+    >>> pages.ids.tolist(), pages.values["c"].shape  # clients 1 and 4; K = 6 pads
+    ([1, 4, 6], (3, 2))
+  """
+
+  ids: jax.Array
+  values: Any
+
+
+def take_clients(layout, tree, ids):
+  """Per-client values (a ``[K]`` stack or :class:`Pages`) -> the slots' values."""
+  if isinstance(tree, Pages):
+    local = jnp.searchsorted(tree.ids, ids)
+    return jax.tree.map(lambda a: jnp.take(a, local, axis=0, mode="clip"), tree.values)
+  return layout.take(tree, ids)
+
+
+def write_clients(layout, old, new, ids, mask):
+  """The slots' values written back into the per-client values (``[K]`` or :class:`Pages`);
+  slots outside ``mask`` (padding, unsampled resident clients) are dropped."""
+  if isinstance(old, Pages):
+    where = jnp.where(mask, jnp.searchsorted(old.ids, ids), old.ids.shape[0])
+    put = lambda a, b: a.at[where].set(b, mode="drop")
+    return old._replace(values=jax.tree.map(put, old.values, new))
+  if layout.direct:
+    return new
+  where = jnp.where(mask, ids, layout.num_clients)
+  return jax.tree.map(lambda a, b: a.at[where].set(b, mode="drop"), old, new)
+
+
+def to_pages(state, pages: int, num_clients: int):
+  """``state`` with its per-client trees as :class:`Pages` of ``pages`` rows, all ``ids``
+  padding and every row client 0's initial state (a plain problem's clients all start from
+  the same state; the host fills in a chunk's real clients before it runs)."""
+
+  def page(tree):
+    if not jax.tree.leaves(tree):
+      return tree
+    rows = jax.tree.map(lambda a: jnp.broadcast_to(a[0], (pages,) + a.shape[1:]), tree)
+    return Pages(jnp.full((pages,), num_clients, jnp.int32), rows)
+
+  return state._replace(clients=page(state.clients), uplink=page(state.uplink))
+
+
+def _parts(state):
+  """``(clients, uplink)``: each a :class:`~fedco.runtime.rounds.Pages` or ``None``."""
+  return tuple(t if isinstance(t, Pages) else None for t in (state.clients, state.uplink))
+
+
+def is_paged(state) -> bool:
+  """Whether ``state`` holds per-client state as pages (a streamed, stateful run)."""
+  return any(p is not None for p in _parts(state))
+
+
+def fresh(state):
+  """One client's initial state (the pages' rows of an initial paged state, all alike)."""
+  return jax.device_get(
+    tuple(() if p is None else jax.tree.map(lambda a: a[0], p.values) for p in _parts(state))
+  )
+
+
+def pages_of(state):
+  """``(ids, rows)`` of a paged state, on the host (what :meth:`StateStore.write` takes)."""
+  parts = _parts(state)
+  ids = next(p.ids for p in parts if p is not None)
+  return jax.device_get((ids, tuple(() if p is None else p.values for p in parts)))
+
+
+def with_pages(state, ids, rows):
+  """``state`` with the pages of clients ``ids`` holding ``rows`` (from :meth:`StateStore.read`)."""
+  ids = jnp.asarray(ids, jnp.int32)
+  new = [
+    t if p is None else Pages(ids, jax.tree.map(jnp.asarray, r))
+    for t, p, r in zip((state.clients, state.uplink), _parts(state), rows)
+  ]
+  return state._replace(clients=new[0], uplink=new[1])
+
+
+def unpaged(state, store: "StateStore"):
+  """``state`` with every client's state from ``store`` in place of its pages.
+
+  Args:
+    state: a paged state of a streamed run (e.g. its ``SimulationResult.state``).
+    store: that run's :class:`StateStore` (:meth:`StateStore.open`).
+
+  Returns:
+    The :class:`~fedco.runtime.SimState` with ``clients`` (and ``uplink``) as ``[K, ...]``
+    stacks, as an in-memory run holds them: for stores whose ``K`` clients fit in memory.
+
+  Examples:
+    Client 2 has a row on disk; the others read the fresh state (see :class:`StateStore`
+    for a whole streamed run):
+
+    >>> import tempfile
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> fresh = ({"c": np.zeros(2, np.float32)}, ())  # (algorithm's, codecs'): one client
+    >>> states = fedco.runtime.StateStore(tempfile.mkdtemp(), fresh, num_clients=4)
+    >>> states.write([2], ({"c": np.ones((1, 2), np.float32)}, ()))
+    >>> pages = fedco.runtime.Pages(jnp.array([2, 4]), {"c": jnp.ones((2, 2))})
+    >>> state = fedco.runtime.SimState(0, None, {}, (), {}, pages, None)
+    >>> fedco.runtime.unpaged(state, states).clients["c"][:, 0].tolist()
+    [0.0, 0.0, 1.0, 0.0]
+  """
+  rows = store.read(np.arange(store.num_clients))
+  parts = _parts(state)
+  new = [t if p is None else r for t, p, r in zip((state.clients, state.uplink), parts, rows)]
+  return state._replace(clients=new[0], uplink=new[1])
+
+
+class StateStore:
+  """Every client's persistent state on disk; a chunk's clients' rows go in and out.
+
+  Files in ``directory``: one ``.npy`` per leaf of a client's state, ``[K, ...]``, written
+  only at the rows of clients a round has sampled (a sparse file: disk holds what was
+  written); ``touched.npy`` (which clients have a row); ``fresh.npz``, the state a client
+  starts from; ``store.json`` (the round the files hold, the run's fingerprint).
+
+  Consistency with checkpoints: rows written back after a chunk stay in memory (pending)
+  until the next checkpoint. :meth:`journal` writes the pending rows to ``journal.npz``
+  (atomically) before the checkpoint, :meth:`apply` writes them into the files after it
+  and only then records the round in ``store.json``. A run killed anywhere resumes from
+  its newest checkpoint: if the files hold an older round, that checkpoint's journal is
+  applied again (rewriting whole rows is idempotent). Without checkpoints, each chunk's rows
+  are applied at once.
+
+  Args:
+    directory: the folder of the files; created, or emptied of this class's files when
+      ``create`` (no other file in it is touched).
+    fresh: one client's initial state, ``(algorithm's state, codecs' state)`` (``()`` for
+      one that is not paged), arrays without a leading axis.
+    num_clients: ``K``.
+    run: the run's fingerprint (a string), checked by :meth:`recover`.
+    create: a new store (every client fresh) rather than opening the existing one.
+    durable: flush every :meth:`apply` to the disk and record it (``False``: a run's
+      temporary store, never reopened, skips the flushes).
+
+  :func:`fedco.simulate` keeps the store in ``<checkpoint_dir>/client_state`` when it
+  checkpoints (where it stays after the run), else in a temporary folder it removes at the
+  end (``TMPDIR`` decides where).
+
+  Examples:
+    A streamed SCAFFOLD run over 6 clients, 2 a round, in chunks of 2 rounds: the device
+    holds the last chunk's 4 clients' control variates, the disk every sampled client's:
+
+    >>> import os, tempfile
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> rng = np.random.default_rng(0)
+    >>> clients = [{"x": rng.normal(size=(4, 2)).astype(np.float32)} for _ in range(6)]
+    >>> folder = tempfile.mkdtemp()
+    >>> store = fedco.data.write_store(os.path.join(folder, "clients"), clients)
+    >>> loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
+    >>> result = fedco.simulate(
+    ...   fedco.plain(loss), fedco.scaffold(0.1, 2), store, jnp.zeros(2), rounds=4,
+    ...   chunk_rounds=2, clients_per_round=2, batch_size=2, evaluate=False,
+    ...   checkpoint_dir=os.path.join(folder, "ckpt"),
+    ... )
+    >>> result.metrics["clients"].tolist()  # sampled in rounds 1-2, then 3-4
+    [[3, 4], [1, 3], [0, 4], [3, 5]]
+    >>> result.state.clients.ids.tolist()  # the device's pages: rounds 3-4's clients
+    [0, 3, 4, 5]
+    >>> states = fedco.runtime.StateStore.open(
+    ...   os.path.join(folder, "ckpt", "client_state"), result.state
+    ... )
+    >>> states.touched.astype(int).tolist()  # client 2 was never sampled: no row on disk
+    [1, 1, 0, 1, 1, 1]
+    >>> fedco.runtime.unpaged(result.state, states).clients.c_i.shape  # [K, p]
+    (6, 2)
+  """
+
+  _FILES = ("store.json", "touched.npy", "fresh.npz", "journal.npz")
+
+  def __init__(
+    self,
+    directory,
+    fresh,
+    num_clients: int,
+    run: str = "",
+    *,
+    create: bool = True,
+    durable: bool = True,
+  ):
+    self.directory, self.num_clients, self.run = os.fspath(directory), int(num_clients), run
+    self.durable = durable
+    leaves, self.treedef = jax.tree.flatten(jax.tree.map(np.asarray, fresh))
+    self.fresh = leaves
+    if create:
+      self._create()
+    else:
+      self._open()
+    self._pending_ids = np.zeros((0,), np.int64)
+    self._pending = [np.zeros((0,) + a.shape, a.dtype) for a in self.fresh]
+
+  @classmethod
+  def open(cls, directory, like) -> "StateStore":
+    """The store a streamed run left in ``directory``.
+
+    Args:
+      directory: the store's folder, ``<checkpoint_dir>/client_state``.
+      like: a state of that run (e.g. its ``SimulationResult.state``): the structure of a
+        client's state.
+
+    Returns:
+      The :class:`StateStore`, its files as the run left them.
+
+    Raises:
+      ValueError: ``directory`` holds no readable client state of that structure.
+    """
+    try:
+      with open(os.path.join(os.fspath(directory), "store.json")) as f:
+        meta = json.load(f)
+      with np.load(os.path.join(os.fspath(directory), "fresh.npz")) as f:
+        leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
+    except (OSError, ValueError, KeyError) as err:
+      raise ValueError(
+        f"directory {os.fspath(directory)!r} holds no client state ({type(err).__name__})"
+      ) from None
+    treedef = jax.tree.structure(fresh(like))
+    if treedef.num_leaves != len(leaves):
+      raise ValueError(
+        f"directory {os.fspath(directory)!r} holds client state of another structure "
+        f"({len(leaves)} arrays, the state {treedef.num_leaves})"
+      )
+    return cls(
+      directory, jax.tree.unflatten(treedef, leaves), meta["clients"], meta["run"], create=False
+    )
+
+  def _leaf(self, i: int) -> str:
+    return os.path.join(self.directory, f"leaf-{i}.npy")
+
+  def _create(self):
+    os.makedirs(self.directory, exist_ok=True)
+    for name in os.listdir(self.directory):  # only what a store writes
+      if name in self._FILES or (name.startswith("leaf-") and name.endswith(".npy")):
+        os.remove(os.path.join(self.directory, name))
+    self.rows = [
+      np.lib.format.open_memmap(self._leaf(i), "w+", a.dtype, (self.num_clients,) + a.shape)
+      for i, a in enumerate(self.fresh)
+    ]
+    self.touched = np.zeros(self.num_clients, bool)
+    io.atomic_write(
+      os.path.join(self.directory, "fresh.npz"),
+      lambda f: np.savez(f, *self.fresh),
+      mode="wb",
+    )
+    self._save_touched()
+    self._meta(0)
+
+  def _open(self):
+    try:
+      with open(os.path.join(self.directory, "store.json")) as f:
+        meta = json.load(f)
+      self.rows = [np.load(self._leaf(i), mmap_mode="r+") for i in range(len(self.fresh))]
+      self.touched = np.load(os.path.join(self.directory, "touched.npy"))
+    except (OSError, ValueError) as err:
+      raise ValueError(
+        f"client state in {self.directory} cannot be read ({type(err).__name__}: {err}); "
+        "delete the checkpoint directory to start the run again"
+      ) from None
+    shapes = [(r.dtype, r.shape) for r in self.rows]
+    want = [(a.dtype, (self.num_clients,) + a.shape) for a in self.fresh]
+    if meta.get("run") != self.run or shapes != want or self.touched.shape != (self.num_clients,):
+      raise ValueError(
+        f"client state in {self.directory} was written by another run (or another model "
+        "or algorithm); use another checkpoint_dir"
+      )
+    self.round = int(meta["round"])
+
+  def _meta(self, round_: int):
+    self.round = int(round_)
+    io.atomic_write_json(
+      os.path.join(self.directory, "store.json"),
+      {"round": self.round, "run": self.run, "clients": self.num_clients},
+    )
+
+  def _save_touched(self):
+    io.atomic_write(
+      os.path.join(self.directory, "touched.npy"),
+      lambda f: np.save(f, self.touched),
+      mode="wb",
+    )
+
+  def read(self, ids) -> Any:
+    """The states of clients ``ids`` (a pytree of ``[len(ids), ...]`` NumPy arrays); an id
+    ``K`` (padding) reads the fresh state."""
+    ids = np.asarray(ids, np.int64)
+    real = ids < self.num_clients
+    out = [np.repeat(a[None], ids.size, axis=0) for a in self.fresh]
+    stored = np.flatnonzero(real)
+    stored = stored[self.touched[ids[stored]]]
+    for o, r in zip(out, self.rows):
+      o[stored] = r[ids[stored]]
+    if self._pending_ids.size:
+      pos = np.searchsorted(self._pending_ids, ids)
+      hit = (pos < self._pending_ids.size) & (
+        self._pending_ids[np.minimum(pos, self._pending_ids.size - 1)] == ids
+      )
+      for o, p in zip(out, self._pending):
+        o[hit] = p[pos[hit]]
+    return jax.tree.unflatten(self.treedef, out)
+
+  def write(self, ids, values) -> None:
+    """Keeps the rows ``values`` (a pytree of ``[len(ids), ...]``) of clients ``ids``
+    (padding ids ``K`` are dropped) as pending, until :meth:`journal` / :meth:`apply`."""
+    ids = np.asarray(ids, np.int64)
+    real = ids < self.num_clients
+    ids, new = ids[real], [np.asarray(v)[real] for v in jax.tree.leaves(values)]
+    keep = ~np.isin(self._pending_ids, ids)
+    merged = np.concatenate([self._pending_ids[keep], ids])
+    order = np.argsort(merged, kind="stable")
+    self._pending_ids = merged[order]
+    self._pending = [np.concatenate([p[keep], n])[order] for p, n in zip(self._pending, new)]
+
+  def journal(self, round_: int) -> None:
+    """Write the pending rows as round ``round_``'s journal (before its checkpoint)."""
+    path = os.path.join(self.directory, "journal.npz")
+    io.atomic_write(
+      path,
+      lambda f: np.savez(f, *self._pending, round=round_, ids=self._pending_ids),
+      mode="wb",
+    )
+
+  def apply(self, round_: int) -> None:
+    """Write the pending rows into the files; they then hold round ``round_``."""
+    self._apply(self._pending_ids, self._pending)
+    if self.durable:
+      self._meta(round_)
+    else:
+      self.round = int(round_)
+    self._pending_ids = self._pending_ids[:0]
+    self._pending = [p[:0] for p in self._pending]
+
+  def _apply(self, ids, values):
+    if ids.size:
+      for r, v in zip(self.rows, values):
+        r[ids] = v
+        if self.durable:
+          r.flush()
+      self.touched[ids] = True
+      if self.durable:
+        self._save_touched()
+
+  def recover(self, round_: int) -> None:
+    """Bring the files to round ``round_`` (a restored checkpoint's) after a kill.
+
+    Raises:
+      ValueError: the files hold another round and no journal of ``round_`` exists (an
+        older checkpoint than the newest was restored).
+    """
+    if self.round == round_:
+      return
+    path = os.path.join(self.directory, "journal.npz")
+    journal = None
+    if self.round < round_ and os.path.exists(path):
+      with np.load(path) as f:
+        if int(f["round"]) == round_:
+          journal = f["ids"], [f[f"arr_{i}"] for i in range(len(self.fresh))]
+    if journal is None:
+      raise ValueError(
+        f"client state in {self.directory} holds round {self.round}, the checkpoint "
+        f"restored round {round_}; delete the checkpoint directory to start the run again"
+      )
+    self._apply(*journal)
+    self._meta(round_)
+
+  def close(self, remove: bool = False) -> None:
+    """Releases the files (``remove``: deletes the folder, e.g. a run's temporary one)."""
+    for r in self.rows:
+      r.flush()
+    self.rows = []
+    if remove:
+      shutil.rmtree(self.directory, ignore_errors=True)
