@@ -26,7 +26,6 @@ from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import fingerprint, host, paging, streaming
-from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
@@ -240,7 +239,7 @@ def simulate(
       "examples": store.num_examples,
     }
   if store is not None:  # every round's clients, from the initial key (resumes included)
-    key = rounds_lib.state_key(sim.seed_key(seed))
+    key = paging.state_key(sim.seed_key(seed))
     sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)

@@ -97,6 +97,12 @@ def _parts(state):
   return tuple(t if isinstance(t, Pages) else None for t in (state.clients, state.uplink))
 
 
+def state_key(key):
+  """The key a state starts with, from the seed's key (:func:`~fedco.runtime.rounds.init_state`
+  keeps the first of its split): what the host replays the sampling from."""
+  return jax.random.split(key)[0]
+
+
 def is_paged(state) -> bool:
   """Whether ``state`` holds per-client state as pages (a streamed, stateful run)."""
   return any(p is not None for p in _parts(state))

@@ -82,11 +82,6 @@ class SimState(NamedTuple):
   uplink: Any = ()
 
 
-def state_key(key):
-  """The key a state starts with, from the seed's key (what :func:`init_state` keeps)."""
-  return jax.random.split(key)[0]
-
-
 def mean(tree, w):
   return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
 
@@ -98,10 +93,8 @@ def broadcast(tree, m):
 def client_weights(cfg, counts, mask=None):
   """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
   mask = jnp.ones(counts.shape, bool) if mask is None else mask
-  c = (
-    counts.astype(_float()) if cfg.plan.weighting == "samples" else jnp.ones(counts.shape, _float())
-  )
-  c = jnp.where(mask, c, 0.0)
+  ones = jnp.ones(counts.shape, _float())
+  c = jnp.where(mask, counts.astype(_float()) if cfg.plan.weighting == "samples" else ones, 0.0)
   total = jnp.sum(c)
   return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
@@ -109,7 +102,7 @@ def client_weights(cfg, counts, mask=None):
 def init_state(cfg, params, key, data) -> SimState:
   """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
   init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
-  key, k_init = state_key(key), jax.random.split(key)[1]
+  key, k_init = jax.random.split(key)  # key: state_key's
   plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
 
   def client_init(k, view):
@@ -121,6 +114,11 @@ def init_state(cfg, params, key, data) -> SimState:
 
   clients = layout.cut(layout.map(client_init)(*layout.init_views(data)))
   w = client_weights(cfg, data.counts)
+  # A plain problem's clients all start alike (init reads no data): their mean is any one's,
+  # exactly (a weighted sum would round it, and hold every client's copy to compute it).
+  average = (
+    mean if cfg.problem.compositional else lambda tree, w: jax.tree.map(lambda a: a[0], tree)
+  )
   up = cfg.uplink
   if up is not None and up.private:  # the trackers' common start is the clients' data too
     k_noise = jax.random.fold_in(k_init, _UPLINK_STREAM)
@@ -129,12 +127,12 @@ def init_state(cfg, params, key, data) -> SimState:
       for i, f in enumerate(plan.init_fields)
     }
   else:
-    means = {f: mean(get_field(clients, f), w) for f in plan.init_fields}
+    means = {f: average(get_field(clients, f), w) for f in plan.init_fields}
   clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
   server = {"params": params}
   for f in plan.every_round:
-    server[f] = mean(get_field(clients, f), w)
-  shared = {f: mean(get_field(clients, f), w) for f in plan.every_step}
+    server[f] = average(get_field(clients, f), w)
+  shared = {f: average(get_field(clients, f), w) for f in plan.every_step}
   uplink = ()
   if up is not None and up.codecs:
     uplink = up.init(server, shared, clients, n)
