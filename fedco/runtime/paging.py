@@ -14,10 +14,11 @@ sampled so far), and the run equals the in-memory one bit for bit.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -165,13 +166,38 @@ def unpaged(state, store: "StateStore"):
   return state._replace(clients=new[0], uplink=new[1])
 
 
+def _no_rows(fresh):
+  return np.zeros((0,), np.int64), [np.zeros((0,) + a.shape, a.dtype) for a in fresh]
+
+
+def _merge(old, new):
+  """Rows ``(sorted ids, [leaf rows])``: ``old``'s and ``new``'s, ``new``'s where both."""
+  keep = ~np.isin(old[0], new[0])
+  ids = np.concatenate([old[0][keep], new[0]])
+  order = np.argsort(ids, kind="stable")
+  return ids[order], [np.concatenate([o[keep], n])[order] for o, n in zip(old[1], new[1])]
+
+
+def _overlay(rows, ids, out) -> None:
+  """Writes ``rows``' values into ``out`` (``[len(ids), ...]`` per leaf) where ``ids`` has them."""
+  have, values = rows
+  if not have.size:
+    return
+  pos = np.searchsorted(have, ids)
+  hit = (pos < have.size) & (have[np.minimum(pos, have.size - 1)] == ids)
+  for o, v in zip(out, values):
+    o[hit] = v[pos[hit]]
+
+
 class StateStore:
   """Every client's persistent state on disk; a chunk's clients' rows go in and out.
 
-  Files in ``directory``: one ``.npy`` per leaf of a client's state, ``[K, ...]``, written
-  only at the rows of clients a round has sampled (a sparse file: disk holds what was
-  written); ``touched.npy`` (which clients have a row); ``fresh.npz``, the state a client
-  starts from; ``store.json`` (the round the files hold, the run's fingerprint).
+  Files in ``directory``: one raw file per leaf of a client's state, ``K`` rows of its
+  bytes, written (``pwrite``, one a row) only at the rows of clients a round has sampled
+  and read with one ``pread`` a row (a sparse file: disk holds what was written; no memory
+  map, so resident memory is what was read); ``touched.npy`` (which clients have a row);
+  ``fresh.npz``, the state a client starts from; ``store.json`` (the round the files
+  hold, the run's fingerprint).
 
   Consistency with checkpoints: rows written back after a chunk stay in memory (pending)
   until the next checkpoint. :meth:`journal` writes the pending rows to ``journal.npz``
@@ -247,8 +273,9 @@ class StateStore:
       self._create()
     else:
       self._open()
-    self._pending_ids = np.zeros((0,), np.int64)
-    self._pending = [np.zeros((0,) + a.shape, a.dtype) for a in self.fresh]
+    self._pending = self._inflight = _no_rows(self.fresh)  # (sorted ids, [leaf rows])
+    self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-state")
+    self._writing: Optional[concurrent.futures.Future] = None
 
   @classmethod
   def open(cls, directory, like) -> "StateStore":
@@ -285,17 +312,20 @@ class StateStore:
     )
 
   def _leaf(self, i: int) -> str:
-    return os.path.join(self.directory, f"leaf-{i}.npy")
+    return os.path.join(self.directory, f"leaf-{i}.bin")
+
+  def _row_bytes(self, i: int) -> int:
+    return self.fresh[i].nbytes
 
   def _create(self):
     os.makedirs(self.directory, exist_ok=True)
     for name in os.listdir(self.directory):  # only what a store writes
-      if name in self._FILES or (name.startswith("leaf-") and name.endswith(".npy")):
+      if name in self._FILES or (name.startswith("leaf-") and name.endswith(".bin")):
         os.remove(os.path.join(self.directory, name))
-    self.rows = [
-      np.lib.format.open_memmap(self._leaf(i), "w+", a.dtype, (self.num_clients,) + a.shape)
-      for i, a in enumerate(self.fresh)
-    ]
+    self._fds = []
+    for i in range(len(self.fresh)):  # sparse: blocks are allocated where rows are written
+      self._fds.append(os.open(self._leaf(i), os.O_RDWR | os.O_CREAT, 0o666))
+      os.ftruncate(self._fds[-1], self.num_clients * self._row_bytes(i))
     self.touched = np.zeros(self.num_clients, bool)
     io.atomic_write(
       os.path.join(self.directory, "fresh.npz"),
@@ -306,19 +336,23 @@ class StateStore:
     self._meta(0)
 
   def _open(self):
+    self._fds = []
     try:
       with open(os.path.join(self.directory, "store.json")) as f:
         meta = json.load(f)
-      self.rows = [np.load(self._leaf(i), mmap_mode="r+") for i in range(len(self.fresh))]
       self.touched = np.load(os.path.join(self.directory, "touched.npy"))
+      for i in range(len(self.fresh)):
+        self._fds.append(os.open(self._leaf(i), os.O_RDWR))
+      sizes = [os.fstat(fd).st_size for fd in self._fds]
     except (OSError, ValueError) as err:
+      self.close()
       raise ValueError(
         f"client state in {self.directory} cannot be read ({type(err).__name__}: {err}); "
         "delete the checkpoint directory to start the run again"
       ) from None
-    shapes = [(r.dtype, r.shape) for r in self.rows]
-    want = [(a.dtype, (self.num_clients,) + a.shape) for a in self.fresh]
-    if meta.get("run") != self.run or shapes != want or self.touched.shape != (self.num_clients,):
+    want = [self.num_clients * self._row_bytes(i) for i in range(len(self.fresh))]
+    if meta.get("run") != self.run or sizes != want or self.touched.shape != (self.num_clients,):
+      self.close()
       raise ValueError(
         f"client state in {self.directory} was written by another run (or another model "
         "or algorithm); use another checkpoint_dir"
@@ -347,15 +381,12 @@ class StateStore:
     out = [np.repeat(a[None], ids.size, axis=0) for a in self.fresh]
     stored = np.flatnonzero(real)
     stored = stored[self.touched[ids[stored]]]
-    for o, r in zip(out, self.rows):
-      o[stored] = r[ids[stored]]
-    if self._pending_ids.size:
-      pos = np.searchsorted(self._pending_ids, ids)
-      hit = (pos < self._pending_ids.size) & (
-        self._pending_ids[np.minimum(pos, self._pending_ids.size - 1)] == ids
-      )
-      for o, p in zip(out, self._pending):
-        o[hit] = p[pos[hit]]
+    for i, (o, fd) in enumerate(zip(out, self._fds) if stored.size else ()):  # a pread a row
+      flat, size = o.reshape(ids.size, -1), self._row_bytes(i)
+      for j in stored:
+        os.preadv(fd, [flat[j]], int(ids[j]) * size)
+    for rows in (self._inflight, self._pending):  # newer than the files: rows being written
+      _overlay(rows, ids, out)  # to them, then rows written back since
     return jax.tree.unflatten(self.treedef, out)
 
   def write(self, ids, values) -> None:
@@ -363,38 +394,46 @@ class StateStore:
     (padding ids ``K`` are dropped) as pending, until :meth:`journal` / :meth:`apply`."""
     ids = np.asarray(ids, np.int64)
     real = ids < self.num_clients
-    ids, new = ids[real], [np.asarray(v)[real] for v in jax.tree.leaves(values)]
-    keep = ~np.isin(self._pending_ids, ids)
-    merged = np.concatenate([self._pending_ids[keep], ids])
-    order = np.argsort(merged, kind="stable")
-    self._pending_ids = merged[order]
-    self._pending = [np.concatenate([p[keep], n])[order] for p, n in zip(self._pending, new)]
+    new = (ids[real], [np.asarray(v)[real] for v in jax.tree.leaves(values)])
+    self._pending = _merge(self._pending, new)
 
   def journal(self, round_: int) -> None:
-    """Write the pending rows as round ``round_``'s journal (before its checkpoint)."""
-    path = os.path.join(self.directory, "journal.npz")
+    """Write the rows the files may not hold yet as round ``round_``'s journal (before its
+    checkpoint)."""
+    ids, values = _merge(self._inflight, self._pending)
     io.atomic_write(
-      path,
-      lambda f: np.savez(f, *self._pending, round=round_, ids=self._pending_ids),
+      os.path.join(self.directory, "journal.npz"),
+      lambda f: np.savez(f, *values, round=round_, ids=ids),
       mode="wb",
     )
 
   def apply(self, round_: int) -> None:
-    """Write the pending rows into the files; they then hold round ``round_``."""
-    self._apply(self._pending_ids, self._pending)
+    """Write the pending rows into the files, on a host thread while the next chunk runs
+    (the previous write is waited for first); the files then hold round ``round_``."""
+    self._wait()
+    self._inflight, self._pending = self._pending, _no_rows(self.fresh)
+    self._writing = self._writer.submit(self._apply_and_record, *self._inflight, round_)
+
+  def _wait(self) -> None:
+    if self._writing is not None:
+      self._writing.result()  # a failed write raises here
+      self._writing, self._inflight = None, _no_rows(self.fresh)
+
+  def _apply_and_record(self, ids, values, round_):
+    self._apply(ids, values)
     if self.durable:
       self._meta(round_)
     else:
       self.round = int(round_)
-    self._pending_ids = self._pending_ids[:0]
-    self._pending = [p[:0] for p in self._pending]
 
   def _apply(self, ids, values):
     if ids.size:
-      for r, v in zip(self.rows, values):
-        r[ids] = v
+      for i, (fd, v) in enumerate(zip(self._fds, values)):
+        flat, size = np.ascontiguousarray(v).reshape(ids.size, -1), self._row_bytes(i)
+        for j, k in enumerate(ids):
+          os.pwrite(fd, flat[j], int(k) * size)
         if self.durable:
-          r.flush()
+          os.fsync(fd)
       self.touched[ids] = True
       if self.durable:
         self._save_touched()
@@ -424,8 +463,13 @@ class StateStore:
 
   def close(self, remove: bool = False) -> None:
     """Releases the files (``remove``: deletes the folder, e.g. a run's temporary one)."""
-    for r in self.rows:
-      r.flush()
-    self.rows = []
+    try:
+      if getattr(self, "_writer", None) is not None:
+        self._wait()
+        self._writer.shutdown()
+    finally:
+      for fd in getattr(self, "_fds", []):
+        os.close(fd)
+      self._fds = []
     if remove:
       shutil.rmtree(self.directory, ignore_errors=True)
