@@ -12,6 +12,7 @@ import traceback
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedco
@@ -45,6 +46,10 @@ CASES = {
   "comfedl steps": (lambda: fedco.comfedl(local_steps=0), "local_steps"),
   "comfedl optimizer": (lambda: fedco.comfedl(optimizer="adam"), "optimizer"),
   "scgd gamma": (lambda: fedco.local_scgd(gamma=1.5), "gamma"),
+  "ditto schedule without personal_lr": (
+    lambda: fedco.ditto(optax.constant_schedule(0.1), 3),
+    "personal_lr must be given",
+  ),
   "scgdm alpha": (lambda: fedco.local_scgdm(1.0, alpha=2.0), r"alpha \* learning_rate"),
   "scgdm gamma": (lambda: fedco.local_scgdm(1.0, gamma=1.0), r"gamma \* learning_rate"),
   "scgdm beta": (lambda: fedco.local_scgdm(beta=0.0), "beta"),

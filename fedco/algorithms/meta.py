@@ -610,6 +610,11 @@ def ditto(
   """
   _validate.positive("lam", lam, allow_zero=True)
   if personal_lr is None:
+    if callable(learning_rate):
+      raise ValueError(
+        "personal_lr must be given (a number > 0) when learning_rate is a schedule: the "
+        "personal step needs a fixed rate"
+      )
     eta_p = _validate.positive("learning_rate", 0.2 if learning_rate is None else learning_rate)
   else:
     eta_p = _validate.positive("personal_lr", personal_lr)
