@@ -1,8 +1,11 @@
 """Clients streamed from a ClientStore: bit for bit the in-memory run, what it refuses, the
 store's own checks. (A SIGKILLed streamed run resumes bit for bit: test_checkpoint.py.)"""
 
+import json
 import os
+import signal
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -225,3 +228,109 @@ def test_a_streamed_run_of_many_clients_equals_the_in_memory_one(tmp_path):
   b = fedco.simulate(fedco.plain(loss), fedco.fedavg(0.1, 2), store, jnp.zeros(2), **kwargs)
   np.testing.assert_array_equal(a.params, b.params)
   np.testing.assert_array_equal(a.metrics["clients"], b.metrics["clients"])
+
+
+def test_a_resumed_run_starts_unsampled_clients_fresh_whatever_its_chunks(data_and_store, tmp_path):
+  """Stopped by Ctrl-C after round 4 (most clients not sampled yet), resumed with other
+  chunks (so another number of pages on the device): every client's state and the model
+  equal the in-memory run's."""
+  data, store = data_and_store
+  kwargs = dict(rounds=8, seed=1, batch_size=4, clients_per_round=3, evaluate=False)
+  memory = fedco.simulate(fedco.plain(_loss), fedco.scaffold(0.1, 3), data, PARAMS, **kwargs)
+  stop = fedco.runtime.RoundAction(
+    lambda state, r: signal.raise_signal(signal.SIGINT) if r == 4 else None, every_rounds=2
+  )
+  ckpt = tmp_path / "ckpt"
+  with pytest.raises(fedco.runtime.Interrupted):
+    fedco.simulate(
+      fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, checkpoint_dir=ckpt,
+      chunk_rounds=2, actions=[stop], **kwargs,
+    )  # fmt: skip
+  first = np.unique(memory.metrics["clients"][:4])
+  assert first.size < data.num_clients  # clients the resumed run samples for the first time
+  resumed = fedco.simulate(
+    fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, checkpoint_dir=ckpt,
+    chunk_rounds=3, **kwargs,
+  )  # fmt: skip
+  states = paging.StateStore.open(ckpt / "client_state", resumed.state)
+  state = paging.unpaged(resumed.state, states)
+  for a, b in zip(jax.tree.leaves(memory.state), jax.tree.leaves(state), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_journal_waits_for_the_rows_still_being_written(tmp_path, monkeypatch):
+  """The previous checkpoint's rows reach the files before the next journal replaces
+  theirs: a kill during the next checkpoint then finds them (the write is slowed here)."""
+  write = paging.StateStore._apply
+
+  def slow(self, ids, values):
+    time.sleep(0.5)
+    write(self, ids, values)
+
+  monkeypatch.setattr(paging.StateStore, "_apply", slow)
+  fresh = ({"a": np.zeros(2, np.float32)}, ())
+  states = paging.StateStore(tmp_path / "s", fresh, 6, run="r")
+  states.write([1, 3], ({"a": np.ones((2, 2), np.float32)}, ()))
+  states.journal(2)
+  states.apply(2)  # on the writer thread
+  states.write([4], ({"a": np.full((1, 2), 2.0, np.float32)}, ()))
+  states.journal(4)  # ... then killed during round 4's checkpoint
+  with open(tmp_path / "s" / "store.json") as f:
+    assert json.load(f)["round"] == 2
+  again = paging.StateStore(tmp_path / "s", fresh, 6, run="r", create=False)
+  again.recover(4)
+  np.testing.assert_array_equal(again.read([1, 3, 4, 5])[0]["a"][:, 0], [1.0, 1.0, 2.0, 0.0])
+  again.close()
+  states.close()
+
+
+def test_failures_leave_no_folder_open_file_or_writer_behind(data_and_store, tmp_path, monkeypatch):
+  """Bad actions, a refused recovery and a failed write each end with the temporary folder
+  removed, the store's files closed and the metric writer closed."""
+  _, store = data_and_store
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+  os.makedirs(tmp_path / "tmp")
+  kwargs = dict(rounds=4, chunk_rounds=2, clients_per_round=3, batch_size=4, evaluate=False)
+  before = _open_state_files()
+  with pytest.raises(ValueError, match="actions must be"):
+    fedco.simulate(
+      fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, actions=[print],
+      checkpoint_dir=tmp_path / "ckpt", **kwargs,
+    )  # fmt: skip
+  fedco.simulate(  # the directory is not left locked
+    fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, checkpoint_dir=tmp_path / "ckpt",
+    **kwargs,
+  )  # fmt: skip
+
+  def full(self, ids, values):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(paging.StateStore, "_apply", full)
+  writer = _Writer()
+  with pytest.raises(OSError, match="No space left"):
+    fedco.simulate(
+      fedco.plain(_loss), fedco.scaffold(0.1, 3), store, PARAMS, metric_writers=[writer], **kwargs
+    )
+  assert not os.listdir(tmp_path / "tmp")
+  assert _open_state_files() == before and writer.closed
+
+
+class _Writer(fedco.runtime.RowWriter):
+  closed = False
+
+  def write(self, rows):
+    pass
+
+  def close(self):
+    self.closed = True
+
+
+def _open_state_files() -> int:
+  """How many of this process's open files are a client-state store's."""
+  count = 0
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      count += "leaf-" in os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # closed meanwhile (the listing's own descriptor)
+      pass
+  return count

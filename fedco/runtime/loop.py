@@ -146,7 +146,9 @@ def simulate(
       the metrics so far in (see :mod:`fedco.checkpoint`); if it already holds a checkpoint
       of this run (same fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from
       the newest intact one, says "resumed from round N" on stderr, and ends bit-identical
-      to an uninterrupted run. The directory is locked for the run (a second run gets a
+      to an uninterrupted run (a streamed run with client state on disk keeps it in
+      ``<checkpoint_dir>/client_state`` and resumes from the newest checkpoint only:
+      :class:`~fedco.runtime.StateStore`). The directory is locked for the run (a second run gets a
       one-line ``ValueError`` naming the holder; in a multi-process run, process 0 holds
       it). ``None`` (default): no checkpoints.
     checkpoint_every: rounds between checkpoints, an int ``>= 1`` (default: every chunk).
@@ -221,6 +223,10 @@ def simulate(
   _validate.one_of("checkpoint_mismatch", checkpoint_mismatch, ("error", "restart"))
   if not isinstance(progress_metric, str) or not progress_metric:
     raise ValueError(f"progress_metric must be a metric's name (a string), got {progress_metric!r}")
+  actions = tuple(actions)
+  for action in actions:  # before anything is opened or locked
+    if not isinstance(action, host.RoundAction):
+      raise ValueError(f"actions must be fedco.runtime.host.RoundAction s, got {action!r}")
   private = simulator_kwargs.get("privacy")
   if isinstance(private, privacy_lib.ClientDP):
     simulator_kwargs["privacy"] = private.over(rounds)
@@ -243,7 +249,10 @@ def simulate(
     sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
-  states, states_temporary = None, False  # persistent client state on disk (streamed runs)
+  # Persistent client state on disk (streamed runs): every client's initial row, taken now
+  # (a restored state's pages hold sampled clients' rows).
+  fresh = paging.fresh(state) if paging.is_paged(state) else None
+  states, states_dir, states_temporary = None, None, False
   collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
   if checkpoint_dir is not None:
     from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
@@ -258,6 +267,8 @@ def simulate(
     if jax.process_index() == 0:  # a multi-process run shares the directory: one holder
       lock.acquire()
     try:
+      # pages: one row (their count P follows rounds and chunk_rounds; the rows are on disk)
+      state = paging.compact(state)
       description = fingerprint.describe_run(sim, fetch(state.server["params"]), seed, state)
       run_id = {"fingerprint": fingerprint.fingerprint(description), "description": description}
       ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
@@ -282,35 +293,12 @@ def simulate(
         ckpt.close()
       lock.release()
       raise
-  if paging.is_paged(state):
-    try:
-      if ckpt is None:
-        states_dir, states_temporary = tempfile.mkdtemp(prefix="fedco-client-state-"), True
-      else:
-        states_dir = os.path.join(checkpoint_dir, "client_state")
-      states = paging.StateStore(
-        states_dir,
-        paging.fresh(state),
-        sim.num_clients,
-        run="" if run_id is None else run_id["fingerprint"],
-        create=done == 0,
-        durable=not states_temporary,
-      )
-      states.recover(done)
-    except BaseException:
-      if ckpt is not None:
-        ckpt.close()
-      if lock is not None:
-        lock.release()
-      if states_temporary:
-        shutil.rmtree(states_dir, ignore_errors=True)
-      raise
 
   def save(round_, saved_state, metrics):
     """A checkpoint of ``round_``; the client state on disk is journaled before it."""
     if states is not None:
       states.journal(round_)
-    ckpt.save(round_, saved_state, metrics, host_metrics, run=run_id)
+    ckpt.save(round_, paging.compact(saved_state), metrics, host_metrics, run=run_id)
     if states is not None:
       states.apply(round_)
 
@@ -327,10 +315,6 @@ def simulate(
   if "seed" in labels:  # the name every output of an experiment uses, and the seed
     name += f" seed {labels['seed']}"
   bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
-  actions = tuple(actions)
-  for action in actions:
-    if not isinstance(action, host.RoundAction):
-      raise ValueError(f"actions must be fedco.runtime.host.RoundAction s, got {action!r}")
 
   def act(due):
     """Run the due actions on ``state`` at round ``done``; write and check their rows."""
@@ -362,6 +346,20 @@ def simulate(
     return host.Interrupted.of_run(name, when, done, ckpt is not None)
 
   try:
+    if fresh is not None:
+      if ckpt is None:
+        states_dir, states_temporary = tempfile.mkdtemp(prefix="fedco-client-state-"), True
+      else:
+        states_dir = os.path.join(checkpoint_dir, "client_state")
+      states = paging.StateStore(
+        states_dir,
+        fresh,
+        sim.num_clients,
+        run="" if run_id is None else run_id["fingerprint"],
+        create=done == 0,
+        durable=not states_temporary,
+      )
+      states.recover(done)
     with host.interrupt_guard() as stop:
       if stop.requested:  # Ctrl-C came before this run (a guard around a loop of runs)
         raise interrupted(f"before round {done + 1} of {rounds}")
@@ -423,16 +421,22 @@ def simulate(
         )
         raise err
   finally:
-    bar.close()
-    if chunks is not None:
-      chunks.close()
-    if states is not None:
-      states.close(remove=states_temporary)
-    host.close_all(writers)
-    if ckpt is not None:
-      ckpt.close()
-    if lock is not None:
-      lock.release()
+    try:
+      bar.close()
+      if chunks is not None:
+        chunks.close()
+    finally:
+      try:  # the client state's last write ends before the lock goes, and may fail
+        if states is not None:
+          states.close()
+      finally:
+        if states_temporary:
+          shutil.rmtree(states_dir, ignore_errors=True)
+        host.close_all(writers)
+        if ckpt is not None:
+          ckpt.close()
+        if lock is not None:
+          lock.release()
   return _result(sim, state, collected, rounds, time.perf_counter() - start, host_metrics)
 
 

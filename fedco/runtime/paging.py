@@ -8,8 +8,12 @@ distinct clients any chunk samples). A round finds its clients' rows by their po
 the pages' sorted ids (:func:`take_clients`, :func:`write_clients`). Between chunks the host
 writes the pages back to a :class:`StateStore` on disk and reads the next chunk's. A client
 no round has sampled yet has no row: it starts from the state every client of a plain
-problem starts from (:func:`to_pages`). State memory is O(clients per chunk), disk O(clients
-sampled so far), and the run equals the in-memory one bit for bit.
+problem starts from (:func:`to_pages`). State memory on the device is O(clients per
+chunk); the host holds the rows written back since the last checkpoint (O(clients sampled
+between checkpoints): checkpoint often with many clients), the disk those of every client
+sampled so far; and the run equals the in-memory one bit for bit. Checkpoints and the run's
+fingerprint hold the pages cut to one row (:func:`compact`), so a resumed run may change
+``rounds`` or ``chunk_rounds``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,17 @@ def state_key(key):
 def is_paged(state) -> bool:
   """Whether ``state`` holds per-client state as pages (a streamed, stateful run)."""
   return any(p is not None for p in _parts(state))
+
+
+def compact(state):
+  """``state`` with each :class:`Pages` cut to its first row: what checkpoints and the run's
+  fingerprint hold (the rows live in the :class:`StateStore`, and the row count follows the
+  run's ``rounds`` and ``chunk_rounds``, which a resumed run may change)."""
+  cut = lambda p: p if p is None else Pages(p.ids[:1], jax.tree.map(lambda a: a[:1], p.values))
+  parts = [
+    cut(p) if p is not None else t for t, p in zip((state.clients, state.uplink), _parts(state))
+  ]
+  return state._replace(clients=parts[0], uplink=parts[1])
 
 
 def fresh(state):
@@ -301,6 +316,11 @@ class StateStore:
       raise ValueError(
         f"directory {os.fspath(directory)!r} holds no client state ({type(err).__name__})"
       ) from None
+    if not isinstance(like, tuple) or not hasattr(like, "clients") or not is_paged(like):
+      raise ValueError(
+        "like must be a state of a streamed run whose client state is on disk (its "
+        f"SimulationResult.state, holding fedco.runtime.Pages), got {type(like).__name__}"
+      )
     treedef = jax.tree.structure(fresh(like))
     if treedef.num_leaves != len(leaves):
       raise ValueError(
@@ -373,10 +393,22 @@ class StateStore:
       mode="wb",
     )
 
+  def _ids(self, ids) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) and ids.size:
+      raise ValueError(f"ids must be a list of client ids (ints), got {ids!r}")
+    ids = ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() > self.num_clients):
+      raise ValueError(
+        f"ids must be client ids in 0..{self.num_clients - 1} (or {self.num_clients}, "
+        f"padding), got {ids.min()}..{ids.max()}"
+      )
+    return ids
+
   def read(self, ids) -> Any:
     """The states of clients ``ids`` (a pytree of ``[len(ids), ...]`` NumPy arrays); an id
     ``K`` (padding) reads the fresh state."""
-    ids = np.asarray(ids, np.int64)
+    ids = self._ids(ids)
     real = ids < self.num_clients
     out = [np.repeat(a[None], ids.size, axis=0) for a in self.fresh]
     stored = np.flatnonzero(real)
@@ -392,15 +424,16 @@ class StateStore:
   def write(self, ids, values) -> None:
     """Keeps the rows ``values`` (a pytree of ``[len(ids), ...]``) of clients ``ids``
     (padding ids ``K`` are dropped) as pending, until :meth:`journal` / :meth:`apply`."""
-    ids = np.asarray(ids, np.int64)
+    ids = self._ids(ids)
     real = ids < self.num_clients
     new = (ids[real], [np.asarray(v)[real] for v in jax.tree.leaves(values)])
     self._pending = _merge(self._pending, new)
 
   def journal(self, round_: int) -> None:
-    """Write the rows the files may not hold yet as round ``round_``'s journal (before its
-    checkpoint)."""
-    ids, values = _merge(self._inflight, self._pending)
+    """Write the rows the files do not hold yet as round ``round_``'s journal (before its
+    checkpoint), after the rows being written have reached the files."""
+    self._wait()  # the journal then replaces the previous one only once its rows are written
+    ids, values = self._pending
     io.atomic_write(
       os.path.join(self.directory, "journal.npz"),
       lambda f: np.savez(f, *values, round=round_, ids=ids),
@@ -465,11 +498,11 @@ class StateStore:
     """Releases the files (``remove``: deletes the folder, e.g. a run's temporary one)."""
     try:
       if getattr(self, "_writer", None) is not None:
-        self._wait()
-        self._writer.shutdown()
+        self._writer.shutdown(wait=True)
+        self._wait()  # a failed write raises here
     finally:
       for fd in getattr(self, "_fds", []):
         os.close(fd)
       self._fds = []
-    if remove:
-      shutil.rmtree(self.directory, ignore_errors=True)
+      if remove:
+        shutil.rmtree(self.directory, ignore_errors=True)
