@@ -244,7 +244,7 @@ def simulate(
       "clients": store.num_clients,
       "examples": store.num_examples,
     }
-  if store is not None:  # every round's clients, from the initial key (resumes included)
+    # every round's clients, from the initial key (resumes included)
     key = paging.state_key(sim.seed_key(seed))
     sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)

@@ -98,8 +98,16 @@ def to_pages(state, pages: int, num_clients: int):
 
 
 def _parts(state):
-  """``(clients, uplink)``: each a :class:`~fedco.runtime.rounds.Pages` or ``None``."""
+  """``(clients, uplink)``: each a :class:`Pages` or ``None``."""
   return tuple(t if isinstance(t, Pages) else None for t in (state.clients, state.uplink))
+
+
+def _replace_pages(state, fn):
+  """``state`` with ``fn(i, pages)`` in place of each :class:`Pages` (``i``: 0 for
+  ``clients``, 1 for ``uplink``); a tree that is not paged stays as it is."""
+  trees = (state.clients, state.uplink)
+  new = [t if p is None else fn(i, p) for i, (t, p) in enumerate(zip(trees, _parts(state)))]
+  return state._replace(clients=new[0], uplink=new[1])
 
 
 def state_key(key):
@@ -117,11 +125,9 @@ def compact(state):
   """``state`` with each :class:`Pages` cut to its first row: what checkpoints and the run's
   fingerprint hold (the rows live in the :class:`StateStore`, and the row count follows the
   run's ``rounds`` and ``chunk_rounds``, which a resumed run may change)."""
-  cut = lambda p: p if p is None else Pages(p.ids[:1], jax.tree.map(lambda a: a[:1], p.values))
-  parts = [
-    cut(p) if p is not None else t for t, p in zip((state.clients, state.uplink), _parts(state))
-  ]
-  return state._replace(clients=parts[0], uplink=parts[1])
+  return _replace_pages(
+    state, lambda i, p: Pages(p.ids[:1], jax.tree.map(lambda a: a[:1], p.values))
+  )
 
 
 def fresh(state):
@@ -141,11 +147,7 @@ def pages_of(state):
 def with_pages(state, ids, rows):
   """``state`` with the pages of clients ``ids`` holding ``rows`` (from :meth:`StateStore.read`)."""
   ids = jnp.asarray(ids, jnp.int32)
-  new = [
-    t if p is None else Pages(ids, jax.tree.map(jnp.asarray, r))
-    for t, p, r in zip((state.clients, state.uplink), _parts(state), rows)
-  ]
-  return state._replace(clients=new[0], uplink=new[1])
+  return _replace_pages(state, lambda i, p: Pages(ids, jax.tree.map(jnp.asarray, rows[i])))
 
 
 def unpaged(state, store: "StateStore"):
@@ -176,9 +178,7 @@ def unpaged(state, store: "StateStore"):
     [0.0, 0.0, 1.0, 0.0]
   """
   rows = store.read(np.arange(store.num_clients))
-  parts = _parts(state)
-  new = [t if p is None else r for t, p, r in zip((state.clients, state.uplink), parts, rows)]
-  return state._replace(clients=new[0], uplink=new[1])
+  return _replace_pages(state, lambda i, p: rows[i])
 
 
 def _no_rows(fresh):
