@@ -339,6 +339,31 @@ def record_sides(
   return best
 
 
+def run_worker(module: str, args, timeout: float, stderr_chars: int = 2000):
+  """Run ``python -m <module> --worker <args> --result_file=<temp>`` (one measurement in a
+  fresh process); returns ``(its JSON or None, the error or None, wall seconds)``, the error
+  being ``"rc N: <stderr tail>"`` or ``"timeout after T s"``."""
+  import json
+  import subprocess
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "result.json")
+    cmd = [sys.executable, "-m", module, "--worker", *args, f"--result_file={path}"]
+    t0 = time.perf_counter()
+    try:
+      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+      ok = proc.returncode == 0 and os.path.exists(path)
+      error = None if ok else f"rc {proc.returncode}: {proc.stderr[-stderr_chars:]}"
+    except subprocess.TimeoutExpired:
+      ok, error = False, f"timeout after {timeout} s"
+    wall = time.perf_counter() - t0
+    if not ok:
+      return None, error, wall
+    with open(path) as f:
+      return json.load(f), None, wall
+
+
 def float64_checks(module: str, flag_names, flag_values) -> Dict[str, Any]:
   """Run ``python -m <module> --check_only`` in a subprocess with ``JAX_ENABLE_X64=1`` (x64
   must be set before jax starts), passing ``--<name>=<flag_values.name>`` for each of

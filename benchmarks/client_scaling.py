@@ -36,10 +36,6 @@ Run::
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 
 from absl import app, flags
@@ -257,52 +253,29 @@ def main(argv):
   rows = []
   for k, n, r, rep in zip(sizes, per, rounds, repeats):
     for name in FLAGS.algorithms:
-      with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "result.json")
-        cmd = [
-          sys.executable,
-          "-m",
-          "benchmarks.client_scaling",
-          "--worker",
-          f"--clients={k}",
-          f"--per_client={n}",
-          f"--algorithm={name}",
-          f"--worker_rounds={r}",
-          f"--worker_repeats={rep}",
-          f"--central={FLAGS.central}",
-          f"--local_steps={FLAGS.local_steps}",
-          f"--batch_size={FLAGS.batch_size}",
-          f"--seed={FLAGS.seed}",
-          f"--result_file={path}",
-        ]
-        load = C.load_average()
-        t0 = time.perf_counter()
-        try:
-          proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
-          ok = proc.returncode == 0 and os.path.exists(path)
-          err = "" if ok else f"rc {proc.returncode}: {proc.stderr[-2000:]}"
-        except subprocess.TimeoutExpired:
-          ok, err = False, f"timeout after {FLAGS.timeout} s"
-        wall = time.perf_counter() - t0
-        if ok:
-          with open(path) as f:
-            row = json.load(f)
-        else:
-          row = {"clients": k, "examples_per_client": n, "algorithm": name, "error": err}
-        row["load_average_start"] = load
-        row["subprocess_wall_seconds"] = wall
-        rows.append(row)
-        if ok:
-          print(
-            f"K={k} {name}: {row['client_steps_per_s']:,.0f} client-steps/s, "
-            f"{row['rounds_per_s']:.2f} rounds/s, fedco/central time "
-            f"{row.get('fedco_time_over_central', float('nan')):.2f}x, compile "
-            f"{row['compile_seconds_jax_events']:.2f} s, peak RSS "
-            f"{row['peak_rss_gib']:.2f} GiB ({wall:.0f} s)",
-            flush=True,
-          )
-        else:
-          print(f"K={k} {name}: FAILED {err[-500:]}", flush=True)
+      args = [f"--clients={k}", f"--per_client={n}", f"--algorithm={name}"]
+      args += [f"--worker_rounds={r}", f"--worker_repeats={rep}", f"--central={FLAGS.central}"]
+      args += [f"--local_steps={FLAGS.local_steps}", f"--batch_size={FLAGS.batch_size}"]
+      args += [f"--seed={FLAGS.seed}"]
+      load = C.load_average()
+      row, err, wall = C.run_worker("benchmarks.client_scaling", args, FLAGS.timeout)
+      ok = row is not None
+      if not ok:
+        row = {"clients": k, "examples_per_client": n, "algorithm": name, "error": err}
+      row["load_average_start"] = load
+      row["subprocess_wall_seconds"] = wall
+      rows.append(row)
+      if ok:
+        print(
+          f"K={k} {name}: {row['client_steps_per_s']:,.0f} client-steps/s, "
+          f"{row['rounds_per_s']:.2f} rounds/s, fedco/central time "
+          f"{row.get('fedco_time_over_central', float('nan')):.2f}x, compile "
+          f"{row['compile_seconds_jax_events']:.2f} s, peak RSS "
+          f"{row['peak_rss_gib']:.2f} GiB ({wall:.0f} s)",
+          flush=True,
+        )
+      else:
+        print(f"K={k} {name}: FAILED {err[-500:]}", flush=True)
   out = {
     "benchmark": "client_scaling",
     "timestamp": C.timestamp(),

@@ -30,8 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -218,29 +216,20 @@ def worker():
 
 def run_one(k: int, name: str, path_kind: str, store_dir: str):
   """One (K, algorithm, path) in a fresh subprocess; a row of the JSON."""
+  from benchmarks import _common as C
+
   estimate = estimate_gib(k, name, FLAGS.seed, streamed=path_kind == "streamed")
   row = {"clients": k, "algorithm": name, "path": path_kind, "estimated_gib": estimate}
   if estimate > FLAGS.max_gib:
     row["skipped"] = f"estimated {estimate:.1f} GiB > --max_gib={FLAGS.max_gib}"
     print(f"K={k} {name} {path_kind}: skipped ({row['skipped']})", flush=True)
     return row
-  with tempfile.TemporaryDirectory() as tmp:
-    result = os.path.join(tmp, "result.json")
-    cmd = [sys.executable, "-m", "benchmarks.federated_scale", "--worker", f"--path={path_kind}"]
-    cmd += [f"--clients={k}", f"--algorithm={name}", f"--result_file={result}"]
-    cmd += [f"--{f}={getattr(FLAGS, f)}" for f in ("clients_per_round", "rounds", "repeats")]
-    cmd += [f"--seed={FLAGS.seed}", f"--store_dir={store_dir}"]
-    t0 = time.perf_counter()
-    try:
-      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.timeout)
-      if proc.returncode == 0 and os.path.exists(result):
-        with open(result) as f:
-          row.update(json.load(f))
-      else:
-        row["error"] = f"rc {proc.returncode}: {proc.stderr[-1500:]}"
-    except subprocess.TimeoutExpired:
-      row["error"] = f"timeout after {FLAGS.timeout} s"
-  row["subprocess_wall_seconds"] = time.perf_counter() - t0
+  args = [f"--path={path_kind}", f"--clients={k}", f"--algorithm={name}"]
+  args += [f"--{f}={getattr(FLAGS, f)}" for f in ("clients_per_round", "rounds", "repeats")]
+  args += [f"--seed={FLAGS.seed}", f"--store_dir={store_dir}"]
+  result, error, wall = C.run_worker("benchmarks.federated_scale", args, FLAGS.timeout, 1500)
+  row.update(result or {"error": error})
+  row["subprocess_wall_seconds"] = wall
   if "error" in row:
     print(f"K={k} {name} {path_kind}: FAILED {row['error'][-300:]}", flush=True)
   else:
