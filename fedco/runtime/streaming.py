@@ -132,14 +132,17 @@ class Chunks:
 
   def ids(self, start: int, size: int) -> np.ndarray:
     """int32 ``[pages]``: the distinct clients of rounds ``start + 1 .. start + size``,
-    sorted, padded with ``K`` (a :class:`~fedco.runtime.rounds.Pages`' ``ids``)."""
+    sorted, padded with ``K`` (a :class:`~fedco.runtime.Pages`' ``ids``)."""
     ids = np.full(self.pages, self.store.num_clients, np.int32)
-    chunk = np.unique(self.sampled[start : start + size])
+    chunk = self._clients(start, size)
     ids[: chunk.size] = chunk
     return ids
 
+  def _clients(self, start: int, size: int) -> np.ndarray:
+    return np.unique(self.sampled[start : start + size])
+
   def _read(self, start: int, size: int):
-    ids = np.unique(self.sampled[start : start + size])
+    ids = self._clients(start, size)
     rows = {f: np.zeros((self.capacity,) + s, d) for f, (d, s) in self.store.fields.items()}
     self.store.read(ids, out=rows)
     return ids, rows
