@@ -11,7 +11,11 @@ im2col convolutions), the mean of 3 calls after a compiling one:
   client models vmapped over 5 SGD steps on fixed batches, no sampling or averaging: the
   floor of per-client models on XLA:CPU;
 * ``one_model_pooled_batch_5_steps``: ONE model, 5 steps on the pooled 500-image batch:
-  what the convolutions cost without per-client weights.
+  what the convolutions cost without per-client weights;
+* the arithmetic floor: CNN4's multiply-adds per round (counted from the layer shapes:
+  forward, weight gradients, input gradients but the first layer's) at the matrix-product
+  speed this CPU reaches on the round's own im2col product (the second layer's
+  ``[2560, 288] x [288, 32]`` per client, 50 clients vmapped), ``matmul_gflops``.
 """
 
 import json
@@ -19,7 +23,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import jax
 import jax.numpy as jnp
 import jax_bench
@@ -27,6 +32,7 @@ import numpy as np
 import workloads
 
 import fedco
+from benchmarks import _common
 
 w = workloads.WORKLOADS["cross_device"]
 arrays = workloads.data("cross_device")
@@ -91,6 +97,24 @@ def clients50(p):  # 5 steps of 50 client models, batch 10 each (vmapped), no fe
   return jax.vmap(one, (None, 0, 0))(p, xs, ys)
 
 
+def cnn4_flops_per_image_step(side=32, channels=3, filters=32, classes=10):
+  """Floating-point operations of one image's SGD step through CNN4 (convolutions, dense)."""
+  flops, c = 0, channels
+  for block in range(4):
+    conv = 2 * side * side * 9 * c * filters  # one forward product
+    flops += conv * (2 if block == 0 else 3)  # + weight gradient (+ input gradient)
+    side, c = side // 2, filters
+  return flops + 3 * 2 * side * side * c * classes
+
+
+k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+lhs = jax.random.normal(k1, (50, 2560, 288), jnp.float32)
+rhs = jax.random.normal(k2, (50, 288, 32), jnp.float32)
+product = jax.jit(jnp.matmul)
+matmul_seconds = timeit(lambda: jax.block_until_ready(product(lhs, rhs)), n=10)
+matmul_gflops = 2 * lhs.size * 32 / matmul_seconds / 1e9
+round_flops = cnn4_flops_per_image_step() * 50 * 5 * 10  # clients x steps x batch
+
 out = {
   "fedco_round": timeit(round_),
   "one_model_pooled_batch_5_steps": timeit(lambda: jax.block_until_ready(central(params))),
@@ -98,6 +122,14 @@ out = {
 }
 
 out.update(
-  {"load_average": list(os.getloadavg()), "jax": jax.__version__, "cpu_count": os.cpu_count()}
+  {
+    "round_gflop": round_flops / 1e9,
+    "matmul_gflops": matmul_gflops,
+    "arithmetic_floor_seconds": round_flops / (matmul_gflops * 1e9),
+    "load_average": list(os.getloadavg()),
+    "jax": jax.__version__,
+    "cpu_count": os.cpu_count(),
+    "cpu_model": _common.machine_info()["cpu_model"],
+  }
 )
 print(json.dumps(out))
