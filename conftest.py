@@ -17,9 +17,11 @@ choose otherwise (decision 80). A test module that sets ``COMPILE_OPTIMIZED = Tr
 with XLA's optimizations (its subprocesses too): XLA's CPU backend at optimization level 0
 miscompiles the backward pass of the im2col convolutions into NaNs (the same program is
 finite op by op and when optimized), so the modules that train convolutional models opt
-out.
+out, and so does a test marked ``@pytest.mark.compile_optimized`` (or a parameter with that
+mark) in a module that does not.
 """
 
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -64,12 +66,9 @@ def pytest_cmdline_main(config):
 _FEDCO = pathlib.Path(__file__).parent / "fedco"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _compile_mode(request):
-  """Optimized compilation for a module with ``COMPILE_OPTIMIZED = True`` (see above)."""
-  if not getattr(request.module, "COMPILE_OPTIMIZED", False):
-    yield
-    return
+@contextlib.contextmanager
+def _optimized():
+  """XLA's optimizations on (here and in subprocesses) inside the block."""
   import jax  # pylint: disable=g-import-not-at-top
 
   name = "JAX_DISABLE_MOST_OPTIMIZATIONS"
@@ -84,6 +83,33 @@ def _compile_mode(request):
       os.environ.pop(name, None)
     else:
       os.environ[name] = env
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+    "markers", "compile_optimized: this test compiles with XLA's optimizations (conftest.py)"
+  )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_mode(request):
+  """Optimized compilation for a module with ``COMPILE_OPTIMIZED = True`` (see above)."""
+  if not getattr(request.module, "COMPILE_OPTIMIZED", False):
+    yield
+    return
+  with _optimized():
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _compile_mode_of_test(request):
+  """Optimized compilation for one test (or parameter) marked ``compile_optimized``, in a
+  module whose other tests compile unoptimized."""
+  if request.node.get_closest_marker("compile_optimized") is None:
+    yield
+    return
+  with _optimized():
+    yield
 
 
 def pytest_collect_file(file_path, parent):
