@@ -20,8 +20,6 @@ import pytest
 
 from fedco.models import CNN4, OmniglotCNN, ResNet20, TaskBatchNorm, cross_entropy, init_cnn
 
-COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
-
 
 def _count(params) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -128,6 +126,7 @@ def test_omniglot_tasks_are_independent_under_vmap(omniglot):
   assert not np.allclose(within[0, 0], out[0, 0], atol=1e-4)
 
 
+@pytest.mark.compile_optimized  # XLA at level 0 miscompiles im2col backward passes
 def test_omniglot_gradients_are_finite_first_and_second_order(omniglot):
   model, params = omniglot
   x = _images((5, 28, 28, 1), seed=2)

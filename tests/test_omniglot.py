@@ -26,8 +26,6 @@ from experiments import omniglot as e4
 from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
 
-COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
-
 MOCK_EXAMPLES = 300
 QUIET = runner.Options(progress=False)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -282,6 +280,7 @@ def test_task_maml_normalises_a_task_as_one_batch():
   assert np.abs(np.asarray(single) - np.asarray(logits)).max() > 0.1
 
 
+@pytest.mark.compile_optimized  # XLA at level 0 miscompiles im2col backward passes
 def test_e4_end_to_end_with_tiny_settings(tmp_path):
   """One method keeps the test fast (each is one XLA compilation of a second-order MAML
   step through the CNN); 3 rounds with evaluation every 2 and at the last round, whose
