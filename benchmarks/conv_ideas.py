@@ -144,18 +144,7 @@ def _layer_sides(side: int, channels: int):
 def _round_sides():
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "peers"))
   import jax_bench  # pylint: disable=g-import-not-at-top
-  import workloads  # pylint: disable=g-import-not-at-top
 
-  import fedco  # pylint: disable=g-import-not-at-top
-
-  w = workloads.WORKLOADS["cross_device"]
-  arrays = workloads.data("cross_device")
-  arrays["y"] = arrays["y"].astype(np.int32)
-  clients = [
-    {k: v[workloads.client_rows("cross_device", c)] for k, v in arrays.items()}
-    for c in range(w.num_clients)
-  ]
-  data = fedco.FederatedData.from_clients(clients)
   sides = {}
   for name in ROUND_SIDES:
     # CNN4's layers call layers.conv2d: swapped while this side's program is traced
@@ -163,16 +152,7 @@ def _round_sides():
     original = layers.conv2d
     layers.conv2d = lambda x, k, strides=(1, 1), padding="SAME", impl="auto", c=conv: c(x, k)
     try:
-      loss, params = jax_bench._model("cross_device", "matmul")
-      algorithm = fedco.fedavg(w.learning_rate, w.local_steps, weighting="samples")
-      sim = fedco.Simulator(
-        fedco.plain(loss),
-        algorithm,
-        data,
-        batch_size=w.batch_size,
-        clients_per_round=w.clients_per_round,
-        evaluate=False,
-      )
+      sim, params = jax_bench.simulator("cross_device", "matmul")
       state = {"s": sim.init(params, 0)}
       jax.block_until_ready(sim.run(state["s"], 1))  # traced and compiled with the swap
     finally:

@@ -63,7 +63,8 @@ def _model(workload, conv_impl):
   }
 
 
-def run_fedco(workload, rounds, conv_impl):
+def simulator(workload, conv_impl="auto"):
+  """``(fedco.Simulator, initial params)`` of ``workload`` as fedco's side runs it."""
   import fedco  # pylint: disable=g-import-not-at-top
 
   w = workloads.WORKLOADS[workload]
@@ -90,6 +91,13 @@ def run_fedco(workload, rounds, conv_impl):
     clients_per_round=w.clients_per_round,
     evaluate=False,
   )
+  return sim, params
+
+
+def run_fedco(workload, rounds, conv_impl):
+  import fedco  # pylint: disable=g-import-not-at-top
+
+  sim, params = simulator(workload, conv_impl)
   state = sim.init(params, 0)
   compiled, _ = sim.run(state, rounds)  # compiles the program for this many rounds
   jax.block_until_ready(compiled)
