@@ -318,11 +318,11 @@ class RoundAction:
   round and after the last round, with the whole :class:`~fedco.runtime.SimState`: personal
   models, trackers, the server's weights, not only the parameters that ``metrics_fn`` sees
   (in a streamed run with client state on disk, ``state.clients`` holds only the last
-  chunk's clients, as :class:`~fedco.runtime.Pages`). A returned dict of numbers is a row of metrics at that round, ``{"round": r,
-  **metric_labels, name: value}`` (streamed to the metric writers, checkpointed, kept in
-  ``SimulationResult.host_metrics``; a non-finite number stops the run like a diverged
-  metric); ``None`` records nothing. The run's chunks end at the action's rounds, so it sees
-  exactly that round's state.
+  chunk's clients, as :class:`~fedco.runtime.Pages`). A returned dict of numbers is a row
+  of metrics at that round, ``{"round": r, **metric_labels, name: value}`` (streamed to the
+  metric writers, checkpointed, kept in ``SimulationResult.host_metrics``; a non-finite
+  number stops the run like a diverged metric); ``None`` records nothing. The run's chunks
+  end at the action's rounds, so it sees exactly that round's state.
 
   Args:
     fn: a callable ``fn(state, round) -> dict of numbers (scalars or arrays) or None``;

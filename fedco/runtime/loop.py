@@ -148,9 +148,9 @@ def simulate(
       the newest intact one, says "resumed from round N" on stderr, and ends bit-identical
       to an uninterrupted run (a streamed run with client state on disk keeps it in
       ``<checkpoint_dir>/client_state`` and resumes from the newest checkpoint only:
-      :class:`~fedco.runtime.StateStore`). The directory is locked for the run (a second run gets a
-      one-line ``ValueError`` naming the holder; in a multi-process run, process 0 holds
-      it). ``None`` (default): no checkpoints.
+      :class:`~fedco.runtime.StateStore`). The directory is locked for the run (a second
+      run gets a one-line ``ValueError`` naming the holder; in a multi-process run,
+      process 0 holds it). ``None`` (default): no checkpoints.
     checkpoint_every: rounds between checkpoints, an int ``>= 1`` (default: every chunk).
     keep_checkpoints: how many checkpoints to keep, an int ``>= 1``. Default 3.
     checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
