@@ -193,7 +193,8 @@ def prepare(config, seed, setup):
   return {
     **setup,
     "data": fedco.FederatedData.from_index_lists(examples, parts),
-    "params": setup["model"].init(jax.random.PRNGKey(seed), examples["x"][0]),
+    # one compiled program (op by op, each layer's initializer would compile on its own)
+    "params": jax.jit(setup["model"].init)(jax.random.PRNGKey(seed), examples["x"][0]),
   }
 
 

@@ -8,8 +8,6 @@ import pytest
 
 from fedco.models import CNN4, OmniglotCNN, ResNet20, init_cnn, layers
 
-COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
-
 CASES = [  # (input shape, kernel shape, strides, padding)
   ((2, 8, 8, 3), (3, 3, 3, 4), (1, 1), "SAME"),
   ((2, 7, 9, 2), (3, 3, 2, 5), (1, 1), "SAME"),
@@ -20,8 +18,8 @@ CASES = [  # (input shape, kernel shape, strides, padding)
 ]
 
 
-def _rand(key, shape):
-  return jax.random.normal(jax.random.PRNGKey(key), shape)
+def _rand(key, shape):  # numpy's: jax.random.normal would compile once per shape
+  return jnp.asarray(np.random.default_rng(key).standard_normal(shape, np.float32))
 
 
 @pytest.mark.parametrize("xs,ks,strides,padding", CASES)
@@ -94,13 +92,21 @@ def test_auto_is_matmul_on_cpu():
 @pytest.mark.parametrize(
   "make,shape",
   [
-    (lambda impl: CNN4(filters=8, conv_impl=impl), (16, 16, 3)),
-    (lambda impl: OmniglotCNN(filters=8, conv_impl=impl), (4, 28, 28, 1)),
+    # the two differentiated models compile optimized: XLA at level 0 turns their im2col
+    # gradients into NaNs (conftest.py); a single layer's (above) compiles right
+    pytest.param(
+      lambda impl: CNN4(filters=8, conv_impl=impl), (16, 16, 3), marks=pytest.mark.compile_optimized
+    ),
+    pytest.param(
+      lambda impl: OmniglotCNN(filters=8, conv_impl=impl),
+      (4, 28, 28, 1),
+      marks=pytest.mark.compile_optimized,
+    ),
     (lambda impl: ResNet20(width=4, conv_impl=impl), (8, 8, 3)),
   ],
 )
 def test_models_agree_across_implementations(make, shape):
-  params = make("xla").init(jax.random.PRNGKey(1), jnp.zeros(shape))  # eager: no compile
+  params = make("xla").init(jax.random.PRNGKey(1), jnp.zeros(shape))
   shapes = lambda impl: jax.eval_shape(make(impl).init, jax.random.PRNGKey(0), jnp.zeros(shape))
   assert shapes("matmul") == shapes("xla")  # same parameters (values: the Conv test above)
   x = _rand(4, (3,) + shape if len(shape) == 3 else shape)

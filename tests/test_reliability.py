@@ -27,12 +27,12 @@ def _data(seed=0):
   return fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients(seed=seed)])
 
 
-def _run(directory, rounds=4, *, seed=0, lr=0.1, local_steps=2, data=None, **kw):
+def _run(directory, rounds=4, *, seed=0, lr=0.1, local_steps=2, data=None, lam=1.0, x0=0.0, **kw):
   return fedco.simulate(
-    portfolio(1.0),
+    portfolio(lam),
     fedco.feddro(lr, local_steps, beta=0.5),
     _data() if data is None else data,
-    jnp.zeros(3),
+    jnp.full(3, x0),
     rounds=rounds,
     seed=seed,
     batch_size=4,
@@ -62,6 +62,14 @@ def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path, 
   with pytest.raises(checkpoint.RunMismatchError, match=named) as err:
     _run(tmp_path, 4, **change)
   assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_a_checkpoint_of_another_objective_is_refused(tmp_path):
+  """The problem's probe (its objective at the initial model) tells two risk aversions
+  apart (at a model where they differ: at 0 the portfolio objective is 0 for every one)."""
+  _run(tmp_path, 2, x0=0.1)
+  with pytest.raises(checkpoint.RunMismatchError, match="problem.probe"):
+    _run(tmp_path, 4, x0=0.1, lam=2.0)
 
 
 def _chained(directory, clip, lr, rounds):

@@ -91,6 +91,25 @@ def _filled(cell) -> bool:
   return True
 
 
+def _objective(problem, params, examples, rows, weights):
+  return problem.client_objective(params, jax.tree.map(lambda a: a[rows], examples), weights)
+
+
+_objective_per_problem = jax.jit(_objective, static_argnums=0)
+
+
+def _probe(problem, *args):
+  """``problem.client_objective`` at ``params`` on ``rows`` of ``examples``, compiled as one
+  program (cached per problem object; a problem that cannot be hashed compiles anew): run op
+  by op, each of its operations would compile alone, hundreds for a MAML step through a CNN
+  (seconds at every start)."""
+  try:
+    hash(problem)
+  except TypeError:
+    return jax.jit(functools_partial(_objective, problem))(*args)
+  return _objective_per_problem(problem, *args)
+
+
 def describe_run(sim, params, seed, state) -> Dict[str, Any]:
   """The JSON description of a run (see the module)."""
   cfg = sim.config
@@ -108,9 +127,8 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
   ):
     start, count = int(data.offsets[0]), min(int(data.counts[0]), 8)
     rows = np.asarray(data.flat_rows[start : start + count])
-    batch = jax.tree.map(lambda a: a[rows], data.examples)
     weights = np.full((count,), 1.0 / count, np.result_type(float))
-    probe = array_digest(problem.client_objective(params, batch, weights))
+    probe = array_digest(_probe(problem, params, data.examples, rows, weights))
   description = {
     "algorithm": {
       "name": algorithm.name,

@@ -303,11 +303,13 @@ class Simulator:
       The :class:`~fedco.runtime.Ledger`.
     """
     steps = self.plan.local_steps
-    field = lambda f: (
-      state.server["params"]
-      if f == "params"
-      else jax.tree.map(lambda a: a[0], get_field(_per_client(state.clients), f))
-    )
+
+    def field(f):  # one client's field as shapes and dtypes (slicing compiles an op per leaf)
+      if f == "params":
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state.server[f])
+      per_client = get_field(_per_client(state.clients), f)
+      return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), per_client)
+
     size = lambda f: _tree_size(field(f))
     up = {"params": size("params")}
     for f in self.plan.every_round:
@@ -324,7 +326,7 @@ class Simulator:
     codecs = {} if link is None else link.codecs
     messages = privacy_lib.messages_per_round(self.plan)
 
-    dtype = lambda f: jnp.result_type(*jax.tree.leaves(field(f)))
+    dtype = lambda f: jnp.result_type(*(a.dtype for a in jax.tree.leaves(field(f))))
     itemsize = lambda f: np.dtype(dtype(f)).itemsize
 
     def message_bytes(f):  # one message of the field: the codec's bits, or its floats
