@@ -416,8 +416,9 @@ def _result(sim, runs, states, frozen, collected, rounds, seconds) -> SweepResul
   """The finished sweep's :class:`SweepResult`."""
   metrics = dict(collected)
   diverged = vmapped.divergences(np.asarray(frozen)[: len(runs)], metrics)
-  states = jax.tree.map(lambda a: a[: len(runs)], states)
-  ledger = sim.ledger(jax.tree.map(lambda a: a[0], states))
+  n = len(runs)  # (slices only where runs were padded: each slice compiles a program)
+  states = jax.tree.map(lambda a: a if a.shape[0] == n else a[:n], states)
+  ledger = sim.ledger(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), states))
   faults = {k: v for k, v in metrics.items() if k in ("survivors", "local_steps")}
   ledgers = [
     ledger.run_totals(rounds, {k: v[r] for k, v in faults.items()}) for r in range(len(runs))
