@@ -64,12 +64,14 @@ def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path, 
   assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
 
 
-def test_a_checkpoint_of_another_objective_is_refused(tmp_path):
-  """The problem's probe (its objective at the initial model) tells two risk aversions
-  apart (at a model where they differ: at 0 the portfolio objective is 0 for every one)."""
-  _run(tmp_path, 2, x0=0.1)
+@pytest.mark.parametrize("x0", [0.0, 0.1])
+def test_a_checkpoint_of_another_objective_is_refused(tmp_path, x0):
+  """The problem's probe tells two risk aversions apart, also from the all-zero model,
+  where the portfolio objective is 0 for every one (the probe also evaluates a nearby
+  model)."""
+  _run(tmp_path, 2, x0=x0)
   with pytest.raises(checkpoint.RunMismatchError, match="problem.probe"):
-    _run(tmp_path, 4, x0=0.1, lam=2.0)
+    _run(tmp_path, 4, x0=x0, lam=2.0)
 
 
 def _chained(directory, clip, lr, rounds):

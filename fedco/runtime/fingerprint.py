@@ -3,7 +3,8 @@ by the run that wrote it.
 
 A fingerprint is a digest of a JSON description: the algorithm (registry factory and its
 arguments, the communication plan), the problem (its name and a probe: its client objective
-at the initial model on client 0's first rows, so a changed temperature or loss shows), a
+on client 0's first rows at the initial model and at a nearby one, so a changed temperature
+or loss shows even where the initial model, all zeros say, makes it a constant), a
 digest of the data, the seed, a digest of the whole initial ``SimState`` (initial model,
 PRNG key, trackers, injected hyperparameters, optimizer states) and the runtime options.
 An algorithm a factory did not build whole (``fedco.chain``, ``named_chain``,
@@ -22,6 +23,7 @@ from functools import partial as functools_partial
 from typing import Any, Dict, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -92,17 +94,27 @@ def _filled(cell) -> bool:
 
 
 def _objective(problem, params, examples, rows, weights):
-  return problem.client_objective(params, jax.tree.map(lambda a: a[rows], examples), weights)
+  """The objective at ``params`` and at ``params`` moved by a fixed uneven pattern (at an
+  all-zero model a KL-DRO temperature or a portfolio's risk aversion changes nothing)."""
+  batch = jax.tree.map(lambda a: a[rows], examples)
+  moved = jax.tree.map(
+    lambda p: (
+      p + 0.1 * jnp.sin(1.0 + jnp.arange(p.size)).reshape(p.shape).astype(p.dtype)
+      if jnp.issubdtype(p.dtype, jnp.inexact)
+      else p
+    ),
+    params,
+  )
+  return [problem.client_objective(p, batch, weights) for p in (params, moved)]
 
 
 _objective_per_problem = jax.jit(_objective, static_argnums=0)
 
 
 def _probe(problem, *args):
-  """``problem.client_objective`` at ``params`` on ``rows`` of ``examples``, compiled as one
-  program (cached per problem object; a problem that cannot be hashed compiles anew): run op
-  by op, each of its operations would compile alone, hundreds for a MAML step through a CNN
-  (seconds at every start)."""
+  """:func:`_objective`, compiled as one program (cached per problem object; a problem that
+  cannot be hashed compiles anew): run op by op, each of its operations would compile alone,
+  hundreds for a MAML step through a CNN (seconds at a process's first start)."""
   try:
     hash(problem)
   except TypeError:
