@@ -98,8 +98,9 @@ def report(folder: str, top: int = 25) -> dict:
 
 
 def main(argv) -> None:
-  if len(argv) < 2:
-    raise SystemExit("usage: python -m benchmarks.compile_profile FOLDER [--out=FILE.json]")
+  usage = "usage: python -m benchmarks.compile_profile FOLDER [--out=FILE.json]"
+  if len(argv) < 2 or any(not arg.startswith("--out=") for arg in argv[2:]):
+    raise SystemExit(usage)
   try:
     result = report(argv[1])
   except FileNotFoundError as err:
@@ -111,8 +112,7 @@ def main(argv) -> None:
   for row in result["sites"]:
     print(f"{row['seconds']:8.1f} s {row['compilations']:5}  {row['site']}")
   for arg in argv[2:]:
-    if arg.startswith("--out="):
-      pathlib.Path(arg[len("--out=") :]).write_text(json.dumps(result, indent=1) + "\n")
+    pathlib.Path(arg[len("--out=") :]).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

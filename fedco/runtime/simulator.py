@@ -306,7 +306,7 @@ class Simulator:
 
     def field(f):  # one client's field as shapes and dtypes (slicing compiles an op per leaf)
       if f == "params":
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state.server[f])
+        return state.server[f]
       per_client = get_field(_per_client(state.clients), f)
       return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), per_client)
 
