@@ -1,5 +1,7 @@
 """Small shared fixtures for the test suite."""
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -78,3 +80,17 @@ def least_squares_grad(client, x):
   """``grad h_i(x) = A^T (A x - b) / n`` in float64."""
   a, b = client["a"], client["b"]
   return a.T @ (a @ x - b) / a.shape[0]
+
+
+def xla_flags(device_count=None):
+  """This process's ``XLA_FLAGS`` (conftest.py's compile settings) for a subprocess, with
+  ``--xla_force_host_platform_device_count=N`` in place of any device count when
+  ``device_count`` is given, and without one when it is ``0``."""
+  flags = [
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
+  if device_count:
+    flags.append(f"--xla_force_host_platform_device_count={device_count}")
+  return " ".join(flags)

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def mesh_results():
   env = {
     **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "XLA_FLAGS": helpers.xla_flags(device_count=8),
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": str(ROOT),
   }

@@ -37,6 +37,7 @@ import pytest
 
 import fedco
 from fedco.runtime import distributed
+from tests import helpers
 from tests import multihost_worker as worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -58,8 +59,9 @@ def multihost(tmp_path_factory):
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": str(ROOT),
     "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+    # devices per process come from initialize(local_device_count=2), not the flag
+    "XLA_FLAGS": helpers.xla_flags(device_count=0),
   }  # compile time dominates
-  env.pop("XLA_FLAGS", None)  # devices per process come from initialize(local_device_count=2)
   port = _free_port()
   procs, logs = [], []
   start = time.perf_counter()

@@ -15,6 +15,7 @@ import pytest
 
 import fedco
 import fedco.testing
+from tests import helpers
 from tests.user_algorithm import shared_momentum
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def test_a_user_algorithm_passes_every_check_on_eight_devices():
     **os.environ,
     "PYTHONPATH": str(ROOT),
     "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "XLA_FLAGS": helpers.xla_flags(device_count=8),
   }
   out = subprocess.run(
     [sys.executable, str(ROOT / "tests" / "user_algorithm.py")],
