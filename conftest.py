@@ -26,6 +26,8 @@ import hashlib
 import os
 import pathlib
 import platform
+import subprocess
+import sys
 
 import pytest
 from _pytest import doctest
@@ -50,9 +52,27 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # XLA:CPU's legacy emitters in place of its MLIR fusion emitters: a quarter less compilation
 # time (decision 85). Appended to ``XLA_FLAGS`` (here and in subprocesses; a value already
 # there wins); ``tests.helpers.xla_flags`` keeps it where a subprocess sets a device count.
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-  flags = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false"
-  os.environ["XLA_FLAGS"] = flags.strip()
+LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+  """Whether this jaxlib's XLA accepts ``flag`` (it aborts on an unknown one, and a later
+  jaxlib may drop this one): asked once, in a subprocess, by the first pytest process."""
+  probe = subprocess.run(
+    [sys.executable, "-c", "import jax; jax.devices()"],
+    env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    timeout=300,
+    check=False,
+  )
+  return probe.returncode == 0
+
+
+if "FEDCO_TESTS_XLA_FLAGS" not in os.environ:  # the workers inherit the answer
+  given = os.environ.get("XLA_FLAGS", "")
+  if "xla_cpu_use_fusion_emitters" not in given and _xla_knows(LEGACY_EMITTERS):
+    os.environ["XLA_FLAGS"] = f"{given} {LEGACY_EMITTERS}".strip()
+  os.environ["FEDCO_TESTS_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
 
 
 @pytest.hookimpl(tryfirst=True)
