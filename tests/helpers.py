@@ -82,10 +82,10 @@ def least_squares_grad(client, x):
   return a.T @ (a @ x - b) / a.shape[0]
 
 
-def xla_flags(device_count=None):
+def xla_flags(device_count):
   """This process's ``XLA_FLAGS`` (conftest.py's compile settings) for a subprocess, with
-  ``--xla_force_host_platform_device_count=N`` in place of any device count when
-  ``device_count`` is given, and without one when it is ``0``."""
+  ``--xla_force_host_platform_device_count=N`` in place of any device count, or without
+  one when ``device_count`` is ``0``."""
   flags = [
     f
     for f in os.environ.get("XLA_FLAGS", "").split()

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def mesh_results():
   env = {
     **os.environ,
-    "XLA_FLAGS": helpers.xla_flags(device_count=8),
+    "XLA_FLAGS": helpers.xla_flags(8),
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": str(ROOT),
   }

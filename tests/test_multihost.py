@@ -60,7 +60,7 @@ def multihost(tmp_path_factory):
     "PYTHONPATH": str(ROOT),
     "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
     # devices per process come from initialize(local_device_count=2), not the flag
-    "XLA_FLAGS": helpers.xla_flags(device_count=0),
+    "XLA_FLAGS": helpers.xla_flags(0),
   }  # compile time dominates
   port = _free_port()
   procs, logs = [], []

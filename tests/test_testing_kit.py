@@ -29,7 +29,7 @@ def test_a_user_algorithm_passes_every_check_on_eight_devices():
     **os.environ,
     "PYTHONPATH": str(ROOT),
     "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": helpers.xla_flags(device_count=8),
+    "XLA_FLAGS": helpers.xla_flags(8),
   }
   out = subprocess.run(
     [sys.executable, str(ROOT / "tests" / "user_algorithm.py")],
