@@ -31,6 +31,7 @@ import numpy as np
 
 import fedco
 from experiments import common, runner
+from fedco import extend
 from fedco import metrics as metrics_lib
 
 PROBLEMS = ("erm", "kl_exp", "kl_log")
@@ -59,10 +60,9 @@ def _stats(params, example):
 
 def check(config) -> None:
   """The experiment's own fields (``ValueError`` naming ``--config.<field>``)."""
-  if config.budget not in BUDGETS:
-    raise ValueError(f"--config.budget must be one of {BUDGETS}, got {config.budget!r}")
-  common.check_positive("config.gamma", config.gamma)
-  common.check_positive("config.converge_tol", config.converge_tol)
+  extend.one_of("--config.budget", config.budget, BUDGETS)
+  extend.positive("--config.gamma", config.gamma)
+  extend.positive("--config.converge_tol", config.converge_tol)
   check_problems(config)
 
 
@@ -178,13 +178,8 @@ def summarize(config, outcome) -> Dict[str, Any]:
 
 
 def plot(wd, config, outcome):
-  fig = common.figure(figsize=(6, 4))
-  ax = fig.subplots()
-  drawn = common.plot_mean_curves(
-    ax, outcome.records, "test_acc_doctorate", band=0.15, group="method"
-  )
-  ax.set_xlabel("round")
-  ax.set_ylabel("doctorate client's test accuracy")
-  ax.set_title(f"UCI Adult, doctorate vs other ({config.budget} budget)")
-  ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, ax, "adult_dro.png", legend=bool(drawn), fontsize=8)
+  """``adult_dro.png``: the doctorate client's test accuracy against rounds."""
+  panels = (("test_acc_doctorate", "doctorate client's test accuracy"),)
+  title = f"UCI Adult, doctorate vs other ({config.budget} budget)"
+  fig = common.curves(outcome.records, outcome.labels, panels, title=title, finals=outcome.finals)
+  wd.save_figure(fig, "adult_dro.png")

@@ -18,11 +18,13 @@ import math
 import numbers
 import os
 import shutil
+import textwrap
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from fedco import extend
 from fedco.io import DirectoryLock, atomic_write, remove_stale_temporaries
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
@@ -70,49 +72,17 @@ def dumps(value: Any, **kwargs) -> str:
   return json.dumps(to_jsonable(value), allow_nan=False, **kwargs)
 
 
-# ---- atomic writes -----------------------------------------------------------------------
-
-# ---- flag checks -------------------------------------------------------------------------
-
-
-def check_real(name, value, *, low=None, high=None, low_open=True, high_open=False) -> float:
-  """A finite number in the given interval, or ``ValueError`` naming ``--name``."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-    raise ValueError(f"--{name} must be a finite number, got {value!r}")
-  ok = (low is None or (value > low if low_open else value >= low)) and (
-    high is None or (value < high if high_open else value <= high)
-  )
-  if not ok:
-    lo = "-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
-    hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
-    raise ValueError(f"--{name} must lie in {lo}, {hi}, got {value!r}")
-  return float(value)
-
-
-def check_positive(name, value, *, allow_zero: bool = False) -> float:
-  """A finite number ``> 0`` (``>= 0`` with ``allow_zero``)."""
-  return check_real(name, value, low=0.0, low_open=not allow_zero)
-
-
-def check_int(name, value, minimum) -> int:
-  """An integer ``>= minimum``, or ``ValueError`` naming ``--name``."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    raise ValueError(f"--{name} must be an integer >= {minimum}, got {value!r}")
-  return int(value)
+# ---- flag checks (one-line errors; numbers: fedco.extend.positive, positive_int, bounded) -
 
 
 def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
   """A non-empty comma list (or sequence) of integers ``>= minimum`` (distinct if asked)."""
   try:
-    out = tuple(int(v) for v in values)
-  except (TypeError, ValueError):
-    raise ValueError(f"--{name} must be a comma list of integers, got {values!r}") from None
-  if not out:
-    raise ValueError(f"--{name} must name at least one value")
-  for v in out:
-    check_int(name, v, minimum)
-  if distinct and len(set(out)) != len(out):
-    raise ValueError(f"--{name} lists a value twice: {list(out)}")
+    out = tuple(extend.positive_int(name, v, minimum=minimum) for v in values)
+  except TypeError:
+    raise ValueError(f"{name} must be a comma list of integers, got {values!r}") from None
+  if not out or (distinct and len(set(out)) != len(out)):
+    raise ValueError(f"{name} must list {'distinct ' * distinct}integers, got {values!r}")
   return out
 
 
@@ -360,21 +330,18 @@ def final_metrics(metrics: Mapping[str, np.ndarray]) -> Dict[str, Any]:
 
 def evaluated_records(
   metrics: Mapping[str, np.ndarray],
-  fields,
+  labels: Mapping[str, Any],
   *,
   keys: Optional[Sequence[str]] = None,
-  finite_keys: Optional[Sequence[str]] = None,
   finite_only: bool = False,
 ) -> List[Dict[str, Any]]:
   """One ``metrics.jsonl`` record per evaluated round of a ``simulate`` result.
 
   Args:
     metrics: ``result.metrics`` (or a ``NonFiniteError``'s ``metrics``).
-    fields: ``round -> dict`` of the run's own fields (algorithm, seed, ...), placed after
-      ``round``.
+    labels: the run's own fields (method, seed), placed after ``round``.
     keys: the metrics to copy (default: every one except ``evaluated`` and ``clients`` whose
       per-round value is a scalar or a vector).
-    finite_keys: the metrics that must be finite when ``finite_only`` (default: ``keys``).
     finite_only: stop at the first round where one of them is not finite (a diverged run).
   """
   out = []
@@ -386,10 +353,8 @@ def evaluated_records(
         k for k, v in metrics.items() if k not in ("evaluated", "clients") and np.ndim(v[r]) <= 1
       ]
     )
-    rec = {"round": int(r) + 1, **fields(int(r) + 1)}
-    rec.update({k: metrics[k][r] for k in chosen})
-    checked = chosen if finite_keys is None else finite_keys
-    if finite_only and not all(np.all(np.isfinite(rec[k])) for k in checked):
+    rec = {"round": int(r) + 1, **labels, **{k: metrics[k][r] for k in chosen}}
+    if finite_only and not all(np.all(np.isfinite(rec[k])) for k in chosen):
       break
     out.append(rec)
   return out
@@ -398,15 +363,12 @@ def evaluated_records(
 def seed_statistics(
   finals: Mapping[str, Mapping[Any, Mapping[str, Any]]],
   keys: Sequence[str],
-  *,
-  label_key: str = "method",
 ):
   """Per-run mean and standard deviation over the seeds that did not diverge.
 
   Args:
     finals: ``{label: {seed: final values, or {"diverged": message, ...}}}``.
     keys: the final values to summarise (``None`` for one no seed reports).
-    label_key: the table column naming the run.
 
   Returns:
     ``(per_run, table)``: ``per_run[label]`` holds ``per_seed``, ``diverged_seeds`` and, per
@@ -419,7 +381,7 @@ def seed_statistics(
   for label, by_seed in finals.items():
     ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
     entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {label_key: label}
+    row = {"method": label}
     notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
     for k in keys:  # a key no seed reports (epsilon without privacy) summarises to None
       vals = [f[k] for f in ok.values()] if any(k in f for f in ok.values()) else []
@@ -507,85 +469,108 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
   return "\n".join(out)
 
 
-def plot_mean_curves(
-  ax,
-  records: Sequence[Mapping[str, Any]],
-  key: str,
-  *,
-  x: str = "round",
-  labels: Optional[Sequence[str]] = None,
-  band: Optional[float] = None,
-  label_names=None,
-  skip_missing: bool = False,
-  group: str = "algorithm",
-) -> List[str]:
-  """One line per algorithm label: the mean of ``key`` over the records at each ``x`` value.
-
-  The records (``metrics.jsonl``-style dicts with an ``"algorithm"`` field, one per seed and
-  ``x`` value, say) of each label are grouped by ``x``; the line joins the means over each
-  group, in increasing ``x``, and ``band`` adds a mean +- standard deviation band.
-
-  Args:
-    ax: the matplotlib axes to draw on.
-    records: the records.
-    key: the value to average (every record of a drawn label must hold it, unless
-      ``skip_missing``).
-    x: the x-axis field (``"round"``, ``"iteration"``, ...).
-    labels: the labels to draw, in this order (default: every label, in order of first
-      appearance in ``records``).
-    band: the alpha of the +- std band, filled in the line's colour; ``None``: no band.
-    label_names: the legend text of a label: a mapping (labels it lacks stand for
-      themselves) or a callable; default: the label itself.
-    skip_missing: leave out the records whose ``key`` is missing or ``None``.
-    group: the record field naming a line (``"method"`` in config experiments).
-
-  Returns:
-    The labels drawn, in order.
-  """
-  if labels is None:
-    labels = list(dict.fromkeys(r[group] for r in records))
-  if label_names is None:
-    name = lambda label: label
-  elif callable(label_names):
-    name = label_names
-  else:
-    name = lambda label: label_names.get(label, label)
-  for label in labels:
-    rows = [
-      r for r in records if r[group] == label and (not skip_missing or r.get(key) is not None)
-    ]
-    xs = sorted({r[x] for r in rows})
-    values = [[r[key] for r in rows if r[x] == t] for t in xs]
-    mean = np.array([np.mean(v) for v in values])
-    (line,) = ax.plot(xs, mean, label=name(label))
-    if band is not None:
-      std = np.array([np.std(v) for v in values])
-      ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=band)
-  return list(labels)
-
-
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
-def distinguish(line, i: int) -> None:
-  """Style the ``i``-th line of a panel apart from the others: its own line style and hollow
-  marker, later lines thinner, so a line drawn over an equal one leaves it visible."""
-  line.set(
-    linestyle=LINESTYLES[i % len(LINESTYLES)],
-    marker=MARKERS[i % len(MARKERS)],
-    markerfacecolor="none",
-    linewidth=max(0.8, 2.6 - 0.3 * i),
-    markersize=max(3.0, 8.0 - 0.8 * i),
-  )
+def curves(
+  records: Sequence[Mapping[str, Any]],
+  labels: Sequence[str],
+  panels: Sequence[tuple],
+  *,
+  title: str = "",
+  x: str = "round",
+  steps: Optional[Mapping[str, int]] = None,
+  finals: Optional[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = None,
+  notes: Mapping[str, str] = {},
+  hlines: Mapping[str, float] = {},
+  ncols: Optional[int] = None,
+):
+  """An experiment's figure: one panel per metric, one line per method against rounds.
 
+  Each line is the mean over seeds of the method's rows (``metrics.jsonl``-style: ``method``,
+  ``seed``, ``round``, metrics) with a +- std band, in its own line style and with markers at
+  staggered points, so methods that coincide stay visible. A panel whose values are all 0
+  (or none finite) holds no flat lines but a sentence saying so (``notes[key]``: why).
 
-def save_with_legend(
-  wd: "Workdir", fig, legend_ax, name: str, *, legend: bool = True, **legend_kwargs
-) -> str:
-  """Put the legend on ``legend_ax`` (when ``legend``: say, when any line was drawn), lay
-  ``fig`` out tightly and save it as ``name`` in ``wd``; returns the path."""
-  if legend:
-    legend_ax.legend(**legend_kwargs)
+  Args:
+    records: the rows.
+    labels: the methods in legend order; one without rows gets a legend entry saying where it
+      diverged (``finals[label][seed]["diverged_round"]``).
+    panels: ``(metric, y label)`` pairs, in ``ncols`` columns (default: one row).
+    title: the panels' title prefix (``"<title>: <y label>"``).
+    x: the x axis: ``"round"``, or with ``steps`` (``{label: local steps per round}``) the
+      name of ``round * steps``, say ``"meta-iteration (round x local_steps)"``.
+    steps, finals, notes: see above. hlines: ``{metric: y}`` dotted reference lines.
+
+  Returns:
+    The ``Figure``, laid out, with the legend on the first panel holding a line.
+  """
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
+  at = (lambda r: r["round"] * steps[r["method"]]) if steps else (lambda r: r["round"])
+  drawn = [label for label in labels if any(r["method"] == label for r in records)]
+  ncols = ncols or len(panels)
+  nrows = -(-len(panels) // ncols)
+  fig = figure(figsize=(5 * ncols, 4 * nrows))
+  axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
+  for ax, (key, ylabel) in zip(axes, panels):
+    ax.set(xlabel=x, ylabel=ylabel)
+    ax.set_title(f"{title}: {ylabel}" if title else ylabel, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    rows = [r for r in records if r["method"] in drawn and _finite(r.get(key))]
+    if not any(r[key] for r in rows):  # flat lines would hide each other: say what it is
+      text = f"{ylabel}: " + (
+        "0 for every method at every evaluation" if rows else "no finite evaluation"
+      )
+      ax.text(
+        0.5,
+        0.5,
+        textwrap.fill(notes.get(key, text) if rows else text, 55),
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=8,
+      )
+      continue
+    for i, label in enumerate(drawn):
+      own = [r for r in rows if r["method"] == label]
+      xs = sorted({at(r) for r in own})
+      by_x = [[r[key] for r in own if at(r) == t] for t in xs]
+      mean, std = np.array([np.mean(v) for v in by_x]), np.array([np.std(v) for v in by_x])
+      every = max(1, len(xs) // 10)
+      (line,) = ax.plot(
+        xs,
+        mean,
+        label=label,
+        linestyle=LINESTYLES[i % len(LINESTYLES)],
+        marker=MARKERS[i % len(MARKERS)],
+        markerfacecolor="none",
+        linewidth=max(0.8, 2.6 - 0.3 * i),
+        markersize=max(3.0, 7.0 - 0.6 * i),
+        markevery=(i * every // len(drawn), every),
+      )
+      ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+    if key in hlines:
+      ax.axhline(hlines[key], color="k", lw=0.8, ls=":")
+  legend = next((ax for ax in axes if ax.lines), axes[0])
+  for label in labels:
+    if label not in drawn:
+      rounds = sorted(
+        f["diverged_round"] for f in (finals or {}).get(label, {}).values() if "diverged_round" in f
+      )
+      where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
+      legend.plot([], [], linestyle="none", marker="x", color="black", label=f"{label} ({where})")
+  if legend.lines:
+    legend.legend(fontsize=8)
   fig.tight_layout()
-  return wd.save_figure(fig, name)
+  return fig
+
+
+def _finite(value) -> bool:
+  """Whether ``value`` is one finite number (not ``None``, not a vector)."""
+  try:
+    return value is not None and np.ndim(value) == 0 and bool(np.isfinite(value))
+  except TypeError:
+    return False

@@ -52,12 +52,11 @@ import os
 from typing import Any, Dict, List
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 import fedco
 from experiments import common, runner
+from fedco import extend, models
 from fedco import metrics as metrics_lib
-from fedco import models
 from fedco.data import partition
 from fedco.data.datasets import make_federated
 from fedco.problems import kl_dro_weights
@@ -80,8 +79,7 @@ SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_
 def check(config) -> None:
   """E1's own fields, checked (``ValueError`` naming ``--config.<field>``); ``big`` and
   ``min_heldout`` of 0 become the dataset's defaults."""
-  if config.mode not in MODES:
-    raise ValueError(f"--config.mode must be one of {MODES}, got {config.mode!r}")
+  extend.one_of("--config.mode", config.mode, MODES)
   if is_npz(config.dataset):
     if not os.path.isfile(config.dataset):
       raise FileNotFoundError(
@@ -92,11 +90,11 @@ def check(config) -> None:
       f"--config.dataset must be one of {DATASETS} or a path to an .npz file "
       f"(fedco.data.load_npz), got {config.dataset!r}"
     )
-  common.check_int("config.num_clients", config.num_clients, 2)
-  common.check_int("config.big", config.big, 0)
-  common.check_int("config.small", config.small, 1)
-  common.check_int("config.min_heldout", config.min_heldout, 0)
-  common.check_positive("config.gamma", config.gamma)
+  extend.positive_int("--config.num_clients", config.num_clients, minimum=2)
+  extend.positive_int("--config.big", config.big, minimum=0)
+  extend.positive_int("--config.small", config.small)
+  extend.positive_int("--config.min_heldout", config.min_heldout, minimum=0)
+  extend.positive("--config.gamma", config.gamma)
   for m in runner.methods(config):
     if m.algorithm == "drfa" and m.local_steps < 2:
       raise ValueError(
@@ -433,32 +431,13 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
 
 
 def plot(wd, config, outcome):
-  """Mean +- std over seeds of every method; one that diverged before its first evaluation
-  has no curve, so its legend entry says where it diverged."""
-  fig = common.figure(figsize=(10, 4))
-  axes = fig.subplots(1, 2)
-  records, labels, drawn = outcome.records, outcome.labels, outcome.drawn()
-  for ax, key, title in zip(
-    axes, ("val_acc_avg", "val_acc_worst"), ("average client accuracy", "worst client accuracy")
-  ):
-    common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
-    for i, line in enumerate(ax.lines):  # methods that coincide stay visible
-      common.distinguish(line, i)
-      line.set(markevery=max(1, len(line.get_xdata()) // 12))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"validation {title}")
-    ax.set_title(f"{config.dataset}: {title}")
-    ax.grid(alpha=0.3)
-  for label in labels:
-    if label not in drawn:
-      rounds = sorted(
-        {
-          f["diverged_round"]
-          for f in outcome.finals.get(label, {}).values()
-          if "diverged_round" in f
-        }
-      )
-      where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
-      axes[0].plot([], [], linestyle="none", marker="x", color="black", label=f"{label} ({where})")
-  common.save_with_legend(wd, fig, axes[0], "accuracy.png", legend=bool(labels))
+  """``accuracy.png``: the paper's two panels, average and worst client validation accuracy
+  (a method that diverged before its first evaluation is named with its round)."""
+  panels = (
+    ("val_acc_avg", "validation accuracy, average client"),
+    ("val_acc_worst", "validation accuracy, worst client"),
+  )
+  fig = common.curves(
+    outcome.records, outcome.labels, panels, title=config.dataset, finals=outcome.finals
+  )
+  wd.save_figure(fig, "accuracy.png")

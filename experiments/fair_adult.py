@@ -46,9 +46,9 @@ import os
 from typing import Any, Dict, List
 
 import jax.numpy as jnp
-from matplotlib.ticker import MaxNLocator
 
 from experiments import common, runner
+from fedco import extend
 from fedco.data import adult
 from fedco.problems import fairness as fair
 
@@ -69,43 +69,32 @@ TRADEOFF = {
 
 def check(config) -> None:
   """E6's own fields (``ValueError`` naming ``--config.<field>``)."""
-  common.check_int("config.num_clients", config.num_clients, 1)
-  common.check_int("config.clients_per_round", config.clients_per_round, 0)
+  extend.positive_int("--config.num_clients", config.num_clients)
+  extend.positive_int("--config.clients_per_round", config.clients_per_round, minimum=0)
   if config.clients_per_round > config.num_clients:
     raise ValueError(
       f"--config.clients_per_round must be at most --config.num_clients="
       f"{config.num_clients} (0: all), got {config.clients_per_round}"
     )
-  common.check_positive("config.alpha", config.alpha)
-  common.check_positive("config.gamma", config.gamma)
-  common.check_positive("config.eps", config.eps, allow_zero=True)
-  common.check_real("config.proxy_noise", config.proxy_noise, low=0.0, high=1.0, low_open=False)
+  extend.positive("--config.alpha", config.alpha)
+  extend.positive("--config.gamma", config.gamma)
+  extend.positive("--config.eps", config.eps, allow_zero=True)
+  extend.bounded(
+    "--config.proxy_noise", config.proxy_noise, 0.0, 1.0, closed_low=True, closed_high=True
+  )
   for label, entry in config.methods.items():
     if entry.get("algorithm") not in ALGORITHMS:
       raise ValueError(
         f"--config.methods.{label}.algorithm must be one of {ALGORITHMS} "
         f"(E6's methods), got {entry.get('algorithm')!r}"
       )
-  if runner.ablation(config, {"local_steps": ABLATION_DEFAULT}) and not any(
-    e.algorithm in LOCAL for e in config.methods.values()
-  ):
-    raise ValueError(
-      "--config.ablation=local_steps needs a feddro or ds_feddro method in --config.methods"
-    )
+  methods(config, None)  # the ablation needs a method to ablate
 
 
 def methods(config, setup) -> List[runner.Method]:
   """The config's methods, or the feddro / ds_feddro ones once per ablation value."""
   del setup
-  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
-  if not values:
-    return runner.methods(config)
-  return [
-    v
-    for m in runner.methods(config)
-    if m.algorithm in LOCAL
-    for v in runner.ablated(config, m, values)
-  ]
+  return runner.local_steps_ablation(config, runner.methods(config), LOCAL, ABLATION_DEFAULT)
 
 
 def setup(config) -> adult.AdultData:
@@ -185,42 +174,20 @@ def summarize(config, outcome) -> Dict[str, Any]:
 
 
 def plot(wd, config, outcome):
-  """Accuracy and max violation on test and train against rounds: one line per method
-  (mean over seeds, +- std band), each with its own line style and marker."""
-  fig = common.figure(figsize=(11, 8))
-  axes = fig.subplots(2, 2)
-  drawn = outcome.drawn()
+  """``fairness.png``: accuracy and max violation on test and train against rounds."""
   panels = (
     ("test_acc", "test accuracy"),
     ("test_max_violation", "test max violation"),
     ("train_acc", "train accuracy"),
     ("train_max_violation", "train max violation"),
   )
-  for ax, (key, title) in zip(axes.ravel(), panels):
-    ax.set_xlabel("round")
-    ax.set_ylabel(title)
-    ax.set_title(f"Adult, {config.num_clients} clients: {title}", fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if not drawn:
-      ax.text(
-        0.5,
-        0.5,
-        f"{title}: no finite evaluation (every run diverged at once)",
-        transform=ax.transAxes,
-        ha="center",
-        va="center",
-        fontsize=8,
-      )
-      continue
-    for i, label in enumerate(drawn):
-      common.plot_mean_curves(
-        ax, outcome.records, key, labels=[label], band=0.15, group="method", skip_missing=True
-      )
-      common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
-    if "violation" in key:
-      ax.axhline(0.0, color="k", lw=0.8, ls=":")
-    ax.grid(alpha=0.3)
-  legend_ax = next((ax for ax in axes.ravel() if ax.lines), axes[0, 0])
-  common.save_with_legend(
-    wd, fig, legend_ax, "fairness.png", legend=bool(legend_ax.lines), fontsize=8
+  fig = common.curves(
+    outcome.records,
+    outcome.labels,
+    panels,
+    title=f"Adult, {config.num_clients} clients",
+    finals=outcome.finals,
+    hlines={"test_max_violation": 0.0, "train_max_violation": 0.0},
+    ncols=2,
   )
+  wd.save_figure(fig, "fairness.png")

@@ -43,6 +43,7 @@ from matplotlib.ticker import MaxNLocator
 
 import fedco
 from experiments import common, runner
+from fedco import extend
 
 # (a_k, b_k) of g_k(x) = a_k x + b_k; x* solves mean_k g_k(x) = 2x - 2 = 0.
 CLIENTS = ((1.0, 2.0), (3.0, -6.0))
@@ -57,8 +58,6 @@ TRADEOFF = {
     ("distance", "final |x - x*|", "log"),
   )
 }
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
 def problem() -> fedco.Problem:
@@ -82,7 +81,7 @@ def check(config) -> None:
       f"--config.batch_size must be 0 (each client's whole data: its one "
       f"example) in E7, got {config.batch_size!r}"
     )
-  common.check_real("config.x0", config.x0)
+  extend.bounded("--config.x0", config.x0)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -146,8 +145,8 @@ def plot(wd, config, outcome):
     (line,) = ax.plot(
       xs,
       positive(mean),
-      linestyle=LINESTYLES[i % len(LINESTYLES)],
-      marker=MARKERS[i % len(MARKERS)],
+      linestyle=common.LINESTYLES[i % len(common.LINESTYLES)],
+      marker=common.MARKERS[i % len(common.MARKERS)],
       markersize=4,
       markevery=(i * every // len(drawn), every),
       label=label,
@@ -169,4 +168,6 @@ def plot(wd, config, outcome):
   ax.set_ylabel(r"$|\bar{x} - x^*|$")
   ax.set_title("E7: two-client counterexample, Phi(x) = (2x-2)^2/2, x* = 1")
   ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, ax, "distance.png", legend=True, fontsize=8)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  wd.save_figure(fig, "distance.png")

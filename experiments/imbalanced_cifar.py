@@ -51,23 +51,22 @@ CIFAR needs the TFDS data prepared in ``array_record`` format (see :mod:`fedco.d
 a ResNet20 step on 128 images is about a second on a 2-core CPU, so the paper-sized runs are
 for an accelerator. Besides the runner's outputs, writes ``accuracy.png`` (four panels
 against rounds: train and test accuracy, minority-class test accuracy, train objective;
-mean +- std over seeds) and prints the wall time.
+mean +- std over seeds).
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from matplotlib.ticker import MaxNLocator
 
 import fedco
 from experiments import common, runner
+from fedco import extend
 from fedco.data import imbalanced, partition, sources
 from fedco.models import CNN4, LogisticRegression, ResNet20, accuracy, cross_entropy
 from fedco.models.layers import CONV_IMPLS
@@ -93,24 +92,15 @@ _EVAL_CHUNK = 256
 
 def check(config) -> None:
   """E5's own fields and methods (``ValueError`` naming ``--config.<field>``)."""
-  if config.dataset not in imbalanced.ST_DATASETS:
-    raise ValueError(
-      f"--config.dataset must be one of {imbalanced.ST_DATASETS}, got {config.dataset!r}"
-    )
-  if not isinstance(config.data_dir, str):
-    raise ValueError(
-      f"--config.data_dir must be a folder path (or empty: TFDS's default), got {config.data_dir!r}"
-    )
-  if config.model not in MODELS:
-    raise ValueError(f"--config.model must be one of {MODELS}, got {config.model!r}")
-  if config.conv_impl not in CONV_IMPLS:
-    raise ValueError(f"--config.conv_impl must be one of {CONV_IMPLS}, got {config.conv_impl!r}")
+  extend.one_of("--config.dataset", config.dataset, imbalanced.ST_DATASETS)
+  extend.one_of("--config.model", config.model, MODELS)
+  extend.one_of("--config.conv_impl", config.conv_impl, CONV_IMPLS)
   for name in ("width", "num_clients", "lr_drop_round"):
-    common.check_int(f"config.{name}", config[name], 1)
-  common.check_int("config.eval_examples", config.eval_examples, 0)
-  common.check_positive("config.lam", config.lam)
-  common.check_real("config.shift", config.shift)
-  common.check_real("config.keep_fraction", config.keep_fraction, low=0.0, high=1.0)
+    extend.positive_int(f"--config.{name}", config[name])
+  extend.positive_int("--config.eval_examples", config.eval_examples, minimum=0)
+  extend.positive("--config.lam", config.lam)
+  extend.bounded("--config.shift", config.shift)
+  extend.bounded("--config.keep_fraction", config.keep_fraction, 0.0, 1.0, closed_high=True)
   compared = runner.methods(config, extra_keys=())  # their factories check their arguments
   for m in compared:
     where = f"--config.methods.{m.label}"
@@ -122,22 +112,14 @@ def check(config) -> None:
       raise ValueError(
         f"{where}.num_examples is set by the experiment (the training rows); leave it out"
       )
-  if runner.ablation(config, {"local_steps": ABLATION_DEFAULT}) and not any(
-    m.algorithm in LOCAL for m in compared
-  ):
-    raise ValueError(
-      "--config.ablation=local_steps needs a feddro or ds_feddro method in --config.methods"
-    )
+  methods(config)  # the ablation needs a method to ablate
 
 
 def methods(config, setup=None) -> List[runner.Method]:
   """The config's methods, or its feddro / ds_feddro ones once per ablation value."""
   del setup
-  values = runner.ablation(config, {"local_steps": ABLATION_DEFAULT})
   compared = runner.methods(config, extra_keys=())
-  if not values:
-    return compared
-  return [v for m in compared if m.algorithm in LOCAL for v in runner.ablated(config, m, values)]
+  return runner.local_steps_ablation(config, compared, LOCAL, ABLATION_DEFAULT)
 
 
 def load(config):
@@ -168,14 +150,12 @@ def make_model(config, num_classes: int):
 
 def setup(config):
   """The data (loaded once), the model, the loss and the metrics every run shares."""
-  start = time.perf_counter()
   train, test = load(config)
   num_classes = sources.num_classes(config.dataset)
   if config.model != "linear":
     train, test = as_images(train), as_images(test)
   model = make_model(config, num_classes)
   return {
-    "start": start,
     "train": train,
     "test": test,
     "num_classes": num_classes,
@@ -304,70 +284,30 @@ def summarize(config, outcome) -> Dict[str, Any]:
       "test_examples": int(len(s["test"]["y"])),
       "num_classes": s["num_classes"],
     },
-    "seconds": time.perf_counter() - s["start"],
   }
-
-
-def report(summary) -> List[str]:
-  return [f"wall time {summary['seconds']:.1f} s"]
 
 
 def plot(wd, config, outcome):
   """``accuracy.png`` (see :func:`figure`)."""
-  fig, legend_ax = figure(outcome.records, config, outcome.labels)
-  common.save_with_legend(
-    wd, fig, legend_ax, "accuracy.png", legend=bool(legend_ax.lines), fontsize=8
-  )
-
-
-# What a panel's value is, and why it can be 0 everywhere (written in an all-zero panel).
-PANELS = (
-  ("train_acc", "train accuracy", ""),
-  ("test_acc", "test accuracy", ""),
-  (
-    "test_minority_acc",
-    "test accuracy, minority classes",
-    "the test accuracy on the minority classes (the first half, {keep:g}% of their "
-    "training images kept)\nis 0 for every method at every evaluation: no method "
-    "predicts a minority class\nat this budget (more rounds, or a smaller "
-    "imbalance, are needed)",
-  ),
-  ("train_objective", "train KL-DRO objective", ""),
-)
+  wd.save_figure(figure(outcome.records, config, outcome.labels), "accuracy.png")
 
 
 def figure(records, config, labels):
-  """The four panels against rounds; returns ``(figure, legend axes)``. One line per method
-  (mean over seeds, +- std band), each with its own line style and marker; a panel whose
-  values are all 0 (or missing) says what it measures and why instead of drawing flat
-  lines."""
-  fig = common.figure(figsize=(11, 8))
-  axes = fig.subplots(2, 2)
-  drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  for ax, (key, title, why_zero) in zip(axes.ravel(), PANELS):
-    values = [r.get(key) for r in records if r["method"] in drawn]
-    finite = [v for v in values if v is not None and np.isfinite(v)]
-    ax.set_xlabel("round")
-    ax.set_ylabel(title)
-    ax.set_title(f"{config.dataset}-ST, {config.num_clients} clients: {title}", fontsize=10)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if not finite or not any(finite):  # nothing to draw but flat or missing lines: say why
-      if finite and why_zero:
-        text = why_zero.format(keep=100 * config.keep_fraction)
-      elif finite:
-        text = f"{title}: 0 for every method at every evaluation"
-      else:
-        text = f"{title}: no finite evaluation (every run diverged at once)"
-      rounds = [r["round"] for r in records]
-      if rounds:
-        ax.set_xlim(min(rounds), max(max(rounds), min(rounds) + 1))
-      ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8)
-      continue
-    for i, label in enumerate(drawn):
-      common.plot_mean_curves(
-        ax, records, key, labels=[label], band=0.15, group="method", skip_missing=True
-      )
-      common.distinguish(ax.lines[-1], i)  # FedDRO and MBSGD can coincide: both stay visible
-    ax.grid(alpha=0.3)
-  legend_ax = next((ax for ax in axes.ravel() if ax.lines), axes[0, 0])
-  return fig, legend_ax
+  """Train and test accuracy, the minority classes' test accuracy and the training objective
+  against rounds; the minority panel says why when it is 0 everywhere."""
+  panels = (
+    ("train_acc", "train accuracy"),
+    ("test_acc", "test accuracy"),
+    ("test_minority_acc", "test accuracy, minority classes"),
+    ("train_objective", "train KL-DRO objective"),
+  )
+  why = (
+    f"the test accuracy on the minority classes (the first half, "
+    f"{100 * config.keep_fraction:g}% of their training images kept) is 0 for every method "
+    "at every evaluation: no method predicts a minority class at this budget (more rounds, "
+    "or a smaller imbalance, are needed)"
+  )
+  title = f"{config.dataset}-ST, {config.num_clients} clients"
+  return common.curves(
+    records, labels, panels, title=title, notes={"test_minority_acc": why}, ncols=2
+  )

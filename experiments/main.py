@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 import fedco
 from experiments import common, runner
+from fedco import extend
 
 # The command line ml_collections reads its overrides from: the one parse_flags parses
 # (filled there; empty while flags are defined, so nothing is read at import).
@@ -124,7 +125,7 @@ def main(argv):
       progress=FLAGS.progress,
       resume=FLAGS.resume,
       seeds_together=FLAGS.seeds_together,
-      checkpoint_every=common.check_int("checkpoint_every", FLAGS.checkpoint_every, 1),
+      checkpoint_every=extend.positive_int("--checkpoint_every", FLAGS.checkpoint_every),
     )
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)
@@ -170,7 +171,6 @@ class _Unusable(Exception):
   """A ``--flagfile`` or ``--config`` that names no file of its kind (one ``error:`` line)."""
 
 
-FLAGFILE = re.compile(r"--?flagfile(?:=(.*))?", re.S)
 CONFIG_FLAG = re.compile(r"--?config(?:=(.*))?", re.S)
 
 
@@ -194,15 +194,6 @@ def _flagfile_error(path, reason) -> _Unusable:
     f"--flagfile={path!r} cannot be read ({reason}); it must name a readable "
     "file of flags, one per line"
   )
-
-
-def _check_flagfiles(argv) -> None:
-  for path in _values(argv, FLAGFILE):
-    try:
-      with open(path):
-        pass
-    except OSError as err:
-      raise _flagfile_error(path, err.strerror or type(err).__name__) from None
 
 
 def _not_a_config(path, why: str = "") -> _Unusable:
@@ -233,7 +224,6 @@ def parse_flags(argv):
   fails to load are one ``error:`` line too."""
   rest, config_file = [], None
   try:
-    _check_flagfiles(argv)
     rest = FLAGS.read_flags_from_files(argv, force_gnu=False)
     config_file = _config_file(rest)
     _ARGV[:] = argv

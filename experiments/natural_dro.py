@@ -33,8 +33,8 @@ import numpy as np
 
 import fedco
 from experiments import adult_dro, common, dro_fl, runner
+from fedco import extend, models
 from fedco import metrics as metrics_lib
-from fedco import models
 
 DATASETS = ("synthetic", "femnist", "emnist")
 KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
@@ -44,18 +44,17 @@ PROGRESS = "heldout_acc_worst"
 
 def check(config) -> None:
   """The experiment's own fields (``ValueError`` naming ``--config.<field>``)."""
-  if config.dataset not in DATASETS:
-    raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
+  extend.one_of("--config.dataset", config.dataset, DATASETS)
   if config.dataset != "synthetic" and not os.path.isdir(config.data_dir or ""):
     raise FileNotFoundError(
       f"--config.data_dir={config.data_dir!r} must be the folder of the {config.dataset} files "
       "(docs/data.md says how to prepare them)"
     )
-  common.check_positive("config.gamma", config.gamma)
+  extend.positive("--config.gamma", config.gamma)
   for field in ("alpha", "beta"):
     if not isinstance(config[field], (int, float)) or config[field] < 0:
       raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
-  common.check_int("config.num_users", config.num_users, 0)
+  extend.positive_int("--config.num_users", config.num_users, minimum=0)
   adult_dro.check_problems(config)
 
 
@@ -181,13 +180,17 @@ def plot(wd, config, outcome):
   for m in outcome.methods:
     algorithm = m.build(**({"gamma": config.gamma} if m.kwargs.get("normalized") else {}))
     steps[m.label] = algorithm.plan.local_steps
-  records = [{**r, "steps": r["round"] * steps[r["method"]]} for r in outcome.records]
-  fig = common.figure(figsize=(10, 4))
-  axes = fig.subplots(1, 2)
-  for ax, key, title in zip(axes, KEYS[:2], ("worst client", "10th percentile client")):
-    common.plot_mean_curves(ax, records, key, x="steps", band=0.15, group="method")
-    ax.set_xlabel("local steps per client")
-    ax.set_ylabel(f"held-out accuracy, {title}")
-    ax.set_title(f"{config.dataset}: {title}")
-    ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, axes[0], "natural_dro.png", legend=bool(records))
+  panels = tuple(
+    (key, f"held-out accuracy, {who}")
+    for key, who in zip(KEYS, ("worst client", "10th percentile client"))
+  )
+  fig = common.curves(
+    outcome.records,
+    outcome.labels,
+    panels,
+    title=config.dataset,
+    x="local steps per client",
+    steps=steps,
+    finals=outcome.finals,
+  )
+  wd.save_figure(fig, "natural_dro.png")

@@ -48,15 +48,14 @@ Adaptation at evaluation uses ``eval_inner_steps`` steps.
 Needs TFDS ``omniglot`` prepared as ``array_record`` (``tfds build omniglot
 --file_format=array_record``, once, with TensorFlow and network; see
 :mod:`fedco.data.sources`) under ``data_dir``. Besides the runner's outputs, the summary
-holds the alphabets of each part, ``local_scgdm_val_acc_above_<label>`` per seed and
-``wall_seconds``; ``curves.png`` draws the training loss and validation accuracy after
+holds the alphabets of each part, ``local_scgdm_val_acc_above_<label>`` per seed;
+``curves.png`` draws the training loss and validation accuracy after
 adaptation against meta-iterations, mean +- std over seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Dict, List
 
 import jax
@@ -64,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common, runner
+from fedco import extend
 from fedco.data import omniglot as omniglot_data
 from fedco.models import OmniglotCNN, cross_entropy, init_cnn
 from fedco.problems.maml import MAML
@@ -75,8 +75,6 @@ RECORD_KEYS = ("train_loss", "train_acc", "val_loss", "val_acc")
 TABLE_KEYS = ("val_acc", "train_loss", "train_acc", "val_loss")  # and test_acc with test tasks
 PROGRESS = "val_acc"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
 def check(config) -> None:
@@ -87,11 +85,7 @@ def check(config) -> None:
       f"support sets feed the inner map, its query sets the outer; the "
       f"meta-batch is config.tasks_per_episode), got {config.batch_size!r}"
     )
-  if not isinstance(config.data_dir, str):
-    raise ValueError(
-      f"--config.data_dir must be a folder path ('' for TFDS's default), got {config.data_dir!r}"
-    )
-  common.check_int("config.ways", config.ways, 2)
+  extend.positive_int("--config.ways", config.ways, minimum=2)
   for name in (
     "shots",
     "query",
@@ -102,25 +96,21 @@ def check(config) -> None:
     "val_tasks",
     "eval_chunk",
   ):
-    common.check_int(f"config.{name}", config[name], 1)
-  common.check_int("config.eval_inner_steps", config.eval_inner_steps, 0)
-  common.check_int("config.test_tasks", config.test_tasks, 0)
+    extend.positive_int(f"--config.{name}", config[name])
+  extend.positive_int("--config.eval_inner_steps", config.eval_inner_steps, minimum=0)
+  extend.positive_int("--config.test_tasks", config.test_tasks, minimum=0)
   if config.shots + config.query > DRAWINGS:
     raise ValueError(
       f"--config.shots + --config.query must be at most {DRAWINGS} (the "
       f"drawings of an Omniglot character), got shots={config.shots}, "
       f"query={config.query}"
     )
-  common.check_positive("config.inner_lr", config.inner_lr)
+  extend.positive("--config.inner_lr", config.inner_lr)
   for name in ("first_order", "rotations"):
     if not isinstance(config[name], bool):
       raise ValueError(f"--config.{name} must be True or False, got {config[name]!r}")
-  if config.alphabet_split not in omniglot_data.SPLITS:
-    raise ValueError(
-      f"--config.alphabet_split must be one of {omniglot_data.SPLITS}, got "
-      f"{config.alphabet_split!r}"
-    )
-  sizes = common.check_int_list("config.split_sizes", config.split_sizes, 0)
+  extend.one_of("--config.alphabet_split", config.alphabet_split, omniglot_data.SPLITS)
+  sizes = common.check_int_list("--config.split_sizes", config.split_sizes, 0)
   if len(sizes) != 3 or min(sizes[:2]) < 1:
     raise ValueError(
       f"--config.split_sizes must be three integers train >= 1, val >= 1, "
@@ -217,7 +207,6 @@ def methods(config, setup) -> List[runner.Method]:
 def setup(config) -> Dict[str, Any]:
   """The Omniglot arrays and alphabet split (``FileNotFoundError`` when missing), the
   validation and test tasks (one set for every run), the model and the MAML problem."""
-  start = time.perf_counter()
   try:
     data = omniglot_data.load_omniglot(config.data_dir or None)
   except FileNotFoundError:
@@ -234,7 +223,6 @@ def setup(config) -> Dict[str, Any]:
   )
   model, meta = make_model(config)
   out = {
-    "start": start,
     "data": data,
     "split": split,
     "val": val,
@@ -343,44 +331,27 @@ def summarize(config, outcome) -> Dict[str, Any]:
     part: [s["data"].alphabet_names[a] for a in getattr(s["split"], part)]
     for part in ("train", "val", "test")
   }
-  summary["wall_seconds"] = time.perf_counter() - s["start"]
   return summary
-
-
-def report(summary) -> List[str]:
-  return [f"wall time {summary['wall_seconds']:.1f} s"]
 
 
 def plot(wd, config, outcome):
   """``curves.png`` (see :func:`figure`)."""
   steps = {m.label: m.local_steps for m in outcome.methods}
-  records = [{**r, "iteration": r["round"] * steps[r["method"]]} for r in outcome.records]
-  fig = figure(records, config, outcome.labels)
-  common.save_with_legend(wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines))
+  wd.save_figure(figure(outcome.records, config, outcome.labels, steps), "curves.png")
 
 
-def figure(records, config, labels):
-  """Training loss and validation accuracy after adaptation against meta-iterations, mean
-  +- std over seeds (one line style and marker per method)."""
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
-
-  fig = common.figure(figsize=(10, 4))
-  axes = fig.subplots(1, 2)
-  drawn = [label for label in labels if any(r["method"] == label for r in records)]
+def figure(records, config, labels, steps=None):
+  """Training loss and validation accuracy after adaptation against meta-iterations
+  (``steps``: each method's local steps; default ``config.local_steps``)."""
   panels = (
-    ("train_loss", "training loss (after adaptation)", "query cross-entropy on training tasks"),
-    ("val_acc", "validation accuracy (after adaptation)", "query accuracy on validation tasks"),
+    ("train_loss", "query cross-entropy on training tasks"),
+    ("val_acc", "query accuracy on validation tasks"),
   )
-  for ax, (key, title, ylabel) in zip(axes, panels):
-    common.plot_mean_curves(
-      ax, records, key, x="iteration", labels=drawn, band=0.15, group="method"
-    )
-    for i, line in enumerate(ax.get_lines()):  # methods can coincide: vary the style too
-      line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
-      line.set_marker(MARKERS[i % len(MARKERS)])
-      line.set_markersize(3)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="meta-iteration (round x local_steps)", ylabel=ylabel)
-    ax.set_title(f"Omniglot {config.ways}-way {config.shots}-shot: {title}", fontsize=9)
-    ax.grid(alpha=0.3)
-  return fig
+  return common.curves(
+    records,
+    labels,
+    panels,
+    title=f"Omniglot {config.ways}-way {config.shots}-shot, after adaptation",
+    x="meta-iteration (round x local_steps)",
+    steps=steps or {label: config.local_steps for label in labels},
+  )

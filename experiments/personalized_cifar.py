@@ -106,7 +106,7 @@ import numpy as np
 
 import fedco
 from experiments import common, runner
-from fedco import models
+from fedco import extend, models
 from fedco.data import partition
 from fedco.data.datasets import make_federated
 from fedco.problems import personalized
@@ -134,29 +134,21 @@ PROGRESS = "val_acc_avg"
 
 
 def _check_rho(name, value) -> float:
-  return common.check_real(name, value, low=0.0, high=1.0, low_open=False)
+  return extend.bounded(f"--{name}", value, 0.0, 1.0, closed_low=True, closed_high=True)
 
 
 def check(config) -> None:
   """E2's own fields and methods' problems (``ValueError`` naming ``--config.<field>``)."""
-  if config.dataset not in DATASETS:
-    raise ValueError(f"--config.dataset must be one of {DATASETS}, got {config.dataset!r}")
-  if not isinstance(config.data_dir, str):
-    raise ValueError(
-      f"--config.data_dir must be a folder path ('' for TFDS's default), got {config.data_dir!r}"
-    )
-  common.check_int("config.per_client", config.per_client, 0)
+  extend.one_of("--config.dataset", config.dataset, DATASETS)
+  extend.positive_int("--config.per_client", config.per_client, minimum=0)
   _check_rho("config.rho", config.rho)
   for name in ("filters", "eval_chunk"):
-    common.check_int(f"config.{name}", config[name], 1)
+    extend.positive_int(f"--config.{name}", config[name])
   if not isinstance(config.first_order, bool):
     raise ValueError(f"--config.first_order must be True or False, got {config.first_order!r}")
-  if config.conv_impl not in models.layers.CONV_IMPLS:
-    raise ValueError(
-      f"--config.conv_impl must be one of {models.layers.CONV_IMPLS}, got {config.conv_impl!r}"
-    )
-  common.check_positive("config.gamma", config.gamma)
-  common.check_real("config.shift", config.shift)
+  extend.one_of("--config.conv_impl", config.conv_impl, models.layers.CONV_IMPLS)
+  extend.positive("--config.gamma", config.gamma)
+  extend.bounded("--config.shift", config.shift)
   compared = runner.methods(config)  # their factories check their arguments
   for m in compared:
     fields, where = m.problem.get("problem"), f"--config.methods.{m.label}"
@@ -182,11 +174,9 @@ def check(config) -> None:
           f"own temperature, --config.gamma ({config.gamma}); leave it unset"
         )
     if fields["name"] != "erm":
-      common.check_positive(f"config.methods.{m.label}.problem.inner_lr", fields.get("inner_lr"))
+      extend.positive(f"--config.methods.{m.label}.problem.inner_lr", fields.get("inner_lr"))
     elif m.algorithm != "ditto":
-      common.check_positive(
-        f"config.methods.{m.label}.problem.finetune_lr", fields.get("finetune_lr")
-      )
+      extend.positive(f"--config.methods.{m.label}.problem.finetune_lr", fields.get("finetune_lr"))
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if values and not any(m.problem["problem"]["name"] == "da_maml" for m in compared):
     raise ValueError(
@@ -428,35 +418,19 @@ def summarize(config, outcome) -> Dict[str, Any]:
 
 def plot(wd, config, outcome):
   """``curves.png`` (see :func:`figure`)."""
-  fig = figure(outcome.records, config, outcome.labels)
-  common.save_with_legend(
-    wd, fig, fig.axes[0], "curves.png", legend=bool(fig.axes[0].lines), fontsize=8
-  )
+  wd.save_figure(figure(outcome.records, config, outcome.labels), "curves.png")
 
 
 def figure(records, config, labels):
   """Mean validation loss, mean and worst-client validation accuracy after personalisation
-  against rounds, mean +- std over seeds (one line style and marker per method)."""
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
-
-  fig = common.figure(figsize=(14, 4))
-  axes = fig.subplots(1, 3)
-  drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  panels = (
-    ("val_loss_avg", "mean validation loss", "validation loss (mean over clients)"),
-    ("val_acc_avg", "mean validation accuracy", "validation accuracy (mean over clients)"),
-    ("val_acc_worst", "worst-client validation accuracy", "validation accuracy (worst client)"),
-  )
+  against rounds."""
   setting = "" if config.ablation == "rho" else f" (rho={config.rho:g})"
-  for ax, (key, title, ylabel) in zip(axes, panels):
-    common.plot_mean_curves(ax, records, key, labels=drawn, band=0.15, group="method")
-    for i, line in enumerate(ax.get_lines()):  # methods can coincide: vary the style too
-      common.distinguish(line, i)
-    ax.set_xlabel("round")
-    ax.set_ylabel(ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"{config.dataset}{setting}: {title}", fontsize=9)
-    ax.grid(alpha=0.3)
+  panels = (
+    ("val_loss_avg", "validation loss (mean over clients)"),
+    ("val_acc_avg", "validation accuracy (mean over clients)"),
+    ("val_acc_worst", "validation accuracy (worst client)"),
+  )
+  fig = common.curves(records, labels, panels, title=f"{config.dataset}{setting}")
   fig.suptitle(
     "after one personalisation step from the server model (Ditto: its personal "
     "models); mean +- std over seeds",

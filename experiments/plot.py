@@ -13,7 +13,6 @@ import os
 import sys
 from typing import Dict, List, Sequence
 
-import numpy as np
 from absl import app, flags
 
 from experiments import common
@@ -60,32 +59,17 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
     raise ValueError(f"--metrics: unknown {unknown}; available: {', '.join(available)}")
   if not out.endswith(".png") or os.sep in out:
     raise ValueError(f"--out must be a .png file name inside --workdir, got {out!r}")
-  label = lambda r: r.get("method", r.get("algorithm", "run"))
-  algorithms = sorted({label(r) for r in records})
-  fig = common.figure(figsize=(5 * len(metrics), 3.8))
-  axes = np.atleast_1d(fig.subplots(1, len(metrics)))
-  for ax, metric in zip(axes, metrics):
-    for alg in algorithms:
-      rows = [
-        r for r in records if label(r) == alg and isinstance(r.get(metric), (int, float)) and x in r
-      ]
-      xs = sorted({r[x] for r in rows})
-      if not xs:
-        continue
-      values = [[r[metric] for r in rows if r[x] == t] for t in xs]
-      mean = np.array([np.mean(v) for v in values])
-      ax.plot(xs, mean, label=alg)
-      if max(len(v) for v in values) > 1:
-        std = np.array([np.std(v) for v in values])
-        ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel(x)
-    ax.set_ylabel(metric)
-    ax.set_title(metric)
-    ax.grid(alpha=0.3)
-    if log_y:
-      ax.set_yscale("log")
-  axes[0].legend()
-  fig.tight_layout()
+  rows = [
+    {**r, "method": r.get("method", r.get("algorithm", "run"))}
+    for r in records
+    if isinstance(r.get(x), (int, float))
+  ]
+  labels = sorted({r["method"] for r in rows})
+  if x != "round":  # common.curves draws against rounds: the x field takes their place
+    rows = [{**r, "round": r[x]} for r in rows]
+  fig = common.curves(rows, labels, [(m, m) for m in metrics], x=x)
+  for ax in fig.axes if log_y else ():
+    ax.set_yscale("log")
   return common.Workdir.save_figure_to(workdir, fig, out)
 
 

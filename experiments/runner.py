@@ -19,7 +19,7 @@ required):
   initial model and metrics;
 * ``finish(config, method, seed, result, final)``: add values to a finished run's ``final``;
 * ``summarize(config, outcome) -> dict``: the summary's own entries (the runner adds
-  ``seeds``, ``settings``, ``methods`` and ``table``);
+  ``seeds``, ``settings``, ``methods``, ``table`` and ``wall_seconds``);
 * ``plot(wd, config, outcome)``: its figures;
 * ``report(summary) -> lines``: lines printed after the table;
 * ``TRADEOFF``: ``{"epsilon" | "bytes_up": panels}``, each panel ``(metric, axis label[,
@@ -55,6 +55,7 @@ import importlib.util
 import inspect
 import itertools
 import pathlib
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
@@ -62,6 +63,7 @@ import numpy as np
 
 import fedco
 from experiments import common
+from fedco import extend
 
 # fedco's experiments: the modules of experiments/ with a build().
 EXPERIMENTS = tuple(
@@ -98,11 +100,11 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
 # curve a private or compressed method belongs to (figures group by it).
 UPLINK_KEYS = ("privacy", "compression", "curve")
-# config codec name -> (fedco.compression factory, its config fields)
+# config codec name -> fedco.compression factory
 CODECS = {
-  "quantize": ("stochastic_quantization", ("bits", "scale")),
-  "top_k": ("top_k", ("fraction", "error_feedback")),
-  "adaptive": ("adaptive_quantization", ("bits", "initial_scale", "grow", "shrink")),
+  "quantize": "stochastic_quantization",
+  "top_k": "top_k",
+  "adaptive": "adaptive_quantization",
 }
 
 
@@ -184,7 +186,7 @@ class Method:
       out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
     if self.uplink.get("compression"):
       out["compression"] = {
-        field: getattr(fedco.compression, CODECS[spec["codec"]][0])(
+        field: getattr(fedco.compression, CODECS[spec["codec"]])(
           **{k: v for k, v in spec.items() if k != "codec"}
         )
         for field, spec in self.uplink["compression"].items()
@@ -277,9 +279,13 @@ def check_shared(config) -> None:
   """The shared fields, checked (``ValueError`` naming ``--config.<field>``)."""
   seeds(config)
   for name in ("rounds", "local_steps", "eval_every"):
-    common.check_int(f"config.{name}", config[name], 1)
-  common.check_int("config.batch_size", config.batch_size, 0)
-  common.check_positive("config.learning_rate", config.learning_rate)
+    extend.positive_int(f"--config.{name}", config[name])
+  extend.positive_int("--config.batch_size", config.batch_size, minimum=0)
+  extend.positive("--config.learning_rate", config.learning_rate)
+  if not isinstance(config.get("data_dir", ""), str):
+    raise ValueError(
+      f"--config.data_dir must be a folder path ('' for the default), got {config.data_dir!r}"
+    )
 
 
 def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]:
@@ -322,9 +328,9 @@ def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]
       else:
         kwargs[key] = tuple(value) if isinstance(value, list) else value
     lr = _own(entry, "learning_rate", config.learning_rate)
-    common.check_positive(f"config.methods.{label}.learning_rate", lr)
+    extend.positive(f"--config.methods.{label}.learning_rate", lr)
     steps = _own(entry, "local_steps", config.local_steps)
-    common.check_int(f"config.methods.{label}.local_steps", steps, 1)
+    extend.positive_int(f"--config.methods.{label}.local_steps", steps)
     out.append(
       Method(
         label, name, kwargs, float(lr), int(steps), uplink=_uplink(where, entry), problem=problem
@@ -352,48 +358,41 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
   """A method's ``privacy``, ``compression`` and ``curve``, checked by building them (a
   one-line ``ValueError`` naming the field)."""
   out = {}
-
-  def mapping(name, shape):
-    value = entry.get(name)
-    if value and not hasattr(value, "items"):
-      raise ValueError(f"{where}.{name} must be {shape}, got {value!r}")
-    return _plain(value) if value else None
-
-  private = mapping("privacy", "{epsilon or noise_multiplier, delta, clip}")
-  if private:
-    allowed = ("epsilon", "noise_multiplier", "delta", "clip")
-    unknown = sorted(set(private) - set(allowed))
-    if unknown:
-      raise ValueError(
-        f"{where}.privacy.{unknown[0]} is not a privacy setting; allowed: {list(allowed)}"
-      )
-    try:
-      fedco.privacy.gaussian(**private)
-    except ValueError as err:
-      raise ValueError(f"{where}.privacy: {err}") from None
-    out["privacy"] = private
-  codecs = mapping("compression", "{field: {codec: ..., ...}}")
-  if codecs:
-    for field, spec in codecs.items():
-      name = spec.get("codec") if isinstance(spec, dict) else None
-      if name not in CODECS:
-        raise ValueError(
-          f"{where}.compression.{field}.codec must be one of {list(CODECS)}, got {name!r}"
-        )
-      unknown = sorted(set(spec) - {"codec", *CODECS[name][1]})
-      if unknown:
-        raise ValueError(
-          f"{where}.compression.{field}.{unknown[0]} is not a {name} setting; "
-          f"allowed: {list(CODECS[name][1])}"
-        )
-    out["compression"] = codecs
-    try:
-      Method("", "", {}, 1.0, 1, uplink=out).simulator_kwargs()
-    except ValueError as err:
-      raise ValueError(f"{where}.compression: {err}") from None
+  for name, shape in (
+    ("privacy", "{epsilon or noise_multiplier, delta, clip}"),
+    ("compression", "{field: {codec: ..., ...}}"),
+  ):
+    if entry.get(name) and not hasattr(entry[name], "items"):
+      raise ValueError(f"{where}.{name} must be {shape}, got {entry[name]!r}")
+    if entry.get(name):
+      out[name] = _plain(entry[name])
+  if "privacy" in out:
+    _built(f"{where}.privacy", "privacy", fedco.privacy.gaussian, out["privacy"], ("rounds",))
+  for field, spec in out.get("compression", {}).items():
+    codec = spec.get("codec") if isinstance(spec, dict) else None
+    extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
+    factory = getattr(fedco.compression, CODECS[codec])
+    _built(
+      f"{where}.compression.{field}",
+      codec,
+      factory,
+      {k: v for k, v in spec.items() if k != "codec"},
+    )
   if entry.get("curve"):
     out["curve"] = str(entry["curve"])
   return out
+
+
+def _built(where: str, what: str, factory, kwargs, hidden=()):
+  """``factory(**kwargs)``, an unknown key or a bad value a ``ValueError`` naming ``where``."""
+  allowed = [p for p in inspect.signature(factory).parameters if p not in hidden]
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ValueError(f"{where}.{unknown[0]} is not a {what} setting; allowed: {allowed}")
+  try:
+    return factory(**kwargs)
+  except (TypeError, ValueError) as err:  # TypeError: a required setting missing
+    raise ValueError(f"{where}: {err}") from None
 
 
 def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
@@ -401,8 +400,7 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
   ``defaults[config.ablation]``; distinct integers ``>= 1`` for ``local_steps``, distinct
   positive numbers otherwise; none for ``"none"``."""
   allowed = ("none",) + tuple(defaults)
-  if config.ablation not in allowed:
-    raise ValueError(f"--config.ablation must be one of {allowed}, got {config.ablation!r}")
+  extend.one_of("--config.ablation", config.ablation, allowed)
   if config.ablation == "none":
     if config.ablation_values:
       raise ValueError(f"--config.ablation_values needs --config.ablation (one of {allowed[1:]})")
@@ -417,9 +415,9 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
       raise ValueError(
         f"--config.ablation_values must be integers >= 1 for local_steps, got {given!r}"
       )
-    return common.check_int_list("config.ablation_values", values, 1, distinct=True)
+    return common.check_int_list("--config.ablation_values", values, 1, distinct=True)
   for v in values:
-    common.check_positive("config.ablation_values", v)
+    extend.positive("--config.ablation_values", v)
   if len(set(values)) != len(values):
     raise ValueError(f"--config.ablation_values lists a value twice: {values}")
   return values
@@ -440,6 +438,21 @@ def ablated(
     else:
       out.append(base.variant(f"{base.label}_{key}={v:g}", kwargs={**base.kwargs, key: v}))
   return out
+
+
+def local_steps_ablation(
+  config, compared: Sequence[Method], algorithms: Sequence[str], default: Sequence[int]
+) -> List[Method]:
+  """``compared``, or under ``config.ablation = "local_steps"`` (values: ``default`` unless
+  ``config.ablation_values``) each of its methods running one of ``algorithms`` once per
+  value; ``ValueError`` when there is none."""
+  values = ablation(config, {"local_steps": default})
+  found = [m for m in compared if m.algorithm in algorithms]
+  if values and not found:
+    raise ValueError(
+      f"--config.ablation=local_steps needs a {' or '.join(algorithms)} method in --config.methods"
+    )
+  return [v for m in found for v in ablated(config, m, values)] if values else list(compared)
 
 
 def same_iterations(config, method: Method) -> Dict[str, int]:
@@ -496,13 +509,17 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   with a note naming the field to change while the others go on. Bad config values raise a
   one-line ``ValueError`` before anything is written. Returns the summary.
   """
-  module = check(config)
+  start, module = time.perf_counter(), check(config)
   setup = module.setup(config) if hasattr(module, "setup") else None
   runs = module.methods(config, setup) if hasattr(module, "methods") else methods(config)
   outcome = Outcome(runs, seeds(config), setup=setup)
   prepare = getattr(module, "prepare", lambda config, seed, setup: setup)
-  prepared = prepare(config, outcome.seeds[0], setup)
-  first = [_checked(module, config, m, outcome.seeds[0], prepared) for m in runs]
+  seed0 = outcome.seeds[0]
+  prepared = {seed0: prepare(config, seed0, setup)}
+  first = [_checked(module, config, m, seed0, prepared[seed0]) for m in runs]
+  build = lambda i, seed: (
+    first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
+  )
   wd = common.Workdir(workdir)
   wd.write_config(config.to_dict())
   common.start_checkpoints(wd, {"resume": options.resume})
@@ -511,50 +528,22 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
     fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV))),
   ]
   base = {k: v for k, v in config.to_dict().items() if k not in CHOOSING}
+  session = _Session(module, config, options, wd, writers, outcome, base)
   if (
     options.seeds_together
     and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
-    and len(outcome.seeds) > 1
+    and seed0 != outcome.seeds[-1]
   ):
-    prepared = {
-      s: prepared if s == outcome.seeds[0] else prepare(config, s, setup) for s in outcome.seeds
-    }
-    digests = {}
+    prepared.update({s: prepare(config, s, setup) for s in outcome.seeds[1:]})
     for i, method in enumerate(runs):
-      built = {
-        s: first[i] if s == outcome.seeds[0] else module.build(config, method, s, prepared[s])
-        for s in outcome.seeds
-      }
-      _simulate_seeds(
-        module,
-        config,
-        method,
-        built,
-        {s: _based(base, digests, run) for s, run in built.items()},
-        wd,
-        writers,
-        options,
-        outcome,
-      )
+      session.seeds(method, {s: build(i, s) for s in outcome.seeds})
   else:
     for seed in outcome.seeds:
-      if seed != outcome.seeds[0]:
-        prepared, first = prepare(config, seed, setup), None
-      digests = {}  # the methods of a seed mostly share its data and initial model
+      if seed not in prepared:  # one seed's data at a time
+        prepared, first = {seed: prepare(config, seed, setup)}, None
+        session.digests.clear()
       for i, method in enumerate(runs):
-        run = first[i] if first else module.build(config, method, seed, prepared)
-        _simulate(
-          module,
-          config,
-          method,
-          seed,
-          run,
-          _based(base, digests, run),
-          wd,
-          writers,
-          options,
-          outcome,
-        )
+        session.one(method, seed, build(i, seed))
   outcome.per_method, outcome.table = common.seed_statistics(outcome.finals, module.TABLE_KEYS)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
   if hasattr(module, "summarize"):
@@ -568,11 +557,13 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
     entry = tradeoff(wd, runs, outcome.finals, x, getattr(module, "TRADEOFF", {}).get(x, ()))
     if entry is not None:
       summary[f"{x}_tradeoff"] = entry
+  summary["wall_seconds"] = time.perf_counter() - start
   wd.write_summary(summary)
   if options.progress:
     print(common.format_table(summary["table"]))
     for line in module.report(summary) if hasattr(module, "report") else ():
       print(line)
+    print(f"wall time {summary['wall_seconds']:.1f} s")
   return summary
 
 
@@ -608,159 +599,158 @@ def digest(tree) -> str:
   return h.hexdigest()
 
 
-def _based(base, digests, run: Run) -> Dict[str, Any]:
-  """``base`` with the digest of the run's data and initial model (hashed once for the runs
-  holding the same ones: ``digests`` caches them by object, alive as long as it is)."""
-  key = (id(run.data), id(run.params))
-  if key not in digests:
-    digests[key] = digest((run.data, run.params))
-  return {**base, "data_sha256": digests[key]}
+@dataclasses.dataclass
+class _Session:
+  """What the runs of one :func:`train_and_evaluate` share: the experiment, where and how
+  they write, and the :class:`Outcome` they fill."""
 
+  module: Any
+  config: Any
+  options: Options
+  wd: common.Workdir
+  writers: List[Any]
+  outcome: Outcome
+  base: Dict[str, Any]  # the config's run-defining fields (CHOOSING left out)
+  digests: Dict[tuple, tuple] = dataclasses.field(default_factory=dict)
 
-def _schedule(config, run: Run) -> Dict[str, Any]:
-  return {
-    "rounds": run.rounds or config.rounds,
-    "eval_every": run.eval_every or config.eval_every,
-    "batch_size": config.batch_size or None,
-  }
+  def schedule(self, run: Run) -> Dict[str, Any]:
+    return {
+      "rounds": run.rounds or self.config.rounds,
+      "eval_every": run.eval_every or self.config.eval_every,
+      "batch_size": self.config.batch_size or None,
+    }
 
+  def identity(self, method: Method, seed: int, run: Run) -> Dict[str, Any]:
+    """:func:`identity` with the digest of the run's data and initial model, hashed once for
+    the runs holding the same objects (kept here, so that their ids stay theirs)."""
+    key = (id(run.data), id(run.params))
+    if key not in self.digests:
+      self.digests[key] = (digest((run.data, run.params)), run.data, run.params)
+    based = {**self.base, "data_sha256": self.digests[key][0]}
+    return identity(based, method, seed, self.schedule(run))
 
-def _simulate_seeds(
-  module, config, method, built: Dict[int, Run], bases, wd, writers, options, outcome: Outcome
-) -> None:
-  """One method's seeds (``built``: seed -> run) as one ``fedco.sweep`` program: per-seed
-  data, initial models and held-out sets stacked, rows streamed per run, one checkpoint
-  for them all. A run diverging in it is run again alone through :func:`_simulate`, so its
-  note and rows are ``fedco.simulate``'s. Seeds that cannot share a program (a host
-  evaluation, other schedules, other data shapes) run one by one."""
-  seeds, runs = list(built), list(built.values())
-  run, schedule = runs[0], _schedule(config, runs[0])
-  inputs = ("data", "params", "metrics_data")
-  apart = (
-    "a host evaluation"
-    if run.evaluate is not None
-    else "other schedules"
-    if any(_schedule(config, r) != schedule for r in runs)
-    else "other data shapes"
-    if not all(fedco.runtime.vmapped.stackable([getattr(r, name) for r in runs]) for name in inputs)
-    else None
-  )
-  if apart:
-    if options.progress and apart != "a host evaluation":
-      print(f"{method.label}: its seeds run one by one ({apart})", flush=True)
-    for seed, one in built.items():
-      _simulate(module, config, method, seed, one, bases[seed], wd, writers, options, outcome)
-    return
-  shared = lambda name: (
-    getattr(run, name)
-    if all(getattr(r, name) is getattr(run, name) for r in runs)
-    else fedco.runtime.PerSeed([getattr(r, name) for r in runs])
-  )
-  directory = common.run_checkpoint_dir(
-    wd.path,
-    f"{method.label}-seeds{'-'.join(map(str, seeds))}",
-    {"runs": [identity(bases[s], method, s, schedule) for s in seeds]},
-  )
-  wd.record(directory)
-  swept = fedco.sweep(
-    run.problem,
-    run.algorithm,
-    shared("data"),
-    shared("params"),
-    seeds=seeds,
-    metrics_fn=run.metrics_fn,
-    metrics_data=shared("metrics_data"),
-    metric_writers=writers,
-    metric_labels=[{"method": method.label, "seed": s} for s in seeds],
-    progress=options.progress,
-    progress_metric=module.PROGRESS,
-    checkpoint_dir=directory,
-    checkpoint_every=options.checkpoint_every,
-    **{**method.simulator_kwargs(), **run.simulate, **schedule},
-  )
-  for r, seed in enumerate(seeds):
-    if swept.diverged[r] is None:
-      _finished(module, config, method, seed, built[seed], swept.simulation(r), outcome)
-    else:
-      _simulate(
-        module, config, method, seed, built[seed], bases[seed], wd, writers, options, outcome
-      )
+  def directory(self, name: str, settings) -> str:
+    """A run's checkpoint folder, listed in the workdir's manifest."""
+    return self.wd.record(common.run_checkpoint_dir(self.wd.path, name, settings))
 
-
-def _simulate(
-  module, config, method, seed, run: Run, base, wd, writers, options, outcome: Outcome
-) -> None:
-  """One run through ``fedco.simulate``: ``outcome`` gets its final values (or its
-  divergence note), its evaluated rounds and its result."""
-  schedule = _schedule(config, run)
-  labels = {"method": method.label, "seed": seed}
-  kwargs = {**method.simulator_kwargs(), **run.simulate, **schedule}
-  stream = writers
-  if run.evaluate is not None:  # the host evaluation's rows are the run's metrics
-    kwargs.update(
-      evaluate=False,
-      actions=[
-        fedco.runtime.RoundAction(
-          lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True
-        )
-      ],
+  def seeds(self, method: Method, built: Dict[int, Run]) -> None:
+    """One method's seeds (``built``: seed -> run) as one ``fedco.sweep`` program: per-seed
+    data, initial models and held-out sets stacked, rows streamed per run, one checkpoint
+    for them all. A run diverging in it is run again alone through :meth:`one`, so its
+    note and rows are ``fedco.simulate``'s. Seeds that cannot share a program (a host
+    evaluation, other schedules, other data shapes) run one by one."""
+    seeds, runs = list(built), list(built.values())
+    run, schedule = runs[0], self.schedule(runs[0])
+    inputs = ("data", "params", "metrics_data")
+    apart = (
+      "a host evaluation"
+      if run.evaluate is not None
+      else "other schedules"
+      if any(self.schedule(r) != schedule for r in runs)
+      else "other data shapes"
+      if not all(fedco.runtime.vmapped.stackable([getattr(r, n) for r in runs]) for n in inputs)
+      else None
     )
-    stream = [_ActionRows(writers, labels)]
-  else:
-    kwargs.update(metrics_fn=run.metrics_fn, metrics_data=run.metrics_data)
-  directory = common.run_checkpoint_dir(
-    wd.path, f"{method.label}-seed{seed}", identity(base, method, seed, schedule)
-  )
-  wd.record(directory)
-  fields = lambda _: dict(labels)
-  finals = outcome.finals.setdefault(method.label, {})
-  try:
-    result = fedco.simulate(
+    if apart:
+      if self.options.progress and apart != "a host evaluation":
+        print(f"{method.label}: its seeds run one by one ({apart})", flush=True)
+      for seed, one in built.items():
+        self.one(method, seed, one)
+      return
+    shared = lambda name: (
+      getattr(run, name)
+      if all(getattr(r, name) is getattr(run, name) for r in runs)
+      else fedco.runtime.PerSeed([getattr(r, name) for r in runs])
+    )
+    directory = self.directory(
+      f"{method.label}-seeds{'-'.join(map(str, seeds))}",
+      {"runs": [self.identity(method, s, built[s]) for s in seeds]},
+    )
+    swept = fedco.sweep(
       run.problem,
       run.algorithm,
-      run.data,
-      run.params,
-      seed=seed,
-      metric_writers=stream,
-      metric_labels=labels,
-      progress=options.progress,
-      progress_metric=module.PROGRESS,
-      checkpoint_dir=directory,
-      checkpoint_every=options.checkpoint_every,
-      **kwargs,
+      shared("data"),
+      shared("params"),
+      seeds=seeds,
+      metrics_fn=run.metrics_fn,
+      metrics_data=shared("metrics_data"),
+      metric_labels=[{"method": method.label, "seed": s} for s in seeds],
+      **self.how(directory),
+      **{**method.simulator_kwargs(), **run.simulate, **schedule},
     )
-  except fedco.runtime.NonFiniteError as err:
-    finals[seed] = diverged_note(method.entry, err)
-    if run.evaluate is not None:
-      outcome.records.extend(_finite_rows(err.host_metrics))
-    else:
-      outcome.records.extend(
-        common.evaluated_records(err.metrics, fields, keys=run.record_keys, finite_only=True)
+    for r, seed in enumerate(seeds):
+      if swept.diverged[r] is None:
+        self.finished(method, seed, built[seed], swept.simulation(r))
+      else:
+        self.one(method, seed, built[seed])
+
+  def how(self, directory: str, writers=None) -> Dict[str, Any]:
+    """``fedco.simulate``'s and ``fedco.sweep``'s arguments on how a run goes."""
+    return {
+      "metric_writers": self.writers if writers is None else writers,
+      "progress": self.options.progress,
+      "progress_metric": self.module.PROGRESS,
+      "checkpoint_dir": directory,
+      "checkpoint_every": self.options.checkpoint_every,
+    }
+
+  def one(self, method: Method, seed: int, run: Run) -> None:
+    """One run through ``fedco.simulate``: the outcome gets its final values (or its
+    divergence note), its evaluated rounds and its result."""
+    labels = {"method": method.label, "seed": seed}
+    kwargs = {**method.simulator_kwargs(), **run.simulate, **self.schedule(run)}
+    writers = self.writers
+    if run.evaluate is not None:  # the host evaluation's rows are the run's metrics
+      action = fedco.runtime.RoundAction(
+        lambda state, _: run.evaluate(state), kwargs["eval_every"], at_start=True
       )
-    return
-  _finished(module, config, method, seed, run, result, outcome)
+      kwargs.update(evaluate=False, actions=[action])
+      writers = [_ActionRows(self.writers, labels)]
+    else:
+      kwargs.update(metrics_fn=run.metrics_fn, metrics_data=run.metrics_data)
+    directory = self.directory(f"{method.label}-seed{seed}", self.identity(method, seed, run))
+    try:
+      result = fedco.simulate(
+        run.problem,
+        run.algorithm,
+        run.data,
+        run.params,
+        seed=seed,
+        metric_labels=labels,
+        **self.how(directory, writers),
+        **kwargs,
+      )
+    except fedco.runtime.NonFiniteError as err:
+      self.outcome.finals.setdefault(method.label, {})[seed] = diverged_note(method.entry, err)
+      if run.evaluate is not None:
+        self.outcome.records.extend(_finite_rows(err.host_metrics))
+      else:
+        self.outcome.records.extend(
+          common.evaluated_records(err.metrics, labels, keys=run.record_keys, finite_only=True)
+        )
+      return
+    self.finished(method, seed, run, result)
 
-
-def _finished(module, config, method, seed, run: Run, result, outcome: Outcome) -> None:
-  """A finished run's final values, evaluated rounds and result into ``outcome``."""
-  labels = {"method": method.label, "seed": seed}
-  if run.evaluate is not None:
-    rows = _finite_rows(result.host_metrics)
-    outcome.records.extend(rows)
-    final = {k: v for k, v in rows[-1].items() if k not in labels}
-  else:
-    outcome.records.extend(
-      common.evaluated_records(result.metrics, lambda _: dict(labels), keys=run.record_keys)
-    )
-    final = common.final_metrics(result.metrics)
-  final["seconds"] = result.seconds
-  final["bytes_up"] = result.ledger["total_bytes_up"]
-  if "epsilon" in result.metrics:
-    final["epsilon"] = float(result.metrics["epsilon"][-1])
-  if hasattr(module, "finish"):
-    module.finish(config, method, seed, result, final)
-  outcome.finals.setdefault(method.label, {})[seed] = final
-  outcome.results[(method.label, seed)] = result
+  def finished(self, method: Method, seed: int, run: Run, result) -> None:
+    """A finished run's final values, evaluated rounds and result into the outcome."""
+    labels = {"method": method.label, "seed": seed}
+    if run.evaluate is not None:
+      rows = _finite_rows(result.host_metrics)
+      self.outcome.records.extend(rows)
+      final = {k: v for k, v in rows[-1].items() if k not in labels}
+    else:
+      self.outcome.records.extend(
+        common.evaluated_records(result.metrics, labels, keys=run.record_keys)
+      )
+      final = common.final_metrics(result.metrics)
+    final["seconds"] = result.seconds
+    final["bytes_up"] = result.ledger["total_bytes_up"]
+    if "epsilon" in result.metrics:
+      final["epsilon"] = float(result.metrics["epsilon"][-1])
+    if hasattr(self.module, "finish"):
+      self.module.finish(self.config, method, seed, result, final)
+    self.outcome.finals.setdefault(method.label, {})[seed] = final
+    self.outcome.results[(method.label, seed)] = result
 
 
 def _finite_rows(rows) -> List[Dict[str, Any]]:
@@ -1005,5 +995,8 @@ def tradeoff(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(label)
     ax.grid(alpha=0.3, which="both")
-  common.save_with_legend(wd, fig, axes[0], name, legend=bool(axes[0].lines), fontsize=8)
+  if axes[0].lines:
+    axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  wd.save_figure(fig, name)
   return {"x": x, "figure": name, "points": rows}

@@ -39,8 +39,8 @@ the evaluations past 80% of the meta-iterations. ``config.ablation = "gamma" | "
     python -m experiments.main --config=experiments/configs/sinusoid.py \
         --config.ablation=gamma --workdir=runs/e3_gamma
 
-Besides the runner's outputs, the summary holds ``local_scgdm_val_below_<label>`` per seed
-and ``wall_seconds``; figures: ``mse.png`` (training and validation MSE against
+Besides the runner's outputs, the summary holds ``local_scgdm_val_below_<label>`` per seed;
+figures: ``mse.png`` (training and validation MSE against
 meta-iterations, mean +- std over seeds) and ``fit.png`` (an unseen task, ``y = 2.5 sin(x +
 1.5 pi / 5)`` as in the paper's Fig. 1, before and after adaptation, first seed).
 """
@@ -48,15 +48,14 @@ meta-iterations, mean +- std over seeds) and ``fit.png`` (an unseen task, ``y = 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 from experiments import common, runner
+from fedco import extend
 from fedco.data import sinusoid as sinusoid_data
 from fedco.models.mlp import MLP, init_mlp
 from fedco.problems.maml import MAML
@@ -76,8 +75,6 @@ RECORD_KEYS = ("train_mse", "val_mse", "val_mse_before")
 TABLE_KEYS = ("val_mse", "train_mse", "val_mse_tail", "val_mse_before")
 PROGRESS = "val_mse"
 SEEDS_IN_ONE_PROGRAM = True  # its seeds differ only in data, model and metrics_data
-LINESTYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "v", "D", "x")
 
 
 def check(config) -> None:
@@ -91,11 +88,11 @@ def check(config) -> None:
     "test_tasks",
     "episodes_per_client",
   ):
-    common.check_int(f"config.{name}", config[name], 1)
-  common.check_positive("config.inner_lr", config.inner_lr)
+    extend.positive_int(f"--config.{name}", config[name])
+  extend.positive("--config.inner_lr", config.inner_lr)
   if not isinstance(config.first_order, bool):
     raise ValueError(f"--config.first_order must be a bool, got {config.first_order!r}")
-  common.check_int_list("config.hidden", config.hidden, 1)
+  common.check_int_list("--config.hidden", config.hidden, 1)
   if NUM_TRAIN_TASKS % config.num_clients:
     raise ValueError(
       f"--config.num_clients must divide the {NUM_TRAIN_TASKS} training tasks "
@@ -162,7 +159,6 @@ def setup(config) -> Dict[str, Any]:
     )
   )
   return {
-    "start": time.perf_counter(),
     "model": model,
     "meta": meta,
     "test": test,
@@ -240,38 +236,23 @@ def summarize(config, outcome) -> Dict[str, Any]:
         summary[f"local_scgdm_val_below_{other}"] = {
           seed: val("local_scgdm", seed) < val(other, seed) for seed in outcome.seeds
         }
-  summary["wall_seconds"] = time.perf_counter() - outcome.setup["start"]
   return summary
-
-
-def report(summary) -> List[str]:
-  return [f"wall time {summary['wall_seconds']:.1f} s"]
 
 
 def plot(wd, config, outcome):
   """``mse.png``: training and validation MSE against meta-iterations, mean +- std over seeds;
   ``fit.png``: see :func:`plot_fit`."""
-  steps = {m.label: m.local_steps for m in outcome.methods}
-  records = [{**r, "iteration": r["round"] * steps[r["method"]]} for r in outcome.records]
-  fig = common.figure(figsize=(10, 4))
-  axes = fig.subplots(1, 2)
-  drawn = outcome.drawn()
-  for ax, key, title in zip(
-    axes, ("train_mse", "val_mse"), ("training tasks", "unseen test tasks")
-  ):
-    common.plot_mean_curves(
-      ax, records, key, x="iteration", labels=drawn, band=0.15, group="method"
-    )
-    for i, line in enumerate(ax.get_lines()):  # ablation runs can nearly coincide
-      line.set_linestyle(LINESTYLES[i % len(LINESTYLES)])
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(
-      xlabel="meta-iteration (round x local_steps)",
-      ylabel="post-adaptation query MSE",
-      title=f"sinusoid: {title}",
-    )
-    ax.grid(alpha=0.3)
-  common.save_with_legend(wd, fig, axes[0], "mse.png", legend=bool(drawn))
+  panels = (("train_mse", "training tasks"), ("val_mse", "unseen test tasks"))
+  fig = common.curves(
+    outcome.records,
+    outcome.labels,
+    panels,
+    title="sinusoid, post-adaptation query MSE",
+    x="meta-iteration (round x local_steps)",
+    steps={m.label: m.local_steps for m in outcome.methods},
+    finals=outcome.finals,
+  )
+  wd.save_figure(fig, "mse.png")
   first = outcome.seeds[0]
   plot_fit(
     wd,
@@ -311,7 +292,7 @@ def plot_fit(wd, fitted, meta, config):
     (line,) = ax.plot(
       grid[:, 0],
       after,
-      marker=MARKERS[i % len(MARKERS)],
+      marker=common.MARKERS[i % len(common.MARKERS)],
       markersize=4,
       markevery=(i * 20 // len(fitted), 20),
       label=f"{label} (adapted)",

@@ -3,6 +3,7 @@ search, resume, bad config fields."""
 
 import json
 import os
+import types
 import warnings
 
 import numpy as np
@@ -342,19 +343,18 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
     plot.plot(str(tmp_path), ["nope"])
 
 
-def test_the_figure_names_a_method_that_diverged_before_any_curve(monkeypatch):
-  drawn = {}
-  monkeypatch.setattr(
-    common, "save_with_legend", lambda wd, fig, ax, name, **kw: drawn.update(fig=fig, ax=ax)
-  )
+def test_the_figure_names_a_method_that_diverged_before_any_curve():
+  saved = {}
+  wd = types.SimpleNamespace(save_figure=lambda fig, name: saved.update(fig=fig, name=name))
   records = [
     {"method": "fedavg", "seed": 0, "round": r, "val_acc_avg": 0.5, "val_acc_worst": 0.4}
     for r in (1, 2)
   ]
   finals = {"comfedl": {0: {"diverged": "...", "diverged_round": 1}}, "fedavg": {0: {}}}
   methods = [runner.Method(label, label, {}, 0.01, 5) for label in ("comfedl", "fedavg")]
-  dro_fl.plot(None, _config(), runner.Outcome(methods, (0,), finals, records))
-  texts = drawn["ax"].get_legend_handles_labels()[1]
+  dro_fl.plot(wd, _config(), runner.Outcome(methods, (0,), finals, records))
+  assert saved["name"] == "accuracy.png"
+  texts = saved["fig"].axes[0].get_legend_handles_labels()[1]
   assert texts == ["fedavg", "comfedl (diverged at round 1)"]
-  for ax in drawn["fig"].axes:
+  for ax in saved["fig"].axes:
     assert ax.get_xlabel() == "round" and ax.get_ylabel().startswith("validation")

@@ -79,13 +79,13 @@ def test_seeds_as_one_program_equal_seeds_one_by_one(name, tmp_path, monkeypatch
   evaluation can amplify it: E4's adapted validation loss on mock images (batch norm over a
   2-image support set) differed by 8e-4 at one round and 1e-6 at the next."""
   models = {}
-  finished = runner._finished
+  finished = runner._Session.finished
 
-  def keep(module, config, method, seed, run, result, outcome):
+  def keep(session, method, seed, run, result):
     models[(keep.together, method.label, seed)] = result.params
-    return finished(module, config, method, seed, run, result, outcome)
+    return finished(session, method, seed, run, result)
 
-  monkeypatch.setattr(runner, "_finished", keep)
+  monkeypatch.setattr(runner._Session, "finished", keep)
   runs = {}
   with tfds.testing.mock_data(num_examples=24):  # E4's Omniglot; the others read no TFDS
     for keep.together in (True, False):

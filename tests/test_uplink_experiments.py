@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 
+import ml_collections
 import pytest
 
 import fedco
@@ -60,7 +61,7 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
     (
       "compression",
       {"methods.feddro_q4.compression.y.codec": "zip"},
-      r"--config.methods.feddro_q4.compression.y.codec must be one of \['quantize', 'top_k', 'adaptive'\]",
+      r"--config.methods.feddro_q4.compression.y.codec must be one of \('quantize', 'top_k', 'adaptive'\)",
     ),
     (
       "compression",
@@ -70,15 +71,26 @@ def test_each_mode_builds_its_private_or_compressed_methods(name, mode):
     (
       "compression",
       {"methods.feddro_q4.compression.y.bits": 0},
-      r"--config.methods.feddro_q4.compression: bits must be",
+      r"--config.methods.feddro_q4.compression.y: bits must be",
     ),
   ],
 )
 def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, message):
   config = helpers.override(_config("fair_adult", mode), changes)
-  fair_adult.check(config)
+  with pytest.raises(ValueError, match=message):  # the experiment's check builds its methods
+    fair_adult.check(config)
+
+
+@pytest.mark.parametrize(
+  "entry, message",
+  [
+    ({"privacy": {"epsilon": 1.0}}, r"--config.methods.m.privacy: .*'clip'"),
+    ({"compression": {"y": {"codec": "quantize"}}}, r"--config.methods.m.compression.y: .*'bits'"),
+  ],
+)
+def test_a_missing_privacy_or_codec_setting_is_one_line_naming_it(entry, message):
   with pytest.raises(ValueError, match=message):
-    fair_adult.methods(config, None)
+    runner._uplink("--config.methods.m", ml_collections.ConfigDict(entry))
 
 
 def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):
