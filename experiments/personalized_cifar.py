@@ -71,17 +71,10 @@ cores a round of the four MAML-type methods takes seconds each. Digits: 30 round
 uses the whole CIFAR-10 training split (the partition's maximum; lower ``eval_chunk``
 then, since evaluation holds a chunk of clients' whole training sets).
 
-**DA-MAML at the paper's settings diverges.** ComFedL's step on ``exp((L - shift)/gamma)``
-is ``exp((L - shift)/gamma) / gamma`` times the MAML gradient: about 200 at ``gamma = 0.5``,
-``shift = 0`` and a loss near ``log 10``, so its learning rate 0.1 diverges within 5 rounds
-on digits; the factor grows with the loss (positive feedback) and falls by ``e^2`` per unit
-of loss decrease. ``shift = s`` multiplies it by ``exp(-s/gamma)`` (same minimisers: a
-learning-rate change for DA-MAML only; float32 holds ``(L - s)/gamma < 88``). Measured on
-digits (seed 0, 20 rounds, validation accuracy after one step): ``shift`` 2.3 still
-diverges, 3 trains slowly (0.68, ComFedL-MAML 0.97), 4 nearly stalls (0.30); with
-``shift = 0``, ``gamma`` 0.1, 0.5 and 1 diverge by round 5 and ``gamma = 5`` reaches 0.87.
-The defaults stay the paper's (as in E1); a diverged run stays in ``summary.json`` and the
-table with its note (round, quantity, the setting to lower) while the others go on.
+**DA-MAML at the paper's settings diverges** on digits (ComFedL's step is ``exp((L -
+shift)/gamma) / gamma``, about 200, times the MAML gradient); the measurements and what
+``shift`` and ``gamma`` change are in the reproduce guide (``docs/guides/reproduce.md``,
+"What E2 shows"). A diverged run stays in ``summary.json`` and the table with its note.
 
 **CPU speed.** XLA:CPU runs convolution gradients 10-60x slower inside ``lax.scan`` (where
 fedco's simulator runs every local step) than outside (jax issue #12868). ``CNN4``'s default

@@ -415,7 +415,9 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
       raise ValueError(
         f"--config.ablation_values must be integers >= 1 for local_steps, got {given!r}"
       )
-    return common.check_int_list("--config.ablation_values", values, 1, distinct=True)
+    return common.check_int_list(
+      "--config.ablation_values", [int(v) for v in values], 1, distinct=True
+    )
   for v in values:
     extend.positive("--config.ablation_values", v)
   if len(set(values)) != len(values):
