@@ -70,6 +70,7 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   fig = common.curves(rows, labels, [(m, m) for m in metrics], x=x)
   for ax in fig.axes if log_y else ():
     ax.set_yscale("log")
+  fig.tight_layout()  # again: log tick labels are wider
   return common.Workdir.save_figure_to(workdir, fig, out)
 
 
