@@ -112,7 +112,7 @@ def check(config) -> None:
       raise ValueError(
         f"{where}.num_examples is set by the experiment (the training rows); leave it out"
       )
-  methods(config)  # the ablation needs a method to ablate
+  runner.local_steps_ablation(config, compared, LOCAL, ABLATION_DEFAULT)  # one to ablate
 
 
 def methods(config, setup=None) -> List[runner.Method]:

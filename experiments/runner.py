@@ -534,7 +534,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   if (
     options.seeds_together
     and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
-    and seed0 != outcome.seeds[-1]
+    and len(outcome.seeds) > 1
   ):
     prepared.update({s: prepare(config, s, setup) for s in outcome.seeds[1:]})
     for i, method in enumerate(runs):
