@@ -1,0 +1,230 @@
+r"""fedco on an accelerator: the peer workloads on a GPU, against a PyTorch per-client loop on it.
+
+    python -m benchmarks.accelerator --out=benchmarks/results/accelerator.json
+
+Run on a machine with a GPU (JAX and PyTorch both built for it); on a CPU-only machine it
+runs too (both sides on the CPU) but says so in ``device``. Workloads (``peers/workloads.py``):
+
+* ``cross_device``: 1,000 clients of 50 CIFAR-shaped images, 50 sampled per round, one local
+  epoch of batch 10 (5 steps) at learning rate 0.1, FedAvg, E2's CNN4.
+  - ``fedco``: ``peers/jax_bench.simulator`` (the peer comparison's fedco side), ``run(state,
+    rounds)`` timed as one call after a compiling call, once per ``conv_impl`` (``auto`` is
+    ``lax.conv_general_dilated`` off the CPU; ``matmul`` the im2col products fedco uses on
+    the CPU).
+  - ``torch``: what pfl-research and Flower run per client, without their framework: every
+    round 50 clients drawn with NumPy, each ``copy.deepcopy(server)``, a fresh
+    ``torch.optim.SGD(lr=0.1)``, its 50 images permuted and cut into 5 batches of 10
+    (``zero_grad``, ``cross_entropy``, ``backward``, ``step``), then the server loads the
+    mean of the clients' ``state_dict``s. The images live on the device as uint8 and are
+    scaled per batch, as fedco's loss does. Timed after one warm-up round,
+    ``torch.cuda.synchronize()`` before each clock read. A framework adds its own costs on
+    top of this loop, so it is a lower bound of their time per round.
+* ``cross_device_resnet20``: the same clients and rounds with E5's ``ResNet20`` (GroupNorm,
+  width 16, 272,474 parameters): fedco only, once per ``conv_impl``, to see whether the
+  convolution implementation that wins on CNN4 also wins on a deeper, wider network.
+* ``logistic``: 10 clients of 500 examples, every client, 5 steps of batch 32, 784 -> 10:
+  fedco's rounds per second (the peer table's first row).
+
+The JSON holds each side's seconds per round (median of ``--repeats`` timed calls, alternating
+sides), client updates per second and the ratios fedco / torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import fedco  # noqa: E402
+from benchmarks.peers import jax_bench, workloads  # noqa: E402
+
+flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
+flags.DEFINE_integer("rounds", 20, "Rounds per timed call (cross_device).")
+flags.DEFINE_integer("resnet_rounds", 5, "Rounds per timed call (cross_device_resnet20).")
+flags.DEFINE_integer("repeats", 3, "Timed calls per side, alternating.")
+FLAGS = flags.FLAGS
+
+
+def device_info():
+  info = {
+    "jax": jax.__version__,
+    "fedco": fedco.__version__,
+    "backend": jax.default_backend(),
+    "device": jax.devices()[0].device_kind,
+    "python": platform.python_version(),
+    "cpu": platform.processor() or platform.machine(),
+  }
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+
+    info["torch"] = torch.__version__
+    info["torch_device"] = (
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (no CUDA)"
+    )
+  except ImportError:
+    info["torch"] = None
+  return info
+
+
+def resnet_simulator(conv_impl):
+  """The cross-device workload's ``fedco.Simulator`` with ``ResNet20`` in place of CNN4."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  w = workloads.WORKLOADS["cross_device"]
+  arrays = workloads.data("cross_device")
+  arrays["y"] = arrays["y"].astype(np.int32)
+  data = fedco.FederatedData.from_clients(
+    [
+      {k: v[workloads.client_rows("cross_device", c)] for k, v in arrays.items()}
+      for c in range(w.num_clients)
+    ]
+  )
+  model = fedco.models.ResNet20(num_classes=workloads.CLASSES, conv_impl=conv_impl)
+
+  def loss(params, example):
+    image = example["x"].astype(jnp.float32) / 255.0
+    return fedco.models.cross_entropy(model.apply(params, image), example["y"])
+
+  sim = fedco.Simulator(
+    fedco.plain(loss),
+    fedco.fedavg(w.learning_rate, w.local_steps, weighting="samples"),
+    data,
+    batch_size=w.batch_size,
+    clients_per_round=w.clients_per_round,
+    evaluate=False,
+  )
+  return sim, fedco.models.init_cnn(model, workloads.IMAGE, 0)
+
+
+class FedcoSide:
+  """One ``fedco.Simulator`` of ``workload``; :meth:`time` runs ``rounds`` rounds as one call."""
+
+  def __init__(self, workload, rounds, conv_impl="auto"):
+    if workload == "cross_device_resnet20":
+      self.sim, params = resnet_simulator(conv_impl)
+    else:
+      self.sim, params = jax_bench.simulator(workload, conv_impl)
+    self.state, self.rounds = self.sim.init(params, 0), rounds
+    start = time.perf_counter()
+    jax.block_until_ready(self.sim.run(self.state, rounds)[0])
+    self.compile_seconds = time.perf_counter() - start
+
+  def time(self) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(self.sim.run(self.state, self.rounds)[0])
+    return (time.perf_counter() - start) / self.rounds
+
+
+class TorchSide:
+  """The cross-device workload as a PyTorch per-client loop on the GPU (or the CPU)."""
+
+  def __init__(self, rounds):
+    import torch  # pylint: disable=g-import-not-at-top
+
+    from benchmarks.peers.torch_cnn4 import TorchCNN4  # pylint: disable=g-import-not-at-top
+
+    self.torch, self.rounds = torch, rounds
+    self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    self.w = workloads.WORKLOADS["cross_device"]
+    arrays = workloads.data("cross_device")
+    self.x = torch.from_numpy(np.ascontiguousarray(arrays["x"].transpose(0, 3, 1, 2))).to(self.dev)
+    self.y = torch.from_numpy(arrays["y"]).to(self.dev)
+    torch.manual_seed(0)
+    self.server = TorchCNN4().to(self.dev)
+    self.rng = np.random.default_rng(0)
+    self.round()  # warm-up: cuDNN's algorithm choice, allocator
+
+  def round(self):
+    torch, w = self.torch, self.w
+    states = []
+    for c in self.rng.choice(w.num_clients, w.clients_per_round, replace=False):
+      model = copy.deepcopy(self.server)
+      opt = torch.optim.SGD(model.parameters(), lr=w.learning_rate)
+      rows = torch.from_numpy(c * w.per_client + self.rng.permutation(w.per_client)).to(self.dev)
+      for batch in rows.split(w.batch_size):
+        opt.zero_grad()
+        x = self.x[batch].float() / 255.0
+        torch.nn.functional.cross_entropy(model(x), self.y[batch]).backward()
+        opt.step()
+      states.append(model.state_dict())
+    with torch.no_grad():
+      self.server.load_state_dict(
+        {k: torch.stack([s[k] for s in states]).mean(0) for k in states[0]}
+      )
+
+  def _sync(self):
+    if self.dev.type == "cuda":
+      self.torch.cuda.synchronize()
+
+  def time(self) -> float:
+    self._sync()
+    start = time.perf_counter()
+    for _ in range(self.rounds):
+      self.round()
+    self._sync()
+    return (time.perf_counter() - start) / self.rounds
+
+
+def timed(sides, repeats):
+  """Median seconds per round of each side, the sides' calls alternating."""
+  seconds = {name: [] for name in sides}
+  for _ in range(repeats):
+    for name, side in sides.items():
+      seconds[name].append(side.time())
+  return {name: statistics.median(s) for name, s in seconds.items()}, seconds
+
+
+def main(argv):
+  del argv
+  out = {"device": device_info(), "rounds": FLAGS.rounds, "repeats": FLAGS.repeats}
+  w = workloads.WORKLOADS["cross_device"]
+  sides = {
+    f"fedco_{impl}": FedcoSide("cross_device", FLAGS.rounds, impl) for impl in ("auto", "matmul")
+  }
+  compile_seconds = {name: side.compile_seconds for name, side in sides.items()}
+  try:
+    sides["torch"] = TorchSide(FLAGS.rounds)
+  except ImportError as err:
+    out["torch_missing"] = str(err)
+  median, every = timed(sides, FLAGS.repeats)
+  out["cross_device"] = {
+    "seconds_per_round": median,
+    "all_seconds_per_round": every,
+    "client_updates_per_second": {k: w.clients_per_round / s for k, s in median.items()},
+    "compile_and_first_call_seconds": compile_seconds,
+  }
+  if "torch" in median:
+    out["cross_device"]["speedup_over_torch"] = {
+      k: median["torch"] / s for k, s in median.items() if k != "torch"
+    }
+  resnet = {
+    f"fedco_{impl}": FedcoSide("cross_device_resnet20", FLAGS.resnet_rounds, impl)
+    for impl in ("auto", "matmul")
+  }
+  median, _ = timed(resnet, FLAGS.repeats)
+  out["cross_device_resnet20"] = {
+    "seconds_per_round": median,
+    "client_updates_per_second": {k: w.clients_per_round / s for k, s in median.items()},
+    "compile_and_first_call_seconds": {k: side.compile_seconds for k, side in resnet.items()},
+  }
+  logistic = FedcoSide("logistic", workloads.WORKLOADS["logistic"].rounds)
+  median, _ = timed({"fedco": logistic}, FLAGS.repeats)
+  out["logistic"] = {"rounds_per_second": 1.0 / median["fedco"]}
+  with open(FLAGS.out, "w") as f:
+    json.dump(out, f, indent=2)
+  print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)
