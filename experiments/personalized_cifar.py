@@ -79,8 +79,8 @@ shift)/gamma) / gamma``, about 200, times the MAML gradient); the measurements a
 **CPU speed.** XLA:CPU runs convolution gradients 10-60x slower inside ``lax.scan`` (where
 fedco's simulator runs every local step) than outside (jax issue #12868). ``CNN4``'s default
 ``conv_impl = "auto"`` therefore computes convolutions as im2col matrix products on the CPU
-(``fedco.models.layers``; same parameters and values); ``"xla"`` forces
-``lax.conv_general_dilated``.
+(and on a GPU, where they are faster too: decision 87; ``fedco.models.layers``, same
+parameters and values); ``"xla"`` forces ``lax.conv_general_dilated``.
 
 Besides the runner's outputs (one metrics row per evaluation and run; the CSV without the
 per-client lists), writes ``curves.png`` (mean validation loss, mean and worst accuracy

@@ -84,9 +84,12 @@ def test_group_norm_matches_flax(shape, groups):
     layers.GroupNorm(5).init(jax.random.PRNGKey(0), x)
 
 
-def test_auto_is_matmul_on_cpu():
+def test_auto_is_matmul_on_cpu_and_gpu(monkeypatch):
   assert jax.default_backend() == "cpu"
   assert layers.resolve_impl("auto") == "matmul"
+  for backend, impl in (("gpu", "matmul"), ("tpu", "xla")):  # decision 87
+    monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+    assert layers.resolve_impl("auto") == impl
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ def get_config():
   config.model = "resnet20"  # "resnet20" (the paper's), "cnn4" or "linear"
   config.width = 16  # ResNet20's base width (16: the CIFAR ResNet20)
   # ResNet20/CNN4 convolutions: "matmul" (im2col matrix products: fast inside the
-  # simulator's loops on the CPU, slower to compile), "xla" (lax.conv_general_dilated) or
-  # "auto" (matmul on the CPU, xla elsewhere).
+  # simulator's loops on a CPU or GPU, slower to compile), "xla" (lax.conv_general_dilated)
+  # or "auto" (matmul on a CPU or GPU, xla elsewhere).
   config.conv_impl = "auto"
   config.num_clients = 8  # clients; an equal random split of the training rows
   config.keep_fraction = 0.02  # fraction of each minority class (the first half) kept

@@ -10,9 +10,10 @@ Neither paper describes the network beyond that, so the layout is MAML's: four b
 then a flatten and one ``Dense`` to the logits. A 32x32 CIFAR image shrinks to 2x2 (128
 features with 32 filters); a 28x28 Omniglot image to 1x1 (64 features).
 
-Convolutions and pools go through ``fedco.models.layers`` (``conv_impl``): on the CPU an
-im2col matrix-product form that stays fast inside the simulator's ``lax.scan`` loops, on
-other backends ``lax.conv_general_dilated``; the parameters are ``nn.Conv``'s either way.
+Convolutions and pools go through ``fedco.models.layers`` (``conv_impl``): on a CPU or GPU
+an im2col matrix-product form that stays fast inside the simulator's vmapped ``lax.scan``
+loops, on other backends ``lax.conv_general_dilated``; the parameters are ``nn.Conv``'s
+either way.
 
 The two models differ only in the normalization, because they serve different problems:
 
