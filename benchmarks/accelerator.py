@@ -8,9 +8,9 @@ runs too (both sides on the CPU) but says so in ``device``. Workloads (``peers/w
 * ``cross_device``: 1,000 clients of 50 CIFAR-shaped images, 50 sampled per round, one local
   epoch of batch 10 (5 steps) at learning rate 0.1, FedAvg, E2's CNN4.
   - ``fedco``: ``peers/jax_bench.simulator`` (the peer comparison's fedco side), ``run(state,
-    rounds)`` timed as one call after a compiling call, once per ``conv_impl`` (``auto`` is
-    ``lax.conv_general_dilated`` off the CPU; ``matmul`` the im2col products fedco uses on
-    the CPU).
+    rounds)`` timed as one call after a compiling call, once per ``conv_impl``: ``matmul``,
+    the im2col products ``"auto"`` picks on a CPU or GPU (decision 87), and ``xla``,
+    ``lax.conv_general_dilated`` (cuDNN on a GPU).
   - ``torch``: what pfl-research and Flower run per client, without their framework: every
     round 50 clients drawn with NumPy, each ``copy.deepcopy(server)``, a fresh
     ``torch.optim.SGD(lr=0.1)``, its 50 images permuted and cut into 5 batches of 10
@@ -190,7 +190,7 @@ def main(argv):
   out = {"device": device_info(), "rounds": FLAGS.rounds, "repeats": FLAGS.repeats}
   w = workloads.WORKLOADS["cross_device"]
   sides = {
-    f"fedco_{impl}": FedcoSide("cross_device", FLAGS.rounds, impl) for impl in ("auto", "matmul")
+    f"fedco_{impl}": FedcoSide("cross_device", FLAGS.rounds, impl) for impl in ("matmul", "xla")
   }
   compile_seconds = {name: side.compile_seconds for name, side in sides.items()}
   try:
@@ -210,7 +210,7 @@ def main(argv):
     }
   resnet = {
     f"fedco_{impl}": FedcoSide("cross_device_resnet20", FLAGS.resnet_rounds, impl)
-    for impl in ("auto", "matmul")
+    for impl in ("matmul", "xla")
   }
   median, _ = timed(resnet, FLAGS.repeats)
   out["cross_device_resnet20"] = {
