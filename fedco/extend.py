@@ -51,6 +51,31 @@ so ``grad h = x``), and it meets the contract fedco's algorithms meet
 >>> fedco.testing.check_algorithm(local_sgd, learning_rate=0.1, checks=("builds", "state"))
 {'builds': 'passed', 'state': 'passed'}
 
+What ``update`` receives: ``update(updates, state, params, **kwargs)``, where the runtime
+(and :func:`fedco.testing.loop_reference`) passes these keyword arguments; your own loop
+passes those its algorithm needs:
+
+* ``updates`` is the gradient of the non-compositional term ``grad h(x; xi)`` (or ``None``
+  when there is none); plain FedAvg steps on it alone.
+* ``inner_fn(x)`` evaluates ``g(x; zeta)`` on this step's inner sample ``zeta`` at any point
+  ``x``; the algorithm differentiates it with one ``jax.vjp``.
+* ``outer_fn(y)`` evaluates ``f(y; xi)``; the algorithm takes its gradient.
+* ``next_inner_fn(x)`` evaluates ``g(x; zeta')`` on an independent sample, used to refresh
+  trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
+* ``extra_fn(x)`` evaluates ``h(x; xi)`` (the loss value plain baselines report).
+* ``round_key`` is a PRNG key shared by all clients of the round (DRFA's snapshot step).
+* ``local_step`` is the step's index within the round, ``0 .. local_steps - 1`` (Ditto
+  anchors its personal model to the model the round started from at step 0).
+* ``example_losses_fn(x)`` gives the per-example values ``h(x; xi_i)`` of the outer batch
+  and ``example_weights`` their batch weights; ``example_rows`` are the outer batch's
+  global example ids (sample-reweighting baselines: FastDRO, primal-dual DRO).
+* Unknown keyword arguments are accepted and ignored (optax's extra-args contract), so take
+  ``**unused``.
+* **Randomness** comes from ``round_key`` (the same for every client of a round; fold in
+  ``local_step`` for a step's own key) or from a key kept in the state; there is no
+  per-client key yet. Host randomness (``numpy.random``) breaks ``jax.jit`` and the
+  ``jit`` check says so.
+
 The client-state contract (what the runtime does with your state):
 
 * **Per client, private.** Each client keeps its own copy of the whole state from round to
@@ -89,9 +114,9 @@ The client-state contract (what the runtime does with your state):
   after its last step is what it uploads, so compute an upload at every step (it is then
   right whenever the client stops) rather than only at :func:`at_round_end`.
 * **Trackers of the inner value** (``y``, ``u``) have the inner value's structure, which
-  ``params`` does not give: start them with :func:`pending_or` and call
+  ``params`` does not give: start them with ``pending_or(inner_value, fill)`` and call
   :func:`fill_pending` first in ``update``; the runtime fills them at ``init`` with
-  :func:`init_trackers`.
+  :func:`init_trackers`, each with its ``fill`` (``lambda v: v`` starts at the inner value).
 * **Arguments are checked** with :func:`positive`, :func:`bounded`, :func:`positive_int`,
   :func:`one_of` and :func:`rate`: a one-line ``ValueError`` naming the argument for a bad
   concrete value, NumPy scalars accepted, injected (traced) hyperparameters passed through.

@@ -262,6 +262,40 @@ def _fail(name, check, what):
   raise ContractError(f"fedco.testing.check_algorithm({name}): {check}: {what}")
 
 
+# What a failed comparison of a check most often means, after the numbers.
+_HINTS = {
+  "jit": (
+    "; a step that differs under jax.jit usually reads host state or draws host randomness "
+    "(numpy.random, random, a Python counter): draw with jax.random from the key update "
+    "receives (round_key) and keep every value in the state"
+  ),
+}
+
+
+def _difference(a, b, rtol, atol, err, root) -> str:
+  """The first leaf where two pytrees differ beyond ``rtol`` / ``atol``: its path and its
+  largest difference (chex's first line where they cannot be compared leaf by leaf)."""
+  try:
+    pairs = zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True)
+    for (path, x), y in pairs:
+      x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+      name = root + jax.tree_util.keystr(path)
+      if x.shape != y.shape:
+        return f"{name} has shapes {x.shape} and {y.shape}"
+      far = ~np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+      if far.any():
+        gap = np.where(far, np.abs(x - y), -1.0)
+        gap = np.where(np.isnan(gap), np.inf, gap)
+        at = np.unravel_index(np.argmax(gap), gap.shape)
+        return (
+          f"{name}, by up to {gap[at]:.3g} (at {tuple(int(i) for i in at)}: "
+          f"{x[at]:.6g} against {y[at]:.6g}; rtol={rtol:g}, atol={atol:g})"
+        )
+  except (TypeError, ValueError):
+    pass
+  return str(err).splitlines()[0][:300]
+
+
 def _leaf_paths(tree):
   return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
@@ -332,13 +366,15 @@ class _Kit:
       params, state = step(params, state)
     return params, state
 
-  def close(self, what, check, a, b, rtol=None, atol=None):
+  def close(self, what, check, a, b, rtol=None, atol=None, root="params"):
     try:
       chex.assert_trees_all_close(
         a, b, rtol=self.rtol if rtol is None else rtol, atol=self.atol if atol is None else atol
       )
     except AssertionError as err:
-      _fail(self.name, check, f"{what} differ: {str(err).splitlines()[0][:300]}")
+      rtol, atol = self.rtol if rtol is None else rtol, self.atol if atol is None else atol
+      gap = _difference(a, b, rtol, atol, err, root)
+      _fail(self.name, check, f"{what} differ in {gap}{_HINTS.get(check, '')}")
 
   # the checks -------------------------------------------------------------------------------
 
@@ -354,7 +390,13 @@ class _Kit:
       try:
         base.get_field(state, field)
       except (KeyError, ValueError) as err:
-        del err
+        if "more than one" in str(err):  # a chained or inner optimizer's field of that name
+          _fail(
+            self.name,
+            "builds",
+            f"the plan names field {field!r}, and the state holds more than one field of "
+            f"that name (its fields: {_leaf_paths(state)}): rename the algorithm's own field",
+          )
         _fail(
           self.name,
           "builds",
@@ -399,8 +441,9 @@ class _Kit:
           _fail(
             self.name,
             "state",
-            f"state{path} changed weak type across updates (start it "
-            "as jnp.asarray(value, dtype) or jnp.zeros_like(params))",
+            f"state{path} changed weak type across updates (build it from "
+            "extend.strong(params), e.g. jnp.zeros_like(extend.strong(params)), or give a "
+            "constant its dtype: jnp.asarray(value, dtype))",
           )
     chex.assert_trees_all_equal_dtypes(params, self.params)
     self._check_weak_start(opt)
@@ -425,8 +468,8 @@ class _Kit:
           "state",
           f"state{path} starts weak-typed from weak-typed params "
           "(jnp.zeros_like or arithmetic on them) and the first update makes it strong, "
-          "so a jitted loop traces twice: start it as jnp.zeros(jnp.shape(p), "
-          "jnp.result_type(p)) or with an explicit dtype",
+          "so a jitted loop traces twice: build it from extend.strong(params), e.g. "
+          "jnp.zeros_like(extend.strong(params)), or with an explicit dtype",
         )
 
   def check_jit(self):
@@ -518,6 +561,7 @@ class _Kit:
       self.simulated()[-1],
       expected,
       rtol=max(self.rtol, 2e-5),
+      root="server",
     )
 
   def check_server(self):
@@ -592,6 +636,7 @@ class _Kit:
       "mesh",
       jax.device_get(laid.state.server),
       jax.device_get(one.state.server),
+      root="server",
     )
     return None
 

@@ -7,7 +7,9 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -171,3 +173,76 @@ def test_factory_refuses_a_structural_argument_left_out_of_static(annotation):
   with pytest.raises(ValueError, match=r"leaves out \['inner'\]"):
     fedco.extend.factory(static=("local_steps",))(make)
   fedco.extend.factory(static=("local_steps", "inner"))(make)
+
+
+def test_factory_refuses_an_unannotated_int_default_left_out_of_static():
+  # injected, restart_every=2 would become a traced number (a raw JAX error at its first
+  # Python use); a float default or a bool stays a hyperparameter
+  def make(learning_rate: float = 0.1, local_steps: int = 2, *, restart_every=2, lam=1.0):
+    return None
+
+  with pytest.raises(ValueError, match=r"leaves out \['restart_every'\].*unannotated"):
+    fedco.extend.factory(static=("local_steps",))(make)
+  fedco.extend.factory(static=("local_steps", "restart_every"))(make)
+
+
+def test_a_pending_tracker_is_filled_with_its_own_fill_on_every_path():
+  # init(inner_value=...), the runtime's init_trackers and update's fill_pending agree
+  params, value = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
+  half = lambda v: v / 2
+  direct = fedco.extend.pending_or(value, half)
+  state = {"u": fedco.extend.pending_or(None, half), "y": fedco.extend.pending_or(None, None)}
+  via_runtime = fedco.init_trackers(state, params, value)
+  via_update = fedco.extend.fill_pending(state, params, lambda x: x + 2.0)
+  for filled in (via_runtime, via_update):
+    np.testing.assert_array_equal(filled["u"], direct)
+    np.testing.assert_array_equal(filled["y"], value)
+  # each init call makes a fresh lambda: the states of two calls still have one structure
+  first, second = (fedco.extend.pending_or(None, lambda v: v) for _ in range(2))
+  assert jax.tree.structure(first) == jax.tree.structure(second)
+  assert jax.tree.structure(first) != jax.tree.structure(fedco.extend.pending_or(None, half))
+
+
+class _AdamState(NamedTuple):
+  count: jax.Array
+  mu: optax.Params  # the same name as the mean inside optax.adam's state
+  opt_state: optax.OptState
+
+
+@fedco.extend.factory(static=("local_steps", "optimizer"))
+def _clashing(
+  learning_rate: Optional[float] = None,
+  local_steps: int = 2,
+  *,
+  optimizer: fedco.extend.Optimizer = optax.adam,
+):
+  opt = fedco.extend.param_optimizer(learning_rate, optimizer, default=0.1)
+
+  def init(params, *, inner_value=None):
+    params = fedco.extend.strong(params)
+    return _AdamState(
+      jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params), opt.init(params)
+    )
+
+  def update(updates, state, params=None, **unused):
+    step, opt_state = opt.update(updates, state.opt_state, params)
+    return step, _AdamState(state.count + 1, state.mu, opt_state)
+
+  plan = fedco.extend.make_plan(local_steps, every_round=("mu",))
+  return fedco.extend.Algorithm(init, update, plan, fedco.extend.averaging_server(), "c", "plain")
+
+
+def test_a_plan_field_the_state_holds_twice_is_named_as_a_clash():
+  with pytest.raises(
+    fedco.testing.ContractError, match=r"builds: .*'mu'.*more than one field.*rename"
+  ):
+    fedco.testing.check_algorithm(_clashing, checks=("builds",), learning_rate=0.1)
+
+
+def test_host_randomness_fails_the_jit_check_naming_the_leaf_and_the_cause():
+  with pytest.raises(
+    fedco.testing.ContractError, match=r"jit: .* differ in params, by up to .*host randomness"
+  ):
+    fedco.testing.check_algorithm(
+      shared_momentum, checks=("jit",), learning_rate=0.1, local_steps=3, host_noise=True
+    )

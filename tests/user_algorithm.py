@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedco import extend
@@ -37,24 +38,29 @@ def shared_momentum(
   momentum_dtype=None,
   plan_field: str = "m",
   server: Optional[optax.GradientTransformation] = None,
+  host_noise: bool = False,
 ) -> extend.Algorithm:
   """Local heavy-ball SGD with the momentum buffer averaged each round.
 
-  ``momentum_dtype``, ``plan_field`` and ``server`` exist to break the contract on purpose in
-  tests: a buffer whose dtype the first update changes, a plan naming a field the state
-  lacks, a server that ignores the uploads.
+  ``momentum_dtype``, ``plan_field``, ``server`` and ``host_noise`` exist to break the
+  contract on purpose in tests: a buffer whose dtype the first update changes, a plan naming
+  a field the state lacks, a server that ignores the uploads, NumPy noise in ``update``
+  (fixed when ``jax.jit`` traces it).
   """
-  del optimizer  # the step is the momentum's own
+  if optimizer is not None:  # refused, never silently ignored
+    raise ValueError("optimizer: shared_momentum steps with its own momentum; leave it None")
   rate = 0.1 if learning_rate is None else learning_rate
 
   def init(params, *, inner_value=None):
     del inner_value
-    m = jax.tree.map(lambda p: jnp.zeros(p.shape, momentum_dtype or p.dtype), params)
+    m = jax.tree.map(lambda p: jnp.zeros_like(p, momentum_dtype), extend.strong(params))
     return MomentumState(jnp.zeros([], jnp.int32), m)
 
   def update(updates, state, params=None, **unused):
     del params, unused
     m = jax.tree.map(lambda m, g: beta * m + g, state.m, updates)
+    if host_noise:
+      m = jax.tree.map(lambda v: v + np.random.normal(size=np.shape(v)).astype(v.dtype), m)
     step = jax.tree.map(lambda v: -rate * v, m)
     return step, MomentumState(state.count + 1, m)
 

@@ -12,23 +12,9 @@ that also carries what the federated runtime needs (``plan``, ``server``, ``name
                                 outer_fn=lambda y: f(y, batch_f))
     params = optax.apply_updates(params, updates)
 
-``update(updates, state, params, *, inner_fn, outer_fn, next_inner_fn, **extra_args)``:
-
-* ``updates`` is the gradient of the non-compositional term ``grad h(x; xi)`` (or ``None``
-  when there is none); plain FedAvg steps on it alone.
-* ``inner_fn(x)`` evaluates ``g(x; zeta)`` on this step's inner sample ``zeta`` at any point
-  ``x``; the algorithm differentiates it with one ``jax.vjp``.
-* ``outer_fn(y)`` evaluates ``f(y; xi)``; the algorithm takes its gradient.
-* ``next_inner_fn(x)`` evaluates ``g(x; zeta')`` on an independent sample, used to refresh
-  trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
-* ``extra_fn(x)`` evaluates ``h(x; xi)`` (the loss value plain baselines report).
-* ``round_key`` is a PRNG key shared by all clients of the round (DRFA's snapshot step).
-* ``local_step`` is the step's index within the round, ``0 .. local_steps - 1`` (Ditto
-  anchors its personal model to the model the round started from at step 0).
-* ``example_losses_fn(x)`` gives the per-example values ``h(x; xi_i)`` of the outer batch
-  and ``example_weights`` their batch weights; ``example_rows`` are the outer batch's
-  global example ids (sample-reweighting baselines: FastDRO, primal-dual DRO).
-* Unknown keyword arguments are accepted and ignored (optax's extra-args contract).
+``update(updates, state, params, *, inner_fn, outer_fn, next_inner_fn, **extra_args)``
+receives the oracles and the runtime's other keyword arguments listed in :mod:`fedco.extend`
+("What ``update`` receives").
 
 ``init(params)`` is optax's. Trackers of the inner value (``y``, ``u``) need its pytree
 structure, which ``params`` does not give, so they start as :class:`Pending` placeholders
@@ -262,9 +248,10 @@ def factory(*, static: Tuple[str, ...] = ()):
   :func:`inject_hyperparams` keeps these static (a compiled program depends on them:
   ``local_steps``, counts, the ``optimizer``); every other numeric argument becomes state.
   Checked when the factory is decorated: ``static`` must name arguments of the factory, and
-  every argument annotated ``int`` (or ``Optional[int]``) or ``Optimizer`` must be in it:
-  under ``inject_hyperparams`` an int would silently become a traced number and an
-  optimizer factory a schedule. (``str`` and ``bool`` arguments stay static by value.)
+  every argument annotated ``int`` (or ``Optional[int]``) or ``Optimizer``, or unannotated
+  with an ``int`` default, must be in it: under ``inject_hyperparams`` an int would
+  silently become a traced number and an optimizer factory a schedule. (``str`` and
+  ``bool`` arguments stay static by value.)
   Every :class:`Algorithm` the decorated factory builds records what built it in its
   ``arguments`` attribute (``{"factory": name, argument: value, ...}``, defaults included),
   which run fingerprints read.
@@ -315,14 +302,18 @@ def factory(*, static: Tuple[str, ...] = ()):
       p.name
       for p in signature.parameters.values()
       if p.name not in static
-      and p.annotation is not inspect.Parameter.empty
-      and _structural(p.annotation)
+      and (
+        _structural(p.annotation)
+        if p.annotation is not inspect.Parameter.empty
+        else type(p.default) is int  # unannotated with an int default: an int
+      )
     ]
     if missing:
       raise ValueError(
         f"@factory(static=...) of {name} leaves out {missing}: arguments "
-        f"annotated int or Optimizer shape the compiled program and must be "
-        f"static (add them to static=)"
+        f"annotated int or Optimizer (or unannotated with an int default) shape the "
+        f"compiled program and must be static (add them to static=, or annotate a "
+        f"number float and give it a float default)"
       )
 
     @functools.wraps(fn)
@@ -502,16 +493,21 @@ class Pending:
   """A tracker not yet filled: ``init(params)`` cannot know the inner value's structure.
 
   A pytree with no leaves whose static ``kind`` says how :func:`init_trackers` fills it:
-  ``"inner"`` takes the inner value itself; ``"inner_jacobian"`` zeros shaped
-  ``[p, *param.shape]`` for the flattened inner value's size ``p`` (GCIVR's ``J``).
-  Algorithms create it with :func:`pending_or` and fill it with :func:`fill_pending`; two
-  placeholders of the same kind are equal.
+  ``"inner"`` takes ``fill(inner_value)`` (the inner value itself without a ``fill``);
+  ``"inner_jacobian"`` zeros shaped ``[p, *param.shape]`` for the flattened inner value's
+  size ``p`` (GCIVR's ``J``). Algorithms create it with :func:`pending_or` and fill it with
+  :func:`fill_pending`. Two placeholders are equal when their kinds are and their fills
+  are the same function or share its code (a lambda made anew by each ``init`` call), so
+  states from two ``init`` calls have one structure; each placeholder is filled with its
+  own ``fill``.
 
   Args:
     kind: ``"inner"`` (default) or ``"inner_jacobian"``.
+    fill: ``"inner"`` only: ``inner_value -> tracker`` (``None``: the inner value itself).
 
   Raises:
-    ValueError: ``kind`` is not one of those.
+    ValueError: ``kind`` is not one of those, or a ``fill`` is given that is not callable
+      or for ``"inner_jacobian"``.
 
   Examples:
     >>> import jax
@@ -525,22 +521,31 @@ class Pending:
 
   KINDS = ("inner", "inner_jacobian")
 
-  def __init__(self, kind: str = "inner"):
+  def __init__(self, kind: str = "inner", fill: Optional[Callable] = None):
     self.kind = _validate.one_of("kind", kind, self.KINDS)
+    if fill is not None and (kind != "inner" or not callable(fill)):
+      raise ValueError(
+        f"fill must be a function inner_value -> tracker, for kind 'inner' only; got "
+        f"{fill!r} for kind {kind!r}"
+      )
+    self.fill = fill
 
   def tree_flatten(self):
-    return (), self.kind
+    return (), self  # static: the kind and the fill; no leaves
 
   @classmethod
-  def tree_unflatten(cls, kind, children):
+  def tree_unflatten(cls, aux, children):
     del children
-    return cls(kind)
+    return aux
+
+  def _key(self):
+    return self.kind, getattr(self.fill, "__code__", self.fill)
 
   def __eq__(self, other):
-    return isinstance(other, Pending) and other.kind == self.kind
+    return isinstance(other, Pending) and other._key() == self._key()
 
   def __hash__(self):
-    return hash(("Pending", self.kind))
+    return hash(("Pending", *self._key()))
 
   def __repr__(self):
     return f"Pending({self.kind!r})"
@@ -579,7 +584,8 @@ def init_trackers(state, params, inner_value):
 
   Works on any state that holds fedco algorithm states (``optax.chain``,
   ``optax.inject_hyperparams``, ...); a state with nothing pending is returned as is.
-  A ``"inner"`` tracker becomes ``inner_value``; an ``"inner_jacobian"`` one zeros of shape
+  A ``"inner"`` tracker becomes ``fill(inner_value)`` with the ``fill`` it was made with
+  (:func:`pending_or`; ``inner_value`` itself without one); an ``"inner_jacobian"`` one zeros of shape
   ``[p, *leaf.shape]`` for each leaf of ``params``, where ``p`` is the flattened size of
   ``inner_value``. Filling before a jitted loop or ``lax.scan`` keeps the state's structure
   fixed; the runtime does it for every client from one mini-batch ``g_k(x_0; zeta_0)`` and
@@ -623,7 +629,7 @@ def init_trackers(state, params, inner_value):
     if not _is_pending(x):
       return x
     if x.kind == "inner":
-      return inner_value
+      return inner_value if x.fill is None else x.fill(inner_value)
     size = ravel_pytree(inner_value)[0].shape
     return jax.tree.map(lambda p: jnp.zeros(size + jnp.shape(p), jnp.result_type(p)), params)
 
@@ -663,8 +669,8 @@ def pending_or(inner_value, fill):
   """In ``init``: ``fill(inner_value)`` when given, else a :class:`Pending` tracker.
 
   The way to start a tracker of the inner value (``y``, ``u``): ``init(params,
-  inner_value=...)`` fills it at once; without the value, :func:`fill_pending` fills it in
-  the first ``update``.
+  inner_value=...)`` fills it at once; without the value, the runtime (:func:`init_trackers`)
+  or :func:`fill_pending` in the first ``update`` fills it with the same ``fill``.
 
   Args:
     inner_value: ``g(x_0; zeta_0)`` (a pytree; its leaves are made ``jax.Array``) or
@@ -672,7 +678,7 @@ def pending_or(inner_value, fill):
     fill: ``inner_value -> tracker``, e.g. ``lambda v: v`` or an estimator's ``init``.
 
   Returns:
-    ``fill(inner_value)``, or ``Pending("inner")`` when ``inner_value`` is ``None``.
+    ``fill(inner_value)``, or ``Pending("inner", fill)`` when ``inner_value`` is ``None``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -681,9 +687,16 @@ def pending_or(inner_value, fill):
     Pending('inner')
     >>> extend.pending_or([1.0, 2.0], lambda v: v)[1].dtype.name
     'float32'
+
+    Filled later, the tracker is the same ``fill`` of the inner value:
+
+    >>> half = lambda v: v / 2
+    >>> state = {"u": extend.pending_or(None, half)}
+    >>> extend.fill_pending(state, jnp.array([2.0, 4.0]), lambda x: x)["u"].tolist()
+    [1.0, 2.0]
   """
   if inner_value is None:
-    return Pending("inner")
+    return Pending("inner", fill)
   return fill(jax.tree.map(jnp.asarray, inner_value))
 
 
