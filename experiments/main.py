@@ -22,6 +22,8 @@ import os
 import platform
 import re
 import sys
+import sysconfig
+import traceback
 import warnings
 
 import jax
@@ -130,11 +132,36 @@ def main(argv):
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
-    print(f"error: {err}", file=sys.stderr)
+    print(f"error: {err}{raised_at(err)}", file=sys.stderr)
     sys.exit(1)
   except KeyboardInterrupt as err:  # fedco.runtime.Interrupted, or Ctrl-C outside a run
     print(interrupted_line(err), file=sys.stderr)
     sys.exit(130)
+
+
+def raised_at(err) -> str:
+  """``" (raised at FILE:LINE, in FUNCTION)"``: where in the experiment's own code ``err``
+  came from (the innermost frame outside fedco, the standard library and installed
+  packages), for an error whose message names no flag: bad input names the ``--flag`` to
+  change, so an error that names none is most likely a bug in a module's code to find
+  (``''`` otherwise, or where no such frame exists)."""
+  if "--" in str(err):
+    return ""
+  paths = sysconfig.get_paths()
+  skipped = tuple(
+    os.path.join(os.path.realpath(p), "")
+    for p in (os.path.dirname(fedco.__file__), paths["stdlib"], paths["purelib"], paths["platlib"])
+  )
+  frames = [
+    f
+    for f in traceback.extract_tb(err.__traceback__)
+    if not os.path.realpath(f.filename).startswith(skipped)
+  ]
+  if not frames:
+    return ""
+  frame = frames[-1]
+  name = os.path.relpath(frame.filename)
+  return f" (raised at {frame.filename if name.startswith('..') else name}:{frame.lineno}, in {frame.name})"
 
 
 def interrupted_line(err) -> str:

@@ -56,6 +56,7 @@ import inspect
 import itertools
 import pathlib
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
@@ -153,7 +154,8 @@ class Method:
     return self.source or self.label
 
   def build(self, **changes):
-    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied."""
+    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied; the
+    factory's ``ValueError`` names the method's config field."""
     factory = fedco.ALGORITHMS[self.algorithm]
     kwargs = {**self.kwargs, **changes}
     learning_rate = kwargs.pop("learning_rate", self.learning_rate)
@@ -161,7 +163,15 @@ class Method:
       kwargs.setdefault("local_steps", self.local_steps)
     else:
       kwargs.pop("local_steps", None)
-    return factory(learning_rate, **kwargs)
+    try:
+      return factory(learning_rate, **kwargs)
+    except ValueError as err:
+      arg = (str(err).split() or [""])[0]
+      field = arg if arg in (*kwargs, "learning_rate", "local_steps") else ""
+      raise ValueError(
+        f"--config.methods.{self.entry}{'.' + field if field else ''} is "
+        f"invalid for fedco.{self.algorithm}: {err}"
+      ) from None
 
   def settings(self) -> Dict[str, Any]:
     """Everything that defines the method's runs (for identities and summaries)."""
@@ -518,7 +528,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   prepare = getattr(module, "prepare", lambda config, seed, setup: setup)
   seed0 = outcome.seeds[0]
   prepared = {seed0: prepare(config, seed0, setup)}
-  first = [_checked(module, config, m, seed0, prepared[seed0]) for m in runs]
+  first = [module.build(config, m, seed0, prepared[seed0]) for m in runs]  # before writing
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
@@ -547,6 +557,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
       for i, method in enumerate(runs):
         session.one(method, seed, build(i, seed))
   outcome.per_method, outcome.table = common.seed_statistics(outcome.finals, module.TABLE_KEYS)
+  _warn_unreported(module, outcome)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
   if hasattr(module, "summarize"):
     summary.update(module.summarize(config, outcome))
@@ -569,18 +580,19 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   return summary
 
 
-def _checked(module, config, method: Method, seed: int, prepared) -> Run:
-  """``module.build`` for the first seed, its factory's ``ValueError`` naming the method's
-  field (every method is built before anything is written)."""
-  try:
-    return module.build(config, method, seed, prepared)
-  except ValueError as err:
-    arg = (str(err).split() or [""])[0]
-    field = arg if arg in (*method.kwargs, "learning_rate", "local_steps") else ""
-    raise ValueError(
-      f"--config.methods.{method.entry}{'.' + field if field else ''} is "
-      f"invalid for fedco.{method.algorithm}: {err}"
-    ) from None
+def _warn_unreported(module, outcome: Outcome) -> None:
+  """A warning when ``TABLE_KEYS`` or ``PROGRESS`` name a value no finished run reports (a
+  misspelled metric: an empty table column, a progress bar without it)."""
+  finished = [f for by_seed in outcome.finals.values() for f in by_seed.values()]
+  finished = [f for f in finished if "diverged" not in f]
+  known = set().union(*finished) if finished else set()
+  unknown = [k for k in dict.fromkeys((*module.TABLE_KEYS, module.PROGRESS)) if k not in known]
+  if finished and unknown:
+    warnings.warn(
+      f"{module.__name__}'s TABLE_KEYS / PROGRESS name {unknown}, which no run reports; "
+      f"the runs' final values are {sorted(known)}",
+      stacklevel=3,
+    )
 
 
 def identity(

@@ -75,3 +75,61 @@ def test_the_guide_experiment_runs_resumes_and_reports_divergence(guide, tmp_pat
     r"--config\.methods\.fedprox\.learning_rate",
     row,
   ), row
+
+
+def _variant(guide, tmp_path, old, new):
+  """The guide's experiment with one line of its module changed, as module ``variant``."""
+  where, args = guide
+  module = (where / "least_squares.py").read_text()
+  assert module.count(old) == 1, old
+  (tmp_path / "variant.py").write_text(module.replace(old, new))
+  config = (where / "least_squares_config.py").read_text()
+  config = config.replace('"least_squares"', '"variant"').replace("(0, 1)", "(0,)")
+  (tmp_path / "variant_config.py").write_text(config.replace("rounds = 30", "rounds = 2"))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+  return subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.main",
+      f"--config={tmp_path}/variant_config.py",
+      f"--workdir={tmp_path / 'run'}",
+      "--noprogress",
+      *args,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
+def test_a_bug_in_the_modules_own_code_says_where_it_was_raised(guide, tmp_path):
+  # a ValueError of the module's code names no flag: one line, with the file, line and hook
+  proc = _variant(
+    guide,
+    tmp_path,
+    "  rng = np.random.default_rng(seed)\n",
+    "  rng = np.random.default_rng(seed)\n  first, second = (1, 2, 3)\n",
+  )
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
+  assert re.fullmatch(
+    r"error: too many values to unpack .*\(raised at .*variant\.py:\d+, in build\)", lines[0]
+  ), lines[0]
+
+
+def test_a_misspelled_table_key_is_a_warning(guide, tmp_path):
+  proc = _variant(
+    guide,
+    tmp_path,
+    'TABLE_KEYS = ("objective", "distance")',
+    'TABLE_KEYS = ("objective", "distanse")',
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert re.search(
+    r"warning: variant's TABLE_KEYS / PROGRESS name \['distanse'\], which no "
+    r"run reports; the runs' final values are \[.*'distance'",
+    proc.stderr,
+  ), proc.stderr

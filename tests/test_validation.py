@@ -266,7 +266,7 @@ def _check(name, *, build=False, **changes):
   module = runner.check(config)
   for method in runner.methods(config):
     if build:
-      runner._checked(module, config, method, 0, None)
+      module.build(config, method, 0, None)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
