@@ -220,8 +220,10 @@ class Workdir:
     self.commit()
     return os.path.join(self.path, SUMMARY)
 
-  def save_figure(self, fig, name: str = "plot.png", *, dpi: int = 120) -> str:
-    """Save a matplotlib figure as PNG, atomically."""
+  def save_figure(self, fig, name: str, *, dpi: int = 120) -> str:
+    """Save a matplotlib figure as PNG, atomically (``name`` ends in ``.png``)."""
+    if not isinstance(name, str) or not name.endswith(".png") or os.sep in name:
+      raise ValueError(f"a figure's name must be a file name ending in .png, got {name!r}")
     self.record(self.file(name))
     return self.save_figure_to(self._stage, fig, name, dpi=dpi)
 

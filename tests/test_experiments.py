@@ -389,3 +389,11 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
   assert again["table"] == together["table"]
   order = lambda rs: sorted(rs, key=lambda r: (r["method"], r["seed"], r["round"]))
   assert order(common.read_jsonl(tmp_path / "together" / common.METRICS)) == order(rows)
+
+
+@pytest.mark.parametrize("name", ["losses", "plot.pdf", "sub/plot.png", None])
+def test_a_figure_name_must_be_a_png_file_name(tmp_path, name):
+  wd = common.Workdir(tmp_path / "run")
+  with pytest.raises(ValueError, match="a figure's name must be a file name ending in .png"):
+    wd.save_figure(common.figure(), name)
+  assert not os.listdir(wd.file("."))  # nothing written
