@@ -237,6 +237,27 @@ class Workdir:
     return path
 
 
+def changed_config(wd: Workdir, config: Mapping[str, Any]) -> List[str]:
+  """The dotted fields in which ``config`` differs from the ``config.json`` of the
+  workdir's last complete run (``[]`` when there is none or it is the same)."""
+  try:
+    with open(os.path.join(wd.path, CONFIG)) as f:
+      before = json.load(f)
+  except (OSError, ValueError):
+    return []
+
+  def flat(value, prefix=""):
+    if isinstance(value, Mapping):
+      return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: value}
+
+  old, new = flat(before), flat(json.loads(dumps(config)))
+  return sorted(k for k in set(old) | set(new) if old.get(k, _ABSENT) != new.get(k, _ABSENT))
+
+
+_ABSENT = object()
+
+
 def _check_outputs(workdir: str, flag: str) -> None:
   """Refuse (``ValueError``) a workdir where a run could not write its output files (a
   directory in the way) or would replace files fedco did not write (not in the manifest)."""

@@ -533,6 +533,14 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
   wd = common.Workdir(workdir)
+  changed = common.changed_config(wd, config.to_dict())
+  if changed and options.progress:
+    print(
+      f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
+      f"{' ...' if len(changed) > 5 else ''} differ); runs whose settings changed start "
+      "afresh, and this run's results replace those when it completes",
+      flush=True,
+    )
   wd.write_config(config.to_dict())
   common.start_checkpoints(wd, {"resume": options.resume})
   writers = [

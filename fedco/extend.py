@@ -64,6 +64,8 @@ passes those its algorithm needs:
   trackers at the new iterate (FedDRO, DS-FedDRO, FedAvg-CO). Defaults to ``inner_fn``.
 * ``extra_fn(x)`` evaluates ``h(x; xi)`` (the loss value plain baselines report).
 * ``round_key`` is a PRNG key shared by all clients of the round (DRFA's snapshot step).
+* ``client_key`` is a PRNG key of this client's step: its own for every client, step and
+  round, the same when a run is repeated or resumed (local noise, random choices).
 * ``local_step`` is the step's index within the round, ``0 .. local_steps - 1`` (Ditto
   anchors its personal model to the model the round started from at step 0).
 * ``example_losses_fn(x)`` gives the per-example values ``h(x; xi_i)`` of the outer batch
@@ -71,10 +73,9 @@ passes those its algorithm needs:
   global example ids (sample-reweighting baselines: FastDRO, primal-dual DRO).
 * Unknown keyword arguments are accepted and ignored (optax's extra-args contract), so take
   ``**unused``.
-* **Randomness** comes from ``round_key`` (the same for every client of a round; fold in
-  ``local_step`` for a step's own key) or from a key kept in the state; there is no
-  per-client key yet. Host randomness (``numpy.random``) breaks ``jax.jit`` and the
-  ``jit`` check says so.
+* **Randomness** comes from ``client_key`` (each client's own) or ``round_key`` (shared by
+  the round's clients); in your own loop, pass them yourself. Host randomness
+  (``numpy.random``) breaks ``jax.jit``, and the ``jit`` check says so.
 
 The client-state contract (what the runtime does with your state):
 

@@ -70,6 +70,7 @@ from fedco.data.federated import FederatedData
 from fedco.problems import Problem, plain, portfolio
 from fedco.runtime import batching, host
 from fedco.runtime import mesh as mesh_lib
+from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.loop import simulate
 from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import sweep
@@ -352,7 +353,12 @@ class _Kit:
         state = base.set_fields(state, **{field: self.oracles["inner_fn"](params)})
       grads = None if self.grad_h_fn is None else self.grad_h_fn(params)
       updates, state = opt.update(
-        grads, state, params, round_key=jax.random.PRNGKey(0), **self.oracles
+        grads,
+        state,
+        params,
+        round_key=jax.random.PRNGKey(0),
+        client_key=jax.random.PRNGKey(1),
+        **self.oracles,
       )
       return optax.apply_updates(params, updates), state
 
@@ -706,12 +712,20 @@ def loop_reference(
     return jax.tree.map(lambda *v: jnp.tensordot(w, jnp.stack(v), axes=1), *values)
 
   @jax.jit
-  def client_step(state, model, batch, weights, rows, round_key, t):
+  def client_step(state, model, batch, weights, rows, round_key, k, t):
     """One client's step on its whole data (jitted once: the loop stays fast)."""
     grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
     grads = None if grad_h_fn is None else grad_h_fn(model)
+    step_key = jax.random.fold_in(jax.random.fold_in(round_key, k), t)  # the simulator's
     step, state = algorithm.update(
-      grads, state, model, round_key=round_key, local_step=t, example_rows=rows, **kwargs
+      grads,
+      state,
+      model,
+      round_key=round_key,
+      client_key=jax.random.fold_in(step_key, rounds_lib.CLIENT_STREAM),
+      local_step=t,
+      example_rows=rows,
+      **kwargs,
     )
     return optax.apply_updates(model, step), state
 
@@ -763,7 +777,9 @@ def loop_reference(
     models = [server["params"]] * n
     for t in range(plan.local_steps):
       for k in range(n):
-        models[k], states[k] = client_step(states[k], models[k], *full[k], k_round, jnp.asarray(t))
+        models[k], states[k] = client_step(
+          states[k], models[k], *full[k], k_round, jnp.asarray(k), jnp.asarray(t)
+        )
       for f in plan.every_step:
         states = with_field(states, f, mean([base.get_field(s, f) for s in states]))
     shared = {f: base.get_field(states[0], f) for f in plan.every_step}

@@ -397,3 +397,16 @@ def test_a_figure_name_must_be_a_png_file_name(tmp_path, name):
   with pytest.raises(ValueError, match="a figure's name must be a file name ending in .png"):
     wd.save_figure(common.figure(), name)
   assert not os.listdir(wd.file("."))  # nothing written
+
+
+def test_a_rerun_with_another_config_names_the_fields_that_changed(tmp_path):
+  first = common.Workdir(tmp_path / "run")
+  first.write_config({"rounds": 10, "methods": {"fedavg": {"learning_rate": 0.1}}})
+  first.write_summary({})
+  del first
+  wd = common.Workdir(tmp_path / "run")
+  same = {"rounds": 10, "methods": {"fedavg": {"learning_rate": 0.1}}}
+  assert common.changed_config(wd, same) == []
+  other = {"rounds": 10, "seeds": [0], "methods": {"fedavg": {"learning_rate": 5.0}}}
+  assert common.changed_config(wd, other) == ["methods.fedavg.learning_rate", "seeds"]
+  assert common.changed_config(common.Workdir(tmp_path / "fresh"), other) == []

@@ -246,3 +246,17 @@ def test_host_randomness_fails_the_jit_check_naming_the_leaf_and_the_cause():
     fedco.testing.check_algorithm(
       shared_momentum, checks=("jit",), learning_rate=0.1, local_steps=3, host_noise=True
     )
+
+
+def test_client_key_is_each_clients_own_and_the_loop_references():
+  # the kit's simulate check compares fedco.simulate with loop_reference, which derives
+  # client_key from the client's id and step as the simulator does: it fails if either
+  # derived it otherwise (one key for every client, or none per step)
+  report = fedco.testing.check_algorithm(
+    shared_momentum,
+    checks=("jit", "simulate", "sweep"),
+    learning_rate=0.1,
+    local_steps=3,
+    client_noise=0.01,
+  )
+  assert set(report.values()) == {"passed"}, report

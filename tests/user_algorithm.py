@@ -39,13 +39,15 @@ def shared_momentum(
   plan_field: str = "m",
   server: Optional[optax.GradientTransformation] = None,
   host_noise: bool = False,
+  client_noise: float = 0.0,
 ) -> extend.Algorithm:
   """Local heavy-ball SGD with the momentum buffer averaged each round.
 
   ``momentum_dtype``, ``plan_field``, ``server`` and ``host_noise`` exist to break the
   contract on purpose in tests: a buffer whose dtype the first update changes, a plan naming
   a field the state lacks, a server that ignores the uploads, NumPy noise in ``update``
-  (fixed when ``jax.jit`` traces it).
+  (fixed when ``jax.jit`` traces it). ``client_noise`` adds that much Gaussian noise to the
+  buffer from ``update``'s ``client_key`` (each client's own at each step).
   """
   if optimizer is not None:  # refused, never silently ignored
     raise ValueError("optimizer: shared_momentum steps with its own momentum; leave it None")
@@ -56,9 +58,11 @@ def shared_momentum(
     m = jax.tree.map(lambda p: jnp.zeros_like(p, momentum_dtype), extend.strong(params))
     return MomentumState(jnp.zeros([], jnp.int32), m)
 
-  def update(updates, state, params=None, **unused):
+  def update(updates, state, params=None, *, client_key=None, **unused):
     del params, unused
     m = jax.tree.map(lambda m, g: beta * m + g, state.m, updates)
+    if client_key is not None:  # (client_noise may be injected: no Python branch on it)
+      m = jax.tree.map(lambda v: v + client_noise * jax.random.normal(client_key, v.shape), m)
     if host_noise:
       m = jax.tree.map(lambda v: v + np.random.normal(size=np.shape(v)).astype(v.dtype), m)
     step = jax.tree.map(lambda v: -rate * v, m)

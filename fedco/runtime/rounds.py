@@ -153,14 +153,14 @@ def _client_step(cfg, round_key, local_step, params, cstate, key, view):
   kg, kf, kn = jax.random.split(key, 3)
   if cfg.paired_batches:  # same key and size: the outer batch is the inner batch's rows
     kf = kg
-  max_count = cfg.layout.max_count
-  bg, wg = draw(kg, view, cfg.batch_size, max_count)
-  bf, wf, rows = draw(kf, view, cfg.outer_batch_size, max_count, return_rows=True)
-  bn, wn = draw(kn, view, cfg.batch_size, max_count)
+  bg, wg = draw(kg, view, cfg.batch_size, cfg.layout.max_count)
+  bf, wf, rows = draw(kf, view, cfg.outer_batch_size, cfg.layout.max_count, return_rows=True)
+  bn, wn = draw(kn, view, cfg.batch_size, cfg.layout.max_count)
   grad_h_fn, kwargs = oracle_args(cfg.problem, bg, bf, bn, (wg, wf, wn))
   grad_h = None if grad_h_fn is None else grad_h_fn(params)
+  kwargs.update(round_key=round_key, client_key=jax.random.fold_in(key, CLIENT_STREAM))
   return cfg.algorithm.update(
-    grad_h, cstate, params, round_key=round_key, local_step=local_step, example_rows=rows, **kwargs
+    grad_h, cstate, params, local_step=local_step, example_rows=rows, **kwargs
   )
 
 
@@ -363,6 +363,9 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
 
 # Folded into a key for the uplink's draws: beyond any client id and split index.
 _UPLINK_STREAM = 0x75706C6B
+# Folded into a client's step key (``fold_in(fold_in(k_round, client id), local step)``) for
+# ``update``'s ``client_key``: apart from the split that draws the step's batches.
+CLIENT_STREAM = 0x636C6E74
 
 
 def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):
