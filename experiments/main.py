@@ -145,7 +145,7 @@ def raised_at(err) -> str:
   packages), for an error whose message names no flag: bad input names the ``--flag`` to
   change, so an error that names none is most likely a bug in a module's code to find
   (``''`` otherwise, or where no such frame exists)."""
-  if "--" in str(err):
+  if "--" in str(err) or isinstance(err, FileNotFoundError):  # bad input: said in full
     return ""
   paths = sysconfig.get_paths()
   skipped = tuple(
@@ -160,7 +160,10 @@ def raised_at(err) -> str:
   if not frames:
     return ""
   frame = frames[-1]
-  name = os.path.relpath(frame.filename)
+  try:
+    name = os.path.relpath(frame.filename)
+  except (ValueError, OSError):  # no file name, or no current directory
+    name = frame.filename or "?"
   return f" (raised at {frame.filename if name.startswith('..') else name}:{frame.lineno}, in {frame.name})"
 
 

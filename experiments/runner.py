@@ -153,9 +153,11 @@ class Method:
     """The ``config.methods`` label this run comes from."""
     return self.source or self.label
 
-  def build(self, **changes):
-    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied; the
-    factory's ``ValueError`` names the method's config field."""
+  def build(self, *, config_field: Optional[str] = None, **changes):
+    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied.
+
+    The factory's ``ValueError`` names ``config_field`` (default: the method's entry,
+    ``--config.methods.<label>``, and the argument when the config gave it)."""
     factory = fedco.ALGORITHMS[self.algorithm]
     kwargs = {**self.kwargs, **changes}
     learning_rate = kwargs.pop("learning_rate", self.learning_rate)
@@ -167,11 +169,10 @@ class Method:
       return factory(learning_rate, **kwargs)
     except ValueError as err:
       arg = (str(err).split() or [""])[0]
-      field = arg if arg in (*kwargs, "learning_rate", "local_steps") else ""
-      raise ValueError(
-        f"--config.methods.{self.entry}{'.' + field if field else ''} is "
-        f"invalid for fedco.{self.algorithm}: {err}"
-      ) from None
+      given = (*self.kwargs, "learning_rate", "local_steps")  # by the config, not the module
+      field = arg if arg in given and arg not in changes else ""
+      where = config_field or f"--config.methods.{self.entry}{'.' + field if field else ''}"
+      raise ValueError(f"{where} is invalid for fedco.{self.algorithm}: {err}") from None
 
   def settings(self) -> Dict[str, Any]:
     """Everything that defines the method's runs (for identities and summaries)."""

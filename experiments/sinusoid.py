@@ -116,12 +116,7 @@ def check(config) -> None:
   elif values:
     base = ablation_base(config, runner.methods(config))
     for v in values:
-      try:
-        base.build(**{config.ablation: v})
-      except ValueError as err:
-        raise ValueError(
-          f"--config.ablation_values is invalid for fedco.local_scgdm: {err}"
-        ) from None
+      base.build(config_field="--config.ablation_values", **{config.ablation: v})
 
 
 def ablation_base(config, found) -> runner.Method:

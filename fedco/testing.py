@@ -267,8 +267,8 @@ def _fail(name, check, what):
 _HINTS = {
   "jit": (
     "; a step that differs under jax.jit usually reads host state or draws host randomness "
-    "(numpy.random, random, a Python counter): draw with jax.random from the key update "
-    "receives (round_key) and keep every value in the state"
+    "(numpy.random, random, a Python counter): draw with jax.random from the keys update "
+    "receives (client_key, round_key) and keep every value in the state"
   ),
 }
 
@@ -666,7 +666,8 @@ def loop_reference(
   step by step, one jitted step at a time. Every client takes part in every round with
   full-batch oracles (its whole data), so the result must equal
   ``fedco.simulate(..., batch_size=None)``; it shares with the runtime only the key
-  schedule (``round_key``, the server's key), the batch layout
+  schedule (``round_key``, ``client_key`` from the client's id and step, the server's key),
+  the batch layout
   (:func:`fedco.runtime.draw_batch`) and :func:`fedco.runtime.oracle_args`. It follows the
   plan's contract (:mod:`fedco.extend`): ``at_init`` means over all clients; per round,
   ``every_round`` fields broadcast, ``round_start`` and ``round_start_loss`` fields

@@ -410,3 +410,16 @@ def test_a_rerun_with_another_config_names_the_fields_that_changed(tmp_path):
   other = {"rounds": 10, "seeds": [0], "methods": {"fedavg": {"learning_rate": 5.0}}}
   assert common.changed_config(wd, other) == ["methods.fedavg.learning_rate", "seeds"]
   assert common.changed_config(common.Workdir(tmp_path / "fresh"), other) == []
+
+
+def test_a_factory_error_names_the_config_field_only_when_the_config_gave_it():
+  given = runner.Method("q", "qfedavg", {"q": -1.0}, 0.1, 5)
+  with pytest.raises(ValueError, match=r"^--config\.methods\.q\.q is invalid for fedco\.qfedavg"):
+    given.build()
+  computed = runner.Method("c", "comfedl", {"normalized": True}, 0.1, 5)  # gamma: the module's
+  with pytest.raises(
+    ValueError, match=r"^--config\.methods\.c is invalid for fedco\.comfedl: gamma"
+  ):
+    computed.build(gamma=-1.0)
+  with pytest.raises(ValueError, match=r"^--config\.ablation_values is invalid for fedco\.comfedl"):
+    computed.build(config_field="--config.ablation_values", gamma=-1.0)

@@ -239,6 +239,7 @@ def test_bad_config_fields_raise_naming_the_field(tmp_path, changes, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")) as err:
     runner.train_and_evaluate(config, str(tmp_path / "out"), QUIET)
   assert "\n" not in str(err.value)
+  assert str(err.value).count(" is invalid for ") <= 1, err.value  # one field named, once
   assert not (tmp_path / "out").exists()  # refused before anything was written
 
 

@@ -201,6 +201,15 @@ def test_a_pending_tracker_is_filled_with_its_own_fill_on_every_path():
   first, second = (fedco.extend.pending_or(None, lambda v: v) for _ in range(2))
   assert jax.tree.structure(first) == jax.tree.structure(second)
   assert jax.tree.structure(first) != jax.tree.structure(fedco.extend.pending_or(None, half))
+  # ... but fills that capture other values are other structures: a jitted fill of one is
+  # never reused for the other
+  scaled = lambda s: {"u": fedco.extend.pending_or(None, lambda v: v * s)}
+  assert jax.tree.structure(scaled(1.0)) == jax.tree.structure(scaled(1.0))
+  fill = jax.jit(lambda state, v: fedco.init_trackers(state, v, v))
+  np.testing.assert_array_equal(fill(scaled(1.0), value)["u"], value)
+  np.testing.assert_array_equal(fill(scaled(2.0), value)["u"], 2 * value)
+  with pytest.raises(ValueError, match="captures a traced value"):
+    jax.jit(lambda s: fedco.extend.pending_or(None, lambda v: v * s))(1.0)
 
 
 class _AdamState(NamedTuple):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
@@ -496,18 +497,20 @@ class Pending:
   ``"inner"`` takes ``fill(inner_value)`` (the inner value itself without a ``fill``);
   ``"inner_jacobian"`` zeros shaped ``[p, *param.shape]`` for the flattened inner value's
   size ``p`` (GCIVR's ``J``). Algorithms create it with :func:`pending_or` and fill it with
-  :func:`fill_pending`. Two placeholders are equal when their kinds are and their fills
-  are the same function or share its code (a lambda made anew by each ``init`` call), so
-  states from two ``init`` calls have one structure; each placeholder is filled with its
-  own ``fill``.
+  :func:`fill_pending`. The fill is part of the state's structure: two placeholders are
+  equal when their kinds are and their fills compute the same (the same function; or the
+  same code, defaults and captured values, such as a lambda made anew by each ``init``
+  call; or a ``functools.partial`` of such), so states from two ``init`` calls share one
+  structure, and fills that capture other values (or arrays) give other structures.
 
   Args:
     kind: ``"inner"`` (default) or ``"inner_jacobian"``.
     fill: ``"inner"`` only: ``inner_value -> tracker`` (``None``: the inner value itself).
 
   Raises:
-    ValueError: ``kind`` is not one of those, or a ``fill`` is given that is not callable
-      or for ``"inner_jacobian"``.
+    ValueError: ``kind`` is not one of those, a ``fill`` is given that is not callable or
+      for ``"inner_jacobian"``, or the fill captures a traced value (a hyperparameter being
+      injected or swept: a fill must depend on the inner value alone).
 
   Examples:
     >>> import jax
@@ -529,6 +532,7 @@ class Pending:
         f"{fill!r} for kind {kind!r}"
       )
     self.fill = fill
+    self._key = (self.kind, _fill_key(fill))
 
   def tree_flatten(self):
     return (), self  # static: the kind and the fill; no leaves
@@ -538,17 +542,55 @@ class Pending:
     del children
     return aux
 
-  def _key(self):
-    return self.kind, getattr(self.fill, "__code__", self.fill)
-
   def __eq__(self, other):
-    return isinstance(other, Pending) and other._key() == self._key()
+    return isinstance(other, Pending) and other._key == self._key
 
   def __hash__(self):
-    return hash(("Pending", *self._key()))
+    return hash(("Pending", *self._key))
 
   def __repr__(self):
     return f"Pending({self.kind!r})"
+
+
+class _Unkeyed(Exception):
+  """A fill whose computation cannot be told from its code and captured values."""
+
+
+def _fill_key(fill):
+  """What a fill computes, as a hashable key: ``None``; a function's code, defaults and
+  captured values; a ``functools.partial``'s function, arguments and keywords; another
+  callable itself; otherwise (arrays captured) the fill itself, compared by identity."""
+  if fill is None:
+    return None
+  try:
+    key = _static(fill)
+    hash(key)
+    return key
+  except (_Unkeyed, TypeError):
+    return ("object", fill)
+
+
+def _static(value):
+  """``value`` as a hashable key of what it is (``_Unkeyed`` for arrays and objects)."""
+  if isinstance(value, jax.core.Tracer):
+    raise ValueError(
+      "pending_or: the fill captures a traced value (an injected or swept hyperparameter?); "
+      "a fill must depend on the inner value alone: apply hyperparameters in update"
+    )
+  if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    return (type(value).__name__, value)
+  if isinstance(value, tuple):
+    return ("tuple",) + tuple(_static(v) for v in value)
+  if isinstance(value, functools.partial):
+    keywords = tuple(sorted((k, _static(v)) for k, v in value.keywords.items()))
+    return ("partial", _static(value.func), _static(value.args), keywords)
+  if isinstance(value, types.FunctionType):
+    cells = tuple(_static(c.cell_contents) for c in value.__closure__ or ())
+    kwdefaults = tuple(sorted((k, _static(v)) for k, v in (value.__kwdefaults__ or {}).items()))
+    return ("function", value.__code__, _static(value.__defaults__), kwdefaults, cells)
+  if callable(value) and not hasattr(value, "shape"):  # a module's function, a bound method
+    return ("callable", value)
+  raise _Unkeyed
 
 
 def _is_pending(x) -> bool:
@@ -675,7 +717,9 @@ def pending_or(inner_value, fill):
   Args:
     inner_value: ``g(x_0; zeta_0)`` (a pytree; its leaves are made ``jax.Array``) or
       ``None``.
-    fill: ``inner_value -> tracker``, e.g. ``lambda v: v`` or an estimator's ``init``.
+    fill: ``inner_value -> tracker``, e.g. ``lambda v: v`` or an estimator's ``init``; a
+      function of the inner value alone (it may run later, where an injected or swept
+      hyperparameter is not at hand: use those in ``update``).
 
   Returns:
     ``fill(inner_value)``, or ``Pending("inner", fill)`` when ``inner_value`` is ``None``.
