@@ -32,25 +32,18 @@ def guide(tmp_path_factory):
   return where, args
 
 
+def _main(path, config, workdir, *flags):
+  """``python -m experiments.main`` with ``path`` (the modules' folder) on PYTHONPATH."""
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(ROOT)])}
+  command = ["-m", "experiments.main", f"--config={config}", f"--workdir={workdir}", *flags]
+  return subprocess.run(
+    [sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
+
+
 def _driver(guide, workdir, *flags):
   where, args = guide
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(ROOT)])}
-  return subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.main",
-      f"--config={where}/least_squares_config.py",
-      f"--workdir={workdir}",
-      *args,
-      *flags,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  return _main(where, where / "least_squares_config.py", workdir, *args, *flags)
 
 
 def _table(stdout):
@@ -86,23 +79,8 @@ def _variant(guide, tmp_path, old, new):
   config = (where / "least_squares_config.py").read_text()
   config = config.replace('"least_squares"', '"variant"').replace("(0, 1)", "(0,)")
   (tmp_path / "variant_config.py").write_text(config.replace("rounds = 30", "rounds = 2"))
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-  return subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.main",
-      f"--config={tmp_path}/variant_config.py",
-      f"--workdir={tmp_path / 'run'}",
-      "--noprogress",
-      *args,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  config_file = tmp_path / "variant_config.py"
+  return _main(tmp_path, config_file, tmp_path / "run", "--noprogress", *args)
 
 
 def test_a_bug_in_the_modules_own_code_says_where_it_was_raised(guide, tmp_path):
