@@ -7,8 +7,9 @@ own data distribution and its own held-out examples: FedProx's Synthetic(alpha, 
 (``dataset = "synthetic"``: each user's labelling model drawn around :math:`u_k \sim
 N(0, \alpha^2)` and its inputs around :math:`B_k \sim N(0, \beta^2)`; a new draw per seed),
 or FEMNIST's writers from LEAF's files (``"femnist"``, ``data_dir`` = LEAF's
-``data/femnist/data``) or FedJAX's EMNIST-62 SQLite files (``"emnist"``, ``data_dir``
-holding ``federated_emnist_{train,test}.sqlite``).
+``data/femnist/data``), FedJAX's EMNIST-62 SQLite files (``"emnist"``, ``data_dir``
+holding ``federated_emnist_{train,test}.sqlite``), or your own feature vectors in LEAF's
+JSON format (``"leaf"``, ``data_dir`` holding ``train/`` and ``test/``, ``num_classes``).
 
 The model is multinomial logistic regression (FedProx's on Synthetic). The methods are E1's
 and Adult's: FedAvg (sample-weighted, and with every client weighted alike: the control
@@ -36,7 +37,7 @@ from experiments import adult_dro, common, dro_fl, runner
 from fedco import extend, models
 from fedco import metrics as metrics_lib
 
-DATASETS = ("synthetic", "femnist", "emnist")
+DATASETS = ("synthetic", "femnist", "emnist", "leaf")
 KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
 TABLE_KEYS = KEYS + ("train_loss_worst",)
 PROGRESS = "heldout_acc_worst"
@@ -45,6 +46,12 @@ PROGRESS = "heldout_acc_worst"
 def check(config) -> None:
   """The experiment's own fields (``ValueError`` naming ``--config.<field>``)."""
   extend.one_of("--config.dataset", config.dataset, DATASETS)
+  if config.dataset == "synthetic" and config.data_dir:
+    raise ValueError(
+      f"--config.data_dir={config.data_dir!r} is read for femnist, emnist or leaf; synthetic "
+      "is generated (your own LEAF files: --config.dataset=leaf)"
+    )
+  extend.positive_int("--config.num_classes", config.num_classes)
   if config.dataset != "synthetic" and not os.path.isdir(config.data_dir or ""):
     raise FileNotFoundError(
       f"--config.data_dir={config.data_dir!r} must be the folder of the {config.dataset} files "
@@ -63,8 +70,9 @@ def setup(config):
   if config.dataset == "synthetic":
     return None
   cap = config.num_users or None
-  if config.dataset == "femnist":
-    return fedco.data.load_leaf(config.data_dir, "femnist")
+  if config.dataset in ("femnist", "leaf"):  # LEAF's Synthetic format: feature vectors
+    kind = "femnist" if config.dataset == "femnist" else "synthetic"
+    return fedco.data.load_leaf(config.data_dir, kind, num_classes=config.num_classes)
   files = [os.path.join(config.data_dir, f"federated_emnist_{s}.sqlite") for s in ("train", "test")]
   return fedco.data.load_sqlite(*files, "emnist", max_clients=cap)
 

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import zlib
 
+import jax.numpy as jnp
 import msgpack
 import numpy as np
 import pytest
@@ -117,6 +118,7 @@ def test_leaf_refuses_damaged_files_naming_them(tmp_path):
     "user 'v' has 1 inputs 'x' but 2 labels 'y'",
   )
   refused({"users": ["u"], "num_samples": [1], "user_data": good}, "user 'u' is also in")
+  refused({"users": ["u", "u"], "num_samples": [1, 1], "user_data": good}, "listed twice")
   os.remove(bad)
   os.remove(os.path.join(root, "test", os.listdir(os.path.join(root, "test"))[0]))
   with pytest.raises(FileNotFoundError, match="test' holds no .json files"):
@@ -125,6 +127,66 @@ def test_leaf_refuses_damaged_files_naming_them(tmp_path):
     fedco.data.load_leaf(str(tmp_path / "missing"), "synthetic")
   with pytest.raises(ValueError, match="dataset must be one of"):
     fedco.data.load_leaf(root, "celeba")
+
+
+@pytest.mark.parametrize(
+  "user, match",
+  [
+    ({"x": [[0.0, 1.0], [2.0]], "y": [0, 1]}, "rows of numbers, all of one length"),
+    ({"x": [["a", "b"]], "y": [0]}, "rows of numbers"),
+    ({"x": [[0.0, 1.0]], "y": ["dog"]}, "labels must be a list of integers >= 0.*'dog'"),
+    ({"x": [[0.0, 1.0]], "y": ["0"]}, "labels must be a list of integers >= 0.*'0'"),
+    ({"x": [[0.0, 1.0]], "y": [[1, 0]]}, r"labels must be a list of integers >= 0.*\[1, 0\]"),
+  ],
+)
+def test_leaf_vectors_and_labels_of_ones_own_files_are_checked_per_user(tmp_path, user, match):
+  good = {"u": {"x": [[0.0, 1.0]], "y": [1]}}
+  root = _leaf_dir(str(tmp_path), [{**good, "v": user}], [{**good, "v": good["u"]}])
+  with pytest.raises(ValueError, match=f"train user 'v': .*{match}") as info:
+    fedco.data.load_leaf(root, "synthetic")
+  assert "\n" not in str(info.value)
+
+
+def test_users_of_ones_own_arrays_are_checked_naming_the_user():
+  def user(n, dim=2, label=0):
+    return {"x": np.zeros((n, dim), np.float32), "y": np.full(n, label, np.int32)}
+
+  def refused(train, test, match):
+    with pytest.raises(ValueError, match=match):
+      fedco.data.from_users(train, test, name="mine", num_classes=2)
+
+  refused(
+    {"a": user(2), "b": user(3, dim=3)},
+    {"a": user(1), "b": user(1)},
+    r"train_users\['b'\]\.x has rows of shape \(3,\), the first training user's have \(2,\)",
+  )
+  refused({"a": user(2)}, {"a": user(1, dim=3)}, r"test_users\['a'\]\.x has rows of shape")
+  for y in (np.array([0.0, 1.5]), np.eye(2, dtype=np.int32), np.array(["a", "b"])):
+    refused(
+      {"a": {"x": np.zeros((2, 2)), "y": y}},
+      {"a": user(1)},
+      r"train_users\['a'\]\.y must be integer class ids",
+    )
+  refused(
+    {"a": {"x": np.zeros((3, 2)), "y": np.zeros(2, np.int32)}},
+    {"a": user(1)},
+    r"train_users\['a'\] has 3 rows of 'x' but 2 labels",
+  )
+  refused({"a": {"x": [[0.0], [1.0, 2.0]], "y": [0, 1]}}, {"a": user(1)}, "different shapes")
+  with pytest.warns(UserWarning, match=r"1 of 2 users .* left out: 'b'"):
+    fedco.data.from_users(
+      {"a": user(2), "b": user(0)}, {"a": user(1), "b": user(1)}, name="mine", num_classes=2
+    )
+
+
+def test_write_leaf_refuses_what_read_leaf_would(tmp_path):
+  with pytest.raises(ValueError, match=r"users\['a'\] has 2 inputs 'x' but 1 labels"):
+    fedco.data.write_leaf(tmp_path / "d.json", {"a": {"x": [[0.0], [1.0]], "y": [0]}})
+  with pytest.raises(ValueError, match=r"users\['a'\] must hold 'x' and 'y'"):
+    fedco.data.write_leaf(tmp_path / "d.json", {"a": {"x": [[0.0]]}})
+  with pytest.raises(FileNotFoundError, match="folder .*missing.* does not exist"):
+    fedco.data.write_leaf(tmp_path / "missing" / "d.json", {"a": {"x": [[0.0]], "y": [0]}})
+  assert not os.listdir(tmp_path)
 
 
 def test_leaf_user_split_is_refused_and_users_without_held_out_data_dropped(tmp_path):
@@ -312,6 +374,8 @@ def test_fedjax_refuses_damaged_files_naming_them(tmp_path):
     list(fedco.data.read_clients(tmp_path / "missing.sqlite"))
   with pytest.raises(ValueError, match="label_key must be one of"):
     fedco.data.load_sqlite(path, path, "cifar100", label_key="fine")
+  with pytest.raises(ValueError, match=r"holds the features .* not 'image': is it FedJAX's"):
+    fedco.data.load_sqlite(path, path, "cifar100")  # an EMNIST file
 
 
 def test_tfds_client_key_groups_records_into_clients():
@@ -324,3 +388,18 @@ def test_tfds_client_key_groups_records_into_clients():
   with tfds.testing.mock_data(num_examples=8):
     with pytest.raises(ValueError, match="no feature 'writer'"):
       fedco.data.load_tfds_clients("cifar100", "writer", num_classes=100)
+
+
+def test_a_federated_dataset_where_simulate_wants_its_parts_is_named():
+  user = lambda label: {"x": np.full((2, 2), label, np.float32), "y": np.full(2, label, np.int32)}
+  fed = fedco.data.from_users(
+    {"a": user(0), "b": user(1)}, {"a": user(0), "b": user(1)}, name="mine", num_classes=2
+  )
+  loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
+  run = lambda data, **kw: fedco.simulate(
+    fedco.plain(loss), fedco.fedavg(0.1, 2), data, jnp.zeros(2), rounds=1, **kw
+  )
+  with pytest.raises(ValueError, match="got FederatedDataset; pass its .train"):
+    run(fed)
+  with pytest.raises(ValueError, match="metrics_data .* got a FederatedDataset: pass its .val"):
+    run(fed.train, metrics_data=fed, metrics_fn=lambda params, data: {})

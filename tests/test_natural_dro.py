@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import fedco
 from experiments import natural_dro, runner
 from experiments.configs.natural_dro import get_config
 
@@ -81,9 +82,29 @@ def test_femnist_writers_from_leaf_files(tmp_path):
   assert summary["table"][0]["method"] == "fedavg" and "note" not in summary["table"][0]
 
 
+def test_your_own_feature_vectors_from_leaf_files(tmp_path):
+  rng = np.random.default_rng(1)
+  for split, sizes in (("train", (8, 5, 6)), ("test", (2, 2, 3))):
+    os.makedirs(tmp_path / "mine" / split)
+    users = {
+      f"u{k}": {"x": rng.normal(k, 1.0, (n, 7)), "y": rng.integers(0, 4, n)}
+      for k, n in enumerate(sizes)
+    }
+    fedco.data.write_leaf(tmp_path / "mine" / split / "data.json", users)
+  config = _tiny(dataset="leaf", data_dir=str(tmp_path / "mine"), num_classes=4, seeds=(0,))
+  del config.methods["afl"], config.methods["feddro"]
+  summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+  assert summary["users"] == 3 and summary["dropped_users"] == 0
+  assert summary["settings"]["fedavg"]["algorithm"] == "fedavg"
+  fed = natural_dro.setup(config)
+  assert fed.num_classes == 4 and fed.train.examples["x"].shape[1:] == (7,)
+
+
 @pytest.mark.parametrize(
   "field, value, match",
   [
+    ("data_dir", "somewhere", r"--config.data_dir='somewhere' is read for femnist, emnist or leaf"),
+    ("num_classes", 0, r"--config.num_classes"),
     ("dataset", "mnist", r"--config.dataset must be one of"),
     ("alpha", -1.0, r"--config.alpha must be a number >= 0"),
     ("gamma", 0.0, r"--config.gamma"),

@@ -3,7 +3,9 @@
 ``python -m experiments.main --config=experiments/configs/natural_dro.py --workdir=runs/e8``
 (offline: Synthetic is generated, a new draw per seed). FEMNIST's writers from LEAF's files:
 ``--config.dataset=femnist --config.data_dir=leaf/data/femnist/data``; FedJAX's EMNIST-62:
-``--config.dataset=emnist --config.data_dir=<folder of federated_emnist_*.sqlite>``.
+``--config.dataset=emnist --config.data_dir=<folder of federated_emnist_*.sqlite>``; your own
+feature vectors in LEAF's format: ``--config.dataset=leaf --config.data_dir=<folder>
+--config.num_classes=<classes>``.
 """
 
 import ml_collections
@@ -35,8 +37,11 @@ def get_config():
   """Synthetic(1, 1) at FedProx's model, rate and batch (every client in every round)."""
   config = ml_collections.ConfigDict()
   config.experiment = "natural_dro"
-  config.dataset = "synthetic"  # or "femnist" (LEAF files), "emnist" (FedJAX SQLite files)
-  config.data_dir = ""  # the files' folder (femnist, emnist)
+  # or "femnist" (LEAF files), "emnist" (FedJAX SQLite files), "leaf" (your own feature
+  # vectors in LEAF's JSON format)
+  config.dataset = "synthetic"
+  config.data_dir = ""  # the files' folder (femnist, emnist, leaf)
+  config.num_classes = 10  # leaf: the least number of classes (more if a label is larger)
   config.alpha = 1.0  # synthetic: spread of the users' labelling models
   config.beta = 1.0  # synthetic: spread of the users' input means
   config.num_users = 0  # synthetic: users (0: FedProx's 30); emnist: the first this many

@@ -90,6 +90,8 @@ def _read_file(path: str) -> Dict[str, Dict[str, list]]:
     raise ValueError(f"{path}: 'users' and 'num_samples' must be lists of the same length")
   out = {}
   for user in users:
+    if user in out:
+      raise ValueError(f"{path}: user {user!r} is listed twice in 'users'")
     arrays = data.get(user) if isinstance(data, dict) else None
     if not isinstance(arrays, dict) or "x" not in arrays or "y" not in arrays:
       raise ValueError(f"{path}: user {user!r} has no 'x' and 'y' in 'user_data'")
@@ -151,6 +153,10 @@ def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
   Returns:
     ``None``; :func:`read_leaf` reads the file back.
 
+  Raises:
+    FileNotFoundError: the folder of ``path`` does not exist.
+    ValueError: a user lacks ``x`` or ``y``, or has more inputs than labels or fewer.
+
   Examples:
     >>> import os, tempfile
     >>> import numpy as np
@@ -160,6 +166,16 @@ def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
     >>> fedco.data.read_leaf(path)["a"]["y"]
     [0, 1]
   """
+  folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f"write_leaf: the folder {folder!r} of path does not exist")
+  for u, a in users.items():
+    if not isinstance(a, Mapping) or "x" not in a or "y" not in a:
+      raise ValueError(f"write_leaf: users[{u!r}] must hold 'x' and 'y'")
+    if len(a["x"]) != len(a["y"]):
+      raise ValueError(
+        f"write_leaf: users[{u!r}] has {len(a['x'])} inputs 'x' but {len(a['y'])} labels 'y'"
+      )
   data = {
     str(u): {"x": np.asarray(a["x"]).tolist(), "y": np.asarray(a["y"]).tolist()}
     for u, a in users.items()
@@ -173,9 +189,13 @@ def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def _labels(y: list, user: str, split: str) -> np.ndarray:
+  bad = f"{split} user {user!r}: labels must be a list of integers >= 0 (class ids)"
+  odd = [v for v in y if isinstance(v, bool) or not isinstance(v, (int, float))]
+  if odd:  # class names, one-hot rows, numbers written as strings
+    raise ValueError(f"{bad}, got {odd[0]!r}")
   labels = np.asarray(y, dtype=np.float64).reshape(-1)
   if labels.size and (np.any(labels != np.round(labels)) or labels.min() < 0):
-    raise ValueError(f"{split} user {user!r}: labels must be integers >= 0")
+    raise ValueError(bad)
   return labels.astype(np.int32)
 
 
@@ -215,10 +235,15 @@ def _sent140(x, y, user, split, vocab):
 
 
 def _synthetic(x, y, user, split, _):
-  inputs = np.asarray(x, np.float32)
-  if inputs.ndim != 2:
-    raise ValueError(f"{split} user {user!r}: synthetic inputs must be lists of numbers")
-  return {"x": inputs, "y": _labels(y, user, split)}
+  try:
+    inputs = np.asarray(x)
+  except ValueError:  # rows of different lengths
+    inputs = np.asarray([], object)
+  if inputs.ndim != 2 or inputs.dtype.kind not in "biuf":
+    raise ValueError(
+      f"{split} user {user!r}: synthetic inputs must be rows of numbers, all of one length"
+    )
+  return {"x": inputs.astype(np.float32), "y": _labels(y, user, split)}
 
 
 _CONVERT = {"femnist": _femnist, "shakespeare": _shakespeare}
@@ -289,8 +314,12 @@ def load_leaf(
   raw = {s: read_leaf(os.path.join(root, s)) for s in ("train", "test")}
   vocab = _vocabulary(raw["train"], vocab_size, max_len) if dataset == "sent140" else None
   convert = _CONVERT[dataset]
+  empty = {"x": np.zeros((0,), np.float32), "y": np.zeros((0,), np.int32)}  # from_users drops it
   users = {
-    split: {u: convert(a["x"], a["y"], u, split, vocab) for u, a in raw[split].items()}
+    split: {
+      u: convert(a["x"], a["y"], u, split, vocab) if len(a["y"]) else empty
+      for u, a in raw[split].items()
+    }
     for split in raw
   }
   classes = _CLASSES[dataset]

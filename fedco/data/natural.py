@@ -26,26 +26,45 @@ Users = Mapping[Any, Mapping[str, np.ndarray]]
 __all__ = ["from_users", "load_tfds_clients"]
 
 
-def _concat(users: Users, ids, split: str):
-  keys = None
+def _user_arrays(arrays, where: str):
+  """A user's ``x`` and ``y`` as arrays: numbers, integer labels of one per row."""
+  if not isinstance(arrays, Mapping) or "x" not in arrays or "y" not in arrays:
+    raise ValueError(f"{where} must be a mapping with arrays 'x' and 'y'")
+  try:
+    x, y = np.asarray(arrays["x"]), np.asarray(arrays["y"])
+  except ValueError:  # NumPy: rows of different shapes
+    raise ValueError(f"{where}: its rows of 'x' (or 'y') have different shapes") from None
+  if x.dtype.kind not in "biuf" or x.ndim < 1:
+    raise ValueError(f"{where}.x must be an array of numbers, one row per example; got {x.dtype}")
+  if y.ndim != 1 or y.dtype.kind not in "iu":
+    raise ValueError(
+      f"{where}.y must be integer class ids, one per example (not one-hot rows, names or "
+      f"floats: y.astype(int) if they are whole numbers); got {y.dtype} of shape {y.shape}"
+    )
+  if len(x) != len(y):
+    raise ValueError(f"{where} has {len(x)} rows of 'x' but {len(y)} labels 'y'")
+  return x, y
+
+
+def _concat(users: Users, ids, split: str, row_shape=None):
+  keys, xs, ys = None, [], []
   for user in ids:
-    arrays = users[user]
-    if not isinstance(arrays, Mapping) or "x" not in arrays or "y" not in arrays:
-      raise ValueError(f"{split}_users[{user!r}] must be a mapping with arrays 'x' and 'y'")
+    arrays, where = users[user], f"{split}_users[{user!r}]"
+    x, y = _user_arrays(arrays, where)
     if keys is None:
       keys = sorted(arrays)
     elif sorted(arrays) != keys:
+      raise ValueError(f"{where} has fields {sorted(arrays)}, the first user has {keys}")
+    row_shape = x.shape[1:] if row_shape is None else row_shape
+    if x.shape[1:] != row_shape:
       raise ValueError(
-        f"{split}_users[{user!r}] has fields {sorted(arrays)}, the first user has {keys}"
+        f"{where}.x has rows of shape {x.shape[1:]}, the first training user's have {row_shape}"
       )
-  out, parts, start = {}, [], 0
-  for key in ("x", "y"):  # what make_federated keeps
-    out[key] = np.concatenate([np.asarray(users[u][key]) for u in ids])
-  for user in ids:
-    n = len(users[user]["y"])
-    parts.append(np.arange(start, start + n))
-    start += n
-  return out, parts
+    xs.append(x)
+    ys.append(y)
+  sizes = np.cumsum([0] + [len(y) for y in ys])
+  parts = [np.arange(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+  return {"x": np.concatenate(xs), "y": np.concatenate(ys)}, parts
 
 
 def from_users(
@@ -80,7 +99,9 @@ def from_users(
 
   Raises:
     ValueError: no user has both training and held-out examples, a user lacks ``x`` or
-      ``y``, users have different fields, or a label is out of range.
+      ``y``, users have different fields, a user's inputs are not numbers or their rows
+      have another shape than the first training user's (held-out users too), labels are
+      not integers (one per example) or are out of range.
 
   Examples:
     Two users with their own training and held-out examples, and a third with no held-out
@@ -118,13 +139,15 @@ def from_users(
       "held-out data (LEAF: prepare with -t sample, not -t user)"
     )
   if dropped:
+    left = [u for u in train_users if u not in set(ids)]
     warnings.warn(
       f"{dropped} of {len(train_users)} users of {name!r} have no held-out (or no training) "
-      "examples and are left out",
+      f"examples and are left out: {', '.join(map(repr, left[:5]))}"
+      f"{' ...' if len(left) > 5 else ''}",
       stacklevel=2,
     )
   train, train_parts = _concat(train_users, ids, "train")
-  test, val_parts = _concat(test_users, ids, "test")
+  test, val_parts = _concat(test_users, ids, "test", row_shape=train["x"].shape[1:])
   meta = dict(info or {})
   meta.update(users=list(ids), dropped_users=dropped)
   return make_federated(train, test, train_parts, val_parts, name, num_classes, meta)

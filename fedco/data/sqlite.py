@@ -206,7 +206,17 @@ def _windows(snippets, stride: int) -> Dict[str, np.ndarray]:
   return {"x": np.asarray(xs, np.int32).reshape(-1, 80), "y": np.asarray(ys, np.int32)}
 
 
+_NEEDS = {"shakespeare": ("snippets",), "emnist": ("pixels", "label"), "cifar100": ("image",)}
+
+
 def _convert(dataset: str, examples, label_key: str, stride: int) -> Dict[str, np.ndarray]:
+  needs = _NEEDS[dataset] + ((label_key,) if dataset == "cifar100" else ())
+  missing = [k for k in needs if k not in examples]
+  if missing:
+    raise ValueError(
+      f"a {dataset} client file holds the features {sorted(examples)}, not {missing[0]!r}: "
+      f"is it FedJAX's {dataset}? (your own data: read_clients, then fedco.data.from_users)"
+    )
   if dataset == "shakespeare":
     return _windows(examples["snippets"], stride)
   if dataset == "emnist":

@@ -20,6 +20,7 @@ from flax import errors as flax_errors
 
 from fedco import _labels, _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
+from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import layouts, uplink
@@ -96,7 +97,8 @@ def make_config(
       )
     raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}{hint}")
   if not isinstance(data, FederatedData):
-    raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}")
+    hint = "; pass its .train" if isinstance(data, FederatedDataset) else ""
+    raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}{hint}")
   _check_kinds(problem, algorithm)
   n = data.num_clients
   if problem.num_clients is not None and problem.num_clients != n:

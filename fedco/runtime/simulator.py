@@ -31,6 +31,7 @@ import numpy as np
 from fedco import _validate
 from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, get_field
+from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 from fedco.runtime import config, paging
@@ -202,6 +203,11 @@ class Simulator:
     self.data = cfg.layout.place_data(data)  # placed once: every run sees the same shardings
     # an argument of the compiled chunk, not a constant in it: runs that differ only in it
     # (seeds with their own held-out sets) compile to the same program
+    if isinstance(metrics_data, FederatedDataset):  # not a pytree: JAX's error names none
+      raise ValueError(
+        "metrics_data must be a pytree of arrays; got a FederatedDataset: pass its .val "
+        "(a FederatedData) or a dict of its parts"
+      )
     self.metrics_data = (
       None
       if metrics_data is None
