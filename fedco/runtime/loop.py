@@ -238,7 +238,7 @@ def simulate(
   spends = link is not None and link.private and link.noise_multiplier > 0
   chunks = None
   if store is not None:
-    streaming.check(sim.config)
+    streaming.check(sim.config, params)
     sim.data_description = {
       "store": store.digest,
       "clients": store.num_clients,
@@ -249,6 +249,9 @@ def simulate(
     sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
+  if chunks is not None and streaming.pending_fields(sim.config, params):  # one pass: means
+    means = streaming.initial_means(sim.config, store, state.server["params"], sim.seed_key(seed))
+    state = streaming.with_initial_means(sim.config, state, means, store.counts)
   # Persistent client state on disk (streamed runs): every client's initial row, taken now
   # (a restored state's pages hold sampled clients' rows).
   fresh = paging.fresh(state) if paging.is_paged(state) else None

@@ -16,10 +16,18 @@ Persistent client state (SCAFFOLD's control variates, Ditto's personal models, a
 error feedback) is streamed too: the device holds only the chunk's clients' rows, the disk
 the rest (:mod:`~fedco.runtime.paging`).
 
+Compositional problems stream too. An algorithm whose trackers start from the inner value
+(``pending_or``) and are averaged over all clients before round 1 (the plan's ``at_init``
+fields: Local-SCGD(M), FedDRO, DS-FedDRO, FedAvg-CO, MBSGD, GCIVR) gets those means from one
+pass over the store before the first round (:func:`initial_means`, a block of clients at a
+time; equal to the in-memory means up to float summation order); one whose state does not
+depend on the data (ComFedL, the MAML methods) needs none.
+
 Not streamed (refused with a ``ValueError`` naming the option): the exact objective over
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
-reads every client's loss (``round_start_loss``, DRFA's loss queries), compositional
-problems (their initial state reads every client), a mesh, and client blocks.
+reads every client's loss (``round_start_loss``, DRFA's loss queries), a tracker of each
+client's own first inner value that the plan does not average at init (Local-MOML's ``u``),
+privacy of the averaged initial trackers, a mesh, and client blocks.
 """
 
 from __future__ import annotations
@@ -32,13 +40,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedco.algorithms.base import Pending, get_field, init_trackers, set_fields
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.runtime import rounds as rounds_lib
+from fedco.runtime.batching import ClientView, draw
+from fedco.runtime.layouts import _VIEW_COMPACT
 
 
-def check(cfg) -> None:
+def pending_fields(cfg, params) -> Tuple[str, ...]:
+  """The state fields the algorithm's ``init(params)`` leaves :class:`Pending` (trackers
+  that start from each client's inner value): ``()`` for a plain problem."""
+  if not cfg.problem.compositional:
+    return ()
+  state = cfg.algorithm.init(params)
+  leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, Pending))
+  names = [getattr(p[-1], "name", None) for p, leaf in leaves[0] if isinstance(leaf, Pending)]
+  return tuple(dict.fromkeys(str(n) for n in names))
+
+
+def check(cfg, params) -> None:
   """Refuse what a streamed run cannot do (see the module)."""
+  pending = pending_fields(cfg, params)
+  private = [f for f in pending if f not in cfg.plan.init_fields]
   refused = {
     "evaluate=True (the exact objective reads every client; pass evaluate=False and a "
     "metrics_fn with metrics_data)": cfg.evaluate,
@@ -50,7 +74,11 @@ def check(cfg) -> None:
     "a server that queries clients' losses (queries_losses)": bool(
       getattr(cfg.aggregator, "queries_losses", False)
     ),
-    "a compositional problem (its initial state reads every client)": cfg.problem.compositional,
+    f"a tracker of each client's own first inner value that the plan does not average at "
+    f"init ({', '.join(private)}: its initial state reads every client)": bool(private),
+    "privacy of the trackers' initial means (at_init fields)": bool(pending)
+    and cfg.uplink is not None
+    and cfg.uplink.private,
   }
   bad = [what for what, yes in refused.items() if yes]
   if bad:
@@ -115,6 +143,67 @@ def _most_distinct(sampled: np.ndarray, window: int) -> int:
   np.add.at(counts, np.maximum(lo, 0), 1)
   np.add.at(counts, rounds + 1, -1)
   return int(np.cumsum(counts)[: num_rounds - window + 1].max())
+
+
+INIT_BLOCK = 1024  # clients a block of the initial pass reads
+
+
+def initial_means(cfg, store: ClientStore, params, key, block: int = 0):
+  """``init_state``'s means of the plan's ``at_init`` fields over every client of ``store``
+  (each client's trackers from one mini-batch ``g_k(x_0)``, as ``init_state`` draws it from
+  ``key``), read ``block`` clients at a time: ``{field: mean}``."""
+  _, k_init = jax.random.split(key)  # init_state's split
+  block = block or INIT_BLOCK
+  weights = np.asarray(rounds_lib.client_weights(cfg, jnp.asarray(store.counts)))
+  n = store.num_clients
+  block = min(block, n)
+  starts = range(0, n, block)
+  capacity = max(int(store.counts[s : s + block].sum()) for s in starts)
+  sums = jax.jit(functools.partial(_block_sums, cfg))
+  total = None
+  for s in starts:
+    ids = np.arange(s, min(s + block, n))
+    rows = {f: np.zeros((capacity,) + sh, d) for f, (d, sh) in store.fields.items()}
+    data = _assemble(store, ids, store.read(ids, out=rows), capacity)
+    pad = block - ids.size  # a fixed block: one program; padding weighs 0
+    part = sums(
+      params,
+      k_init,
+      data,
+      jnp.asarray(np.concatenate([ids, np.full(pad, ids[0])]), jnp.int32),
+      jnp.asarray(np.concatenate([weights[ids], np.zeros(pad, weights.dtype)])),
+    )
+    total = part if total is None else jax.tree.map(jnp.add, total, part)
+  return total
+
+
+def _block_sums(cfg, params, k_init, data, ids, weights):
+  """The weighted sums over clients ``ids`` of their initial ``at_init`` fields."""
+
+  def one(k, view):
+    batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
+    inner = cfg.problem.inner_value(params, batch, w)
+    return init_trackers(cfg.algorithm.init(params), params, inner)
+
+  views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
+  states = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
+  return {f: rounds_lib.mean(get_field(states, f), weights) for f in cfg.plan.init_fields}
+
+
+def with_initial_means(cfg, state, means, counts):
+  """``state`` with every client's (every page's) ``at_init`` fields, the server's
+  ``every_round`` and the shared ``every_step`` ones set to ``means`` (and the server
+  transform's state started from that server; ``counts``: every client's)."""
+  pages = state.clients
+  rows = jax.tree.leaves(pages.values)[0].shape[0]
+  values = set_fields(pages.values, **{f: rounds_lib.broadcast(v, rows) for f, v in means.items()})
+  server = {**state.server, **{f: v for f, v in means.items() if f in cfg.plan.every_round}}
+  return state._replace(
+    clients=pages._replace(values=values),
+    server=server,
+    server_opt_state=cfg.aggregator.init(server, jnp.asarray(counts, jnp.int32)),
+    shared={**state.shared, **{f: v for f, v in means.items() if f in cfg.plan.every_step}},
+  )
 
 
 class Chunks:
