@@ -1,11 +1,14 @@
-r"""Many clients, few per round: FedAvg and SCAFFOLD on Synthetic-style clients, K = 10^3..10^6.
+r"""Many clients, few per round: FedAvg, SCAFFOLD, Local-SCGD on Synthetic-style clients, K <= 10^6.
 
 Issue 30's scale benchmark. Each client is a Synthetic(1, 1)-style user (FedProx's recipe,
 vectorized here: inputs around its own mean, labels from its own linear model; 60 features,
 10 classes), holding ``n_k = min(5 + floor(LogNormal(2, 1)), 60)`` examples (about 14 on
 average); 100 clients per round, 5 local steps of batch 10, multinomial logistic
 regression. ``fedavg`` is stateless; ``scaffold`` keeps a control variate per client (the
-model's size), the persistent client state that grows with ``K``.
+model's size), the persistent client state that grows with ``K``; ``local_scgd`` is the
+compositional case: client-level KL-DRO (``client_kl_dro``, temperature 10) whose loss
+tracker starts from every client's mean of its first mini-batch (a streamed run's one pass
+over the store before round 1, in ``init_seconds``; decision 90).
 
 Two paths, each (K, algorithm, path) in a fresh subprocess: ``in_memory`` (every example
 and every client's state resident) and ``streamed`` (the examples in a
@@ -38,7 +41,9 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results/federated_scale.json", "Where to write the JSON.")
 flags.DEFINE_list("sizes", ["1000", "10000", "100000", "1000000"], "Client counts K.")
-flags.DEFINE_list("algorithms", ["fedavg", "scaffold"], "Algorithms (fedavg, scaffold).")
+flags.DEFINE_list(
+  "algorithms", ["fedavg", "scaffold"], "Algorithms (fedavg, scaffold, local_scgd)."
+)
 flags.DEFINE_integer("clients_per_round", 100, "Clients sampled per round.")
 flags.DEFINE_integer("rounds", 20, "Rounds per timed run call.")
 flags.DEFINE_integer("repeats", 3, "Timed run calls; the median is reported.")
@@ -151,7 +156,10 @@ def worker():
     logits = example["x"] @ params["w"] + params["b"]
     return jax.nn.logsumexp(logits) - logits[example["y"]]
 
-  factory = {"fedavg": fedco.fedavg, "scaffold": fedco.scaffold}[name]
+  factory = {"fedavg": fedco.fedavg, "scaffold": fedco.scaffold, "local_scgd": fedco.local_scgd}[
+    name
+  ]
+  problem = fedco.problems.client_kl_dro(loss, 10.0) if name == "local_scgd" else fedco.plain(loss)
   params = {"w": jnp.zeros((DIM, CLASSES)), "b": jnp.zeros((CLASSES,))}
   kwargs = dict(
     batch_size=BATCH,
@@ -177,7 +185,7 @@ def worker():
   total = FLAGS.rounds * (FLAGS.repeats + 1)
   action = fedco.runtime.RoundAction(mark, every_rounds=FLAGS.rounds, at_start=True)
   t0 = time.perf_counter()
-  result = fedco.simulate(fedco.plain(loss), factory(0.05, LOCAL_STEPS), data, params,
+  result = fedco.simulate(problem, factory(0.05, LOCAL_STEPS), data, params,
                           rounds=total, actions=[action], **kwargs)  # fmt: skip
   run_seconds = time.perf_counter() - t0
   rss["after_run"] = C.maxrss_bytes()
@@ -251,8 +259,8 @@ def main(argv):
   from benchmarks import _common as C
 
   for name in FLAGS.algorithms:
-    if name not in ("fedavg", "scaffold"):
-      raise app.UsageError(f"--algorithms: unknown {name!r}; choose fedavg or scaffold")
+    if name not in ("fedavg", "scaffold", "local_scgd"):
+      raise app.UsageError(f"--algorithms: unknown {name!r}; choose fedavg, scaffold, local_scgd")
   machine = C.machine_info()
   print(
     f"machine: {machine['cpu_model']} x{machine['cpu_count']}, load {machine['load_average_start']}"
