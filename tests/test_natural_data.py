@@ -173,6 +173,12 @@ def test_users_of_ones_own_arrays_are_checked_naming_the_user():
     r"train_users\['a'\] has 3 rows of 'x' but 2 labels",
   )
   refused({"a": {"x": [[0.0], [1.0, 2.0]], "y": [0, 1]}}, {"a": user(1)}, "different shapes")
+  # whole numbers written as floats, and bools, are class ids
+  for y in (np.array([0.0, 1.0]), np.array([False, True])):
+    fed = fedco.data.from_users(
+      {"a": {"x": np.zeros((2, 2), np.float32), "y": y}}, {"a": user(1)}, name="m", num_classes=2
+    )
+    assert fed.train.examples["y"].tolist() == [0, 1] and fed.train.examples["y"].dtype.kind == "i"
   with pytest.warns(UserWarning, match=r"1 of 2 users .* left out: 'b'"):
     fedco.data.from_users(
       {"a": user(2), "b": user(0)}, {"a": user(1), "b": user(1)}, name="mine", num_classes=2

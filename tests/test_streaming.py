@@ -6,11 +6,13 @@ import os
 import signal
 import tempfile
 import time
+import types
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedco
@@ -171,8 +173,17 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
   with pytest.raises(ValueError, match=match):
     fedco.simulate(fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, **kwargs)
   problem = fedco.problems.client_kl_dro(_loss, 5.0)
-  with pytest.raises(ValueError, match=r"each client's own first inner value .* \(u: its"):
+  with pytest.raises(ValueError, match=r"each client's own first inner value .* \(state\.u: its"):
     fedco.simulate(problem, fedco.local_moml(0.1), store, PARAMS, rounds=2, evaluate=False)
+  with pytest.raises(ValueError, match=r"per-example state \(num_examples"):
+    fedco.simulate(
+      fedco.plain(_loss),
+      fedco.primal_dual_dro(0.1, num_examples=store.num_examples, weights_lr=0.1),
+      store,
+      PARAMS,
+      rounds=2,
+      evaluate=False,
+    )
   with pytest.raises(ValueError, match=r"privacy of the trackers' initial means"):
     fedco.simulate(
       problem,
@@ -183,6 +194,30 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
       evaluate=False,
       privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0),
     )
+
+
+def test_trackers_are_found_by_the_at_init_field_above_them_however_nested():
+  # a NamedTuple field, a chain, injected hyperparameters, a dict key, a tuple of trackers
+  plan = fedco.extend.make_plan(2, every_round=("u",), at_init=("u",))
+  pending = lambda: fedco.extend.pending_or(None, lambda v: v)
+  shaped = lambda init: types.SimpleNamespace(
+    problem=types.SimpleNamespace(compositional=True),
+    algorithm=types.SimpleNamespace(init=init),
+    plan=plan,
+  )
+  scgd = fedco.local_scgd(0.1, 2)
+  for init in (
+    scgd.init,
+    fedco.chain(optax.clip_by_global_norm(1.0), scgd).init,
+    fedco.inject_hyperparams(fedco.local_scgd)(0.1, 2).init,
+    lambda p: {"u": pending(), "count": 0},
+    lambda p: {"u": (pending(), pending())},
+  ):
+    assert streaming.pending_fields(shaped(init), PARAMS) == (("u",), ())
+  assert streaming.pending_fields(shaped(lambda p: {"v": pending()}), PARAMS) == (
+    (),
+    ("state['v']",),
+  )
 
 
 # Compositional methods: trackers averaged at init (Local-SCGD: every_round u; FedDRO, global:

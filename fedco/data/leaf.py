@@ -190,7 +190,7 @@ def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
 
 def _labels(y: list, user: str, split: str) -> np.ndarray:
   bad = f"{split} user {user!r}: labels must be a list of integers >= 0 (class ids)"
-  odd = [v for v in y if isinstance(v, bool) or not isinstance(v, (int, float))]
+  odd = [v for v in y if not isinstance(v, (int, float))]  # (a bool is an int: 0 or 1)
   if odd:  # class names, one-hot rows, numbers written as strings
     raise ValueError(f"{bad}, got {odd[0]!r}")
   labels = np.asarray(y, dtype=np.float64).reshape(-1)

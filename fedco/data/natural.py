@@ -36,11 +36,14 @@ def _user_arrays(arrays, where: str):
     raise ValueError(f"{where}: its rows of 'x' (or 'y') have different shapes") from None
   if x.dtype.kind not in "biuf" or x.ndim < 1:
     raise ValueError(f"{where}.x must be an array of numbers, one row per example; got {x.dtype}")
-  if y.ndim != 1 or y.dtype.kind not in "iu":
+  whole = y.dtype.kind in "biu" or (y.dtype.kind == "f" and np.all(y == np.round(y)))
+  if y.ndim != 1 or not whole:
     raise ValueError(
       f"{where}.y must be integer class ids, one per example (not one-hot rows, names or "
-      f"floats: y.astype(int) if they are whole numbers); got {y.dtype} of shape {y.shape}"
+      f"fractions); got {y.dtype} of shape {y.shape}"
     )
+  if y.dtype.kind in "bf":  # whole numbers written as floats, or bools: class ids
+    y = y.astype(np.int32)
   if len(x) != len(y):
     raise ValueError(f"{where} has {len(x)} rows of 'x' but {len(y)} labels 'y'")
   return x, y
@@ -139,7 +142,8 @@ def from_users(
       "held-out data (LEAF: prepare with -t sample, not -t user)"
     )
   if dropped:
-    left = [u for u in train_users if u not in set(ids)]
+    kept = set(ids)
+    left = [u for u in train_users if u not in kept]
     warnings.warn(
       f"{dropped} of {len(train_users)} users of {name!r} have no held-out (or no training) "
       f"examples and are left out: {', '.join(map(repr, left[:5]))}"

@@ -249,9 +249,8 @@ def simulate(
     sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
     chunks = streaming.Chunks(store, sampled, chunk)
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
-  if chunks is not None and streaming.pending_fields(sim.config, params):  # one pass: means
-    means = streaming.initial_means(sim.config, store, state.server["params"], sim.seed_key(seed))
-    state = streaming.with_initial_means(sim.config, state, means, store.counts)
+  if chunks is not None:  # trackers of every client's inner value: one pass for their means
+    state = streaming.with_initial_means(sim, store, state, params, seed)
   # Persistent client state on disk (streamed runs): every client's initial row, taken now
   # (a restored state's pages hold sampled clients' rows).
   fresh = paging.fresh(state) if paging.is_paged(state) else None

@@ -27,7 +27,8 @@ Not streamed (refused with a ``ValueError`` naming the option): the exact object
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
 reads every client's loss (``round_start_loss``, DRFA's loss queries), a tracker of each
 client's own first inner value that the plan does not average at init (Local-MOML's ``u``),
-privacy of the averaged initial trackers, a mesh, and client blocks.
+per-example state (``num_examples``: a chunk numbers its examples anew), privacy of the
+averaged initial trackers, a mesh, and client blocks.
 """
 
 from __future__ import annotations
@@ -48,21 +49,29 @@ from fedco.runtime.batching import ClientView, draw
 from fedco.runtime.layouts import _VIEW_COMPACT
 
 
-def pending_fields(cfg, params) -> Tuple[str, ...]:
-  """The state fields the algorithm's ``init(params)`` leaves :class:`Pending` (trackers
-  that start from each client's inner value): ``()`` for a plain problem."""
+def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+  """``(averaged, private)``: the plan's ``at_init`` fields holding a tracker that
+  ``init(params)`` leaves to each client's inner value (:class:`Pending` ``"inner"``), and
+  the paths of such trackers in no ``at_init`` field; ``((), ())`` for a plain problem."""
   if not cfg.problem.compositional:
-    return ()
-  state = cfg.algorithm.init(params)
-  leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, Pending))
-  names = [getattr(p[-1], "name", None) for p, leaf in leaves[0] if isinstance(leaf, Pending)]
-  return tuple(dict.fromkeys(str(n) for n in names))
+    return (), ()
+  state = jax.eval_shape(cfg.algorithm.init, params)  # Pending is structure: it stays
+  paths = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, Pending))[0]
+  averaged, private = [], []
+  for path, leaf in paths:
+    if not (isinstance(leaf, Pending) and leaf.kind == "inner"):
+      continue  # "inner_jacobian" (zeros of a shape) does not depend on the data
+    names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
+    fields = [f for f in cfg.plan.init_fields if f in names]
+    averaged += fields[-1:]
+    private += [] if fields else ["state" + jax.tree_util.keystr(path)]
+  return tuple(dict.fromkeys(averaged)), tuple(private)
 
 
 def check(cfg, params) -> None:
   """Refuse what a streamed run cannot do (see the module)."""
-  pending = pending_fields(cfg, params)
-  private = [f for f in pending if f not in cfg.plan.init_fields]
+  pending, private = pending_fields(cfg, params)
+  per_example = "num_examples" in getattr(cfg.algorithm, "arguments", {})
   refused = {
     "evaluate=True (the exact objective reads every client; pass evaluate=False and a "
     "metrics_fn with metrics_data)": cfg.evaluate,
@@ -76,6 +85,7 @@ def check(cfg, params) -> None:
     ),
     f"a tracker of each client's own first inner value that the plan does not average at "
     f"init ({', '.join(private)}: its initial state reads every client)": bool(private),
+    "per-example state (num_examples: a chunk numbers its examples anew)": per_example,
     "privacy of the trackers' initial means (at_init fields)": bool(pending)
     and cfg.uplink is not None
     and cfg.uplink.private,
@@ -148,8 +158,8 @@ def _most_distinct(sampled: np.ndarray, window: int) -> int:
 INIT_BLOCK = 1024  # clients a block of the initial pass reads
 
 
-def initial_means(cfg, store: ClientStore, params, key, block: int = 0):
-  """``init_state``'s means of the plan's ``at_init`` fields over every client of ``store``
+def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
+  """``init_state``'s means of the ``at_init`` ``fields`` over every client of ``store``
   (each client's trackers from one mini-batch ``g_k(x_0)``, as ``init_state`` draws it from
   ``key``), read ``block`` clients at a time: ``{field: mean}``."""
   _, k_init = jax.random.split(key)  # init_state's split
@@ -159,7 +169,7 @@ def initial_means(cfg, store: ClientStore, params, key, block: int = 0):
   block = min(block, n)
   starts = range(0, n, block)
   capacity = max(int(store.counts[s : s + block].sum()) for s in starts)
-  sums = jax.jit(functools.partial(_block_sums, cfg))
+  sums = jax.jit(functools.partial(_block_sums, cfg, tuple(fields)))
   total = None
   for s in starts:
     ids = np.arange(s, min(s + block, n))
@@ -177,8 +187,9 @@ def initial_means(cfg, store: ClientStore, params, key, block: int = 0):
   return total
 
 
-def _block_sums(cfg, params, k_init, data, ids, weights):
-  """The weighted sums over clients ``ids`` of their initial ``at_init`` fields."""
+def _block_sums(cfg, fields, params, k_init, data, ids, weights):
+  """The weighted sums over clients ``ids`` of their initial ``fields`` (only these are
+  computed: the rest of each client's state is compiled away)."""
 
   def one(k, view):
     batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
@@ -187,13 +198,19 @@ def _block_sums(cfg, params, k_init, data, ids, weights):
 
   views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
   states = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
-  return {f: rounds_lib.mean(get_field(states, f), weights) for f in cfg.plan.init_fields}
+  return {f: rounds_lib.mean(get_field(states, f), weights) for f in fields}
 
 
-def with_initial_means(cfg, state, means, counts):
-  """``state`` with every client's (every page's) ``at_init`` fields, the server's
-  ``every_round`` and the shared ``every_step`` ones set to ``means`` (and the server
-  transform's state started from that server; ``counts``: every client's)."""
+def with_initial_means(sim, store: ClientStore, state, params, seed):
+  """A streamed run's initial ``state`` with its trackers' means from one pass over the
+  store (:func:`initial_means`), where its algorithm starts any from the inner value: in
+  every client's (every page's) ``at_init`` fields, the server's ``every_round`` and the
+  shared ``every_step`` ones, and the server transform's state started from that server."""
+  cfg = sim.config
+  fields = pending_fields(cfg, params)[0]
+  if not fields:
+    return state
+  means = initial_means(cfg, fields, store, state.server["params"], sim.seed_key(seed))
   pages = state.clients
   rows = jax.tree.leaves(pages.values)[0].shape[0]
   values = set_fields(pages.values, **{f: rounds_lib.broadcast(v, rows) for f, v in means.items()})
@@ -201,7 +218,7 @@ def with_initial_means(cfg, state, means, counts):
   return state._replace(
     clients=pages._replace(values=values),
     server=server,
-    server_opt_state=cfg.aggregator.init(server, jnp.asarray(counts, jnp.int32)),
+    server_opt_state=cfg.aggregator.init(server, jnp.asarray(store.counts, jnp.int32)),
     shared={**state.shared, **{f: v for f, v in means.items() if f in cfg.plan.every_step}},
   )
 
