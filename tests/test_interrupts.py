@@ -193,19 +193,25 @@ def test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130(tmp_path):
 
 
 def test_a_second_ctrl_c_ends_the_process_at_once_without_a_crash(tmp_path):
-  """Two Ctrl-Cs 0.25 s apart while the program loads and compiles: the process ends by
-  SIGINT at once (exit status 130 in a shell), never a segmentation fault. Without the
-  compilation cache, so the programs compile then: loaded from a warm cache, the start can
-  end within 0.25 s, and the first Ctrl-C alone stops the run (exit 130)."""
-  proc = _driver(tmp_path, "--compilation_cache=")
-  _wait_for(tmp_path / "in_progress", proc)
-  proc.send_signal(signal.SIGINT)
-  time.sleep(0.25)
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == -signal.SIGINT, err[-3000:]
-  assert "Segmentation" not in err and "Fatal Python error" not in err, err[-3000:]
-  assert "second Ctrl-C: stopping now" in err
+  """Two Ctrl-Cs while the program loads and compiles: the process ends by SIGINT at once
+  (exit status 130 in a shell), never a segmentation fault. Without the compilation cache,
+  so the programs compile then. Where the machine reaches the run's first safe point before
+  the second Ctrl-C, the first alone stops it (one line, exit 130: also right, but not
+  what this test is for), so it tries again with the two closer together; one try must end
+  by the second Ctrl-C, and none may crash."""
+  for attempt, gap in enumerate((0.25, 0.1, 0.04)):
+    proc = _driver(tmp_path / str(attempt), "--compilation_cache=")
+    _wait_for(tmp_path / str(attempt) / "in_progress", proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert "Segmentation" not in err and "Fatal Python error" not in err, err[-3000:]
+    if proc.returncode == -signal.SIGINT:
+      assert "second Ctrl-C: stopping now" in err
+      return
+    assert proc.returncode == 130 and "interrupted " in err, err[-3000:]
+  pytest.fail("no try ended by the second Ctrl-C (each stopped at the first, exit 130)")
 
 
 # ---- the last round is always evaluated ----------------------------------------------------
