@@ -164,7 +164,8 @@ def raised_at(err) -> str:
     name = os.path.relpath(frame.filename)
   except (ValueError, OSError):  # no file name, or no current directory
     name = frame.filename or "?"
-  return f" (raised at {frame.filename if name.startswith('..') else name}:{frame.lineno}, in {frame.name})"
+  name = frame.filename if name.startswith("..") else name  # outside: the whole path
+  return f" (raised at {name}:{frame.lineno}, in {frame.name})"
 
 
 def interrupted_line(err) -> str:

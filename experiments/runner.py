@@ -533,8 +533,8 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
-  wd = common.Workdir(workdir)
-  changed = common.changed_config(wd, config.to_dict())
+  wd, as_dict = common.Workdir(workdir), config.to_dict()
+  changed = common.changed_config(wd, as_dict)
   if changed and options.progress:
     print(
       f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
@@ -542,13 +542,13 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
       "afresh, and this run's results replace those when it completes",
       flush=True,
     )
-  wd.write_config(config.to_dict())
+  wd.write_config(as_dict)
   common.start_checkpoints(wd, {"resume": options.resume})
   writers = [
     fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
     fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV))),
   ]
-  base = {k: v for k, v in config.to_dict().items() if k not in CHOOSING}
+  base = {k: v for k, v in as_dict.items() if k not in CHOOSING}
   session = _Session(module, config, options, wd, writers, outcome, base)
   if (
     options.seeds_together

@@ -373,12 +373,10 @@ class _Kit:
     return params, state
 
   def close(self, what, check, a, b, rtol=None, atol=None, root="params"):
+    rtol, atol = self.rtol if rtol is None else rtol, self.atol if atol is None else atol
     try:
-      chex.assert_trees_all_close(
-        a, b, rtol=self.rtol if rtol is None else rtol, atol=self.atol if atol is None else atol
-      )
+      chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
     except AssertionError as err:
-      rtol, atol = self.rtol if rtol is None else rtol, self.atol if atol is None else atol
       gap = _difference(a, b, rtol, atol, err, root)
       _fail(self.name, check, f"{what} differ in {gap}{_HINTS.get(check, '')}")
 

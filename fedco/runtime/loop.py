@@ -238,7 +238,7 @@ def simulate(
   spends = link is not None and link.private and link.noise_multiplier > 0
   chunks = None
   if store is not None:
-    streaming.check(sim.config, params)
+    averaged = streaming.check(sim.config, params)  # trackers the pass below averages
     sim.data_description = {
       "store": store.digest,
       "clients": store.num_clients,
@@ -250,7 +250,7 @@ def simulate(
     chunks = streaming.Chunks(store, sampled, chunk)
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
   if chunks is not None:  # trackers of every client's inner value: one pass for their means
-    state = streaming.with_initial_means(sim, store, state, params, seed)
+    state = streaming.with_initial_means(sim, store, state, averaged, seed)
   # Persistent client state on disk (streamed runs): every client's initial row, taken now
   # (a restored state's pages hold sampled clients' rows).
   fresh = paging.fresh(state) if paging.is_paged(state) else None

@@ -99,20 +99,24 @@ def client_weights(cfg, counts, mask=None):
   return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+def client_init(cfg, params, k_init, k, view):
+  """Client ``k``'s initial state: its trackers filled from one mini-batch ``g_k(x_0)``
+  drawn with ``fold_in(k_init, k)`` (the streamed pass draws the same,
+  ``streaming.initial_means``)."""
+  inner_value = None
+  if cfg.problem.compositional:
+    batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
+    inner_value = cfg.problem.inner_value(params, batch, w)
+  return init_trackers(cfg.algorithm.init(params), params, inner_value)
+
+
 def init_state(cfg, params, key, data) -> SimState:
   """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
   init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
   key, k_init = jax.random.split(key)  # key: state_key's
   plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
-
-  def client_init(k, view):
-    inner_value = None
-    if cfg.problem.compositional:
-      batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, layout.max_count)
-      inner_value = cfg.problem.inner_value(params, batch, w)
-    return init_trackers(cfg.algorithm.init(params), params, inner_value)
-
-  clients = layout.cut(layout.map(client_init)(*layout.init_views(data)))
+  one = functools.partial(client_init, cfg, params, k_init)
+  clients = layout.cut(layout.map(one)(*layout.init_views(data)))
   w = client_weights(cfg, data.counts)
   # A plain problem's clients all start alike (init reads no data): their mean is any one's,
   # exactly (a weighted sum would round it, and hold every client's copy to compute it).
@@ -129,9 +133,7 @@ def init_state(cfg, params, key, data) -> SimState:
   else:
     means = {f: average(get_field(clients, f), w) for f in plan.init_fields}
   clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
-  server = {"params": params}
-  for f in plan.every_round:
-    server[f] = average(get_field(clients, f), w)
+  server = {"params": params, **{f: average(get_field(clients, f), w) for f in plan.every_round}}
   shared = {f: average(get_field(clients, f), w) for f in plan.every_step}
   uplink = ()
   if up is not None and up.codecs:

@@ -41,11 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedco.algorithms.base import Pending, get_field, init_trackers, set_fields
+from fedco.algorithms.base import Pending, get_field, set_fields
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.runtime import rounds as rounds_lib
-from fedco.runtime.batching import ClientView, draw
+from fedco.runtime.batching import ClientView
 from fedco.runtime.layouts import _VIEW_COMPACT
 
 
@@ -68,8 +68,9 @@ def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
   return tuple(dict.fromkeys(averaged)), tuple(private)
 
 
-def check(cfg, params) -> None:
-  """Refuse what a streamed run cannot do (see the module)."""
+def check(cfg, params) -> Tuple[str, ...]:
+  """Refuse what a streamed run cannot do (see the module); return the ``at_init`` fields
+  whose trackers :func:`with_initial_means` averages (:func:`pending_fields`)."""
   pending, private = pending_fields(cfg, params)
   per_example = "num_examples" in getattr(cfg.algorithm, "arguments", {})
   refused = {
@@ -93,6 +94,7 @@ def check(cfg, params) -> None:
   bad = [what for what, yes in refused.items() if yes]
   if bad:
     raise ValueError(f"data is a ClientStore (streamed clients), which does not support {bad[0]}")
+  return pending
 
 
 @functools.partial(jax.jit, static_argnames=("num_clients", "clients_per_round", "rounds"))
@@ -191,23 +193,19 @@ def _block_sums(cfg, fields, params, k_init, data, ids, weights):
   """The weighted sums over clients ``ids`` of their initial ``fields`` (only these are
   computed: the rest of each client's state is compiled away)."""
 
-  def one(k, view):
-    batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
-    inner = cfg.problem.inner_value(params, batch, w)
-    return init_trackers(cfg.algorithm.init(params), params, inner)
-
+  one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
   views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
   states = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
   return {f: rounds_lib.mean(get_field(states, f), weights) for f in fields}
 
 
-def with_initial_means(sim, store: ClientStore, state, params, seed):
-  """A streamed run's initial ``state`` with its trackers' means from one pass over the
-  store (:func:`initial_means`), where its algorithm starts any from the inner value: in
-  every client's (every page's) ``at_init`` fields, the server's ``every_round`` and the
-  shared ``every_step`` ones, and the server transform's state started from that server."""
+def with_initial_means(sim, store: ClientStore, state, fields, seed):
+  """A streamed run's initial ``state`` with the means of its ``at_init`` ``fields`` (those
+  holding trackers of the inner value, :func:`check`) from one pass over the store
+  (:func:`initial_means`): in every client's (every page's) fields, the server's
+  ``every_round`` and the shared ``every_step`` ones, and the server transform's state
+  started from that server."""
   cfg = sim.config
-  fields = pending_fields(cfg, params)[0]
   if not fields:
     return state
   means = initial_means(cfg, fields, store, state.server["params"], sim.seed_key(seed))
