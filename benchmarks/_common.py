@@ -213,8 +213,8 @@ def machine_info(torch_module=None) -> Dict[str, Any]:
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
     # other load on the shared machine skews timings; (1, 5, 15)-minute averages
     "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    # the session's `device` tool reported no accelerator lent for this task
-    "gpu_lent": False,
+    # whether JAX runs on a GPU (this project's sessions are rarely lent one)
+    "gpu_lent": jax.default_backend() == "gpu",
   }
   if torch_module is not None:
     info["torch"] = torch_module.__version__

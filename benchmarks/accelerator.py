@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fedco  # noqa: E402
+from benchmarks import _common as C  # noqa: E402
 from benchmarks.peers import jax_bench, workloads  # noqa: E402
 
 flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
@@ -57,64 +57,25 @@ FLAGS = flags.FLAGS
 
 
 def device_info():
-  info = {
-    "jax": jax.__version__,
-    "fedco": fedco.__version__,
-    "backend": jax.default_backend(),
-    "device": jax.devices()[0].device_kind,
-    "python": platform.python_version(),
-    "cpu": platform.processor() or platform.machine(),
-  }
+  """The machine (``benchmarks._common.machine_info``), its accelerator and PyTorch's."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
-
-    info["torch"] = torch.__version__
+  except ImportError:
+    torch = None
+  info = {**C.machine_info(torch), "fedco": fedco.__version__}
+  info["device"] = jax.devices()[0].device_kind
+  if torch is not None:
     info["torch_device"] = (
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (no CUDA)"
     )
-  except ImportError:
-    info["torch"] = None
   return info
-
-
-def resnet_simulator(conv_impl):
-  """The cross-device workload's ``fedco.Simulator`` with ``ResNet20`` in place of CNN4."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  w = workloads.WORKLOADS["cross_device"]
-  arrays = workloads.data("cross_device")
-  arrays["y"] = arrays["y"].astype(np.int32)
-  data = fedco.FederatedData.from_clients(
-    [
-      {k: v[workloads.client_rows("cross_device", c)] for k, v in arrays.items()}
-      for c in range(w.num_clients)
-    ]
-  )
-  model = fedco.models.ResNet20(num_classes=workloads.CLASSES, conv_impl=conv_impl)
-
-  def loss(params, example):
-    image = example["x"].astype(jnp.float32) / 255.0
-    return fedco.models.cross_entropy(model.apply(params, image), example["y"])
-
-  sim = fedco.Simulator(
-    fedco.plain(loss),
-    fedco.fedavg(w.learning_rate, w.local_steps, weighting="samples"),
-    data,
-    batch_size=w.batch_size,
-    clients_per_round=w.clients_per_round,
-    evaluate=False,
-  )
-  return sim, fedco.models.init_cnn(model, workloads.IMAGE, 0)
 
 
 class FedcoSide:
   """One ``fedco.Simulator`` of ``workload``; :meth:`time` runs ``rounds`` rounds as one call."""
 
-  def __init__(self, workload, rounds, conv_impl="auto"):
-    if workload == "cross_device_resnet20":
-      self.sim, params = resnet_simulator(conv_impl)
-    else:
-      self.sim, params = jax_bench.simulator(workload, conv_impl)
+  def __init__(self, workload, rounds, conv_impl="auto", network="cnn4"):
+    self.sim, params = jax_bench.simulator(workload, conv_impl, network)
     self.state, self.rounds = self.sim.init(params, 0), rounds
     start = time.perf_counter()
     jax.block_until_ready(self.sim.run(self.state, rounds)[0])
@@ -209,7 +170,7 @@ def main(argv):
       k: median["torch"] / s for k, s in median.items() if k != "torch"
     }
   resnet = {
-    f"fedco_{impl}": FedcoSide("cross_device_resnet20", FLAGS.resnet_rounds, impl)
+    f"fedco_{impl}": FedcoSide("cross_device", FLAGS.resnet_rounds, impl, "resnet20")
     for impl in ("matmul", "xla")
   }
   median, _ = timed(resnet, FLAGS.repeats)

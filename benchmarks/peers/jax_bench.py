@@ -38,13 +38,18 @@ import numpy as np  # noqa: E402
 import workloads  # noqa: E402
 
 
-def _model(workload, conv_impl):
-  """``(loss(params, example), params)``: one example's loss and the initial model."""
+def _model(workload, conv_impl, network="cnn4"):
+  """``(loss(params, example), params)``: one example's loss and the initial model
+  (``cross_device``: E2's CNN4, or with ``network="resnet20"`` E5's ResNet20)."""
   import fedco  # pylint: disable=g-import-not-at-top
 
   if workload == "cross_device":
-    model = fedco.models.CNN4(
-      num_classes=workloads.CLASSES, filters=32, norm="group", conv_impl=conv_impl
+    model = (
+      fedco.models.ResNet20(num_classes=workloads.CLASSES, conv_impl=conv_impl)
+      if network == "resnet20"
+      else fedco.models.CNN4(
+        num_classes=workloads.CLASSES, filters=32, norm="group", conv_impl=conv_impl
+      )
     )
 
     def loss(params, example):
@@ -63,8 +68,9 @@ def _model(workload, conv_impl):
   }
 
 
-def simulator(workload, conv_impl="auto"):
-  """``(fedco.Simulator, initial params)`` of ``workload`` as fedco's side runs it."""
+def simulator(workload, conv_impl="auto", network="cnn4"):
+  """``(fedco.Simulator, initial params)`` of ``workload`` as fedco's side runs it
+  (``network``: the cross-device model, ``cnn4`` or ``resnet20``)."""
   import fedco  # pylint: disable=g-import-not-at-top
 
   w = workloads.WORKLOADS[workload]
@@ -75,7 +81,7 @@ def simulator(workload, conv_impl="auto"):
     for c in range(w.num_clients)
   ]
   data = fedco.FederatedData.from_clients(clients)
-  loss, params = _model(workload, conv_impl)
+  loss, params = _model(workload, conv_impl, network)
   if workload == "feddro":
     problem = fedco.problems.client_kl_dro_log(loss, workloads.FEDDRO_GAMMA, w.num_clients)
     algorithm = fedco.feddro(w.learning_rate, w.local_steps, beta=workloads.FEDDRO_BETA)
