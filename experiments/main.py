@@ -21,6 +21,7 @@ import hashlib
 import os
 import platform
 import re
+import signal
 import sys
 import sysconfig
 import traceback
@@ -135,6 +136,9 @@ def main(argv):
     print(f"error: {err}{raised_at(err)}", file=sys.stderr)
     sys.exit(1)
   except KeyboardInterrupt as err:  # fedco.runtime.Interrupted, or Ctrl-C outside a run
+    # Stopping: another Ctrl-C (while this prints, or while JAX's objects are freed at exit)
+    # ends the process at once, as an unhandled one does, never with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     print(interrupted_line(err), file=sys.stderr)
     sys.exit(130)
 
