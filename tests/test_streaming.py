@@ -421,3 +421,22 @@ def _open_state_files() -> int:
     except OSError:  # closed meanwhile (the listing's own descriptor)
       pass
   return count
+
+
+def test_the_streamed_initial_state_computes_no_clients_batch():
+  """The streamed (paged) initial state is built on a template and its trackers' means come
+  from the pass: its compiled program's scratch memory must not grow with the client count
+  (it drew a mini-batch for each of K clients, 3 GiB at 10^6)."""
+
+  def temp_bytes(k):
+    one = {"x": np.ones((1, 5), np.float32), "y": np.zeros(1, np.int32)}
+    data = fedco.FederatedData.from_clients([one] * k)
+    with pytest.warns(UserWarning, match="batch_size=32 is larger"):
+      sim = fedco.Simulator(
+        fedco.problems.client_kl_dro(_loss, 5.0), fedco.local_scgd(0.05, 3), data, batch_size=32
+      )
+    compiled = sim._init_paged.lower(PARAMS, sim.seed_key(0), sim.data, pages=8).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  small, large = temp_bytes(1_000), temp_bytes(10_000)
+  assert large <= small + 10_000 * 8, (small, large)  # a few bytes a client, never a batch

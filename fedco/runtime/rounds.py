@@ -99,23 +99,26 @@ def client_weights(cfg, counts, mask=None):
   return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
 
-def client_init(cfg, params, k_init, k, view):
+def client_init(cfg, params, k_init, k, view, template=False):
   """Client ``k``'s initial state: its trackers filled from one mini-batch ``g_k(x_0)``
   drawn with ``fold_in(k_init, k)`` (the streamed pass draws the same,
-  ``streaming.initial_means``)."""
+  ``streaming.initial_means``). ``template``: from zeros of its shape instead (a streamed
+  run's initial state, whose trackers the pass fills: no client's batch is computed)."""
   inner_value = None
   if cfg.problem.compositional:
     batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
     inner_value = cfg.problem.inner_value(params, batch, w)
+    inner_value = jax.tree.map(jnp.zeros_like, inner_value) if template else inner_value
   return init_trackers(cfg.algorithm.init(params), params, inner_value)
 
 
-def init_state(cfg, params, key, data) -> SimState:
-  """Every client's state from ``params`` and one mini-batch ``g_k(x_0)``; then the plan's
-  init fields are averaged so all clients start from the same ``(x_bar_0, y_bar_0)``."""
+def init_state(cfg, params, key, data, template=False) -> SimState:
+  """Every client's state from ``params`` and one mini-batch ``g_k(x_0)`` (``template``: see
+  :func:`client_init`); then the plan's init fields are averaged so all clients start from
+  the same ``(x_bar_0, y_bar_0)``."""
   key, k_init = jax.random.split(key)  # key: state_key's
   plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
-  one = functools.partial(client_init, cfg, params, k_init)
+  one = functools.partial(client_init, cfg, params, k_init, template=template)
   clients = layout.cut(layout.map(one)(*layout.init_views(data)))
   w = client_weights(cfg, data.counts)
   # A plain problem's clients all start alike (init reads no data): their mean is any one's,

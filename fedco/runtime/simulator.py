@@ -234,8 +234,10 @@ class Simulator:
         problem accepts on one example of the data.
       seed: an int or a ``jax.random.PRNGKey``: client sampling, batches and faults.
       pages: streamed runs (:mod:`fedco.runtime.streaming`): the per-client state of only
-        this many clients, as :class:`~fedco.runtime.Pages` (every client's initial
-        state is computed, never stored). ``None`` (default): every client's, ``[K]``.
+        this many clients, as :class:`~fedco.runtime.Pages`, with trackers of the inner
+        value from zeros (no client's batch is read:
+        :func:`~fedco.runtime.streaming.with_initial_means` then fills their means from the
+        store). ``None`` (default): every client's, ``[K]``.
 
     Returns:
       The :class:`~fedco.runtime.SimState` at round 0.
@@ -375,8 +377,9 @@ def _per_client(tree):
 
 def _init_paged(cfg, params, key, data, *, pages):
   """The initial state with :class:`~fedco.runtime.Pages` of ``pages`` rows (the
-  ``[K]`` stacks are not outputs, so the compiled program never holds them)."""
-  state = rounds_lib.init_state(cfg, params, key, data)
+  ``[K]`` stacks are not outputs, so the compiled program never holds them), its trackers
+  from zeros: :func:`~fedco.runtime.streaming.with_initial_means` fills their means."""
+  state = rounds_lib.init_state(cfg, params, key, data, template=True)
   return paging.to_pages(state, pages, cfg.num_clients)
 
 
