@@ -184,16 +184,6 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
       rounds=2,
       evaluate=False,
     )
-  with pytest.raises(ValueError, match=r"privacy of the trackers' initial means"):
-    fedco.simulate(
-      problem,
-      fedco.local_scgd(0.1),
-      store,
-      PARAMS,
-      rounds=2,
-      evaluate=False,
-      privacy=fedco.privacy.gaussian(1.0, noise_multiplier=1.0),
-    )
 
 
 def test_trackers_are_found_by_the_at_init_field_above_them_however_nested():
@@ -222,10 +212,16 @@ def test_trackers_are_found_by_the_at_init_field_above_them_however_nested():
 
 # Compositional methods: trackers averaged at init (Local-SCGD: every_round u; FedDRO, global:
 # every_step y, on the log form with each example's owner) and none (ComFedL).
-COMPOSITIONAL = {
+COMPOSITIONAL = {  # (problem, factory, simulate's other arguments)
   "local_scgd": (lambda: fedco.problems.client_kl_dro(_loss, 5.0), fedco.local_scgd, {}),
   "feddro": (lambda: fedco.problems.client_kl_dro_log(_loss, 5.0, 30), fedco.feddro, {}),
   "comfedl": (lambda: fedco.problems.client_kl_dro(_loss, 5.0), fedco.comfedl, {}),
+  # the initial y clipped per client (its values exceed the bound) and noised once
+  "feddro_private": (
+    lambda: fedco.problems.client_kl_dro_log(_loss, 5.0, 30),
+    fedco.feddro,
+    {"privacy": fedco.privacy.gaussian({"params": 1.0, "y": 0.5}, noise_multiplier=1.0)},
+  ),
 }
 
 
@@ -241,7 +237,7 @@ def test_compositional_methods_stream_with_their_initial_means_from_one_pass(
   params = {"w": jnp.asarray(w), "b": jnp.zeros(3)}
   run = lambda source: fedco.simulate(
     problem(),
-    factory(0.05, 3, **kwargs),
+    factory(0.05, 3),
     source,
     params,
     rounds=6,
@@ -250,6 +246,7 @@ def test_compositional_methods_stream_with_their_initial_means_from_one_pass(
     batch_size=4,
     evaluate=False,
     chunk_rounds=2,
+    **kwargs,
   )
   memory = run(data).state.server
   if case == "comfedl":  # no tracker from the data: no pass, equal bit for bit

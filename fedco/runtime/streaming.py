@@ -27,8 +27,9 @@ Not streamed (refused with a ``ValueError`` naming the option): the exact object
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
 reads every client's loss (``round_start_loss``, DRFA's loss queries), a tracker of each
 client's own first inner value that the plan does not average at init (Local-MOML's ``u``),
-per-example state (``num_examples``: a chunk numbers its examples anew), privacy of the
-averaged initial trackers, a mesh, and client blocks.
+per-example state (``num_examples``: a chunk numbers its examples anew), a mesh, and client
+blocks. Under client-level privacy the pass clips each client's initial trackers and adds
+the noise once to their sum, as the in-memory start does.
 """
 
 from __future__ import annotations
@@ -87,9 +88,6 @@ def check(cfg, params) -> Tuple[str, ...]:
     f"a tracker of each client's own first inner value that the plan does not average at "
     f"init ({', '.join(private)}: its initial state reads every client)": bool(private),
     "per-example state (num_examples: a chunk numbers its examples anew)": per_example,
-    "privacy of the trackers' initial means (at_init fields)": bool(pending)
-    and cfg.uplink is not None
-    and cfg.uplink.private,
   }
   bad = [what for what, yes in refused.items() if yes]
   if bad:
@@ -163,7 +161,9 @@ INIT_BLOCK = 1024  # clients a block of the initial pass reads
 def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
   """``init_state``'s means of the ``at_init`` ``fields`` over every client of ``store``
   (each client's trackers from one mini-batch ``g_k(x_0)``, as ``init_state`` draws it from
-  ``key``), read ``block`` clients at a time: ``{field: mean}``."""
+  ``key``), read ``block`` clients at a time: ``{field: mean}``. Under privacy each
+  client's value is clipped in its block and the noise added once to the sum, with
+  ``init_state``'s key and scale."""
   _, k_init = jax.random.split(key)  # init_state's split
   block = block or INIT_BLOCK
   weights = np.asarray(rounds_lib.client_weights(cfg, jnp.asarray(store.counts)))
@@ -186,6 +186,11 @@ def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
       jnp.asarray(np.concatenate([weights[ids], np.zeros(pad, weights.dtype)])),
     )
     total = part if total is None else jax.tree.map(jnp.add, total, part)
+  up = cfg.uplink
+  if up is not None and up.private:
+    k_noise = jax.random.fold_in(k_init, rounds_lib._UPLINK_STREAM)  # init_state's
+    keys = {f: jax.random.fold_in(k_noise, i) for i, f in enumerate(cfg.plan.init_fields)}
+    total = {f: up.init_noise(f, v, jnp.max(weights), keys[f]) for f, v in total.items()}
   return total
 
 
@@ -196,6 +201,9 @@ def _block_sums(cfg, fields, params, k_init, data, ids, weights):
   one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
   views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
   states = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
+  up = cfg.uplink
+  if up is not None and up.private:  # each client's value clipped; the noise comes once
+    return {f: up.clipped_sum(f, get_field(states, f), weights) for f in fields}
   return {f: rounds_lib.mean(get_field(states, f), weights) for f in fields}
 
 

@@ -107,10 +107,20 @@ class Uplink:
   def private_init_mean(self, field: str, values, weights, key):
     """The ``at_init`` mean of ``field`` over all clients: each value clipped, noise of
     ``z clip max(weights)`` on the mean (the trackers' start is data too)."""
-    mean = weighted_client_mean(_clip_each(values, self.clip[field]), weights)
+    mean = self.clipped_sum(field, values, weights)
+    return self.init_noise(field, mean, jnp.max(weights), key)
+
+  def clipped_sum(self, field: str, values, weights):
+    """``sum_k w_k clip(v_k)`` over the leading axis of ``values``: the private ``at_init``
+    mean before its noise, or one block's part of it (a streamed run's pass)."""
+    return weighted_client_mean(_clip_each(values, self.clip[field]), weights)
+
+  def init_noise(self, field: str, mean, max_weight, key):
+    """``mean`` with the ``at_init`` noise of ``z clip max_weight`` (``max_weight``: the
+    largest weight over all clients)."""
     if not self.noise_multiplier:
       return mean
-    return _add_noise(mean, self.noise_multiplier * self.clip[field] * jnp.max(weights), key)
+    return _add_noise(mean, self.noise_multiplier * self.clip[field] * max_weight, key)
 
   # ---- one message of one field from the round's slots ----------------------------------
 
