@@ -172,9 +172,6 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
   _, store = data_and_store
   with pytest.raises(ValueError, match=match):
     fedco.simulate(fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, **kwargs)
-  problem = fedco.problems.client_kl_dro(_loss, 5.0)
-  with pytest.raises(ValueError, match=r"each client's own first inner value .* \(state\.u: its"):
-    fedco.simulate(problem, fedco.local_moml(0.1), store, PARAMS, rounds=2, evaluate=False)
   with pytest.raises(ValueError, match=r"per-example state \(num_examples"):
     fedco.simulate(
       fedco.plain(_loss),
@@ -437,3 +434,57 @@ def test_the_streamed_initial_state_computes_no_clients_batch():
 
   small, large = temp_bytes(1_000), temp_bytes(10_000)
   assert large <= small + 10_000 * 8, (small, large)  # a few bytes a client, never a batch
+
+
+def _episodes(k=12, seed=3):
+  """Clients of 1-3 MAML episodes, each of 2 task slots (support and query sets)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for n in rng.integers(1, 4, k):
+    sx, qx = rng.normal(size=(2, int(n), 2, 3, 2)).astype(np.float32)
+    w = rng.normal(size=(2, 2)).astype(np.float32)
+    sy, qy = (np.einsum("ntsd,td->nts", a, w)[..., None] for a in (sx, qx))
+    out.append({"support_x": sx, "support_y": sy, "query_x": qx, "query_y": qy})
+  return out
+
+
+def test_local_moml_streams_each_clients_own_first_tracker(tmp_path):
+  """Local-MOML's memories ``u`` start from each client's own first inner value (not
+  averaged): a streamed run computes a client's when a round first samples it, so the run
+  and every sampled client's memories equal the in-memory run's, also when it is stopped
+  after round 2 and resumed with other chunks (the clients sampled before keep theirs)."""
+  data = fedco.FederatedData.from_clients(_episodes())
+  store = fedco.data.write_store(tmp_path / "clients", data)
+  params = {"w": jnp.asarray([0.3, -0.2]), "b": jnp.asarray(0.1)}
+  problem = fedco.problems.maml(lambda p, x: p["w"] @ x + p["b"], 0.1)
+  run = lambda source, **kwargs: fedco.simulate(
+    problem,
+    fedco.local_moml(0.05, 2, beta=0.6, first_order=False),
+    source,
+    params,
+    rounds=6,
+    seed=2,
+    clients_per_round=3,
+    batch_size=2,
+    evaluate=False,
+    **kwargs,
+  )
+  memory = run(data)
+  stop = fedco.runtime.RoundAction(
+    lambda state, r: signal.raise_signal(signal.SIGINT) if r == 2 else None, every_rounds=2
+  )
+  ckpt = str(tmp_path / "ckpt")
+  with pytest.raises(fedco.runtime.Interrupted):
+    run(store, checkpoint_dir=ckpt, chunk_rounds=2, actions=[stop])
+  streamed = run(store, checkpoint_dir=ckpt, chunk_rounds=3)
+  chex.assert_trees_all_close(streamed.params, memory.params, rtol=1e-5, atol=1e-6)
+  states = fedco.runtime.StateStore.open(tmp_path / "ckpt" / "client_state", streamed.state)
+  u = fedco.runtime.unpaged(streamed.state, states).clients.u
+  sampled = np.unique(streamed.metrics["clients"])
+  assert 0 < sampled.size < data.num_clients and states.touched[sampled].all()
+  chex.assert_trees_all_close(
+    jax.tree.map(lambda a: a[sampled], u),
+    jax.tree.map(lambda a: a[sampled], memory.state.clients.u),
+    rtol=1e-5,
+    atol=1e-6,
+  )

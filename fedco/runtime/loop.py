@@ -251,6 +251,7 @@ def simulate(
   state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
   if chunks is not None:  # trackers of every client's inner value: one pass for their means
     state = streaming.with_initial_means(sim, store, state, averaged, seed)
+    chunks.own = streaming.OwnStart.of(sim, state.server["params"], seed)
   # Persistent client state on disk (streamed runs): every client's initial row, taken now
   # (a restored state's pages hold sampled clients' rows).
   fresh = paging.fresh(state) if paging.is_paged(state) else None
@@ -373,7 +374,7 @@ def simulate(
         chunk_data = None if chunks is None else chunks.get(done, size)
         if states is not None:  # this chunk's clients' state, from the disk
           ids = chunks.ids(done, size)
-          state = last_good = paging.with_pages(state, ids, states.read(ids))
+          state = last_good = paging.with_pages(state, ids, chunks.rows(states, ids, chunk_data))
         if chunks is not None and done + size < rounds:
           chunks.prefetch(done + size, chunk_size(done + size))
         state, metrics = sim.run(state, size, final_round=rounds, data=chunk_data)

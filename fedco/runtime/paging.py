@@ -160,6 +160,8 @@ def unpaged(state, store: "StateStore"):
   Returns:
     The :class:`~fedco.runtime.SimState` with ``clients`` (and ``uplink``) as ``[K, ...]``
     stacks, as an in-memory run holds them: for stores whose ``K`` clients fit in memory.
+    A client never sampled reads the fresh state (for Local-MOML, whose memories start
+    from each client's own data, not the start it would have had).
 
   Examples:
     Client 2 has a row on disk; the others read the fresh state (see :class:`StateStore`
@@ -420,6 +422,16 @@ class StateStore:
     for rows in (self._inflight, self._pending):  # newer than the files: rows being written
       _overlay(rows, ids, out)  # to them, then rows written back since
     return jax.tree.unflatten(self.treedef, out)
+
+  def has_rows(self, ids) -> np.ndarray:
+    """bool ``[len(ids)]``: which of clients ``ids`` have a row (in the files, pending or
+    being written); the others (and padding) read the fresh state."""
+    ids = self._ids(ids)
+    out = np.zeros(ids.size, bool)
+    out[ids < self.num_clients] = self.touched[ids[ids < self.num_clients]]
+    for have, _ in (self._inflight, self._pending):
+      out |= np.isin(ids, have)
+    return out
 
   def write(self, ids, values) -> None:
     """Keeps the rows ``values`` (a pytree of ``[len(ids), ...]``) of clients ``ids``

@@ -21,13 +21,14 @@ Compositional problems stream too. An algorithm whose trackers start from the in
 fields: Local-SCGD(M), FedDRO, DS-FedDRO, FedAvg-CO, MBSGD, GCIVR) gets those means from one
 pass over the store before the first round (:func:`initial_means`, a block of clients at a
 time; equal to the in-memory means up to float summation order); one whose state does not
-depend on the data (ComFedL, the MAML methods) needs none.
+depend on the data (ComFedL, the MAML methods) needs none. A tracker of each client's own
+first inner value that the plan does not average (Local-MOML's ``u``) is computed from the
+client's rows in the chunk the first time a round samples it (:class:`OwnStart`), as the
+in-memory start computes it, and kept with the client's state on disk after.
 
 Not streamed (refused with a ``ValueError`` naming the option): the exact objective over
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
-reads every client's loss (``round_start_loss``, DRFA's loss queries), a tracker of each
-client's own first inner value that the plan does not average at init (Local-MOML's ``u``),
-per-example state (``num_examples``: a chunk numbers its examples anew), a mesh, and client
+reads every client's loss (``round_start_loss``, DRFA's loss queries), per-example state (``num_examples``: a chunk numbers its examples anew), a mesh, and client
 blocks. Under client-level privacy the pass clips each client's initial trackers and adds
 the noise once to their sum, as the in-memory start does.
 """
@@ -72,7 +73,7 @@ def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
 def check(cfg, params) -> Tuple[str, ...]:
   """Refuse what a streamed run cannot do (see the module); return the ``at_init`` fields
   whose trackers :func:`with_initial_means` averages (:func:`pending_fields`)."""
-  pending, private = pending_fields(cfg, params)
+  pending, _ = pending_fields(cfg, params)
   per_example = "num_examples" in getattr(cfg.algorithm, "arguments", {})
   refused = {
     "evaluate=True (the exact objective reads every client; pass evaluate=False and a "
@@ -85,8 +86,6 @@ def check(cfg, params) -> Tuple[str, ...]:
     "a server that queries clients' losses (queries_losses)": bool(
       getattr(cfg.aggregator, "queries_losses", False)
     ),
-    f"a tracker of each client's own first inner value that the plan does not average at "
-    f"init ({', '.join(private)}: its initial state reads every client)": bool(private),
     "per-example state (num_examples: a chunk numbers its examples anew)": per_example,
   }
   bad = [what for what, yes in refused.items() if yes]
@@ -229,11 +228,57 @@ def with_initial_means(sim, store: ClientStore, state, fields, seed):
   )
 
 
+class OwnStart:
+  """The initial trackers of each client's own first inner value that the plan does not
+  average (Local-MOML's ``u``), for clients a chunk samples for the first time: computed
+  from their rows in the chunk's data with ``init_state``'s key and batch (the averaged
+  ``at_init`` fields are the fresh row's), so a streamed run starts each client as the
+  in-memory one does. A client never sampled has no row (``unpaged`` reads it fresh).
+
+  Args:
+    sim: the run's :class:`~fedco.runtime.Simulator` (built on :func:`template`).
+    params: the initial model ``x_0``.
+    seed: the run's seed.
+  """
+
+  def __init__(self, sim, params, seed):
+    self.cfg, self.params = sim.config, params
+    _, self.k_init = jax.random.split(sim.seed_key(seed))  # init_state's split
+    self._rows = jax.jit(functools.partial(_own_rows, sim.config))
+
+  @classmethod
+  def of(cls, sim, params, seed) -> "OwnStart | None":
+    """An :class:`OwnStart` where the algorithm has such trackers, else ``None``."""
+    return cls(sim, params, seed) if pending_fields(sim.config, params)[1] else None
+
+  def __call__(self, states, ids, data: FederatedData, rows):
+    """``rows`` (:meth:`StateStore.read`'s, of clients ``ids``) with the first rows of the
+    clients that have none in ``states`` computed from ``data`` (the chunk's)."""
+    new = ~states.has_rows(ids) & (ids < self.cfg.num_clients)
+    if not new.any():
+      return rows
+    own = self._rows(self.params, self.k_init, data, jnp.asarray(ids), jnp.asarray(new), rows[0])
+    return (jax.device_get(own),) + tuple(rows[1:])
+
+
+def _own_rows(cfg, params, k_init, data, ids, new, rows):
+  """``rows`` with clients ``new``'s replaced by their initial state, ``client_init``'s, and
+  its ``at_init`` fields from ``rows`` (the fresh row's means)."""
+  safe = jnp.minimum(ids, cfg.num_clients - 1)  # padding computes a row it does not keep
+  one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
+  views = ClientView(data.examples, data.offsets[safe], data.counts[safe], data.flat_rows)
+  own = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(safe, views)
+  own = set_fields(own, **{f: get_field(rows, f) for f in cfg.plan.init_fields})
+  keep = lambda o, r: jnp.where(new.reshape(new.shape + (1,) * (r.ndim - 1)), o, r)
+  return jax.tree.map(keep, own, rows)
+
+
 class Chunks:
   """Reads each chunk's clients from the store, the next one ahead on a host thread."""
 
   def __init__(self, store: ClientStore, sampled: np.ndarray, chunk_rounds: int):
     self.store, self.sampled = store, sampled
+    self.own: "OwnStart | None" = None  # set once the run's initial state exists
     per_round = store.counts[sampled].sum(axis=1)  # rows each round reads (repeats counted)
     window = min(chunk_rounds, len(per_round))
     sums = np.convolve(per_round, np.ones(window, np.int64), mode="valid")
@@ -241,6 +286,12 @@ class Chunks:
     self.pages = _most_distinct(sampled, window)  # a chunk's client state rows on the device
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-stream")
     self._ahead: Tuple[Tuple[int, int], concurrent.futures.Future] | None = None
+
+  def rows(self, states, ids, data: FederatedData):
+    """The client state rows of the chunk's clients ``ids`` from ``states`` (a
+    :class:`~fedco.runtime.StateStore`), with first rows from :attr:`own` where set."""
+    rows = states.read(ids)
+    return rows if self.own is None else self.own(states, ids, data, rows)
 
   def ids(self, start: int, size: int) -> np.ndarray:
     """int32 ``[pages]``: the distinct clients of rounds ``start + 1 .. start + size``,
