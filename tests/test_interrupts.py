@@ -193,14 +193,21 @@ def test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130(tmp_path):
 
 
 _WAITING_EXPERIMENT = """
-import pathlib, time
+import atexit, pathlib, time
 
 TABLE_KEYS, PROGRESS = (), "objective"
 
 
-def setup(config):  # waits in Python, where a Ctrl-C's handler runs at once
-  pathlib.Path(config.marker).touch()
+def _wait(marker):  # in Python, where a Ctrl-C's handler runs at once
+  pathlib.Path(marker).touch()
   time.sleep(120)
+
+
+def setup(config):
+  if config.at_exit:  # stopped by a Ctrl-C now, it waits while the process exits
+    atexit.register(_wait, config.marker)
+    raise KeyboardInterrupt
+  _wait(config.marker)
 
 
 def build(config, method, seed, setup):
@@ -213,20 +220,18 @@ import ml_collections
 
 def get_config():
   return ml_collections.ConfigDict(dict(
-    experiment="waiting_experiment", marker={marker!r}, seeds=(0,), rounds=1, local_steps=1,
-    eval_every=1, batch_size=0, learning_rate=0.1, methods={{}},
+    experiment="waiting_experiment", marker={marker!r}, at_exit={at_exit}, seeds=(0,), rounds=1,
+    local_steps=1, eval_every=1, batch_size=0, learning_rate=0.1, methods={{}},
   ))
 """
 
 
-def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
-  """Two Ctrl-Cs while an experiment sets up (its own module, waiting in Python): the first
-  asks the run to stop at its next safe point, the second ends the process by SIGINT at once
-  (exit status 130 in a shell), with one line saying so."""
+def _waiting_driver(tmp_path, at_exit):
+  """The driver on an own experiment that waits in Python (in its set-up, or as it exits)."""
   (tmp_path / "waiting_experiment.py").write_text(_WAITING_EXPERIMENT)
-  marker = tmp_path / "setting_up"
+  marker = tmp_path / "waiting"
   config = tmp_path / "waiting_config.py"
-  config.write_text(_WAITING_CONFIG.format(marker=str(marker)))
+  config.write_text(_WAITING_CONFIG.format(marker=str(marker), at_exit=at_exit))
   proc = subprocess.Popen(
     [sys.executable, "-m", "experiments.main", f"--config={config}", "--noprogress"]
     + [f"--workdir={tmp_path / 'run'}"],
@@ -237,6 +242,14 @@ def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
     text=True,
   )
   _wait_for(marker, proc)
+  return proc
+
+
+def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
+  """Two Ctrl-Cs while an experiment sets up (its own module, waiting in Python): the first
+  asks the run to stop at its next safe point, the second ends the process by SIGINT at once
+  (exit status 130 in a shell), with one line saying so."""
+  proc = _waiting_driver(tmp_path, at_exit=False)
   started = time.time()
   proc.send_signal(signal.SIGINT)
   time.sleep(0.5)
@@ -247,6 +260,18 @@ def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
   assert err.strip().splitlines()[-1] == "second Ctrl-C: stopping now", err[-3000:]
   assert time.time() - started < 30  # not the experiment's 120 s wait
   assert "Traceback" not in err and "interrupted" not in err
+
+
+def test_a_ctrl_c_while_the_driver_exits_after_a_stop_ends_it_without_a_traceback(tmp_path):
+  """A Ctrl-C that lands after the run has stopped (its guard gone, the driver printing its
+  line or exiting: here, waiting in an exit handler) ends the process by SIGINT at once; with
+  Python's own handler back it raised ``KeyboardInterrupt`` there, with a traceback."""
+  proc = _waiting_driver(tmp_path, at_exit=True)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == -signal.SIGINT, err[-3000:]
+  assert err.strip().splitlines()[-1].startswith("interrupted; rerun the same command"), err
+  assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
 
 
 def test_ctrl_cs_while_the_driver_loads_and_compiles_never_crash(tmp_path):

@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import fedco
+from fedco.algorithms.base import make_plan
 from fedco.runtime import paging, streaming
 
 
@@ -172,6 +173,10 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
   _, store = data_and_store
   with pytest.raises(ValueError, match=match):
     fedco.simulate(fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, **kwargs)
+  problem = fedco.problems.client_kl_dro(_loss, 5.0)
+  sent = fedco.local_scgd(0.1).replace(plan=make_plan(2, every_round=("u",), at_init=()))
+  with pytest.raises(ValueError, match=r"sends but does not average at init \(state\.u: its"):
+    fedco.simulate(problem, sent, store, PARAMS, rounds=2, evaluate=False)
   with pytest.raises(ValueError, match=r"per-example state \(num_examples"):
     fedco.simulate(
       fedco.plain(_loss),
@@ -477,6 +482,11 @@ def test_local_moml_streams_each_clients_own_first_tracker(tmp_path):
   with pytest.raises(fedco.runtime.Interrupted):
     run(store, checkpoint_dir=ckpt, chunk_rounds=2, actions=[stop])
   streamed = run(store, checkpoint_dir=ckpt, chunk_rounds=3)
+  # rows still pending (checkpoints every 6 rounds, chunks of 1) or being written (no
+  # checkpoints) are rows too: recomputing them would restart those clients' memories
+  for kwargs in ({"checkpoint_dir": str(tmp_path / "late"), "checkpoint_every": 6}, {}):
+    again = run(store, chunk_rounds=1, **kwargs)
+    chex.assert_trees_all_close(again.params, memory.params, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(streamed.params, memory.params, rtol=1e-5, atol=1e-6)
   states = fedco.runtime.StateStore.open(tmp_path / "ckpt" / "client_state", streamed.state)
   u = fedco.runtime.unpaged(streamed.state, states).clients.u

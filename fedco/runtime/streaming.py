@@ -28,7 +28,8 @@ in-memory start computes it, and kept with the client's state on disk after.
 
 Not streamed (refused with a ``ValueError`` naming the option): the exact objective over
 all clients (``evaluate=True``, ``exact_grad_norm``), plans whose round start or server
-reads every client's loss (``round_start_loss``, DRFA's loss queries), per-example state (``num_examples``: a chunk numbers its examples anew), a mesh, and client
+reads every client's loss (``round_start_loss``, DRFA's loss queries), a tracker of each
+client's own first inner value that the plan sends but does not average, per-example state (``num_examples``: a chunk numbers its examples anew), a mesh, and client
 blocks. Under client-level privacy the pass clips each client's initial trackers and adds
 the noise once to their sum, as the in-memory start does.
 """
@@ -42,6 +43,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import keystr
 
 from fedco.algorithms.base import Pending, get_field, set_fields
 from fedco.data.federated import FederatedData
@@ -55,19 +57,26 @@ def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
   """``(averaged, private)``: the plan's ``at_init`` fields holding a tracker that
   ``init(params)`` leaves to each client's inner value (:class:`Pending` ``"inner"``), and
   the paths of such trackers in no ``at_init`` field; ``((), ())`` for a plain problem."""
-  if not cfg.problem.compositional:
-    return (), ()
-  state = jax.eval_shape(cfg.algorithm.init, params)  # Pending is structure: it stays
-  paths = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, Pending))[0]
   averaged, private = [], []
-  for path, leaf in paths:
-    if not (isinstance(leaf, Pending) and leaf.kind == "inner"):
-      continue  # "inner_jacobian" (zeros of a shape) does not depend on the data
-    names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
+  for names, path in _inner_trackers(cfg, params):
     fields = [f for f in cfg.plan.init_fields if f in names]
     averaged += fields[-1:]
-    private += [] if fields else ["state" + jax.tree_util.keystr(path)]
+    private += [] if fields else [path]
   return tuple(dict.fromkeys(averaged)), tuple(private)
+
+
+def _inner_trackers(cfg, params):
+  """``[(names on its path, its path)]`` of every tracker ``init(params)`` leaves to each
+  client's inner value; ``[]`` for a plain problem."""
+  if not cfg.problem.compositional:
+    return []
+  state = jax.eval_shape(cfg.algorithm.init, params)  # Pending is structure: it stays
+  paths = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, Pending))[0]
+  return [  # "inner_jacobian" (zeros of a shape) does not depend on the data
+    ([getattr(k, "name", getattr(k, "key", None)) for k in path], f"state{keystr(path)}")
+    for path, leaf in paths
+    if isinstance(leaf, Pending) and leaf.kind == "inner"
+  ]
 
 
 def check(cfg, params) -> Tuple[str, ...]:
@@ -75,6 +84,13 @@ def check(cfg, params) -> Tuple[str, ...]:
   whose trackers :func:`with_initial_means` averages (:func:`pending_fields`)."""
   pending, _ = pending_fields(cfg, params)
   per_example = "num_examples" in getattr(cfg.algorithm, "arguments", {})
+  plan = cfg.plan
+  sent = [  # a client's own first inner value, also the server's or shared copy's start
+    path
+    for names, path in _inner_trackers(cfg, params)
+    if not set(names) & set(plan.init_fields)
+    and set(names) & set(plan.every_round + plan.every_step)
+  ]
   refused = {
     "evaluate=True (the exact objective reads every client; pass evaluate=False and a "
     "metrics_fn with metrics_data)": cfg.evaluate,
@@ -87,6 +103,9 @@ def check(cfg, params) -> Tuple[str, ...]:
       getattr(cfg.aggregator, "queries_losses", False)
     ),
     "per-example state (num_examples: a chunk numbers its examples anew)": per_example,
+    f"a tracker of each client's own first inner value that the plan sends but does not "
+    f"average at init ({', '.join(sent)}: its server or shared copy would start from every "
+    f"client's)": bool(sent),
   }
   bad = [what for what, yes in refused.items() if yes]
   if bad:
