@@ -13,7 +13,11 @@ Each candidate is a 3x3, stride-1, SAME convolution, NHWC / HWIO like
   2.25x fewer multiplications than im2col, and 4 instead of 9 copies of the input;
 * ``winograd_16``: the same with the 16 products written as 16 separate products (vmapped
   over the clients, a product with two batch axes runs far slower on XLA:CPU);
-* ``patches``: ``lax.conv_general_dilated_patches`` for the windows, then one product.
+* ``patches``: ``lax.conv_general_dilated_patches`` for the windows, then one product;
+* ``shift``: no window copy: the sum of 9 products, each shifted window ``[n H W, C_in]``
+  times its tap's ``[C_in, C_out]``;
+* ``rows3``: between the two: the 3 column shifts concatenated once (``3 C_in``), then the
+  sum of 3 products over the row shifts.
 
 First each candidate's values and first derivatives (input and kernel) are compared with
 ``lax.conv_general_dilated`` in float64 on small shapes. Then each CNN4 layer shape is timed
@@ -88,6 +92,23 @@ def patches(x, kernel):
   return (cols.reshape(-1, 9 * c) @ k).reshape(*cols.shape[:3], out)
 
 
+def shift(x, kernel):
+  n, h, w, c = x.shape
+  xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  taps = [
+    xp[:, a : a + h, b : b + w].reshape(-1, c) @ kernel[a, b] for a in range(3) for b in range(3)
+  ]
+  return sum(taps[1:], taps[0]).reshape(n, h, w, -1)
+
+
+def rows3(x, kernel):
+  n, h, w, c = x.shape
+  xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  cols = jnp.concatenate([xp[:, :, b : b + w] for b in range(3)], axis=-1)  # [n, h+2, w, 3c]
+  rows = [cols[:, a : a + h].reshape(-1, 3 * c) @ kernel[a].reshape(3 * c, -1) for a in range(3)]
+  return sum(rows[1:], rows[0]).reshape(n, h, w, -1)
+
+
 _CONV2D = layers.conv2d  # fedco's, kept: the round's sides swap layers.conv2d
 
 CANDIDATES = {
@@ -95,6 +116,8 @@ CANDIDATES = {
   "winograd": winograd,
   "winograd_16": lambda x, k: winograd(x, k, split=True),
   "patches": patches,
+  "shift": shift,
+  "rows3": rows3,
 }
 
 
