@@ -130,14 +130,17 @@ def main(argv):
       seeds_together=FLAGS.seeds_together,
       checkpoint_every=extend.positive_int("--checkpoint_every", FLAGS.checkpoint_every),
     )
+    # After the guard (a run stopped), a Ctrl-C ends the process at once: the guard restores
+    # this default disposition, so no Ctrl-C can land in Python's handler on the way out.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)
   except (ValueError, FileNotFoundError) as err:
     print(f"error: {err}{raised_at(err)}", file=sys.stderr)
     sys.exit(1)
   except KeyboardInterrupt as err:  # fedco.runtime.Interrupted, or Ctrl-C outside a run
-    # Stopping: another Ctrl-C (while this prints, or while JAX's objects are freed at exit)
-    # ends the process at once, as an unhandled one does, never with a traceback.
+    # Stopping (also before the guard): another Ctrl-C, while this prints or JAX's objects
+    # are freed at exit, ends the process at once, as an unhandled one does, no traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     print(interrupted_line(err), file=sys.stderr)
     sys.exit(130)
