@@ -1,5 +1,6 @@
-"""WORKSPACE.md's "Add an experiment", as written: its config and module run through the
-driver (``experiments.main``) with a table, resume and a divergence note."""
+"""The docs guide "Add an experiment" (docs/guides/own_experiment.md), as written: its
+config and module run through the driver (``experiments.main``) with a table, resume and a
+divergence note."""
 
 import os
 import pathlib
@@ -13,8 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _guide():
-  text = (ROOT / "WORKSPACE.md").read_text()
-  section = text.split("## Add an experiment", 1)[1].split("\n## ", 1)[0]
+  section = (ROOT / "docs" / "guides" / "own_experiment.md").read_text()
   config, module = re.findall(r"```python\n(.*?)```", section, re.S)
   command = re.findall(r"```bash\n(.*?)```", section, re.S)[0].split()
   return config, module, command

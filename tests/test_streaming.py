@@ -173,6 +173,16 @@ def test_what_streaming_cannot_do_is_a_one_line_error(data_and_store, kwargs, ma
   _, store = data_and_store
   with pytest.raises(ValueError, match=match):
     fedco.simulate(fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, **kwargs)
+  with pytest.raises(ValueError, match=r"got ClientStore; clients on disk are streamed by fedco"):
+    fedco.Simulator(fedco.plain(_loss), fedco.fedavg(0.1), store)
+  with pytest.raises(ValueError, match=r"metrics_data must be a pytree .* got a ClientStore"):
+    fedco.simulate(
+      fedco.plain(_loss), fedco.fedavg(0.1), store, PARAMS, rounds=2, evaluate=False,
+      metrics_fn=_metrics, metrics_data=store,
+    )  # fmt: skip
+  log_form = fedco.problems.client_kl_dro_log(_loss, 5.0, store.num_clients)
+  with pytest.raises(ValueError, match=r"field 'client', which the data lack .*with_owner\(\)"):
+    fedco.simulate(log_form, fedco.feddro(0.1), store, PARAMS, rounds=2, evaluate=False)
   problem = fedco.problems.client_kl_dro(_loss, 5.0)
   sent = fedco.local_scgd(0.1).replace(plan=make_plan(2, every_round=("u",), at_init=()))
   with pytest.raises(ValueError, match=r"sends but does not average at init \(state\.u: its"):
@@ -280,7 +290,25 @@ def test_store_round_trip_and_damage(tmp_path):
     fedco.data.ClientStore(tmp_path / "a")
   with pytest.raises(FileNotFoundError, match="is not a client store"):
     fedco.data.ClientStore(tmp_path / "missing")
-  assert not os.path.exists(tmp_path / "b" / "store.json")  # a failed write leaves no store
+  # a failed write leaves nothing it wrote (its new folder included), so it can be rerun;
+  # into a folder it did not create, that folder stays
+  assert not os.path.exists(tmp_path / "b")
+  (tmp_path / "mine").mkdir()
+  with pytest.raises(ValueError, match=r"clients\[1\] has fields"):
+    fedco.data.write_store(tmp_path / "mine", [clients[0], {"x": clients[1]["x"]}])
+  assert os.listdir(tmp_path / "mine") == []
+  (tmp_path / "mine" / "x.rows").write_bytes(b"")  # a killed write's files: said so
+  with pytest.raises(ValueError, match=r"not empty \(no store\.json: a killed write_store"):
+    fedco.data.write_store(tmp_path / "mine", clients)
+  users = {"u1": clients[0], "u2": clients[1]}
+  for wrong, match in [
+    (fedco.data.synthetic(1.0, 1.0, num_users=3, seed=0), r"a FederatedDataset: .*\.train"),
+    (users, r"got a mapping \(a dict of users: pass its \.values\(\)\)"),
+    ([clients[0], (1, 2)], r"clients\[1\] must be a dict"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      fedco.data.write_store(tmp_path / "c", wrong)
+    assert not os.path.exists(tmp_path / "c")
 
 
 def test_few_of_many_clients_are_drawn_uniformly_without_a_permutation(monkeypatch):

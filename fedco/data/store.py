@@ -45,8 +45,10 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     The :class:`ClientStore` of the folder.
 
   Raises:
-    ValueError: a client is empty or its fields differ from the first client's; ``path``
-      is a non-empty folder.
+    ValueError: ``clients`` is not such an iterable (a ``FederatedDataset``: pass its
+      ``.train``; a dict of users: pass its values), a client is empty or its fields differ
+      from the first client's; ``path`` is a non-empty folder. The files written before
+      the failure are removed (the store is whole or absent).
 
   Examples:
     >>> import os, tempfile
@@ -62,8 +64,19 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     >>> store.read([1])["y"].tolist()
     [2]
   """
+  from fedco.data.datasets import FederatedDataset  # pylint: disable=g-import-not-at-top
   from fedco.data.federated import FederatedData  # pylint: disable=g-import-not-at-top
 
+  if isinstance(clients, FederatedDataset):
+    raise ValueError(
+      "clients is a FederatedDataset: write its clients' training data (clients.train; "
+      "its held-out .val stays in memory as metrics_data)"
+    )
+  if isinstance(clients, Mapping):
+    raise ValueError(
+      "clients must be an iterable of per-client dicts {field: array [n_k, ...]} or a "
+      "FederatedData, got a mapping (a dict of users: pass its .values())"
+    )
   if isinstance(clients, FederatedData):
     data = clients
     clients = (
@@ -71,11 +84,22 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     )
   path = os.fspath(path)
   if os.path.isdir(path) and os.listdir(path):
-    raise ValueError(f"path {path!r} is a folder that is not empty; write_store makes a new one")
+    partial = not os.path.exists(os.path.join(path, _META))
+    why = " (no store.json: a killed write_store's files; delete it to write again)"
+    raise ValueError(
+      f"path {path!r} is a folder that is not empty{why if partial else ''}; write_store "
+      "makes a new one"
+    )
+  created = not os.path.isdir(path)
   os.makedirs(path, exist_ok=True)
   spec, files, counts, digest = None, {}, [], hashlib.blake2b(digest_size=16)
+  done = False
   try:
     for k, client in enumerate(clients):
+      if not isinstance(client, Mapping):
+        raise ValueError(
+          f"clients[{k}] must be a dict {{field: array [n_k, ...]}}, got {type(client).__name__}"
+        )
       arrays = {f: np.ascontiguousarray(client[f]) for f in sorted(client)}
       n = {len(a) for a in arrays.values()}
       if len(n) != 1 or not n.pop():
@@ -90,9 +114,15 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
         files[f].write(a.tobytes())
         digest.update(a.tobytes())
       counts.append(len(next(iter(arrays.values()))))
+    done = True
   finally:
     for f in files.values():
       f.close()
+    if not done:  # what this call wrote goes: a store is whole or absent
+      for f in files.values():
+        os.remove(f.name)
+      if created:
+        os.rmdir(path)
   if spec is None:
     raise ValueError("clients must hold at least one client")
   counts = np.asarray(counts, np.int64)

@@ -22,6 +22,7 @@ from fedco import _labels, _validate
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
 from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
+from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import layouts, uplink
 from fedco.runtime.checks import _check_dtypes, _check_kinds, _scalar
@@ -98,6 +99,8 @@ def make_config(
     raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}{hint}")
   if not isinstance(data, FederatedData):
     hint = "; pass its .train" if isinstance(data, FederatedDataset) else ""
+    if isinstance(data, ClientStore):
+      hint = "; clients on disk are streamed by fedco.simulate only (data=store)"
     raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}{hint}")
   _check_kinds(problem, algorithm)
   n = data.num_clients
@@ -215,9 +218,15 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
     ) from None
   except (TypeError, ValueError, IndexError, KeyError, flax_errors.FlaxError) as err:
     shapes = lambda t: jax.tree.map(lambda a: tuple(np.shape(a)), t)
+    missing = err.args[0] if isinstance(err, KeyError) and err.args else None
+    hint = ""
+    if isinstance(example, dict) and isinstance(missing, str) and missing not in example:
+      hint = f"; the problem reads the example field {missing!r}, which the data lack"
+      if missing == "client":  # the client-level KL-DRO log form's owner ids
+        hint += " (each example's client: pass data.with_owner(), also to write_store)"
     raise ValueError(
       f"params and data do not fit problem {problem.name!r}: params shapes "
       f"{shapes(params)}, one example's shapes {shapes(example)}; evaluating the problem "
-      f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}"
+      f"on them failed with {type(err).__name__}: {str(err).splitlines()[0]}{hint}"
     ) from None
   return params

@@ -19,7 +19,8 @@ def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
 
   Pass it as ``mesh=`` to :func:`fedco.simulate` / :class:`fedco.Simulator`, which lay each
   round's clients along it (a client count the mesh does not divide is padded with masked
-  clients; results equal the one-device run), or to :func:`fedco.sweep`, which lays whole
+  clients; results equal the one-device run up to float round-off: the sums over clients
+  are split across devices), or to :func:`fedco.sweep`, which lays whole
   runs along it. In a multi-process run (:mod:`fedco.runtime.distributed`) the devices are
   those of every process.
 

@@ -33,6 +33,7 @@ from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, get_field
 from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
+from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import config, paging
 from fedco.runtime import rounds as rounds_lib
@@ -203,10 +204,11 @@ class Simulator:
     self.data = cfg.layout.place_data(data)  # placed once: every run sees the same shardings
     # an argument of the compiled chunk, not a constant in it: runs that differ only in it
     # (seeds with their own held-out sets) compile to the same program
-    if isinstance(metrics_data, FederatedDataset):  # not a pytree: JAX's error names none
+    if isinstance(metrics_data, (FederatedDataset, ClientStore)):  # JAX's error names none
       raise ValueError(
-        "metrics_data must be a pytree of arrays; got a FederatedDataset: pass its .val "
-        "(a FederatedData) or a dict of its parts"
+        f"metrics_data must be a pytree of arrays in memory (held-out sets); got a "
+        f"{type(metrics_data).__name__}: pass a FederatedData (a FederatedDataset's .val) "
+        "or a dict of arrays"
       )
     self.metrics_data = (
       None
