@@ -129,7 +129,8 @@ def simulate(
     algorithm: the :class:`~fedco.algorithms.Algorithm` (``fedco.feddro(...)``, ...).
     data: the :class:`~fedco.data.FederatedData`, or a :class:`~fedco.data.ClientStore`
       (clients on disk, streamed: each chunk reads only the clients it samples; results
-      equal the in-memory run's; see :mod:`fedco.runtime.streaming` for what it refuses).
+      equal the in-memory run's; it refuses ``evaluate=True``, ``exact_grad_norm``, a mesh,
+      loss-querying servers (DRFA, AFL, q-FedAvg) and per-example state, one line each).
     params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays.
     rounds: number of rounds, an int ``>= 1``.
     seed: an int or a ``jax.random.PRNGKey``: client sampling, batches, faults and the
