@@ -205,10 +205,13 @@ class Simulator:
     # an argument of the compiled chunk, not a constant in it: runs that differ only in it
     # (seeds with their own held-out sets) compile to the same program
     if isinstance(metrics_data, (FederatedDataset, ClientStore)):  # JAX's error names none
+      fix = (
+        "pass its .val (a FederatedData) or a dict of its parts"
+        if isinstance(metrics_data, FederatedDataset)
+        else "held-out sets stay in memory (a FederatedData or a dict of arrays)"
+      )
       raise ValueError(
-        f"metrics_data must be a pytree of arrays in memory (held-out sets); got a "
-        f"{type(metrics_data).__name__}: pass a FederatedData (a FederatedDataset's .val) "
-        "or a dict of arrays"
+        f"metrics_data must be a pytree of arrays; got a {type(metrics_data).__name__}: {fix}"
       )
     self.metrics_data = (
       None
