@@ -213,7 +213,11 @@ def client_kl_dro_log(loss, gamma: float, num_clients: int, *, client_key: str =
   :math:`\mathrm{softmax}(v / \gamma)` is the worst-case weights :math:`r`
   (:func:`kl_dro_weights`), so the step :math:`\sum_k r_k \nabla f_k` stays bounded where
   :func:`client_kl_dro`'s exp form overflows. A per-client value :math:`f(g_k(x))` (the
-  ``client_losses`` of :meth:`Problem.evaluate`) is not client :math:`k`'s loss.
+  ``client_losses`` of :meth:`Problem.evaluate`) is not client :math:`k`'s loss. Since the
+  inner value has :math:`K` entries, an algorithm that tracks and averages it (FedDRO's
+  ``y``) uploads :math:`K` floats per client and exchange besides the model; at large
+  :math:`K`, :func:`client_kl_dro` (the exp form, whose inner value is each client's own
+  scalar loss: Local-SCGD, ComFedL) uploads at most one float more.
 
   Args:
     loss: ``loss(params, example) -> scalar``, the per-example loss :math:`\ell(x; \xi)`.
