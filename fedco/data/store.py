@@ -18,6 +18,7 @@ client, which :func:`fedco.data.read_clients` does for its own files.)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -119,10 +120,11 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     for f in files.values():
       f.close()
     if not done:  # what this call wrote goes: a store is whole or absent
-      for f in files.values():
-        os.remove(f.name)
-      if created:
-        os.rmdir(path)
+      with contextlib.suppress(OSError):  # never hide the error that stopped the write
+        for f in files.values():
+          os.remove(f.name)
+        if created:
+          os.rmdir(path)  # only while empty: nothing another writer put there goes
   if spec is None:
     raise ValueError("clients must hold at least one client")
   counts = np.asarray(counts, np.int64)
