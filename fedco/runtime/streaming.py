@@ -57,9 +57,14 @@ def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
   """``(averaged, private)``: the plan's ``at_init`` fields holding a tracker that
   ``init(params)`` leaves to each client's inner value (:class:`Pending` ``"inner"``), and
   the paths of such trackers in no ``at_init`` field; ``((), ())`` for a plain problem."""
+  return _split(cfg.plan, _inner_trackers(cfg, params))
+
+
+def _split(plan, trackers):
+  """:func:`pending_fields` of the trackers :func:`_inner_trackers` found."""
   averaged, private = [], []
-  for names, path in _inner_trackers(cfg, params):
-    fields = [f for f in cfg.plan.init_fields if f in names]
+  for names, path in trackers:
+    fields = [f for f in plan.init_fields if f in names]
     averaged += fields[-1:]
     private += [] if fields else [path]
   return tuple(dict.fromkeys(averaged)), tuple(private)
@@ -82,12 +87,12 @@ def _inner_trackers(cfg, params):
 def check(cfg, params) -> Tuple[str, ...]:
   """Refuse what a streamed run cannot do (see the module); return the ``at_init`` fields
   whose trackers :func:`with_initial_means` averages (:func:`pending_fields`)."""
-  pending, _ = pending_fields(cfg, params)
+  plan, trackers = cfg.plan, _inner_trackers(cfg, params)
+  pending, _ = _split(plan, trackers)
   per_example = "num_examples" in getattr(cfg.algorithm, "arguments", {})
-  plan = cfg.plan
   sent = [  # a client's own first inner value, also the server's or shared copy's start
     path
-    for names, path in _inner_trackers(cfg, params)
+    for names, path in trackers
     if not set(names) & set(plan.init_fields)
     and set(names) & set(plan.every_round + plan.every_step)
   ]
@@ -176,13 +181,27 @@ def _most_distinct(sampled: np.ndarray, window: int) -> int:
 INIT_BLOCK = 1024  # clients a block of the initial pass reads
 
 
+def _init_key(key):
+  """The key ``init_state`` draws each client's first mini-batch from (the second of its
+  split of the seed's key; :func:`~fedco.runtime.paging.state_key` is the first)."""
+  return jax.random.split(key)[1]
+
+
+def _clients_init(cfg, params, k_init, data, ids):
+  """The initial states (``client_init``'s) of clients ``ids``, stacked, from ``data``
+  (a chunk or a block holding their rows)."""
+  one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
+  views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
+  return jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
+
+
 def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
   """``init_state``'s means of the ``at_init`` ``fields`` over every client of ``store``
   (each client's trackers from one mini-batch ``g_k(x_0)``, as ``init_state`` draws it from
   ``key``), read ``block`` clients at a time: ``{field: mean}``. Under privacy each
   client's value is clipped in its block and the noise added once to the sum, with
   ``init_state``'s key and scale."""
-  _, k_init = jax.random.split(key)  # init_state's split
+  k_init = _init_key(key)
   block = block or INIT_BLOCK
   weights = np.asarray(rounds_lib.client_weights(cfg, jnp.asarray(store.counts)))
   n = store.num_clients
@@ -215,10 +234,7 @@ def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
 def _block_sums(cfg, fields, params, k_init, data, ids, weights):
   """The weighted sums over clients ``ids`` of their initial ``fields`` (only these are
   computed: the rest of each client's state is compiled away)."""
-
-  one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
-  views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
-  states = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
+  states = _clients_init(cfg, params, k_init, data, ids)
   up = cfg.uplink
   if up is not None and up.private:  # each client's value clipped; the noise comes once
     return {f: up.clipped_sum(f, get_field(states, f), weights) for f in fields}
@@ -262,7 +278,7 @@ class OwnStart:
 
   def __init__(self, sim, params, seed):
     self.cfg, self.params = sim.config, params
-    _, self.k_init = jax.random.split(sim.seed_key(seed))  # init_state's split
+    self.k_init = _init_key(sim.seed_key(seed))
     self._rows = jax.jit(functools.partial(_own_rows, sim.config))
 
   @classmethod
@@ -284,9 +300,7 @@ def _own_rows(cfg, params, k_init, data, ids, new, rows):
   """``rows`` with clients ``new``'s replaced by their initial state, ``client_init``'s, and
   its ``at_init`` fields from ``rows`` (the fresh row's means)."""
   safe = jnp.minimum(ids, cfg.num_clients - 1)  # padding computes a row it does not keep
-  one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
-  views = ClientView(data.examples, data.offsets[safe], data.counts[safe], data.flat_rows)
-  own = jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(safe, views)
+  own = _clients_init(cfg, params, k_init, data, safe)
   own = set_fields(own, **{f: get_field(rows, f) for f in cfg.plan.init_fields})
   keep = lambda o, r: jnp.where(new.reshape(new.shape + (1,) * (r.ndim - 1)), o, r)
   return jax.tree.map(keep, own, rows)
