@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import common, runner
 from fedco import extend
 from fedco import metrics as metrics_lib
+from fedco.experiment import outputs, runner
 
 PROBLEMS = ("erm", "kl_exp", "kl_log")
 BUDGETS = ("short", "converged")
@@ -181,5 +181,5 @@ def plot(wd, config, outcome):
   """``adult_dro.png``: the doctorate client's test accuracy against rounds."""
   panels = (("test_acc_doctorate", "doctorate client's test accuracy"),)
   title = f"UCI Adult, doctorate vs other ({config.budget} budget)"
-  fig = common.curves(outcome.records, outcome.labels, panels, title=title, finals=outcome.finals)
+  fig = outputs.curves(outcome.records, outcome.labels, panels, title=title, finals=outcome.finals)
   wd.save_figure(fig, "adult_dro.png")

@@ -54,11 +54,11 @@ from typing import Any, Dict, List
 import numpy as np
 
 import fedco
-from experiments import common, runner
 from fedco import extend, models
 from fedco import metrics as metrics_lib
 from fedco.data import partition
 from fedco.data.datasets import make_federated
+from fedco.experiment import outputs, runner
 from fedco.problems import kl_dro_weights
 
 DATASETS = ("digits", "mnist", "fashion_mnist")
@@ -301,7 +301,7 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
           make_problem=lambda p, m=method: make_problem(m, loss, p.get("gamma", config.gamma)),
           algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
           score=lambda metrics, r: [
-            common.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE
+            outputs.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE
           ],
           data=fed.train,
           params=params,
@@ -382,7 +382,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
     "clients": {"big": config.big, "small": config.small, "min_heldout": config.min_heldout},
   }
   if is_npz(config.dataset):
-    summary["data_sha256"] = common.file_digest(config.dataset)
+    summary["data_sha256"] = outputs.file_digest(config.dataset)
   if config.mode == "grid":
     found = outcome.setup["grid"]
     summary["grid"] = {
@@ -437,7 +437,7 @@ def plot(wd, config, outcome):
     ("val_acc_avg", "validation accuracy, average client"),
     ("val_acc_worst", "validation accuracy, worst client"),
   )
-  fig = common.curves(
+  fig = outputs.curves(
     outcome.records, outcome.labels, panels, title=config.dataset, finals=outcome.finals
   )
   wd.save_figure(fig, "accuracy.png")

@@ -47,9 +47,9 @@ from typing import Any, Dict, List
 
 import jax.numpy as jnp
 
-from experiments import common, runner
 from fedco import extend
 from fedco.data import adult
+from fedco.experiment import outputs, runner
 from fedco.problems import fairness as fair
 
 # The algorithms E6 compares: fedavg is the unconstrained baseline (plain BCE); the others
@@ -181,7 +181,7 @@ def plot(wd, config, outcome):
     ("train_acc", "train accuracy"),
     ("train_max_violation", "train max violation"),
   )
-  fig = common.curves(
+  fig = outputs.curves(
     outcome.records,
     outcome.labels,
     panels,

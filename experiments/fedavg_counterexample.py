@@ -42,8 +42,8 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 import fedco
-from experiments import common, runner
 from fedco import extend
+from fedco.experiment import outputs, runner
 
 # (a_k, b_k) of g_k(x) = a_k x + b_k; x* solves mean_k g_k(x) = 2x - 2 = 0.
 CLIENTS = ((1.0, 2.0), (3.0, -6.0))
@@ -125,7 +125,7 @@ def report(summary) -> List[str]:
 
 def plot(wd, config, outcome):
   """``|x_bar - x*|`` against local steps (log scale), from ``x0``; mean +- std over seeds."""
-  fig = common.figure(figsize=(6.4, 4.2))
+  fig = outputs.figure(figsize=(6.4, 4.2))
   ax = fig.add_subplot()
   drawn = outcome.drawn()
   steps_of = {m.label: m.local_steps for m in outcome.methods}
@@ -145,8 +145,8 @@ def plot(wd, config, outcome):
     (line,) = ax.plot(
       xs,
       positive(mean),
-      linestyle=common.LINESTYLES[i % len(common.LINESTYLES)],
-      marker=common.MARKERS[i % len(common.MARKERS)],
+      linestyle=outputs.LINESTYLES[i % len(outputs.LINESTYLES)],
+      marker=outputs.MARKERS[i % len(outputs.MARKERS)],
       markersize=4,
       markevery=(i * every // len(drawn), every),
       label=label,

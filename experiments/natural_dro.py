@@ -33,9 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import adult_dro, common, dro_fl, runner
+from experiments import adult_dro, dro_fl
 from fedco import extend, models
 from fedco import metrics as metrics_lib
+from fedco.experiment import outputs, runner
 
 DATASETS = ("synthetic", "femnist", "emnist", "leaf")
 KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
@@ -192,7 +193,7 @@ def plot(wd, config, outcome):
     (key, f"held-out accuracy, {who}")
     for key, who in zip(KEYS, ("worst client", "10th percentile client"))
   )
-  fig = common.curves(
+  fig = outputs.curves(
     outcome.records,
     outcome.labels,
     panels,

@@ -62,9 +62,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common, runner
 from fedco import extend
 from fedco.data import omniglot as omniglot_data
+from fedco.experiment import outputs, runner
 from fedco.models import OmniglotCNN, cross_entropy, init_cnn
 from fedco.problems.maml import MAML
 
@@ -110,7 +110,7 @@ def check(config) -> None:
     if not isinstance(config[name], bool):
       raise ValueError(f"--config.{name} must be True or False, got {config[name]!r}")
   extend.one_of("--config.alphabet_split", config.alphabet_split, omniglot_data.SPLITS)
-  sizes = common.check_int_list("--config.split_sizes", config.split_sizes, 0)
+  sizes = outputs.check_int_list("--config.split_sizes", config.split_sizes, 0)
   if len(sizes) != 3 or min(sizes[:2]) < 1:
     raise ValueError(
       f"--config.split_sizes must be three integers train >= 1, val >= 1, "
@@ -313,7 +313,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
   if s["test"] is not None:
     for (label, seed), result in outcome.results.items():
       finals[label][seed]["test_acc"] = s["test"](result.params)
-    outcome.per_method, outcome.table = common.seed_statistics(finals, TABLE_KEYS + ("test_acc",))
+    outcome.per_method, outcome.table = outputs.seed_statistics(finals, TABLE_KEYS + ("test_acc",))
   summary = {
     "setting": f"{config.ways}-way {config.shots}-shot",
     "rounds": config.rounds,
@@ -347,7 +347,7 @@ def figure(records, config, labels, steps=None):
     ("train_loss", "query cross-entropy on training tasks"),
     ("val_acc", "query accuracy on validation tasks"),
   )
-  return common.curves(
+  return outputs.curves(
     records,
     labels,
     panels,

@@ -98,10 +98,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedco
-from experiments import common, runner
 from fedco import extend, models
 from fedco.data import partition
 from fedco.data.datasets import make_federated
+from fedco.experiment import outputs, runner
 from fedco.problems import personalized
 
 DATASETS = ("cifar10", "digits")
@@ -423,7 +423,7 @@ def figure(records, config, labels):
     ("val_acc_avg", "validation accuracy (mean over clients)"),
     ("val_acc_worst", "validation accuracy (worst client)"),
   )
-  fig = common.curves(records, labels, panels, title=f"{config.dataset}{setting}")
+  fig = outputs.curves(records, labels, panels, title=f"{config.dataset}{setting}")
   fig.suptitle(
     "after one personalisation step from the server model (Ditto: its personal "
     "models); mean +- std over seeds",

@@ -54,9 +54,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import common, runner
 from fedco import extend
 from fedco.data import sinusoid as sinusoid_data
+from fedco.experiment import outputs, runner
 from fedco.models.mlp import MLP, init_mlp
 from fedco.problems.maml import MAML
 
@@ -92,7 +92,7 @@ def check(config) -> None:
   extend.positive("--config.inner_lr", config.inner_lr)
   if not isinstance(config.first_order, bool):
     raise ValueError(f"--config.first_order must be a bool, got {config.first_order!r}")
-  common.check_int_list("--config.hidden", config.hidden, 1)
+  outputs.check_int_list("--config.hidden", config.hidden, 1)
   if NUM_TRAIN_TASKS % config.num_clients:
     raise ValueError(
       f"--config.num_clients must divide the {NUM_TRAIN_TASKS} training tasks "
@@ -238,7 +238,7 @@ def plot(wd, config, outcome):
   """``mse.png``: training and validation MSE against meta-iterations, mean +- std over seeds;
   ``fit.png``: see :func:`plot_fit`."""
   panels = (("train_mse", "training tasks"), ("val_mse", "unseen test tasks"))
-  fig = common.curves(
+  fig = outputs.curves(
     outcome.records,
     outcome.labels,
     panels,
@@ -275,7 +275,7 @@ def plot_fit(wd, fitted, meta, config):
     predict = lambda p: jax.vmap(lambda x: meta.apply_fn(p, x))(grid)[:, 0]
     return predict(params), predict(adapted)
 
-  fig = common.figure(figsize=(6, 4))
+  fig = outputs.figure(figsize=(6, 4))
   ax = fig.add_subplot()
   ax.plot(
     grid[:, 0], sinusoid_data.sinusoid(grid[:, 0], amplitude, phase), "k", label="ground truth"
@@ -287,7 +287,7 @@ def plot_fit(wd, fitted, meta, config):
     (line,) = ax.plot(
       grid[:, 0],
       after,
-      marker=common.MARKERS[i % len(common.MARKERS)],
+      marker=outputs.MARKERS[i % len(outputs.MARKERS)],
       markersize=4,
       markevery=(i * 20 // len(fitted), 20),
       label=f"{label} (adapted)",

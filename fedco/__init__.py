@@ -35,13 +35,15 @@ __version__ = "0.2.0"
 
 globals().update(ALGORITHMS)  # fedco.feddro, fedco.scaffold, ...: every built-in algorithm
 
-from fedco import testing  # noqa: E402  (it builds on everything above)
+# They build on everything above: the contract kit and the experiment skeleton.
+from fedco import experiment, testing  # noqa: E402
 
 __all__ = [
   "algorithms",
   "checkpoint",
   "io",
   "testing",
+  "experiment",
   "compression",
   "privacy",
   "data",

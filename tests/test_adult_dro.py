@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from experiments import common, runner
 from experiments.configs import adult_dro as adult_config
+from fedco.experiment import outputs, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_two_clients_split_by_doctorate_and_every_method_reports(tiny_run):
     assert final["train_loss_avg"] < 0.69, (label, final)  # learnt: below log 2
   # 7 rounds, evaluation every 2: the last round is evaluated too, and the finals are its
   assert methods["fedavg"]["per_seed"][0]["round"] == 7
-  rows = common.read_jsonl(workdir / "metrics.jsonl")  # streamed by the runtime's writers
+  rows = outputs.read_jsonl(workdir / "metrics.jsonl")  # streamed by the runtime's writers
   assert {r["method"] for r in rows} >= {"fedavg", "comfedl_normalized", "feddro"}
   assert all(
     0 <= r["test_acc_worst"] <= min(r["test_acc_doctorate"], r["test_acc_other"]) for r in rows

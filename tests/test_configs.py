@@ -10,12 +10,13 @@ import sys
 import pytest
 
 import fedco
-from experiments import main as driver
-from experiments import runner
+from fedco.experiment import cli as driver
+from fedco.experiment import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NAMES = runner.EXPERIMENTS
-CONFIGS = tuple(p[:-3] for p in driver.CONFIGS)  # every file, variants included
+NAMES = runner.experiments()
+# every file, variants included
+CONFIGS = tuple(sorted(p.stem for p in (ROOT / "experiments" / "configs").glob("[!_]*.py")))
 
 
 def _config(name, mode=""):

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import common, dro_fl, runner
+from experiments import dro_fl
 from experiments.configs import dro_fl as dro_fl_config
 from experiments.configs import dro_fl_grid
+from fedco.experiment import outputs, runner
 from tests import helpers
 
 QUIET = runner.Options(progress=False)
@@ -38,7 +39,7 @@ def _outputs(workdir):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
-  return summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return summary, outputs.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +245,7 @@ def test_npz_dataset_runs_like_the_named_one_and_its_content_is_hashed(tmp_path)
   named = run(config, str(tmp_path / "named"), QUIET)
   config.dataset = str(path)
   from_npz = run(config, str(tmp_path / "npz"), options)
-  assert from_npz["data_sha256"] == common.file_digest(path)
+  assert from_npz["data_sha256"] == outputs.file_digest(path)
   assert from_npz["table"] == named["table"]
   # new content at the same path, with labels 5..14: 15 classes, not E1's usual 10
   np.savez(path, x_train=train["x"], y_train=train["y"] + 5, x_test=test["x"], y_test=test["y"] + 5)
@@ -268,7 +269,7 @@ def test_comfedl_data_size_prior_from_the_config(tmp_path):
   summary = run(config, str(tmp_path), QUIET)
   assert summary["settings"]["comfedl_normalized"]["weighting"] == "samples"
   weights = np.array(
-    [r["client_weights"] for r in common.read_jsonl(tmp_path / "metrics.jsonl")][-1]
+    [r["client_weights"] for r in outputs.read_jsonl(tmp_path / "metrics.jsonl")][-1]
   )
   assert np.isclose(weights.sum(), 1.0, atol=1e-5) and weights.max() > 0.5
 
@@ -310,7 +311,7 @@ def test_missing_tfds_dataset_is_a_clear_error(tmp_path):
 
 
 def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
-  from experiments import plot
+  from fedco.experiment import plot
 
   config = _keep(_config(), "fedavg", "drfa")
   options = runner.Options(progress=False, checkpoint_every=3)
@@ -326,7 +327,7 @@ def test_rerun_resumes_from_checkpoints_and_plot_regenerates(tmp_path, capsys):
   }
   assert strip(first) == strip(second)
   assert capsys.readouterr().err.count("resumed from round 6") == 2  # both runs resumed
-  rows = common.read_jsonl(tmp_path / "metrics.jsonl")
+  rows = outputs.read_jsonl(tmp_path / "metrics.jsonl")
   assert sorted((r["method"], r["round"]) for r in rows) == [
     (m, r) for m in ("drfa", "fedavg") for r in (1, 3, 6)
   ]  # written once each

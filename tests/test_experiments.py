@@ -14,8 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
   sys.path.insert(0, REPO)
 
-from experiments import common, runner  # noqa: E402
 from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
+from fedco.experiment import outputs, runner  # noqa: E402
 
 OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
 METHODS = ("fedavg_co_case1", "fedavg_co_case2", "fedavg_co_modified", "feddro")
@@ -44,8 +44,8 @@ def test_e7_writes_all_outputs(e7_default):
     "learning_rate": None,
     "local_steps": None,
   }
-  assert json.loads((workdir / "summary.json").read_text()) == common.to_jsonable(summary)
-  records = common.read_jsonl(workdir / "metrics.jsonl")
+  assert json.loads((workdir / "summary.json").read_text()) == outputs.to_jsonable(summary)
+  records = outputs.read_jsonl(workdir / "metrics.jsonl")
   assert len(records) == 400 * len(METHODS)
   assert {"round", "method", "seed", "x", "distance", "grad_norm"} <= set(records[0])
   assert [(r["method"], r["round"]) for r in records[:2]] == [
@@ -112,7 +112,7 @@ def test_e7_unknown_algorithm_lists_allowed_values(tmp_path):
 @pytest.mark.parametrize("workdir", ["", "   ", None, 3])
 def test_workdir_must_be_a_path(workdir):
   with pytest.raises(ValueError, match="--workdir"):
-    common.Workdir(workdir)
+    outputs.Workdir(workdir)
 
 
 def _append_metrics(wd, rows):
@@ -120,13 +120,13 @@ def _append_metrics(wd, rows):
   for writer in (fedco.runtime.JsonlWriter, fedco.runtime.CsvWriter):
     writer(
       wd.record(
-        wd.file(common.METRICS if writer is fedco.runtime.JsonlWriter else common.METRICS_CSV)
+        wd.file(outputs.METRICS if writer is fedco.runtime.JsonlWriter else outputs.METRICS_CSV)
       )
     ).write(rows)
 
 
 def test_workdir_contract(tmp_path):
-  wd = common.Workdir(tmp_path / "run")
+  wd = outputs.Workdir(tmp_path / "run")
   wd.write_config({"lr": np.float32(0.5), "steps": np.int64(3), "on": np.bool_(True)})
   _append_metrics(wd, [{"round": 1, "x": 0.5}])
   wd.write_summary({"best": np.array(2.0), "nan": float("nan")})
@@ -135,7 +135,7 @@ def test_workdir_contract(tmp_path):
     "steps": 3,
     "on": True,
   }
-  assert common.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"round": 1, "x": 0.5}]
+  assert outputs.read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"round": 1, "x": 0.5}]
   summary = {"best": 2.0, "nan": None}  # strict JSON: non-finite numbers are null
   assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
   with pytest.raises(TypeError, match="object"):
@@ -150,7 +150,7 @@ def test_workdir_contract(tmp_path):
     "summary.json",
   ]
   assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == ["round,x", "1,0.5"]
-  table = common.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
+  table = outputs.format_table([{"a": "x", "b": 0.123456}, {"a": "yy", "b": None}])
   assert table.splitlines()[2].split() == ["x", "0.1235"]
 
 
@@ -159,26 +159,26 @@ def test_a_workdir_removes_only_what_it_wrote(tmp_path):
   user's tensorboard tree, .tmp-* file or checkpoints directory; --noresume removes only the
   run checkpoint directories the workdir created."""
   run = tmp_path / "run"
-  wd = common.Workdir(run)
+  wd = outputs.Workdir(run)
   wd.write_config({"a": 1})
   _append_metrics(wd, [{"round": 1, "x": 0.5}])
-  ours = wd.record(common.run_checkpoint_dir(wd.path, "fedavg", {"seed": 0}))
+  ours = wd.record(outputs.run_checkpoint_dir(wd.path, "fedavg", {"seed": 0}))
   os.makedirs(ours)
   wd.write_summary({"done": True})
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
     (run / name).parent.mkdir(parents=True, exist_ok=True)
     (run / name).write_text("user data")
   del wd
-  wd = common.Workdir(run)
+  wd = outputs.Workdir(run)
   assert os.path.isdir(ours)  # checkpoints stay for resuming ...
-  common.start_checkpoints(wd, {"resume": False})  # ... unless --noresume, as a run starts
+  outputs.start_checkpoints(wd, {"resume": False})  # ... unless --noresume, as a run starts
   assert not os.path.exists(ours)
   wd.write_config({"a": 2})
-  wd.record(wd.file(common.METRICS))  # announced (a writer was opened) but never written
+  wd.record(wd.file(outputs.METRICS))  # announced (a writer was opened) but never written
   wd.write_summary({"done": True})  # so the previous metrics go all the same
   assert json.loads((run / "config.json").read_text()) == {"a": 2}
   assert not (run / "metrics.jsonl").exists() and not (run / "in_progress").exists()
-  assert "metrics.jsonl" not in common.read_manifest(str(run))
+  assert "metrics.jsonl" not in outputs.read_manifest(str(run))
   for name in ("user/tensorboard/events.keep", "checkpoints/mine/keep", ".tmp-mine"):
     assert (run / name).read_text() == "user data", name
 
@@ -188,30 +188,30 @@ def test_a_rerun_replaces_the_results_only_once_it_completes(tmp_path):
   results in place, its own partial outputs in in_progress/; the next complete run replaces
   both."""
   run = tmp_path / "run"
-  first = common.Workdir(run)
+  first = outputs.Workdir(run)
   first.write_config({"run": 1})
   _append_metrics(first, [{"round": 1, "x": 1.0}])
-  first.save_figure(common.figure(), "plot.png")
+  first.save_figure(outputs.figure(), "plot.png")
   first.write_summary({"run": 1})
   del first
-  second = common.Workdir(run)  # starts, streams, then dies before its summary
+  second = outputs.Workdir(run)  # starts, streams, then dies before its summary
   second.write_config({"run": 2})
   _append_metrics(second, [{"round": 1, "x": 2.0}])
   assert json.loads((run / "config.json").read_text()) == {"run": 1}
-  assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 1.0}]
+  assert outputs.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 1.0}]
   assert json.loads((run / "summary.json").read_text()) == {"run": 1}
   assert (run / "plot.png").exists()
-  assert common.read_jsonl(run / "in_progress" / "metrics.jsonl") == [{"round": 1, "x": 2.0}]
+  assert outputs.read_jsonl(run / "in_progress" / "metrics.jsonl") == [{"round": 1, "x": 2.0}]
   del second
-  third = common.Workdir(run)
+  third = outputs.Workdir(run)
   assert not (run / "in_progress" / "metrics.jsonl").exists()  # the partial outputs went
   third.write_config({"run": 3})
   _append_metrics(third, [{"round": 1, "x": 3.0}])
   third.write_summary({"run": 3})
   assert json.loads((run / "summary.json").read_text()) == {"run": 3}
-  assert common.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 3.0}]
+  assert outputs.read_jsonl(run / "metrics.jsonl") == [{"round": 1, "x": 3.0}]
   assert not (run / "plot.png").exists()  # the previous run's figure: not rewritten, gone
-  assert sorted(common.read_manifest(str(run))) == [
+  assert sorted(outputs.read_manifest(str(run))) == [
     "config.json",
     "metrics.csv",
     "metrics.jsonl",
@@ -223,14 +223,14 @@ def test_a_folder_named_in_progress_that_fedco_did_not_write_is_left_alone(tmp_p
   (tmp_path / "in_progress").mkdir()
   (tmp_path / "in_progress" / "notes.txt").write_text("mine")
   with pytest.raises(ValueError, match="in_progress/, which fedco did not write"):
-    common.Workdir(tmp_path)
+    outputs.Workdir(tmp_path)
   assert (tmp_path / "in_progress" / "notes.txt").read_text() == "mine"
 
 
 def test_an_unwritable_workdir_is_a_one_line_error(tmp_path):
   (tmp_path / "file").write_text("x")
   with pytest.raises(ValueError, match="--workdir") as err:
-    common.Workdir(tmp_path / "file" / "run")
+    outputs.Workdir(tmp_path / "file" / "run")
   assert "\n" not in str(err.value)
 
 
@@ -369,7 +369,7 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
     mine, theirs = (s["methods"]["fedavg"]["per_seed"][seed] for s in (together, apart))
     for key in ("val_acc_worst", "test_loss_avg", "train_loss_worst"):
       np.testing.assert_allclose(mine[key], theirs[key], rtol=2e-6)
-  folders = sorted(os.listdir(tmp_path / "together" / common.CHECKPOINTS))
+  folders = sorted(os.listdir(tmp_path / "together" / outputs.CHECKPOINTS))
   assert [f.rsplit("-", 1)[0] for f in folders] == [
     "comfedl-seed0",
     "comfedl-seed1",
@@ -377,7 +377,7 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
     "comfedl-seeds0-1-2",
     "fedavg-seeds0-1-2",
   ]
-  rows = common.read_jsonl(tmp_path / "together" / common.METRICS)
+  rows = outputs.read_jsonl(tmp_path / "together" / outputs.METRICS)
   assert sorted({(r["method"], r["seed"]) for r in rows if r["method"] == "fedavg"}) == [
     ("fedavg", 0),
     ("fedavg", 1),
@@ -388,28 +388,28 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
   again = _e1(tmp_path / "together", True)  # resumed: nothing runs again
   assert again["table"] == together["table"]
   order = lambda rs: sorted(rs, key=lambda r: (r["method"], r["seed"], r["round"]))
-  assert order(common.read_jsonl(tmp_path / "together" / common.METRICS)) == order(rows)
+  assert order(outputs.read_jsonl(tmp_path / "together" / outputs.METRICS)) == order(rows)
 
 
 @pytest.mark.parametrize("name", ["losses", "plot.pdf", "sub/plot.png", None])
 def test_a_figure_name_must_be_a_png_file_name(tmp_path, name):
-  wd = common.Workdir(tmp_path / "run")
+  wd = outputs.Workdir(tmp_path / "run")
   with pytest.raises(ValueError, match="a figure's name must be a file name ending in .png"):
-    wd.save_figure(common.figure(), name)
+    wd.save_figure(outputs.figure(), name)
   assert not os.listdir(wd.file("."))  # nothing written
 
 
 def test_a_rerun_with_another_config_names_the_fields_that_changed(tmp_path):
-  first = common.Workdir(tmp_path / "run")
+  first = outputs.Workdir(tmp_path / "run")
   first.write_config({"rounds": 10, "methods": {"fedavg": {"learning_rate": 0.1}}})
   first.write_summary({})
   del first
-  wd = common.Workdir(tmp_path / "run")
+  wd = outputs.Workdir(tmp_path / "run")
   same = {"rounds": 10, "methods": {"fedavg": {"learning_rate": 0.1}}}
-  assert common.changed_config(wd, same) == []
+  assert outputs.changed_config(wd, same) == []
   other = {"rounds": 10, "seeds": [0], "methods": {"fedavg": {"learning_rate": 5.0}}}
-  assert common.changed_config(wd, other) == ["methods.fedavg.learning_rate", "seeds"]
-  assert common.changed_config(common.Workdir(tmp_path / "fresh"), other) == []
+  assert outputs.changed_config(wd, other) == ["methods.fedavg.learning_rate", "seeds"]
+  assert outputs.changed_config(outputs.Workdir(tmp_path / "fresh"), other) == []
 
 
 def test_a_factory_error_names_the_config_field_only_when_the_config_gave_it():

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import fedco
-from experiments import common, fair_adult, runner
+from experiments import fair_adult
 from experiments.configs import fair_adult as fair_config
 from fedco import estimators
 from fedco.algorithms.gcivr import gcivr
 from fedco.data import adult
+from fedco.experiment import outputs, runner
 from fedco.problems import fairness as fair
 
 G = 3
@@ -465,7 +466,7 @@ def test_experiment_end_to_end_on_the_real_data(tmp_path):
     assert os.path.exists(tmp_path / name), name
   with open(tmp_path / "summary.json") as f:
     assert json.load(f)["rounds"] == 5
-  records = common.read_jsonl(tmp_path / "metrics.jsonl")
+  records = outputs.read_jsonl(tmp_path / "metrics.jsonl")
   labels = set(fair_config.get_config().methods)
   assert labels == {"feddro", "ds_feddro", "gcivr", "fedavg"}
   assert {r["method"] for r in records} == labels

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import common, runner
 from experiments import imbalanced_cifar as e5
 from experiments.configs import imbalanced_cifar as e5_config
 from fedco.data import imbalanced
+from fedco.experiment import outputs, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
@@ -81,7 +81,7 @@ def _outputs(config, workdir):
   assert {"config.json", "metrics.jsonl", "metrics.csv", "summary.json", "accuracy.png"} <= files
   with open(workdir / "summary.json") as f:
     assert json.load(f)["table"] == summary["table"]
-  return summary, common.read_jsonl(workdir / "metrics.jsonl")
+  return summary, outputs.read_jsonl(workdir / "metrics.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import fedco
-from experiments import natural_dro, runner
+from experiments import natural_dro
 from experiments.configs.natural_dro import get_config
+from fedco.experiment import runner
 
 QUIET = runner.Options(progress=False)
 

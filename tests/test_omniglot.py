@@ -21,10 +21,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 import fedco
-from experiments import common, runner
 from experiments import omniglot as e4
 from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
+from fedco.experiment import outputs, runner
 
 MOCK_EXAMPLES = 300
 QUIET = runner.Options(progress=False)
@@ -292,7 +292,7 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
     summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
   for name in ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "curves.png"):
     assert os.path.exists(tmp_path / name), name
-  records = common.read_jsonl(tmp_path / "metrics.jsonl")  # streamed by the runtime
+  records = outputs.read_jsonl(tmp_path / "metrics.jsonl")  # streamed by the runtime
   assert [r["round"] for r in records] == [1, 2, 3]
   for r in records:
     assert r["method"] == "local_scgdm" and r["seed"] == 0

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import common, runner
 from experiments import personalized_cifar as e2
 from experiments.configs import personalized_cifar as e2_config
 from experiments.configs import personalized_cifar_digits as e2_digits
+from fedco.experiment import outputs, runner
 
 COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
 
@@ -57,7 +57,7 @@ def _outputs(workdir):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "config.json")) as f:
     config = json.load(f)
-  return config, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return config, outputs.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ if REPO not in sys.path:  # ``experiments`` is a top-level package of the checko
   sys.path.insert(0, REPO)
 
 import fedco  # noqa: E402
-from experiments import common  # noqa: E402
+from fedco.experiment import outputs  # noqa: E402
 
 E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
 ENV = {**os.environ, "PYTHONPATH": REPO}
@@ -51,19 +51,19 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
   Workdir on the directory (holding its lock) removes those of the files fedco writes there,
   and nothing of a user's, even named alike."""
   run = tmp_path / "run"
-  wd = common.Workdir(run)
+  wd = outputs.Workdir(run)
   wd.write_config({"a": 1})
   wd.write_summary({"done": True})
   del wd
   code = textwrap.dedent("""
       import os, sys, time
-      from experiments import common
-      wd = common.Workdir(sys.argv[1])
+      from fedco.experiment import outputs
+      wd = outputs.Workdir(sys.argv[1])
       def stall(f):
         f.write("[")
         print("writing", flush=True)
         time.sleep(60)
-      common.atomic_write(os.path.join(wd.path, common.MANIFEST), stall)
+      outputs.atomic_write(os.path.join(wd.path, outputs.MANIFEST), stall)
       """)
   child = subprocess.Popen(
     [sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True
@@ -82,11 +82,11 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
     ".tmp-summary.json.bak",
     ".tmp-summary.json.a1b2c3d4.keep",
     ".tmp-plot.png.a1b2c3d4",
-  ]  # experiments.plot writes figures without the lock
+  ]  # fedco.experiment.plot writes figures without the lock
   for name in ours + users:
     (run / name).write_text("x")
   (run / ".tmp-metrics.jsonl.dir12345").mkdir()  # a directory is never ours
-  common.Workdir(run)
+  outputs.Workdir(run)
   left = set(os.listdir(run))
   assert not left & set(stale + ours), sorted(left)
   assert set(users) | {".tmp-metrics.jsonl.dir12345"} <= left, sorted(left)
@@ -107,7 +107,7 @@ def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp
     assert holder.stdout.readline().strip() == "held"
     (run / ".tmp-.fedco-written.json.abcd1234").write_text("[")  # its write in progress
     with pytest.raises(ValueError, match="in use"):
-      common.Workdir(run)
+      outputs.Workdir(run)
     assert (run / ".tmp-.fedco-written.json.abcd1234").exists()
   finally:
     holder.send_signal(signal.SIGKILL)
@@ -169,15 +169,15 @@ def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
 
 
 @pytest.mark.parametrize(
-  "name", [common.SUMMARY, common.METRICS, common.METRICS_CSV, common.CONFIG, common.MANIFEST]
+  "name", [outputs.SUMMARY, outputs.METRICS, outputs.METRICS_CSV, outputs.CONFIG, outputs.MANIFEST]
 )
 def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path, name):
   run = tmp_path / "run"
-  wd = common.Workdir(run)
+  wd = outputs.Workdir(run)
   wd.write_config({"a": 1})
   for output, writer in (
-    (common.METRICS, fedco.runtime.JsonlWriter),
-    (common.METRICS_CSV, fedco.runtime.CsvWriter),
+    (outputs.METRICS, fedco.runtime.JsonlWriter),
+    (outputs.METRICS_CSV, fedco.runtime.CsvWriter),
   ):
     writer(wd.record(wd.file(output))).write([{"round": 1, "x": 0.5}])  # as the runner does
   wd.write_summary({"done": True})
@@ -186,10 +186,10 @@ def test_a_directory_where_fedco_writes_a_file_is_refused_at_the_start(tmp_path,
   (run / name).mkdir()
   (run / name / "keep").write_text("mine")
   with pytest.raises(ValueError, match=f"{name}.*directory.*move it away") as err:
-    common.Workdir(run)
+    outputs.Workdir(run)
   assert "\n" not in str(err.value) and str(run / name) in str(err.value)
   assert (run / name / "keep").read_text() == "mine"
-  assert not (run / common.STAGING).exists()
+  assert not (run / outputs.STAGING).exists()
 
 
 def test_the_driver_refuses_a_summary_directory_in_one_line(tmp_path):
@@ -204,20 +204,20 @@ def test_a_users_own_outputs_in_a_fresh_workdir_are_refused(tmp_path):
   (tmp_path / "metrics.csv").write_text("mine\n")
   (tmp_path / "notes.txt").write_text("mine")
   with pytest.raises(ValueError, match="did not write") as err:
-    common.Workdir(tmp_path)
+    outputs.Workdir(tmp_path)
   message = str(err.value)
   assert "\n" not in message
   assert "summary.json" in message and "metrics.csv" in message and "notes.txt" not in message
   assert "move them away or use another workdir" in message
   assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
   assert (tmp_path / "metrics.csv").read_text() == "mine\n"
-  assert not (tmp_path / common.STAGING).exists()
+  assert not (tmp_path / outputs.STAGING).exists()
   os.remove(tmp_path / "summary.json")
   os.remove(tmp_path / "metrics.csv")
-  wd = common.Workdir(tmp_path)  # a user's other files are no obstacle
+  wd = outputs.Workdir(tmp_path)  # a user's other files are no obstacle
   wd.write_summary({"ours": 1})
   del wd
-  common.Workdir(tmp_path)  # and fedco's own (in the manifest) are replaced as before
+  outputs.Workdir(tmp_path)  # and fedco's own (in the manifest) are replaced as before
   assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import runner
+from fedco.experiment import runner
 
 SEEDS = (0, 3)
 
@@ -46,7 +46,7 @@ def _tiny(name):
 
 TOGETHER = [
   name
-  for name in runner.EXPERIMENTS
+  for name in runner.experiments()
   if getattr(runner.experiment_module(name), "SEEDS_IN_ONE_PROGRAM", False)
 ]
 

@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import common, runner, sinusoid
+from experiments import sinusoid
 from experiments.configs.sinusoid import get_config
 from fedco.data import sinusoid as sd
+from fedco.experiment import outputs, runner
 from fedco.models.mlp import MLP, init_mlp
 
 
@@ -104,7 +105,7 @@ def _outputs(workdir):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
-  return summary, common.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return summary, outputs.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
 
 
 @pytest.fixture(scope="module")

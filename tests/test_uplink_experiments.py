@@ -9,7 +9,8 @@ import ml_collections
 import pytest
 
 import fedco
-from experiments import fair_adult, runner
+from experiments import fair_adult
+from fedco.experiment import runner
 from tests import helpers
 
 MODES = (

@@ -16,8 +16,8 @@ import optax
 import pytest
 
 import fedco
-from experiments import common
 from fedco.data import partition
+from fedco.experiment import outputs
 from fedco.problems import (
   client_kl_dro,
   client_kl_dro_log,
@@ -124,7 +124,7 @@ CASES = {
     lambda: _check("dro_fl", **{"methods.fedavg.algorithm": "sgd"}),
     "--config.methods.fedavg.algorithm",
   ),
-  "workdir": (lambda: common.Workdir(""), "--workdir"),
+  "workdir": (lambda: outputs.Workdir(""), "--workdir"),
   "e7 beta": (
     lambda: _check("fedavg_counterexample", build=True, **{"methods.feddro.beta": 2.0}),
     "--config.methods.feddro.beta",
@@ -258,7 +258,7 @@ def _check(name, *, build=False, **changes):
   before it writes anything (a factory's own checks)."""
   import importlib  # pylint: disable=g-import-not-at-top
 
-  from experiments import runner  # pylint: disable=g-import-not-at-top
+  from fedco.experiment import runner  # pylint: disable=g-import-not-at-top
 
   config = helpers.override(
     importlib.import_module(f"experiments.configs.{name}").get_config(), changes

@@ -1,10 +1,10 @@
-"""The experiment skeleton: :func:`train_and_evaluate` runs every experiment of ``experiments/``.
+"""The experiment skeleton: :func:`train_and_evaluate` runs an experiment from its config.
 
-An experiment is a module ``experiments/<name>.py`` holding its science only; this module
-owns the rest: the workdir and its lock, config checks, checkpoints (resumed on rerun), the
+An experiment is a module holding its science only (``experiments/<name>.py`` in this
+repository, or your own ``my_package.my_module``); this module owns the rest: the workdir and its lock, config checks, checkpoints (resumed on rerun), the
 metric writers, the seeds x methods loop through ``fedco.simulate`` (or each method's seeds
-through one ``fedco.sweep``), divergence notes, the
-final table, the trade-off figures and ``summary.json``.
+through one ``fedco.sweep``), divergence notes, the final table, the trade-off figures and
+``summary.json``.
 
 **An experiment module** defines (only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are
 required):
@@ -33,11 +33,11 @@ required):
   again alone, so its note is ``fedco.simulate``'s; seeds whose inputs' shapes differ, or
   with a host evaluation, run one by one (so does ``--noseeds_together``).
 
-**The config** (``experiments/configs/<name>.py``) is the only source of truth. Every config
-names the shared fields :data:`SHARED` the same way; ``methods`` holds one entry per compared
+**The config** (an ``ml_collections`` file: ``experiments/configs/<name>.py`` here) is the
+only source of truth. Every config names the shared fields :data:`SHARED` the same way; ``methods`` holds one entry per compared
 method, keyed by the label every output uses, with ``algorithm`` (a ``fedco.ALGORITHMS``
 name) and that factory's own arguments; each entry's ``learning_rate`` and ``local_steps``
-are the shared values unless it sets them (:func:`experiments.configs.methods` declares them
+are the shared values unless it sets them (:func:`method_entries` declares them
 as placeholders, so ``--config.methods.<label>.learning_rate=`` always works).
 
 **A run's identity** (its checkpoint folder) is derived here alone: the config without the
@@ -60,20 +60,27 @@ import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
+import ml_collections
 import numpy as np
+from ml_collections import config_dict
 
 import fedco
-from experiments import common
 from fedco import extend
+from fedco.experiment import outputs
 
-# fedco's experiments: the modules of experiments/ with a build().
-EXPERIMENTS = tuple(
-  sorted(
-    path.stem
-    for path in pathlib.Path(__file__).parent.glob("*.py")
-    if "\ndef build(" in path.read_text()
-  )
-)
+# Where a short ``config.experiment`` name is looked up: ``experiments.<name>``, this
+# repository's experiments (or your own package of that name, first on the path).
+PACKAGE = "experiments"
+
+
+def experiments() -> tuple:
+  """The modules of :data:`PACKAGE` with a ``build`` (no import: their sources are read)."""
+  spec = importlib.util.find_spec(PACKAGE)
+  folders = spec.submodule_search_locations if spec else None
+  paths = [p for f in folders or () for p in pathlib.Path(f).glob("*.py")]
+  return tuple(sorted(p.stem for p in paths if "\ndef build(" in p.read_text()))
+
+
 # The fields every experiment config has (tests/test_configs.py checks each config).
 SHARED = (
   "experiment",
@@ -149,6 +156,11 @@ class Method:
     return dataclasses.replace(self, label=label, source=self.source or self.label, **changes)
 
   @property
+  def takes_local_steps(self) -> bool:
+    """Whether the algorithm's factory takes ``local_steps`` (else one step a round)."""
+    return "local_steps" in inspect.signature(fedco.ALGORITHMS[self.algorithm]).parameters
+
+  @property
   def entry(self) -> str:
     """The ``config.methods`` label this run comes from."""
     return self.source or self.label
@@ -161,7 +173,7 @@ class Method:
     factory = fedco.ALGORITHMS[self.algorithm]
     kwargs = {**self.kwargs, **changes}
     learning_rate = kwargs.pop("learning_rate", self.learning_rate)
-    if "local_steps" in inspect.signature(factory).parameters:
+    if self.takes_local_steps:
       kwargs.setdefault("local_steps", self.local_steps)
     else:
       kwargs.pop("local_steps", None)
@@ -247,7 +259,7 @@ class Outcome:
     records: one dict per evaluated round of every run (``round``, ``method``, ``seed``,
       metrics), up to a divergence.
     results: ``{(label, seed): fedco.SimulationResult}`` of the runs that finished.
-    per_method, table: :func:`common.seed_statistics` of ``finals`` over ``TABLE_KEYS``.
+    per_method, table: :func:`outputs.seed_statistics` of ``finals`` over ``TABLE_KEYS``.
     setup: what the experiment's ``setup`` returned.
   """
 
@@ -270,6 +282,24 @@ class Outcome:
 
 
 # ---- the config ----------------------------------------------------------------------------
+
+
+def method_entries(entries) -> ml_collections.ConfigDict:
+  """``config.methods`` from ``{label: {"algorithm": name, argument: value, ...}}``.
+
+  Every entry gets ``learning_rate`` and ``local_steps`` as typed placeholders where it does
+  not set them (the shared ``config.learning_rate`` / ``config.local_steps`` then apply), so
+  ``--config.methods.<label>.learning_rate=0.05`` overrides any method from the command
+  line.
+  """
+  out = {}
+  for label, entry in dict(entries).items():
+    entry = dict(entry)
+    for key, kind in (("learning_rate", float), ("local_steps", int)):
+      if entry.get(key) is None:  # unset (or an unset placeholder's to_dict())
+        entry[key] = config_dict.placeholder(kind)
+    out[label] = entry
+  return ml_collections.ConfigDict(out)
 
 
 def seeds(config, field: str = "seeds") -> tuple:
@@ -426,7 +456,7 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
       raise ValueError(
         f"--config.ablation_values must be integers >= 1 for local_steps, got {given!r}"
       )
-    return common.check_int_list(
+    return outputs.check_int_list(
       "--config.ablation_values", [int(v) for v in values], 1, distinct=True
     )
   for v in values:
@@ -489,7 +519,7 @@ def same_iterations(config, method: Method) -> Dict[str, int]:
 def experiment_module(name):
   """The module of experiment ``name``: ``experiments.<name>``, else your own module ``name``
   (dotted, on ``sys.path``) with a ``build``."""
-  for candidate in (f"experiments.{name}", name) if isinstance(name, str) and name else ():
+  for candidate in (f"{PACKAGE}.{name}", name) if isinstance(name, str) and name else ():
     try:
       found = importlib.util.find_spec(candidate) is not None
     except (ImportError, ValueError):  # a missing parent package
@@ -498,7 +528,7 @@ def experiment_module(name):
       return importlib.import_module(candidate)
   raise ValueError(
     f"--config.experiment must name a module with a build() (one of "
-    f"{', '.join(EXPERIMENTS)} in experiments/, or your own module on the "
+    f"{', '.join(experiments())} in {PACKAGE}/, or your own module on the "
     f"Python path), got {name!r}"
   )
 
@@ -533,8 +563,8 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
-  wd, as_dict = common.Workdir(workdir), config.to_dict()
-  changed = common.changed_config(wd, as_dict)
+  wd, as_dict = outputs.Workdir(workdir), config.to_dict()
+  changed = outputs.changed_config(wd, as_dict)
   if changed and options.progress:
     print(
       f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
@@ -543,10 +573,10 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
       flush=True,
     )
   wd.write_config(as_dict)
-  common.start_checkpoints(wd, {"resume": options.resume})
+  outputs.start_checkpoints(wd, {"resume": options.resume})
   writers = [
-    fedco.runtime.JsonlWriter(wd.record(wd.file(common.METRICS))),
-    fedco.runtime.CsvWriter(wd.record(wd.file(common.METRICS_CSV))),
+    fedco.runtime.JsonlWriter(wd.record(wd.file(outputs.METRICS))),
+    fedco.runtime.CsvWriter(wd.record(wd.file(outputs.METRICS_CSV))),
   ]
   base = {k: v for k, v in as_dict.items() if k not in CHOOSING}
   session = _Session(module, config, options, wd, writers, outcome, base)
@@ -565,7 +595,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
         session.digests.clear()
       for i, method in enumerate(runs):
         session.one(method, seed, build(i, seed))
-  outcome.per_method, outcome.table = common.seed_statistics(outcome.finals, module.TABLE_KEYS)
+  outcome.per_method, outcome.table = outputs.seed_statistics(outcome.finals, module.TABLE_KEYS)
   _warn_unreported(module, outcome)
   summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
   if hasattr(module, "summarize"):
@@ -582,7 +612,7 @@ def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[st
   summary["wall_seconds"] = time.perf_counter() - start
   wd.write_summary(summary)
   if options.progress:
-    print(common.format_table(summary["table"]))
+    print(outputs.format_table(summary["table"]))
     for line in module.report(summary) if hasattr(module, "report") else ():
       print(line)
     print(f"wall time {summary['wall_seconds']:.1f} s")
@@ -630,7 +660,7 @@ class _Session:
   module: Any
   config: Any
   options: Options
-  wd: common.Workdir
+  wd: outputs.Workdir
   writers: List[Any]
   outcome: Outcome
   base: Dict[str, Any]  # the config's run-defining fields (CHOOSING left out)
@@ -654,7 +684,7 @@ class _Session:
 
   def directory(self, name: str, settings) -> str:
     """A run's checkpoint folder, listed in the workdir's manifest."""
-    return self.wd.record(common.run_checkpoint_dir(self.wd.path, name, settings))
+    return self.wd.record(outputs.run_checkpoint_dir(self.wd.path, name, settings))
 
   def seeds(self, method: Method, built: Dict[int, Run]) -> None:
     """One method's seeds (``built``: seed -> run) as one ``fedco.sweep`` program: per-seed
@@ -749,7 +779,7 @@ class _Session:
         self.outcome.records.extend(_finite_rows(err.host_metrics))
       else:
         self.outcome.records.extend(
-          common.evaluated_records(err.metrics, labels, keys=run.record_keys, finite_only=True)
+          outputs.evaluated_records(err.metrics, labels, keys=run.record_keys, finite_only=True)
         )
       return
     self.finished(method, seed, run, result)
@@ -763,9 +793,9 @@ class _Session:
       final = {k: v for k, v in rows[-1].items() if k not in labels}
     else:
       self.outcome.records.extend(
-        common.evaluated_records(result.metrics, labels, keys=run.record_keys)
+        outputs.evaluated_records(result.metrics, labels, keys=run.record_keys)
       )
-      final = common.final_metrics(result.metrics)
+      final = outputs.final_metrics(result.metrics)
     final["seconds"] = result.seconds
     final["bytes_up"] = result.ledger["total_bytes_up"]
     if "epsilon" in result.metrics:
@@ -873,7 +903,7 @@ def search(
       **{k: v for k, v in method.kwargs.items() if k not in axes},
       **algorithm_kwargs(fixed),
     }
-    if "local_steps" in inspect.signature(factory).parameters:
+    if method.takes_local_steps:
       kwargs["local_steps"] = method.local_steps
     result = fedco.sweep(
       make_problem(fixed),
@@ -938,7 +968,7 @@ def tradeoff(
   points = [m for m in methods if setting in m.uplink]
   if not points or not panels:
     return None
-  per_run, _ = common.seed_statistics(finals, keys)  # no epsilon without privacy: None
+  per_run, _ = outputs.seed_statistics(finals, keys)  # no epsilon without privacy: None
   curves = list(dict.fromkeys(m.curve for m in points))
   reference = {
     c: next((m.label for m in methods if m.label == c and setting not in m.uplink), None)
@@ -958,7 +988,7 @@ def tradeoff(
         **{f"{k}_std": entry[k]["std"] for k in keys[1:]},
       }
     )
-  fig = common.figure(figsize=(5.5 * len(panels), 4.2))
+  fig = outputs.figure(figsize=(5.5 * len(panels), 4.2))
   axes = np.atleast_1d(fig.subplots(1, len(panels)))
   for ax, (key, label, *scale) in zip(axes, panels):
     if scale == ["log"]:

@@ -138,7 +138,7 @@ class Workdir:
       raise
     # A process killed while writing one of our files left its temporary file; no other
     # process writes them while we hold the lock, so those are stale. (Not figures':
-    # ``experiments.plot`` writes PNGs here without the lock; ours go to in_progress/.)
+    # ``fedco.experiment.plot`` writes PNGs here without the lock; ours go to in_progress/.)
     remove_stale_temporaries(self.path, [MANIFEST, *OUTPUT_FILES])
     self._staged: List[str] = []
     # A killed run's partial outputs go (they are ours: the manifest lists the folder);

@@ -1,6 +1,6 @@
 r"""Regenerate plots from an experiment's ``metrics.jsonl``.
 
-    python -m experiments.plot --workdir=runs/e1 --metrics=val_acc_avg,val_acc_worst
+    python -m fedco.experiment.plot --workdir=runs/e1 --metrics=val_acc_avg,val_acc_worst
 
 One panel per metric; one line per method (the mean over seeds, with a band of +- one
 standard deviation when there are several); the x axis is ``--x`` (default ``round``).
@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence
 
 from absl import app, flags
 
-from experiments import common
+from fedco.experiment import outputs
 
 FLAGS = flags.FLAGS
 
@@ -45,11 +45,11 @@ def numeric_fields(records: Sequence[Dict], x: str) -> List[str]:
 
 def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   """Draws the figure and returns its path; ``ValueError``/``FileNotFoundError`` on bad input."""
-  workdir = common.check_workdir(workdir)
-  path = os.path.join(workdir, common.METRICS)
+  workdir = outputs.check_workdir(workdir)
+  path = os.path.join(workdir, outputs.METRICS)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"--workdir has no {common.METRICS}: {path}")
-  records = common.read_jsonl(path)
+    raise FileNotFoundError(f"--workdir has no {outputs.METRICS}: {path}")
+  records = outputs.read_jsonl(path)
   if not records:
     raise ValueError(f"{path} holds no records to plot")
   available = numeric_fields(records, x)
@@ -65,13 +65,13 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
     if isinstance(r.get(x), (int, float))
   ]
   labels = sorted({r["method"] for r in rows})
-  if x != "round":  # common.curves draws against rounds: the x field takes their place
+  if x != "round":  # outputs.curves draws against rounds: the x field takes their place
     rows = [{**r, "round": r[x]} for r in rows]
-  fig = common.curves(rows, labels, [(m, m) for m in metrics], x=x)
+  fig = outputs.curves(rows, labels, [(m, m) for m in metrics], x=x)
   for ax in fig.axes if log_y else ():
     ax.set_yscale("log")
   fig.tight_layout()  # again: log tick labels are wider
-  return common.Workdir.save_figure_to(workdir, fig, out)
+  return outputs.Workdir.save_figure_to(workdir, fig, out)
 
 
 def main(argv):

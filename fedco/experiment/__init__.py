@@ -1,0 +1,55 @@
+"""Experiments on fedco: a config file and a module of science; this package runs the rest.
+
+An experiment is an ``ml_collections`` config (the only source of truth for its numbers) and
+a module with ``build(config, method, seed, prepared) -> Run``; :func:`train_and_evaluate`
+owns the workdir and its lock, checkpoints and resume, streamed ``metrics.jsonl`` /
+``metrics.csv``, the seeds x methods loop (a method's seeds as one ``fedco.sweep`` program
+where the module allows it), divergence notes, the table, ``summary.json`` and the privacy
+and compression trade-off figures. :mod:`fedco.experiment.cli` is the command line
+(``cli.run(config_dir=...)``: a whole experiment binary). This repository's experiments
+(``experiments/``) are written with it; so is your own, in or outside it (the guide "Add an
+experiment").
+
+Modules: :mod:`~fedco.experiment.runner` (the skeleton and the module's hooks),
+:mod:`~fedco.experiment.outputs` (the workdir's contract, tables and figures),
+:mod:`~fedco.experiment.cli` (the driver; importing it defines absl flags).
+"""
+
+from fedco.experiment import outputs, runner
+from fedco.experiment.outputs import Workdir, curves, figure, read_jsonl, seed_statistics
+from fedco.experiment.runner import (
+  Method,
+  Options,
+  Outcome,
+  Run,
+  ablated,
+  ablation,
+  local_steps_ablation,
+  method_entries,
+  methods,
+  same_iterations,
+  seeds,
+  train_and_evaluate,
+)
+
+__all__ = [
+  "Method",
+  "Options",
+  "Outcome",
+  "Run",
+  "Workdir",
+  "ablated",
+  "ablation",
+  "curves",
+  "figure",
+  "local_steps_ablation",
+  "method_entries",
+  "methods",
+  "outputs",
+  "read_jsonl",
+  "runner",
+  "same_iterations",
+  "seed_statistics",
+  "seeds",
+  "train_and_evaluate",
+]
