@@ -80,6 +80,7 @@ TITLES = {
   "fedco.models": "Models",
   "fedco.extend": "Extension API: your own algorithm",
   "fedco.testing": "Testing kit: check your algorithm",
+  "fedco.experiment": "Experiments: the skeleton your experiment plugs into",
   "fedco.estimators": "Estimators",
   "fedco.metrics": "Metrics",
   "fedco.checkpoint": "Checkpoints",

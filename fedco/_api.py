@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
   "fedco.models",
   "fedco.extend",
   "fedco.testing",
+  "fedco.experiment",
   "fedco.estimators",
   "fedco.metrics",
   "fedco.checkpoint",

@@ -16,7 +16,7 @@ Modules: :mod:`~fedco.experiment.runner` (the skeleton and the module's hooks),
 """
 
 from fedco.experiment import outputs, runner
-from fedco.experiment.outputs import Workdir, curves, figure, read_jsonl, seed_statistics
+from fedco.experiment.outputs import Workdir, curves
 from fedco.experiment.runner import (
   Method,
   Options,
@@ -41,15 +41,12 @@ __all__ = [
   "ablated",
   "ablation",
   "curves",
-  "figure",
   "local_steps_ablation",
   "method_entries",
   "methods",
   "outputs",
-  "read_jsonl",
   "runner",
   "same_iterations",
-  "seed_statistics",
   "seeds",
   "train_and_evaluate",
 ]

@@ -119,6 +119,18 @@ class Workdir:
   Args:
     path: the directory (``--workdir``).
     flag: the flag name used in error messages.
+
+  Examples:
+    >>> import os, tempfile
+    >>> from fedco import experiment
+    >>> path = tempfile.mkdtemp()
+    >>> wd = experiment.Workdir(path)
+    >>> _ = wd.write_config({"rounds": 3})
+    >>> os.listdir(os.path.join(path, "in_progress"))  # until the summary
+    ['config.json']
+    >>> _ = wd.write_summary({"table": []})
+    >>> sorted(n for n in os.listdir(path) if not n.startswith("."))
+    ['config.json', 'summary.json']
   """
 
   def __init__(self, path, *, flag: str = "workdir"):
@@ -528,6 +540,14 @@ def curves(
 
   Returns:
     The ``Figure``, laid out, with the legend on the first panel holding a line.
+
+  Examples:
+    >>> from fedco import experiment
+    >>> rows = [{"method": "fedavg", "seed": s, "round": r, "loss": 1.0 / r + s}
+    ...         for s in (0, 1) for r in (1, 2, 3)]
+    >>> fig = experiment.curves(rows, ["fedavg"], [("loss", "training loss")], title="demo")
+    >>> [ax.get_title() for ax in fig.axes]
+    ['demo: training loss']
   """
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 

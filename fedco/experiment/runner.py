@@ -118,7 +118,20 @@ CODECS = {
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """The driver's flags: how to run, never what (they are left out of run identities)."""
+  """The driver's flags: how to run, never what (they are left out of run identities).
+
+  Attributes:
+    progress: a progress bar per run, and the table printed at the end.
+    resume: resume runs from their checkpoints in the workdir (else start them over).
+    checkpoint_every: rounds between a run's checkpoints.
+    seeds_together: a method's seeds as one program where the module allows it
+      (``SEEDS_IN_ONE_PROGRAM``).
+
+  Examples:
+    >>> from fedco import experiment
+    >>> experiment.Options(progress=False)
+    Options(progress=False, resume=True, checkpoint_every=50, seeds_together=True)
+  """
 
   progress: bool = True
   resume: bool = True
@@ -140,6 +153,17 @@ class Method:
     uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
       ``compression`` (``{field: {codec, ...}}``) and ``curve`` settings; empty without.
     problem: the experiment's own settings of this run (a KL temperature, a problem form).
+
+  Examples:
+    >>> from fedco import experiment
+    >>> method = experiment.Method("fedprox", "fedprox", {"mu": 0.1}, 0.05, 5)
+    >>> method.build().plan.local_steps  # fedco.fedprox(0.05, 5, mu=0.1)
+    5
+    >>> method.settings()
+    {'algorithm': 'fedprox', 'learning_rate': 0.05, 'local_steps': 5, 'mu': 0.1}
+    >>> variant = method.variant("fedprox_mu=1", kwargs={"mu": 1.0})  # an ablation's run
+    >>> variant.label, variant.entry
+    ('fedprox_mu=1', 'fedprox')
   """
 
   label: str
@@ -233,6 +257,21 @@ class Run:
     rounds, eval_every: this run's own (default: the config's).
     simulate: ``fedco.simulate``'s other arguments (``exact_grad_norm=True``, ...).
     record_keys: the metrics kept for figures (default: every scalar or vector metric).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> from fedco import experiment
+    >>> x = np.arange(16.0, dtype=np.float32).reshape(2, 4, 2)
+    >>> data = fedco.FederatedData.from_clients([{"x": c, "y": c.sum(1)} for c in x])
+    >>> loss = lambda w, e: 0.5 * (e["x"] @ w - e["y"]) ** 2
+    >>> run = experiment.Run(
+    ...     fedco.plain(loss), fedco.fedavg(0.01, 2), data, jnp.zeros(2),
+    ...     metrics_fn=lambda w, best: {"distance": jnp.linalg.norm(w - best)},
+    ...     metrics_data=jnp.ones(2))
+    >>> run.rounds is None  # the config's rounds
+    True
   """
 
   problem: Any
@@ -261,6 +300,12 @@ class Outcome:
     results: ``{(label, seed): fedco.SimulationResult}`` of the runs that finished.
     per_method, table: :func:`outputs.seed_statistics` of ``finals`` over ``TABLE_KEYS``.
     setup: what the experiment's ``setup`` returned.
+
+  Examples:
+    >>> from fedco import experiment
+    >>> outcome = experiment.Outcome([experiment.Method("fedavg", "fedavg", {}, 0.1, 5)], (0, 1))
+    >>> outcome.labels, outcome.drawn()  # no evaluated rows yet
+    (['fedavg'], [])
   """
 
   methods: List[Method]
@@ -274,6 +319,7 @@ class Outcome:
 
   @property
   def labels(self) -> List[str]:
+    """The methods' labels, in order."""
     return [m.label for m in self.methods]
 
   def drawn(self) -> List[str]:
@@ -291,6 +337,24 @@ def method_entries(entries) -> ml_collections.ConfigDict:
   not set them (the shared ``config.learning_rate`` / ``config.local_steps`` then apply), so
   ``--config.methods.<label>.learning_rate=0.05`` overrides any method from the command
   line.
+
+  Args:
+    entries: ``{label: {"algorithm": a fedco.ALGORITHMS name, factory argument: value}}``;
+      an entry may set its own ``learning_rate`` / ``local_steps``, and the experiment's own
+      fields (``problem``) or ``privacy`` / ``compression`` settings.
+
+  Returns:
+    The ``ConfigDict`` for ``config.methods``.
+
+  Examples:
+    >>> from fedco import experiment
+    >>> methods = experiment.method_entries({
+    ...     "fedavg": {"algorithm": "fedavg"},
+    ...     "fedprox": {"algorithm": "fedprox", "mu": 0.1, "local_steps": 10}})
+    >>> methods.fedavg.learning_rate is None  # a placeholder: config.learning_rate applies
+    True
+    >>> methods.fedprox.local_steps
+    10
   """
   out = {}
   for label, entry in dict(entries).items():
@@ -303,7 +367,21 @@ def method_entries(entries) -> ml_collections.ConfigDict:
 
 
 def seeds(config, field: str = "seeds") -> tuple:
-  """``config.<field>`` as distinct integers (``ValueError`` naming the field)."""
+  """``config.<field>`` as distinct integers (``ValueError`` naming the field).
+
+  Args:
+    config: the experiment config.
+    field: the field holding seeds (``"select_seeds"``: a grid search's).
+
+  Returns:
+    The seeds, in the config's order.
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> experiment.seeds(ml_collections.ConfigDict({"seeds": (0, 1, 2)}))
+    (0, 1, 2)
+  """
   given = config[field]
   try:
     values = tuple(int(s) for s in (given if not isinstance(given, int) else (given,)))
@@ -336,6 +414,20 @@ def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]
     config: the experiment config.
     extra_keys: method fields the experiment reads itself (``problem``: a problem form or
       settings), kept in :attr:`Method.problem`, not passed to the factory.
+
+  Returns:
+    One :class:`Method` per entry of ``config.methods``, in the order of their labels; an
+    unknown algorithm or argument is a ``ValueError`` naming the field and what is allowed.
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> config = ml_collections.ConfigDict({
+    ...     "learning_rate": 0.1, "local_steps": 5,
+    ...     "methods": experiment.method_entries(
+    ...         {"fedprox": {"algorithm": "fedprox", "mu": 0.1, "learning_rate": 0.05}})})
+    >>> [(m.label, m.learning_rate, m.local_steps, m.kwargs) for m in experiment.methods(config)]
+    [('fedprox', 0.05, 5, {'mu': 0.1})]
   """
   if not config.methods:
     raise ValueError("--config.methods must name at least one method")
@@ -437,9 +529,26 @@ def _built(where: str, what: str, factory, kwargs, hidden=()):
 
 
 def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
-  """``config.ablation``'s values, checked: ``config.ablation_values`` or the paper's
-  ``defaults[config.ablation]``; distinct integers ``>= 1`` for ``local_steps``, distinct
-  positive numbers otherwise; none for ``"none"``."""
+  """The values of ``config.ablation``, checked.
+
+  ``config.ablation_values``, or the paper's ``defaults[config.ablation]``: distinct integers
+  ``>= 1`` for ``local_steps``, distinct positive numbers otherwise; none for ``"none"``.
+
+  Args:
+    config: the experiment config (``ablation``, ``ablation_values``).
+    defaults: ``{ablated setting: the paper's values}``; its keys are the allowed
+      ``config.ablation`` values besides ``"none"``.
+
+  Returns:
+    The values, a tuple (empty without an ablation).
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> config = ml_collections.ConfigDict({"ablation": "gamma", "ablation_values": ()})
+    >>> experiment.ablation(config, {"gamma": (0.1, 1.0), "local_steps": (1, 5)})
+    (0.1, 1.0)
+  """
   allowed = ("none",) + tuple(defaults)
   extend.one_of("--config.ablation", config.ablation, allowed)
   if config.ablation == "none":
@@ -469,8 +578,28 @@ def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
 def ablated(
   config, base: Method, values: Sequence[float], problem_keys: Sequence[str] = ()
 ) -> List[Method]:
-  """``base`` once per ablation value of ``config.ablation``: its ``local_steps``, a factory
-  argument, or (named in ``problem_keys``) one of the run's :attr:`Method.problem` settings."""
+  """``base`` once per value of ``config.ablation``'s setting.
+
+  The setting is its ``local_steps``, a factory argument, or (named in ``problem_keys``) one
+  of the run's :attr:`Method.problem` settings.
+
+  Args:
+    config: the experiment config (``ablation`` names the setting).
+    base: the ablated method.
+    values: the ablation's values (:func:`ablation`).
+    problem_keys: settings that belong to the problem, not to the factory.
+
+  Returns:
+    The variants, labelled ``<base label>_<setting>=<value>``.
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> base = experiment.Method("comfedl", "comfedl", {}, 0.01, 5)
+    >>> config = ml_collections.ConfigDict({"ablation": "local_steps"})
+    >>> [m.label for m in experiment.ablated(config, base, (1, 10))]
+    ['comfedl_local_steps=1', 'comfedl_local_steps=10']
+  """
   out = []
   for v in values:
     key = config.ablation
@@ -486,9 +615,29 @@ def ablated(
 def local_steps_ablation(
   config, compared: Sequence[Method], algorithms: Sequence[str], default: Sequence[int]
 ) -> List[Method]:
-  """``compared``, or under ``config.ablation = "local_steps"`` (values: ``default`` unless
-  ``config.ablation_values``) each of its methods running one of ``algorithms`` once per
-  value; ``ValueError`` when there is none."""
+  """The methods a local-steps ablation runs, or ``compared`` without one.
+
+  Under ``config.ablation = "local_steps"`` (values: ``default`` unless
+  ``config.ablation_values``), each method of ``compared`` running one of ``algorithms``
+  once per value; ``ValueError`` when there is none.
+
+  Args:
+    config: the experiment config.
+    compared: the config's methods (:func:`methods`).
+    algorithms: the algorithms whose methods the ablation varies.
+    default: the paper's values.
+
+  Returns:
+    The methods to run.
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> config = ml_collections.ConfigDict({"ablation": "local_steps", "ablation_values": (2, 4)})
+    >>> compared = [experiment.Method(a, a, {}, 0.1, 8) for a in ("feddro", "fedavg")]
+    >>> [m.label for m in experiment.local_steps_ablation(config, compared, ("feddro",), (1, 8))]
+    ['feddro_local_steps=2', 'feddro_local_steps=4']
+  """
   values = ablation(config, {"local_steps": default})
   found = [m for m in compared if m.algorithm in algorithms]
   if values and not found:
@@ -499,8 +648,25 @@ def local_steps_ablation(
 
 
 def same_iterations(config, method: Method) -> Dict[str, int]:
-  """``rounds`` and ``eval_every`` giving ``method`` the config's ``rounds * local_steps``
-  local iterations, evaluated at the same iterations as the shared schedule."""
+  """The ``rounds`` and ``eval_every`` that give ``method`` the shared schedule's iterations.
+
+  That is the config's ``rounds * local_steps`` local iterations, evaluated at the same
+  iterations as the shared schedule.
+
+  Args:
+    config: the experiment config (``rounds``, ``local_steps``, ``eval_every``).
+    method: a method with its own ``local_steps``, which must divide the iterations.
+
+  Returns:
+    ``{"rounds": ..., "eval_every": ...}`` for :class:`Run`.
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco import experiment
+    >>> config = ml_collections.ConfigDict({"rounds": 100, "local_steps": 5, "eval_every": 10})
+    >>> experiment.same_iterations(config, experiment.Method("m", "local_scgdm", {}, 1.0, 1))
+    {'rounds': 500, 'eval_every': 50}
+  """
   iterations = config.rounds * config.local_steps
   if iterations % method.local_steps:
     raise ValueError(
@@ -533,26 +699,68 @@ def experiment_module(name):
   )
 
 
-def check(config):
+def check(config, module=None):
   """Checks ``config`` (the shared fields, then the experiment's ``check``); returns the
-  experiment's module. ``ValueError`` naming the field."""
-  module = experiment_module(config.get("experiment"))
+  experiment's module (``module``, else ``config.experiment``'s). ``ValueError`` naming the
+  field."""
+  module = module or experiment_module(config.get("experiment"))
   check_shared(config)
   if hasattr(module, "check"):
     module.check(config)
   return module
 
 
-def train_and_evaluate(config, workdir, options: Options = Options()) -> Dict[str, Any]:
+def train_and_evaluate(
+  config, workdir, options: Options = Options(), *, module=None
+) -> Dict[str, Any]:
   """Runs the experiment ``config.experiment`` and writes its outputs into ``workdir``.
 
   Every (seed, method) run goes through ``fedco.simulate``, or a method's seeds through one
   ``fedco.sweep`` (``SEEDS_IN_ONE_PROGRAM``), with streamed metrics and checkpoints (a
-  rerun resumes finished and stopped runs); a run that diverges is reported
-  with a note naming the field to change while the others go on. Bad config values raise a
-  one-line ``ValueError`` before anything is written. Returns the summary.
+  rerun resumes finished and stopped runs); a run that diverges is reported with a note
+  naming the field to change while the others go on. Bad config values raise a one-line
+  ``ValueError`` before anything is written.
+
+  Args:
+    config: the experiment's ``ml_collections.ConfigDict`` (the shared fields
+      :data:`SHARED` and the experiment's own).
+    workdir: the output directory (:class:`~fedco.experiment.outputs.Workdir`).
+    options: how to run (progress, resume, checkpoints), never what.
+    module: the experiment's module (the hooks this module's docstring lists); default: the
+      module ``config.experiment`` names (``experiments.<name>``, or a dotted module).
+
+  Returns:
+    The summary (also written to ``summary.json``): ``table`` (mean +- std over seeds of
+    ``TABLE_KEYS``), ``methods`` (each method's per-seed final values or divergence notes),
+    ``settings``, ``seeds``, ``wall_seconds`` and the module's own entries.
+
+  Examples:
+    An experiment defined in place (usually a module on the path, named by the config):
+
+    >>> import tempfile, types
+    >>> import jax.numpy as jnp
+    >>> import ml_collections
+    >>> import numpy as np
+    >>> import fedco
+    >>> from fedco import experiment
+    >>> module = types.ModuleType("least_squares")
+    >>> module.TABLE_KEYS, module.PROGRESS = ("objective",), "objective"
+    >>> def build(config, method, seed, prepared):
+    ...   x = np.random.default_rng(seed).normal(size=(2, 10, 3)).astype(np.float32)
+    ...   data = fedco.FederatedData.from_clients([{"x": c, "y": c.sum(1)} for c in x])
+    ...   loss = lambda w, e: 0.5 * (e["x"] @ w - e["y"]) ** 2
+    ...   return experiment.Run(fedco.plain(loss), method.build(), data, jnp.zeros(3))
+    >>> module.build = build
+    >>> config = ml_collections.ConfigDict(dict(
+    ...     experiment="least_squares", seeds=(0, 1), rounds=4, local_steps=2,
+    ...     learning_rate=0.1, batch_size=0, eval_every=2,
+    ...     methods=experiment.method_entries({"fedavg": {"algorithm": "fedavg"}})))
+    >>> summary = experiment.train_and_evaluate(
+    ...     config, tempfile.mkdtemp(), experiment.Options(progress=False), module=module)
+    >>> summary["table"][0]["method"], sorted(summary["methods"]["fedavg"]["per_seed"])
+    ('fedavg', [0, 1])
   """
-  start, module = time.perf_counter(), check(config)
+  start, module = time.perf_counter(), check(config, module)
   setup = module.setup(config) if hasattr(module, "setup") else None
   runs = module.methods(config, setup) if hasattr(module, "methods") else methods(config)
   outcome = Outcome(runs, seeds(config), setup=setup)
