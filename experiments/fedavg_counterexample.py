@@ -39,7 +39,6 @@ from typing import Any, Dict, List
 
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 import fedco
 from fedco import extend
@@ -124,50 +123,21 @@ def report(summary) -> List[str]:
 
 
 def plot(wd, config, outcome):
-  """``|x_bar - x*|`` against local steps (log scale), from ``x0``; mean +- std over seeds."""
-  fig = outputs.figure(figsize=(6.4, 4.2))
-  ax = fig.add_subplot()
-  drawn = outcome.drawn()
-  steps_of = {m.label: m.local_steps for m in outcome.methods}
-  start = abs(config.x0 - X_STAR)
-  for i, label in enumerate(drawn):
-    rows = [r for r in outcome.records if r["method"] == label]
-    step = lambda r, label=label: r["round"] * steps_of[label]
-    steps = sorted({step(r) for r in rows})
-    values = [[r["distance"] for r in rows if step(r) == s] for s in steps]
-    xs = np.array([0] + steps)
-    mean = np.array([start] + [np.mean(v) for v in values])
-    std = np.array([0.0] + [np.std(v) for v in values])
-    positive = lambda a: np.where(a > 0, a, np.nan)  # exact zeros have no log
-    # the lines of methods that coincide (modified FedAvg, FedDRO) stay apart by their
-    # line style and markers at staggered points
-    every = max(1, len(xs) // 10)
-    (line,) = ax.plot(
-      xs,
-      positive(mean),
-      linestyle=outputs.LINESTYLES[i % len(outputs.LINESTYLES)],
-      marker=outputs.MARKERS[i % len(outputs.MARKERS)],
-      markersize=4,
-      markevery=(i * every // len(drawn), every),
-      label=label,
-    )
-    if len(outcome.seeds) > 1:
-      ax.fill_between(
-        xs, positive(mean - std), positive(mean + std), color=line.get_color(), alpha=0.15
-      )
-  ax.axhline(
-    CONVERGED_BELOW,
-    color="gray",
-    linestyle=":",
-    linewidth=1,
-    label=f"{CONVERGED_BELOW:g} (converged)",
+  """``distance.png``: ``|x_bar - x*|`` against local steps (log scale) from ``x0``, mean +-
+  std over seeds; dotted: the convergence threshold."""
+  start = [  # every run's x0, before its first round
+    {"method": label, "seed": seed, "round": 0, "distance": abs(config.x0 - X_STAR)}
+    for label in outcome.drawn()
+    for seed in outcome.seeds
+  ]
+  fig = outputs.curves(
+    start + outcome.records,
+    outcome.labels,
+    [("distance", r"$|\bar{x} - x^*|$", "log")],
+    title=f"E7, x* = 1 (dotted: {CONVERGED_BELOW:g}, converged)",
+    x=f"local steps (round x local_steps, local_steps = {config.local_steps})",
+    steps={m.label: m.local_steps for m in outcome.methods},
+    finals=outcome.finals,
+    hlines={"distance": CONVERGED_BELOW},
   )
-  ax.set_yscale("log")
-  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.set_xlabel(f"local steps (round x local_steps, local_steps = {config.local_steps})")
-  ax.set_ylabel(r"$|\bar{x} - x^*|$")
-  ax.set_title("E7: two-client counterexample, Phi(x) = (2x-2)^2/2, x* = 1")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
   wd.save_figure(fig, "distance.png")

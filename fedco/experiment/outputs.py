@@ -532,7 +532,8 @@ def curves(
     records: the rows.
     labels: the methods in legend order; one without rows gets a legend entry saying where it
       diverged (``finals[label][seed]["diverged_round"]``).
-    panels: ``(metric, y label)`` pairs, in ``ncols`` columns (default: one row).
+    panels: ``(metric, y label)`` pairs, or ``(metric, y label, "log")`` for a logarithmic
+      axis (values ``<= 0`` left out), in ``ncols`` columns (default: one row).
     title: the panels' title prefix (``"<title>: <y label>"``).
     x: the x axis: ``"round"``, or with ``steps`` (``{label: local steps per round}``) the
       name of ``round * steps``, say ``"meta-iteration (round x local_steps)"``.
@@ -557,8 +558,9 @@ def curves(
   nrows = -(-len(panels) // ncols)
   fig = figure(figsize=(5 * ncols, 4 * nrows))
   axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
-  for ax, (key, ylabel) in zip(axes, panels):
-    ax.set(xlabel=x, ylabel=ylabel)
+  for ax, (key, ylabel, *scale) in zip(axes, panels):
+    log = scale == ["log"]
+    ax.set(xlabel=x, ylabel=ylabel, yscale="log" if log else "linear")
     ax.set_title(f"{title}: {ylabel}" if title else ylabel, fontsize=9)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -582,10 +584,11 @@ def curves(
       xs = sorted({at(r) for r in own})
       by_x = [[r[key] for r in own if at(r) == t] for t in xs]
       mean, std = np.array([np.mean(v) for v in by_x]), np.array([np.std(v) for v in by_x])
+      shown = (lambda a: np.where(a > 0, a, np.nan)) if log else (lambda a: a)  # no log of 0
       every = max(1, len(xs) // 10)
       (line,) = ax.plot(
         xs,
-        mean,
+        shown(mean),
         label=label,
         linestyle=LINESTYLES[i % len(LINESTYLES)],
         marker=MARKERS[i % len(MARKERS)],
@@ -594,7 +597,8 @@ def curves(
         markersize=max(3.0, 7.0 - 0.6 * i),
         markevery=(i * every // len(drawn), every),
       )
-      ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+      band = shown(mean - std), shown(mean + std)
+      ax.fill_between(xs, *band, color=line.get_color(), alpha=0.15)
     if key in hlines:
       ax.axhline(hlines[key], color="k", lw=0.8, ls=":")
   legend = next((ax for ax in axes if ax.lines), axes[0])
