@@ -1,3 +1,3 @@
-"""fedco's experiments: one driver (``python -m experiments.main --config=<file>``), one
-skeleton (:mod:`fedco.experiment.runner`), a module of science per experiment and its config files
-(``experiments/configs/``)."""
+"""The papers' experiments, each a module of its science and a config file
+(``experiments/configs/``), run by ``python -m experiments.main --config=<file>`` on the
+library's skeleton, :mod:`fedco.experiment`."""
