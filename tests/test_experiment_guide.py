@@ -15,16 +15,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def _guide():
   section = (ROOT / "docs" / "guides" / "own_experiment.md").read_text()
-  config, module = re.findall(r"```python\n(.*?)```", section, re.S)
+  config, module, binary = re.findall(r"```python\n(.*?)```", section, re.S)
   command = re.findall(r"```bash\n(.*?)```", section, re.S)[0].split()
-  return config, module, command
+  return config, module, binary, command
 
 
 @pytest.fixture(scope="module")
 def guide(tmp_path_factory):
   """The guide's two files, written outside the repository (the module on PYTHONPATH)."""
   where = tmp_path_factory.mktemp("guide")
-  config, module, command = _guide()
+  config, module, _, command = _guide()
   (where / "least_squares.py").write_text(module)
   (where / "least_squares_config.py").write_text(config)
   assert command[:3] == ["python", "-m", "experiments.main"]
@@ -111,3 +111,37 @@ def test_a_misspelled_table_key_is_a_warning(guide, tmp_path):
     r"run reports; the runs' final values are \[.*'distance'",
     proc.stderr,
   ), proc.stderr
+
+
+def test_the_guides_own_binary_runs_it_outside_the_repository(tmp_path):
+  # your package, your binary, your configs; fedco as installed, no checkout on the path
+  config, module, binary, _ = _guide()
+  (tmp_path / "mylab" / "configs").mkdir(parents=True)
+  (tmp_path / "mylab" / "__init__.py").write_text("")
+  (tmp_path / "mylab" / "main.py").write_text(binary)
+  (tmp_path / "least_squares.py").write_text(module)
+  config = config.replace("(0, 1)", "(0,)").replace("rounds = 30", "rounds = 2")
+  (tmp_path / "mylab" / "configs" / "least_squares.py").write_text(config)
+  env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+  run = lambda *flags: subprocess.run(
+    [sys.executable, "-m", "mylab.main", "--workdir=run", "--noprogress", *flags],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  proc = run("--config=mylab/configs/least_squares.py")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert (tmp_path / "run" / "summary.json").exists()
+  proc = run("--config=mylab/configs/nosuch.py")
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+    "error: --config='mylab/configs/nosuch.py' is not a config file; available in "
+    "mylab/configs/: least_squares.py"
+  ], proc.stderr
+  # without the table, a divergence is still said
+  proc = run(
+    "--config=mylab/configs/least_squares.py", "--config.methods.fedprox.learning_rate=1e4"
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert re.search(r"^note: fedprox: diverged at round \d+", proc.stderr, re.M), proc.stderr

@@ -409,6 +409,8 @@ def test_a_rerun_with_another_config_names_the_fields_that_changed(tmp_path):
   assert outputs.changed_config(wd, same) == []
   other = {"rounds": 10, "seeds": [0], "methods": {"fedavg": {"learning_rate": 5.0}}}
   assert outputs.changed_config(wd, other) == ["methods.fedavg.learning_rate", "seeds"]
+  more = {"rounds": 10, "methods": {"fedavg": {"learning_rate": 0.1}, "sgd": {"a": 1, "b": 2}}}
+  assert outputs.changed_config(wd, more) == ["methods.sgd"]  # a method only one run has
   assert outputs.changed_config(outputs.Workdir(tmp_path / "fresh"), other) == []
 
 
@@ -423,3 +425,51 @@ def test_a_factory_error_names_the_config_field_only_when_the_config_gave_it():
     computed.build(gamma=-1.0)
   with pytest.raises(ValueError, match=r"^--config\.ablation_values is invalid for fedco\.comfedl"):
     computed.build(config_field="--config.ablation_values", gamma=-1.0)
+
+
+def test_a_figure_leaves_out_the_runs_that_diverged_and_names_them(recwarn):
+  rows = [  # seed 1 of sgd diverged at round 3: its last rows explode
+    {"method": m, "seed": s, "round": r, "loss": 1e30**r if (m, s) == ("sgd", 1) else 1.0 / r}
+    for m in ("fedavg", "sgd")
+    for s in (0, 1)
+    for r in (1, 2)
+  ]
+  finals = {
+    "fedavg": {0: {"loss": 0.5}, 1: {"loss": 0.5}},
+    "sgd": {0: {"loss": 0.5}, 1: {"diverged": "...", "diverged_round": 3}},
+  }
+  fig = outputs.curves(rows, ["fedavg", "sgd"], [("loss", "loss")], finals=finals)
+  ax = fig.axes[0]
+  assert ax.get_legend_handles_labels()[1] == [
+    "fedavg",
+    "sgd (diverged at round 3 on 1 of 2 seeds)",
+  ]
+  assert ax.get_ylim()[1] < 10  # set by the runs that finished
+  assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+  every = {"fedavg": finals["fedavg"], "sgd": {s: finals["sgd"][1] for s in (0, 1)}}
+  fig = outputs.curves(rows, ["fedavg", "sgd"], [("loss", "loss")], finals=every)
+  assert fig.axes[0].get_legend_handles_labels()[1] == ["fedavg", "sgd (diverged at round 3)"]
+
+
+def test_the_plot_command_leaves_out_what_the_summary_says_diverged(tmp_path, monkeypatch):
+  from fedco.experiment import plot
+
+  wd = outputs.Workdir(tmp_path)
+  with open(wd.record(wd.file(outputs.METRICS)), "w") as f:
+    for r in (1, 2):
+      f.write(json.dumps({"method": "sgd", "seed": 0, "round": r, "loss": 1e30**r}) + "\n")
+      f.write(json.dumps({"method": "sgd", "seed": 1, "round": r, "loss": 1.0}) + "\n")
+  per_seed = {"0": {"diverged": "...", "diverged_round": 3}, "1": {"loss": 1.0}}
+  wd.write_summary({"methods": {"sgd": {"per_seed": per_seed}}})
+  seen = {}
+  curves = outputs.curves
+  monkeypatch.setattr(outputs, "curves", lambda *a, **k: seen.update(k) or curves(*a, **k))
+  plot.plot(str(tmp_path), ["loss"])
+  assert seen["finals"] == {"sgd": per_seed}
+
+
+def test_an_experiment_module_without_build_is_named():
+  with pytest.raises(ValueError, match=r"module json defines no build\(config"):
+    runner.experiment_module("json")
+  with pytest.raises(ValueError, match=r"on the Python path .*got 'no_such_module'"):
+    runner.experiment_module("no_such_module")

@@ -3,7 +3,7 @@ r"""The experiment driver's command line (the flax examples' convention): a conf
 An experiment binary is two lines (this repository's is ``experiments/main.py``)::
 
     from fedco.experiment import cli
-    cli.run(config_dir="experiments/configs")  # listed when --config names no file
+    cli.run(config_dir=os.path.join(os.path.dirname(__file__), "configs"))
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
 
@@ -47,7 +47,8 @@ _ARGV: list = []
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
   None,
-  "An experiment config file (a .py with get_config()).",
+  "An experiment config file (a .py with get_config()); override any of its fields with "
+  "--config.<field>=<value> (nested: --config.methods.<label>.learning_rate=0.1).",
   lock_config=True,
   sys_argv=_ARGV,
 )
@@ -97,9 +98,15 @@ CONFIG_DIR: Optional[str] = None
 
 
 def run(config_dir: Optional[str] = None) -> None:
-  """Parses the command line and runs its experiment; ``config_dir`` holds the binary's configs."""
+  """Parses the command line and runs its experiment.
+
+  Args:
+    config_dir: the folder of the binary's config files, listed when ``--config`` names no
+      file (a relative path is taken from the current directory: pass one built from
+      ``__file__`` to be independent of it).
+  """
   global CONFIG_DIR
-  CONFIG_DIR = config_dir
+  CONFIG_DIR = os.path.abspath(config_dir) if config_dir else None
   for flag in FLAGS.get_flags_for_module(__name__):  # --help lists them as the binary's
     FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   app.run(main, flags_parser=parse_flags)

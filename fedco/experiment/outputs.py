@@ -251,7 +251,8 @@ class Workdir:
 
 def changed_config(wd: Workdir, config: Mapping[str, Any]) -> List[str]:
   """The dotted fields in which ``config`` differs from the ``config.json`` of the
-  workdir's last complete run (``[]`` when there is none or it is the same)."""
+  workdir's last complete run (``[]`` when there is none or it is the same); a group only
+  one of them has (a method left out by ``--methods``) is named once."""
   try:
     with open(os.path.join(wd.path, CONFIG)) as f:
       before = json.load(f)
@@ -264,7 +265,17 @@ def changed_config(wd: Workdir, config: Mapping[str, Any]) -> List[str]:
     return {prefix[:-1]: value}
 
   old, new = flat(before), flat(json.loads(dumps(config)))
-  return sorted(k for k in set(old) | set(new) if old.get(k, _ABSENT) != new.get(k, _ABSENT))
+
+  def named(key):  # "methods.scaffold" for every field of a method only one run has
+    parts = key.split(".")
+    for n in range(1, len(parts)):
+      prefix = ".".join(parts[:n]) + "."
+      if not all(any(k.startswith(prefix) for k in side) for side in (old, new)):
+        return prefix[:-1]
+    return key
+
+  differ = (k for k in set(old) | set(new) if old.get(k, _ABSENT) != new.get(k, _ABSENT))
+  return sorted({named(k) for k in differ})
 
 
 _ABSENT = object()
@@ -525,13 +536,15 @@ def curves(
 
   Each line is the mean over seeds of the method's rows (``metrics.jsonl``-style: ``method``,
   ``seed``, ``round``, metrics) with a +- std band, in its own line style and with markers at
-  staggered points, so methods that coincide stay visible. A panel whose values are all 0
+  staggered points, so methods that coincide stay visible. Runs that diverged
+  (``finals[label][seed]`` holds ``diverged``) are left out, as in the table: their last
+  rows before the divergence would set the axis; the legend says where they diverged. A panel whose values are all 0
   (or none finite) holds no flat lines but a sentence saying so (``notes[key]``: why).
 
   Args:
     records: the rows.
-    labels: the methods in legend order; one without rows gets a legend entry saying where it
-      diverged (``finals[label][seed]["diverged_round"]``).
+    labels: the methods in legend order; one with a diverged run is named with the round it
+      diverged at (``finals[label][seed]["diverged_round"]``).
     panels: ``(metric, y label)`` pairs, or ``(metric, y label, "log")`` for a logarithmic
       axis (values ``<= 0`` left out), in ``ncols`` columns (default: one row).
     title: the panels' title prefix (``"<title>: <y label>"``).
@@ -553,6 +566,11 @@ def curves(
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 
   at = (lambda r: r["round"] * steps[r["method"]]) if steps else (lambda r: r["round"])
+  lost = {  # (label, seed) of the runs that diverged; seeds as str: summary.json's keys
+    (label, str(seed)): f for label, by in (finals or {}).items() for seed, f in by.items()
+  }
+  lost = {k: f for k, f in lost.items() if "diverged" in f}
+  records = [r for r in records if (r["method"], str(r.get("seed"))) not in lost]
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
   ncols = ncols or len(panels)
   nrows = -(-len(panels) // ncols)
@@ -582,14 +600,14 @@ def curves(
     for i, label in enumerate(drawn):
       own = [r for r in rows if r["method"] == label]
       xs = sorted({at(r) for r in own})
-      by_x = [[r[key] for r in own if at(r) == t] for t in xs]
-      mean, std = np.array([np.mean(v) for v in by_x]), np.array([np.std(v) for v in by_x])
+      by_x = [np.array([r[key] for r in own if at(r) == t], np.float64) for t in xs]
+      mean, std = np.array([v.mean() for v in by_x]), np.array([v.std() for v in by_x])
       shown = (lambda a: np.where(a > 0, a, np.nan)) if log else (lambda a: a)  # no log of 0
       every = max(1, len(xs) // 10)
       (line,) = ax.plot(
         xs,
         shown(mean),
-        label=label,
+        label=_named(label, lost, len((finals or {}).get(label, ()))),
         linestyle=LINESTYLES[i % len(LINESTYLES)],
         marker=MARKERS[i % len(MARKERS)],
         markerfacecolor="none",
@@ -604,15 +622,24 @@ def curves(
   legend = next((ax for ax in axes if ax.lines), axes[0])
   for label in labels:
     if label not in drawn:
-      rounds = sorted(
-        f["diverged_round"] for f in (finals or {}).get(label, {}).values() if "diverged_round" in f
-      )
-      where = f"diverged at round {rounds[0]}" if rounds else "no finite evaluation"
-      legend.plot([], [], linestyle="none", marker="x", color="black", label=f"{label} ({where})")
+      name = _named(label, lost, len((finals or {}).get(label, ())))
+      name = name if name != label else f"{label} (no finite evaluation)"
+      legend.plot([], [], linestyle="none", marker="x", color="black", label=name)
   if legend.lines:
     legend.legend(fontsize=8)
   fig.tight_layout()
   return fig
+
+
+def _named(label: str, lost: Mapping[tuple, Mapping[str, Any]], seeds: int) -> str:
+  """``label``, with where its runs diverged: ``"sgd (diverged at round 3 on 1 of 2 seeds)"``
+  (``seeds``: how many the method ran; ``"sgd (diverged at round 3)"`` when all diverged)."""
+  mine = [f for (name, _), f in lost.items() if name == label]
+  if not mine:
+    return label
+  rounds = sorted(f["diverged_round"] for f in mine if "diverged_round" in f)
+  where = f"diverged at round {rounds[0]}" if rounds else "diverged"
+  return f"{label} ({where}{f' on {len(mine)} of {seeds} seeds' if len(mine) < seeds else ''})"
 
 
 def _finite(value) -> bool:

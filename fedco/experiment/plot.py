@@ -9,6 +9,7 @@ Writes ``--out`` (default ``plot.png``) into the workdir, atomically.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Dict, List, Sequence
@@ -67,7 +68,14 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   labels = sorted({r["method"] for r in rows})
   if x != "round":  # outputs.curves draws against rounds: the x field takes their place
     rows = [{**r, "round": r[x]} for r in rows]
-  fig = outputs.curves(rows, labels, [(m, m) for m in metrics], x=x)
+  finals = None  # runs that diverged are left out, as in the table (summary.json says which)
+  try:
+    with open(os.path.join(workdir, outputs.SUMMARY)) as f:
+      methods = json.load(f).get("methods", {})
+    finals = {label: entry.get("per_seed", {}) for label, entry in methods.items()}
+  except (OSError, ValueError, AttributeError):  # a run still going: no summary yet
+    pass
+  fig = outputs.curves(rows, labels, [(m, m) for m in metrics], x=x, finals=finals)
   for ax in fig.axes if log_y else ():
     ax.set_yscale("log")
   fig.tight_layout()  # again: log tick labels are wider

@@ -34,11 +34,19 @@ required):
   with a host evaluation, run one by one (so does ``--noseeds_together``).
 
 **The config** (an ``ml_collections`` file: ``experiments/configs/<name>.py`` here) is the
-only source of truth. Every config names the shared fields :data:`SHARED` the same way; ``methods`` holds one entry per compared
-method, keyed by the label every output uses, with ``algorithm`` (a ``fedco.ALGORITHMS``
-name) and that factory's own arguments; each entry's ``learning_rate`` and ``local_steps``
-are the shared values unless it sets them (:func:`method_entries` declares them
-as placeholders, so ``--config.methods.<label>.learning_rate=`` always works).
+only source of truth. Every config names the shared fields :data:`SHARED` the same way;
+``methods`` holds one entry per compared method, keyed by the label every output uses,
+with ``algorithm`` (a ``fedco.ALGORITHMS`` name) and that factory's own arguments; each
+entry's ``learning_rate`` and ``local_steps`` are the shared values unless it sets them
+(:func:`method_entries` declares them as placeholders, so
+``--config.methods.<label>.learning_rate=`` always works).
+
+**What every run reports** besides its ``metrics_fn``'s values: ``fedco.simulate``'s
+(``objective``, the exact objective of the server model over every client's data, and
+``client_losses``, unless ``Run(simulate={"evaluate": False})``; ``grad_norm`` with
+``exact_grad_norm``; ``epsilon`` under privacy) after rounds 1, every ``eval_every`` and the
+last (no row for the initial model), and in its final values ``seconds`` and ``bytes_up``
+(the whole run's uploads).
 
 **A run's identity** (its checkpoint folder) is derived here alone: the config without the
 fields that only choose runs (:data:`CHOOSING`), the method's settings, the seed, the run's
@@ -55,6 +63,7 @@ import importlib.util
 import inspect
 import itertools
 import pathlib
+import sys
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -685,17 +694,26 @@ def same_iterations(config, method: Method) -> Dict[str, int]:
 def experiment_module(name):
   """The module of experiment ``name``: ``experiments.<name>``, else your own module ``name``
   (dotted, on ``sys.path``) with a ``build``."""
+  found = None
   for candidate in (f"{PACKAGE}.{name}", name) if isinstance(name, str) and name else ():
     try:
-      found = importlib.util.find_spec(candidate) is not None
+      spec = importlib.util.find_spec(candidate)
     except (ImportError, ValueError):  # a missing parent package
-      found = False
-    if found and hasattr(importlib.import_module(candidate), "build"):
-      return importlib.import_module(candidate)
+      continue
+    if spec is not None:  # its own import errors are raised as they are
+      found = importlib.import_module(candidate)
+      if hasattr(found, "build"):
+        return found
+  if found is not None:
+    raise ValueError(
+      f"--config.experiment={name!r}: module {found.__name__} defines no build(config, "
+      "method, seed, prepared) (see fedco.experiment.runner's hooks)"
+    )
+  ours = experiments()
+  listed = f"; short names are the modules of {PACKAGE}/: {', '.join(ours)}" if ours else ""
   raise ValueError(
-    f"--config.experiment must name a module with a build() (one of "
-    f"{', '.join(experiments())} in {PACKAGE}/, or your own module on the "
-    f"Python path), got {name!r}"
+    f"--config.experiment must name a module with a build() on the Python path (a dotted "
+    f"name such as my_package.my_module{listed}), got {name!r}"
   )
 
 
@@ -723,16 +741,18 @@ def train_and_evaluate(
 
   Args:
     config: the experiment's ``ml_collections.ConfigDict`` (the shared fields
-      :data:`SHARED` and the experiment's own).
+      :data:`fedco.experiment.runner.SHARED` and the experiment's own).
     workdir: the output directory (:class:`~fedco.experiment.outputs.Workdir`).
     options: how to run (progress, resume, checkpoints), never what.
     module: the experiment's module (the hooks this module's docstring lists); default: the
       module ``config.experiment`` names (``experiments.<name>``, or a dotted module).
 
   Returns:
-    The summary (also written to ``summary.json``): ``table`` (mean +- std over seeds of
-    ``TABLE_KEYS``), ``methods`` (each method's per-seed final values or divergence notes),
-    ``settings``, ``seeds``, ``wall_seconds`` and the module's own entries.
+    The summary (also written to ``summary.json``): ``table`` (the printed table: per
+    method, ``TABLE_KEYS`` as ``"mean +- std"`` strings over the seeds that finished, and a
+    divergence ``note``), ``methods`` (the numbers: ``methods[label][key]["mean"]`` /
+    ``["std"]``, and ``per_seed`` final values or divergence notes), ``settings``,
+    ``seeds``, ``wall_seconds`` and the module's own entries.
 
   Examples:
     An experiment defined in place (usually a module on the path, named by the config):
@@ -773,11 +793,12 @@ def train_and_evaluate(
   )
   wd, as_dict = outputs.Workdir(workdir), config.to_dict()
   changed = outputs.changed_config(wd, as_dict)
-  if changed and options.progress:
+  if changed:  # also without --progress: results are about to be replaced
     print(
       f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
       f"{' ...' if len(changed) > 5 else ''} differ); runs whose settings changed start "
       "afresh, and this run's results replace those when it completes",
+      file=sys.stderr,
       flush=True,
     )
   wd.write_config(as_dict)
@@ -824,6 +845,10 @@ def train_and_evaluate(
     for line in module.report(summary) if hasattr(module, "report") else ():
       print(line)
     print(f"wall time {summary['wall_seconds']:.1f} s")
+  else:  # no table: a run that diverged is still said
+    for row in summary["table"]:
+      if "note" in row:
+        print(f"note: {row['method']}: {row['note']}", file=sys.stderr, flush=True)
   return summary
 
 
