@@ -53,7 +53,12 @@ _CONFIG = config_flags.DEFINE_config_file(
   sys_argv=_ARGV,
 )
 flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
-flags.DEFINE_bool("progress", True, "Show a progress bar per run and print the final table.")
+flags.DEFINE_bool(
+  "progress",
+  True,
+  "Show a progress bar per run and print the final table (--noprogress: neither; runs that "
+  "diverged are still said).",
+)
 flags.DEFINE_bool(
   "resume",
   True,
