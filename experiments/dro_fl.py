@@ -179,12 +179,14 @@ def logistic_model(num_classes: int = 10):
   return model, loss, stats
 
 
-def solves_dro(method: runner.Method) -> bool:
-  return method.algorithm == "comfedl"
+def solves_dro(method: runner.Method, gamma) -> bool:
+  """Whether ``method`` solves a compositional problem (ComFedL; a method of yours), so gets
+  the client-level KL-DRO problem; the others get the plain cross-entropy."""
+  return method.build(**gamma_kwargs(method, gamma)).problem_kind != "plain"
 
 
 def make_problem(method, loss, gamma):
-  if solves_dro(method):
+  if solves_dro(method, gamma):
     return fedco.problems.client_kl_dro(loss, gamma)
   return fedco.plain(loss, name="cross_entropy")
 
@@ -198,7 +200,7 @@ def dro_weights(method, gamma, train):
   """``(gamma, prior)`` of the implied client weights a DRO method reports, or ``(None,
   None)``: its KL ball is centred at the uniform prior, or at the data sizes with
   ``weighting="samples"``."""
-  if not solves_dro(method):
+  if not solves_dro(method, gamma):
     return None, None
   sizes = method.kwargs.get("weighting") == "samples"
   return gamma, (np.asarray(train.counts, np.float32) if sizes else None)
@@ -292,7 +294,7 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
     params = models.init_params(model, fed.train.examples["x"][0], seed)
     held_out = {"clients": {"val": fed.val}}  # what the choice sees
     for method in found:
-      problem_axes = {"gamma": config.grid.gamma} if solves_dro(method) else {}
+      problem_axes = {"gamma": config.grid.gamma} if solves_dro(method, config.gamma) else {}
       searches[method.label].append(
         runner.search(
           method,

@@ -522,7 +522,7 @@ def _set(config, field, value):
   "field,value,match",
   [
     ("methods.feddro.algorithm", "adam", "--config.methods.feddro.algorithm"),
-    ("methods.fedavg.algorithm", "drfa", "--config.methods.fedavg.algorithm must be one of"),
+    ("methods.fedavg.algorithm", "no_such", "--config.methods.fedavg.algorithm must be one of"),
     ("rounds", 0, "--config.rounds"),
     ("num_clients", 0, "--config.num_clients"),
     ("local_steps", 0, "--config.local_steps"),

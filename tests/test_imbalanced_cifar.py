@@ -226,7 +226,7 @@ def _set(config, field, value):
     ("model", "vgg", "--config.model"),
     ("conv_impl", "cudnn", "--config.conv_impl"),
     ("methods.feddro.algorithm", "sgd", "--config.methods.feddro.algorithm"),
-    ("methods.mbsgd.algorithm", "drfa", "--config.methods.mbsgd.algorithm must be one of"),
+    ("methods.mbsgd.algorithm", "no_such", "--config.methods.mbsgd.algorithm must be one of"),
     ("methods.feddro.beta", 1.5, "--config.methods.feddro.beta"),
     ("learning_rate", -0.1, "--config.learning_rate"),
     ("methods.fastdro.geometry", "ball", "--config.methods.fastdro.geometry"),
