@@ -20,6 +20,11 @@ The compared methods are ``config.methods`` (the paper's settings: ``local_steps
 * with ``dro_fl_extended.py``, also SCAFFOLD (``scaffold``), FedProx (``fedprox``,
   ``mu = 0.01``) and FedAdam (``fedadam``, ``server_lr = 0.01``), on the plain loss as FedAvg.
 
+Each method gets the problem of its kind (``problem_kind``): client-level KL-DRO in the exp
+form for local-inner methods (ComFedL), in the log form
+(``fedco.problems.client_kl_dro_log``) for global-inner ones (FedDRO, a method of yours),
+the plain cross-entropy for the others (DRFL and q-FedAvg weigh the clients themselves).
+
 Reported per evaluation (streamed to ``metrics.jsonl`` / ``metrics.csv`` while runs go):
 average and worst client accuracy and loss on train, validation and test (and, for ComFedL,
 the implied client weights ``softmax(f / gamma)`` of the training losses, times the data
@@ -179,16 +184,29 @@ def logistic_model(num_classes: int = 10):
   return model, loss, stats
 
 
+def kind(method: runner.Method, gamma) -> str:
+  """The problem kind ``method``'s algorithm solves: ``"plain"`` (the cross-entropy),
+  ``"local"`` (client-level KL-DRO in ComFedL's exp form) or ``"global"`` (its log form,
+  for a method of global-inner problems: FedDRO-like, yours)."""
+  return method.build(**gamma_kwargs(method, gamma)).problem_kind
+
+
 def solves_dro(method: runner.Method, gamma) -> bool:
-  """Whether ``method`` solves a compositional problem (ComFedL; a method of yours), so gets
-  the client-level KL-DRO problem; the others get the plain cross-entropy."""
-  return method.build(**gamma_kwargs(method, gamma)).problem_kind != "plain"
+  return kind(method, gamma) != "plain"
 
 
-def make_problem(method, loss, gamma):
-  if solves_dro(method, gamma):
+def make_problem(method, loss, gamma, num_clients):
+  form = kind(method, gamma)
+  if form == "local":
     return fedco.problems.client_kl_dro(loss, gamma)
+  if form == "global":
+    return fedco.problems.client_kl_dro_log(loss, gamma, num_clients)
   return fedco.plain(loss, name="cross_entropy")
+
+
+def train_data(method, gamma, train):
+  """The training clients; the log form's inner function reads each example's client."""
+  return train.with_owner() if kind(method, gamma) == "global" else train
 
 
 def gamma_kwargs(method, gamma) -> Dict[str, Any]:
@@ -300,12 +318,14 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
           method,
           runner.grid_axes(config, method, problem_axes),
           problem_axes=tuple(problem_axes),
-          make_problem=lambda p, m=method: make_problem(m, loss, p.get("gamma", config.gamma)),
+          make_problem=lambda p, m=method: make_problem(
+            m, loss, p.get("gamma", config.gamma), config.num_clients
+          ),
           algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
           score=lambda metrics, r: [
             outputs.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE
           ],
-          data=fed.train,
+          data=train_data(method, config.gamma, fed.train),
           params=params,
           seed=seed,
           rounds=config.rounds,
@@ -338,9 +358,9 @@ def build(config, method, seed, prepared) -> runner.Run:
   weights_gamma, prior = dro_weights(method, gamma, fed.train)
   held_out = {"clients": prepared["clients"], **({} if prior is None else {"prior": prior})}
   return runner.Run(
-    make_problem(method, prepared["loss"], gamma),
+    make_problem(method, prepared["loss"], gamma, config.num_clients),
     method.build(**gamma_kwargs(method, gamma)),
-    fed.train,
+    train_data(method, gamma, fed.train),
     prepared["params"],
     simulate={"evaluate": False},
     metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma),

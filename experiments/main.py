@@ -13,8 +13,12 @@ running chunk of rounds, checkpointed, with one line (exit status 130).
 """
 
 import os
+import sys
 
 from fedco.experiment import cli
 
 if __name__ == "__main__":
-  cli.run(config_dir=os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if not __package__:  # run as a file (python experiments/main.py): the configs import it
+    sys.path.insert(0, root)
+  cli.run(config_dir=os.path.join(root, "experiments", "configs"))

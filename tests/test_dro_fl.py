@@ -359,3 +359,21 @@ def test_the_figure_names_a_method_that_diverged_before_any_curve():
   assert texts == ["fedavg", "comfedl (diverged at round 1)"]
   for ax in saved["fig"].axes:
     assert ax.get_xlabel() == "round" and ax.get_ylabel().startswith("validation")
+
+
+def test_a_method_gets_the_dro_problem_of_its_kind(tmp_path):
+  # ComFedL (local-inner): the exp form; FedDRO (global-inner): the log form, on the clients'
+  # ids; FedAvg: the plain loss. So a registered method of either kind runs in E1.
+  config = _config()
+  forms = {}
+  for label, algorithm in (("comfedl", "comfedl"), ("feddro", "feddro"), ("fedavg", "fedavg")):
+    method = runner.Method(label, algorithm, {}, 0.01, 5, problem={"gamma": 0.2})
+    problem = dro_fl.make_problem(method, lambda p, e: 0.0, 0.2, config.num_clients)
+    forms[label] = problem.kind if problem.compositional else "plain"
+  assert forms == {"comfedl": "local", "feddro": "global", "fedavg": "plain"}
+  config.methods = runner.method_entries(
+    {"fedavg": {"algorithm": "fedavg"}, "feddro": {"algorithm": "feddro"}}
+  )
+  summary = runner.train_and_evaluate(config, str(tmp_path), runner.Options(progress=False))
+  assert [row["method"] for row in summary["table"]] == ["fedavg", "feddro"]
+  assert all("note" not in row and row["val_acc_worst"] for row in summary["table"]), summary

@@ -155,6 +155,8 @@ def test_the_guides_own_binary_runs_it_outside_the_repository(tmp_path):
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert re.search(r"^note: fedprox: diverged at round \d+", proc.stderr, re.M), proc.stderr
+  changed = r"^note: run holds the results of another config \(methods\.fedprox\.learning_rate"
+  assert re.search(changed, proc.stderr, re.M), proc.stderr  # replaced: said without the table
 
 
 def test_your_own_method_runs_in_a_paper_experiment_as_the_guide_says(tmp_path):

@@ -459,13 +459,56 @@ def test_the_plot_command_leaves_out_what_the_summary_says_diverged(tmp_path, mo
     for r in (1, 2):
       f.write(json.dumps({"method": "sgd", "seed": 0, "round": r, "loss": 1e30**r}) + "\n")
       f.write(json.dumps({"method": "sgd", "seed": 1, "round": r, "loss": 1.0}) + "\n")
-  per_seed = {"0": {"diverged": "...", "diverged_round": 3}, "1": {"loss": 1.0}}
+  per_seed = {"0": {"diverged": "...", "diverged_round": 3}, "1": {"loss": 1.0}}  # str keys
   wd.write_summary({"methods": {"sgd": {"per_seed": per_seed}}})
-  seen = {}
-  curves = outputs.curves
-  monkeypatch.setattr(outputs, "curves", lambda *a, **k: seen.update(k) or curves(*a, **k))
-  plot.plot(str(tmp_path), ["loss"])
-  assert seen["finals"] == {"sgd": per_seed}
+  saved = {}
+  monkeypatch.setattr(outputs.Workdir, "save_figure_to", lambda d, fig, out: saved.update(fig=fig))
+  plot.plot(str(tmp_path), ["loss"], log_y=True)
+  (line,) = saved["fig"].axes[0].get_lines()
+  assert list(line.get_ydata()) == [1.0, 1.0]  # seed 1's rows only
+  assert saved["fig"].axes[0].get_yscale() == "log"
+
+
+def test_curves_refuse_a_bad_panel_and_say_when_a_log_panel_has_nothing_to_draw():
+  rows = [{"method": "a", "seed": 0, "round": r, "gap": 0.0} for r in (1, 2)]
+  with pytest.raises(ValueError, match="panels: each is"):
+    outputs.curves(rows, ["a"], [("gap", "gap", "symlog")])
+  fig = outputs.curves(rows, ["a"], [("gap", "gap", "log")])
+  assert "no positive value for a log axis" in fig.axes[0].texts[0].get_text()
+
+
+def test_a_method_of_the_wrong_kind_is_refused_before_anything_runs(tmp_path):
+  import types
+
+  import jax.numpy as jnp
+  import ml_collections
+
+  from fedco import experiment
+
+  module = types.ModuleType("plain_only")
+  module.TABLE_KEYS, module.PROGRESS = ("objective",), "objective"
+  data = fedco.FederatedData.from_clients([{"x": np.ones((4, 2), np.float32)}] * 2)
+  loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
+  module.build = lambda config, method, seed, prepared: experiment.Run(
+    fedco.plain(loss), method.build(), data, jnp.zeros(2)
+  )
+  config = ml_collections.ConfigDict(
+    dict(
+      experiment="plain_only",
+      seeds=(0,),
+      rounds=2,
+      local_steps=1,
+      learning_rate=0.1,
+      batch_size=0,
+      eval_every=1,
+      methods=experiment.method_entries(
+        {"a_fedavg": {"algorithm": "fedavg"}, "b_comfedl": {"algorithm": "comfedl"}}
+      ),
+    )
+  )
+  with pytest.raises(ValueError, match=r"^--config\.methods\.b_comfedl\.algorithm: comfedl needs"):
+    experiment.train_and_evaluate(config, tmp_path / "run", QUIET, module=module)
+  assert not (tmp_path / "run").exists()  # fedavg, first, did not run either
 
 
 def test_an_experiment_module_without_build_is_named():

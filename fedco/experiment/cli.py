@@ -1,9 +1,13 @@
 r"""The experiment driver's command line (the flax examples' convention): a config file, overrides.
 
-An experiment binary is two lines (this repository's is ``experiments/main.py``)::
+An experiment binary is a few lines (this repository's is ``experiments/main.py``)::
+
+    import os
 
     from fedco.experiment import cli
-    cli.run(config_dir=os.path.join(os.path.dirname(__file__), "configs"))
+
+    if __name__ == "__main__":
+      cli.run(config_dir=os.path.join(os.path.dirname(__file__), "configs"))
 
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
 

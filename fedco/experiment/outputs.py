@@ -565,6 +565,11 @@ def curves(
   """
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 
+  for panel in panels:
+    if len(panel) not in (2, 3) or panel[2:] not in ((), ("log",)):
+      raise ValueError(
+        f"panels: each is (metric, y label) or (metric, y label, 'log'), got {panel!r}"
+      )
   at = (lambda r: r["round"] * steps[r["method"]]) if steps else (lambda r: r["round"])
   lost = {  # (label, seed) of the runs that diverged; seeds as str: summary.json's keys
     (label, str(seed)): f for label, by in (finals or {}).items() for seed, f in by.items()
@@ -583,9 +588,11 @@ def curves(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     rows = [r for r in records if r["method"] in drawn and _finite(r.get(key))]
-    if not any(r[key] for r in rows):  # flat lines would hide each other: say what it is
+    if not any(r[key] > 0 if log else r[key] for r in rows):  # nothing, or flat lines
       text = f"{ylabel}: " + (
-        "0 for every method at every evaluation" if rows else "no finite evaluation"
+        ("no positive value for a log axis" if log else "0 for every method at every evaluation")
+        if rows
+        else "no finite evaluation"
       )
       ax.text(
         0.5,

@@ -75,10 +75,8 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
     finals = {label: entry.get("per_seed", {}) for label, entry in methods.items()}
   except (OSError, ValueError, AttributeError):  # a run still going: no summary yet
     pass
-  fig = outputs.curves(rows, labels, [(m, m) for m in metrics], x=x, finals=finals)
-  for ax in fig.axes if log_y else ():
-    ax.set_yscale("log")
-  fig.tight_layout()  # again: log tick labels are wider
+  panels = [(m, m, "log") if log_y else (m, m) for m in metrics]
+  fig = outputs.curves(rows, labels, panels, x=x, finals=finals)
   return outputs.Workdir.save_figure_to(workdir, fig, out)
 
 

@@ -76,6 +76,7 @@ from ml_collections import config_dict
 import fedco
 from fedco import extend
 from fedco.experiment import outputs
+from fedco.runtime.checks import _check_kinds
 
 # Where a short ``config.experiment`` name is looked up: ``experiments.<name>``, this
 # repository's experiments (or your own package of that name, first on the path).
@@ -130,7 +131,8 @@ class Options:
   """The driver's flags: how to run, never what (they are left out of run identities).
 
   Attributes:
-    progress: a progress bar per run, and the table printed at the end.
+    progress: a progress bar per run, and the table printed at the end; without it, notes
+      that a run diverged or that the workdir's results are replaced still go to stderr.
     resume: resume runs from their checkpoints in the workdir (else start them over).
     checkpoint_every: rounds between a run's checkpoints.
     seeds_together: a method's seeds as one program where the module allows it
@@ -692,10 +694,12 @@ def same_iterations(config, method: Method) -> Dict[str, int]:
 
 
 def experiment_module(name):
-  """The module of experiment ``name``: ``experiments.<name>``, else your own module ``name``
-  (dotted, on ``sys.path``) with a ``build``."""
+  """The module of experiment ``name`` (with a ``build``): a dotted name is your own module
+  on ``sys.path``; a short one is ``experiments.<name>``, else a top-level module ``name``."""
   found = None
-  for candidate in (f"{PACKAGE}.{name}", name) if isinstance(name, str) and name else ():
+  given = (name,) if isinstance(name, str) and name else ()
+  short = tuple(f"{PACKAGE}.{n}" for n in given if "." not in n)
+  for candidate in short + given:
     try:
       spec = importlib.util.find_spec(candidate)
     except (ImportError, ValueError):  # a missing parent package
@@ -788,6 +792,11 @@ def train_and_evaluate(
   seed0 = outcome.seeds[0]
   prepared = {seed0: prepare(config, seed0, setup)}
   first = [module.build(config, m, seed0, prepared[seed0]) for m in runs]  # before writing
+  for method, run in zip(runs, first):  # a method of the wrong kind, before any run
+    try:
+      _check_kinds(run.problem, run.algorithm)
+    except ValueError as err:
+      raise ValueError(f"--config.methods.{method.entry}.algorithm: {err}") from None
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
@@ -826,7 +835,8 @@ def train_and_evaluate(
         session.one(method, seed, build(i, seed))
   outcome.per_method, outcome.table = outputs.seed_statistics(outcome.finals, module.TABLE_KEYS)
   _warn_unreported(module, outcome)
-  summary = {"experiment": config.experiment, "seeds": list(outcome.seeds)}
+  name = config.get("experiment") or module.__name__
+  summary = {"experiment": name, "seeds": list(outcome.seeds)}
   if hasattr(module, "summarize"):
     summary.update(module.summarize(config, outcome))
   summary.update(
