@@ -144,6 +144,16 @@ def test_the_guides_own_binary_runs_it_outside_the_repository(tmp_path):
   proc = run("--config=mylab/configs/least_squares.py")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (tmp_path / "run" / "summary.json").exists()
+  library = subprocess.run(  # no binary of one's own: the library's command line
+    [sys.executable, "-m", "fedco.experiment.cli", "--workdir=run2", "--noprogress"]
+    + ["--config=mylab/configs/least_squares.py"],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert library.returncode == 0 and (tmp_path / "run2" / "summary.json").exists(), library.stderr
   proc = run("--config=mylab/configs/nosuch.py")
   assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
     "error: --config='mylab/configs/nosuch.py' is not a config file; available in "

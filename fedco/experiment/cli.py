@@ -9,6 +9,9 @@ An experiment binary is a few lines (this repository's is ``experiments/main.py`
     if __name__ == "__main__":
       cli.run(config_dir=os.path.join(os.path.dirname(__file__), "configs"))
 
+or no binary at all (``python -m fedco.experiment.cli --config=<file> --workdir=<dir>``).
+This repository's::
+
     python -m experiments.main --config=experiments/configs/dro_fl.py --workdir=runs/e1
 
 The config names its experiment (``config.experiment``), which
@@ -338,3 +341,7 @@ def parse_flags(argv):
       file=sys.stderr,
     )
   sys.exit(1)
+
+
+if __name__ == "__main__":  # python -m fedco.experiment.cli --config=... (no binary of your own)
+  run()
