@@ -5,8 +5,8 @@ others; each is scored on its own rows of the standard test split (181 and 16,10
 are the shared preprocessing of :func:`fedco.data.load_adult` (categorical columns one-hot,
 continuous ones bucketised and one-hot, race held out); the model is logistic regression.
 The compared methods and their settings are ``config.methods`` (each a ``fedco.ALGORITHMS``
-name, the problem form it solves and its arguments); every method gets the budget's learning
-rate, local steps and batch size. The agnostic-FL and q-FFL papers report that DRO methods
+name, the problem form it solves (unset: the one of its kind) and its arguments); every
+method gets the budget's learning rate, local steps and batch size. The agnostic-FL and q-FFL papers report that DRO methods
 raise the doctorate client's test accuracy above (sample-weighted) FedAvg's.
 
 Run through the config driver (``adult_dro_converged.py`` and ``adult_dro_privacy.py`` are
@@ -66,28 +66,33 @@ def check(config) -> None:
   check_problems(config)
 
 
+# A method that names no problem form solves the one of its kind (decision 92).
+FORMS = {"plain": "erm", "local": "kl_exp", "global": "kl_log"}
+
+
 def check_problems(config) -> None:
-  """Every method names the problem form it solves (``ValueError`` naming the field)."""
+  """Every method's problem form, where it names one (``ValueError`` naming the field)."""
   for label, entry in config.methods.items():
-    if entry.get("problem") not in PROBLEMS:
+    if entry.get("problem") not in (None, *PROBLEMS):
       raise ValueError(
-        f"--config.methods.{label}.problem must be one of {PROBLEMS}, got {entry.get('problem')!r}"
+        f"--config.methods.{label}.problem must be one of {PROBLEMS} (or unset: the form of "
+        f"its algorithm's kind), got {entry.get('problem')!r}"
       )
 
 
 def problem_and_algorithm(config, method, loss, num_clients: int, name: str):
   """``(problem, algorithm, scale)``: the method's problem form (``method.problem["problem"]``:
   the plain loss named ``name``, or client-level KL-DRO at ``config.gamma`` in its exp or log
-  form), its algorithm (normalised ComFedL also gets ``gamma``) and how many rounds of one
+  form; unset: the form of the algorithm's kind, :data:`FORMS`), its algorithm (normalised ComFedL also gets ``gamma``) and how many rounds of one
   step stand for one round (``method.local_steps`` for methods without local steps, AFL)."""
-  form = method.problem["problem"]
+  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
+  form = method.problem.get("problem") or FORMS[algorithm.problem_kind]
   if form == "erm":
     problem = fedco.plain(loss, name=name)
   elif form == "kl_exp":
     problem = fedco.problems.client_kl_dro(loss, config.gamma)
   else:
     problem = fedco.problems.client_kl_dro_log(loss, config.gamma, num_clients)
-  algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
   scale = 1 if algorithm.plan.local_steps > 1 else method.local_steps
   return problem, algorithm, scale
 

@@ -73,3 +73,18 @@ def test_the_driver_runs_a_config_file_and_refuses_bad_fields(tmp_path):
   assert unknown.returncode != 0 and "Traceback" not in unknown.stderr
   missing = run("--config.data_dir=/nonexistent")
   assert missing.returncode == 1 and "--config.data_dir" in missing.stderr
+
+
+def test_a_method_without_a_problem_form_solves_the_one_of_its_kind():
+  from experiments import adult_dro
+
+  config = adult_config.get_config()
+  forms = {}
+  for algorithm in ("fedavg", "comfedl", "feddro"):
+    method = runner.Method(algorithm, algorithm, {}, 0.1, 2)  # no "problem" in its entry
+    problem, _, _ = adult_dro.problem_and_algorithm(config, method, lambda p, e: 0.0, 2, "bce")
+    forms[algorithm] = problem.kind if problem.compositional else "plain"
+  assert forms == {"fedavg": "plain", "comfedl": "local", "feddro": "global"}
+  config.methods.fedavg.problem = "kl_two"
+  with pytest.raises(ValueError, match=r"--config\.methods\.fedavg\.problem must be one of"):
+    adult_dro.check_problems(config)

@@ -196,3 +196,26 @@ def test_your_own_method_runs_in_a_paper_experiment_as_the_guide_says(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith(("clip", "fed"))]
   assert rows == ["clipped", "fedavg"], proc.stdout
+  # editing your algorithm starts its runs afresh; FedAvg's resume
+  with open(tmp_path / "mylab" / "clipped_sgd.py", "a") as f:
+    f.write("\n# an edit\n")
+  proc = _main(tmp_path, tmp_path / "mylab" / "e1_clipped.py", tmp_path / "run", *flags, *short)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  resumed = [line for line in proc.stderr.splitlines() if line.startswith("resumed")]
+  assert resumed and all("/fedavg-" in line for line in resumed), proc.stderr
+
+
+def test_editing_your_module_starts_its_runs_afresh(guide, tmp_path):
+  where, args = guide
+  (tmp_path / "variant.py").write_text((where / "least_squares.py").read_text())
+  config = (where / "least_squares_config.py").read_text().replace('"least_squares"', '"variant"')
+  (tmp_path / "variant_config.py").write_text(config.replace("rounds = 30", "rounds = 2"))
+  again = lambda: _main(tmp_path, tmp_path / "variant_config.py", tmp_path / "run", *args)
+  assert again().returncode == 0
+  resumed = again()
+  assert resumed.returncode == 0 and "resumed from round 2" in resumed.stderr, resumed.stderr
+  with open(tmp_path / "variant.py", "a") as f:
+    f.write("\n# an edit: its runs' results may differ now\n")
+  edited = again()
+  assert edited.returncode == 0, edited.stderr[-2000:]
+  assert "resumed" not in edited.stderr, edited.stderr  # the old code's checkpoints stay unused

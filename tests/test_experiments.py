@@ -516,3 +516,50 @@ def test_an_experiment_module_without_build_is_named():
     runner.experiment_module("json")
   with pytest.raises(ValueError, match=r"on the Python path .*got 'no_such_module'"):
     runner.experiment_module("no_such_module")
+
+
+def test_plotting_a_run_still_going_draws_its_rows_so_far(tmp_path):
+  from fedco.experiment import plot
+
+  wd = outputs.Workdir(tmp_path)  # a run that has not completed: rows in in_progress/ only
+  with open(wd.record(wd.file(outputs.METRICS)), "w") as f:
+    for r in (1, 2):
+      f.write(json.dumps({"method": "sgd", "seed": 0, "round": r, "loss": 1.0 / r}) + "\n")
+  assert plot.plot(str(tmp_path), ["loss"]) == str(tmp_path / "plot.png")
+  with pytest.raises(FileNotFoundError, match="nor in_progress/metrics.jsonl"):
+    plot.plot(str(tmp_path / "elsewhere"), ["loss"])
+
+
+def test_a_rerun_with_fewer_methods_says_the_others_results_are_replaced(tmp_path, capsys):
+  import types
+
+  import jax.numpy as jnp
+  import ml_collections
+
+  from fedco import experiment
+
+  module = types.ModuleType("tiny")
+  module.TABLE_KEYS, module.PROGRESS = ("objective",), "objective"
+  data = fedco.FederatedData.from_clients([{"x": np.ones((4, 2), np.float32)}] * 2)
+  loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
+  module.build = lambda config, method, seed, prepared: experiment.Run(
+    fedco.plain(loss), method.build(), data, jnp.zeros(2)
+  )
+  entries = {"fedavg": {"algorithm": "fedavg"}, "fedprox": {"algorithm": "fedprox", "mu": 0.1}}
+  config = ml_collections.ConfigDict(
+    dict(
+      experiment="tiny",
+      seeds=(0,),
+      rounds=2,
+      local_steps=1,
+      learning_rate=0.1,
+      batch_size=0,
+      eval_every=1,
+      methods=experiment.method_entries(entries),
+    )
+  )
+  experiment.train_and_evaluate(config, tmp_path, QUIET, module=module)
+  del config.methods["fedprox"]  # what --methods=fedavg does
+  capsys.readouterr()
+  experiment.train_and_evaluate(config, tmp_path, QUIET, module=module)
+  assert "holds the results of fedprox, which this run leaves out" in capsys.readouterr().err

@@ -3,8 +3,11 @@ r"""Regenerate plots from an experiment's ``metrics.jsonl``.
     python -m fedco.experiment.plot --workdir=runs/e1 --metrics=val_acc_avg,val_acc_worst
 
 One panel per metric; one line per method (the mean over seeds, with a band of +- one
-standard deviation when there are several); the x axis is ``--x`` (default ``round``).
-Writes ``--out`` (default ``plot.png``) into the workdir, atomically.
+standard deviation when there are several, runs that diverged left out as in the table);
+the x axis is ``--x`` (default ``round``). A workdir without complete results yet (a run
+still going, or stopped) is drawn from the rows its run has written so far
+(``in_progress/metrics.jsonl``). Writes ``--out`` (default ``plot.png``) into the workdir,
+atomically.
 """
 
 from __future__ import annotations
@@ -48,8 +51,14 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   """Draws the figure and returns its path; ``ValueError``/``FileNotFoundError`` on bad input."""
   workdir = outputs.check_workdir(workdir)
   path = os.path.join(workdir, outputs.METRICS)
+  running = os.path.join(workdir, outputs.STAGING, outputs.METRICS)
+  complete = os.path.exists(path)
+  path = path if complete else running  # no complete results yet: the running run's rows
   if not os.path.exists(path):
-    raise FileNotFoundError(f"--workdir has no {outputs.METRICS}: {path}")
+    raise FileNotFoundError(
+      f"--workdir has no {outputs.METRICS}, nor {outputs.STAGING}/{outputs.METRICS} of a run "
+      f"still going: {workdir}"
+    )
   records = outputs.read_jsonl(path)
   if not records:
     raise ValueError(f"{path} holds no records to plot")
@@ -69,12 +78,14 @@ def plot(workdir, metrics=(), x="round", out="plot.png", log_y=False) -> str:
   if x != "round":  # outputs.curves draws against rounds: the x field takes their place
     rows = [{**r, "round": r[x]} for r in rows]
   finals = None  # runs that diverged are left out, as in the table (summary.json says which)
-  try:
-    with open(os.path.join(workdir, outputs.SUMMARY)) as f:
-      methods = json.load(f).get("methods", {})
-    finals = {label: entry.get("per_seed", {}) for label, entry in methods.items()}
-  except (OSError, ValueError, AttributeError):  # a run still going: no summary yet
-    pass
+  summary = os.path.join(workdir, outputs.SUMMARY)
+  if complete and os.path.exists(summary):  # (beside in_progress/ rows: an earlier run's)
+    try:
+      with open(summary) as f:
+        methods = json.load(f).get("methods", {})
+      finals = {label: entry.get("per_seed", {}) for label, entry in methods.items()}
+    except (OSError, ValueError, AttributeError):
+      pass
   panels = [(m, m, "log") if log_y else (m, m) for m in metrics]
   fig = outputs.curves(rows, labels, panels, x=x, finals=finals)
   return outputs.Workdir.save_figure_to(workdir, fig, out)

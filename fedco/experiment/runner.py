@@ -62,6 +62,7 @@ import importlib
 import importlib.util
 import inspect
 import itertools
+import os
 import pathlib
 import sys
 import time
@@ -802,7 +803,20 @@ def train_and_evaluate(
   )
   wd, as_dict = outputs.Workdir(workdir), config.to_dict()
   changed = outputs.changed_config(wd, as_dict)
-  if changed:  # also without --progress: results are about to be replaced
+  left_out = [  # "methods.<label>": a whole method only the previous run had
+    c[8:]
+    for c in changed
+    if c.startswith("methods.") and "." not in c[8:] and c[8:] not in config.methods
+  ]
+  if changed and len(left_out) == len(changed):  # only methods this run does not run
+    print(
+      f"note: {workdir} holds the results of {', '.join(left_out)}, which this run leaves out "
+      "(--methods); this run's results replace those when it completes, and their "
+      "checkpoints stay: a run with them gives them back without running again",
+      file=sys.stderr,
+      flush=True,
+    )
+  elif changed:  # also without --progress: results are about to be replaced
     print(
       f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
       f"{' ...' if len(changed) > 5 else ''} differ); runs whose settings changed start "
@@ -817,6 +831,8 @@ def train_and_evaluate(
     fedco.runtime.CsvWriter(wd.record(wd.file(outputs.METRICS_CSV))),
   ]
   base = {k: v for k, v in as_dict.items() if k not in CHOOSING}
+  if code_digest(module):  # your experiment's code: editing it starts its runs afresh
+    base["module_sha256"] = code_digest(module)
   session = _Session(module, config, options, wd, writers, outcome, base)
   if (
     options.seeds_together
@@ -880,9 +896,28 @@ def _warn_unreported(module, outcome: Outcome) -> None:
 def identity(
   base: Mapping[str, Any], method: Method, seed: int, schedule: Mapping[str, Any]
 ) -> Dict[str, Any]:
-  """What defines one run: ``base`` (the config's run-defining fields and the digest of the
-  run's data and initial model), the method's settings, the seed and the schedule."""
-  return {**base, **schedule, "method": method.settings(), "seed": seed}
+  """What defines one run: ``base`` (the config's run-defining fields, the digest of the
+  run's data and initial model and of the experiment module's source), the method's
+  settings and its algorithm's source digest (:func:`code_digest`), the seed and the
+  schedule."""
+  code = code_digest(fedco.ALGORITHMS.get(method.algorithm))
+  method_id = {**method.settings(), **({"source_sha256": code} if code else {})}
+  return {**base, **schedule, "method": method_id, "seed": seed}
+
+
+def code_digest(obj) -> Optional[str]:
+  """The SHA-256 of the source file defining ``obj`` (a module, a factory) when it lies
+  outside fedco: editing your experiment module or your algorithm then starts its runs
+  afresh instead of resuming checkpoints of the old code. ``None`` for fedco's own code
+  (an upgrade keeps resuming; the checkpoints' fingerprints guard it) or none on disk."""
+  try:
+    path = inspect.getsourcefile(inspect.unwrap(obj))
+  except (TypeError, ValueError):  # built in, or defined in place: no file
+    return None
+  if not path or not os.path.isfile(path):
+    return None
+  inside = os.path.join(os.path.realpath(os.path.dirname(fedco.__file__)), "")
+  return None if os.path.realpath(path).startswith(inside) else outputs.file_digest(path)
 
 
 def digest(tree) -> str:
