@@ -477,7 +477,8 @@ def test_curves_refuse_a_bad_panel_and_say_when_a_log_panel_has_nothing_to_draw(
   assert "no positive value for a log axis" in fig.axes[0].texts[0].get_text()
 
 
-def test_a_method_of_the_wrong_kind_is_refused_before_anything_runs(tmp_path):
+def _plain_experiment(entries):
+  """An experiment module defined in place (a plain problem on two clients) and its config."""
   import types
 
   import jax.numpy as jnp
@@ -492,22 +493,20 @@ def test_a_method_of_the_wrong_kind_is_refused_before_anything_runs(tmp_path):
   module.build = lambda config, method, seed, prepared: experiment.Run(
     fedco.plain(loss), method.build(), data, jnp.zeros(2)
   )
+  fields = dict(seeds=(0,), rounds=2, local_steps=1, learning_rate=0.1, batch_size=0)
   config = ml_collections.ConfigDict(
     dict(
-      experiment="plain_only",
-      seeds=(0,),
-      rounds=2,
-      local_steps=1,
-      learning_rate=0.1,
-      batch_size=0,
-      eval_every=1,
-      methods=experiment.method_entries(
-        {"a_fedavg": {"algorithm": "fedavg"}, "b_comfedl": {"algorithm": "comfedl"}}
-      ),
+      experiment="plain_only", eval_every=1, **fields, methods=experiment.method_entries(entries)
     )
   )
+  return module, config
+
+
+def test_a_method_of_the_wrong_kind_is_refused_before_anything_runs(tmp_path):
+  entries = {"a_fedavg": {"algorithm": "fedavg"}, "b_comfedl": {"algorithm": "comfedl"}}
+  module, config = _plain_experiment(entries)
   with pytest.raises(ValueError, match=r"^--config\.methods\.b_comfedl\.algorithm: comfedl needs"):
-    experiment.train_and_evaluate(config, tmp_path / "run", QUIET, module=module)
+    runner.train_and_evaluate(config, tmp_path / "run", QUIET, module=module)
   assert not (tmp_path / "run").exists()  # fedavg, first, did not run either
 
 
@@ -531,35 +530,10 @@ def test_plotting_a_run_still_going_draws_its_rows_so_far(tmp_path):
 
 
 def test_a_rerun_with_fewer_methods_says_the_others_results_are_replaced(tmp_path, capsys):
-  import types
-
-  import jax.numpy as jnp
-  import ml_collections
-
-  from fedco import experiment
-
-  module = types.ModuleType("tiny")
-  module.TABLE_KEYS, module.PROGRESS = ("objective",), "objective"
-  data = fedco.FederatedData.from_clients([{"x": np.ones((4, 2), np.float32)}] * 2)
-  loss = lambda w, e: jnp.sum((w - e["x"]) ** 2)
-  module.build = lambda config, method, seed, prepared: experiment.Run(
-    fedco.plain(loss), method.build(), data, jnp.zeros(2)
-  )
   entries = {"fedavg": {"algorithm": "fedavg"}, "fedprox": {"algorithm": "fedprox", "mu": 0.1}}
-  config = ml_collections.ConfigDict(
-    dict(
-      experiment="tiny",
-      seeds=(0,),
-      rounds=2,
-      local_steps=1,
-      learning_rate=0.1,
-      batch_size=0,
-      eval_every=1,
-      methods=experiment.method_entries(entries),
-    )
-  )
-  experiment.train_and_evaluate(config, tmp_path, QUIET, module=module)
+  module, config = _plain_experiment(entries)
+  runner.train_and_evaluate(config, tmp_path, QUIET, module=module)
   del config.methods["fedprox"]  # what --methods=fedavg does
   capsys.readouterr()
-  experiment.train_and_evaluate(config, tmp_path, QUIET, module=module)
+  runner.train_and_evaluate(config, tmp_path, QUIET, module=module)
   assert "holds the results of fedprox, which this run leaves out" in capsys.readouterr().err
