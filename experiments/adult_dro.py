@@ -6,8 +6,9 @@ are the shared preprocessing of :func:`fedco.data.load_adult` (categorical colum
 continuous ones bucketised and one-hot, race held out); the model is logistic regression.
 The compared methods and their settings are ``config.methods`` (each a ``fedco.ALGORITHMS``
 name, the problem form it solves (unset: the one of its kind) and its arguments); every
-method gets the budget's learning rate, local steps and batch size. The agnostic-FL and q-FFL papers report that DRO methods
-raise the doctorate client's test accuracy above (sample-weighted) FedAvg's.
+method gets the budget's learning rate, local steps and batch size. The agnostic-FL and
+q-FFL papers report that DRO methods raise the doctorate client's test accuracy above
+(sample-weighted) FedAvg's.
 
 Run through the config driver (``adult_dro_converged.py`` and ``adult_dro_privacy.py`` are
 its variants)::
@@ -83,8 +84,9 @@ def check_problems(config) -> None:
 def problem_and_algorithm(config, method, loss, num_clients: int, name: str):
   """``(problem, algorithm, scale)``: the method's problem form (``method.problem["problem"]``:
   the plain loss named ``name``, or client-level KL-DRO at ``config.gamma`` in its exp or log
-  form; unset: the form of the algorithm's kind, :data:`FORMS`), its algorithm (normalised ComFedL also gets ``gamma``) and how many rounds of one
-  step stand for one round (``method.local_steps`` for methods without local steps, AFL)."""
+  form; unset: the form of the algorithm's kind, :data:`FORMS`), its algorithm (normalised
+  ComFedL also gets ``gamma``) and how many rounds of one step stand for one round
+  (``method.local_steps`` for methods without local steps, AFL)."""
   algorithm = method.build(**({"gamma": config.gamma} if method.kwargs.get("normalized") else {}))
   form = method.problem.get("problem") or FORMS[algorithm.problem_kind]
   if form == "erm":

@@ -185,18 +185,14 @@ def logistic_model(num_classes: int = 10):
 
 
 def kind(method: runner.Method, gamma) -> str:
-  """The problem kind ``method``'s algorithm solves: ``"plain"`` (the cross-entropy),
-  ``"local"`` (client-level KL-DRO in ComFedL's exp form) or ``"global"`` (its log form,
-  for a method of global-inner problems: FedDRO-like, yours)."""
+  """The problem kind ``method``'s algorithm solves (its ``problem_kind``)."""
   return method.build(**gamma_kwargs(method, gamma)).problem_kind
 
 
-def solves_dro(method: runner.Method, gamma) -> bool:
-  return kind(method, gamma) != "plain"
-
-
-def make_problem(method, loss, gamma, num_clients):
-  form = kind(method, gamma)
+def make_problem(form, loss, gamma, num_clients):
+  """The problem of kind ``form``: ``"plain"`` (the cross-entropy), ``"local"`` (client-level
+  KL-DRO in ComFedL's exp form) or ``"global"`` (its log form, for a method of global-inner
+  problems: FedDRO-like, yours)."""
   if form == "local":
     return fedco.problems.client_kl_dro(loss, gamma)
   if form == "global":
@@ -204,9 +200,9 @@ def make_problem(method, loss, gamma, num_clients):
   return fedco.plain(loss, name="cross_entropy")
 
 
-def train_data(method, gamma, train):
+def train_data(form, train):
   """The training clients; the log form's inner function reads each example's client."""
-  return train.with_owner() if kind(method, gamma) == "global" else train
+  return train.with_owner() if form == "global" else train
 
 
 def gamma_kwargs(method, gamma) -> Dict[str, Any]:
@@ -214,11 +210,11 @@ def gamma_kwargs(method, gamma) -> Dict[str, Any]:
   return {"gamma": gamma} if method.kwargs.get("normalized") else {}
 
 
-def dro_weights(method, gamma, train):
-  """``(gamma, prior)`` of the implied client weights a DRO method reports, or ``(None,
-  None)``: its KL ball is centred at the uniform prior, or at the data sizes with
-  ``weighting="samples"``."""
-  if not solves_dro(method, gamma):
+def dro_weights(method, form, gamma, train):
+  """``(gamma, prior)`` of the implied client weights a DRO method (of problem kind ``form``)
+  reports, or ``(None, None)``: its KL ball is centred at the uniform prior, or at the data
+  sizes with ``weighting="samples"``."""
+  if form == "plain":
     return None, None
   sizes = method.kwargs.get("weighting") == "samples"
   return gamma, (np.asarray(train.counts, np.float32) if sizes else None)
@@ -312,20 +308,21 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
     params = models.init_params(model, fed.train.examples["x"][0], seed)
     held_out = {"clients": {"val": fed.val}}  # what the choice sees
     for method in found:
-      problem_axes = {"gamma": config.grid.gamma} if solves_dro(method, config.gamma) else {}
+      form = kind(method, config.gamma)
+      problem_axes = {"gamma": config.grid.gamma} if form != "plain" else {}
       searches[method.label].append(
         runner.search(
           method,
           runner.grid_axes(config, method, problem_axes),
           problem_axes=tuple(problem_axes),
-          make_problem=lambda p, m=method: make_problem(
-            m, loss, p.get("gamma", config.gamma), config.num_clients
+          make_problem=lambda p, form=form: make_problem(
+            form, loss, p.get("gamma", config.gamma), config.num_clients
           ),
           algorithm_kwargs=lambda p, m=method: gamma_kwargs(m, p.get("gamma", config.gamma)),
           score=lambda metrics, r: [
             outputs.final_metrics({k: v[r] for k, v in metrics.items()})[k] for k in SCORE
           ],
-          data=train_data(method, config.gamma, fed.train),
+          data=train_data(form, fed.train),
           params=params,
           seed=seed,
           rounds=config.rounds,
@@ -355,12 +352,14 @@ def prepare(config, seed, setup):
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
   gamma, fed = method.problem["gamma"], prepared["fed"]
-  weights_gamma, prior = dro_weights(method, gamma, fed.train)
+  algorithm = method.build(**gamma_kwargs(method, gamma))
+  form = algorithm.problem_kind
+  weights_gamma, prior = dro_weights(method, form, gamma, fed.train)
   held_out = {"clients": prepared["clients"], **({} if prior is None else {"prior": prior})}
   return runner.Run(
-    make_problem(method, prepared["loss"], gamma, config.num_clients),
-    method.build(**gamma_kwargs(method, gamma)),
-    train_data(method, gamma, fed.train),
+    make_problem(form, prepared["loss"], gamma, config.num_clients),
+    algorithm,
+    train_data(form, fed.train),
     prepared["params"],
     simulate={"evaluate": False},
     metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma),

@@ -143,13 +143,14 @@ def prepare(config, seed, base: adult.AdultData):
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
   fed, params, metrics_fn, splits = prepared
-  if unconstrained(method):
+  algorithm = method.build()
+  if algorithm.problem_kind == "plain":  # the unconstrained baseline (see unconstrained)
     problem = fair.unconstrained()
   else:
     problem = fair.fairness_problem(adult.NUM_GROUPS, config.eps, config.alpha, config.gamma)
   return runner.Run(
     problem,
-    method.build(),
+    algorithm,
     fed,
     params,
     metrics_fn=metrics_fn,

@@ -368,7 +368,8 @@ def test_a_method_gets_the_dro_problem_of_its_kind(tmp_path):
   forms = {}
   for label, algorithm in (("comfedl", "comfedl"), ("feddro", "feddro"), ("fedavg", "fedavg")):
     method = runner.Method(label, algorithm, {}, 0.01, 5, problem={"gamma": 0.2})
-    problem = dro_fl.make_problem(method, lambda p, e: 0.0, 0.2, config.num_clients)
+    form = dro_fl.kind(method, 0.2)
+    problem = dro_fl.make_problem(form, lambda p, e: 0.0, 0.2, config.num_clients)
     forms[label] = problem.kind if problem.compositional else "plain"
   assert forms == {"comfedl": "local", "feddro": "global", "fedavg": "plain"}
   config.methods = runner.method_entries(

@@ -538,8 +538,9 @@ def curves(
   ``seed``, ``round``, metrics) with a +- std band, in its own line style and with markers at
   staggered points, so methods that coincide stay visible. Runs that diverged
   (``finals[label][seed]`` holds ``diverged``) are left out, as in the table: their last
-  rows before the divergence would set the axis; the legend says where they diverged. A panel whose values are all 0
-  (or none finite) holds no flat lines but a sentence saying so (``notes[key]``: why).
+  rows before the divergence would set the axis; the legend says where they diverged. A
+  panel whose values are all 0 (or none finite) holds no flat lines but a sentence saying so
+  (``notes[key]``: why).
 
   Args:
     records: the rows.
@@ -572,10 +573,13 @@ def curves(
       )
   at = (lambda r: r["round"] * steps[r["method"]]) if steps else (lambda r: r["round"])
   lost = {  # (label, seed) of the runs that diverged; seeds as str: summary.json's keys
-    (label, str(seed)): f for label, by in (finals or {}).items() for seed, f in by.items()
+    (label, str(seed)): f
+    for label, by in (finals or {}).items()
+    for seed, f in by.items()
+    if "diverged" in f
   }
-  lost = {k: f for k, f in lost.items() if "diverged" in f}
   records = [r for r in records if (r["method"], str(r.get("seed"))) not in lost]
+  names = {label: _named(label, lost, len((finals or {}).get(label, ()))) for label in labels}
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
   ncols = ncols or len(panels)
   nrows = -(-len(panels) // ncols)
@@ -614,7 +618,7 @@ def curves(
       (line,) = ax.plot(
         xs,
         shown(mean),
-        label=_named(label, lost, len((finals or {}).get(label, ()))),
+        label=names[label],
         linestyle=LINESTYLES[i % len(LINESTYLES)],
         marker=MARKERS[i % len(MARKERS)],
         markerfacecolor="none",
@@ -629,8 +633,7 @@ def curves(
   legend = next((ax for ax in axes if ax.lines), axes[0])
   for label in labels:
     if label not in drawn:
-      name = _named(label, lost, len((finals or {}).get(label, ())))
-      name = name if name != label else f"{label} (no finite evaluation)"
+      name = names[label] if names[label] != label else f"{label} (no finite evaluation)"
       legend.plot([], [], linestyle="none", marker="x", color="black", label=name)
   if legend.lines:
     legend.legend(fontsize=8)

@@ -1,9 +1,10 @@
 """The experiment skeleton: :func:`train_and_evaluate` runs an experiment from its config.
 
 An experiment is a module holding its science only (``experiments/<name>.py`` in this
-repository, or your own ``my_package.my_module``); this module owns the rest: the workdir and its lock, config checks, checkpoints (resumed on rerun), the
-metric writers, the seeds x methods loop through ``fedco.simulate`` (or each method's seeds
-through one ``fedco.sweep``), divergence notes, the final table, the trade-off figures and
+repository, or your own ``my_package.my_module``); this module owns the rest: the workdir
+and its lock, config checks, checkpoints (resumed on rerun), the metric writers, the seeds
+x methods loop through ``fedco.simulate`` (or each method's seeds through one
+``fedco.sweep``), divergence notes, the final table, the trade-off figures and
 ``summary.json``.
 
 **An experiment module** defines (only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are
@@ -50,8 +51,9 @@ last (no row for the initial model), and in its final values ``seconds`` and ``b
 
 **A run's identity** (its checkpoint folder) is derived here alone: the config without the
 fields that only choose runs (:data:`CHOOSING`), the method's settings, the seed, the run's
-schedule and a digest of its data and initial model; a rerun with the same identity resumes,
-any change starts afresh.
+schedule, a digest of its data and initial model, and of the source files of the experiment
+module and the method's algorithm when they lie outside fedco (:func:`code_digest`); a
+rerun with the same identity resumes, any change starts afresh.
 """
 
 from __future__ import annotations
@@ -831,8 +833,9 @@ def train_and_evaluate(
     fedco.runtime.CsvWriter(wd.record(wd.file(outputs.METRICS_CSV))),
   ]
   base = {k: v for k, v in as_dict.items() if k not in CHOOSING}
-  if code_digest(module):  # your experiment's code: editing it starts its runs afresh
-    base["module_sha256"] = code_digest(module)
+  source = code_digest(module)
+  if source:  # your experiment's code: editing it starts its runs afresh
+    base["module_sha256"] = source
   session = _Session(module, config, options, wd, writers, outcome, base)
   if (
     options.seeds_together
