@@ -132,14 +132,19 @@ def read_leaf(path) -> Dict[str, Dict[str, list]]:
     >>> fedco.data.read_leaf(path)
     {'u1': {'x': [[0.5, 1.0], [0.0, 2.0]], 'y': [1, 0]}}
   """
+  return _read_leaf(os.fspath(path))[0]
+
+
+def _read_leaf(path: str) -> Tuple[Dict[str, Dict[str, list]], Dict[str, str]]:
+  """:func:`read_leaf` and the file each user came from."""
   users: Dict[str, Dict[str, list]] = {}
   where: Dict[str, str] = {}
-  for file in _files(os.fspath(path)):
+  for file in _files(path):
     for user, arrays in _read_file(file).items():
       if user in users:
         raise ValueError(f"{file}: user {user!r} is also in {where[user]}")
       users[user], where[user] = arrays, file
-  return users
+  return users, where
 
 
 def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
@@ -188,22 +193,43 @@ def write_leaf(path, users: Mapping[str, Mapping[str, Any]]) -> None:
   io.atomic_write(os.fspath(path), json.dumps(content))
 
 
-def _labels(y: list, user: str, split: str) -> np.ndarray:
-  bad = f"{split} user {user!r}: labels must be a list of integers >= 0 (class ids)"
-  odd = [v for v in y if not isinstance(v, (int, float))]  # (a bool is an int: 0 or 1)
-  if odd:  # class names, one-hot rows, numbers written as strings
-    raise ValueError(f"{bad}, got {odd[0]!r}")
-  labels = np.asarray(y, dtype=np.float64).reshape(-1)
-  if labels.size and (np.any(labels != np.round(labels)) or labels.min() < 0):
-    raise ValueError(bad)
+def class_ids(y, who: str) -> np.ndarray:
+  """Class ids from a list (LEAF) or an array (FedJAX) of labels; whole numbers >= 0 only."""
+  bad = f"{who}: labels must be a list of integers >= 0 (class ids)"
+  values = np.asarray(y) if isinstance(y, np.ndarray) else None
+  if values is None:
+    odd = [v for v in y if not isinstance(v, (int, float))]  # (a bool is an int: 0 or 1)
+    if odd:  # class names, one-hot rows, numbers written as strings
+      raise ValueError(f"{bad}, got {odd[0]!r}")
+    values = np.asarray(y, dtype=np.float64)
+  elif values.dtype.kind not in "biuf":
+    raise ValueError(f"{bad}, got an array of {values.dtype}")
+  labels = values.astype(np.float64).reshape(-1)
+  if labels.size and not np.all(np.isfinite(labels)):
+    raise ValueError(f"{bad}, got {labels[~np.isfinite(labels)][0]!r}")
+  fractional = labels != np.round(labels)
+  if np.any(fractional):
+    raise ValueError(f"{bad}, got {labels[fractional][0]!r} (example {np.argmax(fractional)})")
+  if labels.size and labels.min() < 0:
+    raise ValueError(f"{bad}, got {labels.min():g} (example {np.argmin(labels)})")
   return labels.astype(np.int32)
 
 
-def _femnist(x, y, user, split, _):
-  pixels = np.asarray(x, np.float32)
-  if pixels.ndim != 2 or pixels.shape[1] != 784:
-    raise ValueError(f"{split} user {user!r}: femnist inputs must be 784 pixels each")
-  return {"x": 1.0 - pixels.reshape(-1, 28, 28, 1), "y": _labels(y, user, split)}
+def grey_images(x, who: str) -> np.ndarray:
+  """EMNIST-style grey images ``[n, 28, 28, 1]`` from rows of 784 pixels (or 28x28)."""
+  try:
+    pixels = np.asarray(x, np.float32)
+  except (ValueError, TypeError):  # rows of different lengths, or not numbers
+    raise ValueError(
+      f"{who}: inputs must be 784 pixels (28x28) each, got rows of different lengths or not numbers"
+    ) from None
+  if pixels.ndim not in (2, 3) or int(np.prod(pixels.shape[1:])) != 784:
+    raise ValueError(f"{who}: inputs must be 784 pixels (28x28) each, got shape {pixels.shape}")
+  return pixels.reshape(-1, 28, 28, 1)
+
+
+def _femnist(x, y, who, _):
+  return {"x": 1.0 - grey_images(x, who), "y": class_ids(y, who)}
 
 
 def letter_ids(text: str) -> List[int]:
@@ -211,39 +237,37 @@ def letter_ids(text: str) -> List[int]:
   return [LETTERS.find(c) if c in LETTERS else len(LETTERS) for c in text]
 
 
-def _shakespeare(x, y, user, split, _):
+def _shakespeare(x, y, who, _):
   if any(not isinstance(s, str) or len(s) != 80 for s in x):
-    raise ValueError(f"{split} user {user!r}: shakespeare inputs must be 80-character strings")
+    raise ValueError(f"{who}: shakespeare inputs must be 80-character strings")
   if any(not isinstance(c, str) or len(c) != 1 for c in y):
-    raise ValueError(f"{split} user {user!r}: shakespeare labels must be single characters")
+    raise ValueError(f"{who}: shakespeare labels must be single characters")
   xs = np.asarray([letter_ids(s) for s in x], np.int32).reshape(-1, 80)
   return {"x": xs, "y": np.asarray(letter_ids("".join(y)), np.int32)}
 
 
-def _words(row, user, split) -> List[str]:
+def _words(row, who: str) -> List[str]:
   if not isinstance(row, list) or len(row) < 5 or not isinstance(row[4], str):
-    raise ValueError(f"{split} user {user!r}: sent140 inputs must be tweet rows, text 5th")
+    raise ValueError(f"{who}: sent140 inputs must be tweet rows, text 5th")
   return re.findall(r"[\w']+", row[4].lower())
 
 
-def _sent140(x, y, user, split, vocab):
+def _sent140(x, y, who, vocab):
   ids = np.zeros((len(x), vocab["max_len"]), np.int32)
   for i, row in enumerate(x):
-    tokens = [vocab["index"].get(w, 1) for w in _words(row, user, split)][: vocab["max_len"]]
+    tokens = [vocab["index"].get(w, 1) for w in _words(row, who)][: vocab["max_len"]]
     ids[i, : len(tokens)] = tokens
-  return {"x": ids, "y": _labels(y, user, split)}
+  return {"x": ids, "y": class_ids(y, who)}
 
 
-def _synthetic(x, y, user, split, _):
+def _synthetic(x, y, who, _):
   try:
     inputs = np.asarray(x)
   except ValueError:  # rows of different lengths
     inputs = np.asarray([], object)
   if inputs.ndim != 2 or inputs.dtype.kind not in "biuf":
-    raise ValueError(
-      f"{split} user {user!r}: synthetic inputs must be rows of numbers, all of one length"
-    )
-  return {"x": inputs.astype(np.float32), "y": _labels(y, user, split)}
+    raise ValueError(f"{who}: synthetic inputs must be rows of numbers, all of one length")
+  return {"x": inputs.astype(np.float32), "y": class_ids(y, who)}
 
 
 _CONVERT = {"femnist": _femnist, "shakespeare": _shakespeare}
@@ -251,11 +275,11 @@ _CONVERT.update(sent140=_sent140, synthetic=_synthetic)
 _CLASSES = {"femnist": 62, "shakespeare": len(LETTERS) + 1, "sent140": 2, "synthetic": 1}
 
 
-def _vocabulary(users, vocab_size: int, max_len: int) -> Dict[str, Any]:
+def _vocabulary(users, where, vocab_size: int, max_len: int) -> Dict[str, Any]:
   counts: collections.Counter = collections.Counter()
   for user, arrays in users.items():
     for row in arrays["x"]:
-      counts.update(_words(row, user, "train"))
+      counts.update(_words(row, f"{where[user]}: train user {user!r}"))
   words = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - 2]
   return {"index": {w: i + 2 for i, w in enumerate(words)}, "max_len": max_len}
 
@@ -311,13 +335,21 @@ def load_leaf(
     raise FileNotFoundError(
       f"data_dir {root!r} is not a folder (LEAF's data/<name>/data, holding train/ and test/)"
     )
-  raw = {s: read_leaf(os.path.join(root, s)) for s in ("train", "test")}
-  vocab = _vocabulary(raw["train"], vocab_size, max_len) if dataset == "sent140" else None
+  raw, where = {}, {}
+  for split in ("train", "test"):
+    raw[split], where[split] = _read_leaf(os.path.join(root, split))
+    if not raw[split]:
+      raise ValueError(f"{os.path.join(root, split)}: its LEAF files list no users")
+  vocab = None
+  if dataset == "sent140":
+    vocab = _vocabulary(raw["train"], where["train"], vocab_size, max_len)
   convert = _CONVERT[dataset]
   empty = {"x": np.zeros((0,), np.float32), "y": np.zeros((0,), np.int32)}  # from_users drops it
   users = {
     split: {
-      u: convert(a["x"], a["y"], u, split, vocab) if len(a["y"]) else empty
+      u: convert(a["x"], a["y"], f"{where[split][u]}: {split} user {u!r}", vocab)
+      if len(a["y"])
+      else empty
       for u, a in raw[split].items()
     }
     for split in raw

@@ -42,7 +42,7 @@ import numpy as np
 
 from fedco import _validate, io
 from fedco.data.datasets import FederatedDataset
-from fedco.data.leaf import LETTERS, letter_ids
+from fedco.data.leaf import LETTERS, class_ids, grey_images, letter_ids
 from fedco.data.natural import from_users
 
 #: The FedJAX files :func:`load_sqlite` converts, with their classes.
@@ -75,14 +75,28 @@ def _encode(value):
   return msgpack.ExtType(1, msgpack.packb(payload, use_bin_type=True))
 
 
+def _database_error(path: str, e: sqlite3.DatabaseError) -> ValueError:
+  """One line for what SQLite said: a lock held by another program, or not a database."""
+  if "locked" in str(e) or "busy" in str(e):
+    return ValueError(
+      f"{path}: the database is locked by another program writing it ({e}); close that "
+      "program, or copy the file, and read it again"
+    )
+  if isinstance(e, sqlite3.OperationalError) and "unable to open" in str(e):
+    return ValueError(f"{path}: SQLite cannot open the file ({e}): check its permissions")
+  return ValueError(f"{path}: not a SQLite file, or a damaged one ({e})")
+
+
 def _open(path: str) -> sqlite3.Connection:
+  if os.path.isdir(path):
+    raise ValueError(f"path {path!r} is a folder, not a FedJAX .sqlite client file")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"path {path!r} does not exist (a FedJAX .sqlite client file)")
   try:
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
     columns = [row[1] for row in db.execute("PRAGMA table_info(federated_data)")]
   except sqlite3.DatabaseError as e:
-    raise ValueError(f"{path}: not a SQLite file ({e})") from None
+    raise _database_error(path, e) from None
   if tuple(columns) != _COLUMNS:
     db.close()
     raise ValueError(
@@ -92,14 +106,22 @@ def _open(path: str) -> sqlite3.Connection:
   return db
 
 
-def _decode(path: str, client: bytes, blob: bytes, count: int) -> Dict[str, np.ndarray]:
+def _decode(path: str, client, blob, count) -> Dict[str, np.ndarray]:
+  if client is None or blob is None or count is None:  # NULLs in a table built by hand
+    column = "client_id" if client is None else "data" if blob is None else "num_examples"
+    raise ValueError(f"{path}: client {client!r}: its {column} is NULL")
+  if not isinstance(blob, bytes) or not isinstance(count, int):
+    raise ValueError(
+      f"{path}: client {client!r}: data must be a BLOB and num_examples an INTEGER, got "
+      f"{type(blob).__name__} and {type(count).__name__}"
+    )
   try:
     examples = msgpack.unpackb(zlib.decompress(blob), ext_hook=_array, raw=False)
-  except (zlib.error, ValueError, msgpack.UnpackException) as e:
+  except (zlib.error, ValueError, TypeError, msgpack.UnpackException) as e:
     raise ValueError(f"{path}: client {client!r}: its data blob does not decode ({e})") from None
   if not isinstance(examples, dict) or not examples:
     raise ValueError(f"{path}: client {client!r}: its data is not a dict of arrays")
-  sizes = {k: len(v) for k, v in examples.items()}
+  sizes = {k: len(v) if np.ndim(v) else 0 for k, v in examples.items()}
   if set(sizes.values()) != {count}:
     raise ValueError(
       f"{path}: client {client!r}: num_examples is {count}, its features have {sizes} rows"
@@ -121,9 +143,10 @@ def read_clients(
 
   Raises:
     FileNotFoundError: ``path`` does not exist.
-    ValueError: not a SQLite file, no ``federated_data`` table of FedJAX's columns, a blob
-      that does not decode, a client whose arrays disagree with ``num_examples``, or an id
-      of ``client_ids`` not in the file; the message names the file and client.
+    ValueError: ``path`` is a folder, not a SQLite file (or a damaged or locked one), no
+      ``federated_data`` table of FedJAX's columns, a NULL cell, a blob that does not
+      decode, a client whose arrays disagree with ``num_examples``, or an id of
+      ``client_ids`` not in the file; the message names the file and client.
 
   Examples:
     >>> import os, tempfile
@@ -141,8 +164,18 @@ def read_clients(
       rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM federated_data ORDER BY rowid")
     else:
       rows = (_row(db, path, bytes(c)) for c in client_ids)
-    for client, blob, count in rows:
-      yield bytes(client), _decode(path, bytes(client), blob, count)
+    while True:
+      try:
+        row = next(rows, None)
+      except sqlite3.DatabaseError as e:
+        raise _database_error(path, e) from None
+      if row is None:
+        return
+      client, blob, count = row
+      client = bytes(client) if isinstance(client, (bytes, str)) else client
+      if isinstance(client, str):
+        client = client.encode()
+      yield client, _decode(path, client, blob, count)
   finally:
     db.close()
 
@@ -209,21 +242,25 @@ def _windows(snippets, stride: int) -> Dict[str, np.ndarray]:
 _NEEDS = {"shakespeare": ("snippets",), "emnist": ("pixels", "label"), "cifar100": ("image",)}
 
 
-def _convert(dataset: str, examples, label_key: str, stride: int) -> Dict[str, np.ndarray]:
+def _convert(dataset: str, examples, label_key: str, stride: int, who: str):
   needs = _NEEDS[dataset] + ((label_key,) if dataset == "cifar100" else ())
   missing = [k for k in needs if k not in examples]
   if missing:
     raise ValueError(
-      f"a {dataset} client file holds the features {sorted(examples)}, not {missing[0]!r}: "
+      f"{who}: a {dataset} client file holds the features {sorted(examples)}, not {missing[0]!r}: "
       f"is it FedJAX's {dataset}? (your own data: read_clients, then fedco.data.from_users)"
     )
   if dataset == "shakespeare":
     return _windows(examples["snippets"], stride)
   if dataset == "emnist":
-    pixels = np.asarray(examples["pixels"], np.float32)
-    return {"x": 1.0 - pixels.reshape(-1, 28, 28, 1), "y": examples["label"].astype(np.int32)}
-  image = np.asarray(examples["image"], np.float32) / 255.0
-  return {"x": image, "y": examples[label_key].astype(np.int32)}
+    return {"x": 1.0 - grey_images(examples["pixels"], who), "y": class_ids(examples["label"], who)}
+  image = np.asarray(examples["image"])
+  if image.dtype.kind not in "biuf" or image.ndim != 4 or image.shape[1:] != (32, 32, 3):
+    raise ValueError(
+      f"{who}: cifar100 images must be numbers of shape [n, 32, 32, 3], got {image.dtype} "
+      f"{image.shape}"
+    )
+  return {"x": image.astype(np.float32) / 255.0, "y": class_ids(examples[label_key], who)}
 
 
 def load_sqlite(
@@ -278,9 +315,9 @@ def load_sqlite(
   for cid, examples in read_clients(train_path):
     if max_clients is not None and len(train) == max_clients:
       break
-    train[cid] = _convert(dataset, examples, label_key, stride)
+    train[cid] = _convert(dataset, examples, label_key, stride, f"{train_path}: client {cid!r}")
   test = {
-    cid: _convert(dataset, x, label_key, stride)
+    cid: _convert(dataset, x, label_key, stride, f"{test_path}: client {cid!r}")
     for cid, x in read_clients(test_path)
     if cid in train
   }
