@@ -34,6 +34,7 @@ algorithm runnable in ``fedco.simulate``.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import types
@@ -332,8 +333,33 @@ def factory(*, static: Tuple[str, ...] = ()):
   return mark
 
 
+class UnknownAlgorithmError(KeyError):
+  """A name ``fedco.ALGORITHMS`` does not hold; the message names the close matches.
+
+  A ``KeyError``, so ``except KeyError`` still catches it; its message prints as written
+  (a bare ``KeyError`` quotes its argument).
+  """
+
+  def __str__(self) -> str:
+    return str(self.args[0]) if self.args else ""
+
+
+class _Registry(dict):
+  """``fedco.ALGORITHMS``: a dict whose failed lookups name the close matches."""
+
+  def __missing__(self, name):
+    names = sorted(self)
+    close = difflib.get_close_matches(str(name).lower(), names, n=3, cutoff=0.6)
+    quoted = [repr(c) for c in close]
+    hint = f" (did you mean {' or '.join(quoted)}?)" if close else ""
+    raise UnknownAlgorithmError(
+      f"fedco.ALGORITHMS has no algorithm {name!r}{hint}; its {len(names)} names are "
+      "sorted(fedco.ALGORITHMS), each described in docs/algorithms.md"
+    )
+
+
 # name -> factory of every registered algorithm: fedco.ALGORITHMS.
-REGISTRY: dict = {}
+REGISTRY: dict = _Registry()
 
 
 def register(*, settings: dict):
