@@ -55,24 +55,74 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
-def _xla_knows(flag: str) -> bool:
-  """Whether this jaxlib's XLA accepts ``flag`` (it aborts on an unknown one, and a later
-  jaxlib may drop this one): asked once, in a subprocess, by the first pytest process."""
-  probe = subprocess.run(
-    [sys.executable, "-c", "import jax; jax.devices()"],
-    env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
-    capture_output=True,
-    timeout=300,
-    check=False,
-  )
-  return probe.returncode == 0
+# The reference compile behind the tests' subprocess limits (``tests.helpers.timeout_scale``,
+# decision 97): a small scanned gradient, compiled three times without the compilation
+# cache after a warm-up; prints the median seconds.
+_REFERENCE_COMPILE = """
+import statistics, time
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_compilation_cache", False)
+jax.jit(lambda x: x + 1).lower(jnp.zeros(3)).compile()
+def f(x, w, k):
+  def body(c, _):
+    c = jnp.tanh(c @ w) + k * jnp.sin(c)
+    return c, jnp.sum(c)
+  c, ys = jax.lax.scan(body, x, None, length=4)
+  return jnp.sum(c) + jnp.sum(ys)
+times = []
+for k in (1.0, 2.0, 3.0):
+  start = time.perf_counter()
+  grad = jax.jit(jax.grad(lambda x, w: f(x, w, k), argnums=1))
+  grad.lower(jnp.zeros((8, 8)), jnp.zeros((8, 8))).compile()
+  times.append(time.perf_counter() - start)
+print(statistics.median(times))
+"""
 
 
-if "FEDCO_TESTS_XLA_FLAGS" not in os.environ:  # the workers inherit the answer
+def _probe(flags: str) -> "float | None":
+  """Seconds of the reference compile in a subprocess with ``XLA_FLAGS=flags``; ``None``
+  when it failed (this jaxlib's XLA aborts on an unknown flag, and a later jaxlib may drop
+  one), ``inf`` when it ran past 300 s. Asked once, by the first pytest process."""
+  try:
+    probe = subprocess.run(
+      [sys.executable, "-c", _REFERENCE_COMPILE],
+      env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
+  except subprocess.TimeoutExpired:
+    return float("inf")
+  try:
+    return float(probe.stdout.split()[-1]) if probe.returncode == 0 else None
+  except (IndexError, ValueError):
+    return None
+
+
+def _load() -> str:
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:
+    cores = os.cpu_count() or 1
+  try:
+    return f"{os.getloadavg()[0]:.2f} {cores}"
+  except OSError:
+    return f"0 {cores}"
+
+
+if "FEDCO_TESTS_XLA_FLAGS" not in os.environ:  # the workers inherit the answers
   given = os.environ.get("XLA_FLAGS", "")
-  if "xla_cpu_use_fusion_emitters" not in given and _xla_knows(LEGACY_EMITTERS):
-    os.environ["XLA_FLAGS"] = f"{given} {LEGACY_EMITTERS}".strip()
+  load = _load()  # before the probe's own load
+  compile_s = None
+  if "xla_cpu_use_fusion_emitters" not in given:
+    compile_s = _probe(f"{given} {LEGACY_EMITTERS}".strip())
+    if compile_s is not None and compile_s != float("inf"):
+      os.environ["XLA_FLAGS"] = f"{given} {LEGACY_EMITTERS}".strip()
+  if compile_s is None:
+    compile_s = _probe(given)
   os.environ["FEDCO_TESTS_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
+  os.environ["FEDCO_TESTS_SPEED"] = f"{compile_s if compile_s is not None else 0} {load}"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -112,6 +162,17 @@ def _optimized():
 
 
 def pytest_configure(config):
+  scale = os.environ.get("FEDCO_TEST_TIMEOUT_SCALE")
+  if scale is not None:  # checked here: one line, before any test (tests/helpers.py)
+    try:
+      ok = 0 < float(scale) < float("inf")
+    except ValueError:
+      ok = False
+    if not ok:
+      raise pytest.UsageError(
+        "FEDCO_TEST_TIMEOUT_SCALE must be a positive number (a factor on every subprocess "
+        f"limit of the tests, e.g. 3), got {scale!r}"
+      )
   config.addinivalue_line(
     "markers", "compile_optimized: this test compiles with XLA's optimizations (conftest.py)"
   )

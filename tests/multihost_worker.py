@@ -379,6 +379,9 @@ def main():
   parser.add_argument("--port", type=int)
   parser.add_argument("--out")
   parser.add_argument("--single", action="store_true", help="see single()")
+  parser.add_argument(
+    "--initialization_timeout", type=int, default=60, help="seconds for both to join"
+  )
   args = parser.parse_args()
   if args.single:
     return single()
@@ -390,7 +393,7 @@ def main():
     args.num_processes,
     args.process_id,
     local_device_count=DEVICES_PER_PROCESS,
-    initialization_timeout=60,
+    initialization_timeout=args.initialization_timeout,
   )
   import jax
 

@@ -1,13 +1,13 @@
 """DRO-FL on UCI Adult (doctorate vs other) through the config driver, on the real data."""
 
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from experiments.configs import adult_dro as adult_config
 from fedco.experiment import outputs, runner
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_two_clients_split_by_doctorate_and_every_method_reports(tiny_run):
 
 
 def test_the_driver_runs_a_config_file_and_refuses_bad_fields(tmp_path):
-  run = lambda *args: subprocess.run(
+  run = lambda *args: helpers.run(
     [
       sys.executable,
       "-m",

@@ -36,11 +36,15 @@ def _run(args, **kwargs):
 def test_sigkill_and_resume_is_bit_identical(tmp_path, name):
   ckpt_dir = tmp_path / "ckpt"
   victim = _run([name, str(ckpt_dir), str(tmp_path / "never.npz")])
-  deadline = time.time() + 240
-  while time.time() < deadline:  # kill it once two checkpoints are on disk
+  deadline = helpers.deadline(240)
+  while True:  # kill it once two checkpoints are on disk
     done = [d for d in (os.listdir(ckpt_dir) if ckpt_dir.exists() else []) if d.isdigit()]
     if len(done) >= 2 or victim.poll() is not None:
       break
+    if time.monotonic() > deadline:
+      victim.kill()
+      victim.wait()
+      helpers.timed_out("waiting for two checkpoints of tests/resume_run.py", 240)
     time.sleep(0.02)
   victim.send_signal(signal.SIGKILL)
   assert victim.wait() == -signal.SIGKILL, "the run finished before it could be killed"
@@ -49,7 +53,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, name):
   assert kept and max(kept) < 1500
   resumed = _run([name, str(ckpt_dir), str(tmp_path / "resumed.npz")])
   resume_run.main(name, "-", str(tmp_path / "reference.npz"), checkpoint=False)  # in process
-  assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
+  assert helpers.wait(resumed, 300) == 0, resumed.stderr.read().decode()[-2000:]
   # it resumed (an identical rerun from scratch would also match the reference)
   assert f"resumed from round {max(kept)}" in resumed.stderr.read().decode()
   a, b = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "resumed.npz")

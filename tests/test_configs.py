@@ -4,7 +4,6 @@ method's own rate and steps, and a row in docs/guides/reproduce.md for every fie
 
 import importlib
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 import fedco
 from fedco.experiment import cli as driver
 from fedco.experiment import runner
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAMES = runner.experiments()
@@ -108,7 +108,7 @@ def test_every_config_field_is_documented_in_the_reproduce_guide():
 
 
 def test_the_driver_help_lists_how_to_run_flags():
-  out = subprocess.run(
+  out = helpers.run(
     [sys.executable, "-m", "experiments.main", "--help"],
     cwd=ROOT,
     capture_output=True,
@@ -154,7 +154,7 @@ def test_a_method_takes_its_own_rate_and_steps_where_the_file_sets_neither():
 
 
 def test_a_badly_typed_method_override_is_one_line(tmp_path):
-  proc = subprocess.run(
+  proc = helpers.run(
     [
       sys.executable,
       "-m",

@@ -6,10 +6,11 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def _main(path, config, workdir, *flags):
   """``python -m experiments.main`` with ``path`` (the modules' folder) on PYTHONPATH."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(ROOT)])}
   command = ["-m", "experiments.main", f"--config={config}", f"--workdir={workdir}", *flags]
-  return subprocess.run(
+  return helpers.run(
     [sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
   )
 
@@ -133,7 +134,7 @@ def test_the_guides_own_binary_runs_it_outside_the_repository(tmp_path):
   config = config.replace("(0, 1)", "(0,)").replace("rounds = 30", "rounds = 2")
   (tmp_path / "mylab" / "configs" / "least_squares.py").write_text(config)
   env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-  run = lambda *flags: subprocess.run(
+  run = lambda *flags: helpers.run(
     [sys.executable, "-m", "mylab.main", "--workdir=run", "--noprogress", *flags],
     cwd=tmp_path,
     env=env,
@@ -144,7 +145,7 @@ def test_the_guides_own_binary_runs_it_outside_the_repository(tmp_path):
   proc = run("--config=mylab/configs/least_squares.py")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (tmp_path / "run" / "summary.json").exists()
-  library = subprocess.run(  # no binary of one's own: the library's command line
+  library = helpers.run(  # no binary of one's own: the library's command line
     [sys.executable, "-m", "fedco.experiment.cli", "--workdir=run2", "--noprogress"]
     + ["--config=mylab/configs/least_squares.py"],
     cwd=tmp_path,
@@ -184,8 +185,13 @@ def test_your_own_method_runs_in_a_paper_experiment_as_the_guide_says(tmp_path):
     "print(json.dumps(fedco.testing.check_algorithm(clipped_sgd)))"
   )
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-  proc = subprocess.run(
-    [sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True
+  proc = helpers.run(
+    [sys.executable, "-c", check],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])

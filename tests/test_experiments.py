@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,7 @@ if REPO not in sys.path:  # ``experiments`` is a top-level package of the checko
 
 from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
 from fedco.experiment import outputs, runner  # noqa: E402
+from tests import helpers  # noqa: E402
 
 OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
 METHODS = ("fedavg_co_case1", "fedavg_co_case2", "fedavg_co_modified", "feddro")
@@ -238,7 +238,7 @@ def test_e7_binary_runs(tmp_path):
   workdir = tmp_path / "e7"
   flagfile = tmp_path / "flags"
   flagfile.write_text("--config.methods.feddro.local_steps=3\n")
-  proc = subprocess.run(
+  proc = helpers.run(
     [
       sys.executable,
       "-m",
@@ -276,7 +276,7 @@ def test_e7_binary_runs(tmp_path):
 
 
 def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
-  proc = subprocess.run(
+  proc = helpers.run(
     [
       sys.executable,
       "-m",
@@ -301,7 +301,7 @@ def test_with_seeds_one_by_one_they_share_one_compiled_program(tmp_path):
   it; the results equal a run without the cache."""
 
   def driver(workdir, *flags):
-    return subprocess.run(
+    return helpers.run(
       [
         sys.executable,
         "-m",

@@ -3,7 +3,6 @@ a float64 NumPy transcription, and experiments.fair_adult end to end on the real
 
 import json
 import os
-import subprocess
 import sys
 
 import jax
@@ -19,6 +18,7 @@ from fedco.algorithms.gcivr import gcivr
 from fedco.data import adult
 from fedco.experiment import outputs, runner
 from fedco.problems import fairness as fair
+from tests import helpers
 
 G = 3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -568,7 +568,7 @@ def test_missing_data_is_a_clear_error(tmp_path):
 
 
 def test_the_driver_exits_cleanly_on_a_bad_field(tmp_path):
-  proc = subprocess.run(
+  proc = helpers.run(
     [
       sys.executable,
       "-m",

@@ -39,8 +39,12 @@ def _lines(path):
 
 
 def _wait_for_rows(proc, path, rows, timeout=240):
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None and len(_lines(path)) < rows:
+  deadline = helpers.deadline(timeout)
+  while proc.poll() is None and len(_lines(path)) < rows:
+    if time.monotonic() > deadline:
+      proc.kill()
+      proc.wait()
+      helpers.timed_out(f"waiting for {rows} rows of tests/stream_run.py", timeout)
     time.sleep(0.02)
   assert proc.poll() is None, "the run ended before it could be stopped"
 
@@ -68,7 +72,7 @@ def test_ctrl_c_stops_between_chunks_with_one_line(tmp_path):
   proc = _start(tmp_path, tmp_path / "ckpt")
   _wait_for_rows(proc, tmp_path / "metrics.jsonl", 10)
   proc.send_signal(signal.SIGINT)
-  assert proc.wait(timeout=120) == 130
+  assert helpers.wait(proc, 120) == 130
   err = proc.stderr.read().decode()
   assert "Traceback" not in err and "Segmentation" not in err, err[-2000:]
   message = err.strip().splitlines()[-1]

@@ -5,7 +5,6 @@ a tiny ResNet20, the local-steps ablation offline, bad config fields and missing
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,7 @@ from experiments import imbalanced_cifar as e5
 from experiments.configs import imbalanced_cifar as e5_config
 from fedco.data import imbalanced
 from fedco.experiment import outputs, runner
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
@@ -267,7 +267,7 @@ def test_missing_tfds_data_names_the_offline_dataset(tmp_path):
 
 
 def test_the_driver_reports_missing_data_in_one_line(tmp_path):
-  proc = subprocess.run(
+  proc = helpers.run(
     [
       sys.executable,
       "-m",

@@ -165,8 +165,12 @@ def _driver(workdir, *flags, methods="fedavg,comfedl"):
 
 
 def _wait_for(path, proc, timeout=240):
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None and not path.exists():
+  deadline = helpers.deadline(timeout)
+  while proc.poll() is None and not path.exists():
+    if time.monotonic() > deadline:
+      proc.kill()
+      proc.communicate()
+      helpers.timed_out(f"waiting for {path.name} of `{' '.join(proc.args[1:4])}`", timeout)
     time.sleep(0.02)
   assert proc.poll() is None, proc.communicate()
 
@@ -176,7 +180,7 @@ def test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130(tmp_path):
   metrics = tmp_path / "in_progress" / "metrics.jsonl"
   _wait_for(metrics, proc)
   proc.send_signal(signal.SIGINT)
-  out, err = proc.communicate(timeout=240)
+  out, err = helpers.communicate(proc, 240)
   assert proc.returncode == 130, err[-3000:]
   lines = [l for l in err.strip().splitlines() if not l.startswith("warning: ")]  # config's
   assert len(lines) == 1, err[-3000:]
@@ -255,10 +259,11 @@ def test_a_second_ctrl_c_ends_the_process_at_once(tmp_path):
   time.sleep(0.5)
   assert proc.poll() is None  # the first Ctrl-C only asked for a stop
   proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=60)
+  _, err = helpers.communicate(proc, 60)
   assert proc.returncode == -signal.SIGINT, err[-3000:]
   assert err.strip().splitlines()[-1] == "second Ctrl-C: stopping now", err[-3000:]
-  assert time.time() - started < 30  # not the experiment's 120 s wait
+  # not the experiment's 120 s wait (30 s on a quiet machine, more under load)
+  assert time.time() - started < min(helpers.limit_s(30), 100)
   assert "Traceback" not in err and "interrupted" not in err
 
 
@@ -268,7 +273,7 @@ def test_a_ctrl_c_while_the_driver_exits_after_a_stop_ends_it_without_a_tracebac
   Python's own handler back it raised ``KeyboardInterrupt`` there, with a traceback."""
   proc = _waiting_driver(tmp_path, at_exit=True)
   proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=60)
+  _, err = helpers.communicate(proc, 60)
   assert proc.returncode == -signal.SIGINT, err[-3000:]
   assert err.strip().splitlines()[-1].startswith("interrupted; rerun the same command"), err
   assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
@@ -287,7 +292,7 @@ def test_ctrl_cs_while_the_driver_loads_and_compiles_never_crash(tmp_path):
     proc.send_signal(signal.SIGINT)
     time.sleep(gap)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = helpers.communicate(proc, 120)
     for crash in ("Segmentation", "Fatal Python error", "Traceback", "Aborted"):
       assert crash not in err, err[-3000:]
     if "interrupted " in err:  # the first Ctrl-C stopped it at a safe point

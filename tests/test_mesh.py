@@ -3,7 +3,6 @@
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -18,14 +17,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def mesh_results():
+def mesh_run():
+  """``tests/mesh_check.py``'s rows as a ``helpers.Shared``: a test that uses them calls
+  ``.get()``, which fails that test when the check timed out or failed."""
   env = {
     **os.environ,
     "XLA_FLAGS": helpers.xla_flags(8),
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": str(ROOT),
   }
-  out = subprocess.run(
+  out = helpers.run_shared(
     [sys.executable, str(ROOT / "tests" / "mesh_check.py")],
     env=env,
     cwd=ROOT,
@@ -33,20 +34,24 @@ def mesh_results():
     text=True,
     timeout=600,
   )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  if out.failure is None:
+    lines = out.value.stdout.splitlines()
+    out.value = [json.loads(line) for line in lines if line.startswith("{")]
+  return out
 
 
-def test_client_axis_is_laid_along_the_mesh(mesh_results):
+def test_client_axis_is_laid_along_the_mesh(mesh_run):
   """Equal numbers alone would not show placement: the compiled 8-device program holds each
   client-stacked state leaf as 2 of the 16 client slots per device, never all clients."""
+  mesh_results = mesh_run.get()
   layout = next(r for r in mesh_results if r.get("check") == "client_layout")
   # measured: [2, 3] 11 -> 604 values, [10, 3] 590 -> 118 (the replicated client states)
   assert layout["eight_devices_2"] > 10 * max(layout["one_device_2"], 1), layout
   assert layout["eight_devices_10"] < 0.5 * layout["one_device_10"], layout
 
 
-def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
+def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_run):
+  mesh_results = mesh_run.get()
   mesh_results = [r for r in mesh_results if "check" not in r]
   names = {r["algorithm"] for r in mesh_results}
   assert names == set(mesh_check.LABELS)
@@ -67,8 +72,9 @@ def test_every_algorithm_agrees_on_one_and_eight_devices(mesh_results):
     assert r["objective"] < 1e-5, label
 
 
-def test_privacy_and_compression_agree_on_one_and_eight_devices(mesh_results):
+def test_privacy_and_compression_agree_on_one_and_eight_devices(mesh_run):
   """Clipping, noise, codecs and their per-client state with sampling and dropout."""
+  mesh_results = mesh_run.get()
   check = next(r for r in mesh_results if r.get("check") == "uplink")
   assert check["moved"] > 1e-2, check
   assert check["params"] < 1e-5 and check["objective"] < 1e-5, check
@@ -115,9 +121,10 @@ def test_a_mesh_run_compiles_once():
   assert sim._run._cache_size() == 1
 
 
-def test_sweep_lays_runs_along_the_mesh(mesh_results):
+def test_sweep_lays_runs_along_the_mesh(mesh_run):
   """8 runs on 8 devices: each device holds one run's model ([1, 3] shards), and the
   numbers equal the one-device sweep; 9 runs are padded to 16 and cut back to 9."""
+  mesh_results = mesh_run.get()
   check = next(r for r in mesh_results if r.get("check") == "sweep")
   assert check["shard_shapes"] == [[1, 3]] and check["shard_devices"] == 8, check
   for runs in (8, 9):

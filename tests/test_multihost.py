@@ -51,9 +51,10 @@ def _free_port():
     return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def multihost(tmp_path_factory):
-  out = tmp_path_factory.mktemp("multihost")
+def _run_workers(out, limit_s=TIMEOUT_S):
+  """The three workers' results as a :class:`tests.helpers.Shared`: ``(single, reports)``,
+  or why they failed (a timeout after ``helpers.limit_s(limit_s)``, or exit codes with each
+  log's tail), which each test that uses them reports as its own failure."""
   env = {
     **os.environ,
     "JAX_PLATFORMS": "cpu",
@@ -65,21 +66,23 @@ def multihost(tmp_path_factory):
   port = _free_port()
   procs, logs = [], []
   start = time.perf_counter()
+  limit = helpers.limit_s(limit_s)
   script = str(ROOT / "tests" / "multihost_worker.py")
   commands = [
     [script, f"--process_id={i}", "--num_processes=2", f"--port={port}", f"--out={out}"]
+    + [f"--initialization_timeout={max(1, round(helpers.limit_s(60)))}"]
     for i in range(2)
   ] + [[script, "--single"]]
-  for i, command in enumerate(commands):
-    log = open(out / f"output_{i}.txt", "w+")
-    logs.append(log)
-    procs.append(
-      subprocess.Popen(
-        [sys.executable] + command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-      )
-    )
   try:
-    codes = [p.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - start))) for p in procs]
+    for i, command in enumerate(commands):
+      log = open(out / f"output_{i}.txt", "w+")
+      logs.append(log)
+      procs.append(
+        subprocess.Popen(
+          [sys.executable] + command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+      )
+    codes = [p.wait(timeout=max(0.1, limit - (time.perf_counter() - start))) for p in procs]
   except subprocess.TimeoutExpired:
     codes = None
   finally:
@@ -94,18 +97,46 @@ def multihost(tmp_path_factory):
     log.close()
   if codes != [0, 0, 0]:
     names = ["process 0", "process 1", "single process"]
+    what = "the multi-process workers (tests/multihost_worker.py)"
+    head = (
+      helpers.timeout_message(what, limit_s)
+      if codes is None
+      else f"{what} failed with exit codes {codes}"
+    )
     tails = "\n".join(
       f"--- {names[i]} (exit {None if codes is None else codes[i]}) ---\n{t[-4000:]}"
       for i, t in enumerate(texts)
     )
-    pytest.fail(f"multi-process workers failed or timed out after {TIMEOUT_S} s:\n{tails}")
+    return helpers.Shared(failure=f"{head}; logs in {out}", details=tails)
   reports = [json.loads((out / f"process_{i}.json").read_text()) for i in range(2)]
   single = json.loads([l for l in texts[2].splitlines() if l.startswith("{")][-1])
-  return single, reports
+  return helpers.Shared((single, reports))
+
+
+@pytest.fixture(scope="module")
+def multihost(tmp_path_factory):
+  """The workers' results; a test that uses them calls ``.get()`` (fails on their failure)."""
+  return _run_workers(tmp_path_factory.mktemp("multihost"))
+
+
+def test_a_worker_timeout_fails_each_test_naming_the_limit(tmp_path, monkeypatch):
+  """Workers past their limit are killed, and every test that uses them fails with one
+  line saying so (the limit, the variable that raises it, the load), not a fixture error."""
+  monkeypatch.setenv(helpers.TIMEOUT_SCALE_ENV, "0.002")  # 300 s -> 0.6 s: still importing
+  shared = _run_workers(tmp_path)
+  for i in range(2):
+    with pytest.raises(pytest.fail.Exception) as failed:
+      shared.get()
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith(
+      "the multi-process workers (tests/multihost_worker.py) timed out after 1 s (300 s x 0.00"
+    ), first
+    assert "set FEDCO_TEST_TIMEOUT_SCALE to raise it); machine load now" in first, first
+    assert ("--- process 0 (exit None) ---" in str(failed.value)) == (i == 0)
 
 
 def test_each_process_generates_and_holds_only_its_clients(multihost):
-  _, reports = multihost
+  _, reports = multihost.get()
   assert [r["generated"] for r in reports] == [[0, 1, 2, 3], [4, 5, 6]]
   assert [r["owned"] for r in reports] == [r["generated"] for r in reports]
   max_n, blocks = reports[0]["max_count"], reports[0]["num_blocks"]
@@ -120,7 +151,7 @@ def test_each_process_generates_and_holds_only_its_clients(multihost):
 
 @pytest.mark.parametrize("label", [c[0] for c in worker.CONFIGS])
 def test_two_processes_equal_one_process(multihost, label):
-  single, reports = multihost
+  single, reports = multihost.get()
   got, want = reports[0]["results"][label], single["reference"][label]
   assert got["clients"] == want["clients"]
   assert np.max(np.abs(np.asarray(want["params"]) - worker.X0)) > 1e-2  # the model moved
@@ -136,7 +167,7 @@ def test_no_collective_carries_examples(multihost):
   movement: the same sharded arrays as a plain ``FederatedData`` (gathers by index) make
   XLA all-reduce the whole example array ``[176, 3]`` and mini-batches ``[8, 5, 3]``.
   """
-  single, reports = multihost
+  single, reports = multihost.get()
   max_n, rows = reports[0]["max_count"], reports[0]["rows"]
   assert (single["max_count"], single["rows"]) == (max_n, rows)
   assert any(worker.carries_examples(s, max_n, rows) for _, s in single["plain"])
@@ -211,7 +242,7 @@ def test_block_data_with_owner_matches_one_process_data():
 def test_resident_run_equals_plain_run_with_sampling_and_faults(multihost):
   """DRFA, 3 of 5 clients, dropout and stragglers: client-block data on 4 devices (masked,
   not moved, sampling; padding blocks; the aggregator's loss queries) = plain, one device."""
-  single, _ = multihost
+  single, _ = multihost.get()
   plain, blocks = single["resident"]
   for key in ("clients", "survivors", "local_steps"):
     assert blocks[key] == plain[key], key
@@ -223,7 +254,7 @@ def test_resident_run_equals_plain_run_with_sampling_and_faults(multihost):
 def test_owner_labels_on_four_devices_match_one_device(multihost):
   """The KL-DRO log form on block data labelled by ``ClientBlockData.with_owner`` (4 devices,
   a padding block) equals the one-device run on ``FederatedData.with_owner``."""
-  single, _ = multihost
+  single, _ = multihost.get()
   plain, blocks = single["owner"]
   assert np.max(np.abs(np.asarray(plain["params"]) - worker.X0)) > 1e-2
   for key in ("params", "objective", "client_losses"):
@@ -278,7 +309,7 @@ def test_checkpoints_save_and_resume_across_processes(multihost):
   directory. A run resumed from round 2 equals the straight 4-round run exactly, and a state
   whose client states are split by client over the processes (each holding only its own
   devices' slots) comes back with the same values and the same layout."""
-  _, reports = multihost
+  _, reports = multihost.get()
   for r in reports:
     c = r["checkpoint"]
     assert "error" not in c, c.get("error")

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -25,6 +24,7 @@ from experiments import omniglot as e4
 from experiments.configs import omniglot as e4_config
 from fedco.data import omniglot as om
 from fedco.experiment import outputs, runner
+from tests import helpers
 
 MOCK_EXAMPLES = 300
 QUIET = runner.Options(progress=False)
@@ -419,7 +419,7 @@ def test_missing_omniglot_is_one_line_naming_the_field(tmp_path):
 
 
 def test_the_driver_runs_the_omniglot_config_and_reports_errors_in_one_line(tmp_path):
-  run = lambda *args: subprocess.run(
+  run = lambda *args: helpers.run(
     [
       sys.executable,
       "-m",

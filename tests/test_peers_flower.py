@@ -6,10 +6,11 @@ tests/test_peers_flower.py``."""
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import pytest
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "benchmarks" / "peers" / "flower_bench.py"
@@ -18,7 +19,7 @@ PROGRAM = ROOT / "benchmarks" / "peers" / "flower_bench.py"
 def test_flower_side_reports_one_logistic_round():
   pytest.importorskip("flwr")
   pytest.importorskip("torch")
-  out = subprocess.run(
+  out = helpers.run(
     [sys.executable, str(PROGRAM), "--workload=logistic", "--rounds=1"],
     cwd=ROOT,
     capture_output=True,

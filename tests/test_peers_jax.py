@@ -3,18 +3,19 @@ DrJAX's is skipped where drjax is not installed (it is a benchmark-only dependen
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "benchmarks" / "peers" / "jax_bench.py"
 
 
 def _run(*args):
-  out = subprocess.run(
+  out = helpers.run(
     [sys.executable, str(PROGRAM), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
   )
   assert out.returncode == 0, out.stderr[-2000:]

@@ -4,11 +4,12 @@ pfl is not installed (it is a benchmark-only dependency)."""
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "benchmarks" / "peers" / "pfl_bench.py"
@@ -18,7 +19,7 @@ pytest.importorskip("torch")
 
 
 def _run(*args):
-  out = subprocess.run(
+  out = helpers.run(
     [sys.executable, str(PROGRAM), *args, "--threads=1"],
     check=False,
     cwd=ROOT,

@@ -10,7 +10,6 @@ compile. Second order through the convolution is checked at the operation level
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -21,6 +20,7 @@ from experiments import personalized_cifar as e2
 from experiments.configs import personalized_cifar as e2_config
 from experiments.configs import personalized_cifar_digits as e2_digits
 from fedco.experiment import outputs, runner
+from tests import helpers
 
 COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
 
@@ -327,7 +327,7 @@ def test_missing_cifar10_is_one_line_naming_the_offline_dataset(tmp_path):
 
 
 def test_the_driver_reports_missing_data_and_bad_fields_in_one_line(tmp_path):
-  run = lambda *args: subprocess.run(
+  run = lambda *args: helpers.run(
     [
       sys.executable,
       "-m",

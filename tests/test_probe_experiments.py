@@ -17,13 +17,14 @@ if REPO not in sys.path:  # ``experiments`` is a top-level package of the checko
 
 import fedco  # noqa: E402
 from fedco.experiment import outputs  # noqa: E402
+from tests import helpers  # noqa: E402
 
 E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
 ENV = {**os.environ, "PYTHONPATH": REPO}
 
 
 def _driver(*args, timeout=120):
-  return subprocess.run(
+  return helpers.run(
     [sys.executable, "-m", "experiments.main", *args],
     cwd=REPO,
     env=ENV,
@@ -151,7 +152,7 @@ def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
       time.sleep(0.5)  # reads finishing after the restore would report now
       gc.collect()
       """)
-  proc = subprocess.run(
+  proc = helpers.run(
     [sys.executable, "-c", code, str(tmp_path)],
     cwd=REPO,
     env=ENV,

@@ -191,7 +191,7 @@ def test_a_locked_directory_refuses_another_process_until_the_holder_dies(tmp_pa
       "for it to finish, stop it, or use another",
     ) as err:
       _run(tmp_path, 1)
-    assert time.perf_counter() - start < 30 and "\n" not in str(err.value)
+    assert time.perf_counter() - start < helpers.limit_s(30) and "\n" not in str(err.value)
   with DirectoryLock(tmp_path):  # shared within this process; the killed holder's is free
     assert (tmp_path / ".lock").read_text().startswith(f"held by pid {os.getpid()} on ")
     _run(tmp_path, 1)
@@ -213,7 +213,7 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
   one line naming the holder, and leaves the directory as it was."""
   with _held_by_another_process(tmp_path) as holder:
     before = sorted(os.listdir(tmp_path))
-    second = subprocess.run(
+    second = helpers.run(
       [
         sys.executable,
         "-m",

@@ -5,7 +5,6 @@ it with a message naming what broke; the float64 helper serves a NumPy transcrip
 import json
 import os
 import pathlib
-import subprocess
 import sys
 from typing import NamedTuple, Optional
 
@@ -33,7 +32,7 @@ def test_a_user_algorithm_passes_every_check_on_eight_devices():
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": helpers.xla_flags(8),
   }
-  out = subprocess.run(
+  out = helpers.run(
     [sys.executable, str(ROOT / "tests" / "user_algorithm.py")],
     env=env,
     cwd=ROOT,

@@ -6,7 +6,6 @@ its traceback is not inside jax), so no traceback from jax's internals reaches t
 
 import os
 import pathlib
-import subprocess
 import sys
 import traceback
 
@@ -284,7 +283,7 @@ def test_there_are_at_least_seventy_cases():
 
 
 def test_binary_reports_bad_flags_without_a_traceback():
-  out = subprocess.run(
+  out = helpers.run(
     [
       sys.executable,
       "-m",
@@ -304,7 +303,7 @@ def test_binary_reports_bad_flags_without_a_traceback():
 
 
 def test_binary_names_the_misspelled_override_in_one_line():
-  out = subprocess.run(
+  out = helpers.run(
     [
       sys.executable,
       "-m",
