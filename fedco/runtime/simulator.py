@@ -30,7 +30,7 @@ import numpy as np
 
 from fedco import _validate
 from fedco import privacy as privacy_lib
-from fedco.algorithms.base import Algorithm, get_field
+from fedco.algorithms.base import Algorithm, get_field, strong
 from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
@@ -236,7 +236,9 @@ class Simulator:
 
     Args:
       params: the initial model ``x_bar_0``, a pytree of float32 / float64 arrays that the
-        problem accepts on one example of the data.
+        problem accepts on one example of the data; taken strongly typed (a weak-typed
+        ``jnp.full(shape, 0.1)`` as the float32 array it is), so a state built with
+        ``jnp.zeros_like(params)`` keeps its type across updates.
       seed: an int or a ``jax.random.PRNGKey``: client sampling, batches and faults.
       pages: streamed runs (:mod:`fedco.runtime.streaming`): the per-client state of only
         this many clients, as :class:`~fedco.runtime.Pages`, with trackers of the inner
@@ -268,8 +270,10 @@ class Simulator:
     return jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
 
   def _checked_params(self, params):
-    """``params`` as arrays, refused when they do not fit the data and problem."""
-    return config.check_params(params, self.data, self.problem)
+    """``params`` as strongly typed arrays (decision 96: no algorithm meets weak types, so
+    an optax-style ``jax.tree.map(jnp.zeros_like, params)`` state keeps its type), refused
+    when they do not fit the data and problem."""
+    return strong(config.check_params(params, self.data, self.problem))
 
   def run(
     self,
