@@ -271,7 +271,8 @@ def _load(file: str, shape, dtype) -> np.ndarray:
     raise _damaged(file, f"missing or unreadable ({type(err).__name__}: {err})") from None
   if array.shape != shape or array.dtype != dtype:
     raise _damaged(
-      file, f"holds {array.dtype} {list(array.shape)}, store.json says {np.dtype(dtype)} {list(shape)}"
+      file,
+      f"holds {array.dtype} {list(array.shape)}, store.json says {np.dtype(dtype)} {list(shape)}",
     )
   return array
 

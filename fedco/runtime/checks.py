@@ -96,19 +96,35 @@ def _check_rows_finite(rows, host_metrics):
         )
 
 
+def data_not_finite(field: str, client: int, row: int) -> str:
+  """The note of non-finite data: ``field`` (a key path), the first client holding such a
+  row and the row (of ``data.examples``; a streamed run names the same row of its store)."""
+  return (
+    f"The data hold non-finite values (field {field}, client {client}, row {row}): fix the data."
+  )
+
+
 def _data_note(data) -> str:
   """Whether the data themselves hold non-finite values (then the data, not the step size,
-  are the cause), for a NonFiniteError's message."""
+  are the cause), for a NonFiniteError's message: the field, client and row, or what was
+  checked (a streamed run's ``data`` hold one client's rows; every client it read was
+  checked as it read them)."""
   for path, leaf in jax.tree_util.tree_flatten_with_path(data.examples)[0]:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
       return ""
     values = np.asarray(leaf)
-    if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
-      row = int(np.argwhere(~np.isfinite(values))[0][0])
-      return (
-        f"The data hold non-finite values (field {jax.tree_util.keystr(path)}, row "
-        f"{row}): fix the data."
-      )
+    if np.issubdtype(values.dtype, np.inexact):
+      bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+      rows = np.asarray(data.flat_rows)
+      at = np.flatnonzero(bad[rows]) if bad.any() else ()
+      if len(at):
+        client = int(np.asarray(data.flat_owner)[at[0]])
+        return data_not_finite(jax.tree_util.keystr(path), client, int(rows[at[0]]))
+  if np.asarray(data.flat_rows).shape[0] < int(np.sum(np.asarray(data.counts))):
+    return (
+      "The data this run read are finite (a streamed run checks every client's rows as it "
+      "reads them): the iterates diverged."
+    )
   return "The data are finite: the iterates diverged."
 
 

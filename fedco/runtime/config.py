@@ -185,7 +185,7 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
 
   def over_data(fn):  # labels read from the example are checked against the data's values
     def traced(*args):
-      with _labels.from_data(args[-1], data.examples, data.flat_rows):
+      with _labels.from_data(args[-1], data.examples, data.flat_rows, owners=data.flat_owner):
         return fn(*args)
 
     return traced

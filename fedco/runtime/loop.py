@@ -239,7 +239,7 @@ def simulate(
   spends = link is not None and link.private and link.noise_multiplier > 0
   chunks = None
   if store is not None:
-    averaged = streaming.check(sim.config, params)  # trackers the pass below averages
+    averaged, store = streaming.checked(sim, params, store)  # and every read's rows checked
     sim.data_description = {
       "store": store.digest,
       "clients": store.num_clients,
@@ -372,7 +372,7 @@ def simulate(
       while done < rounds:
         size = chunk_size(done)
         last_good = state
-        chunk_data = None if chunks is None else chunks.get(done, size)
+        chunk_data = None if chunks is None else chunks.get(done, size, collected)
         if states is not None:  # this chunk's clients' state, from the disk
           ids = chunks.ids(done, size)
           state = last_good = paging.with_pages(state, ids, chunks.rows(states, ids, chunk_data))

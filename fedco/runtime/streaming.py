@@ -45,11 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import keystr
 
+from fedco import _labels
 from fedco.algorithms.base import Pending, get_field, set_fields
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
+from fedco.runtime import config as config_lib
 from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.batching import ClientView
+from fedco.runtime.checks import NonFiniteError, data_not_finite
 from fedco.runtime.layouts import _VIEW_COMPACT
 
 
@@ -137,9 +140,90 @@ def schedule(key, num_clients: int, clients_per_round: int, rounds: int) -> np.n
 
 def template(store: ClientStore) -> FederatedData:
   """A :class:`FederatedData` with the store's clients and client 0's rows only: what the
-  simulator is built and initialised with (its shapes and counts, not its rows, matter)."""
+  simulator is built and initialised with (its shapes and counts, not its rows, matter).
+  Client 0's rows are checked as :class:`CheckedStore` checks every client's (its labels
+  by ``Simulator.init``, as an in-memory run's)."""
   rows = store.read([0])
+  check_rows(store, np.array([0]), rows, (), first_round=1)
   return _assemble(store, np.array([0]), rows, int(store.counts[0]))
+
+
+def checked(sim, params, store: ClientStore):
+  """:func:`check`'s fields, and ``store`` as a :class:`CheckedStore` whose reads check the
+  rows' labels against the classes ``sim``'s problem gives them (found by tracing it on
+  ``sim.data``, the :func:`template`, as ``Simulator.init`` does) and their finiteness."""
+  averaged = check(sim.config, params)
+  with _labels.recording() as seen:
+    config_lib.check_params(params, sim.data, sim.problem)
+  labels = []
+  for path, num_classes, what in seen:  # the store's fields are an example dict's keys
+    if len(path) == 1 and getattr(path[0], "key", None) in store.fields:
+      labels.append((path[0].key, num_classes, what))
+  return averaged, CheckedStore(store, tuple(dict.fromkeys(labels)))
+
+
+class CheckedStore(ClientStore):
+  """A :class:`~fedco.data.ClientStore` (the same files, opened once) whose :meth:`read`
+  also checks the rows it read as an in-memory run checks its data (:func:`check_rows`).
+
+  Args:
+    store: the opened store.
+    labels: ``(field, num_classes, what)`` checks, in the order the problem makes them.
+  """
+
+  def __init__(self, store: ClientStore, labels=()):  # pylint: disable=super-init-not-called
+    self.__dict__.update(vars(store))
+    self.labels = labels
+
+  def read(self, ids, out=None, first_round: int = 1):
+    """:meth:`ClientStore.read`, then :func:`check_rows` (a refusal names ``first_round``,
+    the first round that would use the rows)."""
+    out = super().read(ids, out)
+    check_rows(self, np.asarray(ids, np.int64), out, self.labels, first_round)
+    return out
+
+
+def _first_bad(ids, counts, offsets, bad):
+  """``(client, row of the store)`` of the first ``True`` of ``bad`` (a flag per row read,
+  clients ``ids`` in order)."""
+  at = int(np.argmax(bad))
+  ends = np.cumsum(counts[ids])
+  i = int(np.searchsorted(ends, at, side="right"))
+  return int(ids[i]), int(offsets[ids[i]] + at - (ends[i] - counts[ids[i]]))
+
+
+def check_rows(store: ClientStore, ids, rows, labels, first_round: int) -> None:
+  """Refuse the rows of clients ``ids`` read from ``store`` (``rows``, from row 0) as an
+  in-memory run refuses its data, naming the client and its row in the store (the row
+  ``FederatedData.from_clients`` of the same clients gives it): labels past a problem's
+  classes (``labels``: ``(field, num_classes, what)``) with the same ``LabelError``, and
+  non-finite values with a ``NonFiniteError`` naming ``first_round``, whose data note an
+  in-memory run's divergence carries (decision 94). Vectorized over the rows."""
+  ids = np.asarray(ids, np.int64)
+  n = int(store.counts[ids].sum())
+  for field, num_classes, what in labels:
+    values = rows[field][:n].reshape(n, -1)
+    bad = ((values < 0) | (values >= num_classes)).any(axis=1)
+    if bad.any():
+      client, row = _first_bad(ids, store.counts, store.offsets, bad)
+      value = values[int(np.argmax(bad))]
+      value = int(value[(value < 0) | (value >= num_classes)][0])
+      name = "data.examples" + keystr((jax.tree_util.DictKey(field),))
+      raise _labels.out_of_range(name, client, row, value, num_classes, what)
+  for field, (dtype, _) in store.fields.items():
+    if dtype.kind in "fc":
+      bad = ~np.isfinite(rows[field][:n].reshape(n, -1)).all(axis=1)
+      if bad.any():
+        client, row = _first_bad(ids, store.counts, store.offsets, bad)
+        note = data_not_finite(keystr((jax.tree_util.DictKey(field),)), client, row)
+        raise NonFiniteError(
+          f"round {first_round}: refused before it ran (a streamed run checks each client's "
+          f"rows as it reads them). {note}",
+          first_round,
+          None,
+          (),
+          "data",
+        )
 
 
 def _assemble(store, ids, rows, capacity) -> FederatedData:
@@ -213,7 +297,7 @@ def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
   for s in starts:
     ids = np.arange(s, min(s + block, n))
     rows = {f: np.zeros((capacity,) + sh, d) for f, (d, sh) in store.fields.items()}
-    data = _assemble(store, ids, store.read(ids, out=rows), capacity)
+    data = _assemble(store, ids, _read(store, ids, rows, 1), capacity)
     pad = block - ids.size  # a fixed block: one program; padding weighs 0
     part = sums(
       params,
@@ -306,6 +390,13 @@ def _own_rows(cfg, params, k_init, data, ids, new, rows):
   return jax.tree.map(keep, own, rows)
 
 
+def _read(store, ids, out, first_round):
+  """``store.read(ids, out)``, checked where ``store`` is a :class:`CheckedStore`."""
+  if isinstance(store, CheckedStore):
+    return store.read(ids, out, first_round=first_round)
+  return store.read(ids, out)
+
+
 class Chunks:
   """Reads each chunk's clients from the store, the next one ahead on a host thread."""
 
@@ -340,16 +431,27 @@ class Chunks:
   def _read(self, start: int, size: int):
     ids = self._clients(start, size)
     rows = {f: np.zeros((self.capacity,) + s, d) for f, (d, s) in self.store.fields.items()}
-    self.store.read(ids, out=rows)
-    return ids, rows
+    return ids, _read(self.store, ids, rows, start + 1)
 
-  def get(self, start: int, size: int) -> FederatedData:
-    """The data of rounds ``start + 1 .. start + size`` (0-based ``start``)."""
-    if self._ahead is not None and self._ahead[0] == (start, size):
-      ids, rows = self._ahead[1].result()
-    else:
-      ids, rows = self._read(start, size)
-    self._ahead = None
+  def get(self, start: int, size: int, collected=()) -> FederatedData:
+    """The data of rounds ``start + 1 .. start + size`` (0-based ``start``). A refusal of
+    their rows (:func:`check_rows`, raised here also when the host thread read them) carries
+    ``collected``, the chunks' metrics so far, as a divergence does."""
+    ahead, self._ahead = self._ahead, None
+    try:
+      if ahead is not None and ahead[0] == (start, size):
+        ids, rows = ahead[1].result()
+      else:
+        ids, rows = self._read(start, size)
+    except (NonFiniteError, ValueError) as err:  # one line, not the host thread's frames
+      chunks = list(collected)
+      if isinstance(err, NonFiniteError):
+        err.metrics = (
+          {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+          if chunks
+          else {"evaluated": np.zeros(0, bool)}
+        )
+      raise err.with_traceback(None) from None
     return _assemble(self.store, ids, rows, self.capacity)
 
   def prefetch(self, start: int, size: int) -> None:
