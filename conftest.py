@@ -141,6 +141,46 @@ def pytest_cmdline_main(config):
 
 _FEDCO = pathlib.Path(__file__).parent / "fedco"
 
+# The smoke subset, ``python -m pytest -m smoke`` (about 2 minutes on 2 cores; decision 97):
+# one or a few fast tests per main area, each a real end-to-end check of its area, not the
+# area's edge cases. Marked here rather than in the files, so the whole subset reads in one
+# place; an entry without ``[...]`` marks every parameter. ``tests/test_subprocess_limits.py``
+# checks that each entry names a test that exists.
+SMOKE = (
+  # transforms: the optax contract in a user's loop, the VJP oracle, a float64 transcription
+  "tests/test_contract.py::test_readme_style_chain_with_schedule_converges",
+  "tests/test_estimators.py::test_compositional_grad_equals_grad_of_composition_for_pytrees",
+  "tests/test_transcriptions.py::test_comfedl",
+  # simulate: the vmapped runtime against a per-client loop, determinism, the ledger
+  "tests/test_runtime.py::test_same_seed_same_result_and_seeds_matter",
+  "tests/test_runtime.py::test_ledger_counts_what_each_algorithm_sends",
+  # streaming: the client store and a streamed run equal to the in-memory one
+  "tests/test_streaming.py::test_store_round_trip_and_damage",
+  "tests/test_streaming.py::test_a_streamed_run_of_many_clients_equals_the_in_memory_one",
+  # checkpoint resume: SIGKILL mid-run, then resume bit for bit (a subprocess)
+  "tests/test_checkpoint.py::test_sigkill_and_resume_is_bit_identical[comfedl]",
+  # experiment driver: the binary end to end, and a bad flag in one line
+  "tests/test_experiments.py::test_e7_binary_runs",
+  "tests/test_experiments.py::test_e7_binary_bad_flag_exits_cleanly",
+  # data loaders: scikit-learn digits, LEAF and FedJAX SQLite files
+  "tests/test_data.py::test_load_digits_shapes_range_and_split",
+  "tests/test_natural_data.py::test_leaf_femnist_one_client_per_writer_in_file_order",
+  "tests/test_natural_data.py::test_fedjax_emnist_clients_from_sqlite",
+  # the contract kit on a user's algorithm
+  "tests/test_testing_kit.py::test_the_cheap_checks_and_the_report",
+  # the suite's own subprocess limits
+  "tests/test_subprocess_limits.py::test_a_timeout_is_one_failure_naming_limit_variable_and_load",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+  """Marks the :data:`SMOKE` tests ``smoke`` (before ``-m`` selects)."""
+  smoke = set(SMOKE)
+  for item in items:
+    if item.nodeid in smoke or item.nodeid.split("[")[0] in smoke:
+      item.add_marker(pytest.mark.smoke)
+
 
 @contextlib.contextmanager
 def _optimized():

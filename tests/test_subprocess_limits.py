@@ -84,7 +84,7 @@ def test_a_timeout_is_one_failure_naming_limit_variable_and_load(monkeypatch):
   assert message.startswith(f"`{sys.executable} -c import time; time.sleep(60)` timed out")
   for step in (helpers.wait, helpers.communicate):
     proc = subprocess.Popen(SLEEP, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _fails_with_a_timeout(lambda: step(proc, 120), 120)
+    _fails_with_a_timeout(lambda step=step, proc=proc: step(proc, 120), 120)
     assert proc.returncode == -9  # killed and reaped
   done = helpers.run([sys.executable, "-c", "print(7)"], timeout=100, capture_output=True)
   assert done.returncode == 0 and done.stdout.strip() == b"7"
@@ -109,3 +109,17 @@ def test_run_shared_holds_a_timeout_or_an_exit_for_the_tests(monkeypatch):
   crash = [sys.executable, "-c", "import sys; sys.exit('boom')"]
   shared = helpers.run_shared(crash, timeout=100, capture_output=True, text=True)
   assert shared.failure.endswith("exited with 1") and shared.details.strip() == "boom"
+
+
+def test_every_smoke_entry_names_a_test_that_exists():
+  """A renamed or deleted test would silently leave the smoke subset (conftest.py)."""
+  import conftest  # the root conftest.py, which pytest has imported
+
+  areas = {entry.split("::")[0] for entry in conftest.SMOKE}
+  assert len(conftest.SMOKE) >= 10 and len(areas) >= 8, conftest.SMOKE
+  for entry in conftest.SMOKE:
+    path, name = entry.split("::")
+    function, _, param = name.partition("[")
+    source = (ROOT / path).read_text()
+    assert f"\ndef {function}(" in source, entry
+    assert not param or param.rstrip("]") in source, entry
