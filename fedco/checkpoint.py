@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import warnings
@@ -142,6 +143,19 @@ def _reads_finish():
       _RESTORES[0] -= 1
 
 
+@contextlib.contextmanager
+def _quiet():
+  """orbax's absl log lines (e.g. "Failed to json parse Metadata file" for a damaged
+  checkpoint's metadata) held back: a damaged checkpoint is fedco's one line, not orbax's."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def _cause(err: BaseException) -> BaseException:
   """The innermost cause of ``err`` (TensorStore's own error under orbax's wrapper)."""
   seen = {id(err)}
@@ -236,15 +250,16 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, enable_async_checkpointing=False, create=True
     )
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=options,
-      item_handlers={
-        "state": ocp.StandardCheckpointHandler(),
-        "history": ocp.StandardCheckpointHandler(),
-        "host": ocp.JsonCheckpointHandler(),
-      },
-    )
+    with _quiet():  # it reads every checkpoint's metadata
+      self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=options,
+        item_handlers={
+          "state": ocp.StandardCheckpointHandler(),
+          "history": ocp.StandardCheckpointHandler(),
+          "host": ocp.JsonCheckpointHandler(),
+        },
+      )
 
   def latest_round(self) -> Optional[int]:
     """The newest saved round, or ``None`` when there is none."""
@@ -322,7 +337,8 @@ class Checkpointer:
     causes = []
     for candidate in rounds:
       try:
-        out = self._restore_one(template, candidate)
+        with _quiet():
+          out = self._restore_one(template, candidate)
       except _Damaged as err:
         causes.append((candidate, err))
         continue

@@ -115,7 +115,8 @@ def test_without_checkpoints_client_state_lives_in_a_temporary_folder(
 
 def test_client_state_on_disk_recovers_a_killed_checkpoint(tmp_path):
   """Killed after a checkpoint's journal was written but before its rows reached the files:
-  reopened at that round, the journal is applied again; at an older round, refused."""
+  reopened at that round, the journal is applied again; at an older round, undone; at a
+  round no journal leads to, refused."""
   fresh = ({"a": np.zeros(2, np.float32)}, ())
   ids = np.array([1, 3, 5])
   rows = lambda v: ({"a": np.full((3, 2), v, np.float32)}, ())
@@ -134,8 +135,11 @@ def test_client_state_on_disk_recovers_a_killed_checkpoint(tmp_path):
   np.testing.assert_array_equal(got, [0.0, 2.0, 2.0, 1.0, 0.0])
   again.close()
   reopened = paging.StateStore(tmp_path / "s", fresh, 6, run="r", create=False)
-  with pytest.raises(ValueError, match="holds round 8, the checkpoint restored round 4"):
-    reopened.recover(4)
+  with pytest.raises(ValueError, match="holds round 8, the checkpoint restored round 2"):
+    reopened.recover(2)  # no checkpoint (no journal) of round 2
+  reopened.recover(4)  # round 8's checkpoint lost: its journal undoes its rows
+  np.testing.assert_array_equal(reopened.read([1, 3, 5])[0]["a"][:, 0], [1.0, 1.0, 1.0])
+  reopened.close()
   with pytest.raises(ValueError, match="written by another run"):
     paging.StateStore(tmp_path / "s", fresh, 6, run="other", create=False)
 
@@ -375,13 +379,13 @@ def test_a_resumed_run_starts_unsampled_clients_fresh_whatever_its_chunks(data_a
 def test_a_journal_waits_for_the_rows_still_being_written(tmp_path, monkeypatch):
   """The previous checkpoint's rows reach the files before the next journal replaces
   theirs: a kill during the next checkpoint then finds them (the write is slowed here)."""
-  write = paging.StateStore._apply
+  write = paging.state_files.Disk.apply
 
-  def slow(self, ids, values):
+  def slow(self, journal, undo=False):
     time.sleep(0.5)
-    write(self, ids, values)
+    write(self, journal, undo)
 
-  monkeypatch.setattr(paging.StateStore, "_apply", slow)
+  monkeypatch.setattr(paging.state_files.Disk, "apply", slow)
   fresh = ({"a": np.zeros(2, np.float32)}, ())
   states = paging.StateStore(tmp_path / "s", fresh, 6, run="r")
   states.write([1, 3], ({"a": np.ones((2, 2), np.float32)}, ()))
@@ -416,10 +420,10 @@ def test_failures_leave_no_folder_open_file_or_writer_behind(data_and_store, tmp
     **kwargs,
   )  # fmt: skip
 
-  def full(self, ids, values):
+  def full(self, journal, undo=False):
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(paging.StateStore, "_apply", full)
+  monkeypatch.setattr(paging.state_files.Disk, "apply", full)
   writer = _Writer()
   with pytest.raises(OSError, match="No space left"):
     fedco.simulate(
@@ -444,7 +448,7 @@ def _open_state_files() -> int:
   count = 0
   for fd in os.listdir("/proc/self/fd"):
     try:
-      count += "leaf-" in os.readlink(f"/proc/self/fd/{fd}")
+      count += "rows.bin" in os.readlink(f"/proc/self/fd/{fd}")
     except OSError:  # closed meanwhile (the listing's own descriptor)
       pass
   return count

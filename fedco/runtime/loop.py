@@ -12,7 +12,6 @@ import itertools
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -148,10 +147,12 @@ def simulate(
       of this run (same fingerprint: :mod:`fedco.runtime.fingerprint`), the run resumes from
       the newest intact one, says "resumed from round N" on stderr, and ends bit-identical
       to an uninterrupted run (a streamed run with client state on disk keeps it in
-      ``<checkpoint_dir>/client_state`` and resumes from the newest checkpoint only:
-      :class:`~fedco.runtime.StateStore`). The directory is locked for the run (a second
-      run gets a one-line ``ValueError`` naming the holder; in a multi-process run,
-      process 0 holds it). ``None`` (default): no checkpoints.
+      ``<checkpoint_dir>/client_state``, journaled per checkpoint, and falls back to an
+      older checkpoint as an in-memory run does: :class:`~fedco.runtime.StateStore`; without
+      ``checkpoint_dir`` it keeps it in a temporary ``fedco-client-state-*`` folder, removed
+      at the end, and a later run removes those of killed runs). The directory is locked
+      for the run (a second run gets a one-line ``ValueError`` naming the holder; in a
+      multi-process run, process 0 holds it). ``None`` (default): no checkpoints.
     checkpoint_every: rounds between checkpoints, an int ``>= 1`` (default: every chunk).
     keep_checkpoints: how many checkpoints to keep, an int ``>= 1``. Default 3.
     checkpoint_mismatch: what a ``checkpoint_dir`` holding *another* run's checkpoints
@@ -305,6 +306,7 @@ def simulate(
     ckpt.save(round_, paging.compact(saved_state), metrics, host_metrics, run=run_id)
     if states is not None:
       states.apply(round_)
+      states.keep_journals(ckpt.all_rounds())  # one journal per checkpoint still kept
 
   writers = tuple(metric_writers)
   labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
@@ -352,7 +354,7 @@ def simulate(
   try:
     if fresh is not None:
       if ckpt is None:
-        states_dir, states_temporary = tempfile.mkdtemp(prefix="fedco-client-state-"), True
+        states_dir, states_temporary = paging.temporary_folder(), True
       else:
         states_dir = os.path.join(checkpoint_dir, "client_state")
       states = paging.StateStore(

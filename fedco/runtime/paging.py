@@ -22,13 +22,15 @@ import concurrent.futures
 import json
 import os
 import shutil
-from typing import Any, NamedTuple, Optional
+import tempfile
+from typing import Any, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedco import io
+from fedco.runtime import state_files
 
 __all__ = ["Pages", "StateStore", "unpaged"]
 
@@ -183,6 +185,80 @@ def unpaged(state, store: "StateStore"):
   return _replace_pages(state, lambda i, p: rows[i])
 
 
+# ---- a run's temporary store folder, and the folders of killed runs ------------------------
+
+PREFIX, OWNER = "fedco-client-state-", "owner.json"
+
+
+def _boot_id() -> Optional[str]:
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      return f.read().strip()
+  except OSError:
+    return None
+
+
+def _start_time(pid: int) -> Optional[int]:
+  """The process's start time (clock ticks since boot), or ``None`` where unknown."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[19])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def owner_gone(owner: dict) -> bool:
+  """Whether the process ``owner`` (an owner file's ``pid``, ``boot``, ``start``) is
+  provably gone: another boot, no such process, or another process under its pid."""
+  boot = _boot_id()
+  if boot is not None and owner.get("boot") not in (None, boot):
+    return True
+  try:
+    os.kill(int(owner["pid"]), 0)
+  except ProcessLookupError:
+    return True
+  except OSError:  # someone else's live process
+    return False
+  start = _start_time(int(owner["pid"]))
+  return start is not None and owner.get("start") not in (None, start)
+
+
+def remove_abandoned(directory: Optional[str] = None) -> List[str]:
+  """Removes the ``fedco-client-state-*`` folders under ``directory`` (default: the temporary
+  directory) whose owner file names a process that is provably gone; a folder without a
+  readable owner file, or whose owner may live, stays. Returns the removed paths."""
+  directory = tempfile.gettempdir() if directory is None else directory
+  removed = []
+  try:
+    with os.scandir(directory) as entries:
+      folders = [
+        e.path for e in entries if e.name.startswith(PREFIX) and e.is_dir(follow_symlinks=False)
+      ]
+  except OSError:
+    return removed
+  for folder in folders:
+    try:
+      with open(os.path.join(folder, OWNER)) as f:
+        owner = json.load(f)
+      gone = owner_gone(owner)
+    except Exception:  # pylint: disable=broad-except  # no owner file, or not ours
+      continue
+    if gone:
+      shutil.rmtree(folder, ignore_errors=True)
+      removed.append(folder)
+  return removed
+
+
+def temporary_folder() -> str:
+  """A new ``fedco-client-state-*`` folder in the temporary directory holding an owner
+  file (this process's pid, boot and start time), after removing abandoned ones."""
+  remove_abandoned()
+  folder = tempfile.mkdtemp(prefix=PREFIX)
+  me = {"pid": os.getpid(), "boot": _boot_id(), "start": _start_time(os.getpid())}
+  io.atomic_write_json(os.path.join(folder, OWNER), me)
+  return folder
+
+
 def _no_rows(fresh):
   return np.zeros((0,), np.int64), [np.zeros((0,) + a.shape, a.dtype) for a in fresh]
 
@@ -209,39 +285,47 @@ def _overlay(rows, ids, out) -> None:
 class StateStore:
   """Every client's persistent state on disk; a chunk's clients' rows go in and out.
 
-  Files in ``directory``: one raw file per leaf of a client's state, ``K`` rows of its
-  bytes, written (``pwrite``, one a row) only at the rows of clients a round has sampled
-  and read with one ``pread`` a row (a sparse file: disk holds what was written; no memory
-  map, so resident memory is what was read); ``touched.npy`` (which clients have a row);
-  ``fresh.npz``, the state a client starts from; ``store.json`` (the round the files
-  hold, the run's fingerprint).
+  Files in ``directory`` (:mod:`fedco.runtime.state_files`, decision 95): ``rows.bin``,
+  dense records, one a sampled client (a client takes the next slot the first time its row
+  is written; a record holds a crc32, the client's id and its state's bytes), so disk grows
+  by one record per sampled client; ``index.npz`` (the client of each slot);
+  ``fresh.npz``, the state a client starts from; ``store.json`` (the round the files hold,
+  the run's fingerprint, the other files' checksums); ``journal-<round>.npz``, one per
+  retained checkpoint. Every file is checksummed and verified when read: a damaged one is
+  a one-line ``ValueError`` naming it (and the client, for a row), never used.
 
   Consistency with checkpoints: rows written back after a chunk stay in memory (pending)
-  until the next checkpoint. :meth:`journal` writes the pending rows to ``journal.npz``
-  (atomically) before the checkpoint, :meth:`apply` writes them into the files after it
-  and only then records the round in ``store.json``. A run killed anywhere resumes from
-  its newest checkpoint: if the files hold an older round, that checkpoint's journal is
-  applied again (rewriting whole rows is idempotent). Without checkpoints, each chunk's rows
-  are applied at once.
+  until the next checkpoint. :meth:`journal` writes them, with the rows they replace, to
+  that round's journal (atomically) before the checkpoint; :meth:`apply` writes them into
+  the files after it, on a host thread, recording its intent first. A run killed anywhere
+  resumes from the newest intact checkpoint, and :meth:`recover` brings the files to its
+  round along the journals: forward (a journal not applied yet) or back (the newest
+  checkpoint was damaged or lost: its rows are undone), so a streamed run falls back to an
+  older checkpoint exactly as an in-memory one. :meth:`keep_journals` drops the journals
+  of checkpoints no longer kept. Without checkpoints, each chunk's rows are applied at once.
 
   Args:
     directory: the folder of the files; created, or emptied of this class's files when
-      ``create`` (no other file in it is touched).
+      ``create`` (no other file in it is touched). Temporary files a killed write left
+      there are removed (so only the process holding the run's ``checkpoint_dir`` lock may
+      construct one; :meth:`open` only reads).
     fresh: one client's initial state, ``(algorithm's state, codecs' state)`` (``()`` for
       one that is not paged), arrays without a leading axis.
     num_clients: ``K``.
-    run: the run's fingerprint (a string), checked by :meth:`recover`.
+    run: the run's fingerprint (a string), checked against the files.
     create: a new store (every client fresh) rather than opening the existing one.
     durable: flush every :meth:`apply` to the disk and record it (``False``: a run's
-      temporary store, never reopened, skips the flushes).
+      temporary store, never reopened, skips the flushes and the index).
 
   :func:`fedco.simulate` keeps the store in ``<checkpoint_dir>/client_state`` when it
-  checkpoints (where it stays after the run), else in a temporary folder it removes at the
-  end (``TMPDIR`` decides where).
+  checkpoints (where it stays after the run), else in a temporary ``fedco-client-state-*``
+  folder (``TMPDIR`` decides where) that it removes at the end; such a folder holds an
+  owner file (pid, boot and start time), and the next run removes those of killed runs.
 
   Examples:
     A streamed SCAFFOLD run over 6 clients, 2 a round, in chunks of 2 rounds: the device
-    holds the last chunk's 4 clients' control variates, the disk every sampled client's:
+    holds the last chunk's 4 clients' control variates, the disk every sampled client's,
+    one record each:
 
     >>> import os, tempfile
     >>> import jax.numpy as jnp
@@ -261,16 +345,17 @@ class StateStore:
     [[3, 4], [1, 3], [0, 4], [3, 5]]
     >>> result.state.clients.ids.tolist()  # the device's pages: rounds 3-4's clients
     [0, 3, 4, 5]
-    >>> states = fedco.runtime.StateStore.open(
-    ...   os.path.join(folder, "ckpt", "client_state"), result.state
-    ... )
+    >>> directory = os.path.join(folder, "ckpt", "client_state")
+    >>> states = fedco.runtime.StateStore.open(directory, result.state)
     >>> states.touched.astype(int).tolist()  # client 2 was never sampled: no row on disk
     [1, 1, 0, 1, 1, 1]
+    >>> sorted(n for n in os.listdir(directory) if not n.startswith("journal"))
+    ['fresh.npz', 'index.npz', 'rows.bin', 'store.json']
+    >>> os.path.getsize(os.path.join(directory, "rows.bin"))  # 5 records of 8 + 4 + 4 x 8
+    220
     >>> fedco.runtime.unpaged(result.state, states).clients.c_i.shape  # [K, p]
     (6, 2)
   """
-
-  _FILES = ("store.json", "touched.npy", "fresh.npz", "journal.npz")
 
   def __init__(
     self,
@@ -281,22 +366,23 @@ class StateStore:
     *,
     create: bool = True,
     durable: bool = True,
+    _clean: bool = True,
   ):
     self.directory, self.num_clients, self.run = os.fspath(directory), int(num_clients), run
     self.durable = durable
     leaves, self.treedef = jax.tree.flatten(jax.tree.map(np.asarray, fresh))
     self.fresh = leaves
-    if create:
-      self._create()
-    else:
-      self._open()
+    self._disk = state_files.Disk(
+      self.directory, leaves, self.num_clients, run, create=create, durable=durable, clean=_clean
+    )
     self._pending = self._inflight = _no_rows(self.fresh)  # (sorted ids, [leaf rows])
+    self._planned: Optional[state_files.Journal] = None
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-state")
     self._writing: Optional[concurrent.futures.Future] = None
 
   @classmethod
   def open(cls, directory, like) -> "StateStore":
-    """The store a streamed run left in ``directory``.
+    """The store a streamed run left in ``directory`` (read only: nothing is removed).
 
     Args:
       directory: the store's folder, ``<checkpoint_dir>/client_state``.
@@ -307,93 +393,46 @@ class StateStore:
       The :class:`StateStore`, its files as the run left them.
 
     Raises:
-      ValueError: ``directory`` holds no readable client state of that structure.
+      ValueError: ``directory`` holds no client state of that structure, or a damaged
+        file (one line naming it), or a write a killed run left unfinished (resume it).
     """
-    try:
-      with open(os.path.join(os.fspath(directory), "store.json")) as f:
-        meta = json.load(f)
-      with np.load(os.path.join(os.fspath(directory), "fresh.npz")) as f:
-        leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
-    except (OSError, ValueError, KeyError) as err:
-      raise ValueError(
-        f"directory {os.fspath(directory)!r} holds no client state ({type(err).__name__})"
-      ) from None
     if not isinstance(like, tuple) or not hasattr(like, "clients") or not is_paged(like):
       raise ValueError(
         "like must be a state of a streamed run whose client state is on disk (its "
         f"SimulationResult.state, holding fedco.runtime.Pages), got {type(like).__name__}"
       )
+    directory = os.fspath(directory)
+    if not os.path.isfile(os.path.join(directory, state_files.META)):
+      raise ValueError(f"directory {directory!r} holds no client state (no store.json)")
+    meta = state_files.load_meta(os.path.join(directory, state_files.META))
     treedef = jax.tree.structure(fresh(like))
-    if treedef.num_leaves != len(leaves):
+    names = [f"arr_{i}" for i in range(treedef.num_leaves)]
+    leaves = state_files.load_arrays(os.path.join(directory, state_files.FRESH), names)
+    store = cls(
+      directory,
+      jax.tree.unflatten(treedef, [leaves[n] for n in names]),
+      meta.get("clients", 0),
+      meta.get("run", ""),
+      create=False,
+      _clean=False,
+    )
+    if store._disk.applying:
+      store.close()
       raise ValueError(
-        f"directory {os.fspath(directory)!r} holds client state of another structure "
-        f"({len(leaves)} arrays, the state {treedef.num_leaves})"
+        f"client state in {directory} was left half-written by a killed run; resume that "
+        "run (fedco.simulate with its checkpoint_dir) to complete it"
       )
-    return cls(
-      directory, jax.tree.unflatten(treedef, leaves), meta["clients"], meta["run"], create=False
-    )
+    return store
 
-  def _leaf(self, i: int) -> str:
-    return os.path.join(self.directory, f"leaf-{i}.bin")
+  @property
+  def round(self) -> int:
+    """The round the files hold."""
+    return self._disk.round
 
-  def _row_bytes(self, i: int) -> int:
-    return self.fresh[i].nbytes
-
-  def _create(self):
-    os.makedirs(self.directory, exist_ok=True)
-    for name in os.listdir(self.directory):  # only what a store writes
-      if name in self._FILES or (name.startswith("leaf-") and name.endswith(".bin")):
-        os.remove(os.path.join(self.directory, name))
-    self._fds = []
-    for i in range(len(self.fresh)):  # sparse: blocks are allocated where rows are written
-      self._fds.append(os.open(self._leaf(i), os.O_RDWR | os.O_CREAT, 0o666))
-      os.ftruncate(self._fds[-1], self.num_clients * self._row_bytes(i))
-    self.touched = np.zeros(self.num_clients, bool)
-    io.atomic_write(
-      os.path.join(self.directory, "fresh.npz"),
-      lambda f: np.savez(f, *self.fresh),
-      mode="wb",
-    )
-    self._save_touched()
-    self._meta(0)
-
-  def _open(self):
-    self._fds = []
-    try:
-      with open(os.path.join(self.directory, "store.json")) as f:
-        meta = json.load(f)
-      self.touched = np.load(os.path.join(self.directory, "touched.npy"))
-      for i in range(len(self.fresh)):
-        self._fds.append(os.open(self._leaf(i), os.O_RDWR))
-      sizes = [os.fstat(fd).st_size for fd in self._fds]
-    except (OSError, ValueError) as err:
-      self.close()
-      raise ValueError(
-        f"client state in {self.directory} cannot be read ({type(err).__name__}: {err}); "
-        "delete the checkpoint directory to start the run again"
-      ) from None
-    want = [self.num_clients * self._row_bytes(i) for i in range(len(self.fresh))]
-    if meta.get("run") != self.run or sizes != want or self.touched.shape != (self.num_clients,):
-      self.close()
-      raise ValueError(
-        f"client state in {self.directory} was written by another run (or another model "
-        "or algorithm); use another checkpoint_dir"
-      )
-    self.round = int(meta["round"])
-
-  def _meta(self, round_: int):
-    self.round = int(round_)
-    io.atomic_write_json(
-      os.path.join(self.directory, "store.json"),
-      {"round": self.round, "run": self.run, "clients": self.num_clients},
-    )
-
-  def _save_touched(self):
-    io.atomic_write(
-      os.path.join(self.directory, "touched.npy"),
-      lambda f: np.save(f, self.touched),
-      mode="wb",
-    )
+  @property
+  def touched(self) -> np.ndarray:
+    """bool ``[K]``: which clients have a row in the files."""
+    return self._disk.slots >= 0
 
   def _ids(self, ids) -> np.ndarray:
     ids = np.asarray(ids)
@@ -409,18 +448,22 @@ class StateStore:
 
   def read(self, ids) -> Any:
     """The states of clients ``ids`` (a pytree of ``[len(ids), ...]`` NumPy arrays); an id
-    ``K`` (padding) reads the fresh state."""
+    ``K`` (padding) reads the fresh state. A damaged row is a one-line ``ValueError``."""
     ids = self._ids(ids)
-    real = ids < self.num_clients
     out = [np.repeat(a[None], ids.size, axis=0) for a in self.fresh]
-    stored = np.flatnonzero(real)
-    stored = stored[self.touched[ids[stored]]]
-    for i, (o, fd) in enumerate(zip(out, self._fds) if stored.size else ()):  # a pread a row
-      flat, size = o.reshape(ids.size, -1), self._row_bytes(i)
-      for j in stored:
-        os.preadv(fd, [flat[j]], int(ids[j]) * size)
-    for rows in (self._inflight, self._pending):  # newer than the files: rows being written
-      _overlay(rows, ids, out)  # to them, then rows written back since
+    newer = [rows for rows in (self._inflight, self._pending) if rows[0].size]
+    slots = np.full(ids.size, -1, np.int64)
+    real = ids < self.num_clients
+    slots[real] = self._disk.slots[ids[real]]  # one snapshot: the writer replaces it whole
+    for have, _ in newer:  # rows being written, or pending: not read from the files
+      slots[np.isin(ids, have)] = -1
+    stored = np.flatnonzero(slots >= 0)
+    if stored.size:
+      records = self._disk.read(ids[stored], slots[stored])
+      for o, v in zip(out, self._disk.codec.decode(records)):
+        o[stored] = v
+    for rows in newer:  # newer than the files: rows being written, then written back since
+      _overlay(rows, ids, out)
     return jax.tree.unflatten(self.treedef, out)
 
   def has_rows(self, ids) -> np.ndarray:
@@ -428,7 +471,7 @@ class StateStore:
     being written); the others (and padding) read the fresh state."""
     ids = self._ids(ids)
     out = np.zeros(ids.size, bool)
-    out[ids < self.num_clients] = self.touched[ids[ids < self.num_clients]]
+    out[ids < self.num_clients] = self._disk.slots[ids[ids < self.num_clients]] >= 0
     for have, _ in (self._inflight, self._pending):
       out |= np.isin(ids, have)
     return out
@@ -442,69 +485,47 @@ class StateStore:
     self._pending = _merge(self._pending, new)
 
   def journal(self, round_: int) -> None:
-    """Write the rows the files do not hold yet as round ``round_``'s journal (before its
-    checkpoint), after the rows being written have reached the files."""
-    self._wait()  # the journal then replaces the previous one only once its rows are written
-    ids, values = self._pending
-    io.atomic_write(
-      os.path.join(self.directory, "journal.npz"),
-      lambda f: np.savez(f, *values, round=round_, ids=ids),
-      mode="wb",
-    )
+    """Write round ``round_``'s journal (before its checkpoint): the pending rows and the
+    rows they replace, after the rows being written have reached the files. A round the
+    files already hold with nothing pending (a checkpoint saved again) writes none."""
+    self._wait()
+    if int(round_) == self._disk.round and not self._pending[0].size:
+      return
+    self._planned = self._disk.plan(int(round_), *self._pending)
+    self._disk.save_journal(self._planned)
 
   def apply(self, round_: int) -> None:
     """Write the pending rows into the files, on a host thread while the next chunk runs
     (the previous write is waited for first); the files then hold round ``round_``."""
     self._wait()
+    planned, self._planned = self._planned, None
+    if planned is None or planned.round != int(round_):
+      if int(round_) == self._disk.round and not self._pending[0].size:
+        return
+      planned = self._disk.plan(int(round_), *self._pending)
     self._inflight, self._pending = self._pending, _no_rows(self.fresh)
-    self._writing = self._writer.submit(self._apply_and_record, *self._inflight, round_)
+    self._writing = self._writer.submit(self._disk.apply, planned)
+
+  def keep_journals(self, rounds) -> None:
+    """Removes the journals of rounds not in ``rounds`` (the checkpoints still kept)."""
+    keep = {int(r) for r in rounds}
+    self._disk.prune(lambda r: r in keep)
 
   def _wait(self) -> None:
     if self._writing is not None:
       self._writing.result()  # a failed write raises here
       self._writing, self._inflight = None, _no_rows(self.fresh)
 
-  def _apply_and_record(self, ids, values, round_):
-    self._apply(ids, values)
-    if self.durable:
-      self._meta(round_)
-    else:
-      self.round = int(round_)
-
-  def _apply(self, ids, values):
-    if ids.size:
-      for i, (fd, v) in enumerate(zip(self._fds, values)):
-        flat, size = np.ascontiguousarray(v).reshape(ids.size, -1), self._row_bytes(i)
-        for j, k in enumerate(ids):
-          os.pwrite(fd, flat[j], int(k) * size)
-        if self.durable:
-          os.fsync(fd)
-      self.touched[ids] = True
-      if self.durable:
-        self._save_touched()
-
   def recover(self, round_: int) -> None:
-    """Bring the files to round ``round_`` (a restored checkpoint's) after a kill.
+    """Bring the files to round ``round_`` (a restored checkpoint's): a write a kill left
+    half done is completed, then the journals are applied forward or undone back to it.
 
     Raises:
-      ValueError: the files hold another round and no journal of ``round_`` exists (an
-        older checkpoint than the newest was restored).
+      ValueError: no retained journal leads from the files' round to ``round_``, or one
+        of them is damaged (one line naming it).
     """
-    if self.round == round_:
-      return
-    path = os.path.join(self.directory, "journal.npz")
-    journal = None
-    if self.round < round_ and os.path.exists(path):
-      with np.load(path) as f:
-        if int(f["round"]) == round_:
-          journal = f["ids"], [f[f"arr_{i}"] for i in range(len(self.fresh))]
-    if journal is None:
-      raise ValueError(
-        f"client state in {self.directory} holds round {self.round}, the checkpoint "
-        f"restored round {round_}; delete the checkpoint directory to start the run again"
-      )
-    self._apply(*journal)
-    self._meta(round_)
+    self._wait()
+    self._disk.recover(int(round_))
 
   def close(self, remove: bool = False) -> None:
     """Releases the files (``remove``: deletes the folder, e.g. a run's temporary one)."""
@@ -513,8 +534,7 @@ class StateStore:
         self._writer.shutdown(wait=True)
         self._wait()  # a failed write raises here
     finally:
-      for fd in getattr(self, "_fds", []):
-        os.close(fd)
-      self._fds = []
+      if getattr(self, "_disk", None) is not None:
+        self._disk.close()
       if remove:
         shutil.rmtree(self.directory, ignore_errors=True)
