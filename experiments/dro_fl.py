@@ -368,7 +368,16 @@ def build(config, method, seed, prepared) -> runner.Run:
 
 
 def report(summary) -> List[str]:
-  return paired_lines(summary["against_fedavg"])
+  lines = paired_lines(summary["against_fedavg"])
+  for label, settings in summary["settings"].items():  # the first table a newcomer sees
+    printed = settings.get("algorithm") == "comfedl" and not settings.get("normalized")
+    if printed and summary["methods"][label]["diverged_seeds"]:
+      factor = np.exp(np.log(10) / settings["gamma"]) / settings["gamma"]  # loss log 10
+      lines.append(
+        f"{label}: expected to diverge: its printed step is exp(f_k/gamma)/gamma ~ {factor:.0e} "
+        "x grad f_k at the start; compare comfedl_normalized (docs/guides/reproduce.md)"
+      )
+  return lines
 
 
 def paired_lines(paired) -> List[str]:

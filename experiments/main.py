@@ -9,16 +9,25 @@ Every config field can be overridden (nested: ``--config.methods.qfedavg.q=1``; 
 method's ``learning_rate`` and ``local_steps`` too). The flags below decide how a run goes,
 never its numbers: rerunning a command resumes its runs from their checkpoints in
 ``--workdir``. Bad input is one ``error:`` line (exit status 1); Ctrl-C stops after the
-running chunk of rounds, checkpointed, with one line (exit status 130).
+running chunk of rounds, checkpointed, with one line (exit status 130); a Ctrl-C while the
+driver starts (seconds of imports) is one line and exit status 130 too.
 """
 
 import os
+import signal
 import sys
 
-from fedco.experiment import cli
+
+def _starting(signum, frame):  # Ctrl-C during the imports below: nothing has run yet
+  os.write(2, b"interrupted while starting, before anything ran; nothing was written\n")
+  os._exit(130)
+
 
 if __name__ == "__main__":
+  signal.signal(signal.SIGINT, _starting)  # cli.main gives Ctrl-C back to Python
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   if not __package__:  # run as a file (python experiments/main.py): the configs import it
     sys.path.insert(0, root)
+  from fedco.experiment import cli
+
   cli.run(config_dir=os.path.join(root, "experiments", "configs"))

@@ -4,6 +4,9 @@ Algorithms are optax-style transformations with a communication plan and a serve
 transform; the runtime simulates many clients in one jitted program.
 """
 
+# First, before JAX loads: under `python -m fedco.<module>`, a Ctrl-C while it starts is one
+# line and exit status 130 (decision 98); a library import is left alone.
+from fedco import _startup  # noqa: F401  # isort: skip
 from fedco import (
   algorithms,
   checkpoint,

@@ -37,6 +37,12 @@ def test_readme_example_runs(index, capsys):
   if "params" in namespace and "returns" in namespace:  # the own-loop example converges
     import numpy as np
 
+    # ... and prints its result: the objective at the start and at the end, lower
+    printed = re.findall(
+      r"objective (-?[\d.]+) at x = 0, (-?[\d.]+) at x = \[", capsys.readouterr().out
+    )
+    assert len(printed) == 1 and float(printed[0][1]) < float(printed[0][0]), printed
+
     from fedco.problems import portfolio_stationary_point
 
     x_star = portfolio_stationary_point([np.asarray(namespace["returns"])], 1.0)

@@ -29,7 +29,9 @@ main module only, never from a library.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
 import platform
 import re
@@ -41,11 +43,12 @@ import warnings
 from typing import Optional
 
 import jax
+import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
 import fedco
-from fedco import extend
+from fedco import _startup, extend
 from fedco.experiment import outputs, runner
 
 # The command line ml_collections reads its overrides from: the one parse_flags parses
@@ -121,7 +124,11 @@ def run(config_dir: Optional[str] = None) -> None:
   CONFIG_DIR = os.path.abspath(config_dir) if config_dir else None
   for flag in FLAGS.get_flags_for_module(__name__):  # --help lists them as the binary's
     FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main, flags_parser=parse_flags)
+  _startup.begin()  # until main starts, a Ctrl-C is one line and exit status 130
+  try:
+    app.run(main, flags_parser=parse_flags)
+  finally:
+    _startup.end()
 
 
 def _available() -> str:
@@ -133,11 +140,14 @@ def _available() -> str:
 
 def main(argv):
   del argv
+  _startup.end()  # started: Ctrl-C is Python's KeyboardInterrupt, handled below
   outputs.quiet_logs()
   if not sys.warnoptions:  # -W / PYTHONWARNINGS decide otherwise
     for category in (UserWarning, RuntimeWarning):  # fedco's: once a run, as one line
       warnings.filterwarnings("once", category=category)
   warnings.formatwarning = _format_warning
+  _quiet_failed_writes()
+  config = None
   try:
     if FLAGS.compilation_cache:  # before anything compiles
       cache = os.path.expanduser(FLAGS.compilation_cache)
@@ -162,6 +172,12 @@ def main(argv):
       ) from None
     if config is None:
       raise ValueError(f"--config must name a config file (a .py with get_config()){_available()}")
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise ValueError(
+        f"--config={FLAGS['config'].config_filename!r}: get_config() must return an "
+        f"ml_collections.ConfigDict, got a {type(config).__name__}; return "
+        "ml_collections.ConfigDict({...})"
+      )
     select(config, FLAGS.methods)
     options = runner.Options(
       progress=FLAGS.progress,
@@ -174,15 +190,119 @@ def main(argv):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with fedco.runtime.interrupt_guard():  # one Ctrl-C stops the loop of runs, once
       runner.train_and_evaluate(config, FLAGS.workdir, options)
-  except (ValueError, FileNotFoundError) as err:
-    print(f"error: {err}{raised_at(err)}", file=sys.stderr)
-    sys.exit(1)
   except KeyboardInterrupt as err:  # fedco.runtime.Interrupted, or Ctrl-C outside a run
     # Stopping (also before the guard): another Ctrl-C, while this prints or JAX's objects
     # are freed at exit, ends the process at once, as an unhandled one does, no traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    print(interrupted_line(err), file=sys.stderr)
+    print(interrupted_line(err, FLAGS.workdir), file=sys.stderr)
     sys.exit(130)
+  except Exception as err:  # pylint: disable=broad-except
+    line = error_line(err, config)
+    if line is None:  # a bug: the whole traceback
+      raise
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def error_line(err: Exception, config=None) -> Optional[str]:
+  """The one ``error:`` line of a failed run: bad input (a ``ValueError`` or
+  ``FileNotFoundError``, with where a module raised it), a full disk (naming the flag of its
+  folder), a package the experiment needs that is not installed; ``None`` for anything else
+  (a bug, shown with its traceback)."""
+  full = disk_full(err)
+  if full is not None:
+    return full
+  if isinstance(err, ImportError):
+    missing = getattr(err, "name", None)
+    how = f"install it (pip install {missing.split('.')[0]})" if missing else "install it"
+    experiment = config.get("experiment") if isinstance(config, ml_collections.ConfigDict) else None
+    named = f"--config.experiment={experiment!r} needs" if experiment else "the run needs"
+    return (
+      f"{named} a package that is not installed: {err.msg}{raised_at(err)}; "
+      f"{how}, or run an experiment that does not use it"
+    )
+  if isinstance(err, (ValueError, FileNotFoundError)):
+    return f"{err}{raised_at(err)}"
+  return None
+
+
+class _NoSpaceEcho(logging.Filter):
+  """Drops the log records and unraisable errors a full disk causes in orbax's background
+  writers (each failed write logged with its traceback, then "Event loop is closed" from
+  the writes still under way: 284 lines for one full disk): the run's own error says it in
+  one line (:func:`disk_full`)."""
+
+  seen = False
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage() + (repr(record.exc_info[1]) if record.exc_info else "")
+    if NO_SPACE.search(text):
+      _NoSpaceEcho.seen = True
+      return False
+    return True
+
+  @staticmethod
+  def unraisable(hook):
+    def unraisable(info):
+      echo = isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(
+        info.exc_value
+      )
+      if not (echo and _NoSpaceEcho.seen):
+        hook(info)
+
+    return unraisable
+
+
+def _quiet_failed_writes() -> None:
+  """Installs :class:`_NoSpaceEcho` on the root logger's handlers (absl's, which asyncio's
+  and orbax's records reach) and around ``sys.unraisablehook``, once."""
+  if any(isinstance(f, _NoSpaceEcho) for h in logging.getLogger().handlers for f in h.filters):
+    return
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_NoSpaceEcho())
+  sys.unraisablehook = _NoSpaceEcho.unraisable(sys.unraisablehook)
+
+
+NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='(28|122)'")
+_WRITING = re.compile(r'(?:Failed writing|writing|file): "([^"]+)"')
+
+
+def disk_full(err: BaseException) -> Optional[str]:
+  """The one line for a write that failed because the disk is full (an ``OSError`` with
+  ``ENOSPC``/``EDQUOT`` from fedco's writers, or orbax's ``RESOURCE_EXHAUSTED`` error from a
+  checkpoint), naming the flag whose folder it was; ``None`` for any other error."""
+  seen, path = set(), None
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+      path = err.filename
+      break
+    if NO_SPACE.search(str(err)):
+      found = _WRITING.search(str(err))
+      path = found.group(1) if found else None
+      break
+    err = err.__cause__ or err.__context__
+  else:
+    return None
+  where = None
+  for flag in ("workdir", "compilation_cache"):
+    folder = FLAGS[flag].value if flag in FLAGS else None
+    if (
+      folder
+      and path
+      and os.path.abspath(path).startswith(
+        os.path.join(os.path.abspath(os.path.expanduser(folder)), "")
+      )
+    ):
+      where = f"--{flag}={folder!r}"
+      break
+  where = where or (f"--workdir={FLAGS.workdir!r}" if "workdir" in FLAGS else "the output")
+  wrote = f" (writing {os.fspath(path)})" if path else ""
+  return (
+    f"{where}: no space left on its device{wrote}; free space there or use a folder on "
+    "another disk (rerunning the command resumes from the last complete checkpoint; "
+    "results already complete are kept)"
+  )
 
 
 def raised_at(err) -> str:
@@ -214,10 +334,42 @@ def raised_at(err) -> str:
   return f" (raised at {name}:{frame.lineno}, in {frame.name})"
 
 
-def interrupted_line(err) -> str:
-  """The one line a stopped run prints: what was written and how to go on."""
+def interrupted_line(err, workdir=None) -> str:
+  """The one line a stopped run prints: what was written, as the workdir holds it (a run
+  cannot say it for the runs before it: those that diverged wrote no rows past their
+  divergence), and how to go on."""
   what = str(err) if isinstance(err, fedco.runtime.Interrupted) else "interrupted"
+  if isinstance(err, fedco.runtime.Interrupted) and workdir:
+    for claim in (": the metrics of rounds ", ": nothing is lost"):  # the run's own words
+      head, said, _ = what.rpartition(claim)
+      if said:
+        what = f"{head}: {written(workdir)}"
+        break
   return f"{what}; rerun the same command to resume (finished runs and checkpoints are kept)"
+
+
+def written(workdir) -> str:
+  """What a stopped run's workdir holds: its rows so far and its runs' checkpoints."""
+  path = os.path.join(workdir, outputs.STAGING, outputs.METRICS)
+  try:
+    rounds = [r.get("round") for r in outputs.read_jsonl(path, partial_last=True)]
+  except (OSError, ValueError):
+    rounds = []
+  rounds = [r for r in rounds if isinstance(r, int)]
+  rows = (
+    f"{outputs.STAGING}/{outputs.METRICS} holds {len(rounds)} rows up to round {max(rounds)}"
+    if rounds
+    else "no metrics rows are written (runs that diverge write none past their divergence)"
+  )
+  folder = os.path.join(workdir, outputs.CHECKPOINTS)
+  runs = [
+    n
+    for n in (os.listdir(folder) if os.path.isdir(folder) else ())
+    if os.path.isdir(os.path.join(folder, n))
+    and any(s.isdigit() for s in os.listdir(os.path.join(folder, n)))
+  ]
+  kept = f"checkpoints of {len(runs)} run{'s' * (len(runs) != 1)}" if runs else "no checkpoint"
+  return f"{rows}; {kept} in {outputs.CHECKPOINTS}/"
 
 
 def select(config, labels) -> None:

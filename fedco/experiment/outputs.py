@@ -476,9 +476,24 @@ def file_digest(path, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
   return h.hexdigest()
 
 
-def read_jsonl(path) -> List[Dict[str, Any]]:
+def read_jsonl(path, *, partial_last: bool = False) -> List[Dict[str, Any]]:
+  """The records of a JSON-lines file; ``ValueError`` naming the file and line of one that
+  is not a JSON object. ``partial_last``: a last line that does not parse (a write that a
+  kill cut short) is left out instead."""
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+  records = []
+  for i, line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      record = None
+    if not isinstance(record, dict):
+      if partial_last and i == lines[-1][0]:
+        break
+      raise ValueError(f"{path}: line {i} is not a JSON object: {line.strip()[:60]!r}")
+    records.append(record)
+  return records
 
 
 # ---- plots and tables --------------------------------------------------------------------
@@ -516,6 +531,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
 
 
 LINESTYLES = ("-", "--", "-.", ":")
+MAX_COLUMNS = 4  # curves' panels per row by default: 12 panels are 3 rows of 4
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
@@ -547,7 +563,8 @@ def curves(
     labels: the methods in legend order; one with a diverged run is named with the round it
       diverged at (``finals[label][seed]["diverged_round"]``).
     panels: ``(metric, y label)`` pairs, or ``(metric, y label, "log")`` for a logarithmic
-      axis (values ``<= 0`` left out), in ``ncols`` columns (default: one row).
+      axis (values ``<= 0`` left out), in ``ncols`` columns (default: one row of up to
+      four panels; more in rows of at most four, as even as they go: 12 are 3 rows of 4).
     title: the panels' title prefix (``"<title>: <y label>"``).
     x: the x axis: ``"round"``, or with ``steps`` (``{label: local steps per round}``) the
       name of ``round * steps``, say ``"meta-iteration (round x local_steps)"``.
@@ -581,10 +598,15 @@ def curves(
   records = [r for r in records if (r["method"], str(r.get("seed"))) not in lost]
   names = {label: _named(label, lost, len((finals or {}).get(label, ()))) for label in labels}
   drawn = [label for label in labels if any(r["method"] == label for r in records)]
-  ncols = ncols or len(panels)
+  if not panels:
+    raise ValueError("panels: at least one (metric, y label) to draw")
+  ncols = ncols or -(-len(panels) // -(-len(panels) // MAX_COLUMNS))  # even rows
   nrows = -(-len(panels) // ncols)
   fig = figure(figsize=(5 * ncols, 4 * nrows))
   axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
+  for ax in axes[len(panels) :]:  # the grid's last row, where it is not full
+    ax.remove()
+  axes = axes[: len(panels)]
   for ax, (key, ylabel, *scale) in zip(axes, panels):
     log = scale == ["log"]
     ax.set(xlabel=x, ylabel=ylabel, yscale="log" if log else "linear")

@@ -401,6 +401,8 @@ def seeds(config, field: str = "seeds") -> tuple:
     values = tuple(int(s) for s in (given if not isinstance(given, int) else (given,)))
   except (TypeError, ValueError):
     raise ValueError(f"--config.{field} must be integers, got {given!r}") from None
+  if any(v < 0 for v in values):  # a seed is a PRNG seed and names a run: >= 0
+    raise ValueError(f"--config.{field} must be integers >= 0, got {given!r}")
   if not values:
     raise ValueError(f"--config.{field} must name at least one seed")
   if len(set(values)) != len(values):
@@ -418,6 +420,25 @@ def check_shared(config) -> None:
   if not isinstance(config.get("data_dir", ""), str):
     raise ValueError(
       f"--config.data_dir must be a folder path ('' for the default), got {config.data_dir!r}"
+    )
+
+
+def check_batch_size(size: Optional[int], data, flag: str = "--config.batch_size") -> None:
+  """``ValueError`` naming ``flag`` when the batch size ``size`` (``0`` or ``None``: each
+  client's whole data) exceeds the largest client of ``data`` (a ``FederatedData`` or a
+  ``ClientStore``) and the default 32: every batch would repeat rows, at many times the cost
+  of each client's whole data. ``fedco.simulate``'s rule, named as a config field (decision
+  98)."""
+  counts = getattr(data, "counts", None)
+  if not size or counts is None or not np.size(counts):
+    return
+  largest = int(np.max(np.asarray(counts)))
+  if size > max(largest, fedco.runtime.config.DEFAULT_BATCH_SIZE):  # as fedco.simulate's rule
+    raise ValueError(
+      f"{flag}={size} is larger than the largest client ({largest} examples): every batch "
+      f"would repeat its client's rows (draws are with replacement), at {size / largest:.3g}x "
+      f"the work of that client's whole data; use {flag}=0 (each client's whole data) or at "
+      f"most {largest}"
     )
 
 
@@ -728,6 +749,11 @@ def check(config, module=None):
   """Checks ``config`` (the shared fields, then the experiment's ``check``); returns the
   experiment's module (``module``, else ``config.experiment``'s). ``ValueError`` naming the
   field."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(
+      f"config must be an ml_collections.ConfigDict, got a {type(config).__name__}; wrap it: "
+      "ml_collections.ConfigDict({...})"
+    )
   module = module or experiment_module(config.get("experiment"))
   check_shared(config)
   if hasattr(module, "check"):
@@ -800,6 +826,8 @@ def train_and_evaluate(
       _check_kinds(run.problem, run.algorithm)
     except ValueError as err:
       raise ValueError(f"--config.methods.{method.entry}.algorithm: {err}") from None
+  for run in first:  # a batch larger than every client: refused before any run (decision 98)
+    check_batch_size(config.batch_size, run.data)
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
@@ -1175,6 +1203,7 @@ def search(
       f"its runs, which spends privacy no accountant counts; search without "
       f"privacy or compression"
     )
+  check_batch_size(simulator_kwargs.get("batch_size"), data)  # before the sweeps compile
   factory = fedco.ALGORITHMS[method.algorithm]
   algorithm_names = [k for k in axes if k not in problem_axes]
   points = []

@@ -67,6 +67,11 @@ class RunConfig:
     return self.participation < 1 or self.straggler_prob > 0
 
 
+# The default batch size: a size up to it is never refused (toy data of a few examples a
+# client keep running with the default, warned); a larger one above every client is refused.
+DEFAULT_BATCH_SIZE = 32
+
+
 def make_config(
   problem: Problem,
   algorithm: Algorithm,
@@ -136,7 +141,16 @@ def make_config(
   _validate.open_unit("participation", participation, closed_right=True)
   _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
   straggler_prob = _validate.plain(straggler_prob)  # as given: it is in run fingerprints
-  smallest = int(np.min(np.asarray(data.counts)))
+  counts = np.asarray(data.counts)
+  smallest, largest = int(np.min(counts)), int(np.max(counts))
+  for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
+    if size is not None and size > max(largest, DEFAULT_BATCH_SIZE):  # decision 98
+      raise ValueError(
+        f"{name}={size} is larger than the largest client ({largest} examples): every "
+        f"batch would repeat its client's rows (draws are with replacement), at "
+        f"{size / largest:.3g}x the work of that client's whole data; use {name}=None (each "
+        f"client's whole data) or at most {largest}"
+      )
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
       warnings.warn(

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
@@ -271,29 +272,72 @@ class TensorBoardWriter(RowWriter):
     self._writer.close()
 
 
-class ProgressBar:
-  """A ``tqdm`` bar over rounds whose rate and ETA leave out the first chunk (compilation)."""
+AUTO_AFTER_S = 5.0  # progress=None: a bar once a run on a terminal has taken this long
 
-  def __init__(self, total: int, *, label: str = "", enabled: bool = True, initial: int = 0):
-    self.enabled, self.total = enabled, total
+
+def on_terminal() -> bool:
+  """Whether this process's stderr is a terminal (where an automatic bar is shown) and it is
+  the first of a multi-process run (one bar, not one per process)."""
+  try:
+    terminal = sys.stderr is not None and sys.stderr.isatty()
+  except (AttributeError, ValueError, OSError):  # replaced or closed
+    return False
+  if not terminal:
+    return False
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.process_index() == 0
+
+
+class ProgressBar:
+  """A ``tqdm`` bar over rounds whose rate and ETA leave out the first chunk (compilation).
+
+  ``enabled``: ``True`` a bar from the start, ``False`` none, ``None`` (automatic) a bar
+  only where stderr is a terminal and once the run has taken :data:`AUTO_AFTER_S` seconds
+  without finishing (a short run, a test, a notebook, a log file: no bar).
+  """
+
+  def __init__(
+    self, total: int, *, label: str = "", enabled: Optional[bool] = True, initial: int = 0
+  ):
+    self.total, self.label = total, label
+    self._auto = enabled is None and on_terminal()
+    self.enabled = bool(enabled) or self._auto
     self._bar = None
+    self._start = time.perf_counter()
     self._steady = None  # (rounds done, time) when the first chunk ended
     if enabled:
-      from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+      self._open(initial)
 
-      self._bar = tqdm(
-        total=total,
-        initial=initial,
-        desc=label,
-        unit="round",
-        leave=True,
-        bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} rounds{postfix}",
-      )
+  def _open(self, initial: int) -> None:
+    try:
+      from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      if not self._auto:
+        raise
+      self.enabled = self._auto = False  # automatic: no tqdm, no bar
+      return
+    self._bar = tqdm(
+      total=self.total,
+      initial=initial,
+      desc=self.label,
+      unit="round",
+      leave=True,
+      bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} rounds{postfix}",
+    )
 
   def update(self, done: int, metric: Optional[float] = None, name: str = "objective"):
-    if self._bar is None:
+    if not self.enabled:
       return
     now = time.perf_counter()
+    if self._bar is None:  # automatic: the bar appears once the run is long
+      if self._steady is None:
+        self._steady = (done, now)
+      if done >= self.total or now - self._start < AUTO_AFTER_S:
+        return
+      self._open(done)
+      if self._bar is None:
+        return
     postfix = {}
     if self._steady is None:  # the first chunk included compilation: measure from here
       self._steady = (done, now)

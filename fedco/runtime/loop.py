@@ -90,7 +90,7 @@ def simulate(
   rounds: int,
   seed=0,
   chunk_rounds: Optional[int] = None,
-  progress: bool = False,
+  progress: Optional[bool] = None,
   check_finite: bool = True,
   checkpoint_dir=None,
   checkpoint_every: Optional[int] = None,
@@ -137,7 +137,10 @@ def simulate(
     chunk_rounds: rounds per jitted call, an int ``>= 1`` (default ``min(rounds, 100)``);
       chunks also end at checkpoints and at the actions' rounds.
     progress: print a ``tqdm`` progress line with rounds per second (leaving out the first
-      chunk, compilation) and ``progress_metric``. Default ``False``.
+      chunk, compilation) and ``progress_metric``: ``True`` always, ``False`` never, ``None``
+      (default, automatic) only where stderr is a terminal, once the run has taken 5 s
+      without finishing: a long run in a shell shows its progress, while short runs, tests,
+      notebooks and output sent to a file get no bar.
     check_finite: stop with :class:`NonFiniteError` (a ``FloatingPointError``) naming the
       first evaluated round whose metrics, the server model, or an action's row stop being
       finite; it carries the metrics and action rows collected so far. With checkpointing,
