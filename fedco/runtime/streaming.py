@@ -220,7 +220,7 @@ def check_rows(store: ClientStore, ids, rows, labels, first_round: int) -> None:
           f"round {first_round}: refused before it ran (a streamed run checks each client's "
           f"rows as it reads them). {note}",
           first_round,
-          None,
+          {"evaluated": np.zeros(0, bool)},  # no round ran: Chunks.get gives the chunks'
           (),
           "data",
         )
@@ -445,12 +445,8 @@ class Chunks:
         ids, rows = self._read(start, size)
     except (NonFiniteError, ValueError) as err:  # one line, not the host thread's frames
       chunks = list(collected)
-      if isinstance(err, NonFiniteError):
-        err.metrics = (
-          {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-          if chunks
-          else {"evaluated": np.zeros(0, bool)}
-        )
+      if isinstance(err, NonFiniteError) and chunks:
+        err.metrics = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
       raise err.with_traceback(None) from None
     return _assemble(self.store, ids, rows, self.capacity)
 
