@@ -16,7 +16,9 @@ and every client's state resident) and ``streamed`` (the examples in a
 persistent client state on disk too, :class:`fedco.runtime.streaming.StateStore`, only the
 chunk's clients' rows on the device). Each records the data build time, the bytes of the
 data and of the simulation state, the peak RSS, the disk used by the examples and by the
-client state, and the median rounds per second of ``--repeats`` timed chunks. A run whose
+client state (``du``: allocated blocks; for a streamed stateful run also per sampled client,
+``client_state_disk_bytes_per_sampled_client``), and the median rounds per second of
+``--repeats`` timed chunks. A run whose
 estimated footprint exceeds ``--max_gib`` is not started (recorded as skipped with the
 estimate), so the benchmark never drives the machine out of memory. Issue 30's target:
 K = 10^6 with 100 per round under 4 GiB of peak RSS, at a round time within 2x of the
@@ -195,6 +197,7 @@ def worker():
   med = statistics.median(times)
   state = result.state
   init_seconds = marks[0] - t0  # simulator, initial state, schedule (streamed), fingerprint
+  layout = state_layout_disk(state, result.metrics["clients"], k) if streamed else {}
   result = {
     "clients": k,
     "algorithm": name,
@@ -216,10 +219,42 @@ def worker():
     "disk_bytes": disk_bytes,
     "client_state_disk_bytes_per_chunk": state_disk,
     "client_state_rows_on_device": C.leading_rows(state.clients),
+    **layout,
     "final_params_finite": C.finite(state.server["params"]),
   }
   with open(FLAGS.result_file, "w") as f:
     json.dump(result, f)
+
+
+def state_layout_disk(state, clients, k: int):
+  """Disk (``du``: allocated blocks) of a run's client-state files per sampled client: the
+  run's sampled clients' rows written again, chunk by chunk as the run writes them, into a
+  StateStore of its own (the run's own folder is removed at its end, and its last chunk's
+  write may still be in flight when the actions see the disk)."""
+  import jax
+  import numpy as np
+
+  from benchmarks import _common as C
+  from fedco.runtime import paging
+
+  if not paging.is_paged(state):
+    return {}
+  fresh = paging.fresh(state)
+  parent = tempfile.mkdtemp(prefix="fedco-scale-layout-")
+  store = paging.StateStore(os.path.join(parent, "s"), fresh, k, durable=False)
+  for start in range(0, clients.shape[0], FLAGS.rounds):
+    ids = np.unique(clients[start : start + FLAGS.rounds])
+    store.write(ids, jax.tree.map(lambda a, n=ids.size: np.ones((n,) + a.shape, a.dtype), fresh))
+    store.apply(start + FLAGS.rounds)
+  store.close()
+  used, sampled = C.disk_bytes(parent, "s"), int(np.unique(clients).size)
+  shutil.rmtree(parent, ignore_errors=True)
+  return {
+    "client_state_sampled_clients": sampled,
+    "client_state_row_bytes": int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(fresh))),
+    "client_state_disk_bytes": used,
+    "client_state_disk_bytes_per_sampled_client": used / sampled,
+  }
 
 
 def run_one(k: int, name: str, path_kind: str, store_dir: str):
@@ -245,7 +280,13 @@ def run_one(k: int, name: str, path_kind: str, store_dir: str):
       f"K={k} {name} {path_kind}: {row['ms_per_round']:.1f} ms/round, peak RSS "
       f"{row['peak_rss_gib']:.2f} GiB, data {row['federated_data_bytes'] / 2**30:.2f} GiB "
       f"({'disk' if row['disk_bytes'] else 'memory'}), state "
-      f"{row['sim_state_bytes'] / 2**30:.2f} GiB, build {row['data_build_seconds']:.0f} s",
+      f"{row['sim_state_bytes'] / 2**30:.2f} GiB, build {row['data_build_seconds']:.0f} s"
+      + (
+        f", client state {row['client_state_disk_bytes_per_sampled_client']:.0f} B of disk "
+        f"per sampled client ({row['client_state_row_bytes']} B of state)"
+        if "client_state_disk_bytes" in row
+        else ""
+      ),
       flush=True,
     )
   return row

@@ -98,9 +98,11 @@ def test_a_cleared_or_garbled_index_is_refused(data_and_store, tmp_path):
   _, store = data_and_store
   result = _scaffold(store, 4, checkpoint_dir=tmp_path)
   directory = tmp_path / "client_state"
-  state_files.save_arrays(directory / "index.npz", {"owners": np.zeros(0, np.int32)})
-  with pytest.raises(ValueError, match="index.npz is damaged .it does not match store.json"):
-    paging.StateStore.open(directory, result.state)
+  owners = np.load(directory / "index.npz")["owners"]
+  for changed in (np.zeros(0, np.int32), owners[::-1].copy()):  # cleared; clients swapped
+    state_files.save_arrays(directory / "index.npz", {"owners": changed})
+    with pytest.raises(ValueError, match="index.npz is damaged .it does not match store.json"):
+      paging.StateStore.open(directory, result.state)
   (directory / "index.npz").write_bytes(b"PK\x03\x04 garbage")
   with pytest.raises(ValueError, match="index.npz is damaged .unreadable") as err:
     _scaffold(store, 8, checkpoint_dir=tmp_path)
@@ -135,15 +137,23 @@ def test_open_names_a_damaged_file_in_one_line(tmp_path, name, how):
     assert "\n" not in str(err.value)
 
 
-def test_a_damaged_journal_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("how", ["flipped", "rewritten"])
+def test_a_damaged_journal_is_refused_naming_it(tmp_path, how):
   """Killed after round 4's journal was written, before its rows reached the files; the
-  journal then damaged: the resume refuses it in one line (it was a BadZipFile traceback)."""
+  journal then damaged (bytes flipped, or rewritten as a well-formed file with another
+  slot count): the resume refuses it in one line (it was a BadZipFile traceback)."""
   fresh = ({"a": np.zeros(3, np.float32)}, ())
   states = paging.StateStore(tmp_path, fresh, 6, run="r")
   states.write([1, 4], ({"a": np.ones((2, 3), np.float32)}, ()))
   states.journal(4)
   states.close()
-  _flip(tmp_path / "journal-4.npz", (tmp_path / "journal-4.npz").stat().st_size // 2)
+  path = tmp_path / "journal-4.npz"
+  if how == "flipped":
+    _flip(path, path.stat().st_size // 2)
+  else:
+    arrays = dict(np.load(path))
+    arrays["used"] = np.asarray(arrays["used"] + 1)
+    np.savez(path, **arrays)  # its old checksum kept
   again = paging.StateStore(tmp_path, fresh, 6, run="r", create=False)
   with pytest.raises(ValueError, match=r"journal-4.npz is damaged") as err:
     again.recover(4)
