@@ -525,7 +525,7 @@ def test_plotting_a_run_still_going_draws_its_rows_so_far(tmp_path):
     for r in (1, 2):
       f.write(json.dumps({"method": "sgd", "seed": 0, "round": r, "loss": 1.0 / r}) + "\n")
   assert plot.plot(str(tmp_path), ["loss"]) == str(tmp_path / "plot.png")
-  with pytest.raises(FileNotFoundError, match="nor in_progress/metrics.jsonl"):
+  with pytest.raises(FileNotFoundError, match="is not a directory"):
     plot.plot(str(tmp_path / "elsewhere"), ["loss"])
 
 

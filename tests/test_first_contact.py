@@ -324,9 +324,11 @@ def test_simulate_shows_a_bar_only_for_a_long_run_on_a_terminal(monkeypatch, cap
   run = lambda: fedco.simulate(
     problem, algorithm, data, jnp.zeros(3), rounds=4, chunk_rounds=2, batch_size=None
   )
-  run()  # a test's stderr is no terminal: no bar
+  monkeypatch.setattr(host, "AUTO_AFTER_S", 0.0)  # every run counts as long from here
+  run()  # a test's stderr (captured) is no terminal: no bar
   assert "rounds" not in capsys.readouterr().err
   monkeypatch.setattr(host, "on_terminal", lambda: True)
+  monkeypatch.setattr(host, "AUTO_AFTER_S", 1e9)
   run()  # a terminal, a short run: no bar
   assert "rounds" not in capsys.readouterr().err
   monkeypatch.setattr(host, "AUTO_AFTER_S", 0.0)  # a terminal, a run taking long enough
