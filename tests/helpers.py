@@ -165,80 +165,163 @@ def check_timeout_scale(value):
   return scale
 
 
+def _load_scale():
+  """The 1-minute load average per core now (``0`` where the system has none)."""
+  try:
+    return os.getloadavg()[0] / _cores()
+  except OSError:
+    return 0.0
+
+
+def current_scale():
+  """``(scale, why)`` for a limit checked now: :func:`timeout_scale`, or the load per core
+  now where that is larger (up to :data:`MAX_MEASURED_SCALE`): load that came after the
+  session's start lengthens the limits of the steps still waiting."""
+  scale, why = timeout_scale()
+  if TIMEOUT_SCALE_ENV in os.environ:
+    return scale, why
+  now = min(_load_scale(), MAX_MEASURED_SCALE)
+  if now > scale:
+    return now, f"load now {machine_load()}; {why}"
+  return scale, why
+
+
 def limit_s(base_s):
   """The limit for a subprocess step that takes well under ``base_s`` seconds on a quiet
-  2-core machine: ``base_s`` times :func:`timeout_scale`."""
-  return base_s * timeout_scale()[0]
+  2-core machine: ``base_s`` times :func:`current_scale`."""
+  return base_s * current_scale()[0]
 
 
-def timeout_message(what, base_s):
+def timeout_message(what, base_s, scale=None):
   """One line: ``what`` timed out, after how long, why that limit, how to raise it, and the
   machine's load now."""
-  scale, why = timeout_scale()
+  scale, why = current_scale() if scale is None else scale
   return (
     f"{what} timed out after {base_s * scale:.0f} s ({base_s:g} s x {scale:.2f}, {why}; "
     f"set {TIMEOUT_SCALE_ENV} to raise it); machine load now {machine_load()}"
   )
 
 
-def timed_out(what, base_s):
-  """Fails the running test with :func:`timeout_message` (no traceback)."""
-  pytest.fail(timeout_message(what, base_s), pytrace=False)
+class Limit:
+  """A step's limit from now: ``base_s`` (a quiet machine's) times :func:`current_scale`,
+  re-read on every check, so that load arriving while the step runs lengthens it."""
+
+  POLL_S = 2.0
+
+  def __init__(self, base_s):
+    self.base_s, self.start = base_s, time.monotonic()
+    self.scale = current_scale()
+
+  def left(self):
+    """Seconds left (``<= 0``: expired), at most :attr:`POLL_S` apart between checks."""
+    self.scale = max(self.scale, current_scale(), key=lambda s: s[0])
+    return self.base_s * self.scale[0] - (time.monotonic() - self.start)
+
+  def expired(self):
+    return self.left() <= 0
+
+  def slice(self):
+    """How long to block before checking again."""
+    return max(0.01, min(self.POLL_S, self.left()))
+
+  def message(self, what):
+    return timeout_message(what, self.base_s, self.scale)
+
+
+def deadline(timeout):
+  """A :class:`Limit` for a wait loop (``if limit.expired(): ...``) of a quiet machine's
+  ``timeout`` seconds."""
+  return Limit(timeout)
+
+
+def timed_out(what, limit):
+  """Fails the running test with ``limit``'s message (a :class:`Limit`, or a quiet machine's
+  seconds), without a traceback."""
+  message = limit.message(what) if isinstance(limit, Limit) else timeout_message(what, limit)
+  pytest.fail(message, pytrace=False)
 
 
 def _name(args):
   command = args[0] if args else "subprocess"
-  return " ".join(str(a) for a in command) if isinstance(command, (list, tuple)) else command
+  text = " ".join(str(a) for a in command) if isinstance(command, (list, tuple)) else command
+  return f"`{text}`"[:300]
+
+
+def _communicate(proc, limit, input=None):  # noqa: A002 (Popen's own name)
+  """``proc.communicate`` under ``limit``; ``None`` (``proc`` killed and reaped) when it
+  expired. Retrying after ``TimeoutExpired`` loses no output (Python's documentation)."""
+  while True:
+    try:
+      return proc.communicate(input=input, timeout=limit.slice())
+    except subprocess.TimeoutExpired:
+      if limit.expired():
+        proc.kill()
+        proc.communicate()
+        return None
+
+
+def _run(args, kwargs, timeout):
+  """``(CompletedProcess or None, Limit)``: ``subprocess.run``'s arguments under a limit."""
+  limit = Limit(timeout)
+  capture, check = kwargs.pop("capture_output", False), kwargs.pop("check", False)
+  stdin_input = kwargs.pop("input", None)
+  if capture:
+    kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+  if stdin_input is not None:
+    kwargs["stdin"] = subprocess.PIPE
+  with subprocess.Popen(*args, **kwargs) as proc:
+    out = _communicate(proc, limit, stdin_input)
+  if out is None:
+    return None, limit
+  done = subprocess.CompletedProcess(proc.args, proc.returncode, *out)
+  if check:
+    done.check_returncode()
+  return done, limit
 
 
 def run(*args, timeout, **kwargs):
-  """``subprocess.run`` with ``timeout`` (a quiet machine's limit, seconds) scaled by
-  :func:`limit_s`; a timeout fails the test naming the command and the limit."""
-  try:
-    return subprocess.run(*args, timeout=limit_s(timeout), **kwargs)
-  except subprocess.TimeoutExpired:  # subprocess.run killed and reaped the child
-    timed_out(f"`{_name(args)}`"[:300], timeout)
+  """``subprocess.run`` under a :class:`Limit` of ``timeout`` (a quiet machine's seconds);
+  a timeout kills the process and fails the test naming the command and the limit."""
+  done, limit = _run(args, kwargs, timeout)
+  if done is None:
+    timed_out(_name(args), limit)
+  return done
 
 
 def wait(proc, timeout):
-  """``proc.wait`` under a scaled limit; a timeout kills ``proc`` and fails the test."""
-  try:
-    return proc.wait(timeout=limit_s(timeout))
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.wait()
-    timed_out(f"`{_name([proc.args])}`"[:300], timeout)
+  """``proc.wait`` under a :class:`Limit`; a timeout kills ``proc`` and fails the test."""
+  limit = Limit(timeout)
+  while True:
+    try:
+      return proc.wait(timeout=limit.slice())
+    except subprocess.TimeoutExpired:
+      if limit.expired():
+        proc.kill()
+        proc.wait()
+        timed_out(_name([proc.args]), limit)
 
 
 def communicate(proc, timeout, *, input=None):  # noqa: A002 (Popen's own name)
-  """``proc.communicate`` under a scaled limit; a timeout kills ``proc`` and fails the test."""
-  try:
-    return proc.communicate(input=input, timeout=limit_s(timeout))
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.communicate()
-    timed_out(f"`{_name([proc.args])}`"[:300], timeout)
+  """``proc.communicate`` under a :class:`Limit`; a timeout kills ``proc`` and fails the
+  test."""
+  limit = Limit(timeout)
+  out = _communicate(proc, limit, input)
+  if out is None:
+    timed_out(_name([proc.args]), limit)
+  return out
 
 
 def run_shared(*args, timeout, **kwargs):
   """:func:`run` for a module fixture: a :class:`Shared` of the ``CompletedProcess``, or of
   why it failed (a timeout, or a non-zero exit with its stderr's tail), which each test that
   uses it reports as its own failure."""
-  name = f"`{_name(args)}`"[:300]
-  try:
-    out = subprocess.run(*args, timeout=limit_s(timeout), **kwargs)
-  except subprocess.TimeoutExpired:
-    return Shared(failure=timeout_message(name, timeout))
-  if out.returncode != 0:
-    tail = out.stderr[-3000:] if isinstance(out.stderr, str) else ""
-    return Shared(failure=f"{name} exited with {out.returncode}", details=tail)
-  return Shared(out)
-
-
-def deadline(timeout):
-  """``time.monotonic()`` at which a wait loop for a quiet machine's ``timeout`` seconds
-  gives up (see :func:`limit_s`)."""
-  return time.monotonic() + limit_s(timeout)
+  done, limit = _run(args, kwargs, timeout)
+  if done is None:
+    return Shared(failure=limit.message(_name(args)))
+  if done.returncode != 0:
+    tail = done.stderr[-3000:] if isinstance(done.stderr, str) else ""
+    return Shared(failure=f"{_name(args)} exited with {done.returncode}", details=tail)
+  return Shared(done)
 
 
 class Shared:

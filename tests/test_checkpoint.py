@@ -41,10 +41,10 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, name):
     done = [d for d in (os.listdir(ckpt_dir) if ckpt_dir.exists() else []) if d.isdigit()]
     if len(done) >= 2 or victim.poll() is not None:
       break
-    if time.monotonic() > deadline:
+    if deadline.expired():
       victim.kill()
       victim.wait()
-      helpers.timed_out("waiting for two checkpoints of tests/resume_run.py", 240)
+      helpers.timed_out("waiting for two checkpoints of tests/resume_run.py", deadline)
     time.sleep(0.02)
   victim.send_signal(signal.SIGKILL)
   assert victim.wait() == -signal.SIGKILL, "the run finished before it could be killed"

@@ -41,10 +41,10 @@ def _lines(path):
 def _wait_for_rows(proc, path, rows, timeout=240):
   deadline = helpers.deadline(timeout)
   while proc.poll() is None and len(_lines(path)) < rows:
-    if time.monotonic() > deadline:
+    if deadline.expired():
       proc.kill()
       proc.wait()
-      helpers.timed_out(f"waiting for {rows} rows of tests/stream_run.py", timeout)
+      helpers.timed_out(f"waiting for {rows} rows of tests/stream_run.py", deadline)
     time.sleep(0.02)
   assert proc.poll() is None, "the run ended before it could be stopped"
 

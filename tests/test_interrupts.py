@@ -167,10 +167,10 @@ def _driver(workdir, *flags, methods="fedavg,comfedl"):
 def _wait_for(path, proc, timeout=240):
   deadline = helpers.deadline(timeout)
   while proc.poll() is None and not path.exists():
-    if time.monotonic() > deadline:
+    if deadline.expired():
       proc.kill()
       proc.communicate()
-      helpers.timed_out(f"waiting for {path.name} of `{' '.join(proc.args[1:4])}`", timeout)
+      helpers.timed_out(f"waiting for {path.name} of `{' '.join(proc.args[1:4])}`", deadline)
     time.sleep(0.02)
   assert proc.poll() is None, proc.communicate()
 

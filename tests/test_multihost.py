@@ -28,7 +28,6 @@ import pathlib
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -65,8 +64,7 @@ def _run_workers(out, limit_s=TIMEOUT_S):
   }  # compile time dominates
   port = _free_port()
   procs, logs = [], []
-  start = time.perf_counter()
-  limit = helpers.limit_s(limit_s)
+  limit = helpers.Limit(limit_s)
   script = str(ROOT / "tests" / "multihost_worker.py")
   commands = [
     [script, f"--process_id={i}", "--num_processes=2", f"--port={port}", f"--out={out}"]
@@ -82,9 +80,14 @@ def _run_workers(out, limit_s=TIMEOUT_S):
           [sys.executable] + command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
         )
       )
-    codes = [p.wait(timeout=max(0.1, limit - (time.perf_counter() - start))) for p in procs]
-  except subprocess.TimeoutExpired:
-    codes = None
+    for p in procs:
+      while p.poll() is None and not limit.expired():
+        try:
+          p.wait(timeout=limit.slice())
+        except subprocess.TimeoutExpired:
+          pass
+    codes = [p.poll() for p in procs]
+    codes = None if None in codes else codes
   finally:
     for p in procs:
       if p.poll() is None:
@@ -98,11 +101,7 @@ def _run_workers(out, limit_s=TIMEOUT_S):
   if codes != [0, 0, 0]:
     names = ["process 0", "process 1", "single process"]
     what = "the multi-process workers (tests/multihost_worker.py)"
-    head = (
-      helpers.timeout_message(what, limit_s)
-      if codes is None
-      else f"{what} failed with exit codes {codes}"
-    )
+    head = limit.message(what) if codes is None else f"{what} failed with exit codes {codes}"
     tails = "\n".join(
       f"--- {names[i]} (exit {None if codes is None else codes[i]}) ---\n{t[-4000:]}"
       for i, t in enumerate(texts)

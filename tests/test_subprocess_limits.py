@@ -38,6 +38,26 @@ def test_limits_scale_with_the_measured_slowdown(speed, measured, scale):
   assert helpers.limit_s(100) == pytest.approx(100 * scale)
 
 
+def test_load_that_arrives_later_lengthens_a_waiting_limit(speed, monkeypatch):
+  """A limit re-reads the load on every check: it grows with load that came after the
+  session's start (up to the cap) and never shrinks back."""
+  speed("0.1 0 2")
+  monkeypatch.setattr(helpers, "_cores", lambda: 2)
+  load = lambda value: monkeypatch.setattr(os, "getloadavg", lambda: (value, 0.0, 0.0))
+  load(1.0)
+  limit = helpers.Limit(100)
+  assert 99 < limit.left() <= 100
+  load(12.0)  # 6 per core
+  assert 599 < limit.left() <= 600
+  assert "(100 s x 6.00, load now 12.0 on 2 cores; measured at the session's start: a" in (
+    limit.message("step")
+  )
+  load(1.0)
+  assert limit.left() > 599
+  load(100.0)
+  assert limit.left() <= 100 * helpers.MAX_MEASURED_SCALE
+
+
 def test_the_environment_variable_replaces_the_measurement(speed, monkeypatch):
   speed("30 0 2")
   monkeypatch.setenv(helpers.TIMEOUT_SCALE_ENV, "20")  # not capped: the user asked
