@@ -123,8 +123,10 @@ The client-state contract (what the runtime does with your state):
   concrete value, NumPy scalars accepted, injected (traced) hyperparameters passed through.
 * **State structure and dtypes stay fixed** across updates (a ``lax.scan`` carry);
   start every float field in the dtype ``update`` returns (``jnp.zeros_like(params)``,
-  not a Python ``0.0``), from :func:`strong` params (weak-typed params would make
-  ``zeros_like`` and optax states weak until the first update).
+  as optax writes it, not a Python ``0.0``). The runtime strong-types the params it is
+  given (decision 96); in your own jitted loops, :func:`strong` params keep weak-typed
+  ones (``jnp.full(shape, 0.1)``) from making ``zeros_like`` states weak until the first
+  update, which compiles the step twice.
 
 The pieces, by what they are for:
 

@@ -201,5 +201,5 @@ def _check_finite(metrics, state, rounds_before):
   if not model_finite:
     last = int(fetch(state.round))
     raise NonFiniteError(
-      f"rounds {rounds_before + 1}-{last}: the server model has non-finite values", last, None
+      f"rounds {rounds_before + 1}-{last}: the server model has non-finite values.", last, None
     )
