@@ -4,10 +4,12 @@ files consistent with whichever retained checkpoint a run restores (a streamed s
 falls back like an in-memory one); the temporaries and folders of killed runs removed on the
 next run; disk in proportion to the clients sampled."""
 
+import contextlib
 import json
 import logging
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 import warnings
@@ -172,22 +174,31 @@ def _garble_newest_checkpoint(directory):
   return newest
 
 
-def test_a_garbled_newest_checkpoint_falls_back_like_an_in_memory_run(
-  data_and_store, straight, tmp_path, capsys
+@pytest.mark.parametrize("damage", ["garbled", "lost"])
+def test_a_damaged_newest_checkpoint_falls_back_like_an_in_memory_run(
+  data_and_store, straight, tmp_path, capsys, damage
 ):
   """A streamed SCAFFOLD run with checkpoints at rounds 4, 6 and 8, its newest checkpoint
-  garbled after it finished: the rerun falls back to round 6 (the files, at round 8, are
-  undone to it along round 8's journal) and ends equal, every client's state included, to
-  the uninterrupted run, as the in-memory run does in the same situation (the streamed
-  one used to say "resumed from round 6", then refuse)."""
+  garbled (or its folder lost) after it finished: the rerun falls back to round 6 (the
+  files, at round 8, are undone to it along round 8's journal) and ends equal, every
+  client's state included, to the uninterrupted run, as the in-memory run does in the
+  same situation (the streamed one used to say "resumed from round 6", then refuse)."""
   data, store = data_and_store
   memory_dir, streamed_dir = tmp_path / "memory", tmp_path / "streamed"
   for data_, directory in ((data, memory_dir), (store, streamed_dir)):
     _scaffold(data_, 8, checkpoint_dir=directory, checkpoint_every=2, keep_checkpoints=3)
     assert _garble_newest_checkpoint(directory) == 8
-  with pytest.warns(UserWarning, match="round 8 .* damaged"):
+    if damage == "lost":
+      shutil.rmtree(directory / "8")
+
+  def warns():
+    if damage == "lost":  # nothing to say: round 6 is the newest there is
+      return contextlib.nullcontext()
+    return pytest.warns(UserWarning, match="round 8 .* damaged")
+
+  with warns():
     memory = _scaffold(data, 8, checkpoint_dir=memory_dir, checkpoint_every=2)
-  with pytest.warns(UserWarning, match="round 8 .* damaged"):
+  with warns():
     streamed = _scaffold(store, 8, checkpoint_dir=streamed_dir, checkpoint_every=2)
   assert capsys.readouterr().err.count("resumed from round 6") == 2
   for result in (memory, streamed):
