@@ -157,8 +157,14 @@ SMOKE = (
   # streaming: the client store and a streamed run equal to the in-memory one
   "tests/test_streaming.py::test_store_round_trip_and_damage",
   "tests/test_streaming.py::test_a_streamed_run_of_many_clients_equals_the_in_memory_one",
+  # sweeps: a grid of runs in one program against separate runs
+  "tests/test_sweep.py::test_each_run_equals_its_separate_simulate_call",
+  # privacy and compression: clipping on the uplink
+  "tests/test_uplink.py::test_clipping_bounds_each_clients_delta",
   # checkpoint resume: SIGKILL mid-run, then resume bit for bit (a subprocess)
   "tests/test_checkpoint.py::test_sigkill_and_resume_is_bit_identical[comfedl]",
+  # Ctrl-C: the driver stops with one line and exit 130 (a subprocess)
+  "tests/test_interrupts.py::test_the_driver_stops_on_one_ctrl_c_with_one_line_and_exit_130",
   # experiment driver: the binary end to end, and a bad flag in one line
   "tests/test_experiments.py::test_e7_binary_runs",
   "tests/test_experiments.py::test_e7_binary_bad_flag_exits_cleanly",
