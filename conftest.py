@@ -19,6 +19,11 @@ miscompiles the backward pass of the im2col convolutions into NaNs (the same pro
 finite op by op and when optimized), so the modules that train convolutional models opt
 out, and so does a test marked ``@pytest.mark.compile_optimized`` (or a parameter with that
 mark) in a module that does not.
+
+The first pytest process also times a small reference compile and reads the load, from which
+``tests/helpers.py`` scales every subprocess limit of the tests (``FEDCO_TEST_TIMEOUT_SCALE``
+replaces that scale), and the tests :data:`SMOKE` lists are marked ``smoke``:
+``python -m pytest -m smoke`` runs them (decision 97).
 """
 
 import contextlib
