@@ -254,6 +254,7 @@ def _communicate(proc, limit, input=None):  # noqa: A002 (Popen's own name)
     try:
       return proc.communicate(input=input, timeout=limit.slice())
     except subprocess.TimeoutExpired:
+      input = None  # sent already: a retry may not pass it again  # noqa: A001
       if limit.expired():
         proc.kill()
         proc.communicate()

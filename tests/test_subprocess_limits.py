@@ -106,8 +106,17 @@ def test_a_timeout_is_one_failure_naming_limit_variable_and_load(monkeypatch):
     proc = subprocess.Popen(SLEEP, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _fails_with_a_timeout(lambda step=step, proc=proc: step(proc, 120), 120)
     assert proc.returncode == -9  # killed and reaped
+
+
+def test_run_is_subprocess_run_with_input_and_output(speed):
+  speed("0.1 0 2")
   done = helpers.run([sys.executable, "-c", "print(7)"], timeout=100, capture_output=True)
   assert done.returncode == 0 and done.stdout.strip() == b"7"
+  echo = "import sys, time; time.sleep(2.5); print(sys.stdin.read())"  # past one wait slice
+  done = helpers.run(
+    [sys.executable, "-c", echo], timeout=300, input="hi", capture_output=True, text=True
+  )
+  assert done.stdout == "hi\n"
 
 
 def test_a_shared_failure_fails_each_test_and_gives_the_logs_once():
