@@ -17,8 +17,10 @@ SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 @pytest.fixture
 def speed(monkeypatch):
-  """Sets the session-start measurement ``"<compile s> <load> <cores>"``, no override."""
+  """Sets the session-start measurement ``"<compile s> <load> <cores>"``, no override, and
+  no load now (the limits re-read it: the machine's own would change the numbers)."""
   monkeypatch.delenv(helpers.TIMEOUT_SCALE_ENV, raising=False)
+  monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
   return lambda value: monkeypatch.setenv(helpers.SPEED_ENV, value)
 
 
