@@ -3,6 +3,8 @@ between chunks, the finiteness of its metrics, model and host rows (``NonFiniteE
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,11 +106,13 @@ def data_not_finite(field: str, client: int, row: int) -> str:
   )
 
 
-def _data_note(data) -> str:
+def _data_note(data, streamed: Optional[str] = None) -> str:
   """Whether the data themselves hold non-finite values (then the data, not the step size,
   are the cause), for a NonFiniteError's message: the field, client and row, or what was
-  checked (a streamed run's ``data`` hold one client's rows; every client it read was
-  checked as it read them)."""
+  checked (a streamed run's ``data`` hold one client's rows; ``streamed`` is the note of
+  the first non-finite row the rounds up to the divergence read, found as they read it)."""
+  if streamed:
+    return streamed
   for path, leaf in jax.tree_util.tree_flatten_with_path(data.examples)[0]:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
       return ""

@@ -377,7 +377,7 @@ def simulate(
       while done < rounds:
         size = chunk_size(done)
         last_good = state
-        chunk_data = None if chunks is None else chunks.get(done, size, collected)
+        chunk_data = None if chunks is None else chunks.get(done, size)
         if states is not None:  # this chunk's clients' state, from the disk
           ids = chunks.ids(done, size)
           state = last_good = paging.with_pages(state, ids, chunks.rows(states, ids, chunk_data))
@@ -397,7 +397,8 @@ def simulate(
           try:
             _check_finite(metrics, state, done)
           except NonFiniteError as err:
-            err.args = (f"{err.args[0]} {_data_note(sim.data)}",) + err.args[1:]
+            note = _data_note(sim.data, store and store.data_note(err.round))
+            err.args = (f"{err.args[0]} {note}",) + err.args[1:]
             if ckpt is not None:  # the last good state, round 0 included
               save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {})
             err.metrics, err.host_metrics = _stack(collected), list(host_metrics)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +52,7 @@ from fedco.data.store import ClientStore
 from fedco.runtime import config as config_lib
 from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.batching import ClientView
-from fedco.runtime.checks import NonFiniteError, data_not_finite
+from fedco.runtime.checks import data_not_finite
 from fedco.runtime.layouts import _VIEW_COMPACT
 
 
@@ -141,10 +141,9 @@ def schedule(key, num_clients: int, clients_per_round: int, rounds: int) -> np.n
 def template(store: ClientStore) -> FederatedData:
   """A :class:`FederatedData` with the store's clients and client 0's rows only: what the
   simulator is built and initialised with (its shapes and counts, not its rows, matter).
-  Client 0's rows are checked as :class:`CheckedStore` checks every client's (its labels
-  by ``Simulator.init``, as an in-memory run's)."""
+  Client 0's rows are checked as an in-memory run's data are (its labels by
+  ``Simulator.init``, its finiteness by a divergence's data note)."""
   rows = store.read([0])
-  check_rows(store, np.array([0]), rows, (), first_round=1)
   return _assemble(store, np.array([0]), rows, int(store.counts[0]))
 
 
@@ -174,13 +173,23 @@ class CheckedStore(ClientStore):
   def __init__(self, store: ClientStore, labels=()):  # pylint: disable=super-init-not-called
     self.__dict__.update(vars(store))
     self.labels = labels
+    self.non_finite: Optional[Tuple[int, str]] = None  # (first round using it, data note)
 
   def read(self, ids, out=None, first_round: int = 1):
-    """:meth:`ClientStore.read`, then :func:`check_rows` (a refusal names ``first_round``,
-    the first round that would use the rows)."""
+    """:meth:`ClientStore.read`, then :func:`check_rows`; the first non-finite row read is
+    kept with ``first_round``, the first round that uses it, for :meth:`data_note`."""
     out = super().read(ids, out)
-    check_rows(self, np.asarray(ids, np.int64), out, self.labels, first_round)
+    note = check_rows(self, np.asarray(ids, np.int64), out, self.labels)
+    if note is not None and (self.non_finite is None or first_round < self.non_finite[0]):
+      self.non_finite = (first_round, note)
     return out
+
+  def data_note(self, round_: int) -> Optional[str]:
+    """The data note of a divergence at ``round_``: the first non-finite row that rounds up
+    to ``round_`` read, if any (a row read ahead for later rounds is not blamed)."""
+    if self.non_finite is not None and self.non_finite[0] <= round_:
+      return self.non_finite[1]
+    return None
 
 
 def _first_bad(ids, counts, offsets, bad):
@@ -192,13 +201,14 @@ def _first_bad(ids, counts, offsets, bad):
   return int(ids[i]), int(offsets[ids[i]] + at - (ends[i] - counts[ids[i]]))
 
 
-def check_rows(store: ClientStore, ids, rows, labels, first_round: int) -> None:
-  """Refuse the rows of clients ``ids`` read from ``store`` (``rows``, from row 0) as an
-  in-memory run refuses its data, naming the client and its row in the store (the row
+def check_rows(store: ClientStore, ids, rows, labels) -> Optional[str]:
+  """Check the rows of clients ``ids`` read from ``store`` (``rows``, from row 0) as an
+  in-memory run checks its data, naming the client and its row in the store (the row
   ``FederatedData.from_clients`` of the same clients gives it): labels past a problem's
-  classes (``labels``: ``(field, num_classes, what)``) with the same ``LabelError``, and
-  non-finite values with a ``NonFiniteError`` naming ``first_round``, whose data note an
-  in-memory run's divergence carries (decision 94). Vectorized over the rows."""
+  classes (``labels``: ``(field, num_classes, what)``) raise the same ``LabelError``; the
+  first non-finite row is returned as the data note an in-memory run's divergence carries
+  (``None`` if all are finite): as in memory, non-finite data end a run only when they make
+  it diverge (decision 94). Vectorized over the rows."""
   ids = np.asarray(ids, np.int64)
   n = int(store.counts[ids].sum())
   for field, num_classes, what in labels:
@@ -215,15 +225,8 @@ def check_rows(store: ClientStore, ids, rows, labels, first_round: int) -> None:
       bad = ~np.isfinite(rows[field][:n].reshape(n, -1)).all(axis=1)
       if bad.any():
         client, row = _first_bad(ids, store.counts, store.offsets, bad)
-        note = data_not_finite(keystr((jax.tree_util.DictKey(field),)), client, row)
-        raise NonFiniteError(
-          f"round {first_round}: refused before it ran (a streamed run checks each client's "
-          f"rows as it reads them). {note}",
-          first_round,
-          {"evaluated": np.zeros(0, bool)},  # no round ran: Chunks.get gives the chunks'
-          (),
-          "data",
-        )
+        return data_not_finite(keystr((jax.tree_util.DictKey(field),)), client, row)
+  return None
 
 
 def _assemble(store, ids, rows, capacity) -> FederatedData:
@@ -433,20 +436,16 @@ class Chunks:
     rows = {f: np.zeros((self.capacity,) + s, d) for f, (d, s) in self.store.fields.items()}
     return ids, _read(self.store, ids, rows, start + 1)
 
-  def get(self, start: int, size: int, collected=()) -> FederatedData:
-    """The data of rounds ``start + 1 .. start + size`` (0-based ``start``). A refusal of
-    their rows (:func:`check_rows`, raised here also when the host thread read them) carries
-    ``collected``, the chunks' metrics so far, as a divergence does."""
+  def get(self, start: int, size: int) -> FederatedData:
+    """The data of rounds ``start + 1 .. start + size`` (0-based ``start``); a refusal of
+    their rows (:func:`check_rows`, also when the host thread read them) is one line."""
     ahead, self._ahead = self._ahead, None
     try:
       if ahead is not None and ahead[0] == (start, size):
         ids, rows = ahead[1].result()
       else:
         ids, rows = self._read(start, size)
-    except (NonFiniteError, ValueError) as err:  # one line, not the host thread's frames
-      chunks = list(collected)
-      if isinstance(err, NonFiniteError) and chunks:
-        err.metrics = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+    except ValueError as err:  # one line, not the host thread's frames
       raise err.with_traceback(None) from None
     return _assemble(self.store, ids, rows, self.capacity)
 
