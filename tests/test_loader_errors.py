@@ -71,6 +71,14 @@ def test_sqlite_wrong_pixel_count_names_file_and_client(tmp_path):
   _one_line(info, "px.sqlite", "b'w1'")
 
 
+def test_sqlite_text_client_ids_and_images_with_a_channel_axis_read(tmp_path):
+  images = {"pixels": np.zeros((2, 28, 28, 1), np.float32), "label": np.arange(2)}
+  path = _sqlite(tmp_path / "text.sqlite", [("writer_7", _blob(images), 2)], False)
+  assert [cid for cid, _ in fedco.data.read_clients(path)] == [b"writer_7"]
+  fed = fedco.data.load_sqlite(path, path, "emnist")
+  assert fed.train.examples["x"].shape == (2, 28, 28, 1)
+
+
 def test_sqlite_null_cells_a_folder_and_a_locked_file(tmp_path):
   path = _sqlite(tmp_path / "null.sqlite", [(b"a", None, 2), (b"b", b"x", None)], False)
   with pytest.raises(ValueError, match="its data is NULL") as info:

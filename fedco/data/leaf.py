@@ -216,14 +216,15 @@ def class_ids(y, who: str) -> np.ndarray:
 
 
 def grey_images(x, who: str) -> np.ndarray:
-  """EMNIST-style grey images ``[n, 28, 28, 1]`` from rows of 784 pixels (or 28x28)."""
+  """EMNIST-style grey images ``[n, 28, 28, 1]`` from rows of 784 pixels (or 28x28, or
+  28x28x1)."""
   try:
     pixels = np.asarray(x, np.float32)
   except (ValueError, TypeError):  # rows of different lengths, or not numbers
     raise ValueError(
       f"{who}: inputs must be 784 pixels (28x28) each, got rows of different lengths or not numbers"
     ) from None
-  if pixels.ndim not in (2, 3) or int(np.prod(pixels.shape[1:])) != 784:
+  if pixels.ndim not in (2, 3, 4) or int(np.prod(pixels.shape[1:])) != 784:
     raise ValueError(f"{who}: inputs must be 784 pixels (28x28) each, got shape {pixels.shape}")
   return pixels.reshape(-1, 28, 28, 1)
 

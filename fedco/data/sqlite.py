@@ -172,9 +172,10 @@ def read_clients(
       if row is None:
         return
       client, blob, count = row
-      client = bytes(client) if isinstance(client, (bytes, str)) else client
-      if isinstance(client, str):
+      if isinstance(client, str):  # a TEXT column in a table built by hand
         client = client.encode()
+      elif isinstance(client, (bytes, memoryview)):
+        client = bytes(client)
       yield client, _decode(path, client, blob, count)
   finally:
     db.close()
