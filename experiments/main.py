@@ -24,10 +24,16 @@ def _starting(signum, frame):  # Ctrl-C during the imports below: nothing has ru
 
 
 if __name__ == "__main__":
-  signal.signal(signal.SIGINT, _starting)  # cli.main gives Ctrl-C back to Python
+  # Only in place of Python's default handler: Ctrl-C ignored (a background job) or a
+  # handler of the caller's stays as it is (decision 98).
+  before = signal.getsignal(signal.SIGINT)
+  if before is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _starting)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   if not __package__:  # run as a file (python experiments/main.py): the configs import it
     sys.path.insert(0, root)
+  from fedco import _startup
   from fedco.experiment import cli
 
+  _startup.hand_over(_starting, before)  # cli.main's _startup.end() restores `before`
   cli.run(config_dir=os.path.join(root, "experiments", "configs"))

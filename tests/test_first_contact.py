@@ -145,6 +145,47 @@ def test_a_ctrl_c_while_a_driver_starts_is_one_line_and_exit_130(module, tmp_pat
   assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+def _mine(signum, frame):  # a user's own SIGINT handler
+  del signum, frame
+
+
+@pytest.mark.parametrize("before", [signal.SIG_IGN, _mine, signal.SIG_DFL])
+def test_the_start_up_handler_leaves_an_ignored_or_users_ctrl_c_as_it_was(before):
+  """A background job (``cmd &``) starts with Ctrl-C ignored; a user's binary may have its own
+  handler: begin() leaves either in place, and end() leaves it as it was."""
+  from fedco import _startup
+
+  saved = signal.signal(signal.SIGINT, before)
+  try:
+    _startup.begin()
+    assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C stays as the user asked
+    _startup.end()
+    assert signal.getsignal(signal.SIGINT) is before
+    _startup.hand_over(_mine if before is not _mine else None, before)  # not installed: no-op
+    assert signal.getsignal(signal.SIGINT) is before
+  finally:
+    signal.signal(signal.SIGINT, saved)
+
+
+def test_the_start_up_handler_replaces_only_pythons_default_and_end_restores_it():
+  from fedco import _startup
+
+  saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    _startup.begin()
+    assert signal.getsignal(signal.SIGINT) is _startup._stop
+    _startup.begin()  # twice (the import's and cli.run's): end() still restores Python's
+    _startup.end()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, _mine)  # experiments/main.py's own, handed over
+    _startup.hand_over(_mine, signal.SIG_IGN)
+    assert signal.getsignal(signal.SIGINT) is _startup._stop
+    _startup.end()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, saved)
+
+
 # ---- a stopped run's line, and the plot command on any workdir -----------------------------
 
 
