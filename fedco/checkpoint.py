@@ -143,17 +143,55 @@ def _reads_finish():
       _RESTORES[0] -= 1
 
 
+_ORBAX_FILES = os.path.join(os.path.dirname(os.path.abspath(ocp.__file__)), "")
+
+
+class _OrbaxRecords(logging.Filter):
+  """Drops the log records orbax's own code makes (logged from a file of ``orbax.checkpoint``
+  through absl, or by a logger named ``orbax...``); every other record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (
+      record.name.startswith("orbax") or os.path.abspath(record.pathname).startswith(_ORBAX_FILES)
+    )
+
+
+_QUIET_FILTER = _OrbaxRecords()
+_QUIET_LOCK = threading.Lock()
+_QUIET_LOGGERS: list = []  # the loggers holding the filter while any _quiet() is in use
+_QUIET_USES = [0]
+
+
 @contextlib.contextmanager
 def _quiet():
-  """orbax's absl log lines (e.g. "Failed to json parse Metadata file" for a damaged
-  checkpoint's metadata) held back: a damaged checkpoint is fedco's one line, not orbax's."""
-  logger = logging.getLogger("absl")
-  level = logger.level
-  logger.setLevel(logging.CRITICAL)
+  """orbax's log lines (e.g. "Failed to json parse Metadata file" for a damaged checkpoint's
+  metadata) held back: a damaged checkpoint is fedco's one line, not orbax's.
+
+  A filter on absl's logger (through which orbax logs) and orbax's own loggers drops only
+  orbax's records, for as long as any use is open (uses in several threads overlap: the last
+  to end removes it); a user's own log lines, absl's included, pass, and no logger's level
+  changes.
+  """
+  with _QUIET_LOCK:
+    if _QUIET_USES[0] == 0:
+      names = ["absl"] + [
+        name
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if name.startswith("orbax") and isinstance(logger, logging.Logger)
+      ]
+      _QUIET_LOGGERS[:] = [logging.getLogger(name) for name in names]
+      for logger in _QUIET_LOGGERS:
+        logger.addFilter(_QUIET_FILTER)
+    _QUIET_USES[0] += 1
   try:
     yield
   finally:
-    logger.setLevel(level)
+    with _QUIET_LOCK:
+      _QUIET_USES[0] -= 1
+      if _QUIET_USES[0] == 0:
+        for logger in _QUIET_LOGGERS:
+          logger.removeFilter(_QUIET_FILTER)
+        _QUIET_LOGGERS.clear()
 
 
 def _cause(err: BaseException) -> BaseException:

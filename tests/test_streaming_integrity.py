@@ -6,6 +6,7 @@ run's errors; the store's rows and metadata are verified against their checksums
 import errno
 import hashlib
 import json
+import logging
 import os
 import traceback
 import warnings
@@ -13,8 +14,10 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import logging as absl_logging
 
 import fedco
+from fedco import checkpoint
 from fedco.data import store as store_lib
 from fedco.runtime import checks, streaming
 
@@ -319,3 +322,47 @@ def test_read_refuses_ids_that_are_not_integers(tmp_path):
     with pytest.raises(ValueError, match=match):
       store.read(ids)
   assert store.read([])["x"].shape == (0, 4)
+
+
+# ---- orbax's log lines held back, and only orbax's -----------------------------------------
+
+
+def test_a_restore_drops_orbaxs_log_lines_and_keeps_the_users(tmp_path, caplog, monkeypatch):
+  """A damaged checkpoint's metadata makes orbax log "Failed to json parse"; a user's own
+  absl line logged while the restore runs is kept."""
+  ckpt = checkpoint.Checkpointer(tmp_path)
+  template = {"w": np.arange(4.0, dtype=np.float32)}
+  for r in (1, 2):
+    ckpt.save(r, template, {"objective": np.zeros(r)})
+  ckpt.close()
+  (tmp_path / "2" / "_CHECKPOINT_METADATA").write_text("garbage{")
+  real = checkpoint.Checkpointer._restore_one
+
+  def restore_one(self, *args):
+    absl_logging.warning("the user's own line")
+    return real(self, *args)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "_restore_one", restore_one)
+  with caplog.at_level(logging.DEBUG, logger="absl"), warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    assert ckpt.restore(template)[0] == 2
+    ckpt.close()
+  loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert loud == ["the user's own line"], caplog.text
+
+
+def test_overlapping_quiet_uses_leave_absl_logging_as_it_was(caplog):
+  """Two threads' restores overlapping (entered A, B; ended A, B): once both end, nothing is
+  held back (the level the first saved and the second restored stayed at CRITICAL)."""
+  absl = logging.getLogger("absl")
+  level = absl.level
+  first, second = checkpoint._quiet(), checkpoint._quiet()
+  first.__enter__()
+  second.__enter__()
+  first.__exit__(None, None, None)
+  absl_logging.warning("between")  # a user's line while the other restore runs
+  second.__exit__(None, None, None)
+  absl_logging.warning("after")
+  assert absl.level == level and not absl.filters
+  assert [r.getMessage() for r in caplog.records] == ["between", "after"], caplog.text
