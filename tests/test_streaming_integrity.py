@@ -311,6 +311,37 @@ def test_write_store_refuses_what_it_cannot_read_back(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["file"]
 
 
+def test_a_failed_write_store_removes_the_folders_it_made_and_only_those(tmp_path, monkeypatch):
+  """A path through ``..`` (its folders on the way go too); a parent another job creates
+  while this call creates the folders stays (it is not this call's); a Ctrl-C while the
+  folders are created leaves none."""
+  with pytest.raises(ValueError, match="at least one client"):
+    fedco.data.write_store(tmp_path / "new" / "sub" / ".." / "store", [])
+  assert os.listdir(tmp_path) == []
+  real_mkdir = os.mkdir
+
+  def parallel_job_first(path, *args, **kwargs):  # the other job makes out/ first
+    if os.path.basename(os.fspath(path)) == "out" and not os.path.exists(path):
+      real_mkdir(path)
+    return real_mkdir(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, "mkdir", parallel_job_first)
+  with pytest.raises(ValueError, match="at least one client"):
+    fedco.data.write_store(tmp_path / "out" / "store", [])
+  assert os.listdir(tmp_path) == ["out"] and os.listdir(tmp_path / "out") == []
+  os.rmdir(tmp_path / "out")
+
+  def interrupted(path, *args, **kwargs):  # Ctrl-C once the first level exists
+    if os.path.basename(os.fspath(path)) == "store":
+      raise KeyboardInterrupt
+    return real_mkdir(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, "mkdir", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    fedco.data.write_store(tmp_path / "a" / "b" / "store", _clients())
+  assert os.listdir(tmp_path) == []
+
+
 def test_read_refuses_ids_that_are_not_integers(tmp_path):
   store = fedco.data.write_store(tmp_path / "s", _clients())
   for ids, match in [

@@ -25,7 +25,7 @@ import json
 import os
 import warnings
 import zlib
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -94,13 +94,26 @@ def _bytes(a: np.ndarray) -> np.ndarray:
   return a.reshape(-1).view(np.uint8)
 
 
-def _new_folders(path: str):
-  """The folders that ``os.makedirs(path)`` would create, deepest first."""
-  made, p = [], os.path.abspath(path)
-  while not os.path.exists(p):
-    made.append(p)
-    p = os.path.dirname(p)
-  return made
+def _make_folders(path: str, made: List[str]) -> None:
+  """Creates the folder ``path`` one level at a time, appending to ``made`` each folder this
+  call created: a level that exists, or that another process creates meanwhile
+  (``FileExistsError``), is not this call's. The levels are the path as given, ``..``
+  included, as the system resolves it."""
+  levels, head = [path], path
+  while True:
+    parent = os.path.dirname(head.rstrip(os.sep) or head)
+    if not parent or parent == head:  # a relative path's first level, or the root
+      break
+    levels.append(parent)
+    head = parent
+  for level in reversed(levels):
+    if os.path.basename(level.rstrip(os.sep)) in (os.curdir, os.pardir, ""):
+      continue  # a folder named before, or the root: never this call's
+    try:
+      os.mkdir(level)
+    except FileExistsError:
+      continue
+    made.append(level)
 
 
 def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
@@ -175,11 +188,11 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
       f"path {path!r} is a folder that is not empty{why if partial else ''}; write_store "
       "makes a new one"
     )
-  made = _new_folders(path)
-  os.makedirs(path, exist_ok=True)
+  made: List[str] = []  # the folders this call created, in order
   files: Dict[str, Any] = {}
   written = []  # what this call created, removed again on any failure
   try:
+    _make_folders(path, made)
     spec, counts, sums = None, [], []
     for k, client in enumerate(clients):
       arrays = _client_arrays(k, client)
@@ -224,11 +237,11 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     for name in written:
       if os.path.exists(name):
         os.remove(name)
-    for folder in made:  # only while empty: nothing another writer put there goes
-      try:
+    for folder in reversed(made):  # deepest first, only while empty: nothing another
+      try:  # writer put there goes, nor any folder this call did not make
         os.rmdir(folder)
       except OSError:
-        break
+        pass
     raise
   return ClientStore(path)
 
