@@ -4,7 +4,10 @@ files consistent with whichever retained checkpoint a run restores (a streamed s
 falls back like an in-memory one); the temporaries and folders of killed runs removed on the
 next run; disk in proportion to the clients sampled."""
 
+import builtins
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -12,6 +15,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 
 import jax
@@ -21,7 +25,7 @@ import pytest
 
 import fedco
 from fedco import checkpoint
-from fedco.runtime import paging, state_files
+from fedco.runtime import paging, state_files, state_folders
 
 K = 12
 
@@ -258,24 +262,97 @@ def test_a_kill_while_rows_are_written_then_either_checkpoint(
   reopened.close()
 
 
-def test_journals_follow_the_checkpoints_kept(tmp_path):
-  """One journal per checkpoint kept; the files go back two checkpoints along them."""
-  states, fresh = _store_with_rounds(tmp_path)
+def _store_at_12(directory):
+  """Rounds 4, 8 (see :func:`_store_with_rounds`) and 12 (client 0 at 3.0) applied, round 4's
+  checkpoint no longer kept."""
+  states, fresh = _store_with_rounds(directory)
   states.apply(8)
   states.write([0], ({"a": np.full((1, 2), 3.0, np.float32)}, ()))
   states.journal(12)
   states.apply(12)
-  states.keep_journals([8, 12])  # round 4's checkpoint no longer kept
+  states.keep_journals([8, 12])
   states.close()
+  return fresh
+
+
+ROUND_12 = [3.0] + ROUND_8[1:]
+
+
+def _values(directory, fresh, restored):
+  states = paging.StateStore(directory, fresh, 6, run="r", create=False)
+  try:
+    states.recover(restored)
+    return states.read(np.arange(6))[0]["a"][:, 0].tolist()
+  finally:
+    states.close()
+
+
+def test_journals_follow_the_checkpoints_kept(tmp_path):
+  """One journal per checkpoint kept; the files go back two checkpoints along them."""
+  fresh = _store_at_12(tmp_path)
   assert sorted(n for n in os.listdir(tmp_path) if n.startswith("journal")) == [
     "journal-12.npz",
     "journal-8.npz",
   ]
+  # the files at 12, back to 4 (round 8's journal holds round 4's rows)
+  assert _values(tmp_path, fresh, 4) == ROUND_4
+
+
+def test_a_newer_checkpoint_readable_again_after_a_fallback_is_resumed(tmp_path):
+  """The newest checkpoint (12) failed to read once (a transient error): the run fell back
+  to 4 (the files undone to it) and was killed before its next save; the next resume
+  reads checkpoint 12 again, and the files go forward to it along the journals kept (they
+  used to be removed at the fallback, and the resume was refused)."""
+  fresh = _store_at_12(tmp_path)
+  assert _values(tmp_path, fresh, 4) == ROUND_4
+  assert _values(tmp_path, fresh, 12) == ROUND_12
+  assert _values(tmp_path, fresh, 8) == ROUND_8
+
+
+def test_a_journal_of_files_since_rewritten_is_never_applied(tmp_path):
+  """Fallen back to 4, the run wrote round 8 again (other rows: a new journal-8); the old
+  journal-12, planned on the old round 8's files, is kept (its checkpoint still is) but
+  never applied: a restore of 12 is refused, not served another timeline's rows."""
+  fresh = _store_at_12(tmp_path)
+  states = paging.StateStore(tmp_path, fresh, 6, run="r", create=False)
+  states.recover(4)
+  states.write([4], ({"a": np.full((1, 2), 5.0, np.float32)}, ()))
+  states.journal(8)
+  states.apply(8)
+  states.close()
+  assert _values(tmp_path, fresh, 8) == [0.0, 1.0, 0.0, 1.0, 5.0, 1.0]
+  with pytest.raises(ValueError, match="holds round 8, the checkpoint restored round 12, and no"):
+    _values(tmp_path, fresh, 12)
+
+
+def test_rows_over_what_one_system_call_moves_are_written_and_read_whole(tmp_path, monkeypatch):
+  """``pwrite`` and ``preadv`` may move fewer bytes than asked (Linux: at most 2,147,479,552
+  a call): a run of records is written and read in as many calls as it takes (a run over
+  2 GiB used to be cut silently, then reported as damage)."""
+  pwrite, preadv = os.pwrite, os.preadv
+  calls = []
+
+  def short_pwrite(fd, data, offset):
+    calls.append("w")
+    return pwrite(fd, memoryview(data).cast("B")[:5], offset)
+
+  def short_preadv(fd, buffers, offset):
+    calls.append("r")
+    return preadv(fd, [memoryview(buffers[0]).cast("B")[:7]], offset)
+
+  monkeypatch.setattr(os, "pwrite", short_pwrite)
+  monkeypatch.setattr(os, "preadv", short_preadv)
+  fresh = ({"a": np.zeros(3, np.float32)}, ())
+  states = paging.StateStore(tmp_path, fresh, 6, run="r")
+  rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+  states.write([0, 1, 2, 5], ({"a": rows}, ()))  # one run of consecutive slots
+  states.journal(2)
+  states.apply(2)
+  states.close()
   again = paging.StateStore(tmp_path, fresh, 6, run="r", create=False)
-  again.recover(4)  # the files at 12, back to 4 (round 8's journal holds round 4's rows)
-  np.testing.assert_array_equal(again.read(np.arange(6))[0]["a"][:, 0], ROUND_4)
-  assert not [n for n in os.listdir(tmp_path) if n.startswith("journal-12")]  # a later one
+  np.testing.assert_array_equal(again.read([0, 1, 2, 5])[0]["a"], rows)
   again.close()
+  assert calls.count("w") > 4 and calls.count("r") > 4, calls  # the short calls were used
 
 
 # ---- 3: what killed runs leave behind -----------------------------------------------------
@@ -310,20 +387,22 @@ def _dead_pid() -> int:
 def test_folders_of_killed_runs_without_checkpoints_are_removed(
   data_and_store, tmp_path, monkeypatch
 ):
-  """Only ``fedco-client-state-*`` folders whose owner file names a process provably gone
-  (no such pid, another process under its pid, another boot) go; the run's own folder goes
-  at its end; anything else stays."""
+  """Only ``fedco-client-state-*`` folders whose owner file no process holds locked go (a
+  killed run's lock went with it); a folder whose lock is held stays, whatever its owner
+  file says (another boot id, a pid not here: a temporary directory shared by machines or
+  containers), as does one without an owner file or with an earlier fedco's (no lock);
+  the run's own folder goes at its end, its lock with it; anything else stays."""
   _, store = data_and_store
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-  me = json.loads(json.dumps({"pid": os.getpid(), "boot": paging._boot_id()}))
-  me["start"] = paging._start_time(os.getpid())
+  me = {"pid": os.getpid(), "boot": state_folders._boot_id(), "lock": "flock"}
+  elsewhere = {"pid": _dead_pid(), "boot": "another-boot", "lock": "flock"}
   owners = {
-    "fedco-client-state-dead": {**me, "pid": _dead_pid()},
-    "fedco-client-state-reused": {**me, "start": (me["start"] or 0) + 1},
-    "fedco-client-state-reboot": {**me, "boot": "another-boot"},
-    "fedco-client-state-alive": me,
+    "fedco-client-state-killed": me,
+    "fedco-client-state-killed-elsewhere": elsewhere,
+    "fedco-client-state-alive-elsewhere": elsewhere,  # its lock held below
+    "fedco-client-state-earlier": {k: v for k, v in elsewhere.items() if k != "lock"},
     "fedco-client-state-noowner": None,
-    "not-fedco-dead": {**me, "pid": _dead_pid()},
+    "not-fedco-killed": me,
   }
   for name, owner in owners.items():
     (tmp_path / name).mkdir()
@@ -331,11 +410,137 @@ def test_folders_of_killed_runs_without_checkpoints_are_removed(
     if owner is not None:
       (tmp_path / name / "owner.json").write_text(json.dumps(owner))
   (tmp_path / "fedco-client-state-file").write_text("")
-  _scaffold(store, 2)
-  gone = {"fedco-client-state-dead", "fedco-client-state-reused", "fedco-client-state-reboot"}
-  if me["start"] is None:  # no /proc: a pid in use cannot be shown to be another process
-    gone.discard("fedco-client-state-reused")
+  with open(tmp_path / "fedco-client-state-alive-elsewhere" / "owner.json") as held:
+    fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a live holder (here: this process)
+    _scaffold(store, 2)
+  gone = {"fedco-client-state-killed", "fedco-client-state-killed-elsewhere"}
   assert sorted(os.listdir(tmp_path)) == sorted(set(owners) - gone | {"fedco-client-state-file"})
+  assert not state_folders._HELD  # the run's own folder and its lock are gone
+
+
+def test_a_run_holds_its_temporary_folder_locked(tmp_path, monkeypatch):
+  """While a run lives its folder's owner file is locked: another run's clean-up leaves it."""
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  folder = state_folders.temporary_folder()
+  try:
+    assert json.loads(pathlib.Path(folder, "owner.json").read_text())["lock"] == "flock"
+    with open(pathlib.Path(folder, "owner.json")) as f:  # as another process would try
+      with pytest.raises(OSError):
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert state_folders.remove_abandoned() == [] and os.path.isdir(folder)
+  finally:
+    state_folders.remove_temporary(folder)
+  assert not os.path.exists(folder) and folder not in state_folders._HELD
+
+
+# ---- 3b: errors that are not damage, earlier formats, read-only opening ---------------------
+
+
+def _small_store(directory):
+  fresh = ({"a": np.zeros(3, np.float32)}, ())
+  states = paging.StateStore(directory, fresh, 6, run="r")
+  states.write([1, 4], ({"a": np.ones((2, 3), np.float32)}, ()))
+  states.journal(2)
+  states.apply(2)
+  states.close()
+  like = fedco.runtime.SimState(0, None, {}, (), {}, paging.Pages(jnp.arange(2), fresh[0]), None)
+  return fresh, like
+
+
+@pytest.mark.parametrize("name", ["store.json", "fresh.npz", "index.npz", "rows.bin"])
+def test_a_file_that_cannot_be_read_is_not_called_damaged(tmp_path, monkeypatch, name):
+  """Permissions, too many open files, an I/O error: one line saying the file cannot be read
+  and why, as the same OSError kind, never "damaged ... delete the checkpoint directory"."""
+  fresh, like = _small_store(tmp_path)
+  real_open, real_os_open = builtins.open, os.open
+
+  def refuse(path):
+    if os.fspath(path).endswith(name):
+      raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+
+  monkeypatch.setattr(builtins, "open", lambda p, *a, **k: refuse(p) or real_open(p, *a, **k))
+  monkeypatch.setattr(os, "open", lambda p, *a, **k: refuse(p) or real_os_open(p, *a, **k))
+  for opening in (
+    lambda: paging.StateStore.open(tmp_path, like),
+    lambda: paging.StateStore(tmp_path, fresh, 6, run="r", create=False),
+  ):
+    with pytest.raises(PermissionError) as err:
+      opening()
+    assert str(err.value) == (
+      f"cannot read client state file {tmp_path / name} (Permission denied)"
+    )
+
+
+def test_memory_errors_are_not_called_damaged(tmp_path, monkeypatch):
+  fresh, like = _small_store(tmp_path)
+
+  def no_memory(*args, **kwargs):
+    raise MemoryError
+
+  monkeypatch.setattr(np, "load", no_memory)
+  with pytest.raises(MemoryError):
+    paging.StateStore.open(tmp_path, like)
+
+
+def test_open_reads_a_read_only_store(tmp_path):
+  """``StateStore.open`` only reads: ``rows.bin`` is opened read-only (a read-only folder
+  works; root ignores permissions, so the open mode itself is checked)."""
+  fresh, like = _small_store(tmp_path)
+  states = paging.StateStore.open(tmp_path, like)
+  try:
+    assert fcntl.fcntl(states._disk.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    np.testing.assert_array_equal(states.read([4])[0]["a"], np.ones((1, 3)))
+  finally:
+    states.close()
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_store_of_an_earlier_fedco_is_refused_saying_so(tmp_path, fmt):
+  """Stores an earlier fedco wrote (format 1: per-leaf files; 2: journals without tokens):
+  one line saying so and what to do, not "damaged ... delete the checkpoint directory"."""
+  fresh, like = _small_store(tmp_path)
+  if fmt == 1:
+    for name in os.listdir(tmp_path):
+      os.remove(tmp_path / name)
+    (tmp_path / "store.json").write_text(json.dumps({"round": 2, "run": "r", "clients": 6}))
+    np.save(tmp_path / "touched.npy", np.zeros(6, bool))
+    (tmp_path / "leaf-0.bin").write_bytes(b"")
+  else:
+    meta = json.loads((tmp_path / "store.json").read_text())
+    meta.pop("crc")
+    meta.pop("head")
+    state_files.save_meta(tmp_path / "store.json", {**meta, "format": 2})
+  for opening in (
+    lambda: paging.StateStore.open(tmp_path, like),
+    lambda: paging.StateStore(tmp_path, fresh, 6, run="r", create=False),
+  ):
+    with pytest.raises(ValueError) as err:
+      opening()
+    assert str(err.value) == (
+      f"client state in {tmp_path} was written by an earlier fedco version whose client-state "
+      "format this one does not read; start the run afresh with a new checkpoint_dir, or "
+      "finish it with the earlier fedco"
+    )
+
+
+def test_without_checkpoints_rows_are_encoded_on_the_writer_thread(tmp_path, monkeypatch):
+  """A run without checkpoints hands the rows to the writer thread, which encodes and
+  checksums them too (they used to be encoded on the main thread, the device waiting)."""
+  threads = []
+  encode = state_files.Records.encode
+
+  def spy(self, ids, leaves):
+    threads.append(threading.current_thread().name)
+    return encode(self, ids, leaves)
+
+  monkeypatch.setattr(state_files.Records, "encode", spy)
+  fresh = ({"a": np.zeros(3, np.float32)}, ())
+  states = paging.StateStore(tmp_path, fresh, 6, durable=False)
+  states.write([1, 4], ({"a": np.ones((2, 3), np.float32)}, ()))
+  states.apply(2)
+  np.testing.assert_array_equal(states.read([4])[0]["a"], np.ones((1, 3)))  # while in flight
+  states.close()
+  assert threads and all(t.startswith("fedco-state") for t in threads), threads
 
 
 # ---- 4: orbax's log lines ------------------------------------------------------------------

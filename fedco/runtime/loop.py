@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import shutil
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -441,7 +440,7 @@ def simulate(
           states.close()
       finally:
         if states_temporary:
-          shutil.rmtree(states_dir, ignore_errors=True)
+          paging.remove_temporary(states_dir)
         host.close_all(writers)
         if ckpt is not None:
           ckpt.close()

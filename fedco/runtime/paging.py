@@ -19,18 +19,16 @@ fingerprint hold the pages cut to one row (:func:`compact`), so a resumed run ma
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import shutil
-import tempfile
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedco import io
 from fedco.runtime import state_files
+from fedco.runtime.state_folders import remove_temporary, temporary_folder  # noqa: F401
 
 __all__ = ["Pages", "StateStore", "unpaged"]
 
@@ -185,80 +183,6 @@ def unpaged(state, store: "StateStore"):
   return _replace_pages(state, lambda i, p: rows[i])
 
 
-# ---- a run's temporary store folder, and the folders of killed runs ------------------------
-
-PREFIX, OWNER = "fedco-client-state-", "owner.json"
-
-
-def _boot_id() -> Optional[str]:
-  try:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-      return f.read().strip()
-  except OSError:
-    return None
-
-
-def _start_time(pid: int) -> Optional[int]:
-  """The process's start time (clock ticks since boot), or ``None`` where unknown."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return int(f.read().rsplit(")", 1)[1].split()[19])
-  except (OSError, ValueError, IndexError):
-    return None
-
-
-def owner_gone(owner: dict) -> bool:
-  """Whether the process ``owner`` (an owner file's ``pid``, ``boot``, ``start``) is
-  provably gone: another boot, no such process, or another process under its pid."""
-  boot = _boot_id()
-  if boot is not None and owner.get("boot") not in (None, boot):
-    return True
-  try:
-    os.kill(int(owner["pid"]), 0)
-  except ProcessLookupError:
-    return True
-  except OSError:  # someone else's live process
-    return False
-  start = _start_time(int(owner["pid"]))
-  return start is not None and owner.get("start") not in (None, start)
-
-
-def remove_abandoned(directory: Optional[str] = None) -> List[str]:
-  """Removes the ``fedco-client-state-*`` folders under ``directory`` (default: the temporary
-  directory) whose owner file names a process that is provably gone; a folder without a
-  readable owner file, or whose owner may live, stays. Returns the removed paths."""
-  directory = tempfile.gettempdir() if directory is None else directory
-  removed = []
-  try:
-    with os.scandir(directory) as entries:
-      folders = [
-        e.path for e in entries if e.name.startswith(PREFIX) and e.is_dir(follow_symlinks=False)
-      ]
-  except OSError:
-    return removed
-  for folder in folders:
-    try:
-      with open(os.path.join(folder, OWNER)) as f:
-        owner = json.load(f)
-      gone = owner_gone(owner)
-    except Exception:  # pylint: disable=broad-except  # no owner file, or not ours
-      continue
-    if gone:
-      shutil.rmtree(folder, ignore_errors=True)
-      removed.append(folder)
-  return removed
-
-
-def temporary_folder() -> str:
-  """A new ``fedco-client-state-*`` folder in the temporary directory holding an owner
-  file (this process's pid, boot and start time), after removing abandoned ones."""
-  remove_abandoned()
-  folder = tempfile.mkdtemp(prefix=PREFIX)
-  me = {"pid": os.getpid(), "boot": _boot_id(), "start": _start_time(os.getpid())}
-  io.atomic_write_json(os.path.join(folder, OWNER), me)
-  return folder
-
-
 def _no_rows(fresh):
   return np.zeros((0,), np.int64), [np.zeros((0,) + a.shape, a.dtype) for a in fresh]
 
@@ -320,7 +244,8 @@ class StateStore:
   :func:`fedco.simulate` keeps the store in ``<checkpoint_dir>/client_state`` when it
   checkpoints (where it stays after the run), else in a temporary ``fedco-client-state-*``
   folder (``TMPDIR`` decides where) that it removes at the end; such a folder holds an
-  owner file (pid, boot and start time), and the next run removes those of killed runs.
+  owner file the run holds locked (``flock``), and the next run removes the folders whose
+  owner file no process holds (:func:`remove_abandoned`).
 
   Examples:
     A streamed SCAFFOLD run over 6 clients, 2 a round, in chunks of 2 rounds: the device
@@ -367,13 +292,21 @@ class StateStore:
     create: bool = True,
     durable: bool = True,
     _clean: bool = True,
+    _readonly: bool = False,
   ):
     self.directory, self.num_clients, self.run = os.fspath(directory), int(num_clients), run
     self.durable = durable
     leaves, self.treedef = jax.tree.flatten(jax.tree.map(np.asarray, fresh))
     self.fresh = leaves
     self._disk = state_files.Disk(
-      self.directory, leaves, self.num_clients, run, create=create, durable=durable, clean=_clean
+      self.directory,
+      leaves,
+      self.num_clients,
+      run,
+      create=create,
+      durable=durable,
+      clean=_clean,
+      readonly=_readonly,
     )
     self._pending = self._inflight = _no_rows(self.fresh)  # (sorted ids, [leaf rows])
     self._planned: Optional[state_files.Journal] = None
@@ -382,7 +315,8 @@ class StateStore:
 
   @classmethod
   def open(cls, directory, like) -> "StateStore":
-    """The store a streamed run left in ``directory`` (read only: nothing is removed).
+    """The store a streamed run left in ``directory`` (read only: its files are opened for
+    reading and nothing is removed or written, so a read-only folder works).
 
     Args:
       directory: the store's folder, ``<checkpoint_dir>/client_state``.
@@ -415,6 +349,7 @@ class StateStore:
       meta.get("run", ""),
       create=False,
       _clean=False,
+      _readonly=True,
     )
     if store._disk.applying:
       store.close()
@@ -496,15 +431,22 @@ class StateStore:
 
   def apply(self, round_: int) -> None:
     """Write the pending rows into the files, on a host thread while the next chunk runs
-    (the previous write is waited for first); the files then hold round ``round_``."""
+    (the previous write is waited for first); the files then hold round ``round_``. Without
+    a journal (a run without checkpoints) the rows are also encoded and checksummed there,
+    so the device is not kept waiting."""
     self._wait()
+    round_ = int(round_)
     planned, self._planned = self._planned, None
-    if planned is None or planned.round != int(round_):
-      if int(round_) == self._disk.round and not self._pending[0].size:
-        return
-      planned = self._disk.plan(int(round_), *self._pending)
-    self._inflight, self._pending = self._pending, _no_rows(self.fresh)
-    self._writing = self._writer.submit(self._disk.apply, planned)
+    if planned is not None and planned.round != round_:
+      planned = None
+    if planned is None and round_ == self._disk.round and not self._pending[0].size:
+      return
+    rows, disk = self._pending, self._disk
+    self._inflight, self._pending = rows, _no_rows(self.fresh)
+    if planned is None:  # one thread: plans and writes stay in order
+      self._writing = self._writer.submit(lambda: disk.apply(disk.plan(round_, *rows)))
+    else:
+      self._writing = self._writer.submit(disk.apply, planned)
 
   def keep_journals(self, rounds) -> None:
     """Removes the journals of rounds not in ``rounds`` (the checkpoints still kept)."""

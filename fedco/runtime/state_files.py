@@ -7,144 +7,65 @@ A store's folder holds (decision 95):
   and the bytes of each leaf of its state: disk grows by one record per sampled client.
 * ``index.npz``: ``owners`` (int32, one a used slot: the client whose row it holds).
 * ``fresh.npz``: the state a client starts from.
-* ``store.json``: the round the files hold, the run's fingerprint, ``K``, the slots in use,
-  the checksums of ``index.npz`` and ``fresh.npz``, and the journal being applied, if any.
+* ``store.json``: the round the files hold and ``head``, the token of the journal that
+  brought them there, the run's fingerprint, ``K``, the slots in use, the checksums of
+  ``index.npz`` and ``fresh.npz``, and the journal being applied, if any.
 * ``journal-<round>.npz``: per retained checkpoint round, the records that round wrote
-  (redo) and the records they replaced (undo), and the round before it (its ``base``): the
-  files go forward or back along these to any retained checkpoint's round.
+  (redo) and the records they replaced (undo), the round before it (its ``base``), its own
+  random ``token`` and its ``parent`` (the files' ``head`` it was planned on): the files go
+  forward or back along these to any retained checkpoint's round, and a journal planned on
+  other files than those (a stale one, from before a fallback) is never applied.
 
 Every file carries a crc32 (the ``.npz`` files an array ``crc`` over their other arrays,
 ``store.json`` a field ``crc``, each record its own) that is verified whenever it is read:
-damage is a one-line ``ValueError`` naming the file (and the client), never used.
+damage is a one-line ``ValueError`` naming the file (and the client), never used. Any
+other error reading a file (permissions, too many open files, an I/O error) is an
+``OSError`` of the same kind saying the file cannot be read, not that it is damaged.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import zlib
 from typing import Dict, List, NamedTuple
 
 import numpy as np
 
 from fedco import io
+from fedco.runtime.state_records import (  # noqa: F401  # what the store's users call
+  _CALL_BYTES,
+  _DAMAGE,
+  FORMAT,
+  Records,
+  _crc,
+  _pread_all,
+  _pwrite_all,
+  _token,
+  cannot_read,
+  damaged,
+  earlier_version,
+  load_arrays,
+  load_meta,
+  save_arrays,
+  save_meta,
+)
 
 ROWS, INDEX, FRESH, META = "rows.bin", "index.npz", "fresh.npz", "store.json"
 _JOURNAL = re.compile(r"journal-(\d+)\.npz")
 _OLD_FILES = re.compile(r"leaf-\d+\.bin|touched\.npy|journal\.npz")  # format 1's files
-_HEADER = 8  # crc32, client id
-
-
-def _crc(arrays: Dict[str, np.ndarray], crc: int = 0) -> int:
-  for name in sorted(arrays):
-    a = np.ascontiguousarray(arrays[name])
-    crc = zlib.crc32(f"{name}{a.shape}{a.dtype.str}".encode(), crc)
-    crc = zlib.crc32(a.reshape(-1).view(np.uint8), crc)
-  return crc
-
-
-def damaged(path, why: str) -> ValueError:
-  """The one-line error of a damaged client-state file."""
-  return ValueError(
-    f"client state file {os.fspath(path)} is damaged ({why}); the run cannot use it: delete "
-    "the checkpoint directory to start the run again"
-  )
-
-
-def save_arrays(path, arrays: Dict[str, np.ndarray]) -> None:
-  """``arrays`` and their checksum ``crc`` into the ``.npz`` file ``path``, atomically."""
-  sums = np.uint32(_crc(arrays))
-  io.atomic_write(path, lambda f: np.savez(f, **arrays, crc=sums), mode="wb")
-
-
-def load_arrays(path, names) -> Dict[str, np.ndarray]:
-  """The arrays ``names`` of a :func:`save_arrays` file, checksum verified."""
-  try:
-    with np.load(path, allow_pickle=False) as f:
-      arrays = {k: f[k] for k in f.files}
-  except FileNotFoundError:
-    raise damaged(path, "missing") from None
-  except Exception as err:  # pylint: disable=broad-except  # zip, format and read errors
-    raise damaged(path, f"unreadable: {type(err).__name__}") from None
-  want = arrays.pop("crc", None)
-  if want is None or set(arrays) != set(names) or int(want) != _crc(arrays):
-    raise damaged(path, "checksum mismatch" if want is not None else "no checksum")
-  return arrays
-
-
-def save_meta(path, meta: dict) -> None:
-  io.atomic_write_json(path, {**meta, "crc": zlib.crc32(json.dumps(meta, sort_keys=True).encode())})
-
-
-def load_meta(path) -> dict:
-  try:
-    with open(path) as f:
-      meta = json.load(f)
-    if "crc" not in meta:
-      raise damaged(path, "no checksum: written by an older fedco, or damaged")
-    crc = meta.pop("crc")
-  except ValueError as err:
-    if str(err).startswith("client state file"):
-      raise
-    raise damaged(path, f"unreadable: {type(err).__name__}") from None
-  except FileNotFoundError:
-    raise damaged(path, "missing") from None
-  except Exception as err:  # pylint: disable=broad-except  # JSON, encoding, not a dict
-    raise damaged(path, f"unreadable: {type(err).__name__}") from None
-  if crc != zlib.crc32(json.dumps(meta, sort_keys=True).encode()):
-    raise damaged(path, "checksum mismatch")
-  return meta
-
-
-class Records:
-  """Rows of client state <-> records: ``[n, nbytes]`` uint8, checksummed per row."""
-
-  def __init__(self, fresh: List[np.ndarray]):
-    self.layout = [(a.shape, a.dtype) for a in fresh]
-    sizes = [a.nbytes for a in fresh]
-    self.offsets = list(_HEADER + np.cumsum([0] + sizes[:-1]).astype(int))
-    self.sizes = sizes
-    self.nbytes = _HEADER + sum(sizes)
-
-  def encode(self, ids: np.ndarray, leaves) -> np.ndarray:
-    out = np.empty((ids.size, self.nbytes), np.uint8)
-    if not ids.size:
-      return out
-    out[:, 4:8] = ids.astype("<i4").view(np.uint8).reshape(-1, 4)
-    for leaf, off, size in zip(leaves, self.offsets, self.sizes):
-      flat = np.ascontiguousarray(leaf).reshape(ids.size, -1)
-      out[:, off : off + size] = flat.view(np.uint8).reshape(ids.size, size)
-    out[:, :4] = self._crcs(out).view(np.uint8).reshape(-1, 4)
-    return out
-
-  @staticmethod
-  def _crcs(records: np.ndarray) -> np.ndarray:
-    return np.array([zlib.crc32(r[4:]) for r in records], "<u4")
-
-  def check(self, path, ids: np.ndarray, records: np.ndarray) -> None:
-    """Each record's checksum and client id; the first damaged one is a one-line error."""
-    ok = records[:, :4].copy().view("<u4").ravel() == self._crcs(records)
-    ok &= records[:, 4:8].copy().view("<i4").ravel() == ids
-    if not ok.all():
-      raise damaged(path, f"the row of client {int(ids[np.argmin(ok)])} fails its checksum")
-
-  def decode(self, records: np.ndarray) -> List[np.ndarray]:
-    n = records.shape[0]
-    return [
-      np.ascontiguousarray(records[:, off : off + size]).view(dtype).reshape((n,) + shape)
-      for (shape, dtype), off, size in zip(self.layout, self.offsets, self.sizes)
-    ]
 
 
 class Journal(NamedTuple):
   """What round ``round`` wrote over round ``base``: clients ``ids`` (sorted) at ``slots``;
   ``had``: whether each had a slot before (its record ``old``); ``new``: its record after;
-  ``used``: the slots in use at ``base``."""
+  ``used``: the slots in use at ``base``; ``token``: its own; ``parent``: the files' head
+  token it was planned on (the files it applies to)."""
 
   round: int
   base: int
   used: int
+  token: int
+  parent: int
   ids: np.ndarray
   slots: np.ndarray
   had: np.ndarray
@@ -168,9 +89,9 @@ class Disk:
   ``fresh.npz``; records are verified as they are read.
   """
 
-  def __init__(self, directory, fresh, num_clients, run, *, create, durable, clean):
+  def __init__(self, directory, fresh, num_clients, run, *, create, durable, clean, readonly=False):
     self.directory, self.num_clients, self.run = directory, num_clients, run
-    self.durable, self.codec = durable, Records(fresh)
+    self.durable, self.codec, self.readonly = durable, Records(fresh), readonly
     if clean and os.path.isdir(directory):  # temporaries a killed write left (caller: locked)
       names = {n[len(io.TMP_PREFIX) : -9] for n in os.listdir(directory)}
       io.remove_stale_temporaries(directory, [n for n in names if self._ours(n)])
@@ -196,6 +117,7 @@ class Disk:
         os.remove(self.path(name))
     self.fd = os.open(self.path(ROWS), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     self.slots, self.owners = np.full(self.num_clients, -1, np.int64), np.zeros(0, np.int32)
+    self.head = _token()
     arrays = {f"arr_{i}": a for i, a in enumerate(fresh)}
     save_arrays(self.path(FRESH), arrays)
     self.fresh_crc = _crc(arrays)
@@ -209,8 +131,9 @@ class Disk:
     save_meta(
       self.path(META),
       {
-        "format": 2,
+        "format": FORMAT,
         "round": self.round,
+        "head": self.head,
         "run": self.run,
         "clients": self.num_clients,
         "record_bytes": self.codec.nbytes,
@@ -222,9 +145,12 @@ class Disk:
     )
 
   def _open(self):
+    names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+    if any(_OLD_FILES.fullmatch(n) for n in names) and META not in names:
+      raise earlier_version(self.directory)  # format 1 without its store.json
     meta = load_meta(self.path(META))
-    fields = ("round", "run", "clients", "record_bytes", "used", "owners_crc", "fresh_crc")
-    if meta.get("format") != 2 or any(f not in meta for f in fields):
+    fields = ("round", "head", "run", "clients", "record_bytes", "used", "owners_crc")
+    if meta.get("format") != FORMAT or any(f not in meta for f in fields + ("fresh_crc",)):
       raise damaged(self.path(META), "not a fedco client-state store of this version")
     if (meta["run"], meta["clients"], meta["record_bytes"]) != (
       self.run,
@@ -247,15 +173,17 @@ class Disk:
       raise damaged(self.path(INDEX), "client ids out of range")
     if np.unique(owners).size != owners.size:
       raise damaged(self.path(INDEX), "a client with two slots")
-    try:
-      self.fd = os.open(self.path(ROWS), os.O_RDWR)
+    try:  # a reader (StateStore.open) opens it read-only: it works in a read-only folder
+      self.fd = os.open(self.path(ROWS), os.O_RDONLY if self.readonly else os.O_RDWR)
+    except FileNotFoundError:
+      raise damaged(self.path(ROWS), "missing") from None
     except OSError as err:
-      raise damaged(self.path(ROWS), err.strerror or "unreadable") from None
+      raise cannot_read(self.path(ROWS), err) from None
     if os.fstat(self.fd).st_size < used * self.codec.nbytes:
       self.close()
       raise damaged(self.path(ROWS), f"shorter than its {used} rows")
     self._set_owners(owners)
-    self.round, self.applying = int(meta["round"]), meta.get("applying")
+    self.round, self.head, self.applying = int(meta["round"]), meta["head"], meta.get("applying")
 
   def _set_owners(self, owners):
     slots = np.full(self.num_clients, -1, np.int64)
@@ -268,7 +196,7 @@ class Disk:
     order = np.argsort(slots, kind="stable")
     buf = np.empty_like(out)
     for i, j in _runs(slots[order]):
-      got = os.preadv(self.fd, [buf[i:j]], int(slots[order[i]]) * self.codec.nbytes)
+      got = _pread_all(self.fd, buf[i:j], int(slots[order[i]]) * self.codec.nbytes)
       if got != (j - i) * self.codec.nbytes:
         raise damaged(self.path(ROWS), f"the row of client {int(ids[order[i]])} is missing")
     out[order] = buf
@@ -279,7 +207,7 @@ class Disk:
     order = np.argsort(slots, kind="stable")
     records, slots = records[order], slots[order]
     for i, j in _runs(slots):
-      os.pwrite(self.fd, records[i:j], int(slots[i]) * self.codec.nbytes)
+      _pwrite_all(self.fd, records[i:j], int(slots[i]) * self.codec.nbytes)
     if self.durable:
       os.fsync(self.fd)
 
@@ -292,7 +220,9 @@ class Disk:
     if self.durable and had.any():
       old[had] = self.read(ids[had], slots[had])
     new = self.codec.encode(ids, leaves)
-    return Journal(round_, self.round, self.owners.size, ids, slots, had, old, new)
+    return Journal(
+      round_, self.round, self.owners.size, _token(), self.head, ids, slots, had, old, new
+    )
 
   def save_journal(self, journal: Journal) -> None:
     save_arrays(self.path(f"journal-{journal.round}.npz"), journal._asdict())
@@ -300,7 +230,21 @@ class Disk:
   def load_journal(self, round_: int) -> Journal:
     arrays = load_arrays(self.path(f"journal-{round_}.npz"), Journal._fields)
     j = Journal(**arrays)
-    return j._replace(round=int(j.round), base=int(j.base), used=int(j.used))
+    scalars = {k: int(getattr(j, k)) for k in ("round", "base", "used", "token", "parent")}
+    return j._replace(**scalars)
+
+  def _headers(self) -> Dict[int, object]:
+    """Each journal's ``(base, token, parent)``, read without its records (not verified: a
+    journal on the way is loaded whole, and verified, before anything is written); a
+    journal whose header cannot be read maps to ``None``."""
+    out: Dict[int, object] = {}
+    for r in self.journals():
+      try:
+        with np.load(self.path(f"journal-{r}.npz"), allow_pickle=False) as f:
+          out[r] = tuple(int(f[k]) for k in ("base", "token", "parent"))
+      except (OSError, *_DAMAGE):
+        out[r] = None
+    return out
 
   def journals(self) -> List[int]:
     names = os.listdir(self.directory)
@@ -314,7 +258,8 @@ class Disk:
     if not undo:
       owners = np.concatenate([owners, added.astype(np.int32)])
     if self.durable:
-      self._meta(self.round, {"round": journal.round, "undo": undo}, used=journal.used)
+      intent = {"round": journal.round, "undo": undo, "token": journal.token}
+      self._meta(self.round, intent, used=journal.used)
     if undo:
       self._write(journal.old[journal.had], journal.slots[journal.had])
     else:
@@ -322,6 +267,7 @@ class Disk:
     if self.durable:
       save_arrays(self.path(INDEX), {"owners": owners})
     self._set_owners(owners)
+    self.head = journal.parent if undo else journal.token
     if self.durable:
       self._meta(journal.base if undo else journal.round)
     else:
@@ -329,29 +275,60 @@ class Disk:
     self.applying = None
 
   def recover(self, target: int) -> None:
-    """The files brought to round ``target`` along the journals; later journals removed."""
+    """The files brought to round ``target`` (to the state its journal, if any, leads to)
+    along the journals: undoing the journal the files' head is, or redoing one planned on
+    it. Every journal is kept (a later resume may restore a newer checkpoint that failed
+    to read this time); :meth:`prune` drops those of checkpoints no longer kept."""
     if self.applying:  # killed while applying a journal: finish it (idempotent)
-      self.apply(self.load_journal(int(self.applying["round"])), bool(self.applying["undo"]))
-    have, at, path = self.journals(), self.round, []  # the way there first, then the writes
-    while at != target:
-      if at > target and at in have:
-        journal, undo = self.load_journal(at), True
-        ok = target <= journal.base < at
-      else:
-        later = [r for r in have if at < r <= target]
-        journal, undo = (self.load_journal(later[0]) if later else None), False
-        ok = journal is not None and journal.base == at
-      if not ok:
-        raise ValueError(
-          f"client state in {self.directory} holds round {self.round}, the checkpoint "
-          f"restored round {target}, and no journal leads there; delete the checkpoint "
-          "directory to start the run again"
-        )
+      journal = self.load_journal(int(self.applying["round"]))
+      if journal.token != self.applying.get("token"):
+        raise damaged(self.path(META), "the journal it was applying was replaced")
+      self.apply(journal, bool(self.applying["undo"]))
+    headers = self._headers()
+    want = headers.get(target)
+    way = self._way(headers, target, None if want is None else want[1])
+    if way is None:
+      for r, header in sorted(headers.items()):  # a damaged journal may be why: name it
+        if header is None:
+          self.load_journal(r)
+      raise ValueError(
+        f"client state in {self.directory} holds round {self.round}, the checkpoint "
+        f"restored round {target}, and no journal leads there; delete the checkpoint "
+        "directory to start the run again"
+      )
+    path = []  # every journal on the way loaded and verified before anything is written
+    for r, undo in way:
+      journal = self.load_journal(r)
+      if (journal.base, journal.token, journal.parent) != headers[r]:
+        raise damaged(self.path(f"journal-{r}.npz"), "checksum mismatch")
       path.append((journal, undo))
-      at = journal.base if undo else journal.round
     for journal, undo in path:
       self.apply(journal, undo)
-    self.prune(lambda r: r <= target)
+
+  def _way(self, headers, target: int, token):
+    """The shortest list of ``(journal round, undo)`` from the files' ``(round, head)`` to
+    round ``target`` (with head ``token`` when that round has a journal), or ``None``."""
+    start = (self.round, self.head)
+    ways = {start: []}
+    frontier = [start]
+    while frontier:
+      nxt = []
+      for at, head in frontier:
+        if at == target and (token is None or head == token):
+          return ways[(at, head)]
+        moves = []
+        back = headers.get(at)
+        if back is not None and back[1] == head:  # the files' head is this journal: undo it
+          moves.append(((back[0], back[2]), (at, True)))
+        for r, h in headers.items():  # a journal planned on these files: redo it
+          if h is not None and h[0] == at and h[2] == head and r > at:
+            moves.append(((r, h[1]), (r, False)))
+        for state, step in moves:
+          if state not in ways:
+            ways[state] = ways[(at, head)] + [step]
+            nxt.append(state)
+      frontier = nxt
+    return None
 
   def prune(self, keep) -> None:
     """Removes the journals of the rounds ``keep(round)`` is false for."""
