@@ -308,6 +308,38 @@ def test_a_config_returning_a_dict_or_a_module_missing_a_package_is_one_line(tmp
     assert __import__("re").match(pattern, lines[0]), lines[0]
 
 
+def _raised(code, filename):
+  """The error ``code`` raises, with a traceback whose innermost frame is in ``filename``."""
+  try:
+    exec(compile(code, filename, "exec"), {})
+  except ImportError as err:
+    return err
+  raise AssertionError(f"{code!r} raised nothing")
+
+
+def test_only_a_package_that_is_really_absent_is_said_to_be_not_installed(tmp_path, monkeypatch):
+  """A module missing inside an installed package, or one that exists but fails to import,
+  is not a package to pip install: fedco's own such error is a bug (its traceback), the
+  experiment's is one line naming its file, line and the real message."""
+  config = ml_collections.ConfigDict({"experiment": "mine"})
+  inside = os.path.join(os.path.dirname(fedco.__file__), "runtime", "loop.py")
+  for code in ("import numpy.no_such_module", "raise ImportError('libfoo.so: cannot open')"):
+    assert cli.error_line(_raised(code, inside), config) is None  # fedco's: the traceback
+  (tmp_path / "mine.py").write_text("import numpy\nfrom numpy import no_such_name\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(ImportError) as info:
+    __import__("importlib").import_module("mine")
+  line = cli.error_line(info.value, config)
+  assert line is not None and "not installed" not in line and "pip install" not in line, line
+  assert __import__("re").match(
+    r"^--config.experiment='mine' failed to import: cannot import name 'no_such_name' from "
+    r"'numpy' .*\(raised at .*mine.py:2, in <module>\)$",
+    line,
+  ), line
+  absent = _raised("import no_such_package_xyz.sub", str(tmp_path / "mine.py"))
+  assert "(pip install no_such_package_xyz)" in cli.error_line(absent, config)
+
+
 def test_a_full_disk_is_one_line_naming_the_workdir(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   monkeypatch.setattr(cli.FLAGS["workdir"], "value", workdir)

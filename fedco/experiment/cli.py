@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -207,23 +208,52 @@ def main(argv):
 def error_line(err: Exception, config=None) -> Optional[str]:
   """The one ``error:`` line of a failed run: bad input (a ``ValueError`` or
   ``FileNotFoundError``, with where a module raised it), a full disk (naming the flag of its
-  folder), a package the experiment needs that is not installed; ``None`` for anything else
-  (a bug, shown with its traceback)."""
+  folder), a package the experiment needs that is not installed, an import that fails in the
+  experiment's own code (naming its file and line); ``None`` for anything else (a bug, shown
+  with its traceback: an ``ImportError`` raised in fedco's own code too)."""
   full = disk_full(err)
   if full is not None:
     return full
   if isinstance(err, ImportError):
-    missing = getattr(err, "name", None)
-    how = f"install it (pip install {missing.split('.')[0]})" if missing else "install it"
     experiment = config.get("experiment") if isinstance(config, ml_collections.ConfigDict) else None
-    named = f"--config.experiment={experiment!r} needs" if experiment else "the run needs"
-    return (
-      f"{named} a package that is not installed: {err.msg}{raised_at(err)}; "
-      f"{how}, or run an experiment that does not use it"
-    )
+    named = f"--config.experiment={experiment!r}" if experiment else "the run"
+    missing = not_installed(err)
+    if missing is not None:
+      return (
+        f"{named} needs a package that is not installed: {err.msg}{raised_at(err)}; "
+        f"install it (pip install {missing}), or run an experiment that does not use it"
+      )
+    where = raised_at(err)
+    if not where or _raised_in_fedco(err):  # fedco's own import failed: a bug
+      return None
+    return f"{named} failed to import: {err}{where}"
   if isinstance(err, (ValueError, FileNotFoundError)):
     return f"{err}{raised_at(err)}"
   return None
+
+
+def not_installed(err: ImportError) -> Optional[str]:
+  """The top-level package ``err`` says is missing, where it really is absent (a
+  ``ModuleNotFoundError`` for a package that cannot be found); ``None`` for any other import
+  error (a module missing inside an installed package, one that fails as it imports)."""
+  name = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+  if not name:
+    return None
+  top = name.split(".")[0]
+  try:
+    found = importlib.util.find_spec(top)
+  except (ImportError, ValueError):  # a module without a spec: it is there
+    return None
+  return top if found is None else None
+
+
+def _raised_in_fedco(err: BaseException) -> bool:
+  """Whether the innermost frame of ``err``'s traceback is in fedco's own code."""
+  frames = traceback.extract_tb(err.__traceback__)
+  if not frames:
+    return False
+  package = os.path.join(os.path.realpath(os.path.dirname(fedco.__file__)), "")
+  return os.path.realpath(frames[-1].filename).startswith(package)
 
 
 class _NoSpaceEcho(logging.Filter):
