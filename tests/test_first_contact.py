@@ -294,14 +294,14 @@ def test_a_config_returning_a_dict_or_a_module_missing_a_package_is_one_line(tmp
     r"in <module>\); install it \(pip install no_such_package_xyz\), or run an experiment",
   }
   for name, pattern in expected.items():
-    done = subprocess.run(
+    done = helpers.run(
       [sys.executable, "-m", "fedco.experiment.cli", f"--config={tmp_path / name}"]
       + [f"--workdir={tmp_path / 'run'}", "--noprogress"],
       cwd=tmp_path,
       env=env,
       capture_output=True,
       text=True,
-      timeout=helpers.limit_s(120),
+      timeout=120,
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
@@ -371,7 +371,7 @@ def test_the_driver_on_a_full_disk_prints_one_line(tmp_path):
   if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(disk)]).returncode:
     pytest.skip("no tmpfs mount here")
   try:
-    done = subprocess.run(
+    done = helpers.run(
       [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py"]
       + ["--config.rounds=20", "--config.seeds=0,", "--methods=fedavg", "--noprogress"]
       + [f"--workdir={disk / 'run'}", "--checkpoint_every=10"],
@@ -379,7 +379,7 @@ def test_the_driver_on_a_full_disk_prints_one_line(tmp_path):
       env=ENV,
       capture_output=True,
       text=True,
-      timeout=helpers.limit_s(300),
+      timeout=300,
     )
   finally:
     subprocess.run(["umount", str(disk)])
