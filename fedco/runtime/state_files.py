@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -230,18 +230,24 @@ class Disk:
   def load_journal(self, round_: int) -> Journal:
     arrays = load_arrays(self.path(f"journal-{round_}.npz"), Journal._fields)
     j = Journal(**arrays)
-    scalars = {k: int(getattr(j, k)) for k in ("round", "base", "used", "token", "parent")}
-    return j._replace(**scalars)
+    return j._replace(
+      round=int(j.round),
+      base=int(j.base),
+      used=int(j.used),
+      token=int(j.token),
+      parent=int(j.parent),
+    )
 
-  def _headers(self) -> Dict[int, object]:
+  def _headers(self) -> Dict[int, Optional[Tuple[int, int, int]]]:
     """Each journal's ``(base, token, parent)``, read without its records (not verified: a
     journal on the way is loaded whole, and verified, before anything is written); a
     journal whose header cannot be read maps to ``None``."""
-    out: Dict[int, object] = {}
+    out: Dict[int, Optional[Tuple[int, int, int]]] = {}
     for r in self.journals():
       try:
         with np.load(self.path(f"journal-{r}.npz"), allow_pickle=False) as f:
-          out[r] = tuple(int(f[k]) for k in ("base", "token", "parent"))
+          base, token, parent = (int(f[k]) for k in ("base", "token", "parent"))
+          out[r] = (base, token, parent)
       except (OSError, *_DAMAGE):
         out[r] = None
     return out
@@ -309,7 +315,7 @@ class Disk:
     """The shortest list of ``(journal round, undo)`` from the files' ``(round, head)`` to
     round ``target`` (with head ``token`` when that round has a journal), or ``None``."""
     start = (self.round, self.head)
-    ways = {start: []}
+    ways: Dict[Tuple[int, int], List[Tuple[int, bool]]] = {start: []}
     frontier = [start]
     while frontier:
       nxt = []

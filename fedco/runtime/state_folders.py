@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import List, Optional
+from typing import IO, Dict, List, Optional
 
 __all__ = ["remove_abandoned", "remove_temporary", "temporary_folder"]
 
@@ -28,7 +28,9 @@ def _boot_id() -> Optional[str]:
     return None
 
 
-_HELD = {}  # folder -> the open owner file whose flock this process holds for the run
+_HELD: Dict[
+  str, IO[str]
+] = {}  # folder -> the open owner file whose flock this process holds for the run
 
 
 def remove_abandoned(directory: Optional[str] = None) -> List[str]:
@@ -50,7 +52,7 @@ def remove_abandoned(directory: Optional[str] = None) -> List[str]:
   import fcntl  # pylint: disable=g-import-not-at-top
 
   directory = tempfile.gettempdir() if directory is None else directory
-  removed = []
+  removed: List[str] = []
   try:
     with os.scandir(directory) as entries:
       folders = [

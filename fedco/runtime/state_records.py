@@ -165,7 +165,7 @@ class Records:
 def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
   """Every byte of ``data`` written at ``offset``: ``pwrite`` may move fewer bytes than asked
   (Linux at most 2,147,479,552 a call), so it is called until all are written."""
-  view, done = memoryview(np.ascontiguousarray(data)).cast("B"), 0
+  view, done = np.ascontiguousarray(data).data.cast("B"), 0
   while done < len(view):
     n = os.pwrite(fd, view[done : done + _CALL_BYTES], offset + done)
     if n <= 0:
@@ -175,7 +175,7 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
 
 def _pread_all(fd: int, out: np.ndarray, offset: int) -> int:
   """Reads into ``out`` from ``offset`` until it is full or the file ends; the bytes read."""
-  view, done = memoryview(out).cast("B"), 0
+  view, done = out.data.cast("B"), 0
   while done < len(view):
     n = os.preadv(fd, [view[done : done + _CALL_BYTES]], offset + done)
     if n <= 0:  # the end of the file
