@@ -437,8 +437,7 @@ def test_non_finite_data_are_named_when_a_run_diverges():
   data = fedco.FederatedData.from_clients([{"r": rows}, {"r": np.ones((4, 3), np.float32)}])
   with pytest.raises(
     fedco.runtime.NonFiniteError,
-    match=r"non-finite values \(field \['r'\], "
-    r"row 2\): fix the data",
+    match=r"non-finite values \(field \['r'\], client 0, row 2\): fix the data",
   ):
     fedco.simulate(
       fedco.problems.portfolio(1.0),

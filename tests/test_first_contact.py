@@ -127,6 +127,9 @@ def test_a_ctrl_c_while_a_driver_starts_is_one_line_and_exit_130(module, tmp_pat
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
+    # As from a terminal: pytest-xdist's workers ignore SIGINT, and a driver started with
+    # Ctrl-C ignored (a background job) keeps it ignored, as it should.
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
   seen = []
   for line in proc.stderr:  # import lines, as each module finishes loading
