@@ -10,10 +10,14 @@ convolutional ones also take a batch ``[n, H, W, C]``:
   CIFAR-10 (paper 001);
 * :class:`OmniglotCNN`: MAML's Omniglot network, with :class:`TaskBatchNorm` (the batch
   statistics of one task);
-* :class:`ResNet20`: the CIFAR ResNet-20 with GroupNorm or no normalization.
+* :class:`ResNet20`: the CIFAR ResNet-20 with GroupNorm or no normalization;
+* :class:`EmnistCNN`: the EMNIST CNN of Reddi et al. 2021 (dropout off unless asked for);
+* :class:`ShakespeareLSTM`: the Shakespeare next-character LSTM of McMahan et al. 2017 and
+  Reddi et al. 2021, one token sequence ``[T]`` -> logits ``[T, vocab_size]``.
 
 :func:`cross_entropy` and :func:`accuracy` are the per-example loss and metric on a
-model's logits. :mod:`fedco.models.layers` holds the convolution, pooling and GroupNorm
+model's logits; :func:`masked_cross_entropy` and :func:`masked_accuracy` those of one
+token sequence, over the positions a mask keeps (padding left out). :mod:`fedco.models.layers` holds the convolution, pooling and GroupNorm
 the networks are built from, fast inside fedco's compiled loops on the CPU.
 
 Examples:
@@ -31,14 +35,21 @@ Examples:
 """
 
 from fedco.models import layers
-from fedco.models.cnn import CNN4, OmniglotCNN, TaskBatchNorm, init_cnn
+from fedco.models.cnn import CNN4, EmnistCNN, OmniglotCNN, TaskBatchNorm, init_cnn
 from fedco.models.linear import LogisticRegression, accuracy, cross_entropy, init_params
 from fedco.models.mlp import MLP, init_mlp
 from fedco.models.resnet import ResNet20
+from fedco.models.sequence import (
+  SHAKESPEARE_VOCAB_SIZE,
+  ShakespeareLSTM,
+  masked_accuracy,
+  masked_cross_entropy,
+)
 
 __all__ = [
   "layers",
   "CNN4",
+  "EmnistCNN",
   "OmniglotCNN",
   "TaskBatchNorm",
   "ResNet20",
@@ -49,4 +60,8 @@ __all__ = [
   "accuracy",
   "cross_entropy",
   "init_params",
+  "ShakespeareLSTM",
+  "SHAKESPEARE_VOCAB_SIZE",
+  "masked_cross_entropy",
+  "masked_accuracy",
 ]

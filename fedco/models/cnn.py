@@ -1,6 +1,8 @@
-"""Four-block convolutional networks: ``CNN4`` (CIFAR-10, paper 001) and ``OmniglotCNN``.
+"""Four-block convolutional networks: ``CNN4`` (CIFAR-10, paper 001) and ``OmniglotCNN``;
+and ``EmnistCNN``, the two-convolution EMNIST network of Reddi et al. 2021 (its own layout,
+see its docstring).
 
-Both follow the "Conv-4" layout of MAML (Finn et al. 2017, Sec. 5.2), which paper 001
+``CNN4`` and ``OmniglotCNN`` follow the "Conv-4" layout of MAML (Finn et al. 2017, Sec. 5.2), which paper 001
 (Sec. 5.2, "a 4-layer CNN used in [7]", [7] = MAML) and paper 003 (Sec. 5.2, Omniglot) use.
 Neither paper describes the network beyond that, so the layout is MAML's: four blocks of
 
@@ -256,8 +258,73 @@ class OmniglotCNN(nn.Module):
     return x[0] if single else x
 
 
+class EmnistCNN(nn.Module):
+  """The EMNIST CNN of Reddi et al. 2021 ("Adaptive Federated Optimization", App. C).
+
+  conv 3x3 32 (VALID) -> ReLU -> conv 3x3 64 (VALID) -> ReLU -> 2x2 max-pool -> dropout
+  0.25 -> flatten -> ``Dense(128)`` -> ReLU -> dropout 0.5 -> ``Dense(num_classes)``, as
+  TFF's ``create_conv_dropout_model`` and FedJAX's ``emnist.create_conv_model`` build it.
+  A 28x28 image shrinks to 26, 24 and 12 pixels (9,216 features). 1,206,590 parameters at
+  the defaults (62 classes), the published count; 1,199,882 with ``num_classes=10``.
+
+  One image ``[28, 28, 1]`` gives ``[num_classes]``; a batch ``[n, 28, 28, 1]`` gives
+  ``[n, num_classes]``, each image on its own. No batch statistics.
+
+  Dropout: with ``deterministic=True`` (the default) it is the identity, and the model is
+  a pure function of ``(params, x)``. fedco's problems and simulator pass no random key to
+  a model, so that is how they train it: without dropout (decision 100). With
+  ``deterministic=False``, ``apply`` needs ``rngs={"dropout": key}``; under ``jax.vmap``
+  over single images give each image its own key (one key gives every image the same mask).
+
+  Attributes:
+    num_classes: logits (62: digits and both cases; 10: digits only).
+    deterministic: ``True`` (default): no dropout; ``False``: dropout, with a ``"dropout"`` rng.
+    conv_impl: ``"auto"`` (default), ``"matmul"`` or ``"xla"`` (as in ``CNN4``).
+
+  Raises:
+    ValueError: if ``num_classes`` is not a positive int, ``deterministic`` not a bool, or
+      ``conv_impl`` not one of its values.
+
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> model = fedco.models.EmnistCNN()
+    >>> image = jnp.zeros((28, 28, 1))
+    >>> params = jax.eval_shape(model.init, jax.random.PRNGKey(0), image)
+    >>> sum(p.size for p in jax.tree.leaves(params))
+    1206590
+    >>> jax.eval_shape(model.apply, params, image).shape
+    (62,)
+  """
+
+  num_classes: int = 62
+  deterministic: bool = True
+  conv_impl: str = "auto"
+
+  def __post_init__(self):
+    _validate.positive_int("num_classes", self.num_classes)
+    if not isinstance(self.deterministic, bool):
+      raise ValueError(f"deterministic must be True or False, got {self.deterministic!r}")
+    _validate.one_of("conv_impl", self.conv_impl, CONV_IMPLS)
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x) -> jax.Array:
+    x, single = _image_batch(x, "EmnistCNN")
+    impl = self.conv_impl
+    x = nn.relu(Conv(32, (3, 3), padding="VALID", impl=impl, name="conv_0")(x))
+    x = nn.relu(Conv(64, (3, 3), padding="VALID", impl=impl, name="conv_1")(x))
+    x = max_pool_2x2(x, impl)
+    x = nn.Dropout(0.25, deterministic=self.deterministic)(x)
+    x = nn.relu(nn.Dense(128, name="hidden")(x.reshape((x.shape[0], -1))))
+    x = nn.Dropout(0.5, deterministic=self.deterministic)(x)
+    x = nn.Dense(self.num_classes, name="logits")(x)
+    return x[0] if single else x
+
+
 def init_cnn(model: nn.Module, input_shape: Sequence[int], seed: int = 0):
-  """Parameters of ``model`` (``CNN4``, ``OmniglotCNN``, ``ResNet20``) for ``input_shape``.
+  """Parameters of ``model`` (``CNN4``, ``OmniglotCNN``, ``ResNet20``, ``EmnistCNN``) for an input.
 
   ``model.init`` on zeros of ``input_shape``, compiled with ``jax.jit``. ``input_shape`` is
   one image's ``(H, W, C)`` or a batch's ``(n, H, W, C)``; the parameters do not depend on
