@@ -34,7 +34,10 @@ A typical pipeline loads host splits, partitions them, and builds the clients::
   LEAF's JSON files, :func:`load_leaf` (FEMNIST, Shakespeare, Sent140, Synthetic; also
   :func:`read_leaf`, :func:`write_leaf`); FedJAX's SQLite client files, :func:`load_sqlite`
   (EMNIST-62, Shakespeare, CIFAR-100; :func:`read_clients`, :func:`write_clients`); TFDS
-  records grouped by a feature, :func:`load_tfds_clients`; FedProx's Synthetic(alpha,
+  records grouped by a feature, :func:`load_tfds_clients`; TensorFlow Federated's HDF5
+  client files, :func:`read_h5_clients`, and its Shakespeare preprocessed as TFF and FedJAX
+  do it (every role kept), :func:`load_shakespeare_tff` with :func:`shakespeare_accuracy`
+  (module :mod:`fedco.data.tff`); FedProx's Synthetic(alpha,
   beta), :func:`synthetic` and :func:`synthetic_users` (offline); all through
   :func:`from_users`.
 * **Meta-learning episodes**: few-shot Omniglot (SPEC E4), :func:`load_omniglot` and the
@@ -55,6 +58,8 @@ What works offline and what needs data on disk (fedco never downloads anything):
   ``TFDS_DATA_DIR``); :mod:`fedco.data.sources` has the details. A data set that is missing
   raises ``FileNotFoundError`` with that advice. In tests, ``tfds.testing.mock_data`` stands
   in for the files.
+* **TFF's Shakespeare**: the project's copy in ``../shared/data/shakespeare_tff`` next to a
+  source checkout, or the two ``.h5`` files TFF downloads (:mod:`fedco.data.tff`).
 * **LEAF and FedJAX files**, prepared once with network (LEAF's ``preprocess.sh``,
   FedJAX's download addresses): :mod:`fedco.data.leaf` and :mod:`fedco.data.sqlite` give
   the commands.
@@ -63,7 +68,7 @@ What works offline and what needs data on disk (fedco never downloads anything):
   copy next to a source checkout.
 """
 
-from fedco.data import omniglot, sinusoid
+from fedco.data import omniglot, sinusoid, tff
 from fedco.data.adult import AdultData, federated_adult, load_adult, proxy_groups, resample_proxies
 from fedco.data.blocks import ClientBlockData
 from fedco.data.datasets import FederatedDataset, make_federated
@@ -100,6 +105,7 @@ from fedco.data.sources import (
 )
 from fedco.data.sqlite import SQLITE_DATASETS, load_sqlite, read_clients, write_clients
 from fedco.data.store import ClientStore, write_store
+from fedco.data.tff import load_shakespeare_tff, read_h5_clients, shakespeare_accuracy
 
 __all__ = [
   "ClientBlockData",
@@ -122,6 +128,7 @@ __all__ = [
   "num_classes",
   "sinusoid",
   "omniglot",
+  "tff",
   "load_omniglot",
   "load_st",
   "step_imbalance",
@@ -143,6 +150,9 @@ __all__ = [
   "read_clients",
   "write_clients",
   "load_sqlite",
+  "read_h5_clients",
+  "load_shakespeare_tff",
+  "shakespeare_accuracy",
   "ClientStore",
   "write_store",
 ]

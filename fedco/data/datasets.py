@@ -76,7 +76,7 @@ class FederatedDataset:
     return np.asarray(self.val.counts)
 
 
-def _check_split(name: str, split) -> dict:
+def _check_split(name: str, split, sequence_labels: bool = False) -> dict:
   if not isinstance(split, Mapping) or "x" not in split or "y" not in split:
     raise ValueError(
       f"{name} must be a mapping with arrays 'x' and 'y', got "
@@ -84,9 +84,10 @@ def _check_split(name: str, split) -> dict:
       f"{sorted(split) if isinstance(split, Mapping) else None}"
     )
   x, y = np.asarray(split["x"]), np.asarray(split["y"])
-  if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0]:
+  if y.ndim != (2 if sequence_labels else 1) or x.ndim < 1 or x.shape[0] != y.shape[0]:
+    labels = "[N, L]" if sequence_labels else "[N]"
     raise ValueError(
-      f"{name}['x'] must be [N, ...] and {name}['y'] [N] with the same N, "
+      f"{name}['x'] must be [N, ...] and {name}['y'] {labels} with the same N, "
       f"got shapes {x.shape} and {y.shape}"
     )
   return {"x": x, "y": y}
@@ -100,6 +101,8 @@ def make_federated(
   name: str,
   num_classes: int,
   info: Optional[Mapping[str, Any]] = None,
+  *,
+  sequence_labels: bool = False,
 ) -> FederatedDataset:
   """Build the clients' training and validation :class:`FederatedData` from index lists.
 
@@ -121,6 +124,8 @@ def make_federated(
     num_classes: number of classes, ``>= 1``; labels must lie in ``[0, num_classes)``.
     info: optional partition metadata, kept (copied) in ``FederatedDataset.info``; ``None``
       keeps ``{}``.
+    sequence_labels: ``y`` is ``int [N, L]``, a label per position of each example's
+      sequence (``False``, the default: ``int [N]``).
 
   Returns:
     A :class:`FederatedDataset`; ``train.examples`` and ``val.examples`` are the splits as
@@ -148,8 +153,8 @@ def make_federated(
     >>> fed.train.counts.tolist(), fed.val.counts.tolist(), fed.test["x"].shape, fed.info
     ([5, 5], [5, 5], (10, 3), {'seed': 0})
   """
-  train = _check_split("train", train)
-  test = _check_split("test", test)
+  train = _check_split("train", train, sequence_labels)
+  test = _check_split("test", test, sequence_labels)
   num_classes = _validate.positive_int("num_classes", num_classes)
   if not isinstance(name, str):
     raise ValueError(f"name must be a string, got {name!r}")

@@ -26,8 +26,9 @@ Users = Mapping[Any, Mapping[str, np.ndarray]]
 __all__ = ["from_users", "load_tfds_clients"]
 
 
-def _user_arrays(arrays, where: str):
-  """A user's ``x`` and ``y`` as arrays: numbers, integer labels of one per row."""
+def _user_arrays(arrays, where: str, sequence_labels: bool = False):
+  """A user's ``x`` and ``y`` as arrays: numbers, integer labels of one per row (or a row of
+  integer labels per row with ``sequence_labels``)."""
   if not isinstance(arrays, Mapping) or "x" not in arrays or "y" not in arrays:
     raise ValueError(f"{where} must be a mapping with arrays 'x' and 'y'")
   try:
@@ -36,8 +37,13 @@ def _user_arrays(arrays, where: str):
     raise ValueError(f"{where}: its rows of 'x' (or 'y') have different shapes") from None
   if x.dtype.kind not in "biuf" or x.ndim < 1:
     raise ValueError(f"{where}.x must be an array of numbers, one row per example; got {x.dtype}")
+  if sequence_labels and (y.dtype.kind not in "iu" or y.ndim != 2):
+    raise ValueError(
+      f"{where}.y must be integer class ids, one row per example (sequence labels); got "
+      f"{y.dtype} of shape {y.shape}"
+    )
   whole = y.dtype.kind in "biu" or (y.dtype.kind == "f" and np.all(y == np.round(y)))
-  if y.ndim != 1 or not whole:
+  if (y.ndim != 1 and not sequence_labels) or not whole:
     raise ValueError(
       f"{where}.y must be integer class ids, one per example (not one-hot rows, names or "
       f"fractions); got {y.dtype} of shape {y.shape}"
@@ -49,11 +55,16 @@ def _user_arrays(arrays, where: str):
   return x, y
 
 
-def _concat(users: Users, ids, split: str, row_shape=None):
+def _concat(users: Users, ids, split: str, row_shape=None, sequence_labels=False, label_shape=None):
   keys, xs, ys = None, [], []
   for user in ids:
     arrays, where = users[user], f"{split}_users[{user!r}]"
-    x, y = _user_arrays(arrays, where)
+    x, y = _user_arrays(arrays, where, sequence_labels)
+    label_shape = y.shape[1:] if label_shape is None else label_shape
+    if y.shape[1:] != label_shape:
+      raise ValueError(
+        f"{where}.y has rows of shape {y.shape[1:]}, the first training user's have {label_shape}"
+      )
     if keys is None:
       keys = sorted(arrays)
     elif sorted(arrays) != keys:
@@ -77,6 +88,7 @@ def from_users(
   name: str,
   num_classes: int,
   info: Optional[Mapping[str, Any]] = None,
+  sequence_labels: bool = False,
 ) -> FederatedDataset:
   """A :class:`~fedco.data.FederatedDataset` with one client per user.
 
@@ -95,6 +107,9 @@ def from_users(
     num_classes: number of classes; every label must lie in ``[0, num_classes)``.
     info: metadata kept (copied) in ``FederatedDataset.info``, with ``users`` (the client
       ids in order) and ``dropped_users`` added.
+    sequence_labels: ``y`` is ``int [n, L]``, one label per position of a sequence (a
+      language model's next-token targets, e.g. :func:`fedco.data.load_shakespeare_tff`),
+      with the same ``L`` for every user; ``False`` (default): ``int [n]``.
 
   Returns:
     A :class:`~fedco.data.FederatedDataset` whose ``info["users"]`` lists each client's
@@ -150,11 +165,20 @@ def from_users(
       f"{' ...' if len(left) > 5 else ''}",
       stacklevel=2,
     )
-  train, train_parts = _concat(train_users, ids, "train")
-  test, val_parts = _concat(test_users, ids, "test", row_shape=train["x"].shape[1:])
+  train, train_parts = _concat(train_users, ids, "train", sequence_labels=sequence_labels)
+  test, val_parts = _concat(
+    test_users,
+    ids,
+    "test",
+    row_shape=train["x"].shape[1:],
+    sequence_labels=sequence_labels,
+    label_shape=train["y"].shape[1:],
+  )
   meta = dict(info or {})
   meta.update(users=list(ids), dropped_users=dropped)
-  return make_federated(train, test, train_parts, val_parts, name, num_classes, meta)
+  return make_federated(
+    train, test, train_parts, val_parts, name, num_classes, meta, sequence_labels=sequence_labels
+  )
 
 
 def _group_records(source, client_key: str, x_key: str, y_key: str) -> Dict[Any, Dict[str, Any]]:
