@@ -86,7 +86,7 @@ class ShakespeareLSTM(nn.Module):
       )
     x = nn.Embed(self.vocab_size, self.embed_size, name="embed")(tokens)
     for i in range(self.num_layers):
-      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size), name=f"lstm_{i}")(x)
+      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size, name=f"lstm_{i}"))(x)
     return nn.Dense(self.vocab_size, name="logits")(x)
 
 
