@@ -25,7 +25,9 @@ downloads into ``~/.cache/fedjax``)::
 28x28 with 1.0 the background, returned as ``1 - pixels`` ``[n, 28, 28, 1]``; 62 classes),
 ``cifar100`` (``image`` uint8 to ``float32`` in [0, 1]; ``label``, 100 classes, or
 ``coarse_label`` with ``label_key``), ``shakespeare`` (each snippet cut into LEAF's
-next-character windows: 80 letters of :data:`fedco.data.LETTERS`, the next one the label).
+next-character windows: 80 letters of :data:`fedco.data.LETTERS`, the next one the label;
+with ``preprocess="tff"``, TFF's and FedJAX's sequences that keep every client,
+:mod:`fedco.data.tff`).
 Other files (StackOverflow's token strings) are read with :func:`read_clients` and
 converted by your own code.
 """
@@ -44,6 +46,8 @@ from fedco import _validate, io
 from fedco.data.datasets import FederatedDataset
 from fedco.data.leaf import LETTERS, class_ids, grey_images, letter_ids
 from fedco.data.natural import from_users
+from fedco.data.tff import NUM_CLASSES as TFF_CLASSES
+from fedco.data.tff import shakespeare_sequences
 
 #: The FedJAX files :func:`load_sqlite` converts, with their classes.
 SQLITE_DATASETS = {"emnist": 62, "cifar100": 100, "shakespeare": len(LETTERS) + 1}
@@ -243,7 +247,7 @@ def _windows(snippets, stride: int) -> Dict[str, np.ndarray]:
 _NEEDS = {"shakespeare": ("snippets",), "emnist": ("pixels", "label"), "cifar100": ("image",)}
 
 
-def _convert(dataset: str, examples, label_key: str, stride: int, who: str):
+def _convert(dataset: str, examples, label_key: str, stride: Optional[int], who: str):
   needs = _NEEDS[dataset] + ((label_key,) if dataset == "cifar100" else ())
   missing = [k for k in needs if k not in examples]
   if missing:
@@ -251,7 +255,15 @@ def _convert(dataset: str, examples, label_key: str, stride: int, who: str):
       f"{who}: a {dataset} client file holds the features {sorted(examples)}, not {missing[0]!r}: "
       f"is it FedJAX's {dataset}? (your own data: read_clients, then fedco.data.from_users)"
     )
-  if dataset == "shakespeare":
+  if dataset == "shakespeare" and stride is None:  # preprocess="tff"
+    snippets = np.asarray(examples["snippets"])
+    if snippets.ndim != 1 or snippets.dtype.kind not in "SO":
+      raise ValueError(
+        f"{who}: snippets must be a 1-D array of byte strings, got {snippets.dtype} of shape "
+        f"{snippets.shape}"
+      )
+    return shakespeare_sequences(snippets)
+  if dataset == "shakespeare" and stride is not None:
     return _windows(examples["snippets"], stride)
   if dataset == "emnist":
     return {"x": 1.0 - grey_images(examples["pixels"], who), "y": class_ids(examples["label"], who)}
@@ -272,6 +284,7 @@ def load_sqlite(
   label_key: str = "label",
   stride: int = 1,
   max_clients: Optional[int] = None,
+  preprocess: str = "windows",
 ) -> FederatedDataset:
   """A FedJAX benchmark with one client per client of its files.
 
@@ -283,6 +296,11 @@ def load_sqlite(
     stride: ``shakespeare`` only: characters between windows (1, LEAF's; 80 makes
       windows that do not overlap).
     max_clients: read only the first this many training clients (``None``: all).
+    preprocess: ``shakespeare`` only: ``"windows"`` (default) cuts LEAF's 80-letter
+      windows inside each snippet (a client whose snippets are all shorter than 81 letters
+      has no examples and is dropped); ``"tff"`` makes TFF's and FedJAX's sequences of
+      :func:`fedco.data.tff.shakespeare_sequences` (``y`` ``int32 [n, 80]``,
+      :data:`fedco.data.tff.NUM_CLASSES` classes), which keep every client.
 
   Returns:
     A :class:`~fedco.data.FederatedDataset`; ``info["users"]`` holds the client ids.
@@ -310,15 +328,20 @@ def load_sqlite(
   dataset = _validate.one_of("dataset", dataset, tuple(SQLITE_DATASETS))
   label_key = _validate.one_of("label_key", label_key, ("label", "coarse_label"))
   stride = _validate.positive_int("stride", stride)
+  preprocess = _validate.one_of("preprocess", preprocess, ("windows", "tff"))
+  if preprocess == "tff" and dataset != "shakespeare":
+    raise ValueError(f"preprocess='tff' is for dataset='shakespeare' only, got {dataset!r}")
+  tff = preprocess == "tff"
   if max_clients is not None:
     max_clients = _validate.positive_int("max_clients", max_clients)
   train = {}
   for cid, examples in read_clients(train_path):
     if max_clients is not None and len(train) == max_clients:
       break
-    train[cid] = _convert(dataset, examples, label_key, stride, f"{train_path}: client {cid!r}")
+    who = f"{train_path}: client {cid!r}"
+    train[cid] = _convert(dataset, examples, label_key, None if tff else stride, who)
   test = {
-    cid: _convert(dataset, x, label_key, stride, f"{test_path}: client {cid!r}")
+    cid: _convert(dataset, x, label_key, None if tff else stride, f"{test_path}: client {cid!r}")
     for cid, x in read_clients(test_path)
     if cid in train
   }
@@ -326,4 +349,7 @@ def load_sqlite(
     20 if label_key == "coarse_label" and dataset == "cifar100" else SQLITE_DATASETS[dataset]
   )
   info = {"source": "fedjax_sqlite", "train_path": os.fspath(train_path), "stride": stride}
-  return from_users(train, test, name=dataset, num_classes=classes, info=info)
+  if tff:
+    info.update(preprocess="tff", stride=None)
+    classes = TFF_CLASSES
+  return from_users(train, test, name=dataset, num_classes=classes, info=info, sequence_labels=tff)

@@ -313,7 +313,7 @@ def load_shakespeare_tff(
   if max_clients is not None:
     max_clients = _validate.positive_int("max_clients", max_clients)
   train_path, test_path = _paths(data_dir, train_path, test_path)
-  train = {}
+  train: Dict[str, Dict[str, np.ndarray]] = {}
   for client, examples in read_h5_clients(train_path):
     if max_clients is not None and len(train) == max_clients:
       break
