@@ -8,6 +8,7 @@ the file and the problem.
 import json
 import os
 import sqlite3
+import warnings
 import zlib
 
 import jax.numpy as jnp
@@ -409,3 +410,21 @@ def test_a_federated_dataset_where_simulate_wants_its_parts_is_named():
     run(fed)
   with pytest.raises(ValueError, match="metrics_data .* got a FederatedDataset: pass its .val"):
     run(fed.train, metrics_data=fed, metrics_fn=lambda params, data: {})
+
+
+FEMNIST = os.path.join(
+  os.path.dirname(__file__), "..", "..", "shared", "data", "femnist_leaf_sf005"
+)
+
+
+@pytest.mark.skipif(not os.path.isdir(FEMNIST), reason="no ../shared/data/femnist_leaf_sf005 here")
+def test_the_shared_femnist_copy_has_the_readme_s_writers_and_images():
+  """LEAF's FEMNIST (sample fraction 0.05, partial): one client per writer with both splits,
+  the counts its README gives (105 writers, 14,708 train and 1,685 test images)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # test-only writers are left out
+    fed = fedco.data.load_leaf(FEMNIST, "femnist")
+  assert (fed.num_clients, fed.num_classes) == (105, 62)
+  assert (int(fed.train.counts.sum()), int(fed.val.counts.sum())) == (14_708, 1_685)
+  assert fed.train.examples["x"].shape[1:] == (28, 28, 1)
+  assert int(fed.train.counts.min()) >= 4 and int(fed.train.counts.max()) == 165
