@@ -27,7 +27,9 @@ import numpy as np
 
 from fedco import _labels, _validate
 
-SHAKESPEARE_VOCAB_SIZE = 90  # 86 characters + pad, OOV, BOS, EOS (TFF and FedJAX)
+#: Shakespeare's tokens as TFF and FedJAX count them: 86 characters plus pad, OOV, BOS and
+#: EOS (``fedco.data.tff.NUM_CLASSES``).
+SHAKESPEARE_VOCAB_SIZE = 90
 
 
 class ShakespeareLSTM(nn.Module):
