@@ -426,20 +426,11 @@ def check_shared(config) -> None:
 def check_batch_size(size: Optional[int], data, flag: str = "--config.batch_size") -> None:
   """``ValueError`` naming ``flag`` when the batch size ``size`` (``0`` or ``None``: each
   client's whole data) exceeds the largest client of ``data`` (a ``FederatedData`` or a
-  ``ClientStore``) and the default 32: every batch would repeat rows, at many times the cost
-  of each client's whole data. ``fedco.simulate``'s rule, named as a config field (decision
-  98)."""
+  ``ClientStore``) and the default 32: ``fedco.simulate``'s rule
+  (``fedco.runtime.config.refuse_oversized_batch``), named as a config field (decision 98)."""
   counts = getattr(data, "counts", None)
-  if not size or counts is None or not np.size(counts):
-    return
-  largest = int(np.max(np.asarray(counts)))
-  if size > max(largest, fedco.runtime.config.DEFAULT_BATCH_SIZE):  # as fedco.simulate's rule
-    raise ValueError(
-      f"{flag}={size} is larger than the largest client ({largest} examples): every batch "
-      f"would repeat its client's rows (draws are with replacement), at {size / largest:.3g}x "
-      f"the work of that client's whole data; use {flag}=0 (each client's whole data) or at "
-      f"most {largest}"
-    )
+  if counts is not None:
+    fedco.runtime.config.refuse_oversized_batch(flag, size, np.asarray(counts), whole="0")
 
 
 def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]:

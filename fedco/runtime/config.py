@@ -72,13 +72,30 @@ class RunConfig:
 DEFAULT_BATCH_SIZE = 32
 
 
+def refuse_oversized_batch(name: str, size: Optional[int], counts, whole: str = "None") -> None:
+  """``ValueError`` naming ``name`` when the batch size ``size`` exceeds the largest client
+  of ``counts`` and :data:`DEFAULT_BATCH_SIZE` (decision 98): every batch would repeat its
+  client's rows, at many times the cost of its whole data. ``whole`` is how ``name`` spells
+  "each client's whole data" (``None``; a config field's ``0``); ``None`` or ``0`` sizes pass."""
+  if not size or not np.size(counts):
+    return
+  largest = int(np.max(counts))
+  if size > max(largest, DEFAULT_BATCH_SIZE):
+    raise ValueError(
+      f"{name}={size} is larger than the largest client ({largest} examples): every "
+      f"batch would repeat its client's rows (draws are with replacement), at "
+      f"{size / largest:.3g}x the work of that client's whole data; use {name}={whole} (each "
+      f"client's whole data) or at most {largest}"
+    )
+
+
 def make_config(
   problem: Problem,
   algorithm: Algorithm,
   data: FederatedData,
   *,
   clients_per_round: Optional[int] = None,
-  batch_size: Optional[int] = 32,
+  batch_size: Optional[int] = DEFAULT_BATCH_SIZE,
   outer_batch_size: Optional[int] = -1,
   paired_batches: bool = False,
   evaluate: bool = True,
@@ -142,15 +159,9 @@ def make_config(
   _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
   straggler_prob = _validate.plain(straggler_prob)  # as given: it is in run fingerprints
   counts = np.asarray(data.counts)
-  smallest, largest = int(np.min(counts)), int(np.max(counts))
+  smallest = int(np.min(counts))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
-    if size is not None and size > max(largest, DEFAULT_BATCH_SIZE):  # decision 98
-      raise ValueError(
-        f"{name}={size} is larger than the largest client ({largest} examples): every "
-        f"batch would repeat its client's rows (draws are with replacement), at "
-        f"{size / largest:.3g}x the work of that client's whole data; use {name}=None (each "
-        f"client's whole data) or at most {largest}"
-      )
+    refuse_oversized_batch(name, size, counts)
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     if size is not None and size > smallest:
       warnings.warn(

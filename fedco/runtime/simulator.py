@@ -162,7 +162,7 @@ class Simulator:
     data: FederatedData,
     *,
     clients_per_round: Optional[int] = None,
-    batch_size: Optional[int] = 32,
+    batch_size: Optional[int] = config.DEFAULT_BATCH_SIZE,
     outer_batch_size: Optional[int] = -1,
     paired_batches: bool = False,
     evaluate: bool = True,
