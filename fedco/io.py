@@ -5,11 +5,14 @@ outputs and manifest) goes through :func:`atomic_write` / :func:`atomic_write_js
 text goes to a temporary file beside the target, is flushed to disk, and replaces the
 target in one ``os.replace``. A process killed mid-write leaves the old file whole (and a
 ``.tmp-*`` file that :func:`remove_stale_temporaries` clears). :class:`DirectoryLock` keeps
-two processes out of one working or checkpoint directory.
+two processes out of one working or checkpoint directory. :func:`pwrite_all` and
+:func:`pread_all` move whole buffers at a position of a file (client stores and client
+state read and write their rows with them).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,6 +20,31 @@ import tempfile
 from typing import Iterable, List
 
 TMP_PREFIX = ".tmp-"
+_CALL_BYTES = 256 << 20  # the most one pwrite / preadv moves (Linux: under 2 GiB a call)
+
+
+def pwrite_all(fd: int, data, offset: int) -> None:
+  """Every byte of ``data`` (a C-contiguous buffer) written to ``fd`` at ``offset``:
+  ``pwrite`` may move fewer bytes than asked (Linux at most 2,147,479,552 a call), so it is
+  called until all are written."""
+  view, done = memoryview(data).cast("B"), 0
+  while done < len(view):
+    n = os.pwrite(fd, view[done : done + _CALL_BYTES], offset + done)
+    if n <= 0:
+      raise OSError(errno.EIO, f"pwrite wrote nothing at byte {offset + done}")
+    done += n
+
+
+def pread_all(fd: int, out, offset: int) -> int:
+  """Reads ``fd`` from ``offset`` into ``out`` (a writable C-contiguous buffer) until it is
+  full or the file ends (``preadv`` may move fewer bytes than asked); the bytes read."""
+  view, done = memoryview(out).cast("B"), 0
+  while done < len(view):
+    n = os.preadv(fd, [view[done : done + _CALL_BYTES]], offset + done)
+    if n <= 0:  # the end of the file
+      break
+    done += n
+  return done
 
 
 def _umask() -> int:

@@ -432,8 +432,7 @@ class ClientStore:
       with open(os.path.join(self.path, f"{f}.rows"), "rb", buffering=0) as handle:
         fd, pos = handle.fileno(), 0
         for k, n, at in zip(clients, (counts * size).tolist(), (offsets * size).tolist()):
-          got = os.preadv(fd, [memoryview(view[pos : pos + n])], at)
-          if got != n:
+          if io.pread_all(fd, view[pos : pos + n], at) != n:
             raise ValueError(f"{handle.name}: client {k}'s rows end early ({_DAMAGED})")
           if self._checksums is not None:
             sums.append(_checksum(view[pos : pos + n]))

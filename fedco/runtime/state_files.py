@@ -33,13 +33,10 @@ import numpy as np
 
 from fedco import io
 from fedco.runtime.state_records import (  # noqa: F401  # what the store's users call
-  _CALL_BYTES,
   _DAMAGE,
   FORMAT,
   Records,
   _crc,
-  _pread_all,
-  _pwrite_all,
   _token,
   cannot_read,
   damaged,
@@ -196,7 +193,7 @@ class Disk:
     order = np.argsort(slots, kind="stable")
     buf = np.empty_like(out)
     for i, j in _runs(slots[order]):
-      got = _pread_all(self.fd, buf[i:j], int(slots[order[i]]) * self.codec.nbytes)
+      got = io.pread_all(self.fd, buf[i:j], int(slots[order[i]]) * self.codec.nbytes)
       if got != (j - i) * self.codec.nbytes:
         raise damaged(self.path(ROWS), f"the row of client {int(ids[order[i]])} is missing")
     out[order] = buf
@@ -207,7 +204,7 @@ class Disk:
     order = np.argsort(slots, kind="stable")
     records, slots = records[order], slots[order]
     for i, j in _runs(slots):
-      _pwrite_all(self.fd, records[i:j], int(slots[i]) * self.codec.nbytes)
+      io.pwrite_all(self.fd, records[i:j], int(slots[i]) * self.codec.nbytes)
     if self.durable:
       os.fsync(self.fd)
 

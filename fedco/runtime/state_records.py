@@ -4,14 +4,13 @@ The pieces :mod:`fedco.runtime.state_files` builds a store from: ``.npz`` files 
 array ``crc`` over their other arrays (:func:`save_arrays`, :func:`load_arrays`), a JSON
 file with a field ``crc`` (:func:`save_meta`, :func:`load_meta`), the records of client
 rows (:class:`Records`: a crc32, the client id and the state's bytes) and whole-buffer
-positional reads and writes. A damaged file is a one-line ``ValueError`` (:func:`damaged`);
+positional reads and writes (:func:`fedco.io.pwrite_all`, :func:`fedco.io.pread_all`). A damaged file is a one-line ``ValueError`` (:func:`damaged`);
 one that cannot be read for another reason an ``OSError`` of the same kind
 (:func:`cannot_read`); one of an earlier fedco says so (:func:`earlier_version`).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import zipfile
@@ -25,7 +24,6 @@ from fedco import io
 META = "store.json"
 _HEADER = 8  # crc32, client id
 FORMAT = 3  # 1: per-leaf files (fedco before issue 44); 2: no journal tokens
-_CALL_BYTES = 256 << 20  # the most one pwrite / preadv moves (Linux: under 2 GiB a call)
 # What a damaged file raises while read (zip, npy and JSON format errors); anything else,
 # OSError above all, is not damage. MemoryError and KeyboardInterrupt are never caught.
 _DAMAGE = (zipfile.BadZipFile, ValueError, KeyError, EOFError, zlib.error, TypeError)
@@ -160,25 +158,3 @@ class Records:
       np.ascontiguousarray(records[:, off : off + size]).view(dtype).reshape((n,) + shape)
       for (shape, dtype), off, size in zip(self.layout, self.offsets, self.sizes)
     ]
-
-
-def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
-  """Every byte of ``data`` written at ``offset``: ``pwrite`` may move fewer bytes than asked
-  (Linux at most 2,147,479,552 a call), so it is called until all are written."""
-  view, done = np.ascontiguousarray(data).data.cast("B"), 0
-  while done < len(view):
-    n = os.pwrite(fd, view[done : done + _CALL_BYTES], offset + done)
-    if n <= 0:
-      raise OSError(errno.EIO, f"pwrite wrote nothing at byte {offset + done}")
-    done += n
-
-
-def _pread_all(fd: int, out: np.ndarray, offset: int) -> int:
-  """Reads into ``out`` from ``offset`` until it is full or the file ends; the bytes read."""
-  view, done = out.data.cast("B"), 0
-  while done < len(view):
-    n = os.preadv(fd, [view[done : done + _CALL_BYTES]], offset + done)
-    if n <= 0:  # the end of the file
-      break
-    done += n
-  return done
