@@ -368,11 +368,9 @@ def shakespeare_accuracy(logits, y):
     >>> float(tff.shakespeare_accuracy(logits[2:], y[2:]))  # nothing scored
     0.0
   """
-  import jax.numpy as jnp
+  from fedco.models.sequence import masked_accuracy  # pylint: disable=import-outside-toplevel
 
-  scored = shakespeare_scored(y)
-  hits = (jnp.argmax(logits, axis=-1) == y) & scored
-  return hits.sum() / jnp.maximum(scored.sum(), 1)
+  return masked_accuracy(logits, y, shakespeare_scored(y))
 
 
 def shakespeare_scored(y):
