@@ -49,7 +49,7 @@ A run in a few lines::
 """
 
 from fedco.runtime import distributed, host
-from fedco.runtime.batching import ClientView, draw, draw_batch, oracle_args
+from fedco.runtime.batching import ClientView, draw, draw_batch, epoch_steps, oracle_args
 from fedco.runtime.host import (
   CsvWriter,
   Interrupted,
@@ -90,6 +90,7 @@ __all__ = [
   "TensorBoardWriter",
   "interrupt_guard",
   "draw_batch",
+  "epoch_steps",
   "oracle_args",
   "simulate",
   "PerSeed",

@@ -9,7 +9,9 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fedco import _validate
 from fedco.data.federated import FederatedData
 from fedco.problems.base import Problem
 
@@ -105,6 +107,11 @@ def draw(
   else:
     pos = jax.random.randint(key, (batch_size,), 0, view.count)
     weights = jnp.full((batch_size,), 1.0 / batch_size, _float())
+  return _gather(view, pos, weights, return_rows)
+
+
+def _gather(view, pos, weights, return_rows):
+  """The view's rows at positions ``pos``: ``(batch, weights[, rows])``."""
   rows = view.start + pos
   if view.row_list is not None:
     rows = view.row_list[rows]
@@ -112,6 +119,95 @@ def draw(
   if not return_rows:
     return batch, weights
   return batch, weights, rows if view.id_offset is None else rows + view.id_offset
+
+
+def epoch_draw(
+  key,
+  view: ClientView,
+  batch_size: int,
+  max_count: int,
+  step,
+  *,
+  return_rows: bool = False,
+):
+  r"""Batch ``step`` of a client's epochs: consecutive slices of a shuffle of its rows.
+
+  An epoch is :math:`\lceil n_k / B \rceil` batches of ``batch_size`` :math:`B` (``n_k`` is
+  the view's ``count``): batch ``j`` of epoch ``e`` holds positions ``jB, ..., jB + B - 1``
+  of a uniform shuffle of ``[0, n_k)`` drawn from ``fold_in(key, e)``, so every row is used
+  exactly once per epoch and each epoch has a fresh shuffle. The last batch of an epoch
+  holds the remainder: its weights are ``1 / (its size)`` and the positions beyond it repeat
+  a row with weight 0 (the weights sum to 1). Traceable, with ``view`` and ``step`` traced
+  (``vmap`` over clients, a loop over steps); the shuffle is a random permutation of
+  ``max_count`` (static) whose entries below ``n_k`` keep their order (a uniform shuffle of
+  ``[0, n_k)``).
+
+  Args:
+    key: the client's epoch key (the simulator folds a constant into its round key).
+    view: the client's :class:`ClientView` (``count >= 1``).
+    batch_size: :math:`B`, an int ``>= 1``.
+    max_count: the largest client's size (static).
+    step: the local step, an int ``>= 0`` (epoch ``step // ceil(n_k / B)``).
+    return_rows: also return the examples' ids, as :func:`draw`.
+
+  Returns:
+    As :func:`draw`: ``(batch, weights)`` or ``(batch, weights, rows)``, ``batch_size`` long.
+
+  Examples:
+    A client of 5 rows at batch 2: each epoch is 3 batches (2, 2 and 1 rows) that cover
+    its rows once:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from fedco.runtime.batching import ClientView, epoch_draw
+    >>> view = ClientView({"x": jnp.arange(5.0)}, jnp.array(0), jnp.array(5))
+    >>> key = jax.random.PRNGKey(0)
+    >>> epoch = [epoch_draw(key, view, 2, 5, step) for step in range(3)]
+    >>> sorted(float(x) for (b, w) in epoch for x, wi in zip(b["x"], w) if wi > 0)
+    [0.0, 1.0, 2.0, 3.0, 4.0]
+    >>> [w.tolist() for _, w in epoch]
+    [[0.5, 0.5], [0.5, 0.5], [1.0, 0.0]]
+  """
+  count = jnp.maximum(view.count, 1)
+  per_epoch = (count + batch_size - 1) // batch_size
+  perm = jax.random.permutation(jax.random.fold_in(key, step // per_epoch), max_count)
+  shuffle = perm[jnp.argsort(perm >= count, stable=True)]  # [0, count) first, in perm's order
+  index = (step % per_epoch) * batch_size + jnp.arange(batch_size)
+  valid = index < count
+  pos = jnp.where(valid, shuffle[jnp.minimum(index, max_count - 1)], shuffle[0])
+  weights = valid.astype(_float()) / jnp.sum(valid)
+  return _gather(view, pos, weights, return_rows)
+
+
+def epoch_steps(data, batch_size: int, local_epochs: int = 1) -> int:
+  r"""The local steps the largest client takes in ``local_epochs`` epochs at ``batch_size``.
+
+  A client of :math:`n_k` rows takes :math:`E \lceil n_k / B \rceil` steps in ``E`` epochs
+  (:func:`epoch_draw`); the simulator runs at most the algorithm's ``local_steps`` a round,
+  so ``local_steps=epoch_steps(data, B, E)`` lets every client finish its epochs.
+
+  Args:
+    data: a :class:`~fedco.data.FederatedData` or :class:`~fedco.data.ClientStore` (its
+      ``counts``).
+    batch_size: :math:`B`, an int ``>= 1``.
+    local_epochs: :math:`E`, an int ``>= 1`` (default 1).
+
+  Returns:
+    :math:`E \max_k \lceil n_k / B \rceil`, an ``int``.
+
+  Raises:
+    ValueError: ``batch_size`` or ``local_epochs`` is not an int ``>= 1``.
+
+  Examples:
+    >>> import numpy as np
+    >>> import fedco
+    >>> data = fedco.FederatedData.from_clients([{"x": np.zeros(n, np.float32)} for n in (3, 9)])
+    >>> fedco.runtime.epoch_steps(data, batch_size=4), fedco.runtime.epoch_steps(data, 4, 2)
+    (3, 6)
+  """
+  batch_size = _validate.positive_int("batch_size", batch_size)
+  local_epochs = _validate.positive_int("local_epochs", local_epochs)
+  return local_epochs * int(-(-int(np.max(np.asarray(data.counts))) // batch_size))
 
 
 def draw_batch(

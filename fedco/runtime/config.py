@@ -53,6 +53,8 @@ class RunConfig:
   participation: float
   straggler_prob: float
   uplink: Optional[Any] = None  # an uplink.Uplink: codecs and privacy of the uploads
+  local_epochs: Optional[int] = None  # each client's steps: its epochs' batches (capped)
+  client_chunk: Optional[int] = None  # clients run this many at a time, each its own steps
 
   @property
   def plan(self) -> CommPlan:
@@ -65,6 +67,11 @@ class RunConfig:
   @property
   def faults(self) -> bool:
     return self.participation < 1 or self.straggler_prob > 0
+
+  @property
+  def varied_steps(self) -> bool:
+    """Whether clients may take different numbers of local steps in a round."""
+    return self.faults or self.local_epochs is not None
 
 
 # The default batch size: a size up to it is never refused (toy data of a few examples a
@@ -107,6 +114,8 @@ def make_config(
   straggler_prob: float = 0.0,
   compression=None,
   privacy=None,
+  local_epochs: Optional[int] = None,
+  client_chunk: Optional[int] = None,
 ) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
   if not isinstance(problem, Problem):
@@ -162,8 +171,10 @@ def make_config(
   smallest = int(np.min(counts))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
     refuse_oversized_batch(name, size, counts)
+  if local_epochs is not None:
+    local_epochs = _check_epochs(algorithm, local_epochs, batch_size, outer_batch_size, counts)
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
-    if size is not None and size > smallest:
+    if local_epochs is None and size is not None and size > smallest:
       warnings.warn(
         f"{name}={size} is larger than the smallest client ({smallest} "
         "examples): batches are drawn with replacement, so its rows repeat",
@@ -171,6 +182,8 @@ def make_config(
       )
       break
   layout = layouts.for_data(data, m, mesh)
+  if client_chunk is not None:
+    client_chunk = _check_chunk(algorithm, client_chunk, m, mesh, layout)
   link = uplink.make_uplink(algorithm, n, m, compression, privacy)
   return RunConfig(
     problem,
@@ -189,7 +202,57 @@ def make_config(
     participation,
     straggler_prob,
     link,
+    local_epochs,
+    client_chunk,
   )
+
+
+def _check_epochs(algorithm, local_epochs, batch_size, outer_batch_size, counts) -> int:
+  """``local_epochs`` checked against the batch sizes; warns once when the algorithm's
+  ``local_steps`` (the cap) cut some clients' epochs short."""
+  local_epochs = _validate.positive_int("local_epochs", local_epochs)
+  if batch_size is None:
+    raise ValueError(
+      f"local_epochs={local_epochs} needs batch_size, an int >= 1 (an epoch is "
+      "ceil(count / batch_size) batches); batch_size=None is each client's whole data"
+    )
+  if outer_batch_size != batch_size:
+    raise ValueError(
+      f"local_epochs={local_epochs} uses each epoch batch as the inner and outer batch, so "
+      f"outer_batch_size must equal batch_size={batch_size}, got {outer_batch_size!r}"
+    )
+  cap = algorithm.plan.local_steps
+  needed = local_epochs * ((counts.astype(np.int64) + batch_size - 1) // batch_size)
+  cut = int(np.sum(needed > cap))
+  if cut:
+    warnings.warn(
+      f"local_steps={cap} cuts the {local_epochs} local epoch(s) of {cut} of "
+      f"{counts.size} clients short; local_steps={int(np.max(needed))} lets every client "
+      "finish (fedco.runtime.epoch_steps)",
+      stacklevel=4,
+    )
+  return local_epochs
+
+
+def _check_chunk(algorithm, client_chunk, clients_per_round, mesh, layout) -> int:
+  """``client_chunk``: clients run a chunk at a time only where they are independent
+  within a round, on one device."""
+  client_chunk = _validate.positive_int(
+    "client_chunk", client_chunk, maximum=clients_per_round, note="clients_per_round"
+  )
+  every_step = algorithm.plan.every_step
+  if every_step:
+    raise ValueError(
+      f"client_chunk={client_chunk} runs clients one chunk after another, but "
+      f"{algorithm.name}'s every_step fields {list(every_step)} are averaged over all "
+      "clients after each step; use client_chunk=None"
+    )
+  if mesh is not None or layout.resident:
+    raise ValueError(
+      f"client_chunk={client_chunk} runs a round's clients on one device; use it without "
+      "mesh= and client blocks (or client_chunk=None)"
+    )
+  return client_chunk
 
 
 _FLAX_SHAPE = re.compile(

@@ -1,4 +1,5 @@
-"""Client faults: dropout (a client misses the round) and stragglers (fewer local steps)."""
+"""Client faults: dropout (a client misses the round) and stragglers (fewer local steps);
+and each client's step count under ``local_epochs`` (its epochs' batches, capped)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,19 @@ import jax
 import jax.numpy as jnp
 
 
-def draw_faults(cfg, key, ids, mask):
+def draw_faults(cfg, key, ids, mask, counts=None):
   """Which slots survive the round, and how many local steps each does.
 
   Draws are folded from the client *id*, so a client's fate does not depend on the layout.
-  A straggler does a uniform number of steps in ``{1, ..., I - 1}``.
+  A straggler does a uniform number of steps in ``{1, ..., I - 1}``. Under
+  ``cfg.local_epochs`` a client of ``counts`` rows does at most ``E ceil(n_k / B)`` steps
+  (its epochs; the smaller of that and a straggler's draw).
   """
   local_steps = cfg.plan.local_steps
   steps_all = jnp.full(ids.shape, local_steps, jnp.int32)
+  if cfg.local_epochs is not None:
+    epochs = cfg.local_epochs * ((counts + cfg.batch_size - 1) // cfg.batch_size)
+    steps_all = jnp.minimum(steps_all, epochs.astype(jnp.int32))
   if not cfg.faults:
     return mask, steps_all
 
@@ -26,4 +32,4 @@ def draw_faults(cfg, key, ids, mask):
 
   per_client = jax.vmap(jax.random.fold_in, (None, 0))
   survives, steps = jax.vmap(draw)(per_client(jax.random.fold_in(key, 1), ids))
-  return mask & survives, steps.astype(jnp.int32)
+  return mask & survives, jnp.minimum(steps.astype(jnp.int32), steps_all)

@@ -175,6 +175,9 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
       "update": describe_callable(algorithm.update),
       "server": describe_callable(algorithm.server),
     }
+  for name in ("local_epochs", "client_chunk"):  # only when set: earlier runs keep theirs
+    if getattr(cfg, name) is not None:
+      description["options"][name] = getattr(cfg, name)
   if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
     description["options"]["uplink"] = describe(cfg.uplink.describe())
   return description

@@ -43,7 +43,8 @@ class SimulationResult:
     metrics: per-round host arrays (NumPy), ``[rounds, ...]``: ``objective``,
       ``client_losses`` ``[R, K]``, ``grad_norm`` (if asked), user metrics, ``evaluated``
       (which rounds were evaluated; the others hold NaN), ``clients`` (sampled ids
-      ``[R, m]``), with faults ``survivors`` and ``local_steps`` ``[R, m]`` and, under
+      ``[R, m]``), with faults ``survivors``, with faults or ``local_epochs``
+      ``local_steps`` ``[R, m]`` (each sampled client's steps) and, under
       ``privacy`` with noise, ``epsilon`` (spent by the end of each round).
     ledger: communication per client per round and in total, in floats and bytes (a dict,
       :meth:`fedco.runtime.Ledger.as_dict` with the run's fault record).
@@ -179,8 +180,10 @@ def simulate(
       default 32), ``outer_batch_size``, ``paired_batches``, ``evaluate``,
       ``exact_grad_norm``, ``metrics_fn``, ``metrics_data``, ``eval_every`` (int ``>= 1``),
       ``mesh``, ``participation`` (in ``(0, 1]``), ``straggler_prob`` (in ``[0, 1)``),
-      ``compression`` and ``privacy`` (a :func:`fedco.privacy.gaussian` whose target
-      epsilon is calibrated to ``rounds`` here).
+      ``compression``, ``privacy`` (a :func:`fedco.privacy.gaussian` whose target
+      epsilon is calibrated to ``rounds`` here), ``local_epochs`` (int ``>= 1``: each
+      client's epochs over its rows, capped at ``local_steps``) and ``client_chunk`` (int
+      in ``[1, clients_per_round]``: clients run that many at a time, each its own steps).
 
   Returns:
     A :class:`SimulationResult`: final and random-iterate ``params``, the final ``state``,

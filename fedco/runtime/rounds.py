@@ -2,10 +2,11 @@
 client layout, with no simulator object. ``Simulator`` jits these functions per instance.
 
 A round: sample clients, lay them into slots (:mod:`~fedco.runtime.layouts`), broadcast the
-plan's round fields, refresh ``round_start`` fields, run ``local_steps`` steps as a
-``lax.scan`` of the ``vmap``-ed algorithm ``update`` (averaging ``every_step`` fields after
-each step), hand the surviving clients' values to the server aggregator, write the slots
-back, keep a uniformly random round's model, and evaluate.
+plan's round fields, refresh ``round_start`` fields, run the clients' local steps
+(:mod:`~fedco.runtime.local`: a ``lax.scan`` of the ``vmap``-ed algorithm ``update``,
+averaging ``every_step`` fields after each step, or chunks of clients each running its own
+steps), hand the surviving clients' values to the server aggregator, write the slots back,
+keep a uniformly random round's model, and evaluate.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any, Dict, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedco.algorithms.base import RoundInfo, get_field, init_trackers, set_fields
-from fedco.runtime import evaluation
-from fedco.runtime.batching import _float, draw, oracle_args
+from fedco.runtime import evaluation, local
+from fedco.runtime.batching import _float, draw
 from fedco.runtime.faults import draw_faults
+from fedco.runtime.local import CLIENT_STREAM as CLIENT_STREAM  # fedco.testing reads it
+from fedco.runtime.local import broadcast, mean
 from fedco.runtime.mesh import place
 from fedco.runtime.paging import take_clients, write_clients
 
@@ -80,14 +82,6 @@ class SimState(NamedTuple):
   clients: Any
   random_params: PyTree
   uplink: Any = ()
-
-
-def mean(tree, w):
-  return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
-
-
-def broadcast(tree, m):
-  return jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), tree)
 
 
 def client_weights(cfg, counts, mask=None):
@@ -150,22 +144,6 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
     clients,
     params,
     uplink,
-  )
-
-
-def _client_step(cfg, round_key, local_step, params, cstate, key, view):
-  """One client's local step: draw its batches and call the algorithm's ``update``."""
-  kg, kf, kn = jax.random.split(key, 3)
-  if cfg.paired_batches:  # same key and size: the outer batch is the inner batch's rows
-    kf = kg
-  bg, wg = draw(kg, view, cfg.batch_size, cfg.layout.max_count)
-  bf, wf, rows = draw(kf, view, cfg.outer_batch_size, cfg.layout.max_count, return_rows=True)
-  bn, wn = draw(kn, view, cfg.batch_size, cfg.layout.max_count)
-  grad_h_fn, kwargs = oracle_args(cfg.problem, bg, bf, bn, (wg, wf, wn))
-  grad_h = None if grad_h_fn is None else grad_h_fn(params)
-  kwargs.update(round_key=round_key, client_key=jax.random.fold_in(key, CLIENT_STREAM))
-  return cfg.algorithm.update(
-    grad_h, cstate, params, local_step=local_step, example_rows=rows, **kwargs
   )
 
 
@@ -275,7 +253,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   )
   params = broadcast(state.server["params"], slots)
   views = layout.views(data, ids)
-  alive, steps = draw_faults(cfg, k_sample, ids, mask)
+  alive, steps = draw_faults(cfg, k_sample, ids, mask, views.count)
   w = client_weights(cfg, views.count, alive)
   ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
   ust = () if up is None else take_clients(layout, state.uplink, ids)
@@ -289,37 +267,15 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     _, losses = evaluation.client_objectives(cfg, state.server["params"], data, flat)
     cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip") for f in plan.round_start_loss})
   params, cst, ckeys = place((params, cst, ckeys), mesh)
-  step_fn = layout.step_map(functools.partial(_client_step, cfg), 3)
   step_channel = () if up is None else up.fields(plan.every_step)
-
-  def local_step(carry, t):
-    params, cst, ust = carry
-    before = cst
-    sending = alive & (t < steps) if cfg.faults else alive  # who sends this step's fields
-    skeys = jax.vmap(jax.random.fold_in, (0, None))(ckeys, t)
-    updates, new_cst = step_fn(k_round, t, params, cst, skeys, views)
-    new_params = optax.apply_updates(params, updates)
-    if cfg.faults:  # dropped clients and finished stragglers keep what they had
-      active = alive & (t < steps)
-      keep = lambda new, old: jnp.where(
-        active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old
-      )
-      new_params = jax.tree.map(keep, new_params, params)
-      new_cst = jax.tree.map(keep, new_cst, cst)
-    params, cst = new_params, new_cst
-    if plan.every_step:
-      means = {}
-      for i, f in enumerate(plan.every_step):
-        if f in step_channel:  # the delta from the y_bar the step started from
-          reference = jax.tree.map(lambda a: a[0], get_field(before, f))
-          k = jax.random.fold_in(jax.random.fold_in(k_up, 1 + i), t)
-          means[f], ust = up.send_mean(f, get_field(cst, f), reference, w, ust, k, ids, sending)
-        else:
-          means[f] = mean(get_field(cst, f), w)
-      cst = set_fields(cst, **{f: broadcast(v, slots) for f, v in means.items()})
-    return place((params, cst), mesh) + (ust,), None
-
-  (params, cst, ust), _ = jax.lax.scan(local_step, (params, cst, ust), jnp.arange(plan.local_steps))
+  if cfg.client_chunk is None:
+    params, cst, ust = local.vmapped_steps(
+      cfg, k_round, k_up, params, cst, ust, ckeys, views, alive, steps, w, ids
+    )
+  else:  # clients independent within the round (no every_step fields): ust unchanged
+    params, cst = local.chunked_steps(
+      cfg, k_round, params, cst, ckeys, views, jnp.where(alive, steps, 0)
+    )
   shared = (
     {f: mean(get_field(cst, f), w) for f in plan.every_step}
     if not step_channel
@@ -362,15 +318,13 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   metrics["clients"] = real
   if cfg.faults:
     metrics["survivors"] = pick(alive)
+  if cfg.varied_steps:
     metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
   return new_state, metrics
 
 
 # Folded into a key for the uplink's draws: beyond any client id and split index.
 _UPLINK_STREAM = 0x75706C6B
-# Folded into a client's step key (``fold_in(fold_in(k_round, client id), local step)``) for
-# ``update``'s ``client_key``: apart from the split that draws the step's batches.
-CLIENT_STREAM = 0x636C6E74
 
 
 def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):

@@ -123,6 +123,21 @@ class Simulator:
       target epsilon to its rounds and reports it per round as ``epsilon``). Needs uniform
       client weighting and an algorithm whose server queries no client losses (not DRFA).
       Default ``None``.
+    local_epochs: an int ``>= 1``: each client's round is ``local_epochs`` passes over its
+      rows (Reddi et al.'s "one local epoch"): batches of ``batch_size`` (needed) are
+      consecutive slices of a fresh shuffle of its rows per epoch (the last one holds the
+      remainder), so a client of ``n_k`` rows takes ``local_epochs * ceil(n_k /
+      batch_size)`` steps, at most the algorithm's ``local_steps`` (the cap: a cap that cuts
+      clients short warns; :func:`fedco.runtime.epoch_steps` gives the cap every client
+      needs); ``metrics["local_steps"]`` reports each client's steps. The batches serve as
+      inner and outer batch (``outer_batch_size`` must be ``batch_size``). ``None``
+      (default): ``local_steps`` steps of batches drawn with replacement.
+    client_chunk: an int in ``[1, clients_per_round]``: a round's clients run this many at
+      a time, sorted by their step counts, each for its own number of steps (a
+      ``lax.while_loop``; decision 101): no work on clients that finished, at the price of
+      a sequential loop. Results equal the default's up to float round-off. For plans
+      without ``every_step`` fields, on one device (no ``mesh``). ``None`` (default): every
+      client ``vmap``-ed over the ``local_steps`` loop, finished clients masked.
     metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
       the compiled rounds as an argument: runs that differ only in it compile to one
       program (and a persistent compilation cache serves the others), where arrays a
@@ -175,6 +190,8 @@ class Simulator:
     compression=None,
     privacy=None,
     metrics_data=None,
+    local_epochs: Optional[int] = None,
+    client_chunk: Optional[int] = None,
   ):
     self.config = cfg = config.make_config(
       problem,
@@ -193,6 +210,8 @@ class Simulator:
       straggler_prob=straggler_prob,
       compression=compression,
       privacy=privacy,
+      local_epochs=local_epochs,
+      client_chunk=client_chunk,
     )
     self.problem, self.algorithm, self.plan = problem, algorithm, algorithm.plan
     self.num_clients, self.clients_per_round = cfg.num_clients, cfg.clients_per_round
@@ -299,7 +318,8 @@ class Simulator:
       ``(state, metrics)``: the state after the rounds and ``{name: array [rounds, ...]}``
       on the device: ``objective``, ``client_losses`` ``[rounds, K]``, ``grad_norm``,
       ``metrics_fn``'s entries and ``evaluated`` (as asked), ``clients`` (sampled ids
-      ``[rounds, m]``) and, with faults, ``survivors`` and ``local_steps``.
+      ``[rounds, m]``), with faults ``survivors``, and with faults or ``local_epochs``
+      ``local_steps`` (each sampled client's steps, ``[rounds, m]``).
     """
     _validate.positive_int("rounds", rounds)
     if final_round is None:

@@ -258,7 +258,8 @@ def sweep(
     **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
       ``metrics_fn``, ``metrics_data`` (also a ``PerSeed``), ``clients_per_round``, faults,
       ``compression``, ``privacy`` (a target epsilon is spent over ``rounds``;
-      ``metrics["epsilon"]`` per run and round), ...), shared by all runs.
+      ``metrics["epsilon"]`` per run and round), ``local_epochs``, ``client_chunk``,
+      ...), shared by all runs.
 
   Returns:
     A :class:`SweepResult`: ``runs`` (one dict per run), stacked ``params``,
