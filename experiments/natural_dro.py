@@ -7,11 +7,28 @@ own data distribution and its own held-out examples: FedProx's Synthetic(alpha, 
 (``dataset = "synthetic"``: each user's labelling model drawn around :math:`u_k \sim
 N(0, \alpha^2)` and its inputs around :math:`B_k \sim N(0, \beta^2)`; a new draw per seed),
 or FEMNIST's writers from LEAF's files (``"femnist"``, ``data_dir`` = LEAF's
-``data/femnist/data``), FedJAX's EMNIST-62 SQLite files (``"emnist"``, ``data_dir``
-holding ``federated_emnist_{train,test}.sqlite``), or your own feature vectors in LEAF's
-JSON format (``"leaf"``, ``data_dir`` holding ``train/`` and ``test/``, ``num_classes``).
+``data/femnist/data``; the project's copy: ``natural_dro_femnist.py``), FedJAX's EMNIST-62
+SQLite files (``"emnist"``, ``data_dir`` holding ``federated_emnist_{train,test}.sqlite``),
+your own feature vectors in LEAF's JSON format (``"leaf"``, ``data_dir`` holding ``train/``
+and ``test/``, ``num_classes``), or TFF's Shakespeare with one client per speaking role
+(``"shakespeare"``, ``data_dir`` holding ``shakespeare_{train,test}.h5``, every role kept:
+:func:`fedco.data.load_shakespeare_tff`; ``natural_dro_shakespeare.py``).
 
-The model is multinomial logistic regression (FedProx's on Synthetic). The methods are E1's
+The model (``config.model``) is multinomial logistic regression (``"logistic"``, FedProx's
+on Synthetic), for FEMNIST / EMNIST images optionally a small CNN (``"cnn"``:
+:class:`fedco.models.CNN4` without normalisation, ``config.filters`` channels), and for
+Shakespeare a next-character LSTM (``"lstm"``: :class:`fedco.models.ShakespeareLSTM` with
+``config.hidden_size`` units in ``config.num_layers`` layers). On Shakespeare an example
+is one sequence of 80 characters, and its loss, the per-example loss every problem form
+averages, is :func:`fedco.models.masked_cross_entropy`: the mean token cross-entropy over
+its non-padding targets. A client's held-out accuracy is pooled over its tokens: its
+correctly predicted scored targets (characters; pad, OOV, BOS and EOS left out as TFF and
+FedJAX leave them out) over all its scored targets, not a mean over its sequences. Roles
+with no scored held-out target (26 of the 715) have no held-out accuracy and are left out
+of the held-out mean, worst and 10th percentile (``summary["heldout_clients"]`` counts the
+clients scored); they still train and count in the training loss.
+
+The methods are E1's
 and Adult's: FedAvg (sample-weighted, and with every client weighted alike: the control
 that tells reweighting by loss from merely not weighting by size), q-FedAvg, DRFL, AFL (no local steps: it runs
 ``rounds * local_steps`` rounds of one step), ComFedL normalised on the KL-DRO exp form and
@@ -29,6 +46,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,7 +56,18 @@ from fedco import extend, models
 from fedco import metrics as metrics_lib
 from fedco.experiment import outputs, runner
 
-DATASETS = ("synthetic", "femnist", "emnist", "leaf")
+DATASETS = ("synthetic", "femnist", "emnist", "leaf", "shakespeare")
+# The models each dataset can train: the first is its default (config.model = "").
+MODELS = {
+  "synthetic": ("logistic",),
+  "leaf": ("logistic",),
+  "femnist": ("logistic", "cnn"),
+  "emnist": ("logistic", "cnn"),
+  "shakespeare": ("lstm",),
+}
+# Sequences evaluated together in the metrics (one [chunk, 80, 90] block of logits at a
+# time, not all 37,784 training sequences' 1.1 GB at once).
+EVAL_CHUNK = 512
 KEYS = ("heldout_acc_worst", "heldout_acc_p10", "heldout_acc_avg")
 TABLE_KEYS = KEYS + ("train_loss_worst",)
 PROGRESS = "heldout_acc_worst"
@@ -49,9 +78,16 @@ def check(config) -> None:
   extend.one_of("--config.dataset", config.dataset, DATASETS)
   if config.dataset == "synthetic" and config.data_dir:
     raise ValueError(
-      f"--config.data_dir={config.data_dir!r} is read for femnist, emnist or leaf; synthetic "
-      "is generated (your own LEAF files: --config.dataset=leaf)"
+      f"--config.data_dir={config.data_dir!r} is read for femnist, emnist, leaf or "
+      "shakespeare; synthetic is generated (your own LEAF files: --config.dataset=leaf)"
     )
+  if config.model and config.model not in MODELS[config.dataset]:
+    raise ValueError(
+      f"--config.model={config.model!r} does not fit --config.dataset={config.dataset!r}: "
+      f"one of {MODELS[config.dataset]} (or '': {MODELS[config.dataset][0]})"
+    )
+  for field in ("hidden_size", "num_layers", "filters"):
+    extend.positive_int(f"--config.{field}", config[field])
   extend.positive_int("--config.num_classes", config.num_classes)
   if config.dataset != "synthetic" and not os.path.isdir(config.data_dir or ""):
     raise FileNotFoundError(
@@ -71,6 +107,8 @@ def setup(config):
   if config.dataset == "synthetic":
     return None
   cap = config.num_users or None
+  if config.dataset == "shakespeare":
+    return fedco.data.load_shakespeare_tff(config.data_dir, max_clients=cap)
   if config.dataset in ("femnist", "leaf"):  # LEAF's Synthetic format: feature vectors
     kind = "femnist" if config.dataset == "femnist" else "synthetic"
     return fedco.data.load_leaf(config.data_dir, kind, num_classes=config.num_classes)
@@ -85,21 +123,114 @@ def prepare(config, seed, setup):
     fed = fedco.data.synthetic(float(config.alpha), float(config.beta), **kwargs)
   else:
     fed = setup
-  model, loss, stats = dro_fl.logistic_model(fed.num_classes)
-  params = models.init_params(model, fed.train.examples["x"][0], seed)
-  return {"fed": fed, "params": params, "loss": loss, "stats": stats}
+  kind = config.model or MODELS[config.dataset][0]
+  if kind == "lstm":
+    model, loss, stats = sequence_model(config.hidden_size, config.num_layers)
+  elif kind == "cnn":
+    model, loss, stats = cnn_model(fed.num_classes, config.filters)
+  else:
+    model, loss, stats = dro_fl.logistic_model(fed.num_classes)
+  params = models.init_params(model, _image(fed.train.examples["x"][0], kind), seed)
+  return {"fed": fed, "params": params, "loss": loss, "stats": stats, "model": kind}
 
 
-def make_metrics_fn(stats):
-  """Held-out accuracy over clients (mean, worst, 10th percentile) and training loss."""
+def _image(x, kind):
+  """One example's input as ``kind`` takes it (the CNN: a ``[28, 28, 1]`` image)."""
+  return jnp.reshape(x, (28, 28, 1)) if kind == "cnn" else x
+
+
+def cnn_model(num_classes: int, filters: int):
+  """A small image model and its per-example ``loss`` and ``stats`` (loss, accuracy):
+  :class:`fedco.models.CNN4` without normalisation (four conv-ReLU-pool blocks of
+  ``filters`` channels, then logits) on each 784-pixel example as a 28x28 image."""
+  model = models.CNN4(num_classes=num_classes, filters=filters, norm="none")
+
+  def loss(params, example):
+    return models.cross_entropy(model.apply(params, _image(example["x"], "cnn")), example["y"])
+
+  def stats(params, example):
+    logits = model.apply(params, _image(example["x"], "cnn"))
+    return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
+
+  return model, loss, stats
+
+
+def sequence_model(hidden_size: int = 32, num_layers: int = 1):
+  """The Shakespeare LSTM and its per-sequence ``loss`` and ``stats``, the interface of
+  :func:`experiments.dro_fl.logistic_model` for one example that is a sequence.
+
+  ``loss(params, example)`` is the sequence's masked token cross-entropy (the mean over
+  its targets that are not padding); ``stats`` gives that loss, the number of its scored
+  targets that the model predicts (characters only: pad, OOV, BOS and EOS left out) and
+  the number of scored targets, so a client's means of the last two divide to its
+  accuracy pooled over its tokens.
+
+  Examples:
+    A sequence's loss is the mean over its two non-padding targets:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from experiments import natural_dro
+    >>> model, loss, stats = natural_dro.sequence_model(hidden_size=4)
+    >>> example = {"x": jnp.array([88, 5, 7, 0]), "y": jnp.array([5, 7, 0, 0])}
+    >>> params = model.init(jax.random.PRNGKey(0), example["x"])
+    >>> value, hits, scored = stats(params, example)
+    >>> bool(jnp.isclose(value, loss(params, example))), float(scored)
+    (True, 2.0)
+  """
+  model = models.ShakespeareLSTM(hidden_size=hidden_size, num_layers=num_layers)
+  tff = fedco.data.tff
+
+  def loss(params, example):
+    logits = model.apply(params, example["x"])
+    return models.masked_cross_entropy(logits, example["y"], example["y"] != tff.PAD)
+
+  def stats(params, example):
+    logits = model.apply(params, example["x"])
+    value = models.masked_cross_entropy(logits, example["y"], example["y"] != tff.PAD)
+    scored = tff.shakespeare_scored(example["y"])
+    count = jnp.sum(scored).astype(jnp.float32)
+    return value, models.masked_accuracy(logits, example["y"], scored) * count, count
+
+  return model, loss, stats
+
+
+def client_means(fn, params, data, chunk: int = EVAL_CHUNK):
+  """:func:`fedco.metrics.per_client_mean` evaluated ``chunk`` examples at a time
+  (``jax.lax.map``), so a large held-out or training set's intermediate values (a
+  sequence model's logits) never all exist at once."""
+  examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
+  values = jax.lax.map(lambda e: fn(params, e), examples, batch_size=chunk)
+  weights = data.flat_weights()
+  return jax.tree.map(
+    lambda v: jax.ops.segment_sum(
+      weights.astype(v.dtype) * v, data.flat_owner, num_segments=data.num_clients
+    ),
+    values,
+  )
+
+
+def make_metrics_fn(stats, pooled: bool = False):
+  """Held-out accuracy over clients (mean, worst, 10th percentile) and training loss.
+
+  ``pooled``: ``stats`` gives (loss, hits, scored) per example and a client's accuracy is
+  its hits over its scored targets; clients with nothing scored are left out of the
+  held-out values (NaN, skipped by ``nanmin``/``nanquantile``/``nanmean``)."""
 
   def metrics_fn(p, d):
-    _, accs = metrics_lib.per_client_mean(stats, p, d["val"])
-    losses, _ = metrics_lib.per_client_mean(stats, p, d["train"])
+    if pooled:
+      _, hits, scored = client_means(stats, p, d["val"])
+      accs = jnp.where(scored > 0, hits / jnp.where(scored > 0, scored, 1.0), jnp.nan)
+      losses = client_means(stats, p, d["train"])[0]
+      worst, p10, avg = jnp.nanmin(accs), jnp.nanquantile(accs, 0.1), jnp.nanmean(accs)
+    else:
+      _, accs = metrics_lib.per_client_mean(stats, p, d["val"])
+      losses, _ = metrics_lib.per_client_mean(stats, p, d["train"])
+      worst, p10, avg = jnp.min(accs), jnp.quantile(accs, 0.1), jnp.mean(accs)
     return {
-      "heldout_acc_avg": jnp.mean(accs),
-      "heldout_acc_worst": jnp.min(accs),
-      "heldout_acc_p10": jnp.quantile(accs, 0.1),
+      "heldout_acc_avg": avg,
+      "heldout_acc_worst": worst,
+      "heldout_acc_p10": p10,
       "train_loss_avg": jnp.mean(losses),
       "train_loss_worst": jnp.max(losses),
     }
@@ -120,7 +251,7 @@ def build(config, method, seed, prepared) -> runner.Run:
     algorithm,
     fed.train.with_owner(),  # the log form's inner function reads each example's client
     prepared["params"],
-    metrics_fn=make_metrics_fn(prepared["stats"]),
+    metrics_fn=make_metrics_fn(prepared["stats"], pooled=prepared["model"] == "lstm"),
     metrics_data={"train": fed.train, "val": fed.val},
     rounds=config.rounds * scale,
     eval_every=config.eval_every * scale,
@@ -161,6 +292,15 @@ def summarize(config, outcome) -> Dict[str, Any]:
     summary.update(alpha=config.alpha, beta=config.beta, users=config.num_users or 30)
   else:
     summary.update(users=fed.num_clients, dropped_users=fed.info.get("dropped_users", 0))
+    if config.dataset == "shakespeare":  # roles with a scored held-out target
+      scored = fedco.data.tff.shakespeare_scored(fed.val.examples["y"]).sum(axis=1)
+      per_client = np.bincount(
+        np.asarray(fed.val.flat_owner),
+        weights=scored[np.asarray(fed.val.flat_rows)],
+        minlength=fed.num_clients,
+      )
+      summary["heldout_clients"] = int((per_client > 0).sum())
+  summary["model"] = config.model or MODELS[config.dataset][0]
   baselines = [m.label for m in outcome.methods if m.algorithm == "fedavg"]
   summary["against_fedavg"] = against_fedavg(outcome.per_method, baselines)
   return summary

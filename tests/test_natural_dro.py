@@ -1,15 +1,23 @@
 """E8 (DRO-FL on natural partitions): Synthetic through the skeleton, paired differences
-against FedAvg, FEMNIST from LEAF files, and its refusals."""
+against FedAvg, FEMNIST from LEAF files, Shakespeare's roles from TFF's HDF5 files (the
+per-sequence masked loss and the pooled held-out accuracy by hand), the project copies'
+folders, and its refusals."""
 
 import json
 import os
 
+import h5py
+import jax
 import numpy as np
 import pytest
 
 import fedco
-from experiments import natural_dro
+from experiments import adult_dro, natural_dro
 from experiments.configs.natural_dro import get_config
+from experiments.configs.natural_dro_femnist import get_config as get_femnist
+from experiments.configs.natural_dro_shakespeare import get_config as get_shakespeare
+from fedco import models
+from fedco.data import tff
 from fedco.experiment import runner
 
 QUIET = runner.Options(progress=False)
@@ -116,3 +124,137 @@ def test_bad_fields_are_one_line_errors(tmp_path, field, value, match):
     runner.train_and_evaluate(_tiny(**{field: value}), str(tmp_path), QUIET)
   with pytest.raises(FileNotFoundError, match="--config.data_dir"):
     runner.train_and_evaluate(_tiny(dataset="emnist"), str(tmp_path), QUIET)
+
+
+# ---- the project's copies: FEMNIST writers, Shakespeare roles ---------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LONG = b"Now is the winter of our discontent made glorious summer by this sun of York; and all"
+
+
+def _roles(root):
+  """Three roles in TFF's HDF5 layout; EVE's held-out snippet has no vocabulary character
+  (nothing scored); ADAM's two held-out snippets score 3 and 84 targets (1 and 2 sequences)."""
+  text = {
+    "train": {"ADAM": [b"Yes, my good lord.", b"Ay."], "CAIN": [LONG], "EVE": [b"Fie!"]},
+    "test": {"ADAM": [b"Ay!", LONG], "CAIN": [b"No, my lord."], "EVE": [b"~~\xc3"]},
+  }
+  for split, roles in text.items():
+    with h5py.File(root / f"shakespeare_{split}.h5", "w") as f:
+      for role, snippets in roles.items():
+        f.create_dataset(f"examples/{role}/snippets", data=np.array(snippets, dtype=bytes))
+  return str(root)
+
+
+def _shakespeare(root, **changes):
+  config = get_shakespeare()
+  config.data_dir = _roles(root)
+  config.seeds, config.rounds, config.eval_every = (0,), 2, 1
+  config.local_steps, config.batch_size, config.hidden_size = 2, 2, 4
+  for label in list(config.methods):
+    if label not in ("fedavg", "feddro"):
+      del config.methods[label]
+  config.update(changes)
+  return config
+
+
+def test_shakespeare_roles_end_to_end_with_a_role_left_out_of_held_out_metrics(tmp_path):
+  config = _shakespeare(tmp_path)
+  summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+  assert summary["dataset"] == "shakespeare" and summary["model"] == "lstm"
+  assert summary["users"] == 3 and summary["heldout_clients"] == 2  # EVE: nothing scored
+  assert [row["method"] for row in summary["table"]] == ["fedavg", "feddro"]
+  assert summary["against_fedavg"]["fedavg"]["feddro"]["heldout_acc_worst"]["seeds"] == 1
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  assert sorted({(r["method"], r["round"]) for r in rows}) == [
+    ("fedavg", 1), ("fedavg", 2), ("feddro", 1), ("feddro", 2)
+  ]  # fmt: skip
+  for r in rows:
+    values = [r[k] for k in natural_dro.KEYS + ("train_loss_worst",)]
+    assert np.isfinite(values).all() and 0 <= r["heldout_acc_worst"] <= r["heldout_acc_avg"] <= 1
+
+
+def test_a_role_s_held_out_accuracy_is_pooled_over_its_tokens(tmp_path):
+  config = _shakespeare(tmp_path)
+  fed = natural_dro.setup(config)
+  prepared = natural_dro.prepare(config, 3, fed)
+  model = models.ShakespeareLSTM(hidden_size=4, num_layers=1)
+  params = prepared["params"]
+  hits, scored = np.zeros(3), np.zeros(3)
+  means = [[] for _ in range(3)]
+  for row, owner in zip(np.asarray(fed.val.flat_rows), np.asarray(fed.val.flat_owner)):
+    x, y = fed.val.examples["x"][row], fed.val.examples["y"][row]
+    keep = (y != tff.PAD) & (y < tff.OOV)  # characters only
+    right = (np.asarray(model.apply(params, x)).argmax(-1) == y) & keep
+    hits[owner] += right.sum()
+    scored[owner] += keep.sum()
+    if keep.any():
+      means[owner].append(right.sum() / keep.sum())
+  # ADAM (3 sequences: LONG's 85 characters fill two rows, the second row's first is no
+  # target), CAIN, EVE
+  assert scored.tolist() == [3 + 84, 12, 0]
+  pooled = hits[:2] / scored[:2]
+  metrics = natural_dro.make_metrics_fn(prepared["stats"], pooled=True)
+  out = jax.jit(metrics)(params, {"train": fed.train, "val": fed.val})
+  np.testing.assert_allclose(out["heldout_acc_worst"], pooled.min(), atol=1e-6)
+  np.testing.assert_allclose(out["heldout_acc_avg"], pooled.mean(), atol=1e-6)
+  np.testing.assert_allclose(out["heldout_acc_p10"], np.quantile(pooled, 0.1), atol=1e-6)
+  assert abs(np.mean(means[0]) - pooled[0]) > 1e-3, "pick a seed where the two means differ"
+
+
+def test_a_sequence_s_loss_in_every_problem_form_is_its_masked_token_cross_entropy(tmp_path):
+  config = _shakespeare(tmp_path)
+  fed = natural_dro.setup(config)
+  prepared = natural_dro.prepare(config, 0, fed)
+  model = models.ShakespeareLSTM(hidden_size=4, num_layers=1)
+  train = fed.train.with_owner()
+  row = int(np.flatnonzero((train.examples["y"] == tff.PAD).any(axis=1))[0])  # padded
+  example = jax.tree.map(lambda a: a[row], train.examples)
+  logits = np.asarray(model.apply(prepared["params"], example["x"]), np.float64)
+  y = np.asarray(example["y"])
+  keep = y != tff.PAD
+  tokens = np.log(np.exp(logits).sum(-1)) - logits[np.arange(y.size), y]
+  by_hand = tokens[keep].mean()
+  assert 0 < keep.sum() < y.size
+  np.testing.assert_allclose(prepared["loss"](prepared["params"], example), by_hand, rtol=1e-5)
+  stats = prepared["stats"](prepared["params"], example)
+  np.testing.assert_allclose(stats[0], by_hand, rtol=1e-5)
+  methods = {m.label: m for m in runner.methods(config)}
+  k = int(example["client"])
+  for label, scale in (("fedavg", 1.0), ("feddro", 3.0)):  # erm; the log form: K loss e_k
+    problem, _, _ = adult_dro.problem_and_algorithm(
+      config, methods[label], prepared["loss"], fed.num_clients, "masked_cross_entropy"
+    )
+    if problem.inner is None:
+      value = problem.extra(prepared["params"], example)
+    else:
+      value = problem.inner(prepared["params"], example)[k]
+    np.testing.assert_allclose(value, scale * by_hand, rtol=1e-5)
+
+
+def test_the_project_copies_are_the_variants_default_folders(tmp_path):
+  shared = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+  assert get_femnist().data_dir == os.path.join(shared, "femnist_leaf_sf005")
+  assert os.path.normpath(get_shakespeare().data_dir) == os.path.join(shared, "shakespeare_tff")
+  for config in (get_femnist(), get_shakespeare()):
+    config.data_dir = str(tmp_path / "absent")
+    with pytest.raises(FileNotFoundError) as err:
+      runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+    assert "\n" not in str(err.value) and str(err.value).startswith("--config.data_dir=")
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+  "dataset, field, value, match",
+  [
+    ("synthetic", "model", "lstm", r"--config.model='lstm' does not fit --config.dataset="),
+    ("shakespeare", "model", "cnn", r"one of \('lstm',\)"),
+    ("shakespeare", "hidden_size", 0, r"--config.hidden_size"),
+  ],
+)
+def test_bad_model_fields_are_one_line_errors(tmp_path, dataset, field, value, match):
+  config = _tiny(dataset=dataset, **{field: value})
+  if dataset == "shakespeare":
+    config.data_dir = _roles(tmp_path)
+  with pytest.raises(ValueError, match=match):
+    runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)

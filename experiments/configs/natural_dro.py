@@ -5,7 +5,8 @@
 ``--config.dataset=femnist --config.data_dir=leaf/data/femnist/data``; FedJAX's EMNIST-62:
 ``--config.dataset=emnist --config.data_dir=<folder of federated_emnist_*.sqlite>``; your own
 feature vectors in LEAF's format: ``--config.dataset=leaf --config.data_dir=<folder>
---config.num_classes=<classes>``.
+--config.num_classes=<classes>``. The project's copies of FEMNIST and Shakespeare:
+``natural_dro_femnist.py`` and ``natural_dro_shakespeare.py``.
 """
 
 import ml_collections
@@ -38,13 +39,20 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.experiment = "natural_dro"
   # or "femnist" (LEAF files), "emnist" (FedJAX SQLite files), "leaf" (your own feature
-  # vectors in LEAF's JSON format)
+  # vectors in LEAF's JSON format), "shakespeare" (TFF's HDF5 files)
   config.dataset = "synthetic"
-  config.data_dir = ""  # the files' folder (femnist, emnist, leaf)
+  config.data_dir = ""  # the files' folder (femnist, emnist, leaf, shakespeare)
+  # "" (the dataset's first), "logistic", "cnn" (femnist / emnist: CNN4 without
+  # normalisation, `filters` channels) or "lstm" (shakespeare: ShakespeareLSTM)
+  config.model = ""
+  config.filters = 16  # cnn: channels of its four convolutions
+  config.hidden_size = 32  # lstm: units per layer (the published model: 256)
+  config.num_layers = 1  # lstm: layers (the published model: 2)
   config.num_classes = 10  # leaf: the least number of classes (more if a label is larger)
   config.alpha = 1.0  # synthetic: spread of the users' labelling models
   config.beta = 1.0  # synthetic: spread of the users' input means
-  config.num_users = 0  # synthetic: users (0: FedProx's 30); emnist: the first this many
+  # synthetic: users (0: FedProx's 30); emnist, shakespeare: the first this many
+  config.num_users = 0
   config.seeds = (0, 1, 2, 3, 4)
   config.rounds = 100
   config.local_steps = 20  # AFL (no local steps) runs rounds * local_steps rounds
