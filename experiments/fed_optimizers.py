@@ -293,7 +293,8 @@ def report(summary) -> List[str]:
       ours = "diverged on every seed"
     else:
       err = f" +- {100 * c['stderr']:.2f}" if c["stderr"] is not None else ""
-      ours = f"{100 * c['test_accuracy']:.2f}{err} ({c['seeds']} seeds)"
+      seeds = f"{c['seeds']} seed{'s' if c['seeds'] != 1 else ''}"
+      ours = f"{100 * c['test_accuracy']:.2f}{err} ({seeds})"
     paper = "not found" if c["paper"] is None else f"{c['paper']:.1f}"
     time = "" if c["seconds_per_round"] is None else f", {c['seconds_per_round']:.2f} s a round"
     lines.append(f"{label}: held-out accuracy {ours}; paper {paper}{time}")
