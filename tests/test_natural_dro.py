@@ -72,7 +72,8 @@ def test_seeds_draw_new_synthetic_users():
   assert not np.array_equal(first.train.counts, second.train.counts)
 
 
-def test_femnist_writers_from_leaf_files(tmp_path):
+@pytest.mark.parametrize("model", ["logistic", "cnn"])
+def test_femnist_writers_from_leaf_files(tmp_path, model):
   rng = np.random.default_rng(0)
 
   def writer(n):
@@ -84,11 +85,18 @@ def test_femnist_writers_from_leaf_files(tmp_path):
     content = {"users": list(users), "num_samples": list(sizes), "user_data": users}
     with open(tmp_path / "leaf" / split / "all_data_0.json", "w") as f:
       json.dump(content, f)
-  config = _tiny(dataset="femnist", data_dir=str(tmp_path / "leaf"), seeds=(0,))
+  config = _tiny(dataset="femnist", data_dir=str(tmp_path / "leaf"), seeds=(0,), model=model)
+  config.filters = 2
   del config.methods["afl"], config.methods["feddro"]
   summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
-  assert summary["users"] == 3 and summary["dropped_users"] == 0
+  assert summary["users"] == 3 and summary["dropped_users"] == 0 and summary["model"] == model
   assert summary["table"][0]["method"] == "fedavg" and "note" not in summary["table"][0]
+  params = natural_dro.prepare(config, 0, natural_dro.setup(config))["params"]["params"]
+  if model == "cnn":  # a 28x28 image of one channel, 2 filters, 62 logits
+    assert params["conv_0"]["kernel"].shape == (3, 3, 1, 2)
+    assert params["logits"]["kernel"].shape == (2, 62)
+  else:
+    assert params["kernel"].shape == (62, 784)
 
 
 def test_your_own_feature_vectors_from_leaf_files(tmp_path):
@@ -112,7 +120,11 @@ def test_your_own_feature_vectors_from_leaf_files(tmp_path):
 @pytest.mark.parametrize(
   "field, value, match",
   [
-    ("data_dir", "somewhere", r"--config.data_dir='somewhere' is read for femnist, emnist or leaf"),
+    (
+      "data_dir",
+      "somewhere",
+      r"--config.data_dir='somewhere' is read for femnist, emnist, leaf or shakespeare",
+    ),
     ("num_classes", 0, r"--config.num_classes"),
     ("dataset", "mnist", r"--config.dataset must be one of"),
     ("alpha", -1.0, r"--config.alpha must be a number >= 0"),
