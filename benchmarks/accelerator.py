@@ -24,6 +24,14 @@ runs too (both sides on the CPU) but says so in ``device``. Workloads (``peers/w
   convolution implementation that wins on CNN4 also wins on a deeper, wider network.
 * ``logistic``: 10 clients of 500 examples, every client, 5 steps of batch 32, 784 -> 10:
   fedco's rounds per second (the peer table's first row).
+* ``shakespeare`` and ``shakespeare_steps`` (issue 45; FedJAX's comparison on the CPU is
+  ``peers/run.py``): TFF's Shakespeare (``../shared/data/shakespeare_tff``), McMahan et al.'s
+  character LSTM, FedAvg, 10 clients a round, batch 4, one local epoch (each client
+  ``ceil(n_k / 4)`` steps, 1 to 251) or 10 steps: fedco only (``peers/fedco_shakespeare``),
+  once per ``client_chunk`` (``--shakespeare_chunks``: 1, 10 and 0 = ``None``, every client
+  vmapped over the largest client's steps), each compiled ahead of time and then timed,
+  alternating. ``--shakespeare_clients=20`` keeps only the first 20 roles (a check on a CPU
+  in a minute or two).
 
 The JSON holds each side's seconds per round (median of ``--repeats`` timed calls, alternating
 sides), client updates per second and the ratios fedco / torch.
@@ -47,12 +55,22 @@ import numpy as np  # noqa: E402
 
 import fedco  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
-from benchmarks.peers import jax_bench, workloads  # noqa: E402
+from benchmarks.peers import fedco_shakespeare, jax_bench, workloads  # noqa: E402
 
 flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
 flags.DEFINE_integer("rounds", 20, "Rounds per timed call (cross_device).")
 flags.DEFINE_integer("resnet_rounds", 5, "Rounds per timed call (cross_device_resnet20).")
 flags.DEFINE_integer("repeats", 3, "Timed calls per side, alternating.")
+flags.DEFINE_list(
+  "workloads",
+  ["cross_device", "cross_device_resnet20", "logistic", "shakespeare", "shakespeare_steps"],
+  "Which workloads to run.",
+)
+flags.DEFINE_integer("shakespeare_rounds", 5, "Rounds per timed call (Shakespeare).")
+flags.DEFINE_list("shakespeare_chunks", ["1", "10", "0"], "client_chunk values (0: None).")
+flags.DEFINE_integer(
+  "shakespeare_clients", None, "Keep only the first this many roles (None: all 715)."
+)
 FLAGS = flags.FLAGS
 
 
@@ -85,6 +103,55 @@ class FedcoSide:
     start = time.perf_counter()
     jax.block_until_ready(self.sim.run(self.state, self.rounds)[0])
     return (time.perf_counter() - start) / self.rounds
+
+
+class ShakespeareSide:
+  """fedco on a Shakespeare workload with one ``client_chunk``, compiled ahead of time."""
+
+  def __init__(self, workload, rounds, client_chunk, max_clients=None):
+    self.sim, params, _ = fedco_shakespeare.simulator(
+      workload, client_chunk, max_clients=max_clients
+    )
+    self.state, self.rounds = self.sim.init(params, 0), rounds
+    self.args = (self.state, self.sim.data, self.sim.metrics_data, np.int32(-1))
+    start = time.perf_counter()
+    self.compiled = self.sim._run.lower(*self.args, rounds=rounds).compile()  # pylint: disable=protected-access
+    self.compile_seconds = time.perf_counter() - start
+    self.steps = None
+
+  def time(self) -> float:
+    start = time.perf_counter()
+    final, metrics = self.compiled(*self.args)
+    jax.block_until_ready(final)
+    seconds = (time.perf_counter() - start) / self.rounds
+    if "local_steps" in metrics:
+      self.steps = int(np.sum(metrics["local_steps"]))
+    else:
+      self.steps = self.rounds * self.sim.clients_per_round * self.sim.plan.local_steps
+    return seconds
+
+
+def shakespeare(workload):
+  """fedco's seconds per round on a Shakespeare workload, per ``client_chunk``."""
+  chunks = [int(c) for c in FLAGS.shakespeare_chunks]  # 0: every client to the cap, masked
+  sides = {
+    f"fedco_chunk{c or 'None'}": ShakespeareSide(
+      workload, FLAGS.shakespeare_rounds, c or None, FLAGS.shakespeare_clients
+    )
+    for c in chunks
+  }
+  median, every = timed(sides, FLAGS.repeats)
+  return {
+    "seconds_per_round": median,
+    "all_seconds_per_round": every,
+    "rounds_per_second": {k: 1.0 / s for k, s in median.items()},
+    "local_steps_per_second": {
+      k: sides[k].steps / (s * FLAGS.shakespeare_rounds) for k, s in median.items()
+    },
+    "compile_seconds": {k: side.compile_seconds for k, side in sides.items()},
+    "rounds": FLAGS.shakespeare_rounds,
+    "clients": FLAGS.shakespeare_clients or workloads.WORKLOADS[workload].num_clients,
+  }
 
 
 class TorchSide:
@@ -149,6 +216,28 @@ def timed(sides, repeats):
 def main(argv):
   del argv
   out = {"device": device_info(), "rounds": FLAGS.rounds, "repeats": FLAGS.repeats}
+  known = ("cross_device", "cross_device_resnet20", "logistic", "shakespeare", "shakespeare_steps")
+  unknown = [w for w in FLAGS.workloads if w not in known]
+  if unknown:
+    raise app.UsageError(f"--workloads: unknown {unknown}; allowed: {', '.join(known)}")
+  for workload in ("shakespeare", "shakespeare_steps"):
+    if workload in FLAGS.workloads:
+      out[workload] = shakespeare(workload)
+      print(workload, json.dumps(out[workload]), flush=True)
+  if "cross_device" in FLAGS.workloads:
+    cross_device(out)
+  if "cross_device_resnet20" in FLAGS.workloads:
+    resnet20(out)
+  if "logistic" in FLAGS.workloads:
+    logistic = FedcoSide("logistic", workloads.WORKLOADS["logistic"].rounds)
+    median, _ = timed({"fedco": logistic}, FLAGS.repeats)
+    out["logistic"] = {"rounds_per_second": 1.0 / median["fedco"]}
+  with open(FLAGS.out, "w") as f:
+    json.dump(out, f, indent=2)
+  print(json.dumps(out, indent=2))
+
+
+def cross_device(out):
   w = workloads.WORKLOADS["cross_device"]
   sides = {
     f"fedco_{impl}": FedcoSide("cross_device", FLAGS.rounds, impl) for impl in ("matmul", "xla")
@@ -169,6 +258,10 @@ def main(argv):
     out["cross_device"]["speedup_over_torch"] = {
       k: median["torch"] / s for k, s in median.items() if k != "torch"
     }
+
+
+def resnet20(out):
+  w = workloads.WORKLOADS["cross_device"]
   resnet = {
     f"fedco_{impl}": FedcoSide("cross_device", FLAGS.resnet_rounds, impl, "resnet20")
     for impl in ("matmul", "xla")
@@ -179,12 +272,6 @@ def main(argv):
     "client_updates_per_second": {k: w.clients_per_round / s for k, s in median.items()},
     "compile_and_first_call_seconds": {k: side.compile_seconds for k, side in resnet.items()},
   }
-  logistic = FedcoSide("logistic", workloads.WORKLOADS["logistic"].rounds)
-  median, _ = timed({"fedco": logistic}, FLAGS.repeats)
-  out["logistic"] = {"rounds_per_second": 1.0 / median["fedco"]}
-  with open(FLAGS.out, "w") as f:
-    json.dump(out, f, indent=2)
-  print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from typing import Any, Dict, List
@@ -39,11 +40,19 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("python_flower", None, "python of a virtualenv with flwr[simulation], torch")
 flags.DEFINE_string("python_pfl", None, "python of a virtualenv with pfl[pytorch]")
 flags.DEFINE_string("python_jax", sys.executable, "python with fedco and drjax")
-flags.DEFINE_list("workloads", ["check", "logistic", "feddro", "cross_device"], "Workloads.")
+flags.DEFINE_string(
+  "python_fedjax", None, "python of a virtualenv with fedjax (requirements-fedjax.txt)"
+)
+flags.DEFINE_list(
+  "workloads",
+  ["check", "logistic", "feddro", "cross_device"],
+  "Workloads (also: shakespeare, shakespeare_steps; FedJAX's comparison, issue 45).",
+)
 flags.DEFINE_integer("repeats", 3, "Processes per side and workload, alternating.")
 flags.DEFINE_integer("logistic_rounds", 100, "Timed rounds of the logistic workloads.")
 flags.DEFINE_integer("feddro_rounds", 20, "Timed FedDRO rounds (Flower and pfl: 5 of theirs each).")
 flags.DEFINE_integer("cross_device_rounds", 10, "Timed rounds of the cross-device workload.")
+flags.DEFINE_integer("shakespeare_rounds", 5, "Timed rounds of the Shakespeare workloads.")
 flags.DEFINE_list("sides", [], "Only these sides (default: every side whose python is given).")
 flags.DEFINE_string("out", "benchmarks/results/peers.json", "Where to write the JSON.")
 flags.DEFINE_bool(
@@ -58,12 +67,37 @@ SIDES = {  # side: (python flag, program, extra arguments)
   "drjax": ("python_jax", "jax_bench.py", ["--peer=drjax"]),
   "flower": ("python_flower", "flower_bench.py", []),
   "pfl": ("python_pfl", "pfl_bench.py", []),
+  "fedjax": ("python_fedjax", "fedjax_bench.py", []),
+  # fedco's Shakespeare sides: clients one at a time (the default), 10 at a time (vmapped,
+  # each to its own steps, masked), every client vmapped over the cap (fixed steps only)
+  "fedco_chunk10": ("python_jax", "fedco_shakespeare.py", ["--client_chunk=10"]),
+  "fedco_vmapped": ("python_jax", "fedco_shakespeare.py", ["--client_chunk=0"]),
 }
-APPLIES = {"fedco_xla_conv": ("cross_device",), "drjax": ("check", "logistic", "cross_device")}
+SHAKESPEARE = ("shakespeare", "shakespeare_steps")
+APPLIES = {
+  "fedco_xla_conv": ("cross_device",),
+  "drjax": ("check", "logistic", "cross_device"),
+  "fedjax": SHAKESPEARE,
+  "fedco_chunk10": SHAKESPEARE,
+  "fedco_vmapped": ("shakespeare_steps",),
+  "flower": ("check", "logistic", "feddro", "cross_device"),
+  "pfl": ("check", "logistic", "feddro", "cross_device"),
+}
+# The Shakespeare sides share the rounds' client ids: fedco's side writes them (its first
+# run), the others read them.
+SCHEDULE = os.path.join(tempfile.gettempdir(), "fedco_peers_shakespeare_{workload}.json")
 
 
 def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
   python_flag, program, extra = SIDES[side]
+  if workload in SHAKESPEARE:
+    schedule = SCHEDULE.format(workload=workload)
+    if side == "fedco":
+      program, extra = "fedco_shakespeare.py", ["--client_chunk=1", f"--schedule_out={schedule}"]
+    elif side != "fedjax" and not side.startswith("fedco"):
+      raise ValueError(f"side {side} has no Shakespeare program")
+    elif side == "fedjax":
+      extra = [f"--schedule={schedule}"]
   command = [
     getattr(FLAGS, python_flag),
     os.path.join(HERE, program),
@@ -73,7 +107,10 @@ def run_side(side: str, workload: str, rounds: int) -> Dict[str, Any]:
   ]
   start = time.perf_counter()
   try:
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    env = dict(os.environ)
+    if side == "fedjax":  # its jax 0.4.23 aborts on XLA flags it does not know
+      env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
   except subprocess.TimeoutExpired:
     return {"error": ["timed out after 3600 s"], "process_seconds": 3600.0}
   wall = time.perf_counter() - start
@@ -93,7 +130,10 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
   ok = [r for r in runs if "error" not in r]
   if not ok:
     return {"error": runs[-1].get("error")}
-  steady = [float(np.median(r["round_seconds"][1:] or r["round_seconds"])) for r in ok]
+  if ok[0]["workload"] in SHAKESPEARE:  # rounds differ (their clients): the mean of the same rounds
+    steady = [float(np.mean(r["round_seconds"])) for r in ok]
+  else:
+    steady = [float(np.median(r["round_seconds"][1:] or r["round_seconds"])) for r in ok]
   per_round = float(np.median(steady))
   clients = ok[0]["client_updates_per_round"]
   return {
@@ -106,6 +146,29 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     ),
     "setup_seconds": float(np.median([r["setup_seconds"] for r in ok])),
     "rounds": ok[0]["rounds"],
+    **{  # the Shakespeare sides' compile time (fedco: ahead of time; FedJAX: XLA's events)
+      k: float(np.median([r[k] for r in ok]))
+      for k in ("compile_seconds",)
+      if all(k in r for r in ok)
+    },
+  }
+
+
+def shakespeare_ratios(sides: Dict[str, Any], runs: Dict[str, List[Dict[str, Any]]]):
+  """fedco's rounds/s over FedJAX's, for each fedco side, and whether every side ran the
+  same clients and local steps in each round."""
+  base = sides.get("fedjax", {})
+  ratios = {
+    side: s["rounds_per_second"] / base["rounds_per_second"]
+    for side, s in sides.items()
+    if side.startswith("fedco") and "rounds_per_second" in s and "rounds_per_second" in base
+  }
+  ok = [r for rs in runs.values() for r in rs if "error" not in r]
+  same = lambda k: all(r.get(k) == ok[0].get(k) for r in ok) if ok else None
+  return {
+    "fedco_over_fedjax": ratios,
+    "same_clients": same("round_clients"),
+    "same_client_steps": same("client_steps"),
   }
 
 
@@ -173,12 +236,18 @@ def main(argv):
     for workload, by_side in record["runs"].items():
       if workload != "check":
         record["workloads"][workload] = {s: summarize(rs) for s, rs in by_side.items()}
+        if workload in SHAKESPEARE:
+          record.setdefault("ratios", {})[workload] = shakespeare_ratios(
+            record["workloads"][workload], by_side
+          )
     _write(record)
     return
   rounds = {
     "logistic": FLAGS.logistic_rounds,
     "feddro": FLAGS.feddro_rounds,
     "cross_device": FLAGS.cross_device_rounds,
+    "shakespeare": FLAGS.shakespeare_rounds,
+    "shakespeare_steps": FLAGS.shakespeare_rounds,
     "check": 3,
   }
   record = {
@@ -220,6 +289,9 @@ def main(argv):
       record["workloads"]["check"] = check_against_fedco(results)
     else:
       record["workloads"][workload] = {s: summarize(rs) for s, rs in results.items()}
+      if workload in SHAKESPEARE:
+        record["ratios"] = record.get("ratios", {})
+        record["ratios"][workload] = shakespeare_ratios(record["workloads"][workload], results)
   record["load_after"] = list(os.getloadavg())
   record["config"] = {
     "repeats": FLAGS.repeats,

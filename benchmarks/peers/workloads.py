@@ -17,11 +17,22 @@
   on the logistic data's client-level KL-DRO log form ``gamma log(1/K sum_k exp(f_k/gamma))``
   (``gamma`` 1): the inner estimate ``y`` (one loss per client, ``K`` floats) is averaged
   after every local step, the model after every round.
+* ``shakespeare`` (issue 45): TFF's Shakespeare (``../shared/data/shakespeare_tff``, 715
+  roles, 37,784 train sequences of 80 characters, preprocessed as FedJAX's
+  ``preprocess_client`` does), McMahan et al.'s character LSTM (embedding 8, two LSTM layers
+  of 256, dense to the 90 tokens; each framework's own), FedAvg weighted by examples, 10
+  clients a round (fedco samples them; its schedule, replayed, goes to the other sides
+  as a file: ``read_schedule``), client batch 4,
+  client and server learning rate 1, Reddi et al.'s **one local epoch**: a client of ``n``
+  sequences takes ``ceil(n / 4)`` steps (1 to 251; median 5), its last batch the remainder.
+* ``shakespeare_steps``: the same, but every client takes 10 steps of 4 sequences.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Dict, List
 
 import numpy as np
@@ -37,6 +48,7 @@ class Workload:
   batch_size: int  # 0: each client's whole data
   learning_rate: float
   rounds: int  # the default number of timed rounds
+  local_epochs: int = 0  # > 0: each client's steps are this many passes over its data
 
 
 WORKLOADS = {
@@ -44,7 +56,12 @@ WORKLOADS = {
   "cross_device": Workload("cross_device", 1000, 50, 50, 5, 10, 0.1, 10),
   "check": Workload("check", 10, 500, 10, 5, 0, 0.1, 3),
   "feddro": Workload("feddro", 10, 500, 10, 5, 32, 0.01, 100),
+  # per_client 0: the clients' own sizes; local_steps 0: the epoch decides (the driver's cap)
+  "shakespeare": Workload("shakespeare", 715, 0, 10, 0, 4, 1.0, 5, local_epochs=1),
+  "shakespeare_steps": Workload("shakespeare_steps", 715, 0, 10, 10, 4, 1.0, 5),
 }
+SHAKESPEARE_SEQUENCE = 80
+SHAKESPEARE_TRAIN_SEQUENCES = 37_784  # FedJAX's preprocess_client on TFF's train file
 FEATURES, CLASSES, IMAGE = 784, 10, (32, 32, 3)
 FEDDRO_BETA, FEDDRO_GAMMA = 0.5, 1.0
 
@@ -61,6 +78,26 @@ def data(workload: str, seed: int = 0) -> Dict[str, np.ndarray]:
   truth = rng.normal(size=(CLASSES, FEATURES)).astype(np.float32)
   logits = x @ truth.T / np.sqrt(FEATURES) + rng.normal(size=(n, CLASSES)).astype(np.float32)
   return {"x": x, "y": logits.argmax(1).astype(np.int64)}
+
+
+def shakespeare_dir() -> str:
+  """The shared TFF Shakespeare folder (``FEDCO_SHAKESPEARE_DIR`` overrides it)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  default = os.path.join(here, "..", "..", "..", "shared", "data", "shakespeare_tff")
+  return os.path.normpath(os.environ.get("FEDCO_SHAKESPEARE_DIR", default))
+
+
+def read_schedule(path: str, rounds: int, clients_per_round: int) -> List[List[str]]:
+  """The rounds' client ids (role names) from a JSON file ``{"clients": [[id, ...], ...]}``
+  (written by ``fedco_shakespeare.py --schedule_out``): the first ``rounds`` rounds."""
+  with open(path) as f:
+    clients = json.load(f)["clients"]
+  if len(clients) < rounds or any(len(c) != clients_per_round for c in clients):
+    raise ValueError(
+      f"{path}: needs {rounds} rounds of {clients_per_round} client ids, got "
+      f"{[len(c) for c in clients]}"
+    )
+  return [list(c) for c in clients[:rounds]]
 
 
 def client_rows(workload: str, client: int) -> slice:
