@@ -23,8 +23,8 @@ import dataclasses
 import json
 import os
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List
 
