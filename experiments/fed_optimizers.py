@@ -15,7 +15,8 @@ examples (SCAFFOLD: uniformly, as fedco's SCAFFOLD does).
 
 FedAvg and FedAvgM are ``fedco.fedavg`` with an ``optax.sgd`` server
 (``fedco.algorithms.adaptive.with_server``) from a method's ``server_sgd`` entry
-(``learning_rate``, ``momentum``); rate 1 without momentum is plain averaging.
+(``learning_rate``, ``momentum``) in its ``problem`` (the experiment's own settings of a
+method, with ``paper``, the published accuracy); rate 1 without momentum is plain averaging.
 
 **Metrics**, every ``eval_every`` rounds on the server model: ``test_accuracy`` and
 ``test_loss`` over the whole held-out split pooled as TFF evaluates it
@@ -24,7 +25,7 @@ is a character (pad, OOV, BOS and EOS left out) and its loss over every non-pad 
 EMNIST's over every held-out image. A large client weighs by its size, unlike the
 per-client means of E8. The table holds their final values over seeds; the report lines
 give each method's mean with its standard error beside the paper's published accuracy
-(``paper`` in each method's entry; "not found" where the config has none), and the seconds
+(``problem.paper`` in each method's entry; "not found" where the config has none), and the seconds
 a round took.
 
     python -m experiments.main --config=experiments/configs/fed_optimizers.py --workdir=runs/fedopt
@@ -59,8 +60,9 @@ WHAT = {
   "shakespeare": "TFF's Shakespeare: shakespeare_train.h5 and shakespeare_test.h5",
   "emnist": "LEAF's FEMNIST: train/ and test/ of JSON files",
 }
-# Method entries' own fields: the server SGD of FedAvg / FedAvgM, the published accuracy.
-EXTRA_KEYS = ("server_sgd", "paper")
+# A method's ``problem`` settings (the experiment's own): the server SGD of FedAvg /
+# FedAvgM, the published accuracy.
+PROBLEM_KEYS = ("server_sgd", "paper")
 KEYS = ("test_accuracy", "test_loss")
 TABLE_KEYS = KEYS
 PROGRESS = "test_accuracy"
@@ -106,14 +108,22 @@ def check(config) -> None:
 
 
 def methods(config, setup) -> List[runner.Method]:
-  """The config's methods; ``server_sgd`` (FedAvg's / FedAvgM's server) checked, ``paper``
-  (the published accuracy) kept out of the runs' identities (a corrected number must not
-  start the runs afresh)."""
+  """The config's methods; each ``problem``'s ``server_sgd`` (FedAvg's / FedAvgM's server)
+  checked, its ``paper`` (the published accuracy) kept out of the runs' identities (a
+  corrected number must not start the runs afresh)."""
   del setup
   out = []
-  for method in runner.methods(config, extra_keys=EXTRA_KEYS):
-    where = f"--config.methods.{method.label}"
-    server = method.problem.get("server_sgd")
+  for method in runner.methods(config):
+    where = f"--config.methods.{method.label}.problem"
+    if not isinstance(method.problem.get("problem", {}), dict):
+      raise ValueError(f"{where} must be {{server_sgd, paper}}, got {method.problem['problem']!r}")
+    settings = dict(method.problem.get("problem", {}))
+    unknown = sorted(set(settings) - set(PROBLEM_KEYS))
+    if unknown:
+      raise ValueError(
+        f"{where}.{unknown[0]} is not a setting of fed_optimizers; allowed: {list(PROBLEM_KEYS)}"
+      )
+    server = settings.get("server_sgd")
     if server is not None:
       if method.algorithm != "fedavg":
         raise ValueError(
@@ -124,11 +134,10 @@ def methods(config, setup) -> List[runner.Method]:
         raise ValueError(f"{where}.server_sgd must be {{learning_rate, momentum}}, got {server!r}")
       extend.positive(f"{where}.server_sgd.learning_rate", server["learning_rate"])
       extend.bounded(f"{where}.server_sgd.momentum", server["momentum"], 0, 1, closed_low=True)
-    paper = method.problem.get("paper")
+    paper = settings.pop("paper", None)
     if paper is not None:
       extend.bounded(f"{where}.paper", paper, 0, 100, closed_low=True, closed_high=True)
-    problem = {k: v for k, v in method.problem.items() if k != "paper"}
-    out.append(dataclasses.replace(method, problem=problem))
+    out.append(dataclasses.replace(method, problem=settings))
   return out
 
 
@@ -253,7 +262,8 @@ def build(config, method, seed, prepared) -> runner.Run:
 def paper_accuracy(config, label: str):
   """The published accuracy (%) of ``config.methods[label]``, ``None`` when unset."""
   entry = config.methods.get(label)
-  return None if entry is None else entry.get("paper")
+  problem = None if entry is None else entry.get("problem")
+  return None if problem is None else problem.get("paper")
 
 
 def summarize(config, outcome) -> Dict[str, Any]:

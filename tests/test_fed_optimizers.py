@@ -86,7 +86,7 @@ def shakespeare_run(shakespeare_dir, tmp_path_factory):
   # with momentum, an adaptive server, SCAFFOLD's aggregator
   for label in ("fedavg", "fedadagrad", "fedyogi"):
     del config.methods[label]
-  config.methods.fedadam.paper = 12.5  # a published number, to see it in the report
+  config.methods.fedadam.problem.paper = 12.5  # a published number, to see it in the report
   workdir = tmp_path_factory.mktemp("fedopt")
   return workdir, config, runner.train_and_evaluate(config, str(workdir), QUIET)
 
@@ -116,7 +116,7 @@ def test_shakespeare_runs_from_tff_files(shakespeare_run):
 
 def test_the_report_gives_the_standard_error_over_seeds_beside_the_paper(shakespeare_dir):
   config = _tiny(shakespeare_config.get_config(), shakespeare_dir, seeds=(0, 1, 2))
-  config.methods.fedyogi.paper = 57.3
+  config.methods.fedyogi.problem.paper = 57.3
   methods = fo.methods(config, None)
   accuracy = {0: 0.5, 1: 0.56, 2: 0.53}
   finals = {
@@ -145,7 +145,7 @@ def test_the_report_gives_the_standard_error_over_seeds_beside_the_paper(shakesp
 def test_the_papers_number_is_not_part_of_a_runs_identity(shakespeare_dir):
   config = _tiny(shakespeare_config.get_config(), shakespeare_dir)
   before = {m.label: m.settings() for m in fo.methods(config, None)}
-  config.methods.fedavg.paper = 56.0
+  config.methods.fedavg.problem.paper = 56.0
   after = {m.label: m.settings() for m in fo.methods(config, None)}
   assert before == after and "server_sgd" in after["fedavgm"]
 
@@ -230,13 +230,14 @@ def test_each_methods_published_hyperparameters_reach_its_algorithm(module):
     step, _ = algorithm.update(g, state, jnp.zeros(2))  # the clients' SGD at their rate
     np.testing.assert_allclose(step, -entry(label).learning_rate * g, rtol=1e-6, err_msg=label)
   for label in ("fedavg", "fedavgm"):  # optax.sgd(rate, momentum) on -delta
-    sgd = entry(label).server_sgd
+    sgd = entry(label).problem.server_sgd
     server = fo.algorithm_of(config, methods[label], None).server
     first, state = _step(server, d, server.init({"params": jnp.zeros(2)}))
     second, _ = _step(server, d, state)
     np.testing.assert_allclose(first, sgd.learning_rate * d, rtol=1e-6)
     np.testing.assert_allclose(second, sgd.learning_rate * (1 + sgd.momentum) * d, rtol=1e-6)
-  assert entry("fedavgm").server_sgd.momentum == 0.9 and entry("fedavg").server_sgd.momentum == 0
+  assert entry("fedavgm").problem.server_sgd.momentum == 0.9
+  assert entry("fedavg").problem.server_sgd.momentum == 0
   for label, rule in (("fedadam", "adam"), ("fedyogi", "yogi"), ("fedadagrad", "adagrad")):
     e = entry(label)
     algorithm = fo.algorithm_of(config, methods[label], None)
@@ -270,7 +271,7 @@ def test_published_settings_as_cited():
   assert (
     log(e.methods.fedavg.learning_rate) == -1.0 and log(e.methods.fedyogi.learning_rate) == -1.5
   )
-  assert log(s.methods.fedavgm.server_sgd.learning_rate) == -0.5
+  assert log(s.methods.fedavgm.problem.server_sgd.learning_rate) == -0.5
 
 
 def test_refusals_are_one_line(shakespeare_dir, tmp_path):
@@ -289,12 +290,18 @@ def test_refusals_are_one_line(shakespeare_dir, tmp_path):
     with pytest.raises(ValueError, match=message):
       runner.train_and_evaluate(config, str(tmp_path / "w"), QUIET)
   config = _tiny(shakespeare_config.get_config(), shakespeare_dir)
-  config.methods.fedadam.server_sgd = {"learning_rate": 1.0, "momentum": 0.0}
-  with pytest.raises(ValueError, match="--config.methods.fedadam.server_sgd is FedAvg's server"):
+  config.methods.fedadam.problem.server_sgd = {"learning_rate": 1.0, "momentum": 0.0}
+  with pytest.raises(
+    ValueError, match="--config.methods.fedadam.problem.server_sgd is FedAvg's server"
+  ):
     fo.methods(config, None)
   config = _tiny(shakespeare_config.get_config(), shakespeare_dir)
-  config.methods.fedavgm.server_sgd.momentum = 1.5
-  with pytest.raises(ValueError, match="--config.methods.fedavgm.server_sgd.momentum"):
+  config.methods.fedavgm.problem.server_sgd.momentum = 1.5
+  with pytest.raises(ValueError, match="--config.methods.fedavgm.problem.server_sgd.momentum"):
+    fo.methods(config, None)
+  config = _tiny(shakespeare_config.get_config(), shakespeare_dir)
+  config.methods.fedavg.problem.momentum = 0.9  # belongs in server_sgd
+  with pytest.raises(ValueError, match=r"problem.momentum is not a setting of fed_optimizers"):
     fo.methods(config, None)
   assert not (tmp_path / "w").exists()
 

@@ -38,7 +38,8 @@ from experiments import configs
 # Shakespeare, "Best hyperparameters" of the code page (base-10 logs there): client rate
 # 10^0 for every method; server rate Adagrad 10^-0.5, Adam 10^-2, Yogi 10^-2, AvgM
 # 10^-0.5, Avg 10^0; epsilon (tau) Adagrad 10^-1, Adam 10^-3, Yogi 10^-3.
-# ``server_sgd``: FedAvg's and FedAvgM's server step (``optax.sgd`` on the pseudo-gradient:
+# ``server_sgd`` and ``paper`` are the experiment's own (``entries`` puts them in each
+# method's ``problem``). ``server_sgd``: FedAvg's and FedAvgM's server step (``optax.sgd`` on the pseudo-gradient:
 # rate 1 without momentum is plain averaging). ``paper``: the published test accuracy (%)
 # beside each method in the report; None: not found (see the module docstring).
 METHODS = {
@@ -89,14 +90,20 @@ METHODS = {
 
 
 def entries(methods):
-  """``config.methods`` from ``methods``; an unset ``paper`` (None) becomes a typed
-  placeholder of its own, so ``--config.methods.<label>.paper=57.0`` sets that one."""
+  """``config.methods`` from ``methods``: each entry's ``server_sgd`` and ``paper`` go into
+  its ``problem`` (the experiment's own settings of a method, which the runner passes to the
+  module, not to the factory): ``--config.methods.fedavgm.problem.server_sgd.momentum=0.5``,
+  ``--config.methods.fedadam.problem.paper=57.0``; an unset ``paper`` (None) is a typed
+  placeholder of its own."""
   out = {}
   for label, entry in methods.items():
     entry = dict(entry)
-    if entry.get("paper") is None:
-      entry["paper"] = config_dict.placeholder(float)
-    out[label] = entry
+    problem = {"paper": entry.pop("paper", None)}
+    if problem["paper"] is None:
+      problem["paper"] = config_dict.placeholder(float)
+    if "server_sgd" in entry:
+      problem["server_sgd"] = dict(entry.pop("server_sgd"))
+    out[label] = {**entry, "problem": problem}
   return configs.methods(out)
 
 
