@@ -155,7 +155,6 @@ CASES = {
   "fedavg-epoch": (fedco.fedavg(0.2, 6), dict(local_epochs=1)),
   "fedavg-faults": (fedco.fedavg(0.2, 5), dict(straggler_prob=0.6, participation=0.8)),
   "fedavg-2epochs-faults": (fedco.fedavg(0.2, 12), dict(local_epochs=2, straggler_prob=0.5)),
-  "scaffold-epoch": (fedco.scaffold(0.2, 6), dict(local_epochs=1)),
   "scaffold-epoch-faults": (fedco.scaffold(0.2, 6), dict(local_epochs=1, straggler_prob=0.5)),
   "fedadam-epoch": (fedco.fedadam(0.2, 6, server_lr=0.05), dict(local_epochs=1)),
   "fedavg-epoch-quantized": (
