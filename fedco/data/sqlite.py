@@ -26,7 +26,7 @@ downloads into ``~/.cache/fedjax``)::
 ``cifar100`` (``image`` uint8 to ``float32`` in [0, 1]; ``label``, 100 classes, or
 ``coarse_label`` with ``label_key``), ``shakespeare`` (each snippet cut into LEAF's
 next-character windows: 80 letters of :data:`fedco.data.LETTERS`, the next one the label;
-with ``preprocess="tff"``, TFF's and FedJAX's sequences that keep every client,
+with ``preprocess="tff"``, TFF's sequences that keep every client,
 :mod:`fedco.data.tff`).
 Other files (StackOverflow's token strings) are read with :func:`read_clients` and
 converted by your own code.

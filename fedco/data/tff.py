@@ -268,7 +268,7 @@ def load_shakespeare_tff(
   sequence_length: int = SEQUENCE_LENGTH,
   max_clients: Optional[int] = None,
 ) -> FederatedDataset:
-  """TFF's Shakespeare, one client per speaking role, preprocessed as TFF and FedJAX do.
+  """TFF's Shakespeare, one client per speaking role, preprocessed as TFF does it.
 
   Every client's snippets become next-character examples (:func:`shakespeare_sequences`):
   ``x`` and ``y`` ``int32 [n, sequence_length]``, ``y`` the next id at each position, with
