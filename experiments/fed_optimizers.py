@@ -34,7 +34,6 @@ a round took.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 from typing import Any, Dict, List
 
@@ -68,11 +67,6 @@ TABLE_KEYS = KEYS
 PROGRESS = "test_accuracy"
 
 
-def _runtime_has(name: str) -> bool:
-  """Whether this fedco's ``simulate`` takes ``name`` (``local_epochs``, ``client_chunk``)."""
-  return name in inspect.signature(fedco.runtime.Simulator).parameters
-
-
 def check(config) -> None:
   """The experiment's own fields (one-line ``ValueError`` naming ``--config.<field>``)."""
   extend.one_of("--config.dataset", config.dataset, DATASETS)
@@ -84,11 +78,6 @@ def check(config) -> None:
       raise ValueError(
         f"--config.local_epochs={config.local_epochs} needs a --config.batch_size >= 1 (an "
         "epoch is ceil(n_k / batch_size) steps)"
-      )
-    if not _runtime_has("local_epochs"):
-      raise ValueError(
-        f"--config.local_epochs={config.local_epochs} needs fedco.simulate(local_epochs=), "
-        "which this fedco lacks; --config.local_epochs=0 runs --config.local_steps steps"
       )
   if config.client_chunk and not config.local_epochs:
     raise ValueError(

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import fedco
 from experiments import fed_optimizers as fo
 from experiments.configs import fed_optimizers as shakespeare_config
 from experiments.configs import fed_optimizers_emnist as emnist_config
@@ -306,9 +305,6 @@ def test_refusals_are_one_line(shakespeare_dir, tmp_path):
   assert not (tmp_path / "w").exists()
 
 
-@pytest.mark.skipif(
-  not hasattr(fedco.runtime, "epoch_steps"), reason="fedco.simulate(local_epochs=) not here"
-)
 def test_one_local_epoch_caps_steps_at_the_largest_client(shakespeare_dir, tmp_path):
   config = _tiny(
     shakespeare_config.get_config(), shakespeare_dir, seeds=(0,), hidden_size=4, batch_size=4
