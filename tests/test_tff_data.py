@@ -1,4 +1,4 @@
-"""TFF's HDF5 client data and Shakespeare preprocessed as TFF and FedJAX do it.
+"""TFF's HDF5 client data and Shakespeare preprocessed as TFF does it.
 
 The files are written here with h5py in TFF's layout (``examples/<client>/snippets``, byte
 strings both as the published files store them, fixed-length, and variable-length), and

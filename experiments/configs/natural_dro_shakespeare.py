@@ -4,7 +4,7 @@ with its own held-out sequences, every role in every round.
 ``python -m experiments.main --config=experiments/configs/natural_dro_shakespeare.py
 --workdir=runs/e8_shakespeare`` reads TFF's HDF5 files from
 ``<repository>/../shared/data/shakespeare_tff`` (``--config.data_dir=<folder>`` for another
-copy), preprocessed as TFF and FedJAX do it (:func:`fedco.data.load_shakespeare_tff`:
+copy), preprocessed as TFF does it (:func:`fedco.data.load_shakespeare_tff`:
 37,784 training and 5,490 held-out sequences of 80 characters).
 
 Sized for a 2-core CPU, not the papers' setting: the published LSTM (two layers of 256,

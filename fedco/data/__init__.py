@@ -35,8 +35,8 @@ A typical pipeline loads host splits, partitions them, and builds the clients::
   :func:`read_leaf`, :func:`write_leaf`); FedJAX's SQLite client files, :func:`load_sqlite`
   (EMNIST-62, Shakespeare, CIFAR-100; :func:`read_clients`, :func:`write_clients`); TFDS
   records grouped by a feature, :func:`load_tfds_clients`; TensorFlow Federated's HDF5
-  client files, :func:`read_h5_clients`, and its Shakespeare preprocessed as TFF and FedJAX
-  do it (every role kept), :func:`load_shakespeare_tff` with :func:`shakespeare_accuracy`
+  client files, :func:`read_h5_clients`, and its Shakespeare preprocessed as TFF does it
+  (every role kept), :func:`load_shakespeare_tff` with :func:`shakespeare_accuracy`
   (module :mod:`fedco.data.tff`); FedProx's Synthetic(alpha,
   beta), :func:`synthetic` and :func:`synthetic_users` (offline); all through
   :func:`from_users`.
