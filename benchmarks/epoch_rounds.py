@@ -6,7 +6,7 @@ r"""Rounds of one local epoch per client: padded, masked, sequential and sorted 
 Issue 45's setting (Reddi et al.): FedAvg on Shakespeare with ``fedco.models.ShakespeareLSTM``
 and the loss masked on padding, 10 clients a round, batch 4, one local epoch, so a client of
 ``n_k`` sequences takes ``ceil(n_k / 4)`` steps (1 to 251 on TFF's Shakespeare, read from
-``/work/shared/data/shakespeare_tff`` when present; otherwise synthetic clients with a
+``../shared/data/shakespeare_tff`` (beside the repository) when present; otherwise synthetic clients with a
 similar spread of step counts). Every mode runs the same rounds (the sampling depends on the
 seed only), one round per call of a program compiled ahead of time, the modes alternated
 round by round; rounds per second is the median over the rounds:
@@ -43,7 +43,7 @@ import numpy as np
 import fedco
 from benchmarks import _common
 
-DATA = "/work/shared/data/shakespeare_tff"
+DATA = fedco.data.tff.DEFAULT_DATA_DIR  # ../shared/data/shakespeare_tff beside the repository
 CLIENTS, BATCH, SEED = 10, 4, 0
 
 
