@@ -292,13 +292,15 @@ def main(argv):
       if workload in SHAKESPEARE:
         record["ratios"] = record.get("ratios", {})
         record["ratios"][workload] = shakespeare_ratios(record["workloads"][workload], results)
-  record["load_after"] = list(os.getloadavg())
-  record["config"] = {
-    "repeats": FLAGS.repeats,
-    "rounds": rounds,
-    "workloads": {k: dataclasses.asdict(w) for k, w in workloads.WORKLOADS.items()},
-  }
-  _write(record)
+    # Written whole after every workload: a long run stopped later keeps what it measured.
+    record["load_after"] = list(os.getloadavg())
+    record["config"] = {
+      "repeats": FLAGS.repeats,
+      "rounds": rounds,
+      "workloads": {k: dataclasses.asdict(w) for k, w in workloads.WORKLOADS.items()},
+    }
+    record["finished"] = list(record["runs"]) == list(FLAGS.workloads)
+    _write(record)
 
 
 def _write(record):
