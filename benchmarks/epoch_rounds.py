@@ -48,11 +48,8 @@ CLIENTS, BATCH, SEED = 10, 4, 0
 
 
 def _loss(model):
-  pad = fedco.data.tff.PAD
-
   def loss(params, example):
-    logits = model.apply(params, example["x"])
-    return fedco.models.masked_cross_entropy(logits, example["y"], example["y"] != pad)
+    return fedco.data.tff.shakespeare_loss(model.apply(params, example["x"]), example["y"])
 
   return loss
 

@@ -164,14 +164,14 @@ def losses(config, model):
   if config.dataset == "shakespeare":
 
     def loss(params, e):
-      return models.masked_cross_entropy(model.apply(params, e["x"]), e["y"], e["y"] != tff.PAD)
+      return tff.shakespeare_loss(model.apply(params, e["x"]), e["y"])
 
     def pooled(params, e):
       logits = model.apply(params, e["x"])
-      kept, scored = e["y"] != tff.PAD, tff.shakespeare_scored(e["y"])
+      scored = tff.shakespeare_scored(e["y"])
       return {
-        "test_accuracy": (models.masked_accuracy(logits, e["y"], scored), scored.sum()),
-        "test_loss": (models.masked_cross_entropy(logits, e["y"], kept), kept.sum()),
+        "test_accuracy": (tff.shakespeare_accuracy(logits, e["y"]), scored.sum()),
+        "test_loss": (tff.shakespeare_loss(logits, e["y"]), (e["y"] != tff.PAD).sum()),
       }
 
   else:

@@ -182,15 +182,13 @@ def sequence_model(hidden_size: int = 32, num_layers: int = 1):
   tff = fedco.data.tff
 
   def loss(params, example):
-    logits = model.apply(params, example["x"])
-    return models.masked_cross_entropy(logits, example["y"], example["y"] != tff.PAD)
+    return tff.shakespeare_loss(model.apply(params, example["x"]), example["y"])
 
   def stats(params, example):
     logits = model.apply(params, example["x"])
-    value = models.masked_cross_entropy(logits, example["y"], example["y"] != tff.PAD)
-    scored = tff.shakespeare_scored(example["y"])
-    count = jnp.sum(scored).astype(jnp.float32)
-    return value, models.masked_accuracy(logits, example["y"], scored) * count, count
+    value = tff.shakespeare_loss(logits, example["y"])
+    count = jnp.sum(tff.shakespeare_scored(example["y"])).astype(jnp.float32)
+    return value, tff.shakespeare_accuracy(logits, example["y"]) * count, count
 
   return model, loss, stats
 

@@ -44,11 +44,8 @@ def loss_fn(model):
   """One sequence's loss: its mean token cross-entropy, padding left out."""
   import fedco  # pylint: disable=g-import-not-at-top
 
-  pad = fedco.data.tff.PAD
-
   def loss(params, example):
-    logits = model.apply(params, example["x"])
-    return fedco.models.masked_cross_entropy(logits, example["y"], example["y"] != pad)
+    return fedco.data.tff.shakespeare_loss(model.apply(params, example["x"]), example["y"])
 
   return loss
 

@@ -105,7 +105,12 @@ from fedco.data.sources import (
 )
 from fedco.data.sqlite import SQLITE_DATASETS, load_sqlite, read_clients, write_clients
 from fedco.data.store import ClientStore, write_store
-from fedco.data.tff import load_shakespeare_tff, read_h5_clients, shakespeare_accuracy
+from fedco.data.tff import (
+  load_shakespeare_tff,
+  read_h5_clients,
+  shakespeare_accuracy,
+  shakespeare_loss,
+)
 
 __all__ = [
   "ClientBlockData",
@@ -153,6 +158,7 @@ __all__ = [
   "read_h5_clients",
   "load_shakespeare_tff",
   "shakespeare_accuracy",
+  "shakespeare_loss",
   "ClientStore",
   "write_store",
 ]

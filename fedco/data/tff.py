@@ -83,6 +83,7 @@ __all__ = [
   "shakespeare_sequences",
   "load_shakespeare_tff",
   "shakespeare_accuracy",
+  "shakespeare_loss",
   "shakespeare_scored",
 ]
 
@@ -371,6 +372,35 @@ def shakespeare_accuracy(logits, y):
   from fedco.models.sequence import masked_accuracy  # pylint: disable=import-outside-toplevel
 
   return masked_accuracy(logits, y, shakespeare_scored(y))
+
+
+def shakespeare_loss(logits, y):
+  """One example's sequence loss: the mean token cross-entropy over its non-pad targets.
+
+  The training loss of TFF's and FedJAX's Shakespeare models (padding masked, OOV, BOS and
+  EOS kept as targets), for ``logits`` of ONE example as fedco's models take one example:
+  :func:`fedco.models.masked_cross_entropy` with the mask ``y != PAD``. The twin of
+  :func:`shakespeare_accuracy`.
+
+  Args:
+    logits: ``float [sequence_length, NUM_CLASSES]``.
+    y: ``int [sequence_length]`` target ids.
+
+  Returns:
+    A float scalar (0 where every target is padding).
+
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from fedco.data import tff
+    >>> y = jnp.array([5, tff.EOS, tff.PAD])
+    >>> logits = jnp.zeros((3, tff.NUM_CLASSES))  # uniform: log(90) per kept target
+    >>> round(float(tff.shakespeare_loss(logits, y)), 4)
+    4.4998
+  """
+  from fedco.models.sequence import masked_cross_entropy  # pylint: disable=import-outside-toplevel
+
+  return masked_cross_entropy(logits, y, y != PAD)
 
 
 def shakespeare_scored(y):
