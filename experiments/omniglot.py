@@ -45,7 +45,9 @@ Adaptation at evaluation uses ``eval_inner_steps`` steps.
     python -m experiments.main --config=experiments/configs/omniglot.py --config.ways=20 \
         --workdir=runs/e4_20w1s
 
-Needs TFDS ``omniglot`` prepared as ``array_record`` (``tfds build omniglot
+Reads the upstream zips when ``data_dir`` holds them
+(``--config.data_dir=../shared/data/omniglot``: :func:`fedco.data.load_omniglot_zips`),
+else TFDS ``omniglot`` prepared as ``array_record`` (``tfds build omniglot
 --file_format=array_record``, once, with TensorFlow and network; see
 :mod:`fedco.data.sources`) under ``data_dir``. Besides the runner's outputs, the summary
 holds the alphabets of each part, ``local_scgdm_val_acc_above_<label>`` per seed;
@@ -56,6 +58,7 @@ adaptation against meta-iterations, mean +- std over seeds.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Dict, List
 
 import jax
@@ -204,17 +207,28 @@ def methods(config, setup) -> List[runner.Method]:
   ]
 
 
-def setup(config) -> Dict[str, Any]:
-  """The Omniglot arrays and alphabet split (``FileNotFoundError`` when missing), the
-  validation and test tasks (one set for every run), the model and the MAML problem."""
+def load(config) -> omniglot_data.OmniglotData:
+  """Omniglot from ``--config.data_dir``: the upstream zips where the folder holds
+  ``images_background.zip`` (``../shared/data/omniglot``), else TFDS ``omniglot`` prepared
+  as array_record (``FileNotFoundError`` saying how to prepare it)."""
+  folder = os.path.expanduser(config.data_dir) if config.data_dir else ""
+  if folder and os.path.isfile(os.path.join(folder, "images_background.zip")):
+    return omniglot_data.load_omniglot_zips(folder)
   try:
-    data = omniglot_data.load_omniglot(config.data_dir or None)
+    return omniglot_data.load_omniglot(config.data_dir or None)
   except FileNotFoundError:
     raise FileNotFoundError(
       f"TFDS omniglot is not prepared as array_record under --config.data_dir="
       f"{config.data_dir or '(TFDS default)'} (prepare it once: tfds build omniglot "
-      "--file_format=array_record; see fedco.data.sources)"
+      "--file_format=array_record; see fedco.data.sources), and the folder holds no "
+      "upstream images_background.zip / images_evaluation.zip"
     ) from None
+
+
+def setup(config) -> Dict[str, Any]:
+  """The Omniglot arrays and alphabet split (``FileNotFoundError`` when missing), the
+  validation and test tasks (one set for every run), the model and the MAML problem."""
+  data = load(config)
   split = omniglot_data.split_alphabets(
     data, config.alphabet_split, seed=SPLIT_SEED, sizes=tuple(int(s) for s in config.split_sizes)
   )

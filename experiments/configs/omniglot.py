@@ -1,7 +1,8 @@
 """E4: federated few-shot Omniglot (paper 003 Sec. 5.2).
 
 ``python -m experiments.main --config=experiments/configs/omniglot.py --workdir=runs/e4
---config.data_dir=~/tensorflow_datasets`` (TFDS ``omniglot`` prepared as array_record);
+--config.data_dir=../shared/data/omniglot`` (the upstream zips) or a TFDS data_dir holding
+``omniglot`` prepared as array_record;
 5-way 5-shot: ``--config.shots=5``; 20-way 1-shot: ``--config.ways=20``.
 """
 
@@ -14,7 +15,9 @@ def get_config():
   """E4 at paper 003's 5-way 1-shot settings (1000 rounds of 5 local steps)."""
   config = ml_collections.ConfigDict()
   config.experiment = "omniglot"
-  config.data_dir = ""  # TFDS data_dir holding omniglot as array_record ("": TFDS's default)
+  # The upstream images_{background,evaluation}.zip, or a TFDS data_dir holding omniglot as
+  # array_record ("": TFDS's default)
+  config.data_dir = ""
   config.seeds = (0, 1, 2)
   # Communication rounds at the shared local_steps; a method with its own local_steps runs
   # rounds * local_steps / its local_steps rounds (the same meta-iterations).

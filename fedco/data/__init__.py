@@ -84,7 +84,7 @@ from fedco.data.leaf import (
   write_leaf,
 )
 from fedco.data.natural import from_users, load_tfds_clients
-from fedco.data.omniglot import load_omniglot
+from fedco.data.omniglot import load_omniglot, load_omniglot_zips
 from fedco.data.partition import (
   dirichlet_label_skew,
   dominant_class,
@@ -135,6 +135,7 @@ __all__ = [
   "omniglot",
   "tff",
   "load_omniglot",
+  "load_omniglot_zips",
   "load_st",
   "step_imbalance",
   "AdultData",

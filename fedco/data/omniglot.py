@@ -172,6 +172,8 @@ class OmniglotData(NamedTuple):
     background: ``bool [n]``, the drawing comes from the ``train`` (background) split.
     alphabet_names: the names of the alphabet ids (:data:`ALPHABETS` unless the data set's
       metadata says otherwise).
+    drawer: ``int32 [n]``, the drawer (1..20) of each drawing, from the upstream file names
+      (:func:`load_omniglot_zips`); ``None`` from TFDS, which does not keep it.
   """
 
   images: np.ndarray
@@ -179,6 +181,7 @@ class OmniglotData(NamedTuple):
   alphabet: np.ndarray
   background: np.ndarray
   alphabet_names: Tuple[str, ...]
+  drawer: Optional[np.ndarray] = None
 
 
 class AlphabetSplit(NamedTuple):
@@ -313,6 +316,142 @@ def load_omniglot(
     alphabets,
     background,
     tuple(names),
+  )
+
+
+ZIPS = ("images_background", "images_evaluation")  # the upstream archives, in this order
+
+
+def _zip_entries(path: str, root: str):
+  """``[(alphabet, character, drawer, entry name)]`` of the PNGs of one upstream archive,
+  sorted; a file that is not such an archive is one ``ValueError`` naming it and the entry."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+
+  try:
+    archive = zipfile.ZipFile(path)
+  except (zipfile.BadZipFile, OSError) as e:
+    raise ValueError(f"{path}: not a readable zip archive ({e})") from None
+  with archive:
+    names = archive.namelist()
+  entries = []
+  for name in names:
+    if name.endswith("/"):
+      continue
+    parts = name.split("/")
+    stem = parts[-1][:-4] if parts[-1].lower().endswith(".png") else ""
+    number, underscore, drawer = stem.rpartition("_")
+    well_named = underscore and number.isdigit() and drawer.isdigit()
+    if len(parts) != 4 or parts[0] != root or not well_named:
+      raise ValueError(
+        f"{path}: entry {name!r} is not {root}/<Alphabet>/characterNN/XXXX_YY.png "
+        "(the upstream Omniglot layout)"
+      )
+    if parts[1] not in ALPHABETS:
+      raise ValueError(f"{path}: entry {name!r} names an unknown alphabet {parts[1]!r}")
+    entries.append((parts[1], parts[2], int(drawer), name))
+  if not entries:
+    raise ValueError(f"{path}: holds no images (expected {root}/<Alphabet>/characterNN/*.png)")
+  return sorted(entries)
+
+
+def _read_png(archive, path: str, name: str, size: int) -> np.ndarray:
+  """One upstream drawing (105x105, black strokes on white) -> ``uint8 [size, size]``,
+  strokes 255."""
+  import io  # pylint: disable=g-import-not-at-top
+
+  from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+
+  try:
+    with Image.open(io.BytesIO(archive.read(name))) as image:
+      gray = np.asarray(image.convert("L"), np.uint8)
+  except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    raise ValueError(f"{path}: entry {name!r} is not a readable PNG ({e})") from None
+  return _to_28(gray, size)
+
+
+def load_omniglot_zips(
+  folder: Union[str, os.PathLike], *, image_size: int = IMAGE_SIZE
+) -> OmniglotData:
+  """Omniglot from the upstream zips ``images_background.zip`` and ``images_evaluation.zip``.
+
+  The layout of the upstream repository's ``python/`` folder (brendenlake/omniglot):
+  ``images_background/<Alphabet>/characterNN/XXXX_YY.png``, ``YY`` the drawer; the project
+  ships them in ``../shared/data/omniglot`` (32,460 drawings, pixel-exact, re-encoded PNGs:
+  read the pixels, not upstream's md5 sums). Every drawing is reduced exactly as
+  :func:`load_omniglot` reduces TFDS's (first channel, PIL's Lanczos resize to
+  ``image_size``, inverted so strokes are 1), so E4 runs unchanged on either source. Rows
+  are the background archive's then the evaluation archive's, each sorted by alphabet,
+  character folder and drawer; characters are numbered ``0..C-1`` over both archives by
+  ``(alphabet, character folder)`` in that order; ``alphabet`` is the index in
+  :data:`ALPHABETS` (TFDS's ids: the 50 names sorted); ``drawer`` is kept.
+
+  Args:
+    folder: the folder holding both zips.
+    image_size: side of the resized images, an integer ``>= 4`` (default 28, as in MAML).
+
+  Returns:
+    :class:`~fedco.data.omniglot.OmniglotData` with ``drawer`` set.
+
+  Raises:
+    FileNotFoundError: ``folder`` or one of the two zips is missing (the message names it).
+    ValueError: a bad ``image_size``; an archive that is not a zip, an entry outside the
+      layout or of an unknown alphabet, or a PNG that does not decode (one line naming the
+      archive and the entry).
+
+  Examples:
+    Two tiny archives in the upstream layout (one character, two drawers each):
+
+    >>> import os, tempfile, zipfile, io
+    >>> import numpy as np
+    >>> from PIL import Image
+    >>> folder = tempfile.mkdtemp()
+    >>> def png():
+    ...   out = io.BytesIO()
+    ...   Image.fromarray(np.full((105, 105), 255, np.uint8)).save(out, "PNG")
+    ...   return out.getvalue()
+    >>> for root, alphabet in (("images_background", "Latin"), ("images_evaluation", "ULOG")):
+    ...   with zipfile.ZipFile(os.path.join(folder, root + ".zip"), "w") as z:
+    ...     for drawer in (1, 2):
+    ...       z.writestr(f"{root}/{alphabet}/character01/0001_{drawer:02d}.png", png())
+    >>> from fedco.data import omniglot
+    >>> data = omniglot.load_omniglot_zips(folder)
+    >>> data.images.shape, data.character.tolist(), data.drawer.tolist()
+    ((4, 28, 28, 1), [0, 0, 1, 1], [1, 2, 1, 2])
+    >>> [data.alphabet_names[a] for a in data.alphabet], data.background.tolist()
+    (['Latin', 'Latin', 'ULOG', 'ULOG'], [True, True, False, False])
+  """
+  if (
+    isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 4
+  ):
+    raise ValueError(f"image_size must be an integer >= 4, got {image_size!r}")
+  import zipfile  # pylint: disable=g-import-not-at-top
+
+  folder = os.fspath(folder)
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(
+      f"folder={folder!r} is not a folder (it should hold {ZIPS[0]}.zip and {ZIPS[1]}.zip)"
+    )
+  images, keys, drawers, background = [], [], [], []
+  for root in ZIPS:
+    path = os.path.join(folder, root + ".zip")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{path}: missing (Omniglot's upstream {root}.zip belongs there)")
+    entries = _zip_entries(path, root)
+    with zipfile.ZipFile(path) as archive:
+      for alphabet, character, drawer, name in entries:
+        images.append(_read_png(archive, path, name, int(image_size)))
+        keys.append((ALPHABETS.index(alphabet), character))
+        drawers.append(drawer)
+        background.append(root == ZIPS[0])
+  order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+  stacked = np.stack(images)
+  return OmniglotData(
+    np.multiply(stacked, 1.0 / 255.0, dtype=np.float32)[..., None],
+    np.array([order[k] for k in keys], np.int32),
+    np.array([k[0] for k in keys], np.int32),
+    np.array(background, bool),
+    ALPHABETS,
+    np.array(drawers, np.int32),
   )
 
 
