@@ -68,11 +68,12 @@ What works offline and what needs data on disk (fedco never downloads anything):
   copy next to a source checkout.
 """
 
-from fedco.data import omniglot, sinusoid, tff
+from fedco.data import image_folder, omniglot, sinusoid, tff
 from fedco.data.adult import AdultData, federated_adult, load_adult, proxy_groups, resample_proxies
 from fedco.data.blocks import ClientBlockData
 from fedco.data.datasets import FederatedDataset, make_federated
 from fedco.data.federated import FederatedData
+from fedco.data.image_folder import load_image_folder
 from fedco.data.imbalanced import load_st, step_imbalance
 from fedco.data.leaf import (
   LEAF_DATASETS,
@@ -134,6 +135,8 @@ __all__ = [
   "sinusoid",
   "omniglot",
   "tff",
+  "image_folder",
+  "load_image_folder",
   "load_omniglot",
   "load_omniglot_zips",
   "load_st",

@@ -427,7 +427,11 @@ def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
     name: ``digits`` (scikit-learn, offline) or one of the TFDS names ``mnist``,
       ``fashion_mnist``, ``cifar10``, ``cifar100`` (see :data:`DATASETS`).
     data_dir: TFDS data directory (ignored for ``digits``); ``None`` uses
-      ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
+      ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. An image folder instead (a
+      ``.tar(.gz)`` archive, or a folder holding ``train/``, of ``split/<class>/<file>``
+      images, such as ``../shared/data/cifar10_jpeg/cifar10_jpeg.tar.gz``): its ``train``
+      and ``test`` splits by :func:`fedco.data.image_folder.load_image_folder`, labels
+      numbering the class folders of both splits sorted.
 
   Returns:
     :class:`Splits` ``(train, test)``, each ``{"x": float32, "y": int32}``; images in
@@ -446,4 +450,15 @@ def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
   _check_name("name", name, DATASETS)
   if name == "digits":
     return load_digits()
+  from fedco.data import image_folder  # pylint: disable=g-import-not-at-top
+
+  if image_folder.is_image_folder(data_dir):
+    classes = image_folder.class_folders(data_dir)
+    if len(classes) > NUM_CLASSES[name]:
+      raise ValueError(
+        f"data_dir={os.fspath(data_dir)!r} holds {len(classes)} class folders; {name} has "
+        f"{NUM_CLASSES[name]}"
+      )
+    read = image_folder.load_image_folder
+    return Splits(*(read(data_dir, s, classes=classes) for s in ("train", "test")))
   return Splits(load_tfds(name, "train", data_dir), load_tfds(name, "test", data_dir))
