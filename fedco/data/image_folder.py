@@ -45,16 +45,24 @@ def is_image_folder(path: Union[str, os.PathLike, None]) -> bool:
   return os.path.isdir(os.path.join(path, "train"))
 
 
-def _members(path: str, split: str) -> Iterator[Tuple[str, str, bytes]]:
-  """``(class, name, bytes)`` of every file under ``split/`` of a folder or archive."""
+def _split_class(name: str) -> Optional[Tuple[str, str]]:
+  """``(split, class)`` of an archive member named ``split/<class>/<file>``, else ``None``."""
+  parts = name.strip("/").split("/")
+  return (parts[0], parts[1]) if len(parts) == 3 else None
+
+
+def _members(path: str, splits: Sequence[str]) -> Iterator[Tuple[str, str, str, bytes]]:
+  """``(split, class, name, bytes)`` of every file under ``splits`` of a folder or archive,
+  in one pass over an archive."""
   if os.path.isdir(path):
-    root = os.path.join(path, split)
-    for cls in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-      folder = os.path.join(root, cls)
-      if os.path.isdir(folder):
-        for name in sorted(os.listdir(folder)):
-          with open(os.path.join(folder, name), "rb") as f:
-            yield cls, f"{split}/{cls}/{name}", f.read()
+    for split in splits:
+      root = os.path.join(path, split)
+      for cls in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        folder = os.path.join(root, cls)
+        if os.path.isdir(folder):
+          for name in sorted(os.listdir(folder)):
+            with open(os.path.join(folder, name), "rb") as f:
+              yield split, cls, f"{split}/{cls}/{name}", f.read()
     return
   try:
     archive = tarfile.open(path)
@@ -63,67 +71,83 @@ def _members(path: str, split: str) -> Iterator[Tuple[str, str, bytes]]:
   with archive:
     try:
       for member in archive:
-        parts = member.name.strip("/").split("/")
-        if member.isfile() and len(parts) == 3 and parts[0] == split:
+        where = _split_class(member.name) if member.isfile() else None
+        if where is not None and where[0] in splits:
           data = archive.extractfile(member)
-          yield parts[1], member.name, data.read() if data is not None else b""
+          yield where[0], where[1], member.name, data.read() if data is not None else b""
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:  # zlib errors too
       raise ValueError(f"{path}: damaged archive ({e})") from None
 
 
-def class_folders(path: Union[str, os.PathLike], splits: Sequence[str] = ("train", "test")):
-  """The class folder names found under any of ``splits``, sorted (file names only: nothing
-  is decoded).
+def decode_image(data: bytes, where: str, mode: Optional[str] = None) -> np.ndarray:
+  """One encoded image (JPEG, PNG, ... as Pillow reads them) as a ``uint8`` array.
 
   Args:
-    path: a folder or ``.tar(.gz)`` archive of ``split/<class>/<file>`` images.
-    splits: the top-level folders to look in.
+    data: the file's bytes.
+    where: what the error names (``"<archive>: <entry> is not a readable image"``).
+    mode: a Pillow mode to convert to (``"L"``: grey); ``None`` keeps grey and RGB images
+      as stored and converts the others to RGB.
 
   Returns:
-    A sorted list of class names: the label order :func:`fedco.data.load` gives every split.
+    ``uint8 [H, W]`` for grey images, ``uint8 [H, W, 3]`` for RGB.
 
   Raises:
-    ValueError: an archive that does not read.
+    ValueError: ``"{where} (<Pillow's reason>)"`` when the bytes do not decode.
 
   Examples:
-    >>> import os, tempfile
     >>> from fedco.data import image_folder
-    >>> root = tempfile.mkdtemp()
-    >>> for folder in ("train/cat", "train/dog", "test/ant"):
-    ...   os.makedirs(os.path.join(root, folder))
-    ...   open(os.path.join(root, folder, "0.png"), "wb").close()
-    >>> image_folder.class_folders(root)
-    ['ant', 'cat', 'dog']
+    >>> image_folder.decode_image(b"garbage", "x.png is not a readable image")
+    Traceback (most recent call last):
+    ...
+    ValueError: x.png is not a readable image (cannot identify image file <_io.BytesIO object at ...>)
   """
-  path = os.fspath(path)
-  found = set()
-  if os.path.isdir(path):
-    for split in splits:
-      root = os.path.join(path, split)
-      if os.path.isdir(root):
-        found |= {c for c in os.listdir(root) if os.path.isdir(os.path.join(root, c))}
-    return sorted(found)
-  try:
-    with tarfile.open(path) as archive:
-      for member in archive:
-        parts = member.name.strip("/").split("/")
-        if member.isfile() and len(parts) == 3 and parts[0] in splits:
-          found.add(parts[1])
-  except (tarfile.TarError, OSError, EOFError, ValueError) as e:
-    raise ValueError(f"{path}: not a readable tar archive ({e})") from None
-  return sorted(found)
-
-
-def _decode(path: str, name: str, data: bytes) -> np.ndarray:
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
 
   try:
     with Image.open(io.BytesIO(data)) as image:
-      if image.mode not in ("L", "RGB"):
+      if mode is not None:
+        image = image.convert(mode)
+      elif image.mode not in ("L", "RGB"):
         image = image.convert("RGB")
       return np.asarray(image, np.uint8)
   except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-    raise ValueError(f"{path}: {name} is not a readable image ({e})") from None
+    raise ValueError(f"{where} ({e})") from None
+
+
+Row = Tuple[str, str, np.ndarray]  # (class, name, image)
+
+
+def _read(path: str, splits: Sequence[str]) -> Dict[str, List[Row]]:
+  """Every split's decoded images, read in one pass."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"path={path!r} does not exist (a folder or .tar(.gz) of images)")
+  rows: Dict[str, List[Row]] = {split: [] for split in splits}
+  for split, cls, name, data in _members(path, splits):
+    rows[split].append((cls, name, decode_image(data, f"{path}: {name} is not a readable image")))
+  return rows
+
+
+def _arrays(path: str, split: str, rows: List[Row], classes: Optional[Sequence[str]]) -> Arrays:
+  """One split's rows as ``{"x", "y"}``, sorted by class and name, labels numbering
+  ``classes`` (``None``: the split's sorted)."""
+  if not rows:
+    raise ValueError(f"{path}: no images under {split}/<class>/ (split={split!r})")
+  rows = sorted(rows, key=lambda r: (r[0], r[1]))
+  found = sorted({r[0] for r in rows})
+  order = list(classes) if classes is not None else found
+  unknown = [c for c in found if c not in order]
+  if unknown:
+    raise ValueError(f"{path}: class folders {unknown} of {split}/ are not in classes={order}")
+  shape = rows[0][2].shape
+  for _, name, image in rows:
+    if image.shape != shape:
+      raise ValueError(f"{path}: {name} is {image.shape}, the first image {shape}")
+  images = np.stack([r[2] for r in rows])
+  if images.ndim == 3:
+    images = images[..., None]
+  labels = np.array([order.index(r[0]) for r in rows], np.int32)
+  return {"x": np.multiply(images, 1.0 / 255.0, dtype=np.float32), "y": labels}
 
 
 def load_image_folder(
@@ -166,25 +190,43 @@ def load_image_folder(
     ((2, 4, 4, 3), [0, 1], 1.0)
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"path={path!r} does not exist (a folder or .tar(.gz) of images)")
-  rows: List[Tuple[str, str, np.ndarray]] = []
-  for cls, name, data in _members(path, split):
-    rows.append((cls, name, _decode(path, name, data)))
-  if not rows:
-    raise ValueError(f"{path}: no images under {split}/<class>/ (split={split!r})")
-  rows.sort(key=lambda r: (r[0], r[1]))
-  found = sorted({r[0] for r in rows})
-  order = list(classes) if classes is not None else found
-  unknown = [c for c in found if c not in order]
-  if unknown:
-    raise ValueError(f"{path}: class folders {unknown} of {split}/ are not in classes={order}")
-  shape = rows[0][2].shape
-  for _, name, image in rows:
-    if image.shape != shape:
-      raise ValueError(f"{path}: {name} is {image.shape}, the first image {shape}")
-  images = np.stack([r[2] for r in rows])
-  if images.ndim == 3:
-    images = images[..., None]
-  labels = np.array([order.index(r[0]) for r in rows], np.int32)
-  return {"x": np.multiply(images, 1.0 / 255.0, dtype=np.float32), "y": labels}
+  return _arrays(path, split, _read(path, (split,))[split], classes)
+
+
+def load_image_folders(
+  path: Union[str, os.PathLike], splits: Sequence[str] = ("train", "test")
+) -> Tuple[List[str], Dict[str, Arrays]]:
+  """Several splits of an image folder, read in one pass, with one label order.
+
+  As :func:`load_image_folder` for each split, with the labels numbering the class folders
+  found under any of ``splits``, sorted (so a class missing from one split keeps its id).
+  An archive is read once (a ``.tar.gz`` is decompressed once, not once per split).
+
+  Args:
+    path: a folder holding the splits or a ``.tar``, ``.tar.gz`` or ``.tgz`` archive of them.
+    splits: the top-level folders to read.
+
+  Returns:
+    ``(classes, {split: {"x": float32 [N, H, W, C], "y": int32 [N]}})``.
+
+  Raises:
+    FileNotFoundError: ``path`` does not exist.
+    ValueError: as :func:`load_image_folder`, for any split.
+
+  Examples:
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> from PIL import Image
+    >>> from fedco.data import image_folder
+    >>> root = tempfile.mkdtemp()
+    >>> for folder in ("train/cat", "train/dog", "test/dog"):
+    ...   os.makedirs(os.path.join(root, folder))
+    ...   Image.fromarray(np.zeros((2, 2), np.uint8)).save(os.path.join(root, folder, "0.png"))
+    >>> classes, data = image_folder.load_image_folders(root)
+    >>> classes, data["train"]["y"].tolist(), data["test"]["y"].tolist()
+    (['cat', 'dog'], [0, 1], [1])
+  """
+  path = os.fspath(path)
+  rows = _read(path, splits)
+  classes = sorted({r[0] for split in splits for r in rows[split]})
+  return classes, {split: _arrays(path, split, rows[split], classes) for split in splits}

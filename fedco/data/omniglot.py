@@ -285,10 +285,7 @@ def load_omniglot(
     >>> len(data.alphabet_names), data.character.shape
     (50, (6,))
   """
-  if (
-    isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 4
-  ):
-    raise ValueError(f"image_size must be an integer >= 4, got {image_size!r}")
+  image_size = _check_count("image_size", image_size, 4)
   data_dir = None if data_dir is None else os.fspath(data_dir)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
@@ -298,7 +295,7 @@ def load_omniglot(
   for split in ("train", "test"):
     source = _open_source(tfds, NAME, split, data_dir)
     names = names or _alphabet_names(source)
-    parts.append(_read_split(source, int(image_size)))
+    parts.append(_read_split(source, image_size))
   images = np.concatenate([p[0] for p in parts])
   labels = np.concatenate([p[1] for p in parts])
   alphabets = np.concatenate([p[2] for p in parts]).astype(np.int32)
@@ -357,15 +354,9 @@ def _zip_entries(path: str, root: str):
 def _read_png(archive, path: str, name: str, size: int) -> np.ndarray:
   """One upstream drawing (105x105, black strokes on white) -> ``uint8 [size, size]``,
   strokes 255."""
-  import io  # pylint: disable=g-import-not-at-top
+  from fedco.data.image_folder import decode_image  # pylint: disable=g-import-not-at-top
 
-  from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
-
-  try:
-    with Image.open(io.BytesIO(archive.read(name))) as image:
-      gray = np.asarray(image.convert("L"), np.uint8)
-  except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-    raise ValueError(f"{path}: entry {name!r} is not a readable PNG ({e})") from None
+  gray = decode_image(archive.read(name), f"{path}: entry {name!r} is not a readable PNG", "L")
   return _to_28(gray, size)
 
 
@@ -420,10 +411,7 @@ def load_omniglot_zips(
     >>> [data.alphabet_names[a] for a in data.alphabet], data.background.tolist()
     (['Latin', 'Latin', 'ULOG', 'ULOG'], [True, True, False, False])
   """
-  if (
-    isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 4
-  ):
-    raise ValueError(f"image_size must be an integer >= 4, got {image_size!r}")
+  image_size = _check_count("image_size", image_size, 4)
   import zipfile  # pylint: disable=g-import-not-at-top
 
   folder = os.fspath(folder)
@@ -439,7 +427,7 @@ def load_omniglot_zips(
     entries = _zip_entries(path, root)
     with zipfile.ZipFile(path) as archive:
       for alphabet, character, drawer, name in entries:
-        images.append(_read_png(archive, path, name, int(image_size)))
+        images.append(_read_png(archive, path, name, image_size))
         keys.append((ALPHABETS.index(alphabet), character))
         drawers.append(drawer)
         background.append(root == ZIPS[0])

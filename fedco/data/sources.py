@@ -430,7 +430,7 @@ def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
       ``TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. An image folder instead (a
       ``.tar(.gz)`` archive, or a folder holding ``train/``, of ``split/<class>/<file>``
       images, such as ``../shared/data/cifar10_jpeg/cifar10_jpeg.tar.gz``): its ``train``
-      and ``test`` splits by :func:`fedco.data.image_folder.load_image_folder`, labels
+      and ``test`` splits by :func:`fedco.data.image_folder.load_image_folders`, labels
       numbering the class folders of both splits sorted.
 
   Returns:
@@ -453,12 +453,11 @@ def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
   from fedco.data import image_folder  # pylint: disable=g-import-not-at-top
 
   if image_folder.is_image_folder(data_dir):
-    classes = image_folder.class_folders(data_dir)
+    classes, arrays = image_folder.load_image_folders(data_dir, ("train", "test"))
     if len(classes) > NUM_CLASSES[name]:
       raise ValueError(
         f"data_dir={os.fspath(data_dir)!r} holds {len(classes)} class folders; {name} has "
         f"{NUM_CLASSES[name]}"
       )
-    read = image_folder.load_image_folder
-    return Splits(*(read(data_dir, s, classes=classes) for s in ("train", "test")))
+    return Splits(arrays["train"], arrays["test"])
   return Splits(load_tfds(name, "train", data_dir), load_tfds(name, "test", data_dir))
