@@ -173,49 +173,20 @@ class CompileCounter:
       self.seconds += float(duration)
 
 
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor()
-
-
-def _mem_total_gib() -> Optional[float]:
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemTotal:"):
-          return round(int(line.split()[1]) / 2**20, 2)
-  except OSError:
-    pass
-  return None
-
-
 def machine_info(torch_module=None) -> Dict[str, Any]:
-  import jaxlib
+  """fedco's ``machine_info`` (the machine, JAX, its devices, the load at the start) plus
+  NumPy, ``XLA_FLAGS``, whether a GPU was lent and PyTorch's version and threads."""
+  from fedco.experiment import outputs  # pylint: disable=g-import-not-at-top
 
-  info = {
-    "platform": platform.platform(),
-    "processor": platform.processor(),
-    "cpu_model": _cpu_model(),
-    "cpu_count": os.cpu_count(),
-    "mem_total_gib": _mem_total_gib(),
-    "python": sys.version.split()[0],
-    "jax": jax.__version__,
-    "jaxlib": jaxlib.__version__,
-    "numpy": np.__version__,
-    "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
-    "default_backend": jax.default_backend(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    # other load on the shared machine skews timings; (1, 5, 15)-minute averages
-    "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+  info = outputs.machine_info()
+  info["load_average_start"] = info.pop("load_average")
+  info.update(
+    processor=platform.processor(),
+    numpy=np.__version__,
+    xla_flags=os.environ.get("XLA_FLAGS", ""),
     # whether JAX runs on a GPU (this project's sessions are rarely lent one)
-    "gpu_lent": jax.default_backend() == "gpu",
-  }
+    gpu_lent=jax.default_backend() == "gpu",
+  )
   if torch_module is not None:
     info["torch"] = torch_module.__version__
     info["torch_num_threads"] = torch_module.get_num_threads()

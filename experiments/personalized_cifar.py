@@ -12,19 +12,23 @@ methods are ``config.methods``, each an algorithm (``fedco.ALGORITHMS``) with it
 and a ``problem`` (``name`` and its settings); the paper's settings (outer rate
 ``learning_rate = 0.1`` unless given):
 
-==================  ==========================================================================
-``comfedl_damaml``  ``comfedl`` on DA-MAML, ``exp((L_k(w - 0.05 grad L_k(w)) - shift) /
-                    gamma)``, ``gamma = 0.5`` (paper 001 eq. 10; ``problem.inner_lr = 0.05``)
-``comfedl_maml``    ``comfedl`` on MAML with ``problem.inner_lr = 0.05`` (eq. 7)
-``fedavg``          ``fedavg`` on the cross-entropy, fine-tuned by one step of
-                    ``problem.finetune_lr = 0.1`` before evaluation ("for fair comparison,
-                    FedAvg is trained with one step at test time")
-``fedmaml``         ``fedmaml`` on MAML with ``problem.inner_lr = 0.1``
-``tr_maml``         ``tr_maml`` (``weights_lr = 0.08``) on MAML with ``problem.inner_lr =
-                    0.05``
-``ditto``           ``ditto`` (``learning_rate = 0.2``, ``lam = 0.1``) on the cross-entropy;
-                    scored with its personal models
-==================  ==========================================================================
+=============================  ===================================================================
+``comfedl_damaml``             ``comfedl`` on DA-MAML, ``exp((L_k(w - 0.05 grad L_k(w)) - shift) /
+                               gamma)``, ``gamma = 0.5`` (paper 001 eq. 10; ``problem.inner_lr =
+                               0.05``)
+``comfedl_damaml_normalized``  the same with normalised client weights ``exp(L_k/gamma - L)`` over
+                               the round's clients (``fedco.comfedl(normalized=True)``; not in the
+                               paper: stable where the literal step diverges)
+``comfedl_maml``               ``comfedl`` on MAML with ``problem.inner_lr = 0.05`` (eq. 7)
+``fedavg``                     ``fedavg`` on the cross-entropy, fine-tuned by one step of
+                               ``problem.finetune_lr = 0.1`` before evaluation ("for fair
+                               comparison, FedAvg is trained with one step at test time")
+``fedmaml``                    ``fedmaml`` on MAML with ``problem.inner_lr = 0.1``
+``tr_maml``                    ``tr_maml`` (``weights_lr = 0.08``) on MAML with ``problem.inner_lr
+                               = 0.05``
+``ditto``                      ``ditto`` (``learning_rate = 0.2``, ``lam = 0.1``) on the
+                               cross-entropy; scored with its personal models
+=============================  ===================================================================
 
 MAML here is :func:`fedco.problems.personalized.personalized_maml` (one task per client:
 the inner map is ``w - a grad l(w; x, y)`` per image, its batch mean the adapted model on the

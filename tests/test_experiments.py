@@ -351,17 +351,19 @@ def test_a_methods_seeds_run_as_one_program_equal_to_runs_one_by_one(tmp_path, m
   method: one checkpoint folder per method, every seed's rows, the same table and finals up
   to float32 round-off, and a diverging method's notes as ``fedco.simulate`` gives them
   (it is rerun alone); a rerun resumes every run from the checkpoints."""
-  calls = {"sweep": 0, "simulate": 0}
+  calls, chunks = {"sweep": 0, "simulate": 0}, set()
   for name in calls:
     original = getattr(fedco, name)
 
     def counted(*args, _name=name, _original=original, **kwargs):
       calls[_name] += 1
+      chunks.add(kwargs.get("chunk_rounds"))
       return _original(*args, **kwargs)
 
     monkeypatch.setattr(fedco, name, counted)
   together = _e1(tmp_path / "together", True)
   assert calls == {"sweep": 2, "simulate": 3}  # comfedl's three seeds rerun alone
+  assert chunks == {2}  # progress_chunk(6, eval_every 2, checkpoint_every 4): the bar moves
   apart = _e1(tmp_path / "apart", False)
   assert together["table"] == apart["table"]
   assert together["methods"]["comfedl"] == apart["methods"]["comfedl"]  # divergence notes

@@ -225,7 +225,8 @@ def test_ablation_runs_and_defaults():
   default = e2_config.get_config()
   assert [default[k] for k in runner.SHARED[1:-1]] == [(0, 1, 2), 300, 5, 0.1, 32, 5]
   methods = {m.label: m for m in _checked_methods(default)}
-  assert set(methods) == set(LABELS)
+  assert set(methods) == set(LABELS) | {"comfedl_damaml_normalized"}  # issue 47: both forms
+  assert methods["comfedl_damaml_normalized"].kwargs == {"normalized": True, "gamma": 0.5}
   assert methods["tr_maml"].kwargs == {"weights_lr": 0.08}
   assert methods["ditto"].kwargs == {"lam": 0.1, "personal_lr": None}
 

@@ -139,6 +139,9 @@ def test_e3_end_to_end_with_tiny_settings(e3_tiny):
   assert written["settings"]["local_scgdm"]["learning_rate"] == 1.0
   assert written["settings"]["comfedl"]["learning_rate"] == 0.01
   assert summary["wall_seconds"] > 0
+  machine = written["machine"]  # results carry the machine they ran on
+  assert machine["default_backend"] == jax.default_backend() and machine["cpu_count"] >= 1
+  assert machine["cpu_model"] and len(machine["load_average"]) == 3
   with open(os.path.join(workdir, "config.json")) as f:
     assert json.load(f)["inner_lr"] == 0.001
 

@@ -50,6 +50,12 @@ def get_config():
         "normalized": False,
         "problem": {"name": "da_maml", "inner_lr": 0.05},
       },
+      # the same with normalised client weights (stable where the literal step diverges)
+      "comfedl_damaml_normalized": {
+        "algorithm": "comfedl",
+        "normalized": True,
+        "problem": {"name": "da_maml", "inner_lr": 0.05},
+      },
       "comfedl_maml": {"algorithm": "comfedl", "problem": {"name": "maml", "inner_lr": 0.05}},
       "fedavg": {"algorithm": "fedavg", "problem": {"name": "erm", "finetune_lr": 0.1}},
       "fedmaml": {"algorithm": "fedmaml", "problem": {"name": "maml", "inner_lr": 0.1}},

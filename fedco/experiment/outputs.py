@@ -75,6 +75,56 @@ def dumps(value: Any, **kwargs) -> str:
 # ---- flag checks (one-line errors; numbers: fedco.extend.positive, positive_int, bounded) -
 
 
+def machine_info() -> Dict[str, Any]:
+  """The machine a run went on, for its ``summary.json`` (results carry their machine).
+
+  Returns:
+    ``platform``, ``cpu_model`` (``/proc/cpuinfo``'s model name), ``cpu_count``,
+    ``mem_total_gib``, ``python``, ``jax``, ``jaxlib``, ``default_backend``, ``devices``
+    and ``load_average`` (1, 5, 15 minutes: other work on a shared machine slows a run).
+
+  Examples:
+    >>> from fedco.experiment import outputs
+    >>> info = outputs.machine_info()
+    >>> info["default_backend"] in ("cpu", "gpu", "tpu"), info["cpu_count"] >= 1
+    (True, True)
+  """
+  import platform  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+
+  return {
+    "platform": platform.platform(),
+    "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+    "cpu_count": os.cpu_count(),
+    "mem_total_gib": _mem_total_gib(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+    "default_backend": jax.default_backend(),
+    "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+    "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+  }
+
+
+def _proc_field(path: str, name: str) -> Optional[str]:
+  """The value of the first ``name: value`` line of a ``/proc`` file (``None``: absent)."""
+  try:
+    with open(path) as f:
+      for line in f:
+        if line.startswith(name):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
+def _mem_total_gib() -> Optional[float]:
+  total = _proc_field("/proc/meminfo", "MemTotal")  # "24684420 kB"
+  return round(int(total.split()[0]) / 2**20, 2) if total else None
+
+
 def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
   """A non-empty comma list (or sequence) of integers ``>= minimum`` (distinct if asked)."""
   try:

@@ -20,7 +20,7 @@ required):
   initial model and metrics;
 * ``finish(config, method, seed, result, final)``: add values to a finished run's ``final``;
 * ``summarize(config, outcome) -> dict``: the summary's own entries (the runner adds
-  ``seeds``, ``settings``, ``methods``, ``table`` and ``wall_seconds``);
+  ``seeds``, ``settings``, ``methods``, ``table``, ``wall_seconds`` and ``machine``);
 * ``plot(wd, config, outcome)``: its figures;
 * ``report(summary) -> lines``: lines printed after the table;
 * ``TRADEOFF``: ``{"epsilon" | "bytes_up": panels}``, each panel ``(metric, axis label[,
@@ -673,6 +673,33 @@ def local_steps_ablation(
   return [v for m in found for v in ablated(config, m, values)] if values else list(compared)
 
 
+def progress_chunk(rounds: int, eval_every: int, checkpoint_every: int) -> int:
+  """Rounds per compiled chunk of an experiment's run: the progress bar moves once a chunk.
+
+  The largest chunk of at most ``max(eval_every, rounds / 10)`` rounds (and 100) that
+  divides the run into equal chunks between checkpoints, so the bar moves at least every
+  tenth of the run and at every evaluation, and every chunk is the same compiled program
+  (a scan's length is static). ``fedco.simulate``'s own default, one chunk of up to 100
+  rounds, left a slow run (E4 on 2 cores: 30 minutes) at 0% until it ended.
+
+  Args:
+    rounds: the run's rounds.
+    eval_every: rounds between its evaluations.
+    checkpoint_every: rounds between its checkpoints.
+
+  Returns:
+    An int ``>= 1`` dividing ``rounds`` (and ``checkpoint_every`` when the run is longer).
+
+  Examples:
+    >>> from fedco.experiment.runner import progress_chunk
+    >>> progress_chunk(12, 2, 50), progress_chunk(300, 10, 50), progress_chunk(7, 7, 50)
+    (2, 25, 7)
+  """
+  target = min(100, max(eval_every, -(-rounds // 10)))
+  span = np.gcd(rounds, checkpoint_every) if rounds > checkpoint_every else rounds
+  return max(d for d in range(1, min(target, span) + 1) if span % d == 0)
+
+
 def same_iterations(config, method: Method) -> Dict[str, int]:
   """The ``rounds`` and ``eval_every`` that give ``method`` the shared schedule's iterations.
 
@@ -776,7 +803,7 @@ def train_and_evaluate(
     method, ``TABLE_KEYS`` as ``"mean +- std"`` strings over the seeds that finished, and a
     divergence ``note``), ``methods`` (the numbers: ``methods[label][key]["mean"]`` /
     ``["std"]``, and ``per_seed`` final values or divergence notes), ``settings``,
-    ``seeds``, ``wall_seconds`` and the module's own entries.
+    ``seeds``, ``wall_seconds``, ``machine`` and the module's own entries.
 
   Examples:
     An experiment defined in place (usually a module on the path, named by the config):
@@ -887,6 +914,7 @@ def train_and_evaluate(
     if entry is not None:
       summary[f"{x}_tradeoff"] = entry
   summary["wall_seconds"] = time.perf_counter() - start
+  summary["machine"] = outputs.machine_info()
   wd.write_summary(summary)
   if options.progress:
     print(outputs.format_table(summary["table"]))
@@ -1028,7 +1056,7 @@ class _Session:
       metrics_fn=run.metrics_fn,
       metrics_data=shared("metrics_data"),
       metric_labels=[{"method": method.label, "seed": s} for s in seeds],
-      **self.how(directory),
+      **self.how(directory, schedule),
       **{**method.simulator_kwargs(), **run.simulate, **schedule},
     )
     for r, seed in enumerate(seeds):
@@ -1037,9 +1065,12 @@ class _Session:
       else:
         self.one(method, seed, built[seed])
 
-  def how(self, directory: str, writers=None) -> Dict[str, Any]:
-    """``fedco.simulate``'s and ``fedco.sweep``'s arguments on how a run goes."""
+  def how(self, directory: str, schedule: Mapping[str, Any], writers=None) -> Dict[str, Any]:
+    """``fedco.simulate``'s and ``fedco.sweep``'s arguments on how a run goes (its
+    ``schedule``: rounds and ``eval_every``)."""
+    every = self.options.checkpoint_every
     return {
+      "chunk_rounds": progress_chunk(schedule["rounds"], schedule["eval_every"], every),
       "metric_writers": self.writers if writers is None else writers,
       "progress": self.options.progress,
       "progress_metric": self.module.PROGRESS,
@@ -1070,7 +1101,7 @@ class _Session:
         run.params,
         seed=seed,
         metric_labels=labels,
-        **self.how(directory, writers),
+        **self.how(directory, kwargs, writers),
         **kwargs,
       )
     except fedco.runtime.NonFiniteError as err:
