@@ -257,7 +257,7 @@ def metrics_fn_for(apply_fn, train, test, num_classes, config):
 def summarize(config, outcome) -> Dict[str, Any]:
   s = outcome.setup
   return {
-    "dataset": f"{config.dataset}-ST",
+    "dataset": _name(config),
     "model": config.model,
     "rounds": config.rounds,
     "num_clients": config.num_clients,
@@ -267,6 +267,13 @@ def summarize(config, outcome) -> Dict[str, Any]:
       "num_classes": s["num_classes"],
     },
   }
+
+
+def _name(config) -> str:
+  """``cifar10-ST``, or ``cifar10-ST from cifar10_jpeg.tar.gz`` from an image folder."""
+  return sources.describe(config.dataset, config.data_dir).replace(
+    config.dataset, f"{config.dataset}-ST", 1
+  )
 
 
 def plot(wd, config, outcome):
@@ -289,7 +296,7 @@ def figure(records, config, labels):
     "at every evaluation: no method predicts a minority class at this budget (more rounds, "
     "or a smaller imbalance, are needed)"
   )
-  title = f"{config.dataset}-ST, {config.num_clients} clients"
+  title = f"{_name(config)}, {config.num_clients} clients"
   return outputs.curves(
     records, labels, panels, title=title, notes={"test_minority_acc": why}, ncols=2
   )

@@ -103,7 +103,7 @@ import numpy as np
 
 import fedco
 from fedco import extend, models
-from fedco.data import partition
+from fedco.data import partition, sources
 from fedco.data.datasets import make_federated
 from fedco.experiment import outputs, runner
 from fedco.problems import personalized
@@ -402,7 +402,7 @@ def evaluation_row(val_loss, val_acc, val_loss_global, val_acc_global) -> Dict[s
 
 def summarize(config, outcome) -> Dict[str, Any]:
   return {
-    "dataset": config.dataset,
+    "dataset": sources.describe(config.dataset, config.data_dir),
     "rounds": config.rounds,
     "local_steps": config.local_steps,
     "rho": config.rho,
@@ -429,8 +429,8 @@ def figure(records, config, labels):
   )
   fig = outputs.curves(records, labels, panels, title=f"{config.dataset}{setting}")
   fig.suptitle(
-    "after one personalisation step from the server model (Ditto: its personal "
-    "models); mean +- std over seeds",
+    f"{sources.describe(config.dataset, config.data_dir)}: after one personalisation step "
+    "from the server model (Ditto: its personal models); mean +- std over seeds",
     fontsize=9,
   )
   return fig

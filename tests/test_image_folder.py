@@ -7,6 +7,7 @@ import io
 import os
 import tarfile
 
+import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -83,6 +84,15 @@ def test_load_reads_an_image_folder_as_a_tfds_name_s_splits(tmp_path):
   with pytest.raises(ValueError, match="holds 11 class folders; cifar10 has 10"):
     fedco.data.load("cifar10", _tar(tmp_path / "many.tar", many, "w"))
   assert not image_folder.is_image_folder(tmp_path)  # a TFDS data_dir stays one
+  # figures and summaries say where the data came from (a JPEG copy is not TFDS's)
+  assert fedco.data.sources.describe("cifar10", path) == "cifar10 from cifar.tar.gz"
+  assert fedco.data.sources.describe("cifar10", tmp_path) == "cifar10"
+  from experiments import imbalanced_cifar  # pylint: disable=g-import-not-at-top
+
+  named = imbalanced_cifar._name(
+    ml_collections.ConfigDict({"dataset": "cifar10", "data_dir": path})
+  )
+  assert named == "cifar10-ST from cifar.tar.gz"
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,30 @@ def num_classes(name: str) -> int:
   return NUM_CLASSES[name]
 
 
+def describe(name: str, data_dir: Union[str, os.PathLike, None] = None) -> str:
+  """The name a figure or summary gives the data :func:`load` reads (where it came from).
+
+  Args:
+    name: the data set's name, as for :func:`load`.
+    data_dir: :func:`load`'s ``data_dir``.
+
+  Returns:
+    ``name``, or ``"<name> from <file>"`` when ``data_dir`` is an image folder: a copy in
+    another format (``cifar10 from cifar10_jpeg.tar.gz``: lossy JPEG) is not the TFDS
+    data, and its numbers must say so.
+
+  Examples:
+    >>> import fedco
+    >>> fedco.data.sources.describe("cifar10"), fedco.data.sources.describe("digits", "x")
+    ('cifar10', 'digits')
+  """
+  from fedco.data import image_folder  # pylint: disable=g-import-not-at-top
+
+  if name != "digits" and image_folder.is_image_folder(data_dir):
+    return f"{name} from {os.path.basename(os.path.normpath(os.fspath(data_dir)))}"
+  return name
+
+
 def _check_name(arg: str, name: Any, allowed) -> None:
   if name not in allowed:
     raise ValueError(f"{arg} must be one of {tuple(allowed)}, got {name!r}")
