@@ -28,6 +28,7 @@ the finished ones.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -48,17 +49,11 @@ RUNS: Dict[str, tuple] = {
   "e5": ("imbalanced_cifar.py", {}, "cifar10_jpeg/cifar10_jpeg.tar.gz"),
   "e2": ("personalized_cifar.py", {}, "cifar10_jpeg/cifar10_jpeg.tar.gz"),
 }
-# The config's rounds at the paper's length, and the fields that count rounds with them.
-ROUNDS = {"omniglot.py": 1000, "imbalanced_cifar.py": 120, "personalized_cifar.py": 300}
+# The fields that count rounds, scaled with them (their full-length values: the config's).
 ROUND_FIELDS = {
   "omniglot.py": ("eval_every",),
   "imbalanced_cifar.py": ("eval_every", "lr_drop_round"),
   "personalized_cifar.py": ("eval_every",),
-}
-DEFAULTS = {  # the configs' values of ROUND_FIELDS
-  "omniglot.py": {"eval_every": 10},
-  "imbalanced_cifar.py": {"eval_every": 10, "lr_drop_round": 90},
-  "personalized_cifar.py": {"eval_every": 5},
 }
 
 flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
@@ -78,10 +73,11 @@ def command(name: str, scale: float, data_root: str, workdir: str) -> Tuple[List
   """The ``experiments.main`` command line of one run at ``scale`` of its length, and the
   run's workdir."""
   config, overrides, data = RUNS[name]
-  rounds = max(1, round(ROUNDS[config] * scale))
+  full = importlib.import_module(f"experiments.configs.{config[:-3]}").get_config()
+  rounds = max(1, round(full.rounds * scale))
   fields = {"rounds": rounds, **overrides}
   for field in ROUND_FIELDS[config]:
-    fields[field] = max(1, min(rounds, round(DEFAULTS[config][field] * scale)))
+    fields[field] = max(1, min(rounds, round(full[field] * scale)))
   run_dir = os.path.join(workdir, f"{name}_scale{scale:g}")
   return [
     sys.executable,

@@ -119,7 +119,6 @@ Row = Tuple[str, str, np.ndarray]  # (class, name, image)
 
 def _read(path: str, splits: Sequence[str]) -> Dict[str, List[Row]]:
   """Every split's decoded images, read in one pass."""
-  path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"path={path!r} does not exist (a folder or .tar(.gz) of images)")
   rows: Dict[str, List[Row]] = {split: [] for split in splits}

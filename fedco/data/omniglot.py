@@ -319,17 +319,10 @@ def load_omniglot(
 ZIPS = ("images_background", "images_evaluation")  # the upstream archives, in this order
 
 
-def _zip_entries(path: str, root: str):
-  """``[(alphabet, character, drawer, entry name)]`` of the PNGs of one upstream archive,
-  sorted; a file that is not such an archive is one ``ValueError`` naming it and the entry."""
-  import zipfile  # pylint: disable=g-import-not-at-top
-
-  try:
-    archive = zipfile.ZipFile(path)
-  except (zipfile.BadZipFile, OSError) as e:
-    raise ValueError(f"{path}: not a readable zip archive ({e})") from None
-  with archive:
-    names = archive.namelist()
+def _zip_entries(names, path: str, root: str):
+  """``[(alphabet, character, drawer, entry name)]`` of the PNGs among an upstream archive's
+  entry ``names``, sorted; an entry outside the layout is one ``ValueError`` naming the
+  archive and the entry."""
   entries = []
   for name in names:
     if name.endswith("/"):
@@ -424,9 +417,12 @@ def load_omniglot_zips(
     path = os.path.join(folder, root + ".zip")
     if not os.path.isfile(path):
       raise FileNotFoundError(f"{path}: missing (Omniglot's upstream {root}.zip belongs there)")
-    entries = _zip_entries(path, root)
-    with zipfile.ZipFile(path) as archive:
-      for alphabet, character, drawer, name in entries:
+    try:
+      archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+      raise ValueError(f"{path}: not a readable zip archive ({e})") from None
+    with archive:
+      for alphabet, character, drawer, name in _zip_entries(archive.namelist(), path, root):
         images.append(_read_png(archive, path, name, image_size))
         keys.append((ALPHABETS.index(alphabet), character))
         drawers.append(drawer)

@@ -72,7 +72,7 @@ def dumps(value: Any, **kwargs) -> str:
   return json.dumps(to_jsonable(value), allow_nan=False, **kwargs)
 
 
-# ---- flag checks (one-line errors; numbers: fedco.extend.positive, positive_int, bounded) -
+# ---- the machine a run went on -----------------------------------------------------------
 
 
 def machine_info() -> Dict[str, Any]:
@@ -123,6 +123,9 @@ def _proc_field(path: str, name: str) -> Optional[str]:
 def _mem_total_gib() -> Optional[float]:
   total = _proc_field("/proc/meminfo", "MemTotal")  # "24684420 kB"
   return round(int(total.split()[0]) / 2**20, 2) if total else None
+
+
+# ---- flag checks (one-line errors; numbers: fedco.extend.positive, positive_int, bounded) -
 
 
 def check_int_list(name, values, minimum, *, distinct: bool = False) -> tuple:
