@@ -52,6 +52,23 @@ def _savable(leaf):
 _NO_METRICS = "__no_metrics__"
 
 
+_WRITER_WAIT_S = 60.0  # at most this long for one failed save's other writers to stop
+
+
+def _join_writers(before) -> None:
+  """Waits (a bounded while) for the threads orbax started in a save that failed.
+
+  orbax writes a checkpoint's items in threads of its own and a save raises on the first
+  item that fails (a full disk), while the others may still be writing; one still running
+  when the interpreter exits finds Python's executors shut down and logs a traceback
+  ("cannot schedule new futures after interpreter shutdown") after the run's one-line
+  error. So the error is raised only once they have stopped (or after _WRITER_WAIT_S).
+  """
+  for thread in set(threading.enumerate()) - before:
+    if type(thread).__module__.startswith("orbax") and thread is not threading.current_thread():
+      thread.join(_WRITER_WAIT_S)
+
+
 class RunMismatchError(ValueError):
   """A checkpoint directory holds another run's checkpoints (a ``ValueError``).
 
@@ -335,16 +352,21 @@ class Checkpointer:
       "run": run,
       "checksums": {"state": _checksums(state), "history": _checksums(history)},
     }
-    self._manager.save(
-      int(round_),
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        history=ocp.args.StandardSave(history),
-        host=ocp.args.JsonSave(meta),
-      ),
-      force=True,
-    )
-    self._manager.wait_until_finished()
+    before = set(threading.enumerate())
+    try:
+      self._manager.save(
+        int(round_),
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          history=ocp.args.StandardSave(history),
+          host=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+      )
+      self._manager.wait_until_finished()
+    except BaseException:
+      _join_writers(before)
+      raise
 
   def restore(
     self,

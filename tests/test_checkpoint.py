@@ -116,3 +116,34 @@ def test_restore_names_a_checkpoint_of_another_model(tmp_path):
     with pytest.raises(ValueError, match=r"round 1 in .* does not fit"):
       ckpt.restore(template)
   ckpt.close()
+
+
+def test_a_failed_save_raises_only_once_its_other_writers_stopped(tmp_path, monkeypatch):
+  """orbax writes each item of a checkpoint in threads of its own and raises on the first
+  that fails; one still writing when the interpreter exits logs a traceback after the run's
+  one-line error ("cannot schedule new futures after interpreter shutdown", seen on a full
+  disk). Here the history's metadata write fails at once (it is waited on first) and the
+  state's is slow: ``save`` must raise only after the state's writer stopped."""
+  import asyncio
+  import errno
+  import threading
+
+  from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as pytree
+
+  write = pytree.BasePyTreeCheckpointHandler._write_metadata_file
+
+  async def history_fails_state_is_slow(self, directory, *args, **kwargs):
+    if "history" in os.fspath(directory):
+      raise OSError(errno.ENOSPC, "No space left on device", os.fspath(directory))
+    await asyncio.sleep(1.0)
+    return await write(self, directory, *args, **kwargs)
+
+  handler = pytree.BasePyTreeCheckpointHandler
+  monkeypatch.setattr(handler, "_write_metadata_file", history_fails_state_is_slow)
+  before = set(threading.enumerate())
+  ckpt = checkpoint.Checkpointer(tmp_path / "ckpt")
+  with pytest.raises(OSError, match="No space left"):
+    ckpt.save(1, {"w": np.ones(3, np.float32)}, {"loss": np.zeros(3, np.float32)})
+  started = set(threading.enumerate()) - before
+  running = [t.name for t in started if type(t).__module__.startswith("orbax") and t.is_alive()]
+  assert not running, f"orbax threads still writing after save raised: {running}"
