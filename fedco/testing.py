@@ -735,6 +735,26 @@ class _Kit:
 # ---- a per-client Python loop of the plan ------------------------------------------------------
 
 
+def _initial_state(problem, algorithm, params, batch, weights):
+  """A client's initial state, its trackers of the inner value started on its whole data."""
+  inner = problem.inner_value(params, batch, weights) if problem.compositional else None
+  return base.init_trackers(algorithm.init(params), params, inner)
+
+
+def _round_start_value(problem, plan, params, full, mean, w):
+  """The value a round-start plan hands every client: the clients' inner values at the
+  server model (``pre_link``: before the outer link), reduced by the plan."""
+  values = []
+  for batch, weights, _ in full:
+    value = problem.inner_value(params, batch, weights)
+    if plan.round_start_value == "pre_link" and problem.outer_link is not None:
+      value = problem.unlinked_outer_value(value, batch, weights)
+    values.append(value)
+  if plan.round_start_reduce is None:
+    return mean(values)
+  return plan.round_start_reduce(jnp.stack(values), w)
+
+
 def loop_reference(
   problem: Problem,
   algorithm: base.Algorithm,
@@ -787,10 +807,11 @@ def loop_reference(
   params = base.strong(params)  # as fedco.simulate takes them
   aggregator = base.as_aggregator(algorithm.server)
   counts = jnp.asarray(data.counts)
-  if plan.weighting == "samples":
-    w = counts.astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
-  else:
-    w = jnp.full((n,), 1.0 / n, jnp.float32)
+  w = (
+    counts.astype(jnp.float32) / jnp.sum(counts).astype(jnp.float32)
+    if plan.weighting == "samples"
+    else jnp.full((n,), 1.0 / n, jnp.float32)
+  )
   full = [
     batching.draw_batch(jax.random.PRNGKey(0), data, k, None, return_rows=True) for k in range(n)
   ]
@@ -821,11 +842,7 @@ def loop_reference(
 
   key = jax.random.PRNGKey(seed)
   key, _ = jax.random.split(key)
-  states = []
-  for k in range(n):
-    batch, weights, _ = full[k]
-    inner = problem.inner_value(params, batch, weights) if problem.compositional else None
-    states.append(base.init_trackers(algorithm.init(params), params, inner))
+  states = [_initial_state(problem, algorithm, params, *full[k][:2]) for k in range(n)]
   for field in plan.init_fields:
     states = with_field(states, field, mean([base.get_field(s, field) for s in states]))
   server = {
@@ -842,18 +859,7 @@ def loop_reference(
     for f in plan.every_step:
       states = with_field(states, f, shared[f])
     if plan.round_start:
-      values = []
-      for k in range(n):
-        batch, weights, _ = full[k]
-        value = problem.inner_value(server["params"], batch, weights)
-        if plan.round_start_value == "pre_link" and problem.outer_link is not None:
-          value = problem.unlinked_outer_value(value, batch, weights)
-        values.append(value)
-      value = (
-        mean(values)
-        if plan.round_start_reduce is None
-        else plan.round_start_reduce(jnp.stack(values), w)
-      )
+      value = _round_start_value(problem, plan, server["params"], full, mean, w)
       for f in plan.round_start:
         states = with_field(states, f, value)
     for f in plan.round_start_loss:

@@ -157,6 +157,37 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     >>> sorted(os.listdir(path))
     ['checksums.npy', 'counts.npy', 'store.json', 'x.rows', 'y.rows']
   """
+  clients = _each_client(clients)
+  path = os.fspath(path)
+  _check_new_folder(path)
+  made: List[str] = []  # the folders this call created, in order
+  files: Dict[str, Any] = {}
+  written: List[str] = []  # what this call created, removed again on any failure
+  try:
+    _make_folders(path, made)
+    spec, counts, sums = _write_rows(path, clients, files, written)
+    counts = np.asarray(counts, np.int64)
+    checksums = np.asarray(sums, np.uint32).reshape(counts.size, len(spec))
+    for name, array in ((_COUNTS, counts), (_CHECKSUMS, checksums)):
+      written.append(os.path.join(path, name))
+      io.atomic_write(written[-1], lambda f, a=array: np.save(f, a), mode="wb")
+    fields = {f: {"dtype": d, "shape": list(s)} for f, (d, s) in spec.items()}
+    meta = {
+      "format": _FORMAT,
+      "fields": fields,
+      "num_clients": int(counts.size),
+      "digest": _content_digest(fields, counts, checksums),
+    }
+    io.atomic_write_json(os.path.join(path, _META), meta)  # last: a store is whole or absent
+  except BaseException:
+    _remove_partial(files, written, made)
+    raise
+  return ClientStore(path)
+
+
+def _each_client(clients):
+  """The clients to write, one dict at a time (from an iterable of dicts, a
+  ``FederatedData`` or a :class:`ClientStore`); a dataset or a mapping is refused."""
   from fedco.data.datasets import FederatedDataset  # pylint: disable=g-import-not-at-top
   from fedco.data.federated import FederatedData  # pylint: disable=g-import-not-at-top
 
@@ -172,13 +203,15 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
     )
   if isinstance(clients, FederatedData):
     data = clients
-    clients = (
-      {k: np.asarray(v) for k, v in data.client(k).items()} for k in range(data.num_clients)
-    )
-  elif isinstance(clients, ClientStore):
+    return ({k: np.asarray(v) for k, v in data.client(k).items()} for k in range(data.num_clients))
+  if isinstance(clients, ClientStore):
     source = clients
-    clients = (source.read([k]) for k in range(source.num_clients))
-  path = os.fspath(path)
+    return (source.read([k]) for k in range(source.num_clients))
+  return clients
+
+
+def _check_new_folder(path: str) -> None:
+  """A one-line refusal where ``path`` is a file or a folder that is not empty."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"path {path!r} is a file; write_store makes a new folder")
   if os.path.isdir(path) and os.listdir(path):
@@ -188,62 +221,53 @@ def write_store(path, clients: Iterable[Mapping[str, Any]]) -> "ClientStore":
       f"path {path!r} is a folder that is not empty{why if partial else ''}; write_store "
       "makes a new one"
     )
-  made: List[str] = []  # the folders this call created, in order
-  files: Dict[str, Any] = {}
-  written = []  # what this call created, removed again on any failure
-  try:
-    _make_folders(path, made)
-    spec, counts, sums = None, [], []
-    for k, client in enumerate(clients):
-      arrays = _client_arrays(k, client)
-      shapes = {f: (str(a.dtype), a.shape[1:]) for f, a in arrays.items()}
-      if spec is None:
-        spec = shapes
-        for f in spec:
-          name = os.path.join(path, f"{f}.rows")
-          files[f] = open(name, "xb")  # noqa: SIM115 (closed below, on every path)
-          written.append(name)
-      elif shapes != spec:
-        raise ValueError(f"clients[{k}] has fields {shapes}, the first client has {spec}")
-      for f, a in arrays.items():
-        files[f].write(_bytes(a))
-      sums.append([_checksum(_bytes(a)) for a in arrays.values()])
-      counts.append(len(next(iter(arrays.values()))))
+
+
+def _write_rows(path, clients, files, written):
+  """Writes every client's rows into one ``<field>.rows`` file per field (opened into
+  ``files``, their names appended to ``written``), flushed to the disk; returns the fields'
+  ``{field: (dtype, row shape)}``, each client's row count and per-field checksums."""
+  spec, counts, sums = None, [], []
+  for k, client in enumerate(clients):
+    arrays = _client_arrays(k, client)
+    shapes = {f: (str(a.dtype), a.shape[1:]) for f, a in arrays.items()}
     if spec is None:
-      raise ValueError("clients must hold at least one client, got none")
-    for f in files.values():  # a full disk may show only now: still inside the cleanup
-      f.flush()
-      os.fsync(f.fileno())
+      spec = shapes
+      for f in spec:
+        name = os.path.join(path, f"{f}.rows")
+        files[f] = open(name, "xb")  # noqa: SIM115 (closed by the caller on every path)
+        written.append(name)
+    elif shapes != spec:
+      raise ValueError(f"clients[{k}] has fields {shapes}, the first client has {spec}")
+    for f, a in arrays.items():
+      files[f].write(_bytes(a))
+    sums.append([_checksum(_bytes(a)) for a in arrays.values()])
+    counts.append(len(next(iter(arrays.values()))))
+  if spec is None:
+    raise ValueError("clients must hold at least one client, got none")
+  for f in files.values():  # a full disk may show only now: still inside the cleanup
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+  return spec, counts, sums
+
+
+def _remove_partial(files, written, made) -> None:
+  """Closes ``files`` and removes what a failed write created (``written`` files, then the
+  ``made`` folders, deepest first, only while empty: nothing another writer put there)."""
+  for f in files.values():
+    try:
       f.close()
-    counts = np.asarray(counts, np.int64)
-    checksums = np.asarray(sums, np.uint32).reshape(counts.size, len(spec))
-    for name, array in ((_COUNTS, counts), (_CHECKSUMS, checksums)):
-      written.append(os.path.join(path, name))
-      io.atomic_write(written[-1], lambda f, a=array: np.save(f, a), mode="wb")
-    fields = {f: {"dtype": d, "shape": list(s)} for f, (d, s) in spec.items()}
-    meta = {
-      "format": _FORMAT,
-      "fields": fields,
-      "num_clients": int(counts.size),
-      "digest": _content_digest(fields, counts, checksums),
-    }
-    io.atomic_write_json(os.path.join(path, _META), meta)  # last: a store is whole or absent
-  except BaseException:
-    for f in files.values():
-      try:
-        f.close()
-      except OSError:  # never hide the error that stopped the write
-        pass
-    for name in written:
-      if os.path.exists(name):
-        os.remove(name)
-    for folder in reversed(made):  # deepest first, only while empty: nothing another
-      try:  # writer put there goes, nor any folder this call did not make
-        os.rmdir(folder)
-      except OSError:
-        pass
-    raise
-  return ClientStore(path)
+    except OSError:  # never hide the error that stopped the write
+      pass
+  for name in written:
+    if os.path.exists(name):
+      os.remove(name)
+  for folder in reversed(made):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass
 
 
 def _damaged(file: str, what: str) -> ValueError:

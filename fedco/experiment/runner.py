@@ -839,39 +839,12 @@ def train_and_evaluate(
   seed0 = outcome.seeds[0]
   prepared = {seed0: prepare(config, seed0, setup)}
   first = [module.build(config, m, seed0, prepared[seed0]) for m in runs]  # before writing
-  for method, run in zip(runs, first):  # a method of the wrong kind, before any run
-    try:
-      _check_kinds(run.problem, run.algorithm)
-    except ValueError as err:
-      raise ValueError(f"--config.methods.{method.entry}.algorithm: {err}") from None
-  for run in first:  # a batch larger than every client: refused before any run (decision 98)
-    check_batch_size(config.batch_size, run.data)
+  _check_first_runs(config, runs, first)
   build = lambda i, seed: (
     first[i] if seed == seed0 else module.build(config, runs[i], seed, prepared[seed])
   )
   wd, as_dict = outputs.Workdir(workdir), config.to_dict()
-  changed = outputs.changed_config(wd, as_dict)
-  left_out = [  # "methods.<label>": a whole method only the previous run had
-    c[8:]
-    for c in changed
-    if c.startswith("methods.") and "." not in c[8:] and c[8:] not in config.methods
-  ]
-  if changed and len(left_out) == len(changed):  # only methods this run does not run
-    print(
-      f"note: {workdir} holds the results of {', '.join(left_out)}, which this run leaves out "
-      "(--methods); this run's results replace those when it completes, and their "
-      "checkpoints stay: a run with them gives them back without running again",
-      file=sys.stderr,
-      flush=True,
-    )
-  elif changed:  # also without --progress: results are about to be replaced
-    print(
-      f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
-      f"{' ...' if len(changed) > 5 else ''} differ); runs whose settings changed start "
-      "afresh, and this run's results replace those when it completes",
-      file=sys.stderr,
-      flush=True,
-    )
+  _note_changed(workdir, outputs.changed_config(wd, as_dict), config)
   wd.write_config(as_dict)
   outputs.start_checkpoints(wd, {"resume": options.resume})
   writers = [
@@ -916,16 +889,60 @@ def train_and_evaluate(
   summary["wall_seconds"] = time.perf_counter() - start
   summary["machine"] = outputs.machine_info()
   wd.write_summary(summary)
-  if options.progress:
+  _print_summary(module, summary, options.progress)
+  return summary
+
+
+def _check_first_runs(config, runs, first) -> None:
+  """Refuses, before any run, a method of the wrong kind for its problem and a batch
+  larger than every client (decision 98), naming the flag to change."""
+  for method, run in zip(runs, first):
+    try:
+      _check_kinds(run.problem, run.algorithm)
+    except ValueError as err:
+      raise ValueError(f"--config.methods.{method.entry}.algorithm: {err}") from None
+  for run in first:
+    check_batch_size(config.batch_size, run.data)
+
+
+def _note_changed(workdir, changed, config) -> None:
+  """Says on stderr (also without ``--progress``) that ``workdir``'s results are about to
+  be replaced: by a config that differs in ``changed``, or one that leaves methods out."""
+  left_out = [  # "methods.<label>": a whole method only the previous run had
+    c[8:]
+    for c in changed
+    if c.startswith("methods.") and "." not in c[8:] and c[8:] not in config.methods
+  ]
+  if changed and len(left_out) == len(changed):  # only methods this run does not run
+    print(
+      f"note: {workdir} holds the results of {', '.join(left_out)}, which this run leaves out "
+      "(--methods); this run's results replace those when it completes, and their "
+      "checkpoints stay: a run with them gives them back without running again",
+      file=sys.stderr,
+      flush=True,
+    )
+  elif changed:
+    print(
+      f"note: {workdir} holds the results of another config ({', '.join(changed[:5])}"
+      f"{' ...' if len(changed) > 5 else ''} differ); runs whose settings changed start "
+      "afresh, and this run's results replace those when it completes",
+      file=sys.stderr,
+      flush=True,
+    )
+
+
+def _print_summary(module, summary, progress: bool) -> None:
+  """The table, the module's report lines and the wall time (with ``progress``); else only
+  the notes of runs that diverged, on stderr."""
+  if progress:
     print(outputs.format_table(summary["table"]))
     for line in module.report(summary) if hasattr(module, "report") else ():
       print(line)
     print(f"wall time {summary['wall_seconds']:.1f} s")
-  else:  # no table: a run that diverged is still said
-    for row in summary["table"]:
-      if "note" in row:
-        print(f"note: {row['method']}: {row['note']}", file=sys.stderr, flush=True)
-  return summary
+    return
+  for row in summary["table"]:
+    if "note" in row:
+      print(f"note: {row['method']}: {row['note']}", file=sys.stderr, flush=True)
 
 
 def _warn_unreported(module, outcome: Outcome) -> None:
@@ -1286,6 +1303,56 @@ TRADEOFF_AXES = {
 }
 
 
+def _draw_curve(ax, rows, curve, color, xy, reference, setting) -> None:
+  """One curve of a trade-off panel: its points with their seeds' standard deviations (the
+  codec named beside each, on a bytes axis), a cross in the legend where every point
+  diverged, and its ``reference`` run (without ``setting``) as a dashed line."""
+  x, key = xy
+  own = sorted(
+    (
+      r
+      for r in rows
+      if r["curve"] == curve
+      and r["method"] != reference
+      and r[x] is not None
+      and r[key] is not None
+    ),
+    key=lambda r: r[x],
+  )
+  if own:
+    ax.errorbar(
+      [r[x] for r in own],
+      [r[key] for r in own],
+      yerr=[r[f"{key}_std"] or 0.0 for r in own],
+      color=color,
+      marker="o",
+      capsize=3,
+      label=curve,
+    )
+    if x == "bytes_up":  # which codec each point is
+      for r in own:
+        short = r["method"].removeprefix(curve + "_")
+        if short == r["method"]:  # e.g. feddro_y3bit_adaptive on curve feddro_adaptive
+          short = short.removeprefix(curve.split("_")[0] + "_")
+        ax.annotate(
+          short,
+          (r[x], r[key]),
+          fontsize=7,
+          xytext=(4, 4),
+          textcoords="offset points",
+          color=color,
+        )
+  if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
+    ax.plot(
+      [], [], color=color, marker="x", ls="none", label=f"{curve} with {setting}: diverged"
+    )  # no point to draw, still named
+  base = next((r for r in rows if r["method"] == reference), None)
+  if base is not None and base[key] is not None:
+    ax.axhline(base[key], color=color, ls="--", lw=1.0, label=f"{curve} without {setting}")
+    if base[x] is not None:  # the uncompressed run's own bytes
+      ax.plot([base[x]], [base[key]], marker="*", ms=10, color=color, ls="none")
+
+
 def tradeoff(
   wd, methods: Sequence[Method], finals, x: str, panels: Sequence[tuple]
 ) -> Optional[Dict[str, Any]]:
@@ -1326,50 +1393,7 @@ def tradeoff(
     if scale == ["log"]:
       ax.set_yscale("log")
     for i, curve in enumerate(curves):
-      color = f"C{i}"
-      own = sorted(
-        (
-          r
-          for r in rows
-          if r["curve"] == curve
-          and r["method"] != reference[curve]
-          and r[x] is not None
-          and r[key] is not None
-        ),
-        key=lambda r: r[x],
-      )
-      if own:
-        ax.errorbar(
-          [r[x] for r in own],
-          [r[key] for r in own],
-          yerr=[r[f"{key}_std"] or 0.0 for r in own],
-          color=color,
-          marker="o",
-          capsize=3,
-          label=curve,
-        )
-        if x == "bytes_up":  # which codec each point is
-          for r in own:
-            short = r["method"].removeprefix(curve + "_")
-            if short == r["method"]:  # e.g. feddro_y3bit_adaptive on curve feddro_adaptive
-              short = short.removeprefix(curve.split("_")[0] + "_")
-            ax.annotate(
-              short,
-              (r[x], r[key]),
-              fontsize=7,
-              xytext=(4, 4),
-              textcoords="offset points",
-              color=color,
-            )
-      if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
-        ax.plot(
-          [], [], color=color, marker="x", ls="none", label=f"{curve} with {setting}: diverged"
-        )  # no point to draw, still named
-      base = next((r for r in rows if r["method"] == reference[curve]), None)
-      if base is not None and base[key] is not None:
-        ax.axhline(base[key], color=color, ls="--", lw=1.0, label=f"{curve} without {setting}")
-        if base[x] is not None:  # the uncompressed run's own bytes
-          ax.plot([base[x]], [base[key]], marker="*", ms=10, color=color, ls="none")
+      _draw_curve(ax, rows, curve, f"C{i}", (x, key), reference[curve], setting)
     ax.set_xscale("log")
     from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 

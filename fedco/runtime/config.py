@@ -118,21 +118,7 @@ def make_config(
   client_chunk: Optional[int] = None,
 ) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
-  if not isinstance(problem, Problem):
-    raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
-  if not isinstance(algorithm, Algorithm):
-    hint = ""
-    if isinstance(algorithm, optax.GradientTransformation):
-      hint = (
-        "; optax.chain and optax.inject_hyperparams drop the communication plan: use "
-        "fedco.chain / fedco.inject_hyperparams, which keep it"
-      )
-    raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}{hint}")
-  if not isinstance(data, FederatedData):
-    hint = "; pass its .train" if isinstance(data, FederatedDataset) else ""
-    if isinstance(data, ClientStore):
-      hint = "; clients on disk are streamed by fedco.simulate only (data=store)"
-    raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}{hint}")
+  _check_types(problem, algorithm, data)
   _check_kinds(problem, algorithm)
   n = data.num_clients
   if problem.num_clients is not None and problem.num_clients != n:
@@ -148,20 +134,7 @@ def make_config(
       "clients_per_round", clients_per_round, maximum=n, note="the number of clients"
     )
   )
-  if batch_size is not None:
-    _validate.positive_int("batch_size", batch_size)
-  if outer_batch_size == -1:
-    outer_batch_size = batch_size
-  if outer_batch_size is not None:
-    _validate.positive_int("outer_batch_size", outer_batch_size)
-  if not isinstance(paired_batches, bool):
-    raise ValueError(f"paired_batches must be a bool, got {paired_batches!r}")
-  if paired_batches and outer_batch_size != batch_size:
-    raise ValueError(
-      f"paired_batches=True draws the outer batch as the inner one, so "
-      f"outer_batch_size must equal batch_size={batch_size!r}, got "
-      f"{outer_batch_size!r}"
-    )
+  outer_batch_size = _check_batches(batch_size, outer_batch_size, paired_batches)
   eval_every = _validate.positive_int("eval_every", eval_every)
   mesh = check_mesh(mesh)
   _validate.open_unit("participation", participation, closed_right=True)
@@ -205,6 +178,44 @@ def make_config(
     local_epochs,
     client_chunk,
   )
+
+
+def _check_types(problem, algorithm, data) -> None:
+  """One line for a problem, algorithm or data of the wrong type (with the likely fix)."""
+  if not isinstance(problem, Problem):
+    raise ValueError(f"problem must be a fedco Problem, got {type(problem).__name__}")
+  if not isinstance(algorithm, Algorithm):
+    hint = ""
+    if isinstance(algorithm, optax.GradientTransformation):
+      hint = (
+        "; optax.chain and optax.inject_hyperparams drop the communication plan: use "
+        "fedco.chain / fedco.inject_hyperparams, which keep it"
+      )
+    raise ValueError(f"algorithm must be a fedco Algorithm, got {type(algorithm).__name__}{hint}")
+  if not isinstance(data, FederatedData):
+    hint = "; pass its .train" if isinstance(data, FederatedDataset) else ""
+    if isinstance(data, ClientStore):
+      hint = "; clients on disk are streamed by fedco.simulate only (data=store)"
+    raise ValueError(f"data must be a fedco FederatedData, got {type(data).__name__}{hint}")
+
+
+def _check_batches(batch_size, outer_batch_size, paired_batches) -> Optional[int]:
+  """The batch sizes checked; returns the outer one (``-1``: the inner one's)."""
+  if batch_size is not None:
+    _validate.positive_int("batch_size", batch_size)
+  if outer_batch_size == -1:
+    outer_batch_size = batch_size
+  if outer_batch_size is not None:
+    _validate.positive_int("outer_batch_size", outer_batch_size)
+  if not isinstance(paired_batches, bool):
+    raise ValueError(f"paired_batches must be a bool, got {paired_batches!r}")
+  if paired_batches and outer_batch_size != batch_size:
+    raise ValueError(
+      f"paired_batches=True draws the outer batch as the inner one, so "
+      f"outer_batch_size must equal batch_size={batch_size!r}, got "
+      f"{outer_batch_size!r}"
+    )
+  return outer_batch_size
 
 
 def _check_epochs(algorithm, local_epochs, batch_size, outer_batch_size, counts) -> int:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -198,6 +198,55 @@ def _spec_checksum(structure, leaves) -> int:
   return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+def _local_clients(local_clients, mine) -> Dict[int, Any]:
+  """``{client id: examples}`` of this process's clients ``mine``, from a sequence in their
+  order or a mapping over exactly them."""
+  if isinstance(local_clients, Mapping):
+    if sorted(local_clients) != mine:
+      raise ValueError(
+        f"local_clients must hold exactly this process's clients {mine} (see "
+        f"process_clients), got ids {sorted(local_clients)}"
+      )
+    return {int(k): local_clients[k] for k in mine}
+  if len(local_clients) != len(mine):
+    raise ValueError(
+      f"local_clients must hold this process's {len(mine)} clients {mine} "
+      f"(see process_clients), got {len(local_clients)}"
+    )
+  return dict(zip(mine, local_clients))
+
+
+def _host_leaves(local, first_id):
+  """``(structure, {client id: [leaf arrays]})``, every client checked against the first
+  (one structure, a leading example axis of one non-zero size, trailing shapes and dtypes)."""
+  first = local[first_id]
+  structure = jax.tree.structure(first)
+  ref = [np.asarray(l) for l in jax.tree.leaves(first)]
+  host = {}
+  for k, ex in local.items():
+    if jax.tree.structure(ex) != structure:
+      raise ValueError(
+        f"client {k}'s examples have structure {jax.tree.structure(ex)}, expected {structure}"
+      )
+    leaves = [np.asarray(l) for l in jax.tree.leaves(ex)]
+    if not leaves or any(l.ndim == 0 for l in leaves):
+      raise ValueError(f"client {k}'s examples need leaves with a leading example axis")
+    sizes = {l.shape[0] for l in leaves}
+    if len(sizes) != 1 or 0 in sizes:
+      raise ValueError(
+        f"client {k}'s example leaves need one non-zero leading size, got "
+        f"shapes {[l.shape for l in leaves]}"
+      )
+    for a, b in zip(leaves, ref):
+      if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+        raise ValueError(
+          f"client {k}'s example leaf {a.shape[1:]} {a.dtype} differs from "
+          f"client {first_id}'s {b.shape[1:]} {b.dtype}"
+        )
+    host[k] = leaves
+  return structure, host
+
+
 def global_data(
   local_clients,
   num_clients: int,
@@ -233,51 +282,14 @@ def global_data(
   c, num_blocks, owners = client_layout(num_clients, mesh)
   me = jax.process_index()
   mine = [k for k, o in enumerate(owners[:num_clients]) if o == me]
-  if isinstance(local_clients, Mapping):
-    if sorted(local_clients) != mine:
-      raise ValueError(
-        f"local_clients must hold exactly this process's clients {mine} (see "
-        f"process_clients), got ids {sorted(local_clients)}"
-      )
-    local = {int(k): local_clients[k] for k in mine}
-  else:
-    if len(local_clients) != len(mine):
-      raise ValueError(
-        f"local_clients must hold this process's {len(mine)} clients {mine} "
-        f"(see process_clients), got {len(local_clients)}"
-      )
-    local = dict(zip(mine, local_clients))
+  local = _local_clients(local_clients, mine)
   if not local:
     raise ValueError(
       f"process {me} owns no clients ({num_clients} clients over "
       f"{mesh.shape[CLIENTS]} mesh positions); use fewer devices or more "
       "clients so every process holds at least one"
     )
-  first = next(iter(local.values()))
-  structure = jax.tree.structure(first)
-  host = {}
-  for k, ex in local.items():
-    if jax.tree.structure(ex) != structure:
-      raise ValueError(
-        f"client {k}'s examples have structure {jax.tree.structure(ex)}, expected {structure}"
-      )
-    leaves = [np.asarray(l) for l in jax.tree.leaves(ex)]
-    if not leaves or any(l.ndim == 0 for l in leaves):
-      raise ValueError(f"client {k}'s examples need leaves with a leading example axis")
-    sizes = {l.shape[0] for l in leaves}
-    if len(sizes) != 1 or 0 in sizes:
-      raise ValueError(
-        f"client {k}'s example leaves need one non-zero leading size, got "
-        f"shapes {[l.shape for l in leaves]}"
-      )
-    ref = [np.asarray(l) for l in jax.tree.leaves(first)]
-    for a, b in zip(leaves, ref):
-      if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
-        raise ValueError(
-          f"client {k}'s example leaf {a.shape[1:]} {a.dtype} differs from "
-          f"client {mine[0]}'s {b.shape[1:]} {b.dtype}"
-        )
-    host[k] = leaves
+  structure, host = _host_leaves(local, mine[0])
   checksum = _spec_checksum(structure, host[mine[0]])
   local_counts = np.zeros(num_blocks + 1, np.int64)
   for k, leaves in host.items():

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import sys
-import time
 from typing import Any, Dict, List, Optional
 
-import jax
 import numpy as np
 
 from fedco import _validate
@@ -23,7 +19,7 @@ from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
-from fedco.runtime import fingerprint, host, paging, streaming
+from fedco.runtime import checkpoints, driver, host, paging, streaming
 from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
@@ -238,218 +234,217 @@ def simulate(
   if isinstance(private, privacy_lib.ClientDP):
     simulator_kwargs["privacy"] = private.over(rounds)
   store = data if isinstance(data, ClientStore) else None
-  if store is not None:  # streamed clients: built on a template, each chunk read in turn
-    data = streaming.template(store)
-  sim = Simulator(problem, algorithm, data, **simulator_kwargs)
-  link = sim.config.uplink
-  spends = link is not None and link.private and link.noise_multiplier > 0
-  chunks = None
-  if store is not None:
-    averaged, store = streaming.checked(sim, params, store)  # and every read's rows checked
-    sim.data_description = {
-      "store": store.digest,
-      "clients": store.num_clients,
-      "examples": store.num_examples,
-    }
-    # every round's clients, from the initial key (resumes included)
-    key = paging.state_key(sim.seed_key(seed))
-    sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
-    chunks = streaming.Chunks(store, sampled, chunk)
-  state = sim.init(params, seed, pages=None if chunks is None else chunks.pages)
-  if chunks is not None:  # trackers of every client's inner value: one pass for their means
-    state = streaming.with_initial_means(sim, store, state, averaged, seed)
-    chunks.own = streaming.OwnStart.of(sim, state.server["params"], seed)
-  # Persistent client state on disk (streamed runs): every client's initial row, taken now
-  # (a restored state's pages hold sampled clients' rows).
-  fresh = paging.fresh(state) if paging.is_paged(state) else None
-  states, states_dir, states_temporary = None, None, False
-  collected, done, ckpt, host_metrics, lock, run_id = [], 0, None, [], None, None
+  sim = Simulator(
+    problem, algorithm, data if store is None else streaming.template(store), **simulator_kwargs
+  )
+  if store is None:
+    state, chunks = sim.init(params, seed), None
+  else:  # streamed clients: built on a template, each chunk read in turn
+    state, chunks = _start_streamed(sim, store, params, seed, rounds, chunk)
+  run = _Simulation(sim, state, chunks, rounds, chunk, actions, check_finite, metric_writers)
+  run.labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
+  run.progress_metric = progress_metric
   if checkpoint_dir is not None:
-    from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
-    from fedco.io import DirectoryLock  # pylint: disable=g-import-not-at-top
-
-    every = (
-      chunk
-      if checkpoint_every is None
-      else _validate.positive_int("checkpoint_every", checkpoint_every)
+    every = checkpoints.every_round(checkpoint_every, chunk)
+    run.ckpt = checkpoints.RunCheckpoint(
+      checkpoint_dir, keep=keep_checkpoints, every=every, sim=sim, state=state, seed=seed
     )
-    lock = DirectoryLock(checkpoint_dir, what="checkpoint_dir")
-    if jax.process_index() == 0:  # a multi-process run shares the directory: one holder
-      lock.acquire()
     try:
-      # pages: one row (their count P follows rounds and chunk_rounds; the rows are on disk)
-      state = paging.compact(state)
-      description = fingerprint.describe_run(sim, fetch(state.server["params"]), seed, state)
-      run_id = {"fingerprint": fingerprint.fingerprint(description), "description": description}
-      ckpt = checkpoint_lib.Checkpointer(checkpoint_dir, keep=keep_checkpoints)
-      if ckpt.latest_round() is not None:
-        try:
-          done, state, history, host_metrics = ckpt.restore(state, with_host_rows=True, run=run_id)
-        except checkpoint_lib.RunMismatchError:
-          if checkpoint_mismatch == "error":
-            raise
-          ckpt.delete_all()
-          history = None
-        if done > rounds:
-          raise ValueError(
-            f"{checkpoint_dir} holds round {done}, past rounds={rounds}; use "
-            "another checkpoint_dir or more rounds"
-          )
-        if done:
-          print(f"resumed from round {done} ({checkpoint_dir})", file=sys.stderr, flush=True)
-        collected = [history] if history else []
+      run.done, run.state, run.collected, run.host_metrics = run.ckpt.restore(
+        state, rounds, checkpoint_mismatch
+      )
     except BaseException:
-      if ckpt is not None:
-        ckpt.close()
-      lock.release()
+      run.ckpt.close()
       raise
+  run.rewind_writers()
+  return driver.drive(run, rounds, run.done, progress=progress, progress_metric=progress_metric)
 
-  def save(round_, saved_state, metrics):
-    """A checkpoint of ``round_``; the client state on disk is journaled before it."""
-    if states is not None:
-      states.journal(round_)
-    ckpt.save(round_, paging.compact(saved_state), metrics, host_metrics, run=run_id)
-    if states is not None:
-      states.apply(round_)
-      states.keep_journals(ckpt.all_rounds())  # one journal per checkpoint still kept
 
-  writers = tuple(metric_writers)
-  labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
-  # The writers get this run's rows afresh: a resumed run's restored rows are written again
-  # (its files may have been replaced since, e.g. by an experiment's rerun), then new ones.
-  restored = (host.rows(collected[0], 0, labels) if collected else []) + list(host_metrics)
-  for writer in writers:
-    writer.rewind(0, labels)
-    if restored and writer.can_rewind:  # a writer that cannot drop rows keeps its old ones
-      writer.write(restored)
-  name = str(labels.get("method", labels.get("algorithm", algorithm.name)))
-  if "seed" in labels:  # the name every output of an experiment uses, and the seed
-    name += f" seed {labels['seed']}"
-  bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
+def _start_streamed(sim, store: ClientStore, params, seed, rounds: int, chunk_rounds: int):
+  """``(state, chunks)``: a streamed run's initial state (its trackers of the inner value
+  started from one pass over ``store``: :func:`streaming.with_initial_means`) and the
+  :class:`streaming.Chunks` that read each chunk's sampled clients (every round's clients
+  drawn from the initial key, so a resumed run reads the same ones), from a ``store`` whose
+  every read is checked (:func:`streaming.checked`)."""
+  averaged, store = streaming.checked(sim, params, store)
+  sim.data_description = {
+    "store": store.digest,
+    "clients": store.num_clients,
+    "examples": store.num_examples,
+  }
+  key = paging.state_key(sim.seed_key(seed))
+  sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
+  chunks = streaming.Chunks(store, sampled, chunk_rounds)
+  state = sim.init(params, seed, pages=chunks.pages)
+  state = streaming.with_initial_means(sim, store, state, averaged, seed)
+  chunks.own = streaming.OwnStart.of(sim, state.server["params"], seed)
+  return state, chunks
 
-  def act(due):
-    """Run the due actions on ``state`` at round ``done``; write and check their rows."""
-    rows = [row for row in (_act(a, state, done, labels) for a in actions if due(a)) if row]
-    host_metrics.extend(rows)
-    finite = [row for row in rows if host.finite_row(row)]  # a diverged row is not written
-    for writer in writers if finite else ():
-      writer.write(finite)
-    if check_finite:
-      try:
-        _check_rows_finite(rows, host_metrics)
-      except NonFiniteError as err:  # the metrics are stacked only when they are needed
-        err.metrics = _stack(collected) if collected else {}
-        raise
-    return rows
 
-  start = time.perf_counter()
+@dataclasses.dataclass(eq=False)
+class _Simulation:
+  """:func:`simulate`'s run, advanced chunk by chunk by :func:`fedco.runtime.driver.drive`:
+  what a chunk runs, writes, checks and checkpoints, and the client state on disk."""
 
-  def chunk_size(done):
-    """The rounds of the chunk starting after round ``done``."""
-    size = min(chunk, rounds - done)
-    if ckpt is not None:
-      size = min(size, every - done % every)
-    for action in actions:
+  sim: Simulator
+  state: Any
+  chunks: Optional[streaming.Chunks]
+  rounds: int
+  chunk: int
+  actions: tuple
+  check_finite: bool
+  writers: tuple
+  labels: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  progress_metric: str = "objective"
+  ckpt: Optional[checkpoints.RunCheckpoint] = None
+  states: Optional[paging.StateStore] = None
+  done: int = 0
+  collected: List[Dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+  host_metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  last_rows: list = dataclasses.field(default_factory=list)
+  last_metrics: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.writers = tuple(self.writers)
+    link = self.sim.config.uplink
+    self.spends = link is not None and link.private and link.noise_multiplier > 0
+    # Persistent client state on disk (streamed runs): every client's initial row, taken
+    # now (a restored state's pages hold sampled clients' rows).
+    self.fresh = paging.fresh(self.state) if paging.is_paged(self.state) else None
+
+  @property
+  def name(self) -> str:
+    """The run's name on the progress bar: its method (or algorithm), and its seed."""
+    name = str(self.labels.get("method", self.labels.get("algorithm", self.sim.algorithm.name)))
+    return name + (f" seed {self.labels['seed']}" if "seed" in self.labels else "")
+
+  @property
+  def checkpointed(self) -> bool:
+    return self.ckpt is not None
+
+  def rewind_writers(self) -> None:
+    """The writers get this run's rows afresh: a resumed run's restored rows are written
+    again (its files may have been replaced since, e.g. by an experiment's rerun)."""
+    restored = host.rows(self.collected[0], 0, self.labels) if self.collected else []
+    restored += list(self.host_metrics)
+    for writer in self.writers:
+      writer.rewind(0, self.labels)
+      if restored and writer.can_rewind:  # a writer that cannot drop rows keeps its old ones
+        writer.write(restored)
+
+  def start(self, done: int) -> None:
+    if self.fresh is not None:
+      run = "" if self.ckpt is None else self.ckpt.run["fingerprint"]
+      folder = None if self.ckpt is None else self.ckpt.states_folder()
+      self.states = paging.StateStore.of_run(self.fresh, self.sim.num_clients, folder, run, done)
+      if self.ckpt is not None:
+        self.ckpt.states = self.states
+    if done == 0:
+      self._act(lambda a: a.at_start)
+
+  def size(self, done: int) -> int:
+    size = min(self.chunk, self.rounds - done)
+    if self.ckpt is not None:
+      size = self.ckpt.size(done, size, self.rounds)
+    for action in self.actions:
       size = min(size, action.rounds_to_next(done))
     return size
 
-  def interrupted(when):
-    return host.Interrupted.of_run(name, when, done, ckpt is not None)
+  def step(self, done: int, size: int) -> None:
+    self.done = done
+    last_good, chunk_data = self.state, None
+    if self.chunks is not None:
+      chunk_data = self.chunks.get(done, size)
+      if self.states is not None:  # this chunk's clients' state, from the disk
+        ids = self.chunks.ids(done, size)
+        rows = self.chunks.rows(self.states, ids, chunk_data)
+        self.state = last_good = paging.with_pages(self.state, ids, rows)
+      if done + size < self.rounds:
+        self.chunks.prefetch(done + size, self.size(done + size))
+    self.state, metrics = self.sim.run(self.state, size, final_round=self.rounds, data=chunk_data)
+    metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
+    if self.spends:  # the privacy spent by the end of each round
+      metrics["epsilon"] = self.sim.config.uplink.epsilon(np.arange(done + 1, done + size + 1))
+    self.collected.append(metrics)
+    self.last_metrics = metrics
+    chunk_rows = host.rows(metrics, done, self.labels)
+    if self.check_finite:  # a diverging chunk's rows up to the divergence: the curve to it
+      chunk_rows = list(itertools.takewhile(host.finite_row, chunk_rows))
+    for writer in self.writers:
+      writer.write(chunk_rows)
+    if self.check_finite:
+      self._check_chunk(metrics, done, last_good)
 
-  try:
-    if fresh is not None:
-      if ckpt is None:
-        states_dir, states_temporary = paging.temporary_folder(), True
-      else:
-        states_dir = os.path.join(checkpoint_dir, "client_state")
-      states = paging.StateStore(
-        states_dir,
-        fresh,
-        sim.num_clients,
-        run="" if run_id is None else run_id["fingerprint"],
-        create=done == 0,
-        durable=not states_temporary,
-      )
-      states.recover(done)
-    with host.interrupt_guard() as stop:
-      if stop.requested:  # Ctrl-C came before this run (a guard around a loop of runs)
-        raise interrupted(f"before round {done + 1} of {rounds}")
-      if done == 0:
-        act(lambda a: a.at_start)
-      while done < rounds:
-        size = chunk_size(done)
-        last_good = state
-        chunk_data = None if chunks is None else chunks.get(done, size)
-        if states is not None:  # this chunk's clients' state, from the disk
-          ids = chunks.ids(done, size)
-          state = last_good = paging.with_pages(state, ids, chunks.rows(states, ids, chunk_data))
-        if chunks is not None and done + size < rounds:
-          chunks.prefetch(done + size, chunk_size(done + size))
-        state, metrics = sim.run(state, size, final_round=rounds, data=chunk_data)
-        metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
-        if spends:  # the privacy spent by the end of each round
-          metrics["epsilon"] = link.epsilon(np.arange(done + 1, done + size + 1))
-        collected.append(metrics)
-        chunk_rows = host.rows(metrics, done, labels)
-        if check_finite:  # a diverging chunk's rows up to the divergence: the curve to it
-          chunk_rows = list(itertools.takewhile(host.finite_row, chunk_rows))
-        for writer in writers:
-          writer.write(chunk_rows)
-        if check_finite:
-          try:
-            _check_finite(metrics, state, done)
-          except NonFiniteError as err:
-            note = _data_note(sim.data, store and store.data_note(err.round))
-            err.args = (f"{err.args[0]} {note}",) + err.args[1:]
-            if ckpt is not None:  # the last good state, round 0 included
-              save(done, last_good, _stack(collected[:-1]) if collected[:-1] else {})
-            err.metrics, err.host_metrics = _stack(collected), list(host_metrics)
-            if stop.requested:  # the user asked to stop: that, not the divergence, ends it
-              raise interrupted(
-                f"in rounds {done + 1}-{done + size} of {rounds}, which diverged ({err.args[0]})"
-              ) from err
-            raise
-        done += size
-        if states is not None:  # the chunk's client state back to the disk
-          states.write(*paging.pages_of(state))
-          if ckpt is None:
-            states.apply(done)
-        rows = act(lambda a, done=done: a.due(done, rounds))
-        if ckpt is not None and (done % every == 0 or done == rounds or stop.requested):
-          save(done, state, _stack(collected))
-        shown = None
-        if progress_metric in metrics and np.any(metrics["evaluated"]):
-          values = np.asarray(metrics[progress_metric])[np.asarray(metrics["evaluated"])]
-          shown = float(values[-1]) if values.ndim == 1 else None
-        elif rows and np.ndim(rows[-1].get(progress_metric, ())) == 0:
-          shown = float(rows[-1][progress_metric])
-        bar.update(done, shown, progress_metric)
-        if stop.requested and done < rounds:
-          raise interrupted(f"after round {done} of {rounds}")
-      if stop.requested:  # during the last chunk: the run is complete, and still stops
-        err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
-        err.result = _result(
-          sim, state, collected, rounds, time.perf_counter() - start, host_metrics
-        )
-        raise err
-  finally:
+  def _check_chunk(self, metrics, done, last_good) -> None:
+    """Raises :class:`NonFiniteError` where the chunk diverged, after saving the last good
+    state (the start of the chunk, round 0 included) when checkpointing."""
     try:
-      bar.close()
-      if chunks is not None:
-        chunks.close()
+      _check_finite(metrics, self.state, done)
+    except NonFiniteError as err:
+      store = None if self.chunks is None else self.chunks.store
+      note = _data_note(self.sim.data, store and store.data_note(err.round))
+      err.args = (f"{err.args[0]} {note}",) + err.args[1:]
+      if self.ckpt is not None:
+        before = self.collected[:-1]
+        self.ckpt.save(done, last_good, _stack(before) if before else {}, self.host_metrics)
+      err.metrics, err.host_metrics = _stack(self.collected), list(self.host_metrics)
+      raise
+
+  def after(self, done: int, stopping: bool) -> Optional[float]:
+    self.done = done
+    if self.states is not None:  # the chunk's client state back to the disk
+      self.states.write(*paging.pages_of(self.state))
+      if self.ckpt is None:
+        self.states.apply(done)
+    rows = self._act(lambda a: a.due(done, self.rounds))
+    if self.ckpt is not None and (self.ckpt.due(done, self.rounds) or stopping):
+      self.ckpt.save(done, self.state, _stack(self.collected), self.host_metrics)
+    return _shown(self.last_metrics, rows, self.progress_metric)
+
+  def _act(self, due):
+    """Run the due actions on the state at round ``done``; write and check their rows."""
+    labels = self.labels
+    rows = [
+      r for r in (_act(a, self.state, self.done, labels) for a in self.actions if due(a)) if r
+    ]
+    self.host_metrics.extend(rows)
+    finite = [row for row in rows if host.finite_row(row)]  # a diverged row is not written
+    for writer in self.writers if finite else ():
+      writer.write(finite)
+    if self.check_finite:
+      try:
+        _check_rows_finite(rows, self.host_metrics)
+      except NonFiniteError as err:  # the metrics are stacked only when they are needed
+        err.metrics = _stack(self.collected) if self.collected else {}
+        raise
+    return rows
+
+  def result(self, seconds: float) -> SimulationResult:
+    return _result(self.sim, self.state, self.collected, self.rounds, seconds, self.host_metrics)
+
+  def close(self) -> None:
+    try:
+      if self.chunks is not None:
+        self.chunks.close()
     finally:
       try:  # the client state's last write ends before the lock goes, and may fail
-        if states is not None:
-          states.close()
+        if self.states is not None:
+          self.states.close()
       finally:
-        if states_temporary:
-          paging.remove_temporary(states_dir)
-        host.close_all(writers)
-        if ckpt is not None:
-          ckpt.close()
-        if lock is not None:
-          lock.release()
-  return _result(sim, state, collected, rounds, time.perf_counter() - start, host_metrics)
+        host.close_all(self.writers)
+        if self.ckpt is not None:
+          self.ckpt.close()
+
+
+def _shown(metrics, rows, name) -> Optional[float]:
+  """The progress bar's value: ``name``'s last evaluated value in the chunk's metrics, else
+  in its last action row (``None`` when neither holds a number)."""
+  if name in metrics and np.any(metrics["evaluated"]):
+    values = np.asarray(metrics[name])[np.asarray(metrics["evaluated"])]
+    return float(values[-1]) if values.ndim == 1 else None
+  if rows and np.ndim(rows[-1].get(name, ())) == 0:
+    return float(rows[-1][name])
+  return None
 
 
 def _result(sim, state, collected, rounds, seconds, host_metrics):

@@ -310,8 +310,31 @@ class StateStore:
     )
     self._pending = self._inflight = _no_rows(self.fresh)  # (sorted ids, [leaf rows])
     self._planned: Optional[state_files.Journal] = None
+    self._temporary = False  # a run's temporary folder (of_run), removed by close
     self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fedco-state")
     self._writing: Optional[concurrent.futures.Future] = None
+
+  @classmethod
+  def of_run(cls, fresh, num_clients: int, folder: Optional[str], run: str, done: int):
+    """A streamed run's client state: in ``folder`` (``<checkpoint_dir>/client_state``,
+    durable, created when the run starts at round 0) or, with ``folder=None``, in a new
+    temporary ``fedco-client-state-*`` folder that :meth:`close` removes; brought to round
+    ``done`` (:meth:`recover`)."""
+    temporary = folder is None
+    directory = temporary_folder() if temporary else folder
+    try:
+      store = cls(directory, fresh, num_clients, run=run, create=done == 0, durable=not temporary)
+    except BaseException:
+      if temporary:
+        remove_temporary(directory)
+      raise
+    store._temporary = temporary
+    try:
+      store.recover(done)
+    except BaseException:
+      store.close()
+      raise
+    return store
 
   @classmethod
   def open(cls, directory, like) -> "StateStore":
@@ -470,13 +493,18 @@ class StateStore:
     self._disk.recover(int(round_))
 
   def close(self, remove: bool = False) -> None:
-    """Releases the files (``remove``: deletes the folder, e.g. a run's temporary one)."""
+    """Releases the files (``remove``: deletes the folder; a temporary folder of
+    :meth:`of_run` is always removed)."""
     try:
       if getattr(self, "_writer", None) is not None:
         self._writer.shutdown(wait=True)
         self._wait()  # a failed write raises here
     finally:
-      if getattr(self, "_disk", None) is not None:
-        self._disk.close()
-      if remove:
-        shutil.rmtree(self.directory, ignore_errors=True)
+      try:
+        if getattr(self, "_disk", None) is not None:
+          self._disk.close()
+      finally:
+        if getattr(self, "_temporary", False):
+          remove_temporary(self.directory)
+        elif remove:
+          shutil.rmtree(self.directory, ignore_errors=True)

@@ -33,7 +33,7 @@ import inspect
 import itertools
 import numbers
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +42,7 @@ import numpy as np
 from fedco import _validate
 from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, inject_hyperparams
-from fedco.runtime import host, sweep_io, vmapped
+from fedco.runtime import checkpoints, driver, host, sweep_io, vmapped
 from fedco.runtime.loop import SimulationResult
 from fedco.runtime.mesh import CLIENTS, check_mesh, replicated
 from fedco.runtime.simulator import SimState, Simulator
@@ -363,54 +363,76 @@ def sweep(
   frozen = jnp.zeros((len(padded),), jnp.int32)
   if mesh is not None:
     frozen = jax.device_put(frozen, along)
-  log = sweep_io.RunRows(labels, metric_writers, len(runs))
-  ckpt, done = None, 0
+  job = _Sweep(sim, runs, rounds, chunk, run_chunk, (data, metrics_data), (states, frozen))
+  job.log = sweep_io.RunRows(labels, metric_writers, len(runs))
+  job.name, job.progress_metric = sweep_io.bar_name(labels, algorithm), progress_metric
+  done = 0
   if checkpoint_dir is not None:
-    every = (
-      chunk
-      if checkpoint_every is None
-      else _validate.positive_int("checkpoint_every", checkpoint_every)
+    every = checkpoints.every_round(checkpoint_every, chunk)
+    job.ckpt = checkpoints.SweepCheckpoint(
+      checkpoint_dir, keep_checkpoints, every, sim, runs, (params, data, metrics_data), job.carry
     )
-    ckpt = sweep_io.Checkpoints(
-      checkpoint_dir,
-      keep_checkpoints,
-      every,
-      sim,
-      runs,
-      (params, data, metrics_data),
-      (states, frozen),
-    )
-    done, (states, frozen), log.collected = ckpt.restore(rounds, (states, frozen))
-  log.rewind()
-  name = sweep_io.bar_name(labels, algorithm)
-  bar = host.ProgressBar(rounds, label=name, enabled=progress, initial=done)
-  interrupted = lambda when: host.Interrupted.of_run(name, when, done, ckpt is not None)
-  try:
-    with host.interrupt_guard() as stop:
-      if stop.requested:  # Ctrl-C came before this sweep (a guard around a loop of runs)
-        raise interrupted(f"before round {done + 1} of {rounds}")
-      while done < rounds:
-        size = min(chunk, rounds - done) if ckpt is None else ckpt.size(done, chunk, rounds)
-        states, frozen, metrics = run_chunk(states, frozen, data, metrics_data, length=size)
-        log.chunk(metrics, done, sim)
-        done += size
-        if ckpt is not None and (ckpt.due(done, rounds) or stop.requested):
-          ckpt.save(done, (states, frozen), log.collected)
-        bar.update(done, log.shown(progress_metric), progress_metric)
-        if stop.requested:
-          if done < rounds:
-            raise interrupted(f"after round {done} of {rounds}")
-          err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
-          err.result = _result(
-            sim, runs, states, frozen, log.collected, rounds, time.perf_counter() - start
-          )
-          raise err
-  finally:
-    bar.close()
-    host.close_all(log.writers)
-    if ckpt is not None:
-      ckpt.close()
-  return _result(sim, runs, states, frozen, log.collected, rounds, time.perf_counter() - start)
+    try:
+      done, job.carry, job.log.collected = job.ckpt.restore(rounds, job.carry)
+    except BaseException:
+      job.ckpt.close()
+      raise
+  job.log.rewind()
+  return driver.drive(
+    job, rounds, done, progress=progress, progress_metric=progress_metric, start=start
+  )
+
+
+@dataclasses.dataclass(eq=False)
+class _Sweep:
+  """:func:`sweep`'s runs, advanced together chunk by chunk by
+  :func:`fedco.runtime.driver.drive`."""
+
+  sim: Simulator
+  runs: List[Dict[str, Any]]
+  rounds: int
+  chunk: int
+  run_chunk: Callable
+  inputs: Tuple[Any, Any]  # (data, metrics_data), as the chunk program takes them
+  carry: Tuple[Any, Any]  # (states, frozen): every run's state and freeze round
+  log: Any = None
+  name: str = ""
+  progress_metric: str = "objective"
+  ckpt: Optional[checkpoints.SweepCheckpoint] = None
+
+  @property
+  def checkpointed(self) -> bool:
+    return self.ckpt is not None
+
+  def start(self, done: int) -> None:
+    del done  # nothing to open
+
+  def size(self, done: int) -> int:
+    if self.ckpt is None:
+      return min(self.chunk, self.rounds - done)
+    return self.ckpt.size(done, self.chunk, self.rounds)
+
+  def step(self, done: int, size: int) -> None:
+    states, frozen = self.carry
+    states, frozen, metrics = self.run_chunk(states, frozen, *self.inputs, length=size)
+    self.carry = (states, frozen)
+    self.log.chunk(metrics, done, self.sim)
+
+  def after(self, done: int, stopping: bool) -> Optional[float]:
+    if self.ckpt is not None and (self.ckpt.due(done, self.rounds) or stopping):
+      self.ckpt.save(done, self.carry, self.log.collected)
+    return self.log.shown(self.progress_metric)
+
+  def result(self, seconds: float) -> SweepResult:
+    states, frozen = self.carry
+    return _result(self.sim, self.runs, states, frozen, self.log.collected, self.rounds, seconds)
+
+  def close(self) -> None:
+    try:
+      host.close_all(self.log.writers)
+    finally:
+      if self.ckpt is not None:
+        self.ckpt.close()
 
 
 def _result(sim, runs, states, frozen, collected, rounds, seconds) -> SweepResult:

@@ -1,16 +1,14 @@
-"""A sweep's host side (:func:`fedco.sweep`): each run's rows for the metric writers, and
-the checkpoints holding every run's state, freeze round and metrics together."""
+"""A sweep's host side (:func:`fedco.sweep`): each run's rows for the metric writers and
+the progress bar's name and value (its checkpoints: :mod:`fedco.runtime.checkpoints`)."""
 
 from __future__ import annotations
 
 import itertools
-import sys
 from typing import Dict, Optional
 
-import jax
 import numpy as np
 
-from fedco.runtime import fingerprint, host
+from fedco.runtime import host
 
 
 def bar_name(labels, algorithm) -> str:
@@ -68,54 +66,3 @@ class RunRows:
       v[e & np.isfinite(v)][-1] for v, e in zip(values, evaluated) if np.any(e & np.isfinite(v))
     ]
     return float(np.mean(last)) if last else None
-
-
-class Checkpoints:
-  """A sweep's checkpoints: every run's state and freeze round, and the metrics so far."""
-
-  def __init__(self, directory, keep, every, sim, runs, inputs, template):
-    from fedco import checkpoint as checkpoint_lib  # orbax loads only when asked for
-    from fedco.io import DirectoryLock  # pylint: disable=g-import-not-at-top
-
-    self.every, self.directory = every, directory
-    self.lock = DirectoryLock(directory, what="checkpoint_dir").acquire()
-    try:
-      params, data, metrics_data = inputs
-      first = jax.tree.map(lambda a: a[0], template[0])  # run 0's: the problem's probe
-      description = fingerprint.describe_run(
-        sim, jax.device_get(first.server["params"]), [r["seed"] for r in runs], template[0]
-      )
-      description["sweep"] = {
-        "runs": fingerprint.describe(runs),
-        "inputs": fingerprint.array_digest((params, data, metrics_data)),
-      }
-      self.run = {"fingerprint": fingerprint.fingerprint(description), "description": description}
-      self.ckpt = checkpoint_lib.Checkpointer(directory, keep=keep)
-    except BaseException:
-      self.lock.release()
-      raise
-
-  def restore(self, rounds, template):
-    if self.ckpt.latest_round() is None:
-      return 0, template, {}
-    done, state, history = self.ckpt.restore(template, run=self.run)
-    if done > rounds:
-      raise ValueError(
-        f"{self.directory} holds round {done}, past rounds={rounds}; use "
-        "another checkpoint_dir or more rounds"
-      )
-    print(f"resumed from round {done} ({self.directory})", file=sys.stderr, flush=True)
-    return done, state, history
-
-  def size(self, done, chunk, rounds):
-    return min(chunk, rounds - done, self.every - done % self.every)
-
-  def due(self, done, rounds):
-    return done % self.every == 0 or done == rounds
-
-  def save(self, done, state, collected):
-    self.ckpt.save(done, state, collected, run=self.run)
-
-  def close(self):
-    self.ckpt.close()
-    self.lock.release()

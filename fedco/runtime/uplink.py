@@ -247,6 +247,73 @@ def delta_fields(plan) -> Tuple[str, ...]:
   return ("params",) + tuple(plan.every_step) + tuple(plan.every_round)
 
 
+def _codecs(algorithm, compression) -> Dict[str, Any]:
+  """``compression`` checked against what ``algorithm`` sends: ``{field: codec}``."""
+  plan = algorithm.plan
+  sent = sent_fields(plan)
+  if not isinstance(compression, Mapping):
+    raise ValueError(
+      f"compression must be a dict {{field: fedco.compression codec}}, got "
+      f"{type(compression).__name__}"
+    )
+  codecs = {}
+  for field, codec in compression.items():
+    if field not in sent:
+      raise ValueError(
+        f"compression names field {field!r}, which {algorithm.name} does "
+        f"not send; it sends {list(sent)}"
+      )
+    if not isinstance(codec, compression_lib.Codec):
+      raise ValueError(
+        f"compression[{field!r}] must be a fedco.compression codec "
+        f"(stochastic_quantization, top_k, ...), got {codec!r}"
+      )
+    if codec.memory and field not in delta_fields(plan):
+      raise ValueError(
+        f"compression[{field!r}] keeps an error-feedback memory, but "
+        f"{algorithm.name} sends {field!r} as a value (not a change from "
+        f"a server copy): last round's remainder would enter a new "
+        f"statistic; use stochastic_quantization or "
+        f"top_k(error_feedback=False)"
+      )
+    codecs[field] = codec
+  return codecs
+
+
+def _clip(algorithm, privacy) -> Dict[str, float]:
+  """``privacy`` checked against ``algorithm`` (uniform weights, no loss queries, a clip
+  bound for every field it sends and none other): ``{field: clip bound}``."""
+  plan = algorithm.plan
+  sent = sent_fields(plan)
+  if not isinstance(privacy, privacy_lib.ClientDP):
+    raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+  if as_aggregator(algorithm.server).queries_losses:
+    raise ValueError(
+      f"privacy cannot cover {algorithm.name}: its server queries client "
+      f"losses outside its communication plan (DRFA's loss queries)"
+    )
+  if plan.weighting != "uniform":
+    raise ValueError(
+      f"privacy needs uniform client weights: {algorithm.name} weighs "
+      f"clients by their data sizes (weighting={plan.weighting!r}), which "
+      f"are private and set the noise's scale; build it with "
+      f"weighting='uniform' where it has that argument"
+    )
+  missing = [f for f in sent if privacy.clip_of(f) is None]
+  if missing:
+    raise ValueError(
+      f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
+      f"{list(sent)}, and every upload must be clipped"
+    )
+  if isinstance(privacy.clip, Mapping):
+    unknown = sorted(set(privacy.clip) - set(sent))
+    if unknown:
+      raise ValueError(
+        f"privacy.clip names {unknown}, which {algorithm.name} does not send; it sends {list(sent)}"
+      )
+  return {f: float(privacy.clip_of(f)) for f in sent}
+
+
 def make_uplink(
   algorithm, num_clients: int, clients_per_round: int, compression, privacy
 ) -> Optional[Uplink]:
@@ -255,66 +322,12 @@ def make_uplink(
   if not compression and privacy is None:
     return None
   plan = algorithm.plan
-  sent = sent_fields(plan)
-  codecs = {}
-  if compression:
-    if not isinstance(compression, Mapping):
-      raise ValueError(
-        f"compression must be a dict {{field: fedco.compression codec}}, got "
-        f"{type(compression).__name__}"
-      )
-    for field, codec in compression.items():
-      if field not in sent:
-        raise ValueError(
-          f"compression names field {field!r}, which {algorithm.name} does "
-          f"not send; it sends {list(sent)}"
-        )
-      if not isinstance(codec, compression_lib.Codec):
-        raise ValueError(
-          f"compression[{field!r}] must be a fedco.compression codec "
-          f"(stochastic_quantization, top_k, ...), got {codec!r}"
-        )
-      if codec.memory and field not in delta_fields(plan):
-        raise ValueError(
-          f"compression[{field!r}] keeps an error-feedback memory, but "
-          f"{algorithm.name} sends {field!r} as a value (not a change from "
-          f"a server copy): last round's remainder would enter a new "
-          f"statistic; use stochastic_quantization or "
-          f"top_k(error_feedback=False)"
-        )
-      codecs[field] = codec
+  codecs = _codecs(algorithm, compression) if compression else {}
   clip, z = {}, 0.0
   messages = privacy_lib.messages_per_round(plan)
   rate = clients_per_round / num_clients
   if privacy is not None:
-    if not isinstance(privacy, privacy_lib.ClientDP):
-      raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
-    if as_aggregator(algorithm.server).queries_losses:
-      raise ValueError(
-        f"privacy cannot cover {algorithm.name}: its server queries client "
-        f"losses outside its communication plan (DRFA's loss queries)"
-      )
-    if plan.weighting != "uniform":
-      raise ValueError(
-        f"privacy needs uniform client weights: {algorithm.name} weighs "
-        f"clients by their data sizes (weighting={plan.weighting!r}), which "
-        f"are private and set the noise's scale; build it with "
-        f"weighting='uniform' where it has that argument"
-      )
-    missing = [f for f in sent if privacy.clip_of(f) is None]
-    if missing:
-      raise ValueError(
-        f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
-        f"{list(sent)}, and every upload must be clipped"
-      )
-    if isinstance(privacy.clip, Mapping):
-      unknown = sorted(set(privacy.clip) - set(sent))
-      if unknown:
-        raise ValueError(
-          f"privacy.clip names {unknown}, which {algorithm.name} does not "
-          f"send; it sends {list(sent)}"
-        )
-    clip = {f: float(privacy.clip_of(f)) for f in sent}
+    clip = _clip(algorithm, privacy)
     if privacy.noise_multiplier is None:
       if privacy.rounds is None:
         raise ValueError(
