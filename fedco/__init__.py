@@ -9,7 +9,6 @@ transform; the runtime simulates many clients in one jitted program.
 from fedco import _startup  # noqa: F401  # isort: skip
 from fedco import (
   algorithms,
-  checkpoint,
   compression,
   data,
   estimators,
@@ -40,6 +39,16 @@ globals().update(ALGORITHMS)  # fedco.feddro, fedco.scaffold, ...: every built-i
 
 # They build on everything above: the contract kit and the experiment skeleton.
 from fedco import experiment, testing  # noqa: E402
+
+
+def __getattr__(name):
+  """``fedco.checkpoint`` loads (with orbax, about half a second) when first used."""
+  if name == "checkpoint":
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    return importlib.import_module("fedco.checkpoint")
+  raise AttributeError(f"module 'fedco' has no attribute {name!r}")
+
 
 __all__ = [
   "algorithms",

@@ -373,7 +373,7 @@ class _Kit:
     kind = self.algorithm.problem_kind
     self.problem = default_problem(kind) if problem is None else problem
     try:  # fedco.simulate's own refusal, before a step meets the wrong oracles
-      runtime_checks._check_kinds(self.problem, self.algorithm)
+      runtime_checks.check_kinds(self.problem, self.algorithm)
     except ValueError as err:
       raise ValueError(
         f"problem: {err}; pass a problem of kind {kind!r} or leave problem out (the kit's "

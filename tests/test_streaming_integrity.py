@@ -131,9 +131,9 @@ def test_a_divergence_says_what_data_were_checked():
   """A streamed run's data (its template: one client's rows) do not make it claim the whole
   data set finite; an in-memory run's finite data do."""
   data = fedco.FederatedData.from_clients(_clients())
-  assert checks._data_note(data) == "The data are finite: the iterates diverged."
+  assert checks.data_finiteness_note(data) == "The data are finite: the iterates diverged."
   template = fedco.FederatedData.from_clients(_clients()[:1]).replace(counts=data.counts)
-  assert "this run read are finite" in checks._data_note(template)
+  assert "this run read are finite" in checks.data_finiteness_note(template)
 
 
 def _edit(file, at, data=np.float32(123.0).tobytes()):  # finite: only a checksum sees it

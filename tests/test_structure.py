@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles among fedco's modules, and runtime modules a
-newcomer can read one at a time (under 300 lines of code each).
+"""The package's shape: no import cycles among fedco's modules (imports inside functions
+included), no private name taken across modules, ``import fedco`` without orbax, and
+runtime modules a newcomer can read one at a time (under 300 lines of code each).
 
 Code lines leave out docstrings, comments and blank lines: the docstrings are the API
 reference (issue 29 added Args, Returns and Examples to every public name), and the
@@ -10,9 +11,12 @@ to read.
 import ast
 import io
 import pathlib
+import sys
 import tokenize
 
 import pytest
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedco"
@@ -25,10 +29,12 @@ def _module_name(path):
 
 
 def _imports(path, modules):
-  """The fedco modules ``path`` imports at module level (``from a import b`` counts ``a.b``
-  when that is a module, else ``a``)."""
+  """The fedco modules ``path`` imports anywhere, inside functions too (an import deferred
+  into a function still ties the two modules: it only hides the cycle until that function
+  runs), except under ``if TYPE_CHECKING:``, which never runs (``from a import b`` counts
+  ``a.b`` when that is a module, else ``a``)."""
   out = set()
-  for node in ast.parse(path.read_text()).body:
+  for node in _import_nodes(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
       out.update(alias.name for alias in node.names if alias.name in modules)
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -36,6 +42,19 @@ def _imports(path, modules):
         full = f"{node.module}.{alias.name}"
         out.add(full if full in modules else node.module)
   return {m for m in out if m in modules}
+
+
+def _import_nodes(tree):
+  """Every import statement of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+  stack = [tree]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      yield node
+    elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+      stack.extend(node.orelse)
+    else:
+      stack.extend(ast.iter_child_nodes(node))
 
 
 def _graph():
@@ -85,6 +104,69 @@ def test_the_cycle_finder_finds_a_cycle():
   ]
 
 
+def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
+  module = tmp_path / "m.py"
+  module.write_text(
+    "from typing import TYPE_CHECKING\n"
+    "if TYPE_CHECKING:\n"
+    "  from fedco.b import B\n"
+    "def f():\n"
+    "  from fedco import c  # deferred: still an edge\n"
+    "  import fedco.d\n"
+  )
+  modules = {"fedco.b", "fedco.c", "fedco.d"}
+  assert _imports(module, modules) == {"fedco.c", "fedco.d"}
+
+
+def _private_crossings(files):
+  """``(module, from module, name)`` for every private name (one leading underscore) a
+  fedco module takes from another: by ``from a import _b`` or as ``a._b``."""
+  hits = set()
+  for name, path in files.items():
+    tree = ast.parse(path.read_text())
+    aliases = {}  # local name -> the fedco module it stands for
+    for node in _import_nodes(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedco"):
+        for alias in node.names:
+          full = f"{node.module}.{alias.name}"
+          if full in files:
+            aliases[alias.asname or alias.name] = full
+          elif _private(alias.name):
+            hits.add((name, node.module, alias.name))
+      elif isinstance(node, ast.Import):
+        aliases.update({a.asname or a.name: a.name for a in node.names if a.name in files})
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and _private(node.attr)
+      ):
+        hits.add((name, aliases[node.value.id], node.attr))
+  return sorted(hits)
+
+
+def _private(name):
+  return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_crosses_modules():
+  files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  assert _private_crossings(files) == []
+
+
+def test_the_crossing_finder_finds_private_names_taken_from_another_module(tmp_path):
+  (tmp_path / "a.py").write_text("def _helper():\n  return 1\n")
+  (tmp_path / "b.py").write_text(
+    "from fedco.a import _helper\nfrom fedco import a\ndef f():\n  return a._other()\n"
+  )
+  files = {"fedco.a": tmp_path / "a.py", "fedco.b": tmp_path / "b.py"}
+  assert _private_crossings(files) == [
+    ("fedco.b", "fedco.a", "_helper"),
+    ("fedco.b", "fedco.a", "_other"),
+  ]
+
+
 def test_the_runtime_imports_no_experiment_code_and_data_no_runtime():
   graph = _graph()
   for name, deps in graph.items():
@@ -119,3 +201,17 @@ def _code_lines(source: str) -> int:
 def test_code_lines_leave_out_docstrings_comments_and_blanks():
   source = 'def f():\n  """Doc.\n\n  More.\n  """\n  # note\n\n  return (1 +\n          2)\n'
   assert _code_lines(source) == 3
+
+
+def test_import_fedco_leaves_orbax_until_a_checkpoint_is_asked_for():
+  probe = (
+    "import sys, fedco\n"
+    "print(any(m.startswith('orbax') for m in sys.modules))\n"
+    "fedco.checkpoint.Checkpointer\n"
+    "print(any(m.startswith('orbax') for m in sys.modules))\n"
+  )
+  done = helpers.run(
+    [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ["False", "True"]

@@ -111,7 +111,7 @@ import optax
 
 from fedco import _validate, estimators
 from fedco.algorithms import base
-from fedco.algorithms.moml import _layout
+from fedco.algorithms.moml import tracker_layout
 
 VARIANTS = ("exact", "first_order", "hessian_free")
 
@@ -126,7 +126,7 @@ class PerFedAvgState(NamedTuple):
 
 def _check_layout(y, params, variant):
   """The first-order and Hessian-free directions need a parameter-shaped (or table) inner."""
-  layout = _layout(y, params)
+  layout = tracker_layout(y, params)
   if variant != "exact" and layout == "other":
     raise ValueError(
       f"per_fedavg(variant={variant!r}) needs an inner value shaped like the parameters, "

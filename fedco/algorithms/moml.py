@@ -50,7 +50,7 @@ class MOMLState(NamedTuple):
   opt_state: optax.OptState
 
 
-def _layout(u, params) -> str:
+def tracker_layout(u, params) -> str:
   """``"table"`` (leaves ``[T, *param_shape]``), ``"params"`` (param-shaped) or ``"other"``."""
   if jax.tree.structure(u) != jax.tree.structure(params):
     return "other"
@@ -172,7 +172,7 @@ def local_moml(
   plan = base.make_plan(local_steps)
 
   def checked_layout(u, params):
-    layout = _layout(u, params)
+    layout = tracker_layout(u, params)
     if first_order and layout == "other":
       raise ValueError(
         "local_moml(first_order=True) needs an inner value shaped like the parameters, "

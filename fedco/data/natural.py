@@ -193,7 +193,7 @@ def _group_records(source, client_key: str, x_key: str, y_key: str) -> Dict[Any,
     user["x"].append(np.asarray(record[x_key]))
     user["y"].append(int(record[y_key]))
   return {
-    u: {"x": sources._to_float01(np.stack(a["x"])), "y": np.asarray(a["y"], np.int32)}
+    u: {"x": sources.to_float01(np.stack(a["x"])), "y": np.asarray(a["y"], np.int32)}
     for u, a in rows.items()
   }
 
@@ -255,7 +255,7 @@ def load_tfds_clients(
 
   users = {}
   for split in (train_split, test_split):
-    source = sources._open_source(tfds, name, split, data_dir)
+    source = sources.open_source(tfds, name, split, data_dir)
     users[split] = _group_records(source, client_key, x_key, y_key)
   info = {"source": "tfds", "client_key": client_key, "data_dir": data_dir}
   return from_users(

@@ -289,11 +289,11 @@ def load_omniglot(
   data_dir = None if data_dir is None else os.fspath(data_dir)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  from fedco.data.sources import _open_source  # pylint: disable=g-import-not-at-top
+  from fedco.data.sources import open_source  # pylint: disable=g-import-not-at-top
 
   parts, names = [], None
   for split in ("train", "test"):
-    source = _open_source(tfds, NAME, split, data_dir)
+    source = open_source(tfds, NAME, split, data_dir)
     names = names or _alphabet_names(source)
     parts.append(_read_split(source, image_size))
   images = np.concatenate([p[0] for p in parts])

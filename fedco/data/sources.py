@@ -154,7 +154,7 @@ def _prepare_hint(name: str, data_dir: Optional[str]) -> str:
   )
 
 
-def _open_source(tfds, name: str, split: str, data_dir: Optional[str]):
+def open_source(tfds, name: str, split: str, data_dir: Optional[str]):
   """``tfds.data_source(..., download=False)``, with a missing data set as FileNotFoundError.
 
   ``tfds.data_source`` does not say "not found" itself (tfds 4.9.10). With
@@ -230,7 +230,7 @@ def _read_records(source, image_key: str, label_key: str):
   return images, labels
 
 
-def _to_float01(images: np.ndarray) -> np.ndarray:
+def to_float01(images: np.ndarray) -> np.ndarray:
   if np.issubdtype(images.dtype, np.integer):
     scale = float(np.iinfo(images.dtype).max)
     return np.multiply(images, 1.0 / scale, dtype=np.float32)
@@ -278,9 +278,9 @@ def load_tfds(name: str, split: str, data_dir: Union[str, os.PathLike, None] = N
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   image_key, label_key, _ = TFDS_DATASETS[name]
-  source = _open_source(tfds, name, split, data_dir)
+  source = open_source(tfds, name, split, data_dir)
   images, labels = _read_records(source, image_key, label_key)
-  return {"x": _to_float01(images), "y": labels.astype(np.int32)}
+  return {"x": to_float01(images), "y": labels.astype(np.int32)}
 
 
 def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Splits:

@@ -79,7 +79,7 @@ from ml_collections import config_dict
 import fedco
 from fedco import extend
 from fedco.experiment import outputs
-from fedco.runtime.checks import _check_kinds
+from fedco.runtime.checks import check_kinds
 
 # Where a short ``config.experiment`` name is looked up: ``experiments.<name>``, this
 # repository's experiments (or your own package of that name, first on the path).
@@ -898,7 +898,7 @@ def _check_first_runs(config, runs, first) -> None:
   larger than every client (decision 98), naming the flag to change."""
   for method, run in zip(runs, first):
     try:
-      _check_kinds(run.problem, run.algorithm)
+      check_kinds(run.problem, run.algorithm)
     except ValueError as err:
       raise ValueError(f"--config.methods.{method.entry}.algorithm: {err}") from None
   for run in first:

@@ -73,7 +73,7 @@ def _as_float(x) -> jax.Array:
   return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32)
 
 
-def _image_batch(x, name: str) -> tuple[jax.Array, bool]:
+def image_batch(x, name: str) -> tuple[jax.Array, bool]:
   """``x`` as ``[n, H, W, C]``, and whether it was one image ``[H, W, C]``."""
   x = _as_float(x)
   if x.ndim == 3:
@@ -191,7 +191,7 @@ class CNN4(nn.Module):
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
-    x, single = _image_batch(x, "CNN4")
+    x, single = image_batch(x, "CNN4")
     for i in range(4):
       if self.norm == "group":
         norm = GroupNorm(num_groups=group_count(self.filters), epsilon=1e-5, name=f"norm_{i}")
@@ -251,7 +251,7 @@ class OmniglotCNN(nn.Module):
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
-    x, single = _image_batch(x, "OmniglotCNN")
+    x, single = image_batch(x, "OmniglotCNN")
     for i in range(4):
       x = _conv_block(x, self.filters, TaskBatchNorm(name=f"norm_{i}"), False, i, self.conv_impl)
     x = nn.Dense(self.num_classes, name="logits")(x.reshape((x.shape[0], -1)))
@@ -311,7 +311,7 @@ class EmnistCNN(nn.Module):
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
-    x, single = _image_batch(x, "EmnistCNN")
+    x, single = image_batch(x, "EmnistCNN")
     impl = self.conv_impl
     x = nn.relu(Conv(32, (3, 3), padding="VALID", impl=impl, name="conv_0")(x))
     x = nn.relu(Conv(64, (3, 3), padding="VALID", impl=impl, name="conv_1")(x))

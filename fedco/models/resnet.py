@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from fedco import _validate
-from fedco.models.cnn import NORMS, _image_batch, group_count
+from fedco.models.cnn import NORMS, group_count, image_batch
 from fedco.models.layers import CONV_IMPLS, Conv, GroupNorm
 
 _PAD1 = ((1, 1), (1, 1))
@@ -167,7 +167,7 @@ class ResNet20(nn.Module):
 
   @nn.compact
   def __call__(self, x) -> jax.Array:
-    x, single = _image_batch(x, "ResNet20")
+    x, single = image_batch(x, "ResNet20")
     bias = self.norm == "none"
     x = Conv(
       self.width,

@@ -103,10 +103,10 @@ def draw(
     pos = jnp.arange(max_count)
     valid = pos < view.count
     pos = jnp.where(valid, pos, 0)
-    weights = valid.astype(_float()) / view.count
+    weights = valid.astype(run_float()) / view.count
   else:
     pos = jax.random.randint(key, (batch_size,), 0, view.count)
-    weights = jnp.full((batch_size,), 1.0 / batch_size, _float())
+    weights = jnp.full((batch_size,), 1.0 / batch_size, run_float())
   return _gather(view, pos, weights, return_rows)
 
 
@@ -175,7 +175,7 @@ def epoch_draw(
   index = (step % per_epoch) * batch_size + jnp.arange(batch_size)
   valid = index < count
   pos = jnp.where(valid, shuffle[jnp.minimum(index, max_count - 1)], shuffle[0])
-  weights = valid.astype(_float()) / jnp.sum(valid)
+  weights = valid.astype(run_float()) / jnp.sum(valid)
   return _gather(view, pos, weights, return_rows)
 
 
@@ -322,7 +322,7 @@ def oracle_args(
     if w is not None:
       return w
     n = jax.tree.leaves(batch)[0].shape[0]
-    return jnp.full((n,), 1.0 / n, _float())
+    return jnp.full((n,), 1.0 / n, run_float())
 
   next_inner_batch = inner_batch if next_inner_batch is None else next_inner_batch
   wg, wf, wn = (_w(b, w) for b, w in zip((inner_batch, outer_batch, next_inner_batch), weights))
@@ -346,7 +346,7 @@ def oracle_args(
   return grad_h, kwargs
 
 
-def _float():
+def run_float():
   """The run's float type for weights: float64 under ``jax_enable_x64``, else float32 (a mean
   over float32 values casts the weights down; float64 runs keep every digit)."""
   return jnp.result_type(float)

@@ -30,7 +30,7 @@ class NonFiniteError(FloatingPointError):
     self.quantity = quantity
 
 
-def _scalar(name, shape_dtype):
+def check_scalar(name, shape_dtype):
   if tuple(shape_dtype.shape) != ():
     raise ValueError(
       f"the problem's {name} function must return a scalar, got shape {tuple(shape_dtype.shape)}"
@@ -40,7 +40,7 @@ def _scalar(name, shape_dtype):
 _LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
 
-def _check_dtypes(params, examples):
+def check_dtypes(params, examples):
   """fedco computes in float32 (or float64): refuse integer or bool params (nothing to
   differentiate) and half precision clearly."""
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -60,7 +60,7 @@ def _check_dtypes(params, examples):
         )
 
 
-def _check_kinds(problem: Problem, algorithm: Algorithm):
+def check_kinds(problem: Problem, algorithm: Algorithm):
   kind = algorithm.problem_kind
   if kind == "plain":
     if problem.extra is None:
@@ -81,7 +81,7 @@ def _check_kinds(problem: Problem, algorithm: Algorithm):
     )
 
 
-def _check_rows_finite(rows, host_metrics):
+def raise_if_rows_not_finite(rows, host_metrics):
   """Stop at an action row with a non-finite number (a diverged evaluation); the caller
   fills in the error's ``metrics``."""
   for row in rows:
@@ -106,7 +106,7 @@ def data_not_finite(field: str, client: int, row: int) -> str:
   )
 
 
-def _data_note(data, streamed: Optional[str] = None) -> str:
+def data_finiteness_note(data, streamed: Optional[str] = None) -> str:
   """Whether the data themselves hold non-finite values (then the data, not the step size,
   are the cause), for a NonFiniteError's message: the field, client and row, or what was
   checked (a streamed run's ``data`` hold one client's rows; ``streamed`` is the note of
@@ -132,7 +132,7 @@ def _data_note(data, streamed: Optional[str] = None) -> str:
   return "The data are finite: the iterates diverged."
 
 
-def _check_finite(metrics, state, rounds_before):
+def raise_if_not_finite(metrics, state, rounds_before):
   """Stop at the first evaluated round whose metrics are not finite (naming the objective
   first, then scalar metrics before per-client vectors)."""
   count = len(metrics["clients"]) if "clients" in metrics else 0

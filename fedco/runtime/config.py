@@ -25,7 +25,7 @@ from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import layouts, uplink
-from fedco.runtime.checks import _check_dtypes, _check_kinds, _scalar
+from fedco.runtime.checks import check_dtypes, check_kinds, check_scalar
 from fedco.runtime.mesh import check_mesh
 
 PyTree = Any
@@ -119,7 +119,7 @@ def make_config(
 ) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
   _check_types(problem, algorithm, data)
-  _check_kinds(problem, algorithm)
+  check_kinds(problem, algorithm)
   n = data.num_clients
   if problem.num_clients is not None and problem.num_clients != n:
     raise ValueError(
@@ -276,7 +276,7 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
   """``params`` as arrays, refused (``ValueError``) when their dtypes or shapes do not fit
   the data and problem."""
   params = jax.tree.map(jnp.asarray, params)
-  _check_dtypes(params, data.examples)
+  check_dtypes(params, data.examples)
   # Shapes only: indexing a multi-process array on the host would move a row.
   example = jax.tree.map(
     lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), data.examples
@@ -291,13 +291,13 @@ def check_params(params: PyTree, data: FederatedData, problem: Problem) -> PyTre
 
   def trace():
     if problem.extra is not None:
-      _scalar("extra", jax.eval_shape(over_data(problem.extra), params, example))
+      check_scalar("extra", jax.eval_shape(over_data(problem.extra), params, example))
     if problem.compositional:
       y = jax.eval_shape(over_data(problem.inner), params, example)
       if problem.outer_uses_data:
-        _scalar("outer", jax.eval_shape(over_data(problem.outer), y, example))
+        check_scalar("outer", jax.eval_shape(over_data(problem.outer), y, example))
       else:
-        _scalar("outer", jax.eval_shape(problem.outer, y))
+        check_scalar("outer", jax.eval_shape(problem.outer, y))
 
   try:
     trace()

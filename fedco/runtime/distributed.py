@@ -60,7 +60,7 @@ import jax
 import numpy as np
 
 from fedco.data.blocks import ClientBlockData
-from fedco.runtime.mesh import CLIENTS
+from fedco.runtime.mesh import CLIENTS, client_mesh
 
 PyTree = Any
 
@@ -132,8 +132,6 @@ def initialize(
 
 def _default_mesh(mesh):
   if mesh is None:
-    from fedco.runtime.simulator import client_mesh  # pylint: disable=g-import-not-at-top
-
     return client_mesh()
   if not isinstance(mesh, jax.sharding.Mesh) or CLIENTS not in mesh.axis_names:
     raise ValueError(

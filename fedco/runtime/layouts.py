@@ -77,11 +77,11 @@ class Compact:
 
   def map(self, fn: Callable) -> Callable:
     """``vmap`` of ``fn(id_or_key, view)`` over slots (the examples are not mapped)."""
-    return jax.vmap(fn, in_axes=(0, _VIEW_COMPACT))
+    return jax.vmap(fn, in_axes=(0, VIEW_COMPACT))
 
   def step_map(self, fn: Callable, num_mapped_before: int) -> Callable:
     """``vmap`` of a client step ``fn(*unmapped, *mapped, view)`` along the mesh."""
-    return client_vmap(fn, self.mesh, (None,) * 2 + (0,) * num_mapped_before + (_VIEW_COMPACT,))
+    return client_vmap(fn, self.mesh, (None,) * 2 + (0,) * num_mapped_before + (VIEW_COMPACT,))
 
   def round_slots(self, real: jax.Array):
     """``(ids, mask, pick)``: each slot's client (``K`` on padding), which slots hold a
@@ -171,5 +171,5 @@ class Resident(Compact):
 
 
 # vmap axes of a ClientView: compact slots share the examples and the row list.
-_VIEW_COMPACT = ClientView(None, 0, 0, None, None)
+VIEW_COMPACT = ClientView(None, 0, 0, None, None)
 _VIEW_RESIDENT = ClientView(0, None, 0, None, 0)

@@ -141,5 +141,5 @@ class Ledger(NamedTuple):
     return self.as_dict(rounds, metrics.get("survivors"), metrics.get("local_steps"))
 
 
-def _tree_size(tree) -> int:
+def tree_size(tree) -> int:
   return int(sum(np.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree)))

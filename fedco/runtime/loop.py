@@ -20,7 +20,12 @@ from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import checkpoints, driver, host, paging, streaming
-from fedco.runtime.checks import NonFiniteError, _check_finite, _check_rows_finite, _data_note
+from fedco.runtime.checks import (
+  NonFiniteError,
+  data_finiteness_note,
+  raise_if_not_finite,
+  raise_if_rows_not_finite,
+)
 from fedco.runtime.distributed import fetch
 from fedco.runtime.simulator import SimState, Simulator
 
@@ -379,10 +384,10 @@ class _Simulation:
     """Raises :class:`NonFiniteError` where the chunk diverged, after saving the last good
     state (the start of the chunk, round 0 included) when checkpointing."""
     try:
-      _check_finite(metrics, self.state, done)
+      raise_if_not_finite(metrics, self.state, done)
     except NonFiniteError as err:
       store = None if self.chunks is None else self.chunks.store
-      note = _data_note(self.sim.data, store and store.data_note(err.round))
+      note = data_finiteness_note(self.sim.data, store and store.data_note(err.round))
       err.args = (f"{err.args[0]} {note}",) + err.args[1:]
       if self.ckpt is not None:
         before = self.collected[:-1]
@@ -413,7 +418,7 @@ class _Simulation:
       writer.write(finite)
     if self.check_finite:
       try:
-        _check_rows_finite(rows, self.host_metrics)
+        raise_if_rows_not_finite(rows, self.host_metrics)
       except NonFiniteError as err:  # the metrics are stacked only when they are needed
         err.metrics = _stack(self.collected) if self.collected else {}
         raise

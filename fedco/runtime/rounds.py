@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from fedco.algorithms.base import RoundInfo, get_field, init_trackers, set_fields
 from fedco.runtime import evaluation, local
-from fedco.runtime.batching import _float, draw
+from fedco.runtime.batching import draw, run_float
 from fedco.runtime.faults import draw_faults
 from fedco.runtime.local import CLIENT_STREAM as CLIENT_STREAM  # fedco.testing reads it
 from fedco.runtime.local import broadcast, mean
@@ -87,8 +87,8 @@ class SimState(NamedTuple):
 def client_weights(cfg, counts, mask=None):
   """Averaging weights (sum 1): uniform or by data size; masked slots weigh 0."""
   mask = jnp.ones(counts.shape, bool) if mask is None else mask
-  ones = jnp.ones(counts.shape, _float())
-  c = jnp.where(mask, counts.astype(_float()) if cfg.plan.weighting == "samples" else ones, 0.0)
+  ones = jnp.ones(counts.shape, run_float())
+  c = jnp.where(mask, counts.astype(run_float()) if cfg.plan.weighting == "samples" else ones, 0.0)
   total = jnp.sum(c)
   return jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), 0.0)
 
@@ -122,7 +122,7 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
   )
   up = cfg.uplink
   if up is not None and up.private:  # the trackers' common start is the clients' data too
-    k_noise = jax.random.fold_in(k_init, _UPLINK_STREAM)
+    k_noise = jax.random.fold_in(k_init, UPLINK_STREAM)
     means = {
       f: up.private_init_mean(f, get_field(clients, f), w, jax.random.fold_in(k_noise, i))
       for i, f in enumerate(plan.init_fields)
@@ -242,7 +242,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
   # The uplink's randomness: its own stream (a constant no split index or client id
   # reaches), so it is independent of the sampling and runs without one keep every draw.
-  k_up = None if up is None else jax.random.fold_in(state.key, _UPLINK_STREAM)
+  k_up = None if up is None else jax.random.fold_in(state.key, UPLINK_STREAM)
   real = _sample(cfg, k_sample)
   ids, mask, pick = layout.round_slots(real)
   cst = take_clients(layout, state.clients, ids)
@@ -324,7 +324,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
 
 
 # Folded into a key for the uplink's draws: beyond any client id and split index.
-_UPLINK_STREAM = 0x75706C6B
+UPLINK_STREAM = 0x75706C6B
 
 
 def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):

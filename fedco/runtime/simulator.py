@@ -37,7 +37,7 @@ from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
 from fedco.runtime import config, paging
 from fedco.runtime import rounds as rounds_lib
-from fedco.runtime.ledger import Ledger, _tree_size
+from fedco.runtime.ledger import Ledger, tree_size
 from fedco.runtime.mesh import CLIENTS, client_mesh, replicated
 from fedco.runtime.rounds import SimState
 
@@ -347,7 +347,7 @@ class Simulator:
       per_client = get_field(_per_client(state.clients), f)
       return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), per_client)
 
-    size = lambda f: _tree_size(field(f))
+    size = lambda f: tree_size(field(f))
     up = {"params": size("params")}
     for f in self.plan.every_round:
       up[f] = size(f)

@@ -33,16 +33,16 @@ import numpy as np
 
 from fedco import io
 from fedco.runtime.state_records import (  # noqa: F401  # what the store's users call
-  _DAMAGE,
+  DAMAGE,
   FORMAT,
   Records,
-  _crc,
-  _token,
+  arrays_crc,
   cannot_read,
   damaged,
   earlier_version,
   load_arrays,
   load_meta,
+  new_token,
   save_arrays,
   save_meta,
 )
@@ -114,10 +114,10 @@ class Disk:
         os.remove(self.path(name))
     self.fd = os.open(self.path(ROWS), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     self.slots, self.owners = np.full(self.num_clients, -1, np.int64), np.zeros(0, np.int32)
-    self.head = _token()
+    self.head = new_token()
     arrays = {f"arr_{i}": a for i, a in enumerate(fresh)}
     save_arrays(self.path(FRESH), arrays)
-    self.fresh_crc = _crc(arrays)
+    self.fresh_crc = arrays_crc(arrays)
     save_arrays(self.path(INDEX), {"owners": self.owners})
     self.applying = None
     self._meta(0)
@@ -135,7 +135,7 @@ class Disk:
         "clients": self.num_clients,
         "record_bytes": self.codec.nbytes,
         "used": int(used),
-        "owners_crc": _crc({"owners": self.owners[:used]}),
+        "owners_crc": arrays_crc({"owners": self.owners[:used]}),
         "fresh_crc": self.fresh_crc,
         "applying": applying,
       },
@@ -159,11 +159,11 @@ class Disk:
         "or algorithm); use another checkpoint_dir"
       )
     fresh = load_arrays(self.path(FRESH), [f"arr_{i}" for i in range(len(self.codec.layout))])
-    if _crc(fresh) != meta["fresh_crc"]:
+    if arrays_crc(fresh) != meta["fresh_crc"]:
       raise damaged(self.path(FRESH), "it does not match store.json")
     self.fresh_crc, used = meta["fresh_crc"], int(meta["used"])
     owners = load_arrays(self.path(INDEX), ["owners"])["owners"].astype(np.int32)
-    if owners.size < used or _crc({"owners": owners[:used]}) != meta["owners_crc"]:
+    if owners.size < used or arrays_crc({"owners": owners[:used]}) != meta["owners_crc"]:
       raise damaged(self.path(INDEX), "it does not match store.json")
     owners = owners[:used]
     if owners.size and (owners.min() < 0 or owners.max() >= self.num_clients):
@@ -218,7 +218,7 @@ class Disk:
       old[had] = self.read(ids[had], slots[had])
     new = self.codec.encode(ids, leaves)
     return Journal(
-      round_, self.round, self.owners.size, _token(), self.head, ids, slots, had, old, new
+      round_, self.round, self.owners.size, new_token(), self.head, ids, slots, had, old, new
     )
 
   def save_journal(self, journal: Journal) -> None:
@@ -245,7 +245,7 @@ class Disk:
         with np.load(self.path(f"journal-{r}.npz"), allow_pickle=False) as f:
           base, token, parent = (int(f[k]) for k in ("base", "token", "parent"))
           out[r] = (base, token, parent)
-      except (OSError, *_DAMAGE):
+      except (OSError, *DAMAGE):
         out[r] = None
     return out
 

@@ -26,15 +26,15 @@ _HEADER = 8  # crc32, client id
 FORMAT = 3  # 1: per-leaf files (fedco before issue 44); 2: no journal tokens
 # What a damaged file raises while read (zip, npy and JSON format errors); anything else,
 # OSError above all, is not damage. MemoryError and KeyboardInterrupt are never caught.
-_DAMAGE = (zipfile.BadZipFile, ValueError, KeyError, EOFError, zlib.error, TypeError)
+DAMAGE = (zipfile.BadZipFile, ValueError, KeyError, EOFError, zlib.error, TypeError)
 
 
-def _token() -> int:
+def new_token() -> int:
   """A random 63-bit token (a journal's, or the files' at creation)."""
   return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def _crc(arrays: Dict[str, np.ndarray], crc: int = 0) -> int:
+def arrays_crc(arrays: Dict[str, np.ndarray], crc: int = 0) -> int:
   for name in sorted(arrays):
     a = np.ascontiguousarray(arrays[name])
     crc = zlib.crc32(f"{name}{a.shape}{a.dtype.str}".encode(), crc)
@@ -67,7 +67,7 @@ def earlier_version(directory) -> ValueError:
 
 def save_arrays(path, arrays: Dict[str, np.ndarray]) -> None:
   """``arrays`` and their checksum ``crc`` into the ``.npz`` file ``path``, atomically."""
-  sums = np.uint32(_crc(arrays))
+  sums = np.uint32(arrays_crc(arrays))
   io.atomic_write(path, lambda f: np.savez(f, **arrays, crc=sums), mode="wb")
 
 
@@ -80,10 +80,10 @@ def load_arrays(path, names) -> Dict[str, np.ndarray]:
     raise damaged(path, "missing") from None
   except OSError as err:
     raise cannot_read(path, err) from None
-  except _DAMAGE as err:  # zip and npy format errors
+  except DAMAGE as err:  # zip and npy format errors
     raise damaged(path, f"unreadable: {type(err).__name__}") from None
   want = arrays.pop("crc", None)
-  if want is None or set(arrays) != set(names) or int(want) != _crc(arrays):
+  if want is None or set(arrays) != set(names) or int(want) != arrays_crc(arrays):
     raise damaged(path, "checksum mismatch" if want is not None else "no checksum")
   return arrays
 
@@ -102,7 +102,7 @@ def load_meta(path) -> dict:
     raise damaged(path, "missing") from None
   except OSError as err:
     raise cannot_read(path, err) from None
-  except _DAMAGE as err:  # JSON and encoding errors
+  except DAMAGE as err:  # JSON and encoding errors
     raise damaged(path, f"unreadable: {type(err).__name__}") from None
   if not isinstance(meta, dict):
     raise damaged(path, "unreadable: not a JSON object")

@@ -53,7 +53,7 @@ from fedco.runtime import config as config_lib
 from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.batching import ClientView
 from fedco.runtime.checks import data_not_finite
-from fedco.runtime.layouts import _VIEW_COMPACT
+from fedco.runtime.layouts import VIEW_COMPACT
 
 
 def pending_fields(cfg, params) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -279,7 +279,7 @@ def _clients_init(cfg, params, k_init, data, ids):
   (a chunk or a block holding their rows)."""
   one = functools.partial(rounds_lib.client_init, cfg, params, k_init)
   views = ClientView(data.examples, data.offsets[ids], data.counts[ids], data.flat_rows)
-  return jax.vmap(one, in_axes=(0, _VIEW_COMPACT))(ids, views)
+  return jax.vmap(one, in_axes=(0, VIEW_COMPACT))(ids, views)
 
 
 def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
@@ -312,7 +312,7 @@ def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
     total = part if total is None else jax.tree.map(jnp.add, total, part)
   up = cfg.uplink
   if up is not None and up.private:
-    k_noise = jax.random.fold_in(k_init, rounds_lib._UPLINK_STREAM)  # init_state's
+    k_noise = jax.random.fold_in(k_init, rounds_lib.UPLINK_STREAM)  # init_state's
     keys = {f: jax.random.fold_in(k_noise, i) for i, f in enumerate(cfg.plan.init_fields)}
     total = {f: up.init_noise(f, v, jnp.max(weights), keys[f]) for f, v in total.items()}
   return total
