@@ -512,6 +512,53 @@ def test_a_method_of_the_wrong_kind_is_refused_before_anything_runs(tmp_path):
   assert not (tmp_path / "run").exists()  # fedavg, first, did not run either
 
 
+@pytest.mark.parametrize(
+  "name, value, message",
+  [
+    ("summarise", lambda config, outcome: {}, r"defines summarise, .*did you mean summarize\?"),
+    ("TABLE_KEY", ("objective",), r"defines TABLE_KEY, .*did you mean TABLE_KEYS\?"),
+    ("Plot", lambda wd, config, outcome: None, r"defines Plot, .*did you mean plot\?"),
+    ("plot", "figure.png", r"plot must be a function plot\(wd, config, outcome\)"),
+    ("report", lambda: [], r"report\(\) cannot take the runner's arguments report\(summary\)"),
+    ("TRADEOFF", [("accuracy", "acc")], r"TRADEOFF must be a Mapping"),
+  ],
+)
+def test_a_misspelled_or_malformed_hook_is_refused_naming_the_hooks(tmp_path, name, value, message):
+  module, config = _plain_experiment({"fedavg": {"algorithm": "fedavg"}})
+  setattr(module, name, value)
+  with pytest.raises(ValueError, match=message) as refused:
+    runner.train_and_evaluate(config, tmp_path / "run", QUIET, module=module)
+  assert "the hooks are TABLE_KEYS, PROGRESS" in str(refused.value)
+  assert "\n" not in str(refused.value) and not (tmp_path / "run").exists()
+
+
+def test_a_missing_required_hook_is_named():
+  module, config = _plain_experiment({"fedavg": {"algorithm": "fedavg"}})
+  del module.PROGRESS
+  with pytest.raises(ValueError, match=r"^experiment plain_only defines no PROGRESS; the hooks"):
+    runner.check(config, module)
+
+
+def test_an_experiment_class_runs_as_a_module_does(tmp_path):
+  from fedco import experiment
+
+  module, config = _plain_experiment({"fedavg": {"algorithm": "fedavg"}})
+
+  class Plain(experiment.Experiment):
+    TABLE_KEYS, PROGRESS = module.TABLE_KEYS, module.PROGRESS
+
+    def build(self, config, method, seed, prepared):
+      return module.build(config, method, seed, prepared)
+
+    def report(self, summary):
+      return [f"{len(summary['table'])} method"]
+
+  as_class = runner.train_and_evaluate(config, tmp_path / "class", QUIET, module=Plain())
+  as_module = runner.train_and_evaluate(config, tmp_path / "module", QUIET, module=module)
+  assert as_class["table"] == as_module["table"]
+  assert experiment.protocol.of(Plain()).report(as_class) == ["1 method"]
+
+
 def test_an_experiment_module_without_build_is_named():
   with pytest.raises(ValueError, match=r"module json defines no build\(config"):
     runner.experiment_module("json")

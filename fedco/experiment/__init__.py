@@ -10,13 +10,15 @@ and compression trade-off figures. :mod:`fedco.experiment.cli` is the command li
 (``experiments/``) are written with it; so is your own, in or outside it (the guide "Add an
 experiment").
 
-Modules: :mod:`~fedco.experiment.runner` (the skeleton and the module's hooks),
+Modules: :mod:`~fedco.experiment.runner` (the skeleton),
+:mod:`~fedco.experiment.protocol` (the hooks an experiment defines, :class:`Experiment`),
 :mod:`~fedco.experiment.outputs` (the workdir's contract, tables and figures),
 :mod:`~fedco.experiment.cli` (the driver; importing it defines absl flags).
 """
 
-from fedco.experiment import outputs, runner
+from fedco.experiment import outputs, protocol, runner
 from fedco.experiment.outputs import Workdir, curves
+from fedco.experiment.protocol import Experiment
 from fedco.experiment.runner import (
   Method,
   Options,
@@ -33,6 +35,7 @@ from fedco.experiment.runner import (
 )
 
 __all__ = [
+  "Experiment",
   "Method",
   "Options",
   "Outcome",
@@ -45,6 +48,7 @@ __all__ = [
   "method_entries",
   "methods",
   "outputs",
+  "protocol",
   "runner",
   "same_iterations",
   "seeds",

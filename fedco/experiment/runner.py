@@ -7,8 +7,11 @@ x methods loop through ``fedco.simulate`` (or each method's seeds through one
 ``fedco.sweep``), divergence notes, the final table, the trade-off figures and
 ``summary.json``.
 
-**An experiment module** defines (only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are
-required):
+**An experiment module** (or an instance of a subclass of
+:class:`fedco.experiment.Experiment`, which names every hook with its default) defines
+(only ``build``, ``TABLE_KEYS`` and ``PROGRESS`` are required; :mod:`~fedco.experiment.protocol`
+refuses a misspelled hook, a hook of the wrong kind and one whose parameters cannot take
+these arguments, in one line naming the hooks):
 
 * ``TABLE_KEYS``: the final values its table shows (mean +- std over the seeds);
 * ``PROGRESS``: the metric the progress bar shows;
@@ -78,7 +81,7 @@ from ml_collections import config_dict
 
 import fedco
 from fedco import extend
-from fedco.experiment import outputs
+from fedco.experiment import outputs, protocol
 from fedco.runtime.checks import check_kinds
 
 # Where a short ``config.experiment`` name is looked up: ``experiments.<name>``, this
@@ -772,11 +775,10 @@ def check(config, module=None):
       f"config must be an ml_collections.ConfigDict, got a {type(config).__name__}; wrap it: "
       "ml_collections.ConfigDict({...})"
     )
-  module = module or experiment_module(config.get("experiment"))
+  experiment = protocol.of(module or experiment_module(config.get("experiment")))
   check_shared(config)
-  if hasattr(module, "check"):
-    module.check(config)
-  return module
+  experiment.check(config)
+  return experiment
 
 
 def train_and_evaluate(
@@ -832,10 +834,11 @@ def train_and_evaluate(
     ('fedavg', [0, 1])
   """
   start, module = time.perf_counter(), check(config, module)
-  setup = module.setup(config) if hasattr(module, "setup") else None
-  runs = module.methods(config, setup) if hasattr(module, "methods") else methods(config)
+  setup = module.setup(config)
+  runs = module.methods(config, setup)
+  runs = methods(config) if runs is None else runs
   outcome = Outcome(runs, seeds(config), setup=setup)
-  prepare = getattr(module, "prepare", lambda config, seed, setup: setup)
+  prepare = module.prepare
   seed0 = outcome.seeds[0]
   prepared = {seed0: prepare(config, seed0, setup)}
   first = [module.build(config, m, seed0, prepared[seed0]) for m in runs]  # before writing
@@ -852,15 +855,11 @@ def train_and_evaluate(
     fedco.runtime.CsvWriter(wd.record(wd.file(outputs.METRICS_CSV))),
   ]
   base = {k: v for k, v in as_dict.items() if k not in CHOOSING}
-  source = code_digest(module)
+  source = code_digest(module.source)
   if source:  # your experiment's code: editing it starts its runs afresh
     base["module_sha256"] = source
   session = _Session(module, config, options, wd, writers, outcome, base)
-  if (
-    options.seeds_together
-    and getattr(module, "SEEDS_IN_ONE_PROGRAM", False)
-    and len(outcome.seeds) > 1
-  ):
+  if options.seeds_together and module.SEEDS_IN_ONE_PROGRAM and len(outcome.seeds) > 1:
     prepared.update({s: prepare(config, s, setup) for s in outcome.seeds[1:]})
     for i, method in enumerate(runs):
       session.seeds(method, {s: build(i, s) for s in outcome.seeds})
@@ -873,17 +872,15 @@ def train_and_evaluate(
         session.one(method, seed, build(i, seed))
   outcome.per_method, outcome.table = outputs.seed_statistics(outcome.finals, module.TABLE_KEYS)
   _warn_unreported(module, outcome)
-  name = config.get("experiment") or module.__name__
+  name = config.get("experiment") or module.name
   summary = {"experiment": name, "seeds": list(outcome.seeds)}
-  if hasattr(module, "summarize"):
-    summary.update(module.summarize(config, outcome))
+  summary.update(module.summarize(config, outcome))
   summary.update(
     methods=outcome.per_method, table=outcome.table, settings={m.label: m.settings() for m in runs}
   )
-  if hasattr(module, "plot"):
-    module.plot(wd, config, outcome)
+  module.plot(wd, config, outcome)
   for x in ("epsilon", "bytes_up"):
-    entry = tradeoff(wd, runs, outcome.finals, x, getattr(module, "TRADEOFF", {}).get(x, ()))
+    entry = tradeoff(wd, runs, outcome.finals, x, module.TRADEOFF.get(x, ()))
     if entry is not None:
       summary[f"{x}_tradeoff"] = entry
   summary["wall_seconds"] = time.perf_counter() - start
@@ -936,7 +933,7 @@ def _print_summary(module, summary, progress: bool) -> None:
   the notes of runs that diverged, on stderr."""
   if progress:
     print(outputs.format_table(summary["table"]))
-    for line in module.report(summary) if hasattr(module, "report") else ():
+    for line in module.report(summary):
       print(line)
     print(f"wall time {summary['wall_seconds']:.1f} s")
     return
@@ -954,7 +951,7 @@ def _warn_unreported(module, outcome: Outcome) -> None:
   unknown = [k for k in dict.fromkeys((*module.TABLE_KEYS, module.PROGRESS)) if k not in known]
   if finished and unknown:
     warnings.warn(
-      f"{module.__name__}'s TABLE_KEYS / PROGRESS name {unknown}, which no run reports; "
+      f"{module.name}'s TABLE_KEYS / PROGRESS name {unknown}, which no run reports; "
       f"the runs' final values are {sorted(known)}",
       stacklevel=3,
     )
@@ -1148,8 +1145,7 @@ class _Session:
     final["bytes_up"] = result.ledger["total_bytes_up"]
     if "epsilon" in result.metrics:
       final["epsilon"] = float(result.metrics["epsilon"][-1])
-    if hasattr(self.module, "finish"):
-      self.module.finish(self.config, method, seed, result, final)
+    self.module.finish(self.config, method, seed, result, final)
     self.outcome.finals.setdefault(method.label, {})[seed] = final
     self.outcome.results[(method.label, seed)] = result
 
