@@ -69,9 +69,9 @@ def entries() -> List[Entry]:
 
   Examples:
     >>> from fedco import _api
-    >>> feddro = [e for e in _api.entries() if e.name == "feddro"]
-    >>> [(e.module, e.kind, e.home) for e in feddro]  # re-exported: documented at the top
-    [('fedco', 'function', 'fedco.feddro'), ('fedco.algorithms', 'function', 'fedco.feddro')]
+    >>> scgdm = [e for e in _api.entries() if e.name == "local_scgdm"]
+    >>> [(e.module, e.kind, e.home) for e in scgdm]  # re-exported: documented at the top
+    [('fedco', 'function', 'fedco.local_scgdm'), ('fedco.algorithms', 'function', 'fedco.local_scgdm')]
   """
   homes, found = {}, []
   for module_name in PUBLIC_MODULES:

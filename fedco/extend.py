@@ -165,37 +165,41 @@ The pieces, by what they are for:
 """
 
 from fedco._validate import bounded, one_of, positive, positive_int, rate
-from fedco.algorithms.base import (
-  Algorithm,
-  CommPlan,
-  InjectedServerState,
-  Optimizer,
-  Pending,
+from fedco.algorithms.core.composition import InjectedServerState
+from fedco.algorithms.core.fields import get_field, set_fields
+from fedco.algorithms.core.registry import factory, register
+from fedco.algorithms.core.servers import (
   RoundInfo,
-  ScalarOrSchedule,
   ServerAggregator,
-  add_grads,
   as_aggregator,
+  averaging_server,
+  optax_aggregator,
+  project_simplex,
+  weighted_client_mean,
+)
+from fedco.algorithms.core.steps import (
+  add_grads,
   at_round_end,
   at_round_start,
-  averaging_server,
-  factory,
-  fill_pending,
-  get_field,
-  has_pending,
-  init_trackers,
-  make_plan,
-  optax_aggregator,
   oracles,
   param_optimizer,
-  pending_or,
-  project_simplex,
-  register,
   require,
   select,
-  set_fields,
   strong,
-  weighted_client_mean,
+)
+from fedco.algorithms.core.trackers import (
+  Pending,
+  fill_pending,
+  has_pending,
+  init_trackers,
+  pending_or,
+)
+from fedco.algorithms.core.types import (
+  Algorithm,
+  CommPlan,
+  Optimizer,
+  ScalarOrSchedule,
+  make_plan,
 )
 from fedco.estimators import compositional_grad, inner_vjp
 

@@ -366,3 +366,25 @@ def test_metrics_data_is_an_argument_of_the_compiled_rounds():
       sim._run.lower(state, sim.data, sim.metrics_data, np.int32(-1), rounds=2).as_text()
     )
   assert lowered[0] == lowered[1]  # one program (a persistent cache serves the second)
+
+
+def test_simulator_settings_are_one_options_object_and_a_misspelled_one_is_named():
+  x = np.ones((3, 2), np.float32)
+  data = fedco.FederatedData.from_clients([{"x": x + k} for k in range(3)])
+  problem = fedco.problems.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+  options = fedco.runtime.SimOptions(batch_size=None, clients_per_round=2)
+  by_object = fedco.Simulator(problem, fedco.fedavg(0.1, 1), data, options)
+  by_keyword = fedco.Simulator(
+    problem, fedco.fedavg(0.1, 1), data, batch_size=None, clients_per_round=2
+  )
+  assert by_object.config.options == by_keyword.config.options
+  assert by_object.config.batch_size is None and by_object.config.clients_per_round == 2
+  with pytest.raises(
+    ValueError,
+    match=r"^unknown simulator setting batchsize; the settings are clients_per_round, batch_size",
+  ):
+    fedco.Simulator(problem, fedco.fedavg(0.1, 1), data, batchsize=4)
+  with pytest.raises(ValueError, match=r"^options must be a fedco.runtime.SimOptions, got dict"):
+    fedco.simulate(
+      problem, fedco.fedavg(0.1, 1), data, jnp.zeros(2), rounds=1, options={"batch_size": 4}
+    )

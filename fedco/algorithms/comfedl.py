@@ -67,8 +67,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 
 
 class ComFedLState(NamedTuple):
@@ -84,17 +83,17 @@ class NormalizedComFedLState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"comfedl": dict(learning_rate=0.1)})
-@base.factory(static=("local_steps", "optimizer", "normalized", "gamma", "weighting"))
+@extend.register(settings={"comfedl": dict(learning_rate=0.1)})
+@extend.factory(static=("local_steps", "optimizer", "normalized", "gamma", "weighting"))
 def comfedl(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   normalized: bool = False,
   gamma: Optional[float] = None,
   weighting: str = "uniform",
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""ComFedL (papers 000/001, Algorithm 1): compositional FedAvg for local-inner problems.
 
   Solves the **local-inner** problem :math:`F(x) = \frac{1}{K}\sum_k [f_k(g_k(x)) +
@@ -192,7 +191,7 @@ def comfedl(
     >>> fedco.comfedl(0.01, 5, normalized=True, gamma=0.2).plan.round_start  # one float
     ('log_normalizer',)
   """
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   if not isinstance(normalized, bool):
     raise ValueError(f"normalized must be a bool, got {normalized!r}")
   if normalized:
@@ -203,14 +202,14 @@ def comfedl(
       "reads the temperature from the problem's outer function)"
     )
   if not normalized:
-    plan = base.make_plan(local_steps, weighting=weighting)
+    plan = extend.make_plan(local_steps, weighting=weighting)
   else:
 
     def log_normalizer(losses, weights):
       """``log(sum_k w_k exp(f_k/gamma))`` over the surviving clients (``w`` sums to 1)."""
       return jax.nn.logsumexp(losses / gamma, b=weights)
 
-    plan = base.make_plan(
+    plan = extend.make_plan(
       local_steps,
       round_start=("log_normalizer",),
       at_init=(),
@@ -231,12 +230,12 @@ def comfedl(
     updates, state, params=None, *, inner_fn=None, outer_fn=None, unlinked_outer_fn=None, **unused
   ):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("comfedl", inner_fn, outer_fn)
+    inner_fn, outer_fn, _ = extend.oracles("comfedl", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     if normalized and unlinked_outer_fn is not None:  # the loss inside the problem's link
       loss, grad_y = jax.value_and_grad(unlinked_outer_fn)(sample)
       weight = jnp.exp(loss / gamma - state.log_normalizer).astype(loss.dtype)
-      z = base.add_grads(pullback(jax.tree.map(lambda g: weight * g, grad_y)), updates)
+      z = extend.add_grads(pullback(jax.tree.map(lambda g: weight * g, grad_y)), updates)
       step, opt_state = opt.update(z, state.opt_state, params)
       return step, state._replace(count=state.count + 1, opt_state=opt_state)
     if normalized:
@@ -251,11 +250,11 @@ def comfedl(
           f"{jax.tree.map(jnp.shape, sample)} and no link"
         )
       weight = jnp.exp(sample / gamma - state.log_normalizer)
-      z = base.add_grads(pullback(weight.astype(sample.dtype)), updates)
+      z = extend.add_grads(pullback(weight.astype(sample.dtype)), updates)
       step, opt_state = opt.update(z, state.opt_state, params)
       return step, state._replace(count=state.count + 1, opt_state=opt_state)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, sample), updates)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, sample), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, ComFedLState(state.count + 1, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "comfedl", "local")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "comfedl", "local")

@@ -29,8 +29,7 @@ from typing import Any, NamedTuple, Optional
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 
 _CASES = ("I", "II", "modified")
 
@@ -46,15 +45,15 @@ class FedAvgCOState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"fedavg": dict(learning_rate=0.1)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"fedavg": dict(learning_rate=0.1)})
+@extend.factory(static=("local_steps", "optimizer"))
 def fedavg(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   weighting: str = "samples",
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""FedAvg (McMahan et al. 2017): local SGD on the client loss, then model averaging.
 
   The baseline for **plain** (non-compositional) problems :math:`\frac{1}{K}\sum_k h_k(x)`:
@@ -111,8 +110,8 @@ def fedavg(
     >>> print(round(float(loss(x)), 4))  # from 2.5
     2.261
   """
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
-  plan = base.make_plan(local_steps, weighting=weighting)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
+  plan = extend.make_plan(local_steps, weighting=weighting)
 
   def init(params, *, inner_value=None):
     del inner_value
@@ -120,26 +119,26 @@ def fedavg(
 
   def update(updates, state, params=None, **unused):
     del unused
-    base.require("updates (the gradient of the client loss)", updates, "fedavg")
+    extend.require("updates (the gradient of the client loss)", updates, "fedavg")
     step, opt_state = opt.update(updates, state.opt_state, params)
     return step, FedAvgState(state.count + 1, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "fedavg", "plain")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "fedavg", "plain")
 
 
-@base.register(
+@extend.register(
   settings={
     f"fedavg_co_{case}": dict(learning_rate=0.1, case=case) for case in ("I", "II", "modified")
   }
 )
-@base.factory(static=("local_steps", "optimizer"))
+@extend.factory(static=("local_steps", "optimizer"))
 def fedavg_co(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   case: str = "II",
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""FedAvg on global-inner compositional problems (paper 004, Algorithm 1): the failing baseline.
 
   On the **global-inner** problem :math:`\Phi(x) = h(x) + f(g(x))`,
@@ -198,18 +197,18 @@ def fedavg_co(
     fedavg_co_modified ('y',) ()
   """
   _validate.one_of("case", case, _CASES)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.05)
   period = _validate.positive_int("local_steps", local_steps)
   if case == "I":
-    plan = base.make_plan(period, at_init=("y",))
+    plan = extend.make_plan(period, at_init=("y",))
   elif case == "II":
-    plan = base.make_plan(period, every_round=("y",), at_init=("y",))
+    plan = extend.make_plan(period, every_round=("y",), at_init=("y",))
   else:
-    plan = base.make_plan(period, every_step=("y",), at_init=("y",))
+    plan = extend.make_plan(period, every_step=("y",), at_init=("y",))
   name = {"I": "fedavg_co_case1", "II": "fedavg_co_case2", "modified": "fedavg_co_modified"}[case]
 
   def init(params, *, inner_value=None):
-    y = base.pending_or(inner_value, lambda v: v)
+    y = extend.pending_or(inner_value, lambda v: v)
     return FedAvgCOState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(
@@ -224,20 +223,20 @@ def fedavg_co(
     **unused,
   ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles(name, inner_fn, outer_fn, next_inner_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, next_inner_fn = extend.oracles(name, inner_fn, outer_fn, next_inner_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     y = state.y
     if case == "I":  # after averaging, y_k = g_k(x_bar): refresh at the round's first step
       # keyed on the runtime's local step (a straggler's count lags); count in a user loop
-      first = base.at_round_start(local_step, state.count, period)
-      y = base.select(first & (state.count > 0), sample, y)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, y), updates)
+      first = extend.at_round_start(local_step, state.count, period)
+      y = extend.select(first & (state.count > 0), sample, y)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     y_new = next_inner_fn(optax.apply_updates(params, step))
     return step, FedAvgCOState(state.count + 1, y_new, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), name, "global")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), name, "global")
 
 
 class MBSGDState(NamedTuple):
@@ -246,11 +245,11 @@ class MBSGDState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"mbsgd": dict(learning_rate=0.1)})
-@base.factory(static=("optimizer",))
+@extend.register(settings={"mbsgd": dict(learning_rate=0.1)})
+@extend.factory(static=("optimizer",))
 def mbsgd(
-  learning_rate: Optional[base.ScalarOrSchedule] = None, *, optimizer: base.Optimizer = None
-) -> base.Algorithm:
+  learning_rate: Optional[extend.ScalarOrSchedule] = None, *, optimizer: extend.Optimizer = None
+) -> extend.Algorithm:
   r"""Minibatch SGD for compositional problems (MBSGD, SPEC 2.7): one synchronised step a round.
 
   A baseline of paper 004 for the **global-inner** problem :math:`\Phi(x) = h(x) + f(g(x))`,
@@ -313,20 +312,20 @@ def mbsgd(
     -0.0540
     -0.0803
   """
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
-  plan = base.make_plan(1, round_start=("y",), at_init=("y",))
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.05)
+  plan = extend.make_plan(1, round_start=("y",), at_init=("y",))
 
   def init(params, *, inner_value=None):
-    y = base.pending_or(inner_value, lambda v: v)
+    y = extend.pending_or(inner_value, lambda v: v)
     return MBSGDState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("mbsgd", inner_fn, outer_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, _ = extend.oracles("mbsgd", inner_fn, outer_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, MBSGDState(state.count + 1, state.y, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "mbsgd", "global")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "mbsgd", "global")

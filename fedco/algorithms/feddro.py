@@ -41,8 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 
 
 class FedDROState(NamedTuple):
@@ -51,15 +50,15 @@ class FedDROState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"feddro": dict(learning_rate=0.1, beta=0.5)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"feddro": dict(learning_rate=0.1, beta=0.5)})
+@extend.factory(static=("local_steps", "optimizer"))
 def feddro(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   beta: float = 0.5,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""FedDRO (paper 004, Algorithm 2): local steps with a hybrid inner tracker shared every step.
 
   Solves the **global-inner** problem :math:`\Phi(x) = h(x) + f(g(x))` with
@@ -141,41 +140,41 @@ def feddro(
     -0.0803
   """
   _validate.open_unit("beta", beta, closed_right=True)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.hybrid(beta)
-  plan = base.make_plan(local_steps, every_step=("y",), at_init=("y",))
+  plan = extend.make_plan(local_steps, every_step=("y",), at_init=("y",))
 
   def init(params, *, inner_value=None):
-    y = base.pending_or(inner_value, tracker.init)
+    y = extend.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(
     updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
   ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles("feddro", inner_fn, outer_fn, next_inner_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, next_inner_fn = extend.oracles("feddro", inner_fn, outer_fn, next_inner_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     new_params = optax.apply_updates(params, step)
     y = tracker.update(state.y, next_inner_fn(new_params), next_inner_fn(params))
     return step, FedDROState(state.count + 1, y, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "feddro", "global")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "feddro", "global")
 
 
-@base.register(settings={"ds_feddro": dict(learning_rate=0.1, beta=0.5)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"ds_feddro": dict(learning_rate=0.1, beta=0.5)})
+@extend.factory(static=("local_steps", "optimizer"))
 def ds_feddro(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   beta: float = 0.5,
   server_lr_x: float = 1.3,
   server_lr_y: float = 1.4,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""DS-FedDRO (paper 004, Algorithm 3): two-sided learning rates, nothing sent between rounds.
 
   Solves the same **global-inner** problem as :func:`feddro`, :math:`\Phi(x) = h(x) +
@@ -247,9 +246,9 @@ def ds_feddro(
   _validate.open_unit("beta", beta, closed_right=True)
   _validate.positive("server_lr_x", server_lr_x)
   _validate.positive("server_lr_y", server_lr_y)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.05)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.05)
   tracker = estimators.moving_average(beta)
-  plan = base.make_plan(local_steps, every_round=("y",), at_init=("y",))
+  plan = extend.make_plan(local_steps, every_round=("y",), at_init=("y",))
   server = optax.multi_transform(
     {"x": optax.sgd(server_lr_x), "y": optax.sgd(server_lr_y)},
     lambda tree: {
@@ -258,19 +257,21 @@ def ds_feddro(
   )
 
   def init(params, *, inner_value=None):
-    y = base.pending_or(inner_value, tracker.init)
+    y = extend.pending_or(inner_value, tracker.init)
     return FedDROState(jnp.zeros([], jnp.int32), y, opt.init(params))
 
   def update(
     updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
   ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles("ds_feddro", inner_fn, outer_fn, next_inner_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, next_inner_fn = extend.oracles(
+      "ds_feddro", inner_fn, outer_fn, next_inner_fn
+    )
+    state = extend.fill_pending(state, params, inner_fn)
     _, pullback = estimators.inner_vjp(inner_fn, params)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, state.y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     y = tracker.update(state.y, next_inner_fn(optax.apply_updates(params, step)), None)
     return step, FedDROState(state.count + 1, y, opt_state)
 
-  return base.Algorithm(init, update, plan, server, "ds_feddro", "global")
+  return extend.Algorithm(init, update, plan, server, "ds_feddro", "global")

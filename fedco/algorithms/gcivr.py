@@ -57,8 +57,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedco import _validate
-from fedco.algorithms import base
+from fedco import _validate, extend
 
 
 class GCIVRState(NamedTuple):
@@ -75,15 +74,15 @@ def adagrad(learning_rate) -> optax.GradientTransformation:
   return optax.adagrad(learning_rate, initial_accumulator_value=0.0, eps=1e-10)
 
 
-@base.register(settings={"gcivr": dict(learning_rate=0.1, refresh_every=5)})
-@base.factory(static=("local_steps", "refresh_every", "optimizer"))
+@extend.register(settings={"gcivr": dict(learning_rate=0.1, refresh_every=5)})
+@extend.factory(static=("local_steps", "refresh_every", "optimizer"))
 def gcivr(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 1,
   *,
   refresh_every: int = 10,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""GCIVR (Haddadpour et al. 2022), parallel form: recursive estimates and an Adagrad step.
 
   A baseline of paper 004 (E6, fairness on Adult) for the **global-inner** problem
@@ -159,17 +158,17 @@ def gcivr(
     -0.0235
   """
   q = _validate.positive_int("refresh_every", refresh_every)
-  opt = base.param_optimizer(
+  opt = extend.param_optimizer(
     learning_rate, adagrad if optimizer is None else optimizer, default=0.01
   )
-  plan = base.make_plan(local_steps, every_step=("y", "J", "v"), at_init=("y", "J", "v"))
+  plan = extend.make_plan(local_steps, every_step=("y", "J", "v"), at_init=("y", "J", "v"))
 
   def init(params, *, inner_value=None):
-    params = base.strong(params)
-    y = base.pending_or(inner_value, lambda v: v)
-    J = base.Pending("inner_jacobian")
+    params = extend.strong(params)
+    y = extend.pending_or(inner_value, lambda v: v)
+    J = extend.Pending("inner_jacobian")
     if inner_value is not None:
-      J = base.init_trackers(J, params, y)
+      J = extend.init_trackers(J, params, y)
     v = jax.tree.map(jnp.zeros_like, params)
     return GCIVRState(jnp.zeros([], jnp.int32), y, J, v, opt.init(params))
 
@@ -185,21 +184,21 @@ def gcivr(
     **unused,
   ):
     del updates, unused  # the direction uses the shared estimates only
-    inner_fn, outer_fn, next_inner_fn = base.oracles("gcivr", inner_fn, outer_fn, next_inner_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, next_inner_fn = extend.oracles("gcivr", inner_fn, outer_fn, next_inner_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     flat_inner = lambda x: ravel_pytree(next_inner_fn(x))[0]
     grad_f, _ = ravel_pytree(jax.grad(outer_fn)(state.y))
     direction = jax.tree.map(lambda j, v: jnp.tensordot(grad_f, j, axes=1) + v, state.J, state.v)
     step, opt_state = opt.update(direction, state.opt_state, params)
     first = state.count == 0
     step = jax.tree.map(lambda s: jnp.where(first, jnp.zeros_like(s), s), step)
-    opt_state = base.select(first, state.opt_state, opt_state)
+    opt_state = extend.select(first, state.opt_state, opt_state)
     new_params = optax.apply_updates(params, step)
 
     refresh = state.count % q == 0
 
     def recurse(old, at_new, at_old):
-      return base.select(
+      return extend.select(
         refresh, at_new, jax.tree.map(lambda a, n, o: a + n - o, old, at_new, at_old)
       )
 
@@ -212,4 +211,4 @@ def gcivr(
       v = recurse(state.v, grad_h(new_params), grad_h(params))
     return step, GCIVRState(state.count + 1, y, J, v, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "gcivr", "global")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "gcivr", "global")

@@ -109,8 +109,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 from fedco.algorithms.moml import tracker_layout
 
 VARIANTS = ("exact", "first_order", "hessian_free")
@@ -160,16 +159,16 @@ def _hessian_free(next_inner_fn, params, cotangent, layout, delta):
   return jax.tree.map(diagonal_sum, plus, minus)
 
 
-@base.register(settings={"per_fedavg": dict(learning_rate=0.1)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"per_fedavg": dict(learning_rate=0.1)})
+@extend.factory(static=("local_steps", "optimizer"))
 def per_fedavg(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   variant: str = "exact",
   delta: float = 1e-3,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Per-FedAvg (Fallah et al. 2020; = FedMAML, Chen et al. 2018): local MAML steps, averaged.
 
   The Per-FedAvg / FedMAML baseline of SPEC 3 (paper 001's personalised-FL experiment,
@@ -253,8 +252,8 @@ def per_fedavg(
   """
   _validate.one_of("variant", variant, VARIANTS)
   delta = _validate.positive("delta", delta)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.1)
-  plan = base.make_plan(local_steps)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.1)
+  plan = extend.make_plan(local_steps)
 
   def init(params, *, inner_value=None):
     if inner_value is not None:
@@ -265,7 +264,7 @@ def per_fedavg(
     updates, state, params=None, *, inner_fn=None, outer_fn=None, next_inner_fn=None, **unused
   ):
     del unused
-    inner_fn, outer_fn, next_inner_fn = base.oracles(
+    inner_fn, outer_fn, next_inner_fn = extend.oracles(
       "per_fedavg", inner_fn, outer_fn, next_inner_fn
     )
     y = inner_fn(params)  # w~ = w - a grad f(w; D), every slot
@@ -278,23 +277,23 @@ def per_fedavg(
       z = grad_y if layout == "params" else jax.tree.map(lambda a: jnp.sum(a, axis=0), grad_y)
     else:
       z = _hessian_free(next_inner_fn, params, grad_y, layout, delta)
-    z = base.add_grads(z, updates)
+    z = extend.add_grads(z, updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, PerFedAvgState(state.count + 1, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "per_fedavg", "local")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "per_fedavg", "local")
 
 
-@base.register(settings={"fedmaml": dict(learning_rate=0.1)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"fedmaml": dict(learning_rate=0.1)})
+@extend.factory(static=("local_steps", "optimizer"))
 def fedmaml(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   variant: str = "exact",
   delta: float = 1e-3,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""FedMAML (Chen et al. 2018): :func:`per_fedavg` under the label ``"fedmaml"``.
 
   **Choice**: SPEC 3 names FedMAML and Per-FedAvg (Fallah et al. 2020) as one algorithm,
@@ -367,15 +366,15 @@ class TRMAMLServerState(NamedTuple):
   p: jnp.ndarray
 
 
-@base.register(settings={"tr_maml": dict(learning_rate=0.1, weights_lr=0.08)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"tr_maml": dict(learning_rate=0.1, weights_lr=0.08)})
+@extend.factory(static=("local_steps", "optimizer"))
 def tr_maml(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   weights_lr: float = 0.08,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""TR-MAML (Collins et al. 2020) in federated form: task-robust MAML with task = client.
 
   Task-robust MAML minimises the worst mixture of the clients' MAML losses,
@@ -457,8 +456,8 @@ def tr_maml(
     ([0.5, 0.5], [0.425, 0.575])
   """
   eta_p = _validate.positive("weights_lr", weights_lr)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.1)
-  plan = base.make_plan(local_steps, report=("loss",))
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.1)
+  plan = extend.make_plan(local_steps, report=("loss",))
   steps = plan.local_steps
 
   def init(params, *, inner_value=None):
@@ -477,14 +476,14 @@ def tr_maml(
     **unused,
   ):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("tr_maml", inner_fn, outer_fn)
+    inner_fn, outer_fn, _ = extend.oracles("tr_maml", inner_fn, outer_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     value, grad_y = jax.value_and_grad(outer_fn)(sample)
     if extra_fn is not None:
       value = value + extra_fn(params)
-    z = base.add_grads(pullback(grad_y), updates)
+    z = extend.add_grads(pullback(grad_y), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
-    start = base.at_round_start(local_step, state.count, steps)
+    start = extend.at_round_start(local_step, state.count, steps)
     loss = jnp.where(start, jnp.asarray(value, state.loss.dtype), state.loss)
     return step, TRMAMLState(state.count + 1, loss, opt_state)
 
@@ -504,10 +503,10 @@ def tr_maml(
     )
     e = jnp.where(alive, client_values["loss"], 0.0).astype(p.dtype)
     v = jnp.zeros((n,), p.dtype).at[info.ids].set((n / m) * e)
-    return {**server, "params": x}, TRMAMLServerState(base.project_simplex(p + eta_p * v))
+    return {**server, "params": x}, TRMAMLServerState(extend.project_simplex(p + eta_p * v))
 
-  return base.Algorithm(
-    init, update, plan, base.ServerAggregator(server_init, server_update), "tr_maml", "local"
+  return extend.Algorithm(
+    init, update, plan, extend.ServerAggregator(server_init, server_update), "tr_maml", "local"
   )
 
 
@@ -523,17 +522,17 @@ class DittoState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"ditto": dict(learning_rate=0.1, lam=0.1)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"ditto": dict(learning_rate=0.1, lam=0.1)})
+@extend.factory(static=("local_steps", "optimizer"))
 def ditto(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   lam: float = 0.1,
   personal_lr: Optional[float] = None,
   weighting: str = "samples",
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Ditto (Li, Hu, Beirami, Smith 2021): FedAvg for the global model plus personal models.
 
   The Ditto baseline of SPEC 3 (paper 001's personalised-FL experiment, E2) on a plain
@@ -618,24 +617,26 @@ def ditto(
     eta_p = _validate.positive("learning_rate", 0.2 if learning_rate is None else learning_rate)
   else:
     eta_p = _validate.positive("personal_lr", personal_lr)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.2)
-  plan = base.make_plan(local_steps, weighting=weighting)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.2)
+  plan = extend.make_plan(local_steps, weighting=weighting)
   steps = plan.local_steps
 
   def init(params, *, inner_value=None):
     del inner_value
-    params = base.strong(params)
+    params = extend.strong(params)
     return DittoState(jnp.zeros([], jnp.int32), params, params, opt.init(params))
 
   def update(updates, state, params=None, *, extra_fn=None, local_step=None, **unused):
     del unused
-    base.require("updates (the gradient of the client loss)", updates, "ditto")
-    base.require("extra_fn", extra_fn, "ditto")
-    anchor = base.select(base.at_round_start(local_step, state.count, steps), params, state.anchor)
+    extend.require("updates (the gradient of the client loss)", updates, "ditto")
+    extend.require("extra_fn", extra_fn, "ditto")
+    anchor = extend.select(
+      extend.at_round_start(local_step, state.count, steps), params, state.anchor
+    )
     v = state.personal
     grad_v = jax.grad(extra_fn)(v)
     personal = jax.tree.map(lambda p, g, a: p - eta_p * (g + lam * (p - a)), v, grad_v, anchor)
     step, opt_state = opt.update(updates, state.opt_state, params)
     return step, DittoState(state.count + 1, personal, anchor, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "ditto", "plain")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "ditto", "plain")

@@ -40,8 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 
 
 class MOMLState(NamedTuple):
@@ -76,16 +75,16 @@ def _slot_mask(grad_u, layout):
 
 
 # the portfolio's inner is not shaped like the parameters: MOML's full J_g^T direction
-@base.register(settings={"local_moml": dict(learning_rate=0.1, beta=0.7, first_order=False)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"local_moml": dict(learning_rate=0.1, beta=0.7, first_order=False)})
+@extend.factory(static=("local_steps", "optimizer"))
 def local_moml(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   beta: float = 0.7,
   first_order: bool = True,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Local-MOML: memory-based MAML with local steps and model averaging (Wang et al. 2021).
 
   The Local-MOML baseline of paper 003 (Sec. 5.1, E3; SPEC 3) for local-inner problems
@@ -168,8 +167,8 @@ def local_moml(
   _validate.open_unit("beta", beta, closed_right=True)
   if not isinstance(first_order, bool):
     raise ValueError(f"first_order must be a bool, got {first_order!r}")
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
-  plan = base.make_plan(local_steps)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
+  plan = extend.make_plan(local_steps)
 
   def checked_layout(u, params):
     layout = tracker_layout(u, params)
@@ -183,15 +182,15 @@ def local_moml(
     return layout
 
   def init(params, *, inner_value=None):
-    u = base.pending_or(inner_value, lambda v: v)
+    u = extend.pending_or(inner_value, lambda v: v)
     if inner_value is not None:
       checked_layout(u, params)
     return MOMLState(jnp.zeros([], jnp.int32), u, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("local_moml", inner_fn, outer_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, _ = extend.oracles("local_moml", inner_fn, outer_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     layout = checked_layout(state.u, params)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     grad_f = jax.grad(outer_fn)
@@ -209,8 +208,8 @@ def local_moml(
       z = jax.tree.map(lambda a: jnp.sum(a, axis=0), v)
     else:
       z = v
-    z = base.add_grads(z, updates)
+    z = extend.add_grads(z, updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, MOMLState(state.count + 1, u, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "local_moml", "local")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "local_moml", "local")

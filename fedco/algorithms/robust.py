@@ -40,8 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate
-from fedco.algorithms import base
+from fedco import _validate, extend
 
 
 class LossState(NamedTuple):
@@ -83,22 +82,22 @@ def _local_sgd_with_loss(opt, name):
 
   def update(updates, state, params=None, **unused):
     del unused
-    base.require("updates (the gradient of the client loss)", updates, name)
+    extend.require("updates (the gradient of the client loss)", updates, name)
     step, opt_state = opt.update(updates, state.opt_state, params)
     return step, LossState(state.count + 1, state.loss, opt_state)
 
   return init, update
 
 
-@base.register(settings={"qfedavg": dict(learning_rate=0.1, q=0.2)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"qfedavg": dict(learning_rate=0.1, q=0.2)})
+@extend.factory(static=("local_steps", "optimizer"))
 def qfedavg(
   learning_rate: Optional[float] = None,
   local_steps: int = 5,
   *,
   q: float = 0.2,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""q-FedAvg (Li, Sanjabi, Beirami, Smith 2020): fair FL by the q-FFL objective.
 
   The q-FedAvg baseline of SPEC 3 (papers 000/001's DRO-FL experiments, E1 and E1b) on a
@@ -169,9 +168,9 @@ def qfedavg(
   """
   lr = _validate.positive("learning_rate", 0.01 if learning_rate is None else learning_rate)
   _validate.positive("q", q, allow_zero=True)
-  opt = base.param_optimizer(lr, optimizer, default=0.01, shared_rate=True)
+  opt = extend.param_optimizer(lr, optimizer, default=0.01, shared_rate=True)
   init, update = _local_sgd_with_loss(opt, "qfedavg")
-  plan = base.make_plan(local_steps, round_start_loss=("loss",), report=("loss",))
+  plan = extend.make_plan(local_steps, round_start_loss=("loss",), report=("loss",))
 
   def server_init(server, counts):
     del server, counts
@@ -189,20 +188,20 @@ def qfedavg(
     h = jnp.where(h > 0, h, 1.0)  # nobody survived: delta is 0 and x stays
     return {**server, "params": jax.tree.map(lambda a, d: a - d / h, x, delta)}, state
 
-  return base.Algorithm(
-    init, update, plan, base.ServerAggregator(server_init, server_update), "qfedavg", "plain"
+  return extend.Algorithm(
+    init, update, plan, extend.ServerAggregator(server_init, server_update), "qfedavg", "plain"
   )
 
 
-@base.register(settings={"drfa": dict(learning_rate=0.1, weights_lr=0.08)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"drfa": dict(learning_rate=0.1, weights_lr=0.08)})
+@extend.factory(static=("local_steps", "optimizer"))
 def drfa(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   weights_lr: float = 0.08,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""DRFA / DRFL (Deng, Kamani, Mahdavi 2020): distributionally robust federated averaging.
 
   The DRFA (DRFL) baseline of SPEC 3 (papers 000/001's DRO-FL experiments, E1 and E1b) on
@@ -278,24 +277,24 @@ def drfa(
     >>> [round(v, 3) for v in weights.weights.tolist()]  # Proj(lambda + 0.08 * 2 * (1, 3))
     [0.59, 0.41]
   """
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   tau = _validate.positive_int("local_steps", local_steps, minimum=2)
   gamma = _validate.positive("weights_lr", weights_lr)
-  plan = base.make_plan(tau, report=("snapshot",))
+  plan = extend.make_plan(tau, report=("snapshot",))
 
   def init(params, *, inner_value=None):
     del inner_value
-    params = base.strong(params)
+    params = extend.strong(params)
     return SnapshotState(jnp.zeros([], jnp.int32), params, opt.init(params))
 
   def update(updates, state, params=None, *, round_key=None, **unused):
     del unused
-    base.require("updates (the gradient of the client loss)", updates, "drfa")
-    base.require("round_key", round_key, "drfa")
+    extend.require("updates (the gradient of the client loss)", updates, "drfa")
+    extend.require("round_key", round_key, "drfa")
     step, opt_state = opt.update(updates, state.opt_state, params)
     snap_step = jax.random.randint(round_key, (), 1, tau)  # k' in {1 .. tau-1}
     take = (state.count % tau) + 1 == snap_step
-    snapshot = base.select(take, optax.apply_updates(params, step), state.snapshot)
+    snapshot = extend.select(take, optax.apply_updates(params, step), state.snapshot)
     return step, SnapshotState(state.count + 1, snapshot, opt_state)
 
   def server_init(server, counts):
@@ -308,32 +307,32 @@ def drfa(
     lam, alive = state.weights, info.alive_mask
     x_new = _lambda_step(server, lam, client_values, info)
     survivors = jnp.maximum(jnp.sum(alive), 1)
-    snapshot = base.weighted_client_mean(client_values["snapshot"], alive / survivors)
+    snapshot = extend.weighted_client_mean(client_values["snapshot"], alive / survivors)
     k_ids, k_loss = jax.random.split(info.key)
     queried = jnp.sort(jax.random.permutation(k_ids, n)[:m])
     losses = info.client_losses(snapshot, queried, k_loss)
     v = jnp.zeros((n,), lam.dtype).at[queried].set((n / m) * losses)
-    lam = base.project_simplex(lam + gamma * tau * v)
+    lam = extend.project_simplex(lam + gamma * tau * v)
     return {**server, "params": x_new}, WeightsState(lam)
 
-  return base.Algorithm(
+  return extend.Algorithm(
     init,
     update,
     plan,
-    base.ServerAggregator(server_init, server_update, queries_losses=True),
+    extend.ServerAggregator(server_init, server_update, queries_losses=True),
     "drfa",
     "plain",
   )
 
 
-@base.register(settings={"afl": dict(learning_rate=0.1, weights_lr=0.1)})
-@base.factory(static=("optimizer",))
+@extend.register(settings={"afl": dict(learning_rate=0.1, weights_lr=0.1)})
+@extend.factory(static=("optimizer",))
 def afl(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   *,
   weights_lr: float = 0.1,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""AFL (Mohri, Sivek, Suresh 2019): agnostic federated learning, one step per round.
 
   The AFL baseline of SPEC 3 (E1b, the agnostic-FL setting on UCI Adult) on a plain
@@ -397,10 +396,10 @@ def afl(
     >>> [round(v, 3) for v in weights.weights.tolist()]  # Proj(0.5 + 0.1 * (1, 3))
     [0.4, 0.6]
   """
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   eta = _validate.positive("weights_lr", weights_lr)
   init, update = _local_sgd_with_loss(opt, "afl")
-  plan = base.make_plan(1, round_start_loss=("loss",), report=("loss",))
+  plan = extend.make_plan(1, round_start_loss=("loss",), report=("loss",))
 
   def server_init(server, counts):
     del server
@@ -412,8 +411,8 @@ def afl(
     losses = (
       jnp.zeros((info.num_clients,), lam.dtype).at[info.ids].set(client_values["loss"] * alive)
     )
-    return {**server, "params": x_new}, WeightsState(base.project_simplex(lam + eta * losses))
+    return {**server, "params": x_new}, WeightsState(extend.project_simplex(lam + eta * losses))
 
-  return base.Algorithm(
-    init, update, plan, base.ServerAggregator(server_init, server_update), "afl", "plain"
+  return extend.Algorithm(
+    init, update, plan, extend.ServerAggregator(server_init, server_update), "afl", "plain"
   )

@@ -62,8 +62,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate
-from fedco.algorithms import base
+from fedco import _validate, extend
 
 GEOMETRIES = ("chi2", "cvar")
 
@@ -169,23 +168,23 @@ def _check_size(geometry: str, size) -> float:
 
 
 def _example_losses(example_losses_fn, name):
-  return base.require(
+  return extend.require(
     "example_losses_fn (per-example losses of the batch)", example_losses_fn, name
   )
 
 
 # sample reweighting on the one-"example" loss [Phi(x)]: p* = [1], i.e. GD on Phi
-@base.register(settings={"fastdro": dict(learning_rate=0.1, geometry="cvar", size=0.5)})
-@base.factory(static=("local_steps", "iterations", "optimizer"))
+@extend.register(settings={"fastdro": dict(learning_rate=0.1, geometry="cvar", size=0.5)})
+@extend.factory(static=("local_steps", "iterations", "optimizer"))
 def fastdro(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 1,
   *,
   geometry: str = "chi2",
   size: float = 1.0,
   iterations: int = 60,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""FastDRO (Levy, Carmon, Duchi, Sidford 2020): mini-batch DRO by best-response weights.
 
   The FastDRO baseline of SPEC 3 (paper 004's imbalanced-CIFAR experiment, E5) for
@@ -263,8 +262,8 @@ def fastdro(
   """
   size = _check_size(geometry, size)
   iterations = _validate.positive_int("iterations", iterations)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
-  plan = base.make_plan(local_steps)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
+  plan = extend.make_plan(local_steps)
   name = f"fastdro_{geometry}"
 
   def init(params, *, inner_value=None):
@@ -281,7 +280,7 @@ def fastdro(
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, FastDROState(state.count + 1, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), name, "plain")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), name, "plain")
 
 
 class PrimalDualState(NamedTuple):
@@ -294,19 +293,19 @@ class PrimalDualState(NamedTuple):
 
 
 # N p_i-weighted steps on 130 rows: more than one local step diverges at this rate
-@base.register(
+@extend.register(
   settings={"primal_dual_dro": dict(learning_rate=0.1, local_steps=1, weights_lr=0.01)}
 )
-@base.factory(static=("local_steps", "num_examples", "optimizer"))
+@extend.factory(static=("local_steps", "num_examples", "optimizer"))
 def primal_dual_dro(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 1,
   *,
   num_examples: int,
   weights_lr: float = 0.01,
   reg: float = 0.0,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Primal-dual SGD for sample-level DRO (Namkoong and Duchi 2016), federated.
 
   The primal-dual SGD baseline of SPEC 3 (paper 004's imbalanced-CIFAR experiment, E5) on
@@ -391,9 +390,9 @@ def primal_dual_dro(
   n_total = _validate.positive_int("num_examples", num_examples)
   eta_p = _validate.positive("weights_lr", weights_lr)
   reg = _validate.positive("reg", reg, allow_zero=True)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   period = _validate.positive_int("local_steps", local_steps)
-  plan = base.make_plan(
+  plan = extend.make_plan(
     period, every_round=("p",), report=("ascent",), weighting="samples", at_init=("p",)
   )
 
@@ -417,7 +416,7 @@ def primal_dual_dro(
   ):
     del updates, unused
     losses_fn = _example_losses(example_losses_fn, "primal_dual_dro")
-    rows = base.require(
+    rows = extend.require(
       "example_rows (global ids of the batch's examples)", example_rows, "primal_dual_dro"
     )
     rows = jnp.asarray(rows, jnp.int32)
@@ -426,7 +425,7 @@ def primal_dual_dro(
     losses, vjp = jax.vjp(losses_fn, params)
     (z,) = vjp(importance.astype(losses.dtype))
     step, opt_state = opt.update(z, state.opt_state, params)
-    first = base.at_round_start(local_step, state.count, period)
+    first = extend.at_round_start(local_step, state.count, period)
     ascent = jnp.where(first, 0.0, state.ascent)
     ascent = ascent.at[rows].add(jax.lax.stop_gradient(w * losses).astype(ascent.dtype))
     return step, PrimalDualState(state.count + 1, state.p, ascent, opt_state)
@@ -437,19 +436,19 @@ def primal_dual_dro(
 
   def server_update(server, state, client_values, info):
     alive = info.alive_mask.astype(jnp.float32)
-    params = base.weighted_client_mean(client_values["params"], info.weights)
+    params = extend.weighted_client_mean(client_values["params"], info.weights)
     scale = (info.num_clients / info.ids.shape[0]) * alive * info.counts.astype(jnp.float32)
     v = jnp.tensordot(scale, client_values["ascent"], axes=1)
     p = server["p"]
-    p = base.project_simplex(p + eta_p * (v - reg * n_total * (p - 1.0 / n_total)))
+    p = extend.project_simplex(p + eta_p * (v - reg * n_total * (p - 1.0 / n_total)))
     anyone = jnp.any(info.alive_mask)
     return {"params": params, "p": jnp.where(anyone, p, server["p"])}, state
 
-  return base.Algorithm(
+  return extend.Algorithm(
     init,
     update,
     plan,
-    base.ServerAggregator(server_init, server_update),
+    extend.ServerAggregator(server_init, server_update),
     "primal_dual_dro",
     "plain",
   )

@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedco import _validate, estimators
-from fedco.algorithms import base
+from fedco import _validate, estimators, extend
 
 
 class SCGDState(NamedTuple):
@@ -46,15 +45,15 @@ class SCGDMState(NamedTuple):
   opt_state: optax.OptState
 
 
-@base.register(settings={"local_scgd": dict(learning_rate=0.1, gamma=0.9)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"local_scgd": dict(learning_rate=0.1, gamma=0.9)})
+@extend.factory(static=("local_steps", "optimizer"))
 def local_scgd(
-  learning_rate: Optional[base.ScalarOrSchedule] = None,
+  learning_rate: Optional[extend.ScalarOrSchedule] = None,
   local_steps: int = 5,
   *,
   gamma: float = 0.9,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Local-SCGD (the baseline of paper 003): local steps with a moving-average inner tracker.
 
   Solves the **local-inner** problem :math:`F(x) = \frac{1}{K}\sum_k [f_k(g_k(x)) +
@@ -115,38 +114,38 @@ def local_scgd(
     -0.2528
   """
   _validate.open_unit("gamma", gamma, closed_right=True)
-  opt = base.param_optimizer(learning_rate, optimizer, default=0.01)
+  opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   tracker = estimators.moving_average(gamma)
-  plan = base.make_plan(local_steps, every_round=("u",), at_init=("u",))
+  plan = extend.make_plan(local_steps, every_round=("u",), at_init=("u",))
 
   def init(params, *, inner_value=None):
-    u = base.pending_or(inner_value, tracker.init)
+    u = extend.pending_or(inner_value, tracker.init)
     return SCGDState(jnp.zeros([], jnp.int32), u, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("local_scgd", inner_fn, outer_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, _ = extend.oracles("local_scgd", inner_fn, outer_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     sample, pullback = estimators.inner_vjp(inner_fn, params)
     u = tracker.update(state.u, sample, None)
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
     step, opt_state = opt.update(z, state.opt_state, params)
     return step, SCGDState(state.count + 1, u, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "local_scgd", "local")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "local_scgd", "local")
 
 
-@base.register(settings={"local_scgdm": dict(learning_rate=1.0, beta=0.1, alpha=0.8, gamma=0.7)})
-@base.factory(static=("local_steps", "optimizer"))
+@extend.register(settings={"local_scgdm": dict(learning_rate=1.0, beta=0.1, alpha=0.8, gamma=0.7)})
+@extend.factory(static=("local_steps", "optimizer"))
 def local_scgdm(
-  learning_rate: base.ScalarOrSchedule = 1.0,
+  learning_rate: extend.ScalarOrSchedule = 1.0,
   local_steps: int = 5,
   *,
   beta: float = 0.01,
   alpha: float = 0.8,
   gamma: float = 0.7,
-  optimizer: base.Optimizer = None,
-) -> base.Algorithm:
+  optimizer: extend.Optimizer = None,
+) -> extend.Algorithm:
   r"""Local-SCGDM (paper 003, Algorithm 1): local compositional steps with momentum.
 
   Solves the **local-inner** problem :math:`F(x) = \frac{1}{K}\sum_k [f_k(g_k(x)) +
@@ -223,24 +222,26 @@ def local_scgdm(
   _validate.positive("gamma", gamma)
   a_rate = _validate.open_unit("alpha * learning_rate", alpha * learning_rate)
   g_rate = _validate.open_unit("gamma * learning_rate", gamma * learning_rate)
-  opt = base.param_optimizer(beta * learning_rate, optimizer, default=1.0, shared_rate=True)
-  plan = base.make_plan(local_steps, every_round=("u", "m"), at_init=("u", "m"))
+  opt = extend.param_optimizer(beta * learning_rate, optimizer, default=1.0, shared_rate=True)
+  plan = extend.make_plan(local_steps, every_round=("u", "m"), at_init=("u", "m"))
 
   def init(params, *, inner_value=None):
-    u = base.pending_or(inner_value, lambda v: v)
-    m = jax.tree.map(jnp.zeros_like, base.strong(params))
+    u = extend.pending_or(inner_value, lambda v: v)
+    m = jax.tree.map(jnp.zeros_like, extend.strong(params))
     return SCGDMState(jnp.zeros([], jnp.int32), u, m, opt.init(params))
 
   def update(updates, state, params=None, *, inner_fn=None, outer_fn=None, **unused):
     del unused
-    inner_fn, outer_fn, _ = base.oracles("local_scgdm", inner_fn, outer_fn)
-    state = base.fill_pending(state, params, inner_fn)
+    inner_fn, outer_fn, _ = extend.oracles("local_scgdm", inner_fn, outer_fn)
+    state = extend.fill_pending(state, params, inner_fn)
     first = state.count == 0
     sample, pullback = estimators.inner_vjp(inner_fn, params)
-    u = base.select(first, sample, estimators.moving_average(g_rate).update(state.u, sample))
-    z = base.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
-    m = base.select(first, z, jax.tree.map(lambda a, b: (1 - a_rate) * a + a_rate * b, state.m, z))
+    u = extend.select(first, sample, estimators.moving_average(g_rate).update(state.u, sample))
+    z = extend.add_grads(estimators.compositional_grad(pullback, outer_fn, u), updates)
+    m = extend.select(
+      first, z, jax.tree.map(lambda a, b: (1 - a_rate) * a + a_rate * b, state.m, z)
+    )
     step, opt_state = opt.update(m, state.opt_state, params)
     return step, SCGDMState(state.count + 1, u, m, opt_state)
 
-  return base.Algorithm(init, update, plan, base.averaging_server(), "local_scgdm", "local")
+  return extend.Algorithm(init, update, plan, extend.averaging_server(), "local_scgdm", "local")

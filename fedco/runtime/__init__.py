@@ -62,6 +62,7 @@ from fedco.runtime.host import (
 from fedco.runtime.ledger import Ledger
 from fedco.runtime.loop import NonFiniteError, SimulationResult, simulate
 from fedco.runtime.mesh import CLIENTS, client_mesh
+from fedco.runtime.options import SimOptions
 from fedco.runtime.paging import Pages, StateStore, unpaged
 from fedco.runtime.rounds import SimState
 from fedco.runtime.simulator import Simulator
@@ -77,6 +78,7 @@ __all__ = [
   "Pages",
   "StateStore",
   "unpaged",
+  "SimOptions",
   "SimulationResult",
   "Simulator",
   "client_mesh",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,34 +27,33 @@ from fedco.problems.base import Problem
 from fedco.runtime import layouts, uplink
 from fedco.runtime.checks import check_dtypes, check_kinds, check_scalar
 from fedco.runtime.mesh import check_mesh
+from fedco.runtime.options import DEFAULT_BATCH_SIZE, SimOptions
 
 PyTree = Any
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunConfig:
-  """The validated settings of one simulation (see :class:`~fedco.runtime.Simulator` for
-  their meaning). Frozen: the compiled round closes over it, so nothing can change under it.
+  """The validated settings of one simulation: the problem, the algorithm, the client
+  layout and the uplink chosen from them, and the checked :class:`SimOptions` (their
+  fields read as this object's own: ``cfg.batch_size`` is ``cfg.options.batch_size``).
+  Frozen: the compiled round closes over it, so nothing can change under it.
   """
 
   problem: Problem
   algorithm: Algorithm
   layout: Any  # a layouts.Compact or layouts.Resident
   num_clients: int
-  clients_per_round: int
-  batch_size: Optional[int]
-  outer_batch_size: Optional[int]
-  paired_batches: bool
-  evaluate: bool
-  exact_grad_norm: bool
-  metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]]
-  eval_every: int
-  mesh: Optional[jax.sharding.Mesh]
-  participation: float
-  straggler_prob: float
+  options: SimOptions  # checked: clients_per_round an int, outer_batch_size resolved, ...
   uplink: Optional[Any] = None  # an uplink.Uplink: codecs and privacy of the uploads
-  local_epochs: Optional[int] = None  # each client's steps: its epochs' batches (capped)
-  client_chunk: Optional[int] = None  # clients run this many at a time, each its own steps
+
+  def __getattr__(self, name: str):
+    if name == "options":  # not set yet (a copy being built): no recursion
+      raise AttributeError(name)
+    try:
+      return getattr(self.options, name)
+    except AttributeError:
+      raise AttributeError(f"RunConfig has no setting {name!r}") from None
 
   @property
   def plan(self) -> CommPlan:
@@ -72,11 +71,6 @@ class RunConfig:
   def varied_steps(self) -> bool:
     """Whether clients may take different numbers of local steps in a round."""
     return self.faults or self.local_epochs is not None
-
-
-# The default batch size: a size up to it is never refused (toy data of a few examples a
-# client keep running with the default, warned); a larger one above every client is refused.
-DEFAULT_BATCH_SIZE = 32
 
 
 def refuse_oversized_batch(name: str, size: Optional[int], counts, whole: str = "None") -> None:
@@ -97,27 +91,11 @@ def refuse_oversized_batch(name: str, size: Optional[int], counts, whole: str = 
 
 
 def make_config(
-  problem: Problem,
-  algorithm: Algorithm,
-  data: FederatedData,
-  *,
-  clients_per_round: Optional[int] = None,
-  batch_size: Optional[int] = DEFAULT_BATCH_SIZE,
-  outer_batch_size: Optional[int] = -1,
-  paired_batches: bool = False,
-  evaluate: bool = True,
-  exact_grad_norm: bool = False,
-  metrics_fn: Optional[Callable[[PyTree], Dict[str, Any]]] = None,
-  eval_every: int = 1,
-  mesh: Optional[jax.sharding.Mesh] = None,
-  participation: float = 1.0,
-  straggler_prob: float = 0.0,
-  compression=None,
-  privacy=None,
-  local_epochs: Optional[int] = None,
-  client_chunk: Optional[int] = None,
+  problem: Problem, algorithm: Algorithm, data: FederatedData, options: SimOptions
 ) -> RunConfig:
   """Validate a simulation's arguments and choose its client layout."""
+  o = options
+  batch_size, local_epochs, client_chunk = o.batch_size, o.local_epochs, o.client_chunk
   _check_types(problem, algorithm, data)
   check_kinds(problem, algorithm)
   n = data.num_clients
@@ -129,17 +107,17 @@ def make_config(
     )
   m = (
     n
-    if clients_per_round is None
+    if o.clients_per_round is None
     else _validate.positive_int(
-      "clients_per_round", clients_per_round, maximum=n, note="the number of clients"
+      "clients_per_round", o.clients_per_round, maximum=n, note="the number of clients"
     )
   )
-  outer_batch_size = _check_batches(batch_size, outer_batch_size, paired_batches)
-  eval_every = _validate.positive_int("eval_every", eval_every)
-  mesh = check_mesh(mesh)
-  _validate.open_unit("participation", participation, closed_right=True)
-  _validate.interval("straggler_prob", straggler_prob, 0, 1, closed_low=True)
-  straggler_prob = _validate.plain(straggler_prob)  # as given: it is in run fingerprints
+  outer_batch_size = _check_batches(batch_size, o.outer_batch_size, o.paired_batches)
+  eval_every = _validate.positive_int("eval_every", o.eval_every)
+  mesh = check_mesh(o.mesh)
+  _validate.open_unit("participation", o.participation, closed_right=True)
+  _validate.interval("straggler_prob", o.straggler_prob, 0, 1, closed_low=True)
+  straggler_prob = _validate.plain(o.straggler_prob)  # as given: it is in run fingerprints
   counts = np.asarray(data.counts)
   smallest = int(np.min(counts))
   for name, size in (("batch_size", batch_size), ("outer_batch_size", outer_batch_size)):
@@ -157,27 +135,18 @@ def make_config(
   layout = layouts.for_data(data, m, mesh)
   if client_chunk is not None:
     client_chunk = _check_chunk(algorithm, client_chunk, m, mesh, layout)
-  link = uplink.make_uplink(algorithm, n, m, compression, privacy)
-  return RunConfig(
-    problem,
-    algorithm,
-    layout,
-    n,
-    m,
-    batch_size,
-    outer_batch_size,
-    paired_batches,
-    evaluate,
-    exact_grad_norm,
-    metrics_fn,
-    eval_every,
-    mesh,
-    participation,
-    straggler_prob,
-    link,
-    local_epochs,
-    client_chunk,
+  link = uplink.make_uplink(algorithm, n, m, o.compression, o.privacy)
+  checked = dataclasses.replace(
+    o,
+    clients_per_round=m,
+    outer_batch_size=outer_batch_size,
+    eval_every=eval_every,
+    mesh=mesh,
+    straggler_prob=straggler_prob,
+    local_epochs=local_epochs,
+    client_chunk=client_chunk,
   )
+  return RunConfig(problem, algorithm, layout, n, checked, link)
 
 
 def _check_types(problem, algorithm, data) -> None:

@@ -54,7 +54,15 @@ def describe(value) -> Any:
   if isinstance(value, (list, tuple)):
     return [describe(v) for v in value]
   name = getattr(value, "__qualname__", None) or type(value).__qualname__
-  return f"<{getattr(value, '__module__', '') or type(value).__module__}.{name}>"
+  module = getattr(value, "__module__", "") or type(value).__module__
+  if module.startswith(_CORE):  # named as before base.py was split: old checkpoints resume
+    module = "fedco.algorithms.base"
+  return f"<{module}.{name}>"
+
+
+# fedco.algorithms.base was split into fedco.algorithms.core.* (issue 46); what moved keeps
+# the name fingerprints gave it.
+_CORE = "fedco.algorithms.core."
 
 
 def describe_callable(value, depth: int = 24, seen=None) -> Any:

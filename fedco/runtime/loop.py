@@ -27,6 +27,7 @@ from fedco.runtime.checks import (
   raise_if_rows_not_finite,
 )
 from fedco.runtime.distributed import fetch
+from fedco.runtime.options import SimOptions
 from fedco.runtime.simulator import SimState, Simulator
 
 PyTree = Any
@@ -101,7 +102,8 @@ def simulate(
   metric_writers=(),
   actions=(),
   metric_labels: Optional[Dict[str, Any]] = None,
-  **simulator_kwargs,
+  options: Optional[SimOptions] = None,
+  **settings,
 ) -> SimulationResult:
   r"""Run ``rounds`` rounds of ``algorithm`` on ``problem`` and collect the metrics on the host.
 
@@ -176,16 +178,11 @@ def simulate(
     metric_labels: a dict of fields added to every written row (default
       ``{"algorithm": algorithm.name}``); its ``"method"`` (else ``"algorithm"``) and
       ``"seed"`` name the run on the progress line.
-    **simulator_kwargs: forwarded to :class:`Simulator`, which documents each:
-      ``clients_per_round`` (int in ``[1, K]``), ``batch_size`` (int ``>= 1`` or ``None``;
-      default 32), ``outer_batch_size``, ``paired_batches``, ``evaluate``,
-      ``exact_grad_norm``, ``metrics_fn``, ``metrics_data``, ``eval_every`` (int ``>= 1``),
-      ``mesh``, ``participation`` (in ``(0, 1]``), ``straggler_prob`` (in ``[0, 1)``),
-      ``compression``, ``privacy`` (a :func:`fedco.privacy.gaussian` whose target
-      epsilon is calibrated to ``rounds`` here), ``local_epochs`` (int ``>= 1``: each
-      client's epochs over its rows, capped at ``local_steps``) and ``client_chunk`` (int
-      in ``[1, clients_per_round]``: clients run that many at a time, each its own steps).
-
+    options: a :class:`~fedco.runtime.SimOptions` (sampling, batches, evaluation, devices,
+      faults, the uplink: each documented there); a ``privacy`` with a target epsilon is
+      calibrated to ``rounds`` here. Default: every default.
+    **settings: fields of ``options`` by keyword, replacing its values
+      (``clients_per_round=``, ``batch_size=``, ``eval_every=``, ...).
   Returns:
     A :class:`SimulationResult`: final and random-iterate ``params``, the final ``state``,
     per-round host ``metrics`` ``[rounds, ...]``, the ``ledger`` dict, ``seconds`` and the
@@ -235,13 +232,9 @@ def simulate(
   for action in actions:  # before anything is opened or locked
     if not isinstance(action, host.RoundAction):
       raise ValueError(f"actions must be fedco.runtime.host.RoundAction s, got {action!r}")
-  private = simulator_kwargs.get("privacy")
-  if isinstance(private, privacy_lib.ClientDP):
-    simulator_kwargs["privacy"] = private.over(rounds)
+  options = _over_rounds(SimOptions.of(options, settings), rounds)
   store = data if isinstance(data, ClientStore) else None
-  sim = Simulator(
-    problem, algorithm, data if store is None else streaming.template(store), **simulator_kwargs
-  )
+  sim = Simulator(problem, algorithm, data if store is None else streaming.template(store), options)
   if store is None:
     state, chunks = sim.init(params, seed), None
   else:  # streamed clients: built on a template, each chunk read in turn
@@ -263,6 +256,13 @@ def simulate(
       raise
   run.rewind_writers()
   return driver.drive(run, rounds, run.done, progress=progress, progress_metric=progress_metric)
+
+
+def _over_rounds(options: SimOptions, rounds: int) -> SimOptions:
+  """``options`` with a target epsilon's privacy spent over ``rounds``."""
+  if isinstance(options.privacy, privacy_lib.ClientDP):
+    return dataclasses.replace(options, privacy=options.privacy.over(rounds))
+  return options
 
 
 def _start_streamed(sim, store: ClientStore, params, seed, rounds: int, chunk_rounds: int):

@@ -45,6 +45,7 @@ from fedco.algorithms.base import Algorithm, inject_hyperparams
 from fedco.runtime import checkpoints, driver, host, sweep_io, vmapped
 from fedco.runtime.loop import SimulationResult
 from fedco.runtime.mesh import CLIENTS, check_mesh, replicated
+from fedco.runtime.options import SimOptions
 from fedco.runtime.simulator import SimState, Simulator
 from fedco.runtime.vmapped import PerSeed
 
@@ -199,7 +200,8 @@ def sweep(
   metric_writers=(),
   metric_labels: Optional[Sequence[Dict[str, Any]]] = None,
   progress_metric: str = "objective",
-  **simulator_kwargs,
+  options: Optional[SimOptions] = None,
+  **settings,
 ) -> SweepResult:
   """Run every combination of ``grid`` times ``seeds`` as one vmapped program.
 
@@ -255,12 +257,11 @@ def sweep(
       ``runs`` entry).
     progress_metric: the metric the bar shows (its mean over the runs still finite).
       Default ``"objective"``.
-    **simulator_kwargs: forwarded to :class:`Simulator` (``batch_size``, ``eval_every``,
-      ``metrics_fn``, ``metrics_data`` (also a ``PerSeed``), ``clients_per_round``, faults,
-      ``compression``, ``privacy`` (a target epsilon is spent over ``rounds``;
-      ``metrics["epsilon"]`` per run and round), ``local_epochs``, ``client_chunk``,
-      ...), shared by all runs.
-
+    options: a :class:`~fedco.runtime.SimOptions`, shared by all runs (each field
+      documented there; ``metrics_data`` may be a ``PerSeed``; a ``privacy`` with a target
+      epsilon is spent over ``rounds``, ``metrics["epsilon"]`` per run and round).
+      Default: every default.
+    **settings: fields of ``options`` by keyword, replacing its values.
   Returns:
     A :class:`SweepResult`: ``runs`` (one dict per run), stacked ``params``,
     ``random_params``, ``state`` and ``metrics`` with a leading run axis ``R``, per-run
@@ -313,15 +314,16 @@ def sweep(
   labels = [dict(l) for l in (runs if metric_labels is None else metric_labels)]
   if len(labels) != len(runs):
     raise ValueError(f"metric_labels must hold one dict per run ({len(runs)}), got {len(labels)}")
-  private = simulator_kwargs.get("privacy")
-  if isinstance(private, privacy_lib.ClientDP):
-    simulator_kwargs["privacy"] = private.over(rounds)
-  metrics_data = simulator_kwargs.pop("metrics_data", None)
+  options = SimOptions.of(options, settings)
+  if isinstance(options.privacy, privacy_lib.ClientDP):
+    options = dataclasses.replace(options, privacy=options.privacy.over(rounds))
+  metrics_data = options.metrics_data  # per run (a PerSeed) or shared: placed below
+  options = dataclasses.replace(options, metrics_data=None)
   devices = 1 if mesh is None else mesh.shape[CLIENTS]
   padded = runs + [runs[-1]] * (-len(runs) % devices)  # copies of the last run, cut off later
   run_seeds = [run["seed"] for run in padded]
   first = lambda v: v.values[0] if isinstance(v, PerSeed) else v
-  sim = Simulator(problem, algorithm, first(data), **simulator_kwargs)
+  sim = Simulator(problem, algorithm, first(data), options)
   if isinstance(params, PerSeed):  # Simulator.init's checks, each seed's on its data
     params = PerSeed([sim._checked_params(p) for p in params.values])
   else:
