@@ -10,29 +10,29 @@ and compression trade-off figures. :mod:`fedco.experiment.cli` is the command li
 (``experiments/``) are written with it; so is your own, in or outside it (the guide "Add an
 experiment").
 
-Modules: :mod:`~fedco.experiment.runner` (the skeleton),
+Modules: :mod:`~fedco.experiment.runner` (the skeleton: the workdir, the seeds x methods
+loop, the summary), :mod:`~fedco.experiment.config_methods` (the compared methods, checked
+against their factories; ablations), :mod:`~fedco.experiment.identity` (what makes two
+runs the same), :mod:`~fedco.experiment.search` (grid searches),
+:mod:`~fedco.experiment.tradeoff` (the privacy and compression figures),
 :mod:`~fedco.experiment.protocol` (the hooks an experiment defines, :class:`Experiment`),
 :mod:`~fedco.experiment.outputs` (the workdir's contract, tables and figures),
 :mod:`~fedco.experiment.cli` (the driver; importing it defines absl flags).
 """
 
-from fedco.experiment import outputs, protocol, runner
-from fedco.experiment.outputs import Workdir, curves
-from fedco.experiment.protocol import Experiment
-from fedco.experiment.runner import (
+from fedco.experiment import config_methods, identity, outputs, protocol, runner, search, tradeoff
+from fedco.experiment.config_methods import (
   Method,
-  Options,
-  Outcome,
-  Run,
   ablated,
   ablation,
   local_steps_ablation,
   method_entries,
   methods,
   same_iterations,
-  seeds,
-  train_and_evaluate,
 )
+from fedco.experiment.outputs import Workdir, curves
+from fedco.experiment.protocol import Experiment
+from fedco.experiment.runner import Options, Outcome, Run, seeds, train_and_evaluate
 
 __all__ = [
   "Experiment",
@@ -47,8 +47,12 @@ __all__ = [
   "local_steps_ablation",
   "method_entries",
   "methods",
+  "config_methods",
+  "identity",
   "outputs",
   "protocol",
+  "search",
+  "tradeoff",
   "runner",
   "same_iterations",
   "seeds",

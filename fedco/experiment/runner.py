@@ -62,26 +62,37 @@ rerun with the same identity resumes, any change starts afresh.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
-import inspect
 import itertools
-import os
 import pathlib
 import sys
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import jax
 import ml_collections
 import numpy as np
-from ml_collections import config_dict
 
 import fedco
 from fedco import extend
 from fedco.experiment import outputs, protocol
+from fedco.experiment.config_methods import (  # noqa: F401  (also runner.<name>, as before the split)
+  CODECS,
+  METHOD_KEYS,
+  UPLINK_KEYS,
+  Method,
+  ablated,
+  ablation,
+  check_batch_size,
+  local_steps_ablation,
+  method_entries,
+  methods,
+  same_iterations,
+)
+from fedco.experiment.identity import code_digest, digest, identity
+from fedco.experiment.search import combine, grid_axes, search  # noqa: F401  (runner.<name>)
+from fedco.experiment.tradeoff import TRADEOFF_AXES, tradeoff  # noqa: F401  (runner.<name>)
 from fedco.runtime.checks import check_kinds
 
 # Where a short ``config.experiment`` name is looked up: ``experiments.<name>``, this
@@ -120,16 +131,6 @@ CHOOSING = (
   "mode",
   "data_dir",
 )
-METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
-# What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
-# curve a private or compressed method belongs to (figures group by it).
-UPLINK_KEYS = ("privacy", "compression", "curve")
-# config codec name -> fedco.compression factory
-CODECS = {
-  "quantize": "stochastic_quantization",
-  "top_k": "top_k",
-  "adaptive": "adaptive_quantization",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,108 +155,6 @@ class Options:
   resume: bool = True
   checkpoint_every: int = 50
   seeds_together: bool = True  # a method's seeds as one program (SEEDS_IN_ONE_PROGRAM)
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """One compared run of an experiment.
-
-  Attributes:
-    label: its key in ``config.methods`` (or a variant's): the name in every output.
-    algorithm: the ``fedco.ALGORITHMS`` name.
-    kwargs: the factory's other arguments from the config.
-    learning_rate, local_steps: the shared values or the method's own.
-    source: the ``config.methods`` label it comes from when it is a variant (an ablation's
-      ``comfedl_gamma=2`` of ``comfedl``): the entry a divergence note names.
-    uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
-      ``compression`` (``{field: {codec, ...}}``) and ``curve`` settings; empty without.
-    problem: the experiment's own settings of this run (a KL temperature, a problem form).
-
-  Examples:
-    >>> from fedco import experiment
-    >>> method = experiment.Method("fedprox", "fedprox", {"mu": 0.1}, 0.05, 5)
-    >>> method.build().plan.local_steps  # fedco.fedprox(0.05, 5, mu=0.1)
-    5
-    >>> method.settings()
-    {'algorithm': 'fedprox', 'learning_rate': 0.05, 'local_steps': 5, 'mu': 0.1}
-    >>> variant = method.variant("fedprox_mu=1", kwargs={"mu": 1.0})  # an ablation's run
-    >>> variant.label, variant.entry
-    ('fedprox_mu=1', 'fedprox')
-  """
-
-  label: str
-  algorithm: str
-  kwargs: Dict[str, Any]
-  learning_rate: float
-  local_steps: int
-  source: str = ""
-  uplink: Dict[str, Any] = dataclasses.field(default_factory=dict)
-  problem: Dict[str, Any] = dataclasses.field(default_factory=dict)
-
-  def variant(self, label: str, **changes) -> "Method":
-    """This method with other settings under another label (an ablation's run)."""
-    return dataclasses.replace(self, label=label, source=self.source or self.label, **changes)
-
-  @property
-  def takes_local_steps(self) -> bool:
-    """Whether the algorithm's factory takes ``local_steps`` (else one step a round)."""
-    return "local_steps" in inspect.signature(fedco.ALGORITHMS[self.algorithm]).parameters
-
-  @property
-  def entry(self) -> str:
-    """The ``config.methods`` label this run comes from."""
-    return self.source or self.label
-
-  def build(self, *, config_field: Optional[str] = None, **changes):
-    """The algorithm, with ``changes`` (``learning_rate=``, factory arguments) applied.
-
-    The factory's ``ValueError`` names ``config_field`` (default: the method's entry,
-    ``--config.methods.<label>``, and the argument when the config gave it)."""
-    factory = fedco.ALGORITHMS[self.algorithm]
-    kwargs = {**self.kwargs, **changes}
-    learning_rate = kwargs.pop("learning_rate", self.learning_rate)
-    if self.takes_local_steps:
-      kwargs.setdefault("local_steps", self.local_steps)
-    else:
-      kwargs.pop("local_steps", None)
-    try:
-      return factory(learning_rate, **kwargs)
-    except ValueError as err:
-      arg = (str(err).split() or [""])[0]
-      given = (*self.kwargs, "learning_rate", "local_steps")  # by the config, not the module
-      field = arg if arg in given and arg not in changes else ""
-      where = config_field or f"--config.methods.{self.entry}{'.' + field if field else ''}"
-      raise ValueError(f"{where} is invalid for fedco.{self.algorithm}: {err}") from None
-
-  def settings(self) -> Dict[str, Any]:
-    """Everything that defines the method's runs (for identities and summaries)."""
-    return {
-      "algorithm": self.algorithm,
-      "learning_rate": self.learning_rate,
-      "local_steps": self.local_steps,
-      **self.kwargs,
-      **self.uplink,
-      **self.problem,
-    }
-
-  @property
-  def curve(self) -> str:
-    """The trade-off curve the method is a point of (its label without one)."""
-    return self.uplink.get("curve", self.label)
-
-  def simulator_kwargs(self) -> Dict[str, Any]:
-    """``privacy=`` and ``compression=`` for ``fedco.simulate`` from :attr:`uplink`."""
-    out = {}
-    if self.uplink.get("privacy"):
-      out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
-    if self.uplink.get("compression"):
-      out["compression"] = {
-        field: getattr(fedco.compression, CODECS[spec["codec"]])(
-          **{k: v for k, v in spec.items() if k != "codec"}
-        )
-        for field, spec in self.uplink["compression"].items()
-      }
-    return out
 
 
 @dataclasses.dataclass
@@ -344,45 +243,6 @@ class Outcome:
     return [m.label for m in self.methods if any(r["method"] == m.label for r in self.records)]
 
 
-# ---- the config ----------------------------------------------------------------------------
-
-
-def method_entries(entries) -> ml_collections.ConfigDict:
-  """``config.methods`` from ``{label: {"algorithm": name, argument: value, ...}}``.
-
-  Every entry gets ``learning_rate`` and ``local_steps`` as typed placeholders where it does
-  not set them (the shared ``config.learning_rate`` / ``config.local_steps`` then apply), so
-  ``--config.methods.<label>.learning_rate=0.05`` overrides any method from the command
-  line.
-
-  Args:
-    entries: ``{label: {"algorithm": a fedco.ALGORITHMS name, factory argument: value}}``;
-      an entry may set its own ``learning_rate`` / ``local_steps``, and the experiment's own
-      fields (``problem``) or ``privacy`` / ``compression`` settings.
-
-  Returns:
-    The ``ConfigDict`` for ``config.methods``.
-
-  Examples:
-    >>> from fedco import experiment
-    >>> methods = experiment.method_entries({
-    ...     "fedavg": {"algorithm": "fedavg"},
-    ...     "fedprox": {"algorithm": "fedprox", "mu": 0.1, "local_steps": 10}})
-    >>> methods.fedavg.learning_rate is None  # a placeholder: config.learning_rate applies
-    True
-    >>> methods.fedprox.local_steps
-    10
-  """
-  out = {}
-  for label, entry in dict(entries).items():
-    entry = dict(entry)
-    for key, kind in (("learning_rate", float), ("local_steps", int)):
-      if entry.get(key) is None:  # unset (or an unset placeholder's to_dict())
-        entry[key] = config_dict.placeholder(kind)
-    out[label] = entry
-  return ml_collections.ConfigDict(out)
-
-
 def seeds(config, field: str = "seeds") -> tuple:
   """``config.<field>`` as distinct integers (``ValueError`` naming the field).
 
@@ -426,256 +286,6 @@ def check_shared(config) -> None:
     )
 
 
-def check_batch_size(size: Optional[int], data, flag: str = "--config.batch_size") -> None:
-  """``ValueError`` naming ``flag`` when the batch size ``size`` (``0`` or ``None``: each
-  client's whole data) exceeds the largest client of ``data`` (a ``FederatedData`` or a
-  ``ClientStore``) and the default 32: ``fedco.simulate``'s rule
-  (``fedco.runtime.config.refuse_oversized_batch``), named as a config field (decision 98)."""
-  counts = getattr(data, "counts", None)
-  if counts is not None:
-    fedco.runtime.config.refuse_oversized_batch(flag, size, np.asarray(counts), whole="0")
-
-
-def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]:
-  """The config's methods, each checked against its factory's signature.
-
-  Args:
-    config: the experiment config.
-    extra_keys: method fields the experiment reads itself (``problem``: a problem form or
-      settings), kept in :attr:`Method.problem`, not passed to the factory.
-
-  Returns:
-    One :class:`Method` per entry of ``config.methods``, in the order of their labels; an
-    unknown algorithm or argument is a ``ValueError`` naming the field and what is allowed.
-
-  Examples:
-    >>> import ml_collections
-    >>> from fedco import experiment
-    >>> config = ml_collections.ConfigDict({
-    ...     "learning_rate": 0.1, "local_steps": 5,
-    ...     "methods": experiment.method_entries(
-    ...         {"fedprox": {"algorithm": "fedprox", "mu": 0.1, "learning_rate": 0.05}})})
-    >>> [(m.label, m.learning_rate, m.local_steps, m.kwargs) for m in experiment.methods(config)]
-    [('fedprox', 0.05, 5, {'mu': 0.1})]
-  """
-  if not config.methods:
-    raise ValueError("--config.methods must name at least one method")
-  out = []
-  for label, entry in config.methods.items():
-    where = f"--config.methods.{label}"
-    if not hasattr(entry, "items") or "algorithm" not in entry:
-      raise ValueError(
-        f"{where} must hold an 'algorithm' (one of "
-        f"{sorted(fedco.ALGORITHMS)}) and its arguments, got {entry!r}"
-      )
-    name = entry["algorithm"]
-    if name not in fedco.ALGORITHMS:
-      raise ValueError(f"{where}.algorithm must be one of {sorted(fedco.ALGORITHMS)}, got {name!r}")
-    allowed = [
-      p
-      for p in inspect.signature(fedco.ALGORITHMS[name]).parameters
-      if p not in ("learning_rate", "optimizer")
-    ]
-    kwargs, problem = {}, {}
-    for key, value in entry.items():
-      if key in METHOD_KEYS or key in UPLINK_KEYS:
-        continue
-      if key in extra_keys:
-        problem[key] = _plain(value)
-      elif key not in allowed:
-        raise ValueError(
-          f"{where}.{key} is not an argument of fedco.{name}; allowed: "
-          f"{sorted(set(allowed) | {'learning_rate'})}"
-        )
-      else:
-        kwargs[key] = tuple(value) if isinstance(value, list) else value
-    lr = _own(entry, "learning_rate", config.learning_rate)
-    extend.positive(f"--config.methods.{label}.learning_rate", lr)
-    steps = _own(entry, "local_steps", config.local_steps)
-    extend.positive_int(f"--config.methods.{label}.local_steps", steps)
-    out.append(
-      Method(
-        label, name, kwargs, float(lr), int(steps), uplink=_uplink(where, entry), problem=problem
-      )
-    )
-  return out
-
-
-def _own(entry, key, shared):
-  """A method's own ``key`` (``None``: an unset placeholder) or the shared value."""
-  value = entry.get(key)
-  return shared if value is None else value
-
-
-def _plain(value):
-  """A config value as plain Python (ConfigDicts to dicts, lists to tuples)."""
-  if hasattr(value, "items"):
-    return {str(k): _plain(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return tuple(_plain(v) for v in value)
-  return value
-
-
-def _uplink(where: str, entry) -> Dict[str, Any]:
-  """A method's ``privacy``, ``compression`` and ``curve``, checked by building them (a
-  one-line ``ValueError`` naming the field)."""
-  out = {}
-  for name, shape in (
-    ("privacy", "{epsilon or noise_multiplier, delta, clip}"),
-    ("compression", "{field: {codec: ..., ...}}"),
-  ):
-    if entry.get(name) and not hasattr(entry[name], "items"):
-      raise ValueError(f"{where}.{name} must be {shape}, got {entry[name]!r}")
-    if entry.get(name):
-      out[name] = _plain(entry[name])
-  if "privacy" in out:
-    _built(f"{where}.privacy", "privacy", fedco.privacy.gaussian, out["privacy"], ("rounds",))
-  for field, spec in out.get("compression", {}).items():
-    codec = spec.get("codec") if isinstance(spec, dict) else None
-    extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
-    factory = getattr(fedco.compression, CODECS[codec])
-    _built(
-      f"{where}.compression.{field}",
-      codec,
-      factory,
-      {k: v for k, v in spec.items() if k != "codec"},
-    )
-  if entry.get("curve"):
-    out["curve"] = str(entry["curve"])
-  return out
-
-
-def _built(where: str, what: str, factory, kwargs, hidden=()):
-  """``factory(**kwargs)``, an unknown key or a bad value a ``ValueError`` naming ``where``."""
-  allowed = [p for p in inspect.signature(factory).parameters if p not in hidden]
-  unknown = sorted(set(kwargs) - set(allowed))
-  if unknown:
-    raise ValueError(f"{where}.{unknown[0]} is not a {what} setting; allowed: {allowed}")
-  try:
-    return factory(**kwargs)
-  except (TypeError, ValueError) as err:  # TypeError: a required setting missing
-    raise ValueError(f"{where}: {err}") from None
-
-
-def ablation(config, defaults: Mapping[str, Sequence[float]]) -> tuple:
-  """The values of ``config.ablation``, checked.
-
-  ``config.ablation_values``, or the paper's ``defaults[config.ablation]``: distinct integers
-  ``>= 1`` for ``local_steps``, distinct positive numbers otherwise; none for ``"none"``.
-
-  Args:
-    config: the experiment config (``ablation``, ``ablation_values``).
-    defaults: ``{ablated setting: the paper's values}``; its keys are the allowed
-      ``config.ablation`` values besides ``"none"``.
-
-  Returns:
-    The values, a tuple (empty without an ablation).
-
-  Examples:
-    >>> import ml_collections
-    >>> from fedco import experiment
-    >>> config = ml_collections.ConfigDict({"ablation": "gamma", "ablation_values": ()})
-    >>> experiment.ablation(config, {"gamma": (0.1, 1.0), "local_steps": (1, 5)})
-    (0.1, 1.0)
-  """
-  allowed = ("none",) + tuple(defaults)
-  extend.one_of("--config.ablation", config.ablation, allowed)
-  if config.ablation == "none":
-    if config.ablation_values:
-      raise ValueError(f"--config.ablation_values needs --config.ablation (one of {allowed[1:]})")
-    return ()
-  given = config.ablation_values or defaults[config.ablation]
-  try:
-    values = tuple(float(v) for v in given)
-  except (TypeError, ValueError):
-    raise ValueError(f"--config.ablation_values must be numbers, got {given!r}") from None
-  if config.ablation == "local_steps":
-    if not all(v.is_integer() for v in values):
-      raise ValueError(
-        f"--config.ablation_values must be integers >= 1 for local_steps, got {given!r}"
-      )
-    return outputs.check_int_list(
-      "--config.ablation_values", [int(v) for v in values], 1, distinct=True
-    )
-  for v in values:
-    extend.positive("--config.ablation_values", v)
-  if len(set(values)) != len(values):
-    raise ValueError(f"--config.ablation_values lists a value twice: {values}")
-  return values
-
-
-def ablated(
-  config, base: Method, values: Sequence[float], problem_keys: Sequence[str] = ()
-) -> List[Method]:
-  """``base`` once per value of ``config.ablation``'s setting.
-
-  The setting is its ``local_steps``, a factory argument, or (named in ``problem_keys``) one
-  of the run's :attr:`Method.problem` settings.
-
-  Args:
-    config: the experiment config (``ablation`` names the setting).
-    base: the ablated method.
-    values: the ablation's values (:func:`ablation`).
-    problem_keys: settings that belong to the problem, not to the factory.
-
-  Returns:
-    The variants, labelled ``<base label>_<setting>=<value>``.
-
-  Examples:
-    >>> import ml_collections
-    >>> from fedco import experiment
-    >>> base = experiment.Method("comfedl", "comfedl", {}, 0.01, 5)
-    >>> config = ml_collections.ConfigDict({"ablation": "local_steps"})
-    >>> [m.label for m in experiment.ablated(config, base, (1, 10))]
-    ['comfedl_local_steps=1', 'comfedl_local_steps=10']
-  """
-  out = []
-  for v in values:
-    key = config.ablation
-    if key == "local_steps":
-      out.append(base.variant(f"{base.label}_local_steps={int(v)}", local_steps=int(v)))
-    elif key in problem_keys:
-      out.append(base.variant(f"{base.label}_{key}={v:g}", problem={**base.problem, key: v}))
-    else:
-      out.append(base.variant(f"{base.label}_{key}={v:g}", kwargs={**base.kwargs, key: v}))
-  return out
-
-
-def local_steps_ablation(
-  config, compared: Sequence[Method], algorithms: Sequence[str], default: Sequence[int]
-) -> List[Method]:
-  """The methods a local-steps ablation runs, or ``compared`` without one.
-
-  Under ``config.ablation = "local_steps"`` (values: ``default`` unless
-  ``config.ablation_values``), each method of ``compared`` running one of ``algorithms``
-  once per value; ``ValueError`` when there is none.
-
-  Args:
-    config: the experiment config.
-    compared: the config's methods (:func:`methods`).
-    algorithms: the algorithms whose methods the ablation varies.
-    default: the paper's values.
-
-  Returns:
-    The methods to run.
-
-  Examples:
-    >>> import ml_collections
-    >>> from fedco import experiment
-    >>> config = ml_collections.ConfigDict({"ablation": "local_steps", "ablation_values": (2, 4)})
-    >>> compared = [experiment.Method(a, a, {}, 0.1, 8) for a in ("feddro", "fedavg")]
-    >>> [m.label for m in experiment.local_steps_ablation(config, compared, ("feddro",), (1, 8))]
-    ['feddro_local_steps=2', 'feddro_local_steps=4']
-  """
-  values = ablation(config, {"local_steps": default})
-  found = [m for m in compared if m.algorithm in algorithms]
-  if values and not found:
-    raise ValueError(
-      f"--config.ablation=local_steps needs a {' or '.join(algorithms)} method in --config.methods"
-    )
-  return [v for m in found for v in ablated(config, m, values)] if values else list(compared)
-
-
 def progress_chunk(rounds: int, eval_every: int, checkpoint_every: int) -> int:
   """Rounds per compiled chunk of an experiment's run: the progress bar moves once a chunk.
 
@@ -701,38 +311,6 @@ def progress_chunk(rounds: int, eval_every: int, checkpoint_every: int) -> int:
   target = min(100, max(eval_every, -(-rounds // 10)))
   span = np.gcd(rounds, checkpoint_every) if rounds > checkpoint_every else rounds
   return max(d for d in range(1, min(target, span) + 1) if span % d == 0)
-
-
-def same_iterations(config, method: Method) -> Dict[str, int]:
-  """The ``rounds`` and ``eval_every`` that give ``method`` the shared schedule's iterations.
-
-  That is the config's ``rounds * local_steps`` local iterations, evaluated at the same
-  iterations as the shared schedule.
-
-  Args:
-    config: the experiment config (``rounds``, ``local_steps``, ``eval_every``).
-    method: a method with its own ``local_steps``, which must divide the iterations.
-
-  Returns:
-    ``{"rounds": ..., "eval_every": ...}`` for :class:`Run`.
-
-  Examples:
-    >>> import ml_collections
-    >>> from fedco import experiment
-    >>> config = ml_collections.ConfigDict({"rounds": 100, "local_steps": 5, "eval_every": 10})
-    >>> experiment.same_iterations(config, experiment.Method("m", "local_scgdm", {}, 1.0, 1))
-    {'rounds': 500, 'eval_every': 50}
-  """
-  iterations = config.rounds * config.local_steps
-  if iterations % method.local_steps:
-    raise ValueError(
-      f"--config.methods.{method.entry}.local_steps must divide the "
-      f"{iterations} iterations (config.rounds * config.local_steps), got "
-      f"{method.local_steps}"
-    )
-  rounds = iterations // method.local_steps
-  every = config.eval_every * config.local_steps // method.local_steps
-  return {"rounds": rounds, "eval_every": max(1, min(every, rounds))}
 
 
 # ---- the skeleton --------------------------------------------------------------------------
@@ -957,43 +535,6 @@ def _warn_unreported(module, outcome: Outcome) -> None:
     )
 
 
-def identity(
-  base: Mapping[str, Any], method: Method, seed: int, schedule: Mapping[str, Any]
-) -> Dict[str, Any]:
-  """What defines one run: ``base`` (the config's run-defining fields, the digest of the
-  run's data and initial model and of the experiment module's source), the method's
-  settings and its algorithm's source digest (:func:`code_digest`), the seed and the
-  schedule."""
-  code = code_digest(fedco.ALGORITHMS.get(method.algorithm))
-  method_id = {**method.settings(), **({"source_sha256": code} if code else {})}
-  return {**base, **schedule, "method": method_id, "seed": seed}
-
-
-def code_digest(obj) -> Optional[str]:
-  """The SHA-256 of the source file defining ``obj`` (a module, a factory) when it lies
-  outside fedco: editing your experiment module or your algorithm then starts its runs
-  afresh instead of resuming checkpoints of the old code. ``None`` for fedco's own code
-  (an upgrade keeps resuming; the checkpoints' fingerprints guard it) or none on disk."""
-  try:
-    path = inspect.getsourcefile(inspect.unwrap(obj))
-  except (TypeError, ValueError):  # built in, or defined in place: no file
-    return None
-  if not path or not os.path.isfile(path):
-    return None
-  inside = os.path.join(os.path.realpath(os.path.dirname(fedco.__file__)), "")
-  return None if os.path.realpath(path).startswith(inside) else outputs.file_digest(path)
-
-
-def digest(tree) -> str:
-  """The SHA-256 of a pytree's arrays (shapes, dtypes and bytes, in leaf order)."""
-  h = hashlib.sha256()
-  for leaf in jax.tree.leaves(tree):
-    array = np.asarray(leaf)
-    h.update(f"{array.dtype}{array.shape}".encode())
-    h.update(np.ascontiguousarray(array).tobytes())
-  return h.hexdigest()
-
-
 @dataclasses.dataclass
 class _Session:
   """What the runs of one :func:`train_and_evaluate` share: the experiment, where and how
@@ -1181,227 +722,3 @@ def diverged_note(label: str, err) -> Dict[str, Any]:
     "diverged_round": err.round,
     "diverged_quantity": err.quantity,
   }
-
-
-# ---- grid search -------------------------------------------------------------------------
-
-
-def grid_axes(
-  config, method: Method, problem_axes: Mapping[str, Sequence[float]] = ()
-) -> Dict[str, tuple]:
-  """The grid of one method: ``grid.learning_rate``, its algorithm's ``grid.<algorithm>``
-  axes, then ``problem_axes`` (experiment-specific, e.g. the KL temperature)."""
-  axes = {"learning_rate": tuple(float(v) for v in config.grid.learning_rate)}
-  own = config.grid.get(method.algorithm)
-  if own is not None:
-    allowed = inspect.signature(fedco.ALGORITHMS[method.algorithm]).parameters
-    for name, values in own.items():
-      if name not in allowed:
-        raise ValueError(
-          f"--config.grid.{method.algorithm}.{name} is not an argument of fedco.{method.algorithm}"
-        )
-      axes[name] = tuple(float(v) for v in values)
-  axes.update({k: tuple(float(v) for v in vs) for k, vs in dict(problem_axes).items()})
-  for name, values in axes.items():
-    if not values:
-      raise ValueError(f"--config.grid.{name} must hold at least one value")
-  return axes
-
-
-def search(
-  method: Method,
-  axes: Mapping[str, tuple],
-  *,
-  problem_axes: Sequence[str],
-  make_problem: Callable[[Dict[str, float]], Any],
-  algorithm_kwargs: Callable[[Dict[str, float]], Dict[str, Any]],
-  score: Callable[[Dict[str, np.ndarray], int], Sequence[float]],
-  data,
-  params,
-  seed: int,
-  rounds: int,
-  progress: bool = False,
-  **simulator_kwargs,
-) -> Dict[str, Any]:
-  """Every point of a method's grid, as one ``fedco.sweep`` program per problem point.
-
-  The algorithm axes (the learning rate and factory arguments) of each problem point run
-  as one vmapped program; ``score(metrics, run)`` rates a run with a tuple compared in order
-  (higher is better: say the worst client's accuracy, then the average to break ties); a
-  diverged run scores ``None``. Returns ``{"points": [{axis: value, ..., "score": s}],
-  "best": point}`` (``None`` if every point diverged; the first of the best on full ties,
-  so the smaller values win).
-  """
-  if method.uplink.get("privacy") or method.uplink.get("compression"):
-    raise ValueError(
-      f"--config.methods.{method.label}: a grid search picks settings on "
-      f"its runs, which spends privacy no accountant counts; search without "
-      f"privacy or compression"
-    )
-  check_batch_size(simulator_kwargs.get("batch_size"), data)  # before the sweeps compile
-  factory = fedco.ALGORITHMS[method.algorithm]
-  algorithm_names = [k for k in axes if k not in problem_axes]
-  points = []
-  for problem_values in itertools.product(*(axes[k] for k in problem_axes)):
-    fixed = dict(zip(problem_axes, problem_values))
-    kwargs = {
-      **{k: v for k, v in method.kwargs.items() if k not in axes},
-      **algorithm_kwargs(fixed),
-    }
-    if method.takes_local_steps:
-      kwargs["local_steps"] = method.local_steps
-    result = fedco.sweep(
-      make_problem(fixed),
-      factory,
-      data,
-      params,
-      rounds=rounds,
-      grid={k: axes[k] for k in algorithm_names},
-      seeds=(seed,),
-      algorithm_kwargs=kwargs,
-      progress=progress,
-      **simulator_kwargs,
-    )
-    for r, run in enumerate(result.runs):
-      value = None
-      if result.diverged[r] is None:
-        value = [float(v) for v in score(result.metrics, r)]
-        value = value if np.all(np.isfinite(value)) else None
-      points.append({**{k: run[k] for k in algorithm_names}, **fixed, "score": value})
-  return {"points": points, "best": _best(points)}
-
-
-def _best(points):
-  finite = [p for p in points if p["score"] is not None]
-  return max(finite, key=lambda p: p["score"]) if finite else None
-
-
-def combine(searches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-  """One method's searches on several seeds (same grid, same order) as one: a point's score
-  is the mean of its scores, ``None`` if it diverged on any seed."""
-  points = []
-  for same in zip(*(s["points"] for s in searches)):
-    scores = [p["score"] for p in same]
-    score = (
-      None
-      if any(v is None for v in scores)
-      else [float(v) for v in np.mean(np.asarray(scores), axis=0)]
-    )
-    points.append({**same[0], "score": score, "per_seed": scores})
-  return {"points": points, "best": _best(points)}
-
-
-# ---- privacy and compression trade-offs ----------------------------------------------------
-
-TRADEOFF_AXES = {
-  "epsilon": ("privacy", "epsilon spent (delta in the method's settings)", "privacy.png"),
-  "bytes_up": ("compression", "bytes sent up, whole run", "compression.png"),
-}
-
-
-def _draw_curve(ax, rows, curve, color, xy, reference, setting) -> None:
-  """One curve of a trade-off panel: its points with their seeds' standard deviations (the
-  codec named beside each, on a bytes axis), a cross in the legend where every point
-  diverged, and its ``reference`` run (without ``setting``) as a dashed line."""
-  x, key = xy
-  own = sorted(
-    (
-      r
-      for r in rows
-      if r["curve"] == curve
-      and r["method"] != reference
-      and r[x] is not None
-      and r[key] is not None
-    ),
-    key=lambda r: r[x],
-  )
-  if own:
-    ax.errorbar(
-      [r[x] for r in own],
-      [r[key] for r in own],
-      yerr=[r[f"{key}_std"] or 0.0 for r in own],
-      color=color,
-      marker="o",
-      capsize=3,
-      label=curve,
-    )
-    if x == "bytes_up":  # which codec each point is
-      for r in own:
-        short = r["method"].removeprefix(curve + "_")
-        if short == r["method"]:  # e.g. feddro_y3bit_adaptive on curve feddro_adaptive
-          short = short.removeprefix(curve.split("_")[0] + "_")
-        ax.annotate(
-          short,
-          (r[x], r[key]),
-          fontsize=7,
-          xytext=(4, 4),
-          textcoords="offset points",
-          color=color,
-        )
-  if not own and any(r["curve"] == curve and r["diverged_seeds"] for r in rows):
-    ax.plot(
-      [], [], color=color, marker="x", ls="none", label=f"{curve} with {setting}: diverged"
-    )  # no point to draw, still named
-  base = next((r for r in rows if r["method"] == reference), None)
-  if base is not None and base[key] is not None:
-    ax.axhline(base[key], color=color, ls="--", lw=1.0, label=f"{curve} without {setting}")
-    if base[x] is not None:  # the uncompressed run's own bytes
-      ax.plot([base[x]], [base[key]], marker="*", ms=10, color=color, ls="none")
-
-
-def tradeoff(
-  wd, methods: Sequence[Method], finals, x: str, panels: Sequence[tuple]
-) -> Optional[Dict[str, Any]]:
-  """The methods with ``privacy`` (``x="epsilon"``) or ``compression`` (``x="bytes_up"``)
-  as trade-off curves: ``panels`` are ``(metric, axis label)`` pairs (or triples ending in
-  ``"log"`` for a log y axis), one panel each, with each curve's points (mean over seeds, std
-  bars) against ``x`` and its method without the setting as a dashed line. Saves
-  ``privacy.png`` or ``compression.png`` in ``wd``; returns the summary's entry (``None``
-  when no method has the setting or there are no panels)."""
-  setting, xlabel, name = TRADEOFF_AXES[x]
-  keys = [x] + [p[0] for p in panels]
-  points = [m for m in methods if setting in m.uplink]
-  if not points or not panels:
-    return None
-  per_run, _ = outputs.seed_statistics(finals, keys)  # no epsilon without privacy: None
-  curves = list(dict.fromkeys(m.curve for m in points))
-  reference = {
-    c: next((m.label for m in methods if m.label == c and setting not in m.uplink), None)
-    for c in curves
-  }
-  rows = []
-  for m in methods:
-    if m.curve not in curves or m.label not in per_run:
-      continue
-    entry = per_run[m.label]
-    rows.append(
-      {
-        "curve": m.curve,
-        "method": m.label,
-        **{k: entry[k]["mean"] for k in keys},
-        "diverged_seeds": entry["diverged_seeds"],
-        **{f"{k}_std": entry[k]["std"] for k in keys[1:]},
-      }
-    )
-  fig = outputs.figure(figsize=(5.5 * len(panels), 4.2))
-  axes = np.atleast_1d(fig.subplots(1, len(panels)))
-  for ax, (key, label, *scale) in zip(axes, panels):
-    if scale == ["log"]:
-      ax.set_yscale("log")
-    for i, curve in enumerate(curves):
-      _draw_curve(ax, rows, curve, f"C{i}", (x, key), reference[curve], setting)
-    ax.set_xscale("log")
-    from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-    if x == "epsilon":  # a few epsilons: label them as they are
-      ax.set_xticks(sorted({r[x] for r in rows if r[x] is not None}))
-      ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%.3g"))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(label)
-    ax.grid(alpha=0.3, which="both")
-  if axes[0].lines:
-    axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  wd.save_figure(fig, name)
-  return {"x": x, "figure": name, "points": rows}
