@@ -10,7 +10,7 @@ import pytest
 
 import fedco
 from experiments import fair_adult
-from fedco.experiment import runner
+from fedco.experiment import config_methods, runner
 from tests import helpers
 
 MODES = (
@@ -91,7 +91,7 @@ def test_bad_method_privacy_or_compression_is_one_line_naming_it(mode, changes, 
 )
 def test_a_missing_privacy_or_codec_setting_is_one_line_naming_it(entry, message):
   with pytest.raises(ValueError, match=message):
-    runner._uplink("--config.methods.m", ml_collections.ConfigDict(entry))
+    config_methods.uplink_settings("--config.methods.m", ml_collections.ConfigDict(entry))
 
 
 def test_e7_compression_mode_reports_bytes_and_the_tradeoff(tmp_path):

@@ -41,7 +41,7 @@ import sys
 import sysconfig
 import traceback
 import warnings
-from typing import Optional
+from typing import List, Optional
 
 import jax
 import ml_collections
@@ -297,7 +297,7 @@ NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|os_error_cod
 _WRITING = re.compile(r'(?:Failed writing|writing|file): "([^"]+)"')
 
 
-def disk_full(err: BaseException) -> Optional[str]:
+def disk_full(err: Optional[BaseException]) -> Optional[str]:
   """The one line for a write that failed because the disk is full (an ``OSError`` with
   ``ENOSPC``/``EDQUOT`` from fedco's writers, or orbax's ``RESOURCE_EXHAUSTED`` error from a
   checkpoint), naming the flag whose folder it was; ``None`` for any other error."""
@@ -382,10 +382,10 @@ def written(workdir) -> str:
   """What a stopped run's workdir holds: its rows so far and its runs' checkpoints."""
   path = os.path.join(workdir, outputs.STAGING, outputs.METRICS)
   try:
-    rounds = [r.get("round") for r in outputs.read_jsonl(path, partial_last=True)]
+    found = [r.get("round") for r in outputs.read_jsonl(path, partial_last=True)]
   except (OSError, ValueError):
-    rounds = []
-  rounds = [r for r in rounds if isinstance(r, int)]
+    found = []
+  rounds: List[int] = [r for r in found if isinstance(r, int)]
   rows = (
     f"{outputs.STAGING}/{outputs.METRICS} holds {len(rounds)} rows up to round {max(rounds)}"
     if rounds

@@ -121,7 +121,7 @@ class Method:
 
   def simulator_kwargs(self) -> Dict[str, Any]:
     """``privacy=`` and ``compression=`` for ``fedco.simulate`` from :attr:`uplink`."""
-    out = {}
+    out: Dict[str, Any] = {}
     if self.uplink.get("privacy"):
       out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
     if self.uplink.get("compression"):
@@ -232,7 +232,13 @@ def methods(config, *, extra_keys: Sequence[str] = ("problem",)) -> List[Method]
     extend.positive_int(f"--config.methods.{label}.local_steps", steps)
     out.append(
       Method(
-        label, name, kwargs, float(lr), int(steps), uplink=_uplink(where, entry), problem=problem
+        label,
+        name,
+        kwargs,
+        float(lr),
+        int(steps),
+        uplink=uplink_settings(where, entry),
+        problem=problem,
       )
     )
   return out
@@ -253,9 +259,17 @@ def _plain(value):
   return value
 
 
-def _uplink(where: str, entry) -> Dict[str, Any]:
+def uplink_settings(where: str, entry) -> Dict[str, Any]:
   """A method's ``privacy``, ``compression`` and ``curve``, checked by building them (a
-  one-line ``ValueError`` naming the field)."""
+  one-line ``ValueError`` naming the field under ``where``, e.g. ``--config.methods.m``).
+
+  Examples:
+    >>> import ml_collections
+    >>> from fedco.experiment import config_methods
+    >>> entry = ml_collections.ConfigDict({"compression": {"y": {"codec": "top_k", "fraction": 0.1}}})
+    >>> config_methods.uplink_settings("--config.methods.m", entry)
+    {'compression': {'y': {'codec': 'top_k', 'fraction': 0.1}}}
+  """
   out = {}
   for name, shape in (
     ("privacy", "{epsilon or noise_multiplier, delta, clip}"),
@@ -270,6 +284,7 @@ def _uplink(where: str, entry) -> Dict[str, Any]:
   for field, spec in out.get("compression", {}).items():
     codec = spec.get("codec") if isinstance(spec, dict) else None
     extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
+    assert isinstance(codec, str)  # one_of refused anything else
     factory = getattr(fedco.compression, CODECS[codec])
     _built(
       f"{where}.compression.{field}",

@@ -480,7 +480,7 @@ def seed_statistics(
   for label, by_seed in finals.items():
     ok = {s: f for s, f in by_seed.items() if "diverged" not in f}
     entry = {"per_seed": dict(by_seed), "diverged_seeds": sorted(set(by_seed) - set(ok))}
-    row = {"method": label}
+    row: Dict[str, Any] = {"method": label}
     notes = sorted({str(f["diverged"]) for f in by_seed.values() if "diverged" in f})
     for k in keys:  # a key no seed reports (epsilon without privacy) summarises to None
       vals = [f[k] for f in ok.values()] if any(k in f for f in ok.values()) else []

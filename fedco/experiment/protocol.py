@@ -194,7 +194,7 @@ def _own_names(module):
 
 def _check_hook(where, hook, params, value, listed) -> None:
   if params is None:
-    kinds = {
+    kinds: Dict[str, Any] = {
       "TABLE_KEYS": (list, tuple),
       "PROGRESS": str,
       "TRADEOFF": Mapping,

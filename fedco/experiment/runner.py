@@ -444,7 +444,8 @@ def train_and_evaluate(
   else:
     for seed in outcome.seeds:
       if seed not in prepared:  # one seed's data at a time
-        prepared, first = {seed: prepare(config, seed, setup)}, None
+        prepared = {seed: prepare(config, seed, setup)}
+        first.clear()  # the first seed's runs are done: their data go
         session.digests.clear()
       for i, method in enumerate(runs):
         session.one(method, seed, build(i, seed))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import types
 from typing import Any, Callable, Dict, Mapping, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ from fedco.experiment.config_methods import Method, check_batch_size
 
 
 def grid_axes(
-  config, method: Method, problem_axes: Mapping[str, Sequence[float]] = ()
+  config, method: Method, problem_axes: Mapping[str, Sequence[float]] = types.MappingProxyType({})
 ) -> Dict[str, tuple]:
   """The grid of one method: ``grid.learning_rate``, its algorithm's ``grid.<algorithm>``
   axes, then ``problem_axes`` (experiment-specific, e.g. the KL temperature)."""
