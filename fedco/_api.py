@@ -8,7 +8,7 @@ standard, so the two agree on what is public and where each name is documented.
 import importlib
 import inspect
 import typing
-from typing import Any, List, NamedTuple
+from typing import Any, Dict, List, NamedTuple
 
 #: The public modules, in the order the API reference lists them.
 PUBLIC_MODULES = (
@@ -73,7 +73,8 @@ def entries() -> List[Entry]:
     >>> [(e.module, e.kind, e.home) for e in scgdm]  # re-exported: documented at the top
     [('fedco', 'function', 'fedco.local_scgdm'), ('fedco.algorithms', 'function', 'fedco.local_scgdm')]
   """
-  homes, found = {}, []
+  homes: Dict[Any, str] = {}
+  found: List[Entry] = []
   for module_name in PUBLIC_MODULES:
     module = importlib.import_module(module_name)
     for name in module.__all__:

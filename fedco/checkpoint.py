@@ -86,7 +86,7 @@ class _Damaged(Exception):
 def _checksums(tree) -> Dict[str, Optional[str]]:
   """``{path: crc32 of shape, dtype and bytes}`` of every leaf; ``None`` for global arrays
   held partly by other processes (each process can only read its own shards)."""
-  out = {}
+  out: Dict[str, Optional[str]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     key = jax.tree_util.keystr(path) or "."
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:

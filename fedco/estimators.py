@@ -39,7 +39,7 @@ Trackers keep a running estimate :math:`y` of the inner value (the same pytree s
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, cast
 
 import jax
 
@@ -204,7 +204,8 @@ def fresh() -> Tracker:
     >>> tracker.update(y, jnp.array([3.0, 4.0]), None).tolist()
     [3.0, 4.0]
   """
-  return Tracker(_identity, lambda y, s_new, s_old=None: s_new)
+  # cast: mypy cannot infer a lambda with a default argument against the Callable field
+  return Tracker(_identity, cast(Callable[..., PyTree], lambda y, s_new, s_old=None: s_new))
 
 
 def moving_average(rate) -> Tracker:

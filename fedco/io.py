@@ -17,7 +17,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Iterable, List
+from typing import IO, Any, Dict, Iterable, List, Optional
 
 TMP_PREFIX = ".tmp-"
 _CALL_BYTES = 256 << 20  # the most one pwrite / preadv moves (Linux: under 2 GiB a call)
@@ -136,7 +136,7 @@ def remove_stale_temporaries(directory, names: Iterable[str]) -> List[str]:
   pattern = re.compile(
     "|".join(re.escape(f"{TMP_PREFIX}{name}.") + "[a-z0-9_]{8}" for name in names)
   )
-  removed = []
+  removed: List[str] = []
   try:
     with os.scandir(os.fspath(directory)) as entries:
       stale = [e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
@@ -234,13 +234,13 @@ class DirectoryLock:
   """
 
   NAME = ".lock"
-  _held = {}  # path -> [open file, count] for the locks this process holds
+  _held: Dict[str, List[Any]] = {}  # path -> [open file, count] for the locks this process holds
 
   def __init__(self, directory, *, what: str = "directory"):
     self.directory = os.path.abspath(os.fspath(directory))
     self.path = os.path.join(self.directory, self.NAME)
     self.what = what
-    self._file = None
+    self._file: Optional[IO[str]] = None
 
   def acquire(self) -> "DirectoryLock":
     """Takes the lock (creating the directory), or adds one holder in this process.

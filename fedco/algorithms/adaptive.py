@@ -184,7 +184,7 @@ def with_server(
 
 
 class FedOptState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   opt_state: optax.OptState
 
 

@@ -71,14 +71,14 @@ from fedco import _validate, estimators, extend
 
 
 class ComFedLState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   opt_state: optax.OptState
 
 
 class NormalizedComFedLState(NamedTuple):
   """``log_normalizer``: this round's ``L``, set by the server before the local steps."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   log_normalizer: jnp.ndarray
   opt_state: optax.OptState
 

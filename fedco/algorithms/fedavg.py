@@ -35,12 +35,12 @@ _CASES = ("I", "II", "modified")
 
 
 class FedAvgState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   opt_state: optax.OptState
 
 
 class FedAvgCOState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   y: Any
   opt_state: optax.OptState
 
@@ -240,7 +240,7 @@ def fedavg_co(
 
 
 class MBSGDState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   y: Any
   opt_state: optax.OptState
 

@@ -45,7 +45,7 @@ from fedco import _validate, estimators, extend
 
 
 class FedDROState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   y: Any
   opt_state: optax.OptState
 

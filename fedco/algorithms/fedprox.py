@@ -39,7 +39,7 @@ from fedco import extend
 class FedProxState(NamedTuple):
   """Client state: the round's model ``anchor`` (``x`` of the proximal term)."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   anchor: Any
   opt_state: optax.OptState
 

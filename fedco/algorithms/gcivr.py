@@ -61,7 +61,7 @@ from fedco import _validate, extend
 
 
 class GCIVRState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   y: Any  # inner value estimate (the inner map's pytree)
   J: Any  # Jacobian estimate of the flattened inner value: leaves [p, *param.shape]
   v: Any  # grad h estimate, shaped like params

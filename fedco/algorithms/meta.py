@@ -119,7 +119,7 @@ VARIANTS = ("exact", "first_order", "hessian_free")
 
 
 class PerFedAvgState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   opt_state: optax.OptState
 
 
@@ -355,7 +355,7 @@ def fedmaml(
 class TRMAMLState(NamedTuple):
   """Client state: step counter, the adapted loss ``e_k`` at the round's model, optimizer."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   loss: jnp.ndarray
   opt_state: optax.OptState
 
@@ -516,7 +516,7 @@ def tr_maml(
 class DittoState(NamedTuple):
   """Client state: the personal model ``v_k``, the round's global model ``anchor``."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   personal: Any
   anchor: Any
   opt_state: optax.OptState

@@ -44,14 +44,15 @@ from fedco import _validate, estimators, extend
 
 
 class MOMLState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   u: Any
   opt_state: optax.OptState
 
 
 def tracker_layout(u, params) -> str:
   """``"table"`` (leaves ``[T, *param_shape]``), ``"params"`` (param-shaped) or ``"other"``."""
-  if jax.tree.structure(u) != jax.tree.structure(params):
+  # jaxlib's PyTreeDef (a C extension) has no stubs
+  if jax.tree.structure(u) != jax.tree.structure(params):  # type: ignore[operator]
     return "other"
   pairs = list(zip(jax.tree.leaves(u), jax.tree.leaves(params)))
   if all(jnp.shape(a) == jnp.shape(p) for a, p in pairs):

@@ -46,7 +46,7 @@ from fedco import _validate, extend
 class LossState(NamedTuple):
   """Local SGD plus the client's loss ``F_k`` at the round's model."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   loss: jnp.ndarray
   opt_state: optax.OptState
 
@@ -54,7 +54,7 @@ class LossState(NamedTuple):
 class SnapshotState(NamedTuple):
   """Local SGD plus the model after the round's random step ``k'`` (DRFA)."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   snapshot: Any
   opt_state: optax.OptState
 

@@ -156,7 +156,7 @@ def best_response(losses, geometry: str, size: float, weights=None, *, iteration
 
 
 class FastDROState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   opt_state: optax.OptState
 
 
@@ -286,7 +286,7 @@ def fastdro(
 class PrimalDualState(NamedTuple):
   """Client state: the server's example weights ``p`` and this round's loss report ``v``."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   p: jnp.ndarray
   ascent: jnp.ndarray
   opt_state: optax.OptState

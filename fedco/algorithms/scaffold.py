@@ -55,7 +55,7 @@ class ScaffoldState(NamedTuple):
   """Client state: the server's ``c`` (broadcast; holds the upload ``c + dc_i``), the
   round's ``c`` (``c_round``), the client's ``c_i`` and its candidate ``c_plus``."""
 
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   c: Any
   c_round: Any
   c_i: Any

@@ -33,13 +33,13 @@ from fedco import _validate, estimators, extend
 
 
 class SCGDState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   u: Any
   opt_state: optax.OptState
 
 
 class SCGDMState(NamedTuple):
-  count: jnp.ndarray
+  count: jnp.ndarray  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   u: Any
   m: Any
   opt_state: optax.OptState

@@ -45,7 +45,7 @@ seed without re-reading the files.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -202,7 +202,8 @@ def read_adult(data_dir: Optional[str] = None) -> Tuple[List[List[str]], List[Li
     ValueError: a malformed row (file and line named).
   """
   data_dir = _check_dir(data_dir)
-  return tuple(_read_rows(os.path.join(data_dir, name)) for name in FILES)
+  rows = tuple(_read_rows(os.path.join(data_dir, name)) for name in FILES)
+  return cast(Tuple[List[List[str]], List[List[str]]], rows)  # FILES: (train, test)
 
 
 def _check_dir(data_dir) -> str:

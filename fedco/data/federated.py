@@ -217,7 +217,8 @@ class FederatedData:
     structure = jax.tree.structure(client_examples[0])
     first = None
     for k, ex in enumerate(client_examples):
-      if jax.tree.structure(ex) != structure:
+      # jaxlib's PyTreeDef (a C extension) has no stubs
+      if jax.tree.structure(ex) != structure:  # type: ignore[operator]
         raise ValueError(
           f"client {k}'s examples have structure {jax.tree.structure(ex)}, expected {structure}"
         )

@@ -103,6 +103,7 @@ def decode_image(data: bytes, where: str, mode: Optional[str] = None) -> np.ndar
   """
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
 
+  image: Image.Image
   try:
     with Image.open(io.BytesIO(data)) as image:
       if mode is not None:

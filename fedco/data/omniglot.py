@@ -203,8 +203,10 @@ def _to_28(image: np.ndarray, size: int) -> np.ndarray:
   gray = np.asarray(image)
   if gray.ndim == 3:
     gray = gray[..., 0]
+  # Pillow adds its module-level resampling constants dynamically (typed: Image.Resampling)
   small = Image.fromarray(np.ascontiguousarray(gray, dtype=np.uint8)).resize(
-    (size, size), Image.LANCZOS
+    (size, size),
+    Image.LANCZOS,  # type: ignore[attr-defined]
   )
   return 255 - np.asarray(small, np.uint8)
 
@@ -694,7 +696,7 @@ def evaluation_episode(
   rng = np.random.default_rng([seed, 13, stream])
   which = rng.integers(0, len(tables), num_tasks)
   h, w = bank.rotated.shape[2:4]
-  out = {
+  out: Dict[str, np.ndarray] = {
     "support_x": np.empty((num_tasks, ways * shots, h, w, 1), np.uint8),
     "support_y": np.empty((num_tasks, ways * shots), np.int32),
     "query_x": np.empty((num_tasks, ways * query, h, w, 1), np.uint8),

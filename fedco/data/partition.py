@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -228,7 +228,7 @@ def dirichlet_label_skew(
   rng = _check_seed(seed)
   by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
   for _ in range(max_tries):
-    pieces = [[] for _ in range(num_clients)]
+    pieces: List[List[np.ndarray]] = [[] for _ in range(num_clients)]
     for rows in by_class:
       rows = rng.permutation(rows)
       shares = rng.dirichlet(np.full(num_clients, float(alpha)))
@@ -490,4 +490,4 @@ def matched_validation(
           )
         warnings.warn(f"matched_validation: {what}", RuntimeWarning, stacklevel=2)
     out[k] = np.sort(np.concatenate(rows))
-  return out
+  return cast(List[np.ndarray], out)  # every client's slot is filled above

@@ -130,6 +130,7 @@ def describe(name: str, data_dir: Union[str, os.PathLike, None] = None) -> str:
   from fedco.data import image_folder  # pylint: disable=g-import-not-at-top
 
   if name != "digits" and image_folder.is_image_folder(data_dir):
+    assert data_dir is not None  # is_image_folder(None) is False
     return f"{name} from {os.path.basename(os.path.normpath(os.fspath(data_dir)))}"
   return name
 
@@ -219,12 +220,14 @@ def iter_records(source):
 def _read_records(source, image_key: str, label_key: str):
   """All records of a data source as ``(images uint8 [N, ...], labels int64 [N])``."""
   n = len(source)
-  images = labels = None
+  images: Optional[np.ndarray] = None
+  labels: Optional[np.ndarray] = None
   for i, record in iter_records(source):
     image = np.asarray(record[image_key])
     if images is None:
       images = np.empty((n,) + image.shape, image.dtype)
       labels = np.empty((n,), np.int64)
+    assert labels is not None  # made with images
     images[i] = image
     labels[i] = record[label_key]
   return images, labels
@@ -477,6 +480,7 @@ def load(name: str, data_dir: Union[str, os.PathLike, None] = None) -> Splits:
   from fedco.data import image_folder  # pylint: disable=g-import-not-at-top
 
   if image_folder.is_image_folder(data_dir):
+    assert data_dir is not None  # is_image_folder(None) is False
     classes, arrays = image_folder.load_image_folders(data_dir, ("train", "test"))
     if len(classes) > NUM_CLASSES[name]:
       raise ValueError(

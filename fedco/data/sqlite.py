@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import zlib
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import msgpack
 import numpy as np
@@ -164,6 +164,7 @@ def read_clients(
   path = os.fspath(path)
   db = _open(path)
   try:
+    rows: Iterator[Any]
     if client_ids is None:
       rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM federated_data ORDER BY rowid")
     else:
@@ -334,7 +335,7 @@ def load_sqlite(
   tff = preprocess == "tff"
   if max_clients is not None:
     max_clients = _validate.positive_int("max_clients", max_clients)
-  train = {}
+  train: Dict[bytes, Any] = {}
   for cid, examples in read_clients(train_path):
     if max_clients is not None and len(train) == max_clients:
       break

@@ -25,7 +25,7 @@ import json
 import os
 import warnings
 import zlib
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -388,7 +388,7 @@ class ClientStore:
         begin = ends[i - 1] if i else 0
         for j, f in enumerate(self.fields):
           raw = _bytes(rows[f][begin:end])
-          digest.update(raw)
+          digest.update(raw)  # type: ignore[arg-type]  # numpy stubs: ndarray.__buffer__ is 3.12+
           sums[k, j] = _checksum(raw)
     digest.update(self.counts.tobytes())
     if digest.hexdigest() != self.digest:
@@ -428,7 +428,9 @@ class ClientStore:
       )
     return values
 
-  def read(self, ids: Sequence[int], out: Optional[Dict[str, np.ndarray]] = None):
+  def read(
+    self, ids: Union[Sequence[int], np.ndarray], out: Optional[Dict[str, np.ndarray]] = None
+  ):
     """The rows of clients ``ids``, concatenated in that order (one ``pread`` per client and
     field), each client's verified against its checksums.
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -132,7 +132,12 @@ class TaskBatchNorm(nn.Module):
 
 
 def _conv_block(
-  x: jax.Array, filters: int, norm: nn.Module, use_bias: bool, index: int, impl: str
+  x: jax.Array,
+  filters: int,
+  norm: Callable[[Any], Any],
+  use_bias: bool,
+  index: int,
+  impl: str,
 ) -> jax.Array:
   x = Conv(filters, (3, 3), padding="SAME", use_bias=use_bias, impl=impl, name=f"conv_{index}")(x)
   x = nn.relu(norm(x))
@@ -193,6 +198,7 @@ class CNN4(nn.Module):
   def __call__(self, x) -> jax.Array:
     x, single = image_batch(x, "CNN4")
     for i in range(4):
+      norm: Callable[[Any], Any]
       if self.norm == "group":
         norm = GroupNorm(num_groups=group_count(self.filters), epsilon=1e-5, name=f"norm_{i}")
       else:

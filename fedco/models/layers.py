@@ -100,6 +100,7 @@ def conv2d(
     return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
   n, h, w, c = x.shape
   kh, kw, _, out = kernel.shape
+  pads: Sequence[Tuple[int, ...]]
   if isinstance(padding, str):
     pads = jax.lax.padtype_to_pads((h, w), (kh, kw), strides, padding)
   else:

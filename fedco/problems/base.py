@@ -173,10 +173,12 @@ class Problem:
 
   def inner_value(self, params: PyTree, batch: Batch, weights: jax.Array) -> PyTree:
     """``g(x; B) = sum_i w_i g(x; zeta_i)``."""
+    assert self.inner is not None, "a plain problem has no inner function"
     return weighted_mean(jax.vmap(self.inner, in_axes=(None, 0))(params, batch), weights)
 
   def outer_value(self, y: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
     """``f(y; B)``; deterministic outer functions ignore the batch."""
+    assert self.outer is not None, "a plain problem has no outer function"
     if not self.outer_uses_data:
       return self._link(self.outer(y))
     return self._link(weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch), weights))
@@ -186,6 +188,7 @@ class Problem:
 
   def unlinked_outer_value(self, y: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
     """The mean outer value before ``outer_link`` (DA-MAML's query loss of ``y``)."""
+    assert self.outer is not None, "a plain problem has no outer function"
     return weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(y, batch), weights)
 
   def extra_value(self, params: PyTree, batch: Batch, weights: jax.Array) -> jax.Array:
@@ -251,22 +254,24 @@ class Problem:
       losses = losses + per_client(jax.vmap(self.extra, in_axes=(None, 0))(params, examples))
     if not self.compositional:
       return jnp.mean(losses), losses
-    g_k = per_client(jax.vmap(self.inner, in_axes=(None, 0))(params, examples))
+    inner, outer = self.inner, self.outer
+    assert inner is not None and outer is not None  # compositional: both given (__post_init__)
+    g_k = per_client(jax.vmap(inner, in_axes=(None, 0))(params, examples))
     if self.outer_uses_data:
       y_owner = jax.tree.map(lambda a: a[owner], g_k)
-      f_k = jax.vmap(self._link)(per_client(jax.vmap(self.outer)(y_owner, examples)))
+      f_k = jax.vmap(self._link)(per_client(jax.vmap(outer)(y_owner, examples)))
     else:
-      f_k = jax.vmap(lambda y: self._link(self.outer(y)))(g_k)
+      f_k = jax.vmap(lambda y: self._link(outer(y)))(g_k)
     client_losses = losses + f_k
     if self.kind == "local":
       return jnp.mean(client_losses), client_losses
     g = jax.tree.map(lambda a: jnp.mean(a, axis=0), g_k)
     if self.outer_uses_data:
       f = self._link(
-        weighted_mean(jax.vmap(self.outer, in_axes=(None, 0))(g, examples), weights / num_clients)
+        weighted_mean(jax.vmap(outer, in_axes=(None, 0))(g, examples), weights / num_clients)
       )
     else:
-      f = self._link(self.outer(g))
+      f = self._link(outer(g))
     return jnp.mean(losses) + f, client_losses
 
 

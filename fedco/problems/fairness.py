@@ -51,7 +51,7 @@ of positive rows of ``S`` predicted positive (``z > 0``), and
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Union
 
 import jax
 import jax.numpy as jnp
@@ -191,7 +191,7 @@ def objective(params, x, y, proxy, num_groups: int = 3, eps=EPS, alpha=ALPHA, ga
   plus the log of the penalty over proxy groups. Used to check the composition."""
   l = bce(logit(params, x), y)
   overall = jnp.mean(l)
-  penalty = 0.0
+  penalty: Union[float, jax.Array] = 0.0
   for k in range(num_groups):
     mask = (y > 0) & (proxy == k)
     group = jnp.sum(jnp.where(mask, l, 0.0)) / jnp.sum(mask)

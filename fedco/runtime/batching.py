@@ -53,7 +53,7 @@ class ClientView(NamedTuple):
 
   examples: Any
   start: jax.Array
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   row_list: Optional[jax.Array] = None
   id_offset: Optional[jax.Array] = None
 
@@ -336,12 +336,11 @@ def oracle_args(
     if problem.outer_link is not None:  # the loss inside the link (normalised ComFedL)
       kwargs["unlinked_outer_fn"] = lambda y: problem.unlinked_outer_value(y, outer_batch, wf)
   grad_h = None
-  if problem.extra is not None:
+  extra = problem.extra
+  if extra is not None:
     grad_h = lambda x: problem.extra_grad(x, outer_batch, wf)
     kwargs["extra_fn"] = lambda x: problem.extra_value(x, outer_batch, wf)
-    kwargs["example_losses_fn"] = lambda x: jax.vmap(problem.extra, in_axes=(None, 0))(
-      x, outer_batch
-    )
+    kwargs["example_losses_fn"] = lambda x: jax.vmap(extra, in_axes=(None, 0))(x, outer_batch)
     kwargs["example_weights"] = wf
   return grad_h, kwargs
 

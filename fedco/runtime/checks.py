@@ -3,7 +3,7 @@ between chunks, the finiteness of its metrics, model and host rows (``NonFiniteE
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -120,7 +120,7 @@ def data_finiteness_note(data, streamed: Optional[str] = None) -> str:
     if np.issubdtype(values.dtype, np.inexact):
       bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
       rows = np.asarray(data.flat_rows)
-      at = np.flatnonzero(bad[rows]) if bad.any() else ()
+      at: Union[np.ndarray, Tuple[int, ...]] = np.flatnonzero(bad[rows]) if bad.any() else ()
       if len(at):
         client = int(np.asarray(data.flat_owner)[at[0]])
         return data_not_finite(jax.tree_util.keystr(path), client, int(rows[at[0]]))

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -350,7 +350,7 @@ def global_data(
     owner[k, : counts[k]] = k
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   offsets = np.arange(num_clients, dtype=np.int32) * max_n  # client k's block starts here
-  meta = jax.device_put(
+  meta: Tuple[jax.Array, jax.Array, jax.Array, jax.Array] = jax.device_put(
     (counts.astype(np.int32), offsets, np.arange(rows, dtype=np.int32), owner.reshape(-1)),
     replicated,
   )

@@ -32,8 +32,14 @@ class Chunked(Protocol):
     checkpointed: whether the run saves checkpoints (``Interrupted`` says it resumes).
   """
 
-  name: str
-  checkpointed: bool
+  # read-only properties: the runs define them as properties, and the driver only reads them
+  @property
+  def name(self) -> str:
+    """The run's name on the progress bar and in ``Interrupted``'s message."""
+
+  @property
+  def checkpointed(self) -> bool:
+    """Whether the run saves checkpoints (``Interrupted`` says it resumes)."""
 
   def start(self, done: int) -> None:
     """Called once, inside the Ctrl-C guard, before the first chunk (``done``: rounds
@@ -101,9 +107,9 @@ def drive(
         if stop.requested and done < rounds:
           raise interrupted(f"after round {done} of {rounds}")
       if stop.requested:  # during the last chunk: the run is complete, and still stops
-        err = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
-        err.result = job.result(time.perf_counter() - start)
-        raise err
+        stopped = interrupted(f"at its end (round {rounds} of {rounds}, complete)")
+        stopped.result = job.result(time.perf_counter() - start)
+        raise stopped
   finally:
     try:
       bar.close()

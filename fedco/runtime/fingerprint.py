@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import partial as functools_partial
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -195,11 +195,11 @@ def fingerprint(description: Dict[str, Any]) -> str:
   return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def differences(saved: Dict[str, Any], current: Dict[str, Any], prefix="") -> Tuple[str, ...]:
+def differences(saved: Any, current: Any, prefix: str = "") -> Tuple[str, ...]:
   """The dotted paths at which two descriptions differ (leaves only)."""
   if not isinstance(saved, dict) or not isinstance(current, dict):
     return () if saved == current else (prefix.rstrip(".") or "run",)
-  out = []
+  out: List[str] = []
   for key in sorted(set(saved) | set(current)):
     out.extend(differences(saved.get(key), current.get(key), f"{prefix}{key}."))
   return tuple(out)

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -305,7 +305,8 @@ class ProgressBar:
     self.enabled = bool(enabled) or self._auto
     self._bar = None
     self._start = time.perf_counter()
-    self._steady = None  # (rounds done, time) when the first chunk ended
+    # (rounds done, time) when the first chunk ended
+    self._steady: Optional[Tuple[int, float]] = None
     if enabled:
       self._open(initial)
 

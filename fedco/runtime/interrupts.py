@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 
 class Interrupted(KeyboardInterrupt):
@@ -48,7 +48,8 @@ class _StopRequest:
     self.requested = False
 
 
-_guards = []  # the stop request of the active guard in this process (its main thread)
+# the stop request of the active guard in this process (its main thread)
+_guards: List[_StopRequest] = []
 
 
 def _in_notebook() -> bool:

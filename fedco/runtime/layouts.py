@@ -171,5 +171,6 @@ class Resident(Compact):
 
 
 # vmap axes of a ClientView: compact slots share the examples and the row list.
-VIEW_COMPACT = ClientView(None, 0, 0, None, None)
-_VIEW_RESIDENT = ClientView(0, None, 0, None, 0)
+# (jax's in_axes pytree convention: the fields hold axes, not the arrays they are typed as)
+VIEW_COMPACT = ClientView(None, 0, 0, None, None)  # type: ignore[arg-type]
+_VIEW_RESIDENT = ClientView(0, None, 0, None, 0)  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ class Ledger(NamedTuple):
     total_up, total_down = self._totals(
       self.up, self.per_step_up, self.down, rounds, survivors, local_steps
     )
-    out = {
+    out: Dict[str, Any] = {
       "up_per_client_per_round": dict(self.up),
       "down_per_client_per_round": dict(self.down),
       "clients_per_round": self.clients_per_round,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import numpy as np
 
@@ -369,7 +369,9 @@ class _Simulation:
     self.state, metrics = self.sim.run(self.state, size, final_round=self.rounds, data=chunk_data)
     metrics = fetch(metrics)  # jax.device_get, or a gather of multi-process arrays
     if self.spends:  # the privacy spent by the end of each round
-      metrics["epsilon"] = self.sim.config.uplink.epsilon(np.arange(done + 1, done + size + 1))
+      link = self.sim.config.uplink
+      assert link is not None  # spends only with a private uplink
+      metrics["epsilon"] = link.epsilon(np.arange(done + 1, done + size + 1))
     self.collected.append(metrics)
     self.last_metrics = metrics
     chunk_rows = host.rows(metrics, done, self.labels)
@@ -386,8 +388,10 @@ class _Simulation:
     try:
       raise_if_not_finite(metrics, self.state, done)
     except NonFiniteError as err:
-      store = None if self.chunks is None else self.chunks.store
-      note = data_finiteness_note(self.sim.data, store and store.data_note(err.round))
+      # a streamed run's chunks read a checked store (_start_streamed)
+      store = None if self.chunks is None else cast(streaming.CheckedStore, self.chunks.store)
+      streamed = None if store is None else store.data_note(err.round)
+      note = data_finiteness_note(self.sim.data, streamed)
       err.args = (f"{err.args[0]} {note}",) + err.args[1:]
       if self.ckpt is not None:
         before = self.collected[:-1]

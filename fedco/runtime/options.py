@@ -9,7 +9,7 @@ the run's :class:`~fedco.runtime.config.RunConfig`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import jax
 
@@ -134,7 +134,11 @@ class SimOptions:
   metrics_data: Optional[PyTree] = None
 
   @classmethod
-  def of(cls, options: Optional["SimOptions"] = None, settings: Mapping[str, Any] = ()):
+  def of(
+    cls,
+    options: Optional["SimOptions"] = None,
+    settings: Union[Mapping[str, Any], Iterable[Tuple[str, Any]]] = (),
+  ):
     """``options`` (default: all defaults) with ``settings`` (field -> value) replaced.
 
     Raises:

@@ -321,7 +321,7 @@ class StateStore:
     temporary ``fedco-client-state-*`` folder that :meth:`close` removes; brought to round
     ``done`` (:meth:`recover`)."""
     temporary = folder is None
-    directory = temporary_folder() if temporary else folder
+    directory = temporary_folder() if folder is None else folder  # folder is None: temporary
     try:
       store = cls(directory, fresh, num_clients, run=run, create=done == 0, durable=not temporary)
     except BaseException:
@@ -363,7 +363,8 @@ class StateStore:
       raise ValueError(f"directory {directory!r} holds no client state (no store.json)")
     meta = state_files.load_meta(os.path.join(directory, state_files.META))
     treedef = jax.tree.structure(fresh(like))
-    names = [f"arr_{i}" for i in range(treedef.num_leaves)]
+    # jaxlib's PyTreeDef (a C extension) has no stubs
+    names = [f"arr_{i}" for i in range(treedef.num_leaves)]  # type: ignore[attr-defined]
     leaves = state_files.load_arrays(os.path.join(directory, state_files.FRESH), names)
     store = cls(
       directory,

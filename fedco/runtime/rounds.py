@@ -12,7 +12,7 @@ keep a uniformly random round's model, and evaluate.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -260,6 +260,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   if plan.round_start:
     channel = None
     if up is not None and up.fields(plan.round_start):
+      assert k_up is not None  # set whenever there is an uplink
       channel = (ust, jax.random.fold_in(k_up, 0), ids, alive)
     cst, sent = _refresh_inner(cfg, cst, state.server["params"], ckeys, views, w, channel)
     ust = ust if sent is None else sent
@@ -282,7 +283,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     else {f: jax.tree.map(lambda a: a[0], get_field(cst, f)) for f in plan.every_step}
   )
   uploads = {"params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}}
-  client_losses = functools.partial(_client_losses, cfg, data)
+  client_losses: Callable[..., Any] = functools.partial(_client_losses, cfg, data)
   if up is not None:
     uploads, ust = _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive)
     if up.private:

@@ -22,7 +22,7 @@ how clients are laid out over devices. One seed gives one result.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -278,7 +278,7 @@ class Simulator:
       return size(f) * itemsize(f)
 
     up_bytes = {f: messages[f] * message_bytes(f) for f in up}
-    down_bytes = {f: down[f] * itemsize(f) for f in down}
+    down_bytes: Dict[str, float] = {f: down[f] * itemsize(f) for f in down}
     per_step_bytes = {f: message_bytes(f) for f in self.plan.every_step}
     return Ledger(
       up,

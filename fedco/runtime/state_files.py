@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import numpy as np
 
@@ -226,7 +226,7 @@ class Disk:
 
   def load_journal(self, round_: int) -> Journal:
     arrays = load_arrays(self.path(f"journal-{round_}.npz"), Journal._fields)
-    j = Journal(**arrays)
+    j = Journal(**cast(Dict[str, Any], arrays))  # 0-d arrays for the ints until _replace
     return j._replace(
       round=int(j.round),
       base=int(j.base),

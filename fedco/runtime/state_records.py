@@ -38,7 +38,8 @@ def arrays_crc(arrays: Dict[str, np.ndarray], crc: int = 0) -> int:
   for name in sorted(arrays):
     a = np.ascontiguousarray(arrays[name])
     crc = zlib.crc32(f"{name}{a.shape}{a.dtype.str}".encode(), crc)
-    crc = zlib.crc32(a.reshape(-1).view(np.uint8), crc)
+    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+    crc = zlib.crc32(a.reshape(-1).view(np.uint8), crc)  # type: ignore[arg-type]
   return crc
 
 
@@ -68,7 +69,12 @@ def earlier_version(directory) -> ValueError:
 def save_arrays(path, arrays: Dict[str, np.ndarray]) -> None:
   """``arrays`` and their checksum ``crc`` into the ``.npz`` file ``path``, atomically."""
   sums = np.uint32(arrays_crc(arrays))
-  io.atomic_write(path, lambda f: np.savez(f, **arrays, crc=sums), mode="wb")
+  # mypy matches **arrays against savez's allow_pickle: bool keyword too
+  io.atomic_write(
+    path,
+    lambda f: np.savez(f, **arrays, crc=sums),  # type: ignore[arg-type]
+    mode="wb",
+  )
 
 
 def load_arrays(path, names) -> Dict[str, np.ndarray]:

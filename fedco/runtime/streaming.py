@@ -312,6 +312,7 @@ def initial_means(cfg, fields, store: ClientStore, params, key, block: int = 0):
     total = part if total is None else jax.tree.map(jnp.add, total, part)
   up = cfg.uplink
   if up is not None and up.private:
+    assert total is not None  # starts holds at least one block
     k_noise = jax.random.fold_in(k_init, rounds_lib.UPLINK_STREAM)  # init_state's
     keys = {f: jax.random.fold_in(k_noise, i) for i, f in enumerate(cfg.plan.init_fields)}
     total = {f: up.init_noise(f, v, jnp.max(weights), keys[f]) for f, v in total.items()}

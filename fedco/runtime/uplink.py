@@ -16,7 +16,7 @@ run without ``compression`` and ``privacy`` is bit-identical to one before they 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
 
 import jax
 import jax.numpy as jnp
@@ -180,6 +180,7 @@ class Uplink:
     if self.noise_multiplier and field in self.clip:
       nkey = jax.random.fold_in(key, 1)
       one = jax.tree.map(lambda a: a[0], deltas)  # one upload's shapes
+      std: Union[float, jax.Array]
       if shared_noise:
         std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
         noise = _noise(one, std, nkey)
@@ -311,7 +312,8 @@ def _clip(algorithm, privacy) -> Dict[str, float]:
       raise ValueError(
         f"privacy.clip names {unknown}, which {algorithm.name} does not send; it sends {list(sent)}"
       )
-  return {f: float(privacy.clip_of(f)) for f in sent}
+  # no field is missing: every clip_of(f) is a number
+  return {f: float(cast(float, privacy.clip_of(f))) for f in sent}
 
 
 def make_uplink(

@@ -213,7 +213,7 @@ def chunk_program(cfg, axes, final_round: int, **jit_kwargs):
 
 def divergences(frozen, metrics) -> List[Optional[Dict[str, Any]]]:
   """``None`` or ``{"round", "quantity"}`` per run from the freeze rounds (1-based)."""
-  out = []
+  out: List[Optional[Dict[str, Any]]] = []
   for r, round_ in enumerate(np.asarray(frozen).tolist()):
     if round_ == 0:
       out.append(None)

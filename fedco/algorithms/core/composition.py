@@ -141,7 +141,7 @@ class InjectedServerState(NamedTuple):
     ([1.5, 1.5], 1)
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # NamedTuple field shadows tuple.count
   hyperparams: dict
   inner_state: Any
 
@@ -273,7 +273,8 @@ def inject_hyperparams(
       server=as_aggregator(template.server)._replace(init=server_init, update=server_update),
     )
 
-  build.static_args = tuple(sorted(static))
+  # typeshed's functools.wraps result type (_Wrapped) declares no function attributes
+  build.static_args = tuple(sorted(static))  # type: ignore[attr-defined]
   return build
 
 

@@ -26,7 +26,7 @@ module also names the types of a factory's arguments, ``ScalarOrSchedule`` and
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple, TypeAlias
 
 import optax
 
@@ -288,7 +288,7 @@ class Algorithm(optax.GradientTransformationExtraArgs):
 
 
 #: A learning rate: a number, or an optax schedule ``step -> rate``.
-ScalarOrSchedule = optax.ScalarOrSchedule
+ScalarOrSchedule: TypeAlias = optax.ScalarOrSchedule
 #: The parameter step of a factory's ``optimizer=``: ``None``, an optax transform, or a
 #: factory of the learning rate (``optax.adam``).
 Optimizer = Optional[Any]
