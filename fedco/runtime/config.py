@@ -44,7 +44,8 @@ class RunConfig:
   algorithm: Algorithm
   layout: Any  # a layouts.Compact or layouts.Resident
   num_clients: int
-  options: SimOptions  # checked: clients_per_round an int, outer_batch_size resolved, ...
+  options: SimOptions  # checked: clients_per_round an int, outer_batch_size resolved, no
+  # metrics_data (the Simulator holds it, placed on its devices)
   uplink: Optional[Any] = None  # an uplink.Uplink: codecs and privacy of the uploads
 
   def __getattr__(self, name: str):
@@ -145,6 +146,7 @@ def make_config(
     straggler_prob=straggler_prob,
     local_epochs=local_epochs,
     client_chunk=client_chunk,
+    metrics_data=None,  # the simulator's, placed on its devices: no host copy held here
   )
   return RunConfig(problem, algorithm, layout, n, checked, link)
 
