@@ -100,6 +100,12 @@ def test_resume_refuses_a_checkpoint_past_the_requested_rounds(tmp_path):
   run(4)
   with pytest.raises(ValueError, match="past rounds"):
     run(2)
+  # the refused run let its lock go: another process takes it at once
+  take = f"from fedco.io import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire().release()"
+  taken = helpers.run(
+    [sys.executable, "-c", take], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
+  assert taken.returncode == 0, taken.stderr[-2000:]
   resumed = run(4)  # nothing left to do: the stored run comes back whole
   assert resumed.metrics["objective"].shape == (4,)
 

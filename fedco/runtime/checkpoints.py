@@ -12,6 +12,7 @@ checkpoint is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -45,6 +46,16 @@ class _Locked:
       self.ckpt = checkpoint_lib.Checkpointer(directory, keep=keep)
     except BaseException:
       self.lock.release()
+      raise
+
+  @contextlib.contextmanager
+  def _closed_on_error(self):
+    """Closes the checkpointer and releases the lock when what it wraps fails (a restore:
+    the run never starts, so nothing else would)."""
+    try:
+      yield
+    except BaseException:
+      self.close()
       raise
 
   def _check_rounds(self, done: int, rounds: int) -> None:
@@ -84,7 +95,8 @@ class RunCheckpoint(_Locked):
   and (with :attr:`states`) the client state on disk, journaled with each checkpoint."""
 
   def __init__(self, directory, *, keep: int, every: int, sim, state, seed):
-    state = paging.compact(state)  # pages: one row (their count follows the chunks)
+    # pages: one row (their count follows the chunks); the template restores take
+    self.template = state = paging.compact(state)
     super().__init__(
       directory,
       keep,
@@ -95,27 +107,30 @@ class RunCheckpoint(_Locked):
     self.states: Optional[paging.StateStore] = None
 
   def restore(
-    self, state, rounds: int, mismatch: str
+    self, rounds: int, mismatch: str
   ) -> Tuple[int, Any, List[Dict[str, Any]], List[Dict[str, Any]]]:
     """``(done, state, collected, host_rows)`` from the newest intact checkpoint, or
-    ``(0, state, [], [])`` where there is none (or another run's, with ``mismatch``
-    ``"restart"``: those are deleted). ``state`` is compacted either way (pages: one row)."""
+    ``(0, template, [], [])`` where there is none (or another run's, with ``mismatch``
+    ``"restart"``: those are deleted), the template being the compacted initial state.
+    A restore that fails closes this checkpoint (the lock is released)."""
     from fedco import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
 
-    state = paging.compact(state)
-    if self.ckpt.latest_round() is None:
-      return 0, state, [], []
-    try:
-      done, state, history, host_rows = self.ckpt.restore(state, with_host_rows=True, run=self.run)
-    except checkpoint_lib.RunMismatchError:
-      if mismatch == "error":
-        raise
-      self.ckpt.delete_all()
-      return 0, state, [], []
-    self._check_rounds(done, rounds)
-    if done:
-      self._say_resumed(done)
-    return done, state, [history] if history else [], host_rows
+    with self._closed_on_error():
+      if self.ckpt.latest_round() is None:
+        return 0, self.template, [], []
+      try:
+        done, state, history, rows = self.ckpt.restore(
+          self.template, with_host_rows=True, run=self.run
+        )
+      except checkpoint_lib.RunMismatchError:
+        if mismatch == "error":
+          raise
+        self.ckpt.delete_all()
+        return 0, self.template, [], []
+      self._check_rounds(done, rounds)
+      if done:
+        self._say_resumed(done)
+      return done, state, [history] if history else [], rows
 
   def save(self, round_: int, state, metrics, host_rows) -> None:
     """A checkpoint of ``round_``; the client state on disk is journaled before it."""
@@ -136,6 +151,8 @@ class SweepCheckpoint(_Locked):
   metrics so far."""
 
   def __init__(self, directory, keep, every, sim, runs, inputs, template):
+    self.template = template  # (states, frozen): what a restore fills
+
     def describe():
       first = jax.tree.map(lambda a: a[0], template[0])  # run 0's: the problem's probe
       description = fingerprint.describe_run(
@@ -149,15 +166,17 @@ class SweepCheckpoint(_Locked):
 
     super().__init__(directory, keep, every, describe)
 
-  def restore(self, rounds, template):
+  def restore(self, rounds):
     """``(done, state, collected)`` from the newest intact checkpoint, or
-    ``(0, template, {})`` where there is none."""
-    if self.ckpt.latest_round() is None:
-      return 0, template, {}
-    done, state, history = self.ckpt.restore(template, run=self.run)
-    self._check_rounds(done, rounds)
-    self._say_resumed(done)
-    return done, state, history
+    ``(0, template, {})`` where there is none. A restore that fails closes this checkpoint
+    (the lock is released)."""
+    with self._closed_on_error():
+      if self.ckpt.latest_round() is None:
+        return 0, self.template, {}
+      done, state, history = self.ckpt.restore(self.template, run=self.run)
+      self._check_rounds(done, rounds)
+      self._say_resumed(done)
+      return done, state, history
 
   def save(self, done, state, collected):
     self.ckpt.save(done, state, collected, run=self.run)

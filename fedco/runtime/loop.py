@@ -14,7 +14,6 @@ from typing import Any, Dict, List, Optional, cast
 import numpy as np
 
 from fedco import _validate
-from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
@@ -232,37 +231,36 @@ def simulate(
   for action in actions:  # before anything is opened or locked
     if not isinstance(action, host.RoundAction):
       raise ValueError(f"actions must be fedco.runtime.host.RoundAction s, got {action!r}")
-  options = _over_rounds(SimOptions.of(options, settings), rounds)
+  options = SimOptions.of(options, settings).over(rounds)
   store = data if isinstance(data, ClientStore) else None
   sim = Simulator(problem, algorithm, data if store is None else streaming.template(store), options)
   if store is None:
     state, chunks = sim.init(params, seed), None
   else:  # streamed clients: built on a template, each chunk read in turn
     state, chunks = _start_streamed(sim, store, params, seed, rounds, chunk)
-  run = _Simulation(sim, state, chunks, rounds, chunk, actions, check_finite, metric_writers)
-  run.labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
-  run.progress_metric = progress_metric
+  labels = {"algorithm": algorithm.name} if metric_labels is None else dict(metric_labels)
+  run = _Simulation(
+    sim,
+    state,
+    chunks,
+    rounds,
+    chunk,
+    actions,
+    check_finite,
+    metric_writers,
+    labels,
+    progress_metric,
+  )
   if checkpoint_dir is not None:
     every = checkpoints.every_round(checkpoint_every, chunk)
     run.ckpt = checkpoints.RunCheckpoint(
       checkpoint_dir, keep=keep_checkpoints, every=every, sim=sim, state=state, seed=seed
     )
-    try:
-      run.done, run.state, run.collected, run.host_metrics = run.ckpt.restore(
-        state, rounds, checkpoint_mismatch
-      )
-    except BaseException:
-      run.ckpt.close()
-      raise
+    run.done, run.state, run.collected, run.host_metrics = run.ckpt.restore(
+      rounds, checkpoint_mismatch
+    )
   run.rewind_writers()
   return driver.drive(run, rounds, run.done, progress=progress, progress_metric=progress_metric)
-
-
-def _over_rounds(options: SimOptions, rounds: int) -> SimOptions:
-  """``options`` with a target epsilon's privacy spent over ``rounds``."""
-  if isinstance(options.privacy, privacy_lib.ClientDP):
-    return dataclasses.replace(options, privacy=options.privacy.over(rounds))
-  return options
 
 
 def _start_streamed(sim, store: ClientStore, params, seed, rounds: int, chunk_rounds: int):
@@ -306,7 +304,6 @@ class _Simulation:
   done: int = 0
   collected: List[Dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
   host_metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-  last_rows: list = dataclasses.field(default_factory=list)
   last_metrics: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):

@@ -157,5 +157,14 @@ class SimOptions:
       )
     return dataclasses.replace(options or cls(), **settings)
 
+  def over(self, rounds: int) -> "SimOptions":
+    """These options with a ``privacy`` given a target epsilon spent over ``rounds`` (as
+    :func:`fedco.simulate` and :func:`fedco.sweep` do; other options unchanged)."""
+    from fedco import privacy as privacy_lib  # pylint: disable=g-import-not-at-top
+
+    if isinstance(self.privacy, privacy_lib.ClientDP):
+      return dataclasses.replace(self, privacy=self.privacy.over(rounds))
+    return self
+
 
 __all__ = ["DEFAULT_BATCH_SIZE", "SimOptions"]

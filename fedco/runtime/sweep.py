@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedco import _validate
-from fedco import privacy as privacy_lib
 from fedco.algorithms.base import Algorithm, inject_hyperparams
 from fedco.runtime import checkpoints, driver, host, sweep_io, vmapped
 from fedco.runtime.loop import SimulationResult
@@ -314,9 +313,7 @@ def sweep(
   labels = [dict(l) for l in (runs if metric_labels is None else metric_labels)]
   if len(labels) != len(runs):
     raise ValueError(f"metric_labels must hold one dict per run ({len(runs)}), got {len(labels)}")
-  options = SimOptions.of(options, settings)
-  if isinstance(options.privacy, privacy_lib.ClientDP):
-    options = dataclasses.replace(options, privacy=options.privacy.over(rounds))
+  options = SimOptions.of(options, settings).over(rounds)
   metrics_data = options.metrics_data  # per run (a PerSeed) or shared: placed below
   options = dataclasses.replace(options, metrics_data=None)
   devices = 1 if mesh is None else mesh.shape[CLIENTS]
@@ -365,20 +362,25 @@ def sweep(
   frozen = jnp.zeros((len(padded),), jnp.int32)
   if mesh is not None:
     frozen = jax.device_put(frozen, along)
-  job = _Sweep(sim, runs, rounds, chunk, run_chunk, (data, metrics_data), (states, frozen))
-  job.log = sweep_io.RunRows(labels, metric_writers, len(runs))
-  job.name, job.progress_metric = sweep_io.bar_name(labels, algorithm), progress_metric
+  job = _Sweep(
+    sim,
+    runs,
+    rounds,
+    chunk,
+    run_chunk,
+    (data, metrics_data),
+    (states, frozen),
+    log=sweep_io.RunRows(labels, metric_writers, len(runs)),
+    name=sweep_io.bar_name(labels, algorithm),
+    progress_metric=progress_metric,
+  )
   done = 0
   if checkpoint_dir is not None:
     every = checkpoints.every_round(checkpoint_every, chunk)
     job.ckpt = checkpoints.SweepCheckpoint(
       checkpoint_dir, keep_checkpoints, every, sim, runs, (params, data, metrics_data), job.carry
     )
-    try:
-      done, job.carry, job.log.collected = job.ckpt.restore(rounds, job.carry)
-    except BaseException:
-      job.ckpt.close()
-      raise
+    done, job.carry, job.log.collected = job.ckpt.restore(rounds)
   job.log.rewind()
   return driver.drive(
     job, rounds, done, progress=progress, progress_metric=progress_metric, start=start
