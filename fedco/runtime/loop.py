@@ -301,7 +301,7 @@ class _Simulation:
   progress_metric: str = "objective"
   ckpt: Optional[checkpoints.RunCheckpoint] = None
   states: Optional[paging.StateStore] = None
-  done: int = 0
+  done: int = 0  # the rounds a restored checkpoint holds: where the run starts
   collected: List[Dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
   host_metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   last_metrics: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
@@ -342,7 +342,7 @@ class _Simulation:
       if self.ckpt is not None:
         self.ckpt.states = self.states
     if done == 0:
-      self._act(lambda a: a.at_start)
+      self._act(done, lambda a: a.at_start)
 
   def size(self, done: int) -> int:
     size = min(self.chunk, self.rounds - done)
@@ -353,7 +353,6 @@ class _Simulation:
     return size
 
   def step(self, done: int, size: int) -> None:
-    self.done = done
     last_good, chunk_data = self.state, None
     if self.chunks is not None:
       chunk_data = self.chunks.get(done, size)
@@ -397,22 +396,19 @@ class _Simulation:
       raise
 
   def after(self, done: int, stopping: bool) -> Optional[float]:
-    self.done = done
     if self.states is not None:  # the chunk's client state back to the disk
       self.states.write(*paging.pages_of(self.state))
       if self.ckpt is None:
         self.states.apply(done)
-    rows = self._act(lambda a: a.due(done, self.rounds))
+    rows = self._act(done, lambda a: a.due(done, self.rounds))
     if self.ckpt is not None and (self.ckpt.due(done, self.rounds) or stopping):
       self.ckpt.save(done, self.state, _stack(self.collected), self.host_metrics)
     return _shown(self.last_metrics, rows, self.progress_metric)
 
-  def _act(self, due):
+  def _act(self, done: int, due):
     """Run the due actions on the state at round ``done``; write and check their rows."""
     labels = self.labels
-    rows = [
-      r for r in (_act(a, self.state, self.done, labels) for a in self.actions if due(a)) if r
-    ]
+    rows = [r for r in (_act(a, self.state, done, labels) for a in self.actions if due(a)) if r]
     self.host_metrics.extend(rows)
     finite = [row for row in rows if host.finite_row(row)]  # a diverged row is not written
     for writer in self.writers if finite else ():
