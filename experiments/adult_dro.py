@@ -23,8 +23,9 @@ doctorate, non-doctorate and worst test accuracy and the worst training loss.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +100,23 @@ def problem_and_algorithm(config, method, loss, num_clients: int, name: str):
   return problem, algorithm, scale
 
 
-def setup(config):
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every run shares (``setup``'s result; every seed runs on the same clients).
+
+  Attributes:
+    fed: the two training clients (doctorate, other), each example with its owner.
+    tests: each client's test rows, ``{"x", "y"}`` in the order of :data:`CLIENTS`.
+    metrics_fn: ``metrics_fn(params)``: per-client training loss and test accuracy, and
+      the worst and average of them.
+  """
+
+  fed: fedco.FederatedData
+  tests: List[Dict[str, Any]]
+  metrics_fn: Callable
+
+
+def setup(config) -> Shared:
   """Training clients (doctorate, other), each client's test rows and the metrics."""
   data_dir = config.data_dir or fedco.data.adult.DEFAULT_DATA_DIR
   if not os.path.isdir(data_dir):
@@ -128,14 +145,14 @@ def setup(config):
     out["test_acc_worst"] = jnp.minimum(out["test_acc_doctorate"], out["test_acc_other"])
     return out
 
-  return fed, tests, metrics_fn
+  return Shared(fed, tests, metrics_fn)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   """One method's problem form (``method.problem["problem"]``) and algorithm; methods
   without local steps (AFL) run ``rounds * local_steps`` rounds of one step."""
   del seed
-  fed, _, metrics_fn = prepared
+  fed = prepared.fed
   problem, algorithm, scale = problem_and_algorithm(config, method, _loss, len(CLIENTS), "logistic")
   dim = fed.examples["x"].shape[1]
   return runner.Run(
@@ -143,7 +160,7 @@ def build(config, method, seed, prepared) -> runner.Run:
     algorithm,
     fed,
     {"w": jnp.zeros((dim,)), "b": jnp.zeros(())},
-    metrics_fn=metrics_fn,
+    metrics_fn=prepared.metrics_fn,
     rounds=config.rounds * scale,
     eval_every=config.eval_every * scale,
     simulate={"evaluate": False},
@@ -162,7 +179,7 @@ def finish(config, method, seed, result, final) -> None:
 
 
 def summarize(config, outcome) -> Dict[str, Any]:
-  fed, tests, _ = outcome.setup
+  fed, tests = outcome.setup.fed, outcome.setup.tests
   acc = {label: e["test_acc_doctorate"]["mean"] for label, e in outcome.per_method.items()}
   fedavg = acc.get("fedavg")
   summary = {

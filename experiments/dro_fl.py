@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -240,7 +240,42 @@ def make_metrics_fn(stats, gamma=None):
   return metrics_fn
 
 
-def setup(config):
+@dataclasses.dataclass  # not frozen: methods() sets grid after the search (mode "grid")
+class Shared:
+  """What every run shares (``setup``'s result).
+
+  Attributes:
+    splits: ``(train, test)``, the whole splits' ``{"x", "y"}`` arrays.
+    model: ``(model, loss, stats)`` of :func:`logistic_model`.
+    grid: with ``mode = "grid"``, each method's search (:func:`grid_search`), set by
+      :func:`methods`; else ``None``.
+  """
+
+  splits: Tuple[Dict[str, Any], Dict[str, Any]]
+  model: Tuple[Any, Callable, Callable]
+  grid: Optional[Dict[str, Dict[str, Any]]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    fed: the seed's federated split (train, matched validation sets) of :func:`build_data`.
+    params: the seed's initial model.
+    stats: the per-example ``(loss, accuracy)`` function.
+    loss: the per-example loss.
+    clients: the held-out metrics' clients, ``{"train", "val", "test"}``.
+  """
+
+  fed: fedco.data.FederatedDataset
+  params: Any
+  stats: Callable
+  loss: Callable
+  clients: Dict[str, fedco.FederatedData]
+
+
+def setup(config) -> Shared:
   """The train and test splits (checked against the clients' sizes) and the model."""
   splits = load(config)
   need = config.big + (config.num_clients - 1) * config.small
@@ -250,7 +285,7 @@ def setup(config):
       f"most the {splits.train['y'].size} training images of "
       f"{config.dataset}, got {need}"
     )
-  return {"splits": (splits.train, splits.test), "model": logistic_model(class_count(splits))}
+  return Shared((splits.train, splits.test), logistic_model(class_count(splits)))
 
 
 def methods(config, setup) -> List[runner.Method]:
@@ -260,8 +295,8 @@ def methods(config, setup) -> List[runner.Method]:
   gamma = {"gamma": float(config.gamma)}
   found = [dataclasses.replace(m, problem=gamma) for m in runner.methods(config)]
   if config.mode == "grid":
-    setup["grid"] = grid_search(config, setup, found)
-    return [chosen(m, setup["grid"][m.label]["best"]) for m in found]
+    setup.grid = grid_search(config, setup, found)
+    return [chosen(m, setup.grid[m.label]["best"]) for m in found]
   if config.ablation == "none":
     return found
   comfedl = sorted(
@@ -301,10 +336,10 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
   """Each method's best grid point on the ``select_seeds``' validation sets: the highest
   worst-client accuracy at the last evaluated round (the mean over the selection seeds),
   ties broken by the average; a point that diverges on any selection seed is out."""
-  model, loss, stats = setup["model"]
+  model, loss, stats = setup.model
   searches = {m.label: [] for m in found}
   for seed in runner.seeds(config, "select_seeds"):
-    fed, _ = build_data(setup["splits"], config, seed)
+    fed, _ = build_data(setup.splits, config, seed)
     params = models.init_params(model, fed.train.examples["x"][0], seed)
     held_out = {"clients": {"val": fed.val}}  # what the choice sees
     for method in found:
@@ -336,33 +371,34 @@ def grid_search(config, setup, found) -> Dict[str, Dict[str, Any]]:
   return {label: runner.combine(found) for label, found in searches.items()}
 
 
-def prepare(config, seed, setup):
+def prepare(config, seed, setup) -> PerSeed:
   """One seed's clients, held-out sets and initial model."""
-  fed, test_clients = build_data(setup["splits"], config, seed)
-  params = models.init_params(setup["model"][0], fed.train.examples["x"][0], seed)
-  return {
-    "fed": fed,
-    "params": params,
-    "stats": setup["model"][2],
-    "loss": setup["model"][1],
-    "clients": {"train": fed.train, "val": fed.val, "test": test_clients},
-  }
+  model, loss, stats = setup.model
+  fed, test_clients = build_data(setup.splits, config, seed)
+  params = models.init_params(model, fed.train.examples["x"][0], seed)
+  return PerSeed(
+    fed=fed,
+    params=params,
+    stats=stats,
+    loss=loss,
+    clients={"train": fed.train, "val": fed.val, "test": test_clients},
+  )
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
-  gamma, fed = method.problem["gamma"], prepared["fed"]
+  gamma, fed = method.problem["gamma"], prepared.fed
   algorithm = method.build(**gamma_kwargs(method, gamma))
   form = algorithm.problem_kind
   weights_gamma, prior = dro_weights(method, form, gamma, fed.train)
-  held_out = {"clients": prepared["clients"], **({} if prior is None else {"prior": prior})}
+  held_out = {"clients": prepared.clients, **({} if prior is None else {"prior": prior})}
   return runner.Run(
-    make_problem(form, prepared["loss"], gamma, config.num_clients),
+    make_problem(form, prepared.loss, gamma, config.num_clients),
     algorithm,
     train_data(form, fed.train),
-    prepared["params"],
+    prepared.params,
     simulate={"evaluate": False},
-    metrics_fn=make_metrics_fn(prepared["stats"], weights_gamma),
+    metrics_fn=make_metrics_fn(prepared.stats, weights_gamma),
     metrics_data=held_out,
   )
 
@@ -414,7 +450,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
   if is_npz(config.dataset):
     summary["data_sha256"] = outputs.file_digest(config.dataset)
   if config.mode == "grid":
-    found = outcome.setup["grid"]
+    found = outcome.setup.grid
     summary["grid"] = {
       "select_seeds": list(runner.seeds(config, "select_seeds")),
       "score": list(SCORE),

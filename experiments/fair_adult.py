@@ -45,11 +45,13 @@ and per seed; each method's settings) and ``fairness.png``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import jax.numpy as jnp
 
+import fedco
 from fedco import extend
 from fedco.data import adult
 from fedco.experiment import outputs, runner
@@ -108,7 +110,24 @@ def setup(config) -> adult.AdultData:
   return adult.load_adult(data_dir, proxy_noise=config.proxy_noise, seed=0)
 
 
-def prepare(config, seed, base: adult.AdultData):
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    fed: the seed's IID client split of the training rows.
+    params: the initial logistic-regression model.
+    metrics_fn: ``metrics_fn(params, splits)``: accuracy and violations on train and test.
+    splits: ``metrics_fn``'s data, ``{"train", "test"}`` of the seed's proxy groups.
+  """
+
+  fed: fedco.FederatedData
+  params: Any
+  metrics_fn: Callable
+  splits: Dict[str, Dict[str, Any]]
+
+
+def prepare(config, seed, base: adult.AdultData) -> PerSeed:
   """A seed's proxy groups, client split and initial model, and the metrics: accuracy and
   violations (true groups) on train and test; proxy violation and the objective on train."""
   data = adult.resample_proxies(base, proxy_noise=config.proxy_noise, seed=seed)
@@ -132,7 +151,7 @@ def prepare(config, seed, base: adult.AdultData):
     )
     return out
 
-  return (
+  return PerSeed(
     adult.federated_adult(data, config.num_clients, seed),
     fair.init_params(data.num_features),
     metrics_fn,
@@ -142,7 +161,6 @@ def prepare(config, seed, base: adult.AdultData):
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
-  fed, params, metrics_fn, splits = prepared
   algorithm = method.build()
   if algorithm.problem_kind == "plain":  # the unconstrained baseline (see unconstrained)
     problem = fair.unconstrained()
@@ -151,10 +169,10 @@ def build(config, method, seed, prepared) -> runner.Run:
   return runner.Run(
     problem,
     algorithm,
-    fed,
-    params,
-    metrics_fn=metrics_fn,
-    metrics_data=splits,
+    prepared.fed,
+    prepared.params,
+    metrics_fn=prepared.metrics_fn,
+    metrics_data=prepared.splits,
     simulate={"evaluate": False, "clients_per_round": config.clients_per_round or None},
   )
 

@@ -189,12 +189,29 @@ def losses(config, model):
   return loss, pooled
 
 
-def prepare(config, seed, setup):
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    fed: the clients and the held-out split (``setup``'s, the same for every seed).
+    model: the dataset's model (:func:`model_of`).
+    params: the seed's initial model.
+    test: the whole held-out split as device arrays (the metrics' data).
+  """
+
+  fed: fedco.data.FederatedDataset
+  model: Any
+  params: Any
+  test: Dict[str, Any]
+
+
+def prepare(config, seed, setup) -> PerSeed:
   """One seed's initial model; the clients and the held-out split are the setup's."""
   model = model_of(config)
   params = models.init_params(model, setup.train.examples["x"][0], seed)
   test = jax.tree.map(jnp.asarray, dict(setup.test))
-  return {"fed": setup, "model": model, "params": params, "test": test}
+  return PerSeed(fed=setup, model=model, params=params, test=test)
 
 
 def make_metrics_fn(config, pooled):
@@ -229,8 +246,8 @@ def build(config, method, seed, prepared) -> runner.Run:
   """One method's run: the plain problem of the dataset's loss, its algorithm, the pooled
   held-out metrics (no exact objective over the training clients: ``evaluate=False``)."""
   del seed
-  fed = prepared["fed"]
-  loss, pooled = losses(config, prepared["model"])
+  fed = prepared.fed
+  loss, pooled = losses(config, prepared.model)
   simulate: Dict[str, Any] = {"evaluate": False, "clients_per_round": config.clients_per_round}
   if config.local_epochs:
     simulate["local_epochs"] = config.local_epochs
@@ -240,9 +257,9 @@ def build(config, method, seed, prepared) -> runner.Run:
     fedco.plain(loss),
     algorithm_of(config, method, fed),
     fed.train,
-    prepared["params"],
+    prepared.params,
     metrics_fn=make_metrics_fn(config, pooled),
-    metrics_data=prepared["test"],
+    metrics_data=prepared.test,
     simulate=simulate,
     record_keys=KEYS,
   )

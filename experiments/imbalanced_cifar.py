@@ -57,7 +57,8 @@ mean +- std over seeds).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import dataclasses
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -134,34 +135,72 @@ def make_model(config, num_classes: int):
   return LogisticRegression(num_classes)
 
 
-def setup(config):
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every run shares (``setup``'s result).
+
+  Attributes:
+    train: the step-imbalanced training split, ``{"x", "y"}`` (images for the conv nets).
+    test: the test split, likewise.
+    num_classes: the data set's number of classes.
+    model: the Flax model (:func:`make_model`).
+    loss: the per-example cross-entropy ``loss(params, example)``.
+    metrics_fn: ``metrics_fn(params)`` of :func:`metrics_fn_for`.
+    examples: the training split as device arrays, split over the clients per seed.
+  """
+
+  train: Dict[str, Any]
+  test: Dict[str, Any]
+  num_classes: int
+  model: Any
+  loss: Callable
+  metrics_fn: Callable
+  examples: Dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    setup: what every run shares (the loss, the metrics, the training split's size).
+    data: the seed's equal random split of the training rows over the clients.
+    params: the seed's initial model.
+  """
+
+  setup: Shared
+  data: fedco.FederatedData
+  params: Any
+
+
+def setup(config) -> Shared:
   """The data (loaded once), the model, the loss and the metrics every run shares."""
   train, test = load(config)
   num_classes = sources.num_classes(config.dataset)
   if config.model != "linear":
     train, test = as_images(train), as_images(test)
   model = make_model(config, num_classes)
-  return {
-    "train": train,
-    "test": test,
-    "num_classes": num_classes,
-    "model": model,
-    "loss": lambda params, e: cross_entropy(model.apply(params, e["x"]), e["y"]),
-    "metrics_fn": metrics_fn_for(model.apply, train, test, num_classes, config),
-    "examples": {"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])},
-  }
+  return Shared(
+    train=train,
+    test=test,
+    num_classes=num_classes,
+    model=model,
+    loss=lambda params, e: cross_entropy(model.apply(params, e["x"]), e["y"]),
+    metrics_fn=metrics_fn_for(model.apply, train, test, num_classes, config),
+    examples={"x": jnp.asarray(train["x"]), "y": jnp.asarray(train["y"])},
+  )
 
 
-def prepare(config, seed, setup):
+def prepare(config, seed, setup) -> PerSeed:
   """The seed's equal random split over the clients and its initial model."""
-  examples = setup["examples"]
+  examples = setup.examples
   parts = partition.iid(len(examples["y"]), config.num_clients, seed)
-  return {
-    **setup,
-    "data": fedco.FederatedData.from_index_lists(examples, parts),
+  return PerSeed(
+    setup=setup,
+    data=fedco.FederatedData.from_index_lists(examples, parts),
     # one compiled program (op by op, each layer's initializer would compile on its own)
-    "params": jax.jit(setup["model"].init)(jax.random.PRNGKey(seed), examples["x"][0]),
-  }
+    params=jax.jit(setup.model.init)(jax.random.PRNGKey(seed), examples["x"][0]),
+  )
 
 
 def schedule(config, method: runner.Method):
@@ -176,10 +215,8 @@ def build(config, method, seed, prepared) -> runner.Run:
   """One run: the method on the scheduled rate and the KL-DRO problem, or the plain loss for
   a method of plain problems (FastDRO and primal-dual SGD weight the examples themselves)."""
   del seed
-  loss = prepared["loss"]
-  extra = (
-    {"num_examples": len(prepared["train"]["y"])} if method.algorithm == "primal_dual_dro" else {}
-  )
+  loss, train = prepared.setup.loss, prepared.setup.train
+  extra = {"num_examples": len(train["y"])} if method.algorithm == "primal_dual_dro" else {}
   algorithm = method.build(learning_rate=schedule(config, method), **extra)
   if algorithm.problem_kind == "plain":
     problem = fedco.plain(loss)
@@ -188,9 +225,9 @@ def build(config, method, seed, prepared) -> runner.Run:
   return runner.Run(
     problem,
     algorithm,
-    prepared["data"],
-    prepared["params"],
-    metrics_fn=prepared["metrics_fn"],
+    prepared.data,
+    prepared.params,
+    metrics_fn=prepared.setup.metrics_fn,
     simulate={"evaluate": False},
   )
 
@@ -262,9 +299,9 @@ def summarize(config, outcome) -> Dict[str, Any]:
     "rounds": config.rounds,
     "num_clients": config.num_clients,
     "data": {
-      "train_examples": int(len(s["train"]["y"])),
-      "test_examples": int(len(s["test"]["y"])),
-      "num_classes": s["num_classes"],
+      "train_examples": int(len(s.train["y"])),
+      "test_examples": int(len(s.test["y"])),
+      "num_classes": s.num_classes,
     },
   }
 

@@ -43,8 +43,9 @@ mean, standard error and on how many seeds it is ahead.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +117,27 @@ def setup(config):
   return fedco.data.load_sqlite(*files, "emnist", max_clients=cap)
 
 
-def prepare(config, seed, setup):
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    fed: the seed's clients (a new Synthetic draw, or ``setup``'s from the files).
+    params: the seed's initial model.
+    loss: the per-example training loss.
+    stats: the per-example statistics of :func:`make_metrics_fn` (loss, accuracy; the
+      LSTM's: loss, hits, scored targets).
+    model: the model's name: ``"logistic"``, ``"cnn"`` or ``"lstm"``.
+  """
+
+  fed: fedco.data.FederatedDataset
+  params: Any
+  loss: Callable
+  stats: Callable
+  model: str
+
+
+def prepare(config, seed, setup) -> PerSeed:
   """One seed's clients (a new Synthetic draw, or the files' clients) and initial model."""
   if setup is None:
     kwargs = {"num_users": config.num_users or 30, "seed": seed}
@@ -131,7 +152,7 @@ def prepare(config, seed, setup):
   else:
     model, loss, stats = dro_fl.logistic_model(fed.num_classes)
   params = models.init_params(model, _image(fed.train.examples["x"][0], kind), seed)
-  return {"fed": fed, "params": params, "loss": loss, "stats": stats, "model": kind}
+  return PerSeed(fed=fed, params=params, loss=loss, stats=stats, model=kind)
 
 
 def _image(x, kind):
@@ -240,16 +261,16 @@ def build(config, method, seed, prepared) -> runner.Run:
   """One method's problem form and algorithm; AFL (one local step) runs ``rounds *
   local_steps`` rounds."""
   del seed
-  fed = prepared["fed"]
+  fed = prepared.fed
   problem, algorithm, scale = adult_dro.problem_and_algorithm(
-    config, method, prepared["loss"], fed.num_clients, "cross_entropy"
+    config, method, prepared.loss, fed.num_clients, "cross_entropy"
   )
   return runner.Run(
     problem,
     algorithm,
     fed.train.with_owner(),  # the log form's inner function reads each example's client
-    prepared["params"],
-    metrics_fn=make_metrics_fn(prepared["stats"], pooled=prepared["model"] == "lstm"),
+    prepared.params,
+    metrics_fn=make_metrics_fn(prepared.stats, pooled=prepared.model == "lstm"),
     metrics_data={"train": fed.train, "val": fed.val},
     rounds=config.rounds * scale,
     eval_every=config.eval_every * scale,

@@ -59,12 +59,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fedco
 from fedco import extend
 from fedco.data import omniglot as omniglot_data
 from fedco.experiment import outputs, runner
@@ -225,7 +226,50 @@ def load(config) -> omniglot_data.OmniglotData:
     ) from None
 
 
-def setup(config) -> Dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every run shares (``setup``'s result).
+
+  Attributes:
+    data: the Omniglot arrays.
+    split: the alphabet split (train, val, test alphabets).
+    val: the validation tasks (one episode, the same for every seed and method).
+    test: ``test(params) -> accuracy`` on the test tasks, or ``None`` without test tasks.
+    model: the CNN.
+    meta: the MAML problem's helper (:class:`TaskMAML`).
+    problem: the MAML problem.
+  """
+
+  data: omniglot_data.OmniglotData
+  split: omniglot_data.AlphabetSplit
+  val: Dict[str, Any]
+  test: Optional[Callable[[Any], float]]
+  model: OmniglotCNN
+  meta: TaskMAML
+  problem: fedco.Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result): ``fedco.simulate``'s arguments.
+
+  Attributes:
+    problem: the MAML problem (``setup``'s).
+    data: the seed's client episodes.
+    params: the seed's initial model.
+    metrics_fn: ``metrics_fn(params, chunks)``: loss and accuracy after adaptation on the
+      training and validation tasks.
+    metrics_data: ``metrics_fn``'s tasks (:func:`chunked`).
+  """
+
+  problem: fedco.Problem
+  data: fedco.FederatedData
+  params: Any
+  metrics_fn: Callable
+  metrics_data: Dict[str, Any]
+
+
+def setup(config) -> Shared:
   """The Omniglot arrays and alphabet split (``FileNotFoundError`` when missing), the
   validation and test tasks (one set for every run), the model and the MAML problem."""
   data = load(config)
@@ -236,23 +280,16 @@ def setup(config) -> Dict[str, Any]:
     data, split.val, EVAL_SEED, stream=1, num_tasks=config.val_tasks, **_tasks(config)
   )
   model, meta = make_model(config)
-  out = {
-    "data": data,
-    "split": split,
-    "val": val,
-    "test": None,
-    "model": model,
-    "meta": meta,
-    "problem": meta.problem("omniglot_maml"),
-  }
+  problem = meta.problem("omniglot_maml")
+  test = None
   if config.test_tasks and split.test:
-    test = omniglot_data.evaluation_episode(
+    episode = omniglot_data.evaluation_episode(
       data, split.test, EVAL_SEED, stream=2, num_tasks=config.test_tasks, **_tasks(config)
     )
-    chunks = jax.tree.map(jnp.asarray, chunked([test], _chunk_size(config, config.test_tasks)))
+    chunks = jax.tree.map(jnp.asarray, chunked([episode], _chunk_size(config, config.test_tasks)))
     test_eval = jax.jit(lambda p, c: evaluate(meta, p, c, config.eval_inner_steps, 1))
-    out["test"] = lambda params: float(test_eval(params, chunks)["acc"][0])
-  return out
+    test = lambda params: float(test_eval(params, chunks)["acc"][0])
+  return Shared(data, split, val, test, model, meta, problem)
 
 
 def _tasks(config):
@@ -264,12 +301,12 @@ def _tasks(config):
   }
 
 
-def prepare(config, seed, setup) -> Dict[str, Any]:
+def prepare(config, seed, setup) -> PerSeed:
   """A seed's client episodes, initial model and metrics (``fedco.simulate``'s arguments):
   the training metrics on the first pre-drawn episode of every client."""
   fed = omniglot_data.federated(
-    setup["data"],
-    setup["split"].train,
+    setup.data,
+    setup.split.train,
     seed,
     tasks_per_episode=config.tasks_per_episode,
     episodes_per_client=config.episodes_per_client,
@@ -282,8 +319,8 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
     if k != "task_weight"
   }
   sizes = (train["support_x"].shape[0], config.val_tasks)
-  chunks = jax.tree.map(jnp.asarray, chunked([train, setup["val"]], _chunk_size(config, *sizes)))
-  meta = setup["meta"]
+  chunks = jax.tree.map(jnp.asarray, chunked([train, setup.val], _chunk_size(config, *sizes)))
+  meta = setup.meta
 
   def metrics_fn(w, chunks):  # the tasks are an argument: every seed's run is one program
     out = evaluate(meta, w, chunks, config.eval_inner_steps, 2)  # 0: training, 1: validation
@@ -295,20 +332,24 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
     }
 
   shape = (omniglot_data.IMAGE_SIZE, omniglot_data.IMAGE_SIZE, 1)
-  return {
-    "problem": setup["problem"],
-    "data": fed,
-    "metrics_fn": metrics_fn,
-    "metrics_data": chunks,
-    "params": init_cnn(setup["model"], shape, seed),
-  }
+  return PerSeed(
+    problem=setup.problem,
+    data=fed,
+    metrics_fn=metrics_fn,
+    metrics_data=chunks,
+    params=init_cnn(setup.model, shape, seed),
+  )
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
   return runner.Run(
-    algorithm=method.build(),
-    **prepared,
+    prepared.problem,
+    method.build(),
+    prepared.data,
+    prepared.params,
+    metrics_fn=prepared.metrics_fn,
+    metrics_data=prepared.metrics_data,
     record_keys=RECORD_KEYS,
     simulate={"paired_batches": True, "evaluate": False},
     **runner.same_iterations(config, method),
@@ -324,9 +365,9 @@ def summarize(config, outcome) -> Dict[str, Any]:
   """``test_acc`` of every final model (a table column when there are test tasks), the
   setting, the alphabets and ``local_scgdm_val_acc_above_<label>`` per seed."""
   s, finals = outcome.setup, outcome.finals
-  if s["test"] is not None:
+  if s.test is not None:
     for (label, seed), result in outcome.results.items():
-      finals[label][seed]["test_acc"] = s["test"](result.params)
+      finals[label][seed]["test_acc"] = s.test(result.params)
     outcome.per_method, outcome.table = outputs.seed_statistics(finals, TABLE_KEYS + ("test_acc",))
   summary = {
     "setting": f"{config.ways}-way {config.shots}-shot",
@@ -342,7 +383,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
           seed: val("local_scgdm", seed) > val(other, seed) for seed in outcome.seeds
         }
   summary["alphabets"] = {
-    part: [s["data"].alphabet_names[a] for a in getattr(s["split"], part)]
+    part: [s.data.alphabet_names[a] for a in getattr(s.split, part)]
     for part in ("train", "val", "test")
   }
   return summary

@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -268,32 +268,64 @@ def build_data(splits, config, rho: float, seed: int):
   )
 
 
-def setup(config):
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every run shares (``setup``'s result).
+
+  Attributes:
+    splits: the train and test splits (:func:`load_splits`).
+    model: the CNN.
+    apply_fn: the CNN's apply function.
+    evaluator: the jitted evaluation of :func:`make_evaluator`.
+    sizes: ``{seed: {"train", "val": client sizes}}``, filled in by :func:`prepare`.
+  """
+
+  splits: sources.Splits
+  model: models.CNN4
+  apply_fn: Callable
+  evaluator: Callable
+  # a dict that prepare() fills in (each seed's sizes), for summarize() to report
+  sizes: Dict[int, Dict[str, List[int]]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result).
+
+  Attributes:
+    apply_fn: the CNN's apply function (``setup``'s).
+    evaluator: the jitted evaluation (``setup``'s).
+    data: ``{rho: the seed's clients}`` for every ``rho`` the runs take.
+    params: the seed's initial model.
+  """
+
+  apply_fn: Callable
+  evaluator: Callable
+  data: Dict[float, fedco.data.FederatedDataset]
+  params: Any
+
+
+def setup(config) -> Shared:
   """The data (loaded once), the model and its evaluator; ``sizes`` collects each seed's
   client sizes."""
   model, apply_fn, evaluator = _model(config.filters, config.conv_impl, config.eval_chunk)
-  return {
-    "splits": load_splits(config),
-    "model": model,
-    "apply_fn": apply_fn,
-    "evaluator": evaluator,
-    "sizes": {},
-  }
+  return Shared(load_splits(config), model, apply_fn, evaluator)
 
 
-def prepare(config, seed, setup):
+def prepare(config, seed, setup) -> PerSeed:
   """The seed's clients for every ``rho`` run (the first one's sizes recorded) and its
   initial model."""
   rhos = (
     runner.ablation(config, ABLATION_DEFAULTS) if config.ablation == "rho" else (float(config.rho),)
   )
-  data = {rho: build_data(setup["splits"], config, rho, seed) for rho in rhos}
-  setup["sizes"][seed] = {
+  data = {rho: build_data(setup.splits, config, rho, seed) for rho in rhos}
+  setup.sizes[seed] = {
     "train": data[rhos[0]].train_sizes().tolist(),
     "val": data[rhos[0]].val_sizes().tolist(),
   }
-  shape = tuple(setup["splits"].train["x"].shape[1:])
-  return {**setup, "data": data, "params": models.init_cnn(setup["model"], shape, seed)}
+  shape = tuple(setup.splits.train["x"].shape[1:])
+  params = models.init_cnn(setup.model, shape, seed)
+  return PerSeed(apply_fn=setup.apply_fn, evaluator=setup.evaluator, data=data, params=params)
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -301,7 +333,7 @@ def build(config, method, seed, prepared) -> runner.Run:
   of the problem's ``inner_lr`` (``finetune_lr`` on the cross-entropy; Ditto's personal
   models as they are)."""
   del seed
-  apply_fn, fed = prepared["apply_fn"], prepared["data"][method.problem["rho"]]
+  apply_fn, fed = prepared.apply_fn, prepared.data[method.problem["rho"]]
   fields, loss = method.problem["problem"], models.cross_entropy
   # a normalised ComFedL's weights' temperature is the run's DA-MAML gamma
   algorithm = method.build(
@@ -325,15 +357,13 @@ def build(config, method, seed, prepared) -> runner.Run:
   def evaluate(state):
     personal = state.clients.personal if eval_lr is None else None
     row = evaluation_row(
-      *jax.device_get(
-        prepared["evaluator"](state.server["params"], personal, lr, fed.train, fed.val)
-      )
+      *jax.device_get(prepared.evaluator(state.server["params"], personal, lr, fed.train, fed.val))
     )
     if method.algorithm == "tr_maml":
       row["client_weights"] = np.asarray(state.server_opt_state.p)
     return row
 
-  return runner.Run(problem, algorithm, fed.train, prepared["params"], evaluate=evaluate)
+  return runner.Run(problem, algorithm, fed.train, prepared.params, evaluate=evaluate)
 
 
 # ---- evaluation --------------------------------------------------------------------------
@@ -409,7 +439,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
     "per_client": per_client(config),
     "ablation": config.ablation,
     "ablation_values": list(runner.ablation(config, ABLATION_DEFAULTS)),
-    "client_sizes": outcome.setup["sizes"],
+    "client_sizes": outcome.setup.sizes,
   }
 
 

@@ -48,12 +48,13 @@ meta-iterations, mean +- std over seeds) and ``fit.png`` (an unseen task, ``y = 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fedco
 from fedco import extend
 from fedco.data import sinusoid as sinusoid_data
 from fedco.experiment import outputs, runner
@@ -144,7 +145,44 @@ def _episode(arrays):
   return {k: jnp.asarray(v) for k, v in arrays.items() if k not in ("amplitude", "phase")}
 
 
-def setup(config) -> Dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every run shares (``setup``'s result).
+
+  Attributes:
+    model: the MLP.
+    meta: the MAML problem's helper (:class:`fedco.problems.maml.MAML`).
+    test: the unseen test tasks (one episode, the same for every seed and method).
+    problem: the MAML problem.
+  """
+
+  model: MLP
+  meta: MAML
+  test: Dict[str, Any]
+  problem: fedco.Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class PerSeed:
+  """What one seed's runs share (``prepare``'s result): ``fedco.simulate``'s arguments.
+
+  Attributes:
+    problem: the MAML problem (``setup``'s).
+    data: the seed's client episodes.
+    params: the seed's initial model.
+    metrics_fn: ``metrics_fn(params, tasks)``: query MSE after adaptation on the training
+      and test tasks, and before it on the test tasks.
+    metrics_data: ``metrics_fn``'s tasks, ``{"train", "test"}``.
+  """
+
+  problem: fedco.Problem
+  data: fedco.FederatedData
+  params: Any
+  metrics_fn: Callable
+  metrics_data: Dict[str, Any]
+
+
+def setup(config) -> Shared:
   """The model, the MAML problem and the unseen test tasks (one set for every run)."""
   model = MLP(hidden=tuple(int(h) for h in config.hidden), out=1)
   meta = MAML(model.apply, config.inner_lr, config.inner_steps, config.first_order)
@@ -153,15 +191,10 @@ def setup(config) -> Dict[str, Any]:
       TEST_SEED, num_tasks=config.test_tasks, shots=config.shots, query_shots=config.query_shots
     )
   )
-  return {
-    "model": model,
-    "meta": meta,
-    "test": test,
-    "problem": meta.problem("sinusoid_maml"),
-  }
+  return Shared(model=model, meta=meta, test=test, problem=meta.problem("sinusoid_maml"))
 
 
-def prepare(config, seed, setup) -> Dict[str, Any]:
+def prepare(config, seed, setup) -> PerSeed:
   """A seed's client episodes, initial model and metrics (``fedco.simulate``'s arguments)."""
   fed, tasks = sinusoid_data.federated(
     seed,
@@ -176,7 +209,7 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
       tasks, TEST_SEED, shots=config.shots, query_shots=config.query_shots
     )
   )
-  meta = setup["meta"]
+  meta = setup.meta
 
   def metrics_fn(w, d):  # the tasks are an argument: every seed's run is one program
     return {
@@ -185,20 +218,24 @@ def prepare(config, seed, setup) -> Dict[str, Any]:
       "val_mse_before": jnp.mean(meta.adapted_losses(w, d["test"], steps=0)),
     }
 
-  return {
-    "problem": setup["problem"],
-    "data": fed,
-    "params": init_mlp(setup["model"], 1, seed),
-    "metrics_fn": metrics_fn,
-    "metrics_data": {"train": train, "test": setup["test"]},
-  }
+  return PerSeed(
+    problem=setup.problem,
+    data=fed,
+    params=init_mlp(setup.model, 1, seed),
+    metrics_fn=metrics_fn,
+    metrics_data={"train": train, "test": setup.test},
+  )
 
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
   return runner.Run(
-    algorithm=method.build(),
-    **prepared,
+    prepared.problem,
+    method.build(),
+    prepared.data,
+    prepared.params,
+    metrics_fn=prepared.metrics_fn,
+    metrics_data=prepared.metrics_data,
     simulate={"evaluate": False},
     record_keys=RECORD_KEYS,
     **runner.same_iterations(config, method),
@@ -256,7 +293,7 @@ def plot(wd, config, outcome):
       for label in outcome.labels
       if (label, first) in outcome.results
     },
-    outcome.setup["meta"],
+    outcome.setup.meta,
     config,
   )
 

@@ -163,9 +163,9 @@ def test_pooled_shakespeare_accuracy_and_loss_are_hand_counts(shakespeare_dir):
   config = _tiny(shakespeare_config.get_config(), shakespeare_dir, hidden_size=4)
   fed = fo.setup(config)
   prepared = fo.prepare(config, 0, fed)
-  params = _biased(prepared["params"], A, tff.NUM_CLASSES)
-  _, pooled = fo.losses(config, prepared["model"])
-  got = jax.jit(fo.make_metrics_fn(config, pooled))(params, prepared["test"])
+  params = _biased(prepared.params, A, tff.NUM_CLASSES)
+  _, pooled = fo.losses(config, prepared.model)
+  got = jax.jit(fo.make_metrics_fn(config, pooled))(params, prepared.test)
   texts = [s for role in TEST_TEXT.values() for s in role]
   targets = []  # by hand: [BOS, characters, EOS] in rows of 81, each row's first token no target
   for text in texts:
@@ -205,8 +205,8 @@ def test_femnist_writers_from_leaf_files_and_their_pooled_accuracy(femnist_dir, 
   # a model that always says 7: the share of 7s among all held-out images, pooled
   fed = fo.setup(config)
   prepared = fo.prepare(config, 0, fed)
-  _, pooled = fo.losses(config, prepared["model"])
-  got = fo.make_metrics_fn(config, pooled)(_biased(prepared["params"], 7, 62), prepared["test"])
+  _, pooled = fo.losses(config, prepared.model)
+  got = fo.make_metrics_fn(config, pooled)(_biased(prepared.params, 7, 62), prepared.test)
   labels = [0, 7, 3] + [1] + [2, 7]  # the three writers' held-out labels, by hand
   np.testing.assert_allclose(float(got["test_accuracy"]), labels.count(7) / 6, rtol=1e-6)
 

@@ -66,8 +66,8 @@ def test_synthetic_runs_every_method_and_pairs_them_with_fedavg(synthetic_run):
 
 def test_seeds_draw_new_synthetic_users():
   config = _tiny()
-  first = natural_dro.prepare(config, 0, None)["fed"]
-  second = natural_dro.prepare(config, 1, None)["fed"]
+  first = natural_dro.prepare(config, 0, None).fed
+  second = natural_dro.prepare(config, 1, None).fed
   assert first.num_clients == second.num_clients == 4
   assert not np.array_equal(first.train.counts, second.train.counts)
 
@@ -91,7 +91,7 @@ def test_femnist_writers_from_leaf_files(tmp_path, model):
   summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
   assert summary["users"] == 3 and summary["dropped_users"] == 0 and summary["model"] == model
   assert summary["table"][0]["method"] == "fedavg" and "note" not in summary["table"][0]
-  params = natural_dro.prepare(config, 0, natural_dro.setup(config))["params"]["params"]
+  params = natural_dro.prepare(config, 0, natural_dro.setup(config)).params["params"]
   if model == "cnn":  # a 28x28 image of one channel, 2 filters, 62 logits
     assert params["conv_0"]["kernel"].shape == (3, 3, 1, 2)
     assert params["logits"]["kernel"].shape == (2, 62)
@@ -191,7 +191,7 @@ def test_a_role_s_held_out_accuracy_is_pooled_over_its_tokens(tmp_path):
   fed = natural_dro.setup(config)
   prepared = natural_dro.prepare(config, 3, fed)
   model = models.ShakespeareLSTM(hidden_size=4, num_layers=1)
-  params = prepared["params"]
+  params = prepared.params
   hits, scored = np.zeros(3), np.zeros(3)
   means = [[] for _ in range(3)]
   for row, owner in zip(np.asarray(fed.val.flat_rows), np.asarray(fed.val.flat_owner)):
@@ -206,7 +206,7 @@ def test_a_role_s_held_out_accuracy_is_pooled_over_its_tokens(tmp_path):
   # target), CAIN, EVE
   assert scored.tolist() == [3 + 84, 12, 0]
   pooled = hits[:2] / scored[:2]
-  metrics = natural_dro.make_metrics_fn(prepared["stats"], pooled=True)
+  metrics = natural_dro.make_metrics_fn(prepared.stats, pooled=True)
   out = jax.jit(metrics)(params, {"train": fed.train, "val": fed.val})
   np.testing.assert_allclose(out["heldout_acc_worst"], pooled.min(), atol=1e-6)
   np.testing.assert_allclose(out["heldout_acc_avg"], pooled.mean(), atol=1e-6)
@@ -222,25 +222,25 @@ def test_a_sequence_s_loss_in_every_problem_form_is_its_masked_token_cross_entro
   train = fed.train.with_owner()
   row = int(np.flatnonzero((train.examples["y"] == tff.PAD).any(axis=1))[0])  # padded
   example = jax.tree.map(lambda a: a[row], train.examples)
-  logits = np.asarray(model.apply(prepared["params"], example["x"]), np.float64)
+  logits = np.asarray(model.apply(prepared.params, example["x"]), np.float64)
   y = np.asarray(example["y"])
   keep = y != tff.PAD
   tokens = np.log(np.exp(logits).sum(-1)) - logits[np.arange(y.size), y]
   by_hand = tokens[keep].mean()
   assert 0 < keep.sum() < y.size
-  np.testing.assert_allclose(prepared["loss"](prepared["params"], example), by_hand, rtol=1e-5)
-  stats = prepared["stats"](prepared["params"], example)
+  np.testing.assert_allclose(prepared.loss(prepared.params, example), by_hand, rtol=1e-5)
+  stats = prepared.stats(prepared.params, example)
   np.testing.assert_allclose(stats[0], by_hand, rtol=1e-5)
   methods = {m.label: m for m in runner.methods(config)}
   k = int(example["client"])
   for label, scale in (("fedavg", 1.0), ("feddro", 3.0)):  # erm; the log form: K loss e_k
     problem, _, _ = adult_dro.problem_and_algorithm(
-      config, methods[label], prepared["loss"], fed.num_clients, "masked_cross_entropy"
+      config, methods[label], prepared.loss, fed.num_clients, "masked_cross_entropy"
     )
     if problem.inner is None:
-      value = problem.extra(prepared["params"], example)
+      value = problem.extra(prepared.params, example)
     else:
-      value = problem.inner(prepared["params"], example)[k]
+      value = problem.inner(prepared.params, example)[k]
     np.testing.assert_allclose(value, scale * by_hand, rtol=1e-5)
 
 

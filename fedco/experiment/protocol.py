@@ -102,7 +102,9 @@ class Experiment:
     """Its own config fields, checked (``ValueError`` naming ``--config.<field>``)."""
 
   def setup(self, config) -> Any:
-    """What every run shares (data loaded once), passed to :meth:`prepare`."""
+    """What every run shares (data loaded once), passed to :meth:`prepare`: an object of
+    yours (this repository's experiments return a dataclass, ``Shared``, read by attribute;
+    a name close to a hook's, such as ``Setup``, is refused as a misspelled hook)."""
     return None
 
   def methods(self, config, setup) -> Optional[Sequence[Any]]:
@@ -111,7 +113,8 @@ class Experiment:
     return None
 
   def prepare(self, config, seed, setup) -> Any:
-    """What the runs of one seed share (data, initial model): ``setup`` by default."""
+    """What the runs of one seed share (data, initial model): ``setup`` by default (this
+    repository's experiments return a dataclass, ``PerSeed``)."""
     return setup
 
   def build(self, config, method, seed, prepared) -> Any:
