@@ -77,6 +77,7 @@ TITLES = {
   "fedco.data": "Data",
   "fedco.privacy": "Privacy",
   "fedco.compression": "Compression",
+  "fedco.byzantine": "Byzantine robustness",
   "fedco.models": "Models",
   "fedco.extend": "Extension API: your own algorithm",
   "fedco.testing": "Testing kit: check your algorithm",

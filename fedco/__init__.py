@@ -9,6 +9,7 @@ transform; the runtime simulates many clients in one jitted program.
 from fedco import _startup  # noqa: F401  # isort: skip
 from fedco import (
   algorithms,
+  byzantine,
   compression,
   data,
   estimators,
@@ -56,6 +57,7 @@ __all__ = [
   "io",
   "testing",
   "experiment",
+  "byzantine",
   "compression",
   "privacy",
   "data",

@@ -19,6 +19,7 @@ PUBLIC_MODULES = (
   "fedco.data",
   "fedco.privacy",
   "fedco.compression",
+  "fedco.byzantine",
   "fedco.models",
   "fedco.extend",
   "fedco.testing",

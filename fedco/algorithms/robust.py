@@ -66,8 +66,15 @@ class WeightsState(NamedTuple):
 
 
 def _lambda_step(server, lam, client_values, info):
-  """``x - sum_{i in S} (N/m) lambda_i (x - x_i)`` over the round's surviving clients."""
+  """``x - sum_{i in S} (N/m) lambda_i (x - x_i)`` over the round's surviving clients;
+  under a run's aggregation rule, ``x + c RoundInfo.center(x_i - x, (N/m) lambda_i / c)``
+  with ``c = sum_{i in S} (N/m) lambda_i``."""
   coef = (info.num_clients / info.ids.shape[0]) * lam[info.ids] * info.alive_mask
+  if info.combine is not None:
+    total = jnp.sum(coef)
+    changes = jax.tree.map(lambda b, a: b - a[None], client_values["params"], server["params"])
+    center = info.center(changes, coef / jnp.maximum(total, jnp.finfo(coef.dtype).tiny))
+    return jax.tree.map(lambda a, c: a + total.astype(a.dtype) * c, server["params"], center)
   return jax.tree.map(
     lambda a, b: a - jnp.tensordot(coef.astype(a.dtype), a[None] - b, axes=1),
     server["params"],
@@ -319,7 +326,7 @@ def drfa(
     init,
     update,
     plan,
-    extend.ServerAggregator(server_init, server_update, queries_losses=True),
+    extend.ServerAggregator(server_init, server_update, queries_losses=True, combines=True),
     "drfa",
     "plain",
   )
@@ -414,5 +421,10 @@ def afl(
     return {**server, "params": x_new}, WeightsState(extend.project_simplex(lam + eta * losses))
 
   return extend.Algorithm(
-    init, update, plan, extend.ServerAggregator(server_init, server_update), "afl", "plain"
+    init,
+    update,
+    plan,
+    extend.ServerAggregator(server_init, server_update, combines=True),
+    "afl",
+    "plain",
   )

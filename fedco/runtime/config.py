@@ -18,13 +18,13 @@ import numpy as np
 import optax
 from flax import errors as flax_errors
 
-from fedco import _labels, _validate
+from fedco import _labels, _validate, byzantine
 from fedco.algorithms.base import Algorithm, CommPlan, ServerAggregator, as_aggregator
 from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
-from fedco.runtime import layouts, uplink
+from fedco.runtime import layouts, uplink_setup
 from fedco.runtime.checks import check_dtypes, check_kinds, check_scalar
 from fedco.runtime.mesh import check_mesh
 from fedco.runtime.options import DEFAULT_BATCH_SIZE, SimOptions
@@ -62,7 +62,11 @@ class RunConfig:
 
   @property
   def aggregator(self) -> ServerAggregator:
-    return as_aggregator(self.algorithm.server)
+    """The algorithm's server, under the run's aggregation rule when it has one."""
+    rule = None if self.uplink is None else self.uplink.rule
+    if rule is None:
+      return as_aggregator(self.algorithm.server)
+    return byzantine.with_rule(self.algorithm.server, rule)
 
   @property
   def faults(self) -> bool:
@@ -136,7 +140,9 @@ def make_config(
   layout = layouts.for_data(data, m, mesh)
   if client_chunk is not None:
     client_chunk = _check_chunk(algorithm, client_chunk, m, mesh, layout)
-  link = uplink.make_uplink(algorithm, n, m, o.compression, o.privacy)
+  link = uplink_setup.make_uplink(
+    algorithm, n, m, o.compression, o.privacy, o.aggregation, o.byzantine
+  )
   checked = dataclasses.replace(
     o,
     clients_per_round=m,

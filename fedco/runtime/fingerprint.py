@@ -65,6 +65,12 @@ def describe(value) -> Any:
 _CORE = "fedco.algorithms.core."
 
 
+# NamedTuple fields added after runs were fingerprinted that change nothing by themselves:
+# left out, so those runs' checkpoints still resume. ``ServerAggregator.combines`` only
+# says a run's aggregation rule can reach the server (the rule is in the uplink's entry).
+UNDESCRIBED = {("ServerAggregator", "combines")}
+
+
 def describe_callable(value, depth: int = 24, seen=None) -> Any:
   """A JSON-able description of a function or transform by its name and closure constants
   (numbers, arrays by digest, strings), following nested functions, NamedTuples and
@@ -81,7 +87,9 @@ def describe_callable(value, depth: int = 24, seen=None) -> Any:
   if isinstance(value, dict):
     return {str(k): follow(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
   if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (optax transform)
-    return {type(value).__qualname__: {f: follow(getattr(value, f)) for f in value._fields}}
+    name = type(value).__qualname__
+    fields = [f for f in value._fields if (name, f) not in UNDESCRIBED]
+    return {name: {f: follow(getattr(value, f)) for f in fields}}
   if isinstance(value, (list, tuple)):
     return [follow(v) for v in value]
   if callable(value) and hasattr(value, "__code__"):

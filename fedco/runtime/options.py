@@ -94,6 +94,16 @@ class SimOptions:
       a sequential loop. Results equal the default's up to float round-off. For plans
       without ``every_step`` fields, on one device (no ``mesh``). ``None`` (default): every
       client ``vmap``-ed over the ``local_steps`` loop, finished clients masked.
+    aggregation: a :mod:`fedco.byzantine` rule (``coordinate_median()``,
+      ``trimmed_mean(beta)``, ``krum(f)``, ``multi_krum(f, m)``, ``centered_clipping(tau)``,
+      ``mean()``): it replaces every weighted mean the round takes of what clients send, the
+      model's and the plan's state fields' alike (an optax server then moves along the
+      rule's center of the clients' changes; a ``ServerAggregator`` must declare
+      ``combines``: AFL and DRFA do). Under ``privacy`` each client's upload then gets its
+      own noise. ``None`` (default): weighted means.
+    byzantine: a :func:`fedco.byzantine.attack`: a fixed fraction of the clients send
+      sign-flipped, scaled or random uploads in place of the fields it names, inside the
+      compiled round. ``None`` (default): every client is honest.
     metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
       the compiled rounds as an argument: runs that differ only in it compile to one
       program (and a persistent compilation cache serves the others), where arrays a
@@ -131,6 +141,8 @@ class SimOptions:
   privacy: Any = None
   local_epochs: Optional[int] = None
   client_chunk: Optional[int] = None
+  aggregation: Any = None
+  byzantine: Any = None
   metrics_data: Optional[PyTree] = None
 
   @classmethod

@@ -16,7 +16,7 @@ run without ``compression`` and ``privacy`` is bit-identical to one before they 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ import optax
 
 from fedco import compression as compression_lib
 from fedco import privacy as privacy_lib
-from fedco.algorithms.base import as_aggregator, get_field, weighted_client_mean
+from fedco.algorithms.base import get_field, weighted_client_mean
 
 PyTree = Any
 
@@ -44,6 +44,13 @@ class Uplink:
       ``ServerAggregator`` with ``reads_each``), so their noise goes on each upload.
     init_messages: the ``at_init`` fields every client sends once, before round 1 (their
       mean starts every client's trackers); clipped and noised like the rest.
+    rule: the run's aggregation rule (:mod:`fedco.byzantine`; ``aggregation=``) or
+      ``None``: it combines every message this uplink sends in place of the weighted mean
+      (noise then goes on each client's upload).
+    attack: the run's Byzantine clients (:func:`fedco.byzantine.attack`) or ``None``.
+    byzantine_ids: ``int32``, their ids (sorted), when ``attack`` is set.
+    routed: the fields sent through this uplink because of ``rule`` or ``attack`` (every
+      field sent), beside those with a codec or a clip bound.
   """
 
   codecs: Mapping[str, compression_lib.Codec]
@@ -54,9 +61,13 @@ class Uplink:
   sampling_rate: float
   server_reads_each: bool
   init_messages: int = 0
+  rule: Any = None
+  attack: Any = None
+  byzantine_ids: Any = None
+  routed: Tuple[str, ...] = ()
 
   def handles(self, field: str) -> bool:
-    return field in self.codecs or field in self.clip
+    return field in self.codecs or field in self.clip or field in self.routed
 
   def fields(self, names) -> Tuple[str, ...]:
     return tuple(f for f in names if self.handles(f))
@@ -91,6 +102,10 @@ class Uplink:
         sampling_rate=self.sampling_rate,
         accounting="RDP; fixed-size client samples accounted as Poisson at clients_per_round / K",
       )
+    if self.rule is not None:  # only then: earlier runs keep their fingerprints
+      out["aggregation"] = self.rule.describe()
+    if self.attack is not None:
+      out["byzantine"] = self.attack.describe()
     return out
 
   # ---- per-client codec state ----------------------------------------------------------
@@ -124,11 +139,12 @@ class Uplink:
 
   # ---- one message of one field from the round's slots ----------------------------------
 
-  def encode(self, field: str, values, reference, ustate, keys, sending):
+  def encode(self, field: str, values, reference, ustate, keys, sending, ids=None):
     """Client side: ``(deltas as the server decodes them, new codec states)``; ``values``
     and ``keys`` have a leading slots axis, ``reference`` has none (``None``: zeros).
     Slots not ``sending`` (dropped clients, finished stragglers) send nothing: their
-    decoded delta is 0 and their codec state is kept."""
+    decoded delta is 0 and their codec state is kept. Byzantine clients among ``ids``
+    send the attack's upload instead (after their codec and clip, which they skip)."""
     if reference is None:
       deltas = values
     else:
@@ -148,6 +164,11 @@ class Uplink:
           jax.tree.map(lambda e, c, k: e + c - k, new.error, deltas, clipped)
         )
       deltas = clipped
+    if self.attack is not None and ids is not None and self.attack.attacks(field):
+      bad = self.is_byzantine(ids)
+      deltas = self.attack.corrupt(
+        deltas, bad, jax.vmap(jax.random.fold_in, (0, None))(keys, ATTACK_STREAM)
+      )
     if new is not None:
       ustate = {
         **ustate,
@@ -156,11 +177,37 @@ class Uplink:
     deltas = jax.tree.map(lambda d: jnp.where(mask(d), d, jnp.zeros_like(d)), deltas)
     return deltas, ustate
 
+  def is_byzantine(self, ids) -> jax.Array:
+    """``bool``, per slot: whether client ``ids`` are Byzantine."""
+    bad = jnp.asarray(self.byzantine_ids, jnp.int32)
+    if bad.size == 0:
+      return jnp.zeros(jnp.shape(ids), bool)
+    at = jnp.clip(jnp.searchsorted(bad, ids), 0, bad.size - 1)
+    return bad[at] == ids
+
   def send_mean(self, field, values, reference, weights, ustate, key, ids, alive):
     """The server's weighted mean of one message (plus noise): ``(mean, codec states)``.
-    ``key`` is the message's; client ``ids`` are folded into it for the codecs."""
+    ``key`` is the message's; client ``ids`` are folded into it for the codecs. Under an
+    aggregation rule: the rule's center of the clients' uploads, each with its own noise."""
+    if self.rule is not None:
+      sent, ustate = self.send_each(
+        field,
+        values,
+        None if reference is None else reference,
+        weights,
+        ustate,
+        key,
+        ids,
+        alive,
+        shared_noise=False,
+        decoded=False,
+      )
+      center = self.rule(sent, weights, alive, centered=reference is not None)
+      if reference is not None:
+        center = jax.tree.map(jnp.add, reference, center)
+      return center, ustate
     keys = _client_keys(key, ids)
-    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids)
     mean = weighted_client_mean(deltas, weights)
     if self.noise_multiplier and field in self.clip:
       std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
@@ -170,13 +217,25 @@ class Uplink:
     return mean, ustate
 
   def send_each(
-    self, field, values, reference, weights, ustate, key, ids, alive, *, shared_noise: bool
+    self,
+    field,
+    values,
+    reference,
+    weights,
+    ustate,
+    key,
+    ids,
+    alive,
+    *,
+    shared_noise: bool,
+    decoded: bool = True,
   ):
     """Every client's value as the server decodes it: ``(values, codec states)``. With
     ``shared_noise`` the server averages them with ``weights`` (summing to 1), so one noise
-    draw added to all lands once on that mean; otherwise each value gets its own."""
+    draw added to all lands once on that mean; otherwise each value gets its own.
+    ``decoded=False``: the changes from ``reference``, not added back to it."""
     keys = _client_keys(key, ids)
-    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive)
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids)
     if self.noise_multiplier and field in self.clip:
       nkey = jax.random.fold_in(key, 1)
       one = jax.tree.map(lambda a: a[0], deltas)  # one upload's shapes
@@ -191,9 +250,13 @@ class Uplink:
           jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids)
         )
         deltas = jax.tree.map(jnp.add, deltas, noise)
-    if reference is not None:
+    if reference is not None and decoded:
       deltas = jax.tree.map(lambda d, r: d + r, deltas, reference)
     return deltas, ustate
+
+
+# Folded into a slot's codec key for a Byzantine client's own draws.
+ATTACK_STREAM = 0xB12A
 
 
 def _client_keys(key, ids):
@@ -228,132 +291,3 @@ def _reference(field, server, shared, clients):
   if field in shared:
     return shared[field]
   return jax.tree.map(lambda a: a[0], get_field(clients, field))
-
-
-def sent_fields(plan) -> Tuple[str, ...]:
-  """Every field a client sends up: ``params`` and the plan's communicated state fields."""
-  names = (
-    ("params",)
-    + tuple(plan.every_step)
-    + tuple(plan.every_round)
-    + tuple(plan.round_start)
-    + tuple(plan.report)
-    + tuple(plan.init_fields)
-  )
-  return tuple(dict.fromkeys(names))
-
-
-def delta_fields(plan) -> Tuple[str, ...]:
-  """The fields sent as changes from a server copy (the others are sent as values)."""
-  return ("params",) + tuple(plan.every_step) + tuple(plan.every_round)
-
-
-def _codecs(algorithm, compression) -> Dict[str, Any]:
-  """``compression`` checked against what ``algorithm`` sends: ``{field: codec}``."""
-  plan = algorithm.plan
-  sent = sent_fields(plan)
-  if not isinstance(compression, Mapping):
-    raise ValueError(
-      f"compression must be a dict {{field: fedco.compression codec}}, got "
-      f"{type(compression).__name__}"
-    )
-  codecs = {}
-  for field, codec in compression.items():
-    if field not in sent:
-      raise ValueError(
-        f"compression names field {field!r}, which {algorithm.name} does "
-        f"not send; it sends {list(sent)}"
-      )
-    if not isinstance(codec, compression_lib.Codec):
-      raise ValueError(
-        f"compression[{field!r}] must be a fedco.compression codec "
-        f"(stochastic_quantization, top_k, ...), got {codec!r}"
-      )
-    if codec.memory and field not in delta_fields(plan):
-      raise ValueError(
-        f"compression[{field!r}] keeps an error-feedback memory, but "
-        f"{algorithm.name} sends {field!r} as a value (not a change from "
-        f"a server copy): last round's remainder would enter a new "
-        f"statistic; use stochastic_quantization or "
-        f"top_k(error_feedback=False)"
-      )
-    codecs[field] = codec
-  return codecs
-
-
-def _clip(algorithm, privacy) -> Dict[str, float]:
-  """``privacy`` checked against ``algorithm`` (uniform weights, no loss queries, a clip
-  bound for every field it sends and none other): ``{field: clip bound}``."""
-  plan = algorithm.plan
-  sent = sent_fields(plan)
-  if not isinstance(privacy, privacy_lib.ClientDP):
-    raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
-  if as_aggregator(algorithm.server).queries_losses:
-    raise ValueError(
-      f"privacy cannot cover {algorithm.name}: its server queries client "
-      f"losses outside its communication plan (DRFA's loss queries)"
-    )
-  if plan.weighting != "uniform":
-    raise ValueError(
-      f"privacy needs uniform client weights: {algorithm.name} weighs "
-      f"clients by their data sizes (weighting={plan.weighting!r}), which "
-      f"are private and set the noise's scale; build it with "
-      f"weighting='uniform' where it has that argument"
-    )
-  missing = [f for f in sent if privacy.clip_of(f) is None]
-  if missing:
-    raise ValueError(
-      f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
-      f"{list(sent)}, and every upload must be clipped"
-    )
-  if isinstance(privacy.clip, Mapping):
-    unknown = sorted(set(privacy.clip) - set(sent))
-    if unknown:
-      raise ValueError(
-        f"privacy.clip names {unknown}, which {algorithm.name} does not send; it sends {list(sent)}"
-      )
-  # no field is missing: every clip_of(f) is a number
-  return {f: float(cast(float, privacy.clip_of(f))) for f in sent}
-
-
-def make_uplink(
-  algorithm, num_clients: int, clients_per_round: int, compression, privacy
-) -> Optional[Uplink]:
-  """Validate ``compression`` and ``privacy`` against the algorithm's plan (one-line
-  ``ValueError`` naming the argument); ``None`` when both are absent."""
-  if not compression and privacy is None:
-    return None
-  plan = algorithm.plan
-  codecs = _codecs(algorithm, compression) if compression else {}
-  clip, z = {}, 0.0
-  messages = privacy_lib.messages_per_round(plan)
-  rate = clients_per_round / num_clients
-  if privacy is not None:
-    clip = _clip(algorithm, privacy)
-    if privacy.noise_multiplier is None:
-      if privacy.rounds is None:
-        raise ValueError(
-          "privacy was given a target epsilon but no rounds to spend it "
-          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
-          "fills in its own; Simulator and fedco.sweep need it)"
-        )
-      z = privacy_lib.calibrate(
-        privacy.epsilon,
-        privacy.delta,
-        rate,
-        sum(messages.values()),
-        privacy.rounds,
-        init_messages=len(plan.init_fields),
-      )
-      privacy = dataclasses.replace(privacy, noise_multiplier=z)
-    z = float(privacy.noise_multiplier)
-  return Uplink(
-    codecs,
-    clip,
-    z,
-    privacy,
-    messages,
-    rate,
-    as_aggregator(algorithm.server).reads_each,
-    len(plan.init_fields) if privacy is not None else 0,
-  )

@@ -32,6 +32,10 @@ class RoundInfo(NamedTuple):
     alive: ``bool [m]``: which of them survived the round (client dropout); dropped
       clients' values must not count. Their ``weights`` are already 0. ``None``
       (default): all of them; ``alive_mask`` gives the mask either way.
+    combine: the run's aggregation rule (a :class:`fedco.byzantine.Rule`, the
+      simulator's ``aggregation=``) or ``None`` (default: the weighted mean); an aggregator
+      that declares ``combines=True`` takes its means of client values through
+      :meth:`center`.
 
   Examples:
     The usual server after a round whose second client dropped out:
@@ -58,10 +62,19 @@ class RoundInfo(NamedTuple):
   key: jax.Array
   client_losses: Callable[..., jax.Array]
   alive: Optional[jax.Array] = None
+  combine: Optional[Callable[..., Any]] = None
 
   @property
   def alive_mask(self) -> jax.Array:
     return jnp.ones(self.ids.shape, bool) if self.alive is None else self.alive
+
+  def center(self, values: PyTree, weights: jax.Array) -> PyTree:
+    """The surviving clients' ``values`` (changes from a server copy, leading ``[m]``
+    axis) combined with ``weights`` (summing to 1 over them): their weighted mean, or the
+    run's aggregation rule (:attr:`combine`)."""
+    if self.combine is None:
+      return weighted_client_mean(values, weights * self.alive_mask)
+    return self.combine(values, weights, self.alive_mask, centered=True)
 
 
 class ServerAggregator(NamedTuple):
@@ -78,6 +91,10 @@ class ServerAggregator(NamedTuple):
       noise then goes on each upload instead of once on the mean.
     queries_losses: whether ``update`` calls ``info.client_losses`` (DRFA's loss queries:
       uploads outside the communication plan, which privacy refuses).
+    combines: whether ``update`` takes every mean of client values through
+      :meth:`RoundInfo.center`, so a run's aggregation rule (``aggregation=``, e.g. a
+      coordinate-wise median) reaches it; a run refuses a rule for an aggregator that does
+      not (AFL and DRFA do).
 
   Examples:
     A coordinate-wise median server (robust to a few outlying clients; this simple one
@@ -106,6 +123,7 @@ class ServerAggregator(NamedTuple):
   update: Callable[..., Tuple[Any, Any]]
   reads_each: bool = True
   queries_losses: bool = False
+  combines: bool = False
 
 
 def weighted_client_mean(tree: PyTree, weights: jax.Array) -> PyTree:
@@ -144,7 +162,9 @@ def optax_aggregator(tx: optax.GradientTransformation) -> ServerAggregator:
     tx: an optax transformation on ``{"params": ..., field: ...}`` dicts.
 
   Returns:
-    a :class:`ServerAggregator` that reads only the weighted mean (``reads_each=False``).
+    a :class:`ServerAggregator` that reads only the weighted mean (``reads_each=False``),
+    or, under a run's aggregation rule (``RoundInfo.combine``), the rule's center of the
+    clients' changes (``combines=True``).
 
   Examples:
     A server that moves halfway to the clients' mean:
@@ -169,12 +189,23 @@ def optax_aggregator(tx: optax.GradientTransformation) -> ServerAggregator:
     return tx.init(server)
 
   def update(server, state, client_values, info):
-    means = weighted_client_mean({k: client_values[k] for k in server}, info.weights)
-    pseudo_grad = jax.tree.map(jnp.subtract, server, means)
+    if info.combine is None:
+      means = weighted_client_mean({k: client_values[k] for k in server}, info.weights)
+      pseudo_grad = jax.tree.map(jnp.subtract, server, means)
+    else:  # the run's aggregation rule, on each field's changes
+      pseudo_grad = {
+        k: jax.tree.map(
+          jnp.negative,
+          info.center(
+            jax.tree.map(lambda c, s: c - s[None], client_values[k], server[k]), info.weights
+          ),
+        )
+        for k in server
+      }
     updates, state = tx.update(pseudo_grad, state, server)
     return optax.apply_updates(server, updates), state
 
-  return ServerAggregator(init, update, reads_each=False)
+  return ServerAggregator(init, update, reads_each=False, combines=True)
 
 
 def as_aggregator(server) -> ServerAggregator:

@@ -1,0 +1,175 @@
+"""A run's uplink built from its arguments: ``compression``, ``privacy``, ``aggregation`` and
+``byzantine`` checked against the algorithm's communication plan (one-line ``ValueError``
+naming the argument), and what each field is sent as."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple, cast
+
+from fedco import byzantine as byzantine_lib
+from fedco import compression as compression_lib
+from fedco import privacy as privacy_lib
+from fedco.algorithms.base import as_aggregator
+from fedco.runtime.uplink import Uplink
+
+
+def sent_fields(plan) -> Tuple[str, ...]:
+  """Every field a client sends up: ``params`` and the plan's communicated state fields."""
+  names = (
+    ("params",)
+    + tuple(plan.every_step)
+    + tuple(plan.every_round)
+    + tuple(plan.round_start)
+    + tuple(plan.report)
+    + tuple(plan.init_fields)
+  )
+  return tuple(dict.fromkeys(names))
+
+
+def delta_fields(plan) -> Tuple[str, ...]:
+  """The fields sent as changes from a server copy (the others are sent as values)."""
+  return ("params",) + tuple(plan.every_step) + tuple(plan.every_round)
+
+
+def _codecs(algorithm, compression) -> Dict[str, Any]:
+  """``compression`` checked against what ``algorithm`` sends: ``{field: codec}``."""
+  plan = algorithm.plan
+  sent = sent_fields(plan)
+  if not isinstance(compression, Mapping):
+    raise ValueError(
+      f"compression must be a dict {{field: fedco.compression codec}}, got "
+      f"{type(compression).__name__}"
+    )
+  codecs = {}
+  for field, codec in compression.items():
+    if field not in sent:
+      raise ValueError(
+        f"compression names field {field!r}, which {algorithm.name} does "
+        f"not send; it sends {list(sent)}"
+      )
+    if not isinstance(codec, compression_lib.Codec):
+      raise ValueError(
+        f"compression[{field!r}] must be a fedco.compression codec "
+        f"(stochastic_quantization, top_k, ...), got {codec!r}"
+      )
+    if codec.memory and field not in delta_fields(plan):
+      raise ValueError(
+        f"compression[{field!r}] keeps an error-feedback memory, but "
+        f"{algorithm.name} sends {field!r} as a value (not a change from "
+        f"a server copy): last round's remainder would enter a new "
+        f"statistic; use stochastic_quantization or "
+        f"top_k(error_feedback=False)"
+      )
+    codecs[field] = codec
+  return codecs
+
+
+def _clip(algorithm, privacy) -> Dict[str, float]:
+  """``privacy`` checked against ``algorithm`` (uniform weights, no loss queries, a clip
+  bound for every field it sends and none other): ``{field: clip bound}``."""
+  plan = algorithm.plan
+  sent = sent_fields(plan)
+  if not isinstance(privacy, privacy_lib.ClientDP):
+    raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+  if as_aggregator(algorithm.server).queries_losses:
+    raise ValueError(
+      f"privacy cannot cover {algorithm.name}: its server queries client "
+      f"losses outside its communication plan (DRFA's loss queries)"
+    )
+  if plan.weighting != "uniform":
+    raise ValueError(
+      f"privacy needs uniform client weights: {algorithm.name} weighs "
+      f"clients by their data sizes (weighting={plan.weighting!r}), which "
+      f"are private and set the noise's scale; build it with "
+      f"weighting='uniform' where it has that argument"
+    )
+  missing = [f for f in sent if privacy.clip_of(f) is None]
+  if missing:
+    raise ValueError(
+      f"privacy.clip has no bound for {missing}: {algorithm.name} sends "
+      f"{list(sent)}, and every upload must be clipped"
+    )
+  if isinstance(privacy.clip, Mapping):
+    unknown = sorted(set(privacy.clip) - set(sent))
+    if unknown:
+      raise ValueError(
+        f"privacy.clip names {unknown}, which {algorithm.name} does not send; it sends {list(sent)}"
+      )
+  # no field is missing: every clip_of(f) is a number
+  return {f: float(cast(float, privacy.clip_of(f))) for f in sent}
+
+
+def make_uplink(
+  algorithm,
+  num_clients: int,
+  clients_per_round: int,
+  compression,
+  privacy,
+  aggregation=None,
+  byzantine=None,
+) -> Optional[Uplink]:
+  """Validate ``compression``, ``privacy``, ``aggregation`` and ``byzantine`` against the
+  algorithm's plan (one-line ``ValueError`` naming the argument); ``None`` when all are
+  absent."""
+  if not compression and privacy is None and aggregation is None and byzantine is None:
+    return None
+  plan = algorithm.plan
+  codecs = _codecs(algorithm, compression) if compression else {}
+  clip, z = {}, 0.0
+  messages = privacy_lib.messages_per_round(plan)
+  rate = clients_per_round / num_clients
+  if privacy is not None:
+    clip = _clip(algorithm, privacy)
+    if privacy.noise_multiplier is None:
+      if privacy.rounds is None:
+        raise ValueError(
+          "privacy was given a target epsilon but no rounds to spend it "
+          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
+          "fills in its own; Simulator and fedco.sweep need it)"
+        )
+      z = privacy_lib.calibrate(
+        privacy.epsilon,
+        privacy.delta,
+        rate,
+        sum(messages.values()),
+        privacy.rounds,
+        init_messages=len(plan.init_fields),
+      )
+      privacy = dataclasses.replace(privacy, noise_multiplier=z)
+    z = float(privacy.noise_multiplier)
+  reads_each = as_aggregator(algorithm.server).reads_each
+  if aggregation is not None:
+    byzantine_lib.with_rule(algorithm.server, aggregation)  # refuses what it cannot reach
+    reads_each = True
+  bad_ids = None
+  if byzantine is not None:
+    bad_ids = _byzantine_ids(algorithm, byzantine, num_clients)
+  routed = sent_fields(plan) if aggregation is not None or byzantine is not None else ()
+  return Uplink(
+    codecs,
+    clip,
+    z,
+    privacy,
+    messages,
+    rate,
+    reads_each,
+    len(plan.init_fields) if privacy is not None else 0,
+    aggregation,
+    byzantine,
+    bad_ids,
+    routed,
+  )
+
+
+def _byzantine_ids(algorithm, byzantine, num_clients: int):
+  """``byzantine`` checked against what ``algorithm`` sends: its clients' ids."""
+  if not isinstance(byzantine, byzantine_lib.Attack):
+    raise ValueError(f"byzantine must be fedco.byzantine.attack(...), got {byzantine!r}")
+  sent = sent_fields(algorithm.plan)
+  unknown = [f for f in byzantine.fields or () if f not in sent]
+  if unknown:
+    raise ValueError(
+      f"byzantine.fields names {unknown}, which {algorithm.name} does not send; it sends {list(sent)}"
+    )
+  return byzantine.clients(num_clients)
