@@ -325,3 +325,37 @@ def test_flip_labels_flips_only_the_byzantine_clients():
   for k in range(5):
     want = [2, 1, 0] if k in bad else [0, 1, 2]
     assert np.asarray(flipped.client(k)["y"]).tolist() == want
+
+
+# ---- in an experiment's config -------------------------------------------------------------
+
+
+def test_a_methods_aggregation_and_attack_are_checked_and_built():
+  import ml_collections
+
+  from fedco.experiment import config_methods
+
+  entry = ml_collections.ConfigDict(
+    {
+      "aggregation": {"rule": "multi_krum", "f": 1, "m": 3},
+      "byzantine": {"fraction": 0.2, "kind": "scale", "scale": 5.0, "fields": ["loss"]},
+    }
+  )
+  settings = config_methods.uplink_settings("--config.methods.m", entry)
+  method = config_methods.Method("m", "afl", {}, 0.1, 1, uplink=settings)
+  built = method.simulator_kwargs()
+  assert built["aggregation"].describe() == {"rule": "multi_krum", "f": 1, "m": 3}
+  assert built["byzantine"] == byzantine.attack(0.2, "scale", scale=5.0, fields="loss")
+  for change, match in [
+    ({"aggregation": {"rule": "kurm"}}, r"--config\.methods\.m\.aggregation\.rule"),
+    ({"aggregation": {"rule": "krum", "g": 1}}, r"--config\.methods\.m\.aggregation\.g is not"),
+    (
+      {"aggregation": {"rule": "trimmed_mean", "beta": 0.7}},
+      r"--config\.methods\.m\.aggregation: beta",
+    ),
+    ({"byzantine": {"fraction": 1.5}}, r"--config\.methods\.m\.byzantine: fraction"),
+    ({"byzantine": 0.1}, r"--config\.methods\.m\.byzantine must be"),
+  ]:
+    with pytest.raises(ValueError, match=match) as err:
+      config_methods.uplink_settings("--config.methods.m", ml_collections.ConfigDict(change))
+    assert "\n" not in str(err.value)

@@ -19,9 +19,20 @@ from fedco.experiment import outputs
 METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 
 
-# What a method's clients send, how (fedco.privacy, fedco.compression), and the trade-off
-# curve a private or compressed method belongs to (figures group by it).
-UPLINK_KEYS = ("privacy", "compression", "curve")
+# What a method's clients send, how (fedco.privacy, fedco.compression), the trade-off
+# curve a private or compressed method belongs to (figures group by it), how the server
+# combines the uploads and which clients are Byzantine (fedco.byzantine).
+UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine")
+
+# config aggregation rule name -> fedco.byzantine factory (the same name)
+RULES = (
+  "mean",
+  "coordinate_median",
+  "trimmed_mean",
+  "krum",
+  "multi_krum",
+  "centered_clipping",
+)
 
 
 # config codec name -> fedco.compression factory
@@ -44,7 +55,9 @@ class Method:
     source: the ``config.methods`` label it comes from when it is a variant (an ablation's
       ``comfedl_gamma=2`` of ``comfedl``): the entry a divergence note names.
     uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
-      ``compression`` (``{field: {codec, ...}}``) and ``curve`` settings; empty without.
+      ``compression`` (``{field: {codec, ...}}``), ``curve``, ``aggregation`` (``{rule,
+      ...}``: a :mod:`fedco.byzantine` rule and its settings) and ``byzantine``
+      (:func:`fedco.byzantine.attack`'s settings) settings; empty without.
     problem: the experiment's own settings of this run (a KL temperature, a problem form).
 
   Examples:
@@ -120,7 +133,8 @@ class Method:
     return self.uplink.get("curve", self.label)
 
   def simulator_kwargs(self) -> Dict[str, Any]:
-    """``privacy=`` and ``compression=`` for ``fedco.simulate`` from :attr:`uplink`."""
+    """``privacy=``, ``compression=``, ``aggregation=`` and ``byzantine=`` for
+    ``fedco.simulate`` from :attr:`uplink`."""
     out: Dict[str, Any] = {}
     if self.uplink.get("privacy"):
       out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
@@ -131,6 +145,11 @@ class Method:
         )
         for field, spec in self.uplink["compression"].items()
       }
+    if self.uplink.get("aggregation"):
+      spec = dict(self.uplink["aggregation"])
+      out["aggregation"] = getattr(fedco.byzantine, spec.pop("rule"))(**spec)
+    if self.uplink.get("byzantine"):
+      out["byzantine"] = fedco.byzantine.attack(**self.uplink["byzantine"])
     return out
 
 
@@ -274,6 +293,8 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
   for name, shape in (
     ("privacy", "{epsilon or noise_multiplier, delta, clip}"),
     ("compression", "{field: {codec: ..., ...}}"),
+    ("aggregation", "{rule: ..., ...}"),
+    ("byzantine", "{fraction, kind, scale, fields, seed}"),
   ):
     if entry.get(name) and not hasattr(entry[name], "items"):
       raise ValueError(f"{where}.{name} must be {shape}, got {entry[name]!r}")
@@ -292,6 +313,13 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
       factory,
       {k: v for k, v in spec.items() if k != "codec"},
     )
+  if "aggregation" in out:
+    spec = out["aggregation"]
+    extend.one_of(f"{where}.aggregation.rule", spec.get("rule"), list(RULES))
+    rule = getattr(fedco.byzantine, spec["rule"])
+    _built(f"{where}.aggregation", spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"})
+  if "byzantine" in out:
+    _built(f"{where}.byzantine", "byzantine", fedco.byzantine.attack, out["byzantine"])
   if entry.get("curve"):
     out["curve"] = str(entry["curve"])
   return out
