@@ -35,11 +35,28 @@ Poisson-subsampled composition at rate :math:`q` = ``clients_per_round / K`` (th
 sample is accounted as Poisson at the same rate, as pfl-research and TensorFlow Federated
 do), and the run composes ``rounds`` of them, after the ``at_init`` means (one Gaussian
 mechanism per ``at_init`` field over every client, not subsampled). :func:`run_event` is
-that ``dp_accounting`` event; :func:`epsilon_spent` evaluates it with ``dp_accounting``'s
-RDP accountant (the Renyi divergences of the rounds add up, then convert to
-:math:`(\varepsilon, \delta)` at the best order), and :func:`calibrate` bisects it for a
-target epsilon. Dropped clients and stragglers send less; they are not credited (the count
-is the plan's, an upper bound).
+that ``dp_accounting`` event; :func:`epsilon_spent` evaluates it with one of
+``dp_accounting``'s two accountants, and :func:`calibrate` bisects it for a target epsilon.
+Dropped clients and stragglers send less; they are not credited (the count is the plan's, an
+upper bound).
+
+The accountant is ``accountant="rdp"`` (the default) or ``"pld"``, in :func:`epsilon_spent`,
+:func:`calibrate` and :func:`gaussian`:
+
+* ``"rdp"``, Renyi DP: the Renyi divergences of the rounds add up, then convert to
+  :math:`(\varepsilon, \delta)` at the best of a fixed list of orders. Fast (one round's
+  divergences are computed once; any number of rounds costs about the same), but the
+  conversion is an upper bound: about 5% above PLD's epsilon at full participation, 10% to
+  several times above it when few clients are sampled (decision 106).
+* ``"pld"``, the privacy loss distribution: the distribution of the privacy loss itself,
+  discretized on a grid of step :data:`PLD_DISCRETIZATION` (pessimistically: still an upper
+  bound) and composed by FFT convolutions, gives epsilon numerically tight up to that grid
+  (at full participation the run is one Gaussian mechanism, whose epsilon is exact). Slower,
+  and the more so the more rounds and the larger the epsilon (see :func:`epsilon_spent`).
+
+Pick ``"pld"`` to report or calibrate a run's final guarantee (the same epsilon for a
+smaller ``z``: less noise); keep ``"rdp"`` for quick sweeps over many settings and for long
+per-round curves, where its speed matters more than its slack.
 
 Examples:
   The noise multiplier that spends epsilon 8 over 20 rounds of full participation, for a
@@ -58,12 +75,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import warnings
 from typing import Dict, Mapping, Optional, Union
 
 import numpy as np
 
 from fedco import _validate
+
+ACCOUNTANTS = ("rdp", "pld")
+"""The accountants :func:`epsilon_spent`, :func:`calibrate` and :func:`gaussian` take."""
+
+PLD_DISCRETIZATION = 1e-3
+"""The PLD accountant's ``value_discretization_interval``: the grid step of privacy losses.
+
+``dp_accounting``'s default is ``1e-4``; ``1e-3`` moves epsilon by less than 0.1% on the
+settings measured (``z = 1.1``, ``q = 0.01``, 1000 rounds: 1.5162 against 1.5154) and
+composes 5 to 12 times faster (decision 106). The grid is pessimistic: a coarser one only
+loosens the bound.
+"""
+
+
+def _check_accountant(accountant) -> str:
+  """``accountant`` if it is one of :data:`ACCOUNTANTS`, else a one-line ``ValueError``."""
+  if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
+    raise ValueError(
+      f"accountant must be one of {', '.join(map(repr, ACCOUNTANTS))}, got {accountant!r}"
+    )
+  return str(accountant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +122,11 @@ class ClientDP:
     delta: the run's delta (default ``1e-5``).
     rounds: the rounds ``epsilon`` is calibrated for (``None``: ``fedco.simulate`` fills in
       its own).
+    accountant: what calibrates ``epsilon`` and reports the epsilon spent: ``"rdp"``
+      (default) or ``"pld"`` (tighter, slower; see the module); the ``accountant=`` of
+      :func:`epsilon_spent` and :func:`calibrate`.
+    adaptive: an :class:`AdaptiveClipping` (the bounds of the fields sent once at a round's
+      end follow a quantile of the clients' norms, ``clip`` their start), or ``None``.
 
   Examples:
     A bound per field, and the target spent over the run's rounds:
@@ -91,8 +135,8 @@ class ClientDP:
     >>> dp = fedco.privacy.gaussian({"params": 1.0, "y": 0.1}, epsilon=8.0)
     >>> dp.clip_of("params"), dp.clip_of("y"), dp.clip_of("m")
     (1.0, 0.1, None)
-    >>> dp.noise_multiplier is None, dp.over(20).rounds
-    (True, 20)
+    >>> dp.noise_multiplier is None, dp.over(20).rounds, dp.accountant
+    (True, 20, 'rdp')
   """
 
   clip: Union[float, Mapping[str, float]]
@@ -100,6 +144,8 @@ class ClientDP:
   epsilon: Optional[float] = None
   delta: float = 1e-5
   rounds: Optional[int] = None
+  adaptive: Optional["AdaptiveClipping"] = None
+  accountant: str = "rdp"
 
   def over(self, rounds: int) -> "ClientDP":
     """This mechanism for a run of ``rounds`` rounds.
@@ -146,6 +192,8 @@ def gaussian(
   epsilon: Optional[float] = None,
   delta: float = 1e-5,
   rounds: Optional[int] = None,
+  adaptive: Optional["AdaptiveClipping"] = None,
+  accountant: str = "rdp",
 ) -> ClientDP:
   """Client-level DP by clipping per field plus Gaussian noise.
 
@@ -162,14 +210,19 @@ def gaussian(
     delta: the run's delta, in ``(0, 1)`` (default ``1e-5``).
     rounds: the rounds to calibrate ``epsilon`` for, a positive int; ``None`` (default):
       ``fedco.simulate`` uses its own (``Simulator`` and ``fedco.sweep`` need it given).
+    adaptive: :func:`adaptive_clipping`'s spec: the bounds of the fields sent once at a
+      round's end adapt, starting at ``clip`` (Andrew et al. 2021); ``None`` (default):
+      fixed bounds.
+    accountant: ``"rdp"`` (default) or ``"pld"``: what calibrates ``epsilon`` and reports
+      the epsilon spent (see the module).
 
   Returns:
     A :class:`ClientDP`.
 
   Raises:
     ValueError: if a bound is not positive, ``clip`` is an empty mapping, not exactly one
-      of ``noise_multiplier`` and ``epsilon`` is given, or ``delta`` or ``rounds`` is out of
-      range.
+      of ``noise_multiplier`` and ``epsilon`` is given, ``delta`` or ``rounds`` is out of
+      range, or ``accountant`` is not ``"rdp"`` or ``"pld"``.
 
   Examples:
     >>> import fedco
@@ -178,6 +231,8 @@ def gaussian(
     (1.0, 1.1, 1e-05)
     >>> fedco.privacy.gaussian({"params": 1.0, "y": 0.1}, epsilon=8.0, rounds=20).rounds
     20
+    >>> fedco.privacy.gaussian(1.0, epsilon=8.0, accountant="pld").accountant
+    'pld'
   """
   if isinstance(clip, Mapping):
     if not clip:
@@ -197,13 +252,115 @@ def gaussian(
   delta = _validate.open_unit("delta", delta)
   if rounds is not None:
     rounds = _validate.positive_int("rounds", rounds)
+  accountant = _check_accountant(accountant)
+  if adaptive is not None and not isinstance(adaptive, AdaptiveClipping):
+    raise ValueError(
+      f"adaptive must be fedco.privacy.adaptive_clipping(...) or None, got {adaptive!r}"
+    )
   return ClientDP(
     clip,
     None if noise_multiplier is None else float(noise_multiplier),
     None if epsilon is None else float(epsilon),
     float(delta),
     rounds,
+    adaptive,
+    accountant=accountant,
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveClipping:
+  r"""Adaptive clipping's settings (build with :func:`adaptive_clipping`).
+
+  Attributes:
+    target_quantile: :math:`\gamma`, the fraction of clients whose upload the bound should
+      leave unclipped.
+    learning_rate: :math:`\eta_C`, the geometric step of the bound.
+    count_noise: :math:`\sigma_b`, the standard deviation of the noise on each round's count
+      of clients within the bound; ``None``: ``clients_per_round / 20`` (the paper's).
+
+  Examples:
+    >>> import fedco
+    >>> spec = fedco.privacy.adaptive_clipping(target_quantile=0.5)
+    >>> spec.learning_rate, spec.count_noise
+    (0.2, None)
+  """
+
+  target_quantile: float = 0.5
+  learning_rate: float = 0.2
+  count_noise: Optional[float] = None
+
+
+def adaptive_clipping(
+  target_quantile: float = 0.5, learning_rate: float = 0.2, count_noise: Optional[float] = None
+) -> AdaptiveClipping:
+  r"""Clip bounds that follow a quantile of the clients' upload norms (Andrew, Thakkar,
+  McMahan and Ramaswamy 2021, "Differentially Private Learning with Adaptive Clipping").
+
+  Give it to :func:`gaussian` as ``adaptive=``. Each round every client also reports
+  whether its upload of a field sent once at the round's end was within the bound
+  :math:`C`; the server moves :math:`C \leftarrow C \exp(-\eta_C (\tilde b - \gamma))`
+  with :math:`\tilde b` the noised fraction of such clients, and the upload's noise
+  multiplier becomes :math:`z_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}`, so the pair
+  costs one Gaussian mechanism of multiplier :math:`z` (the accountant's). See
+  :mod:`fedco.runtime.adaptive_clip`.
+
+  Args:
+    target_quantile: :math:`\gamma \in (0, 1)` (default 0.5, the median norm).
+    learning_rate: :math:`\eta_C > 0` (default 0.2, the paper's).
+    count_noise: :math:`\sigma_b > 0`; ``None`` (default): ``clients_per_round / 20``.
+      It must exceed half the noise multiplier (:func:`update_multiplier`).
+
+  Returns:
+    an :class:`AdaptiveClipping`.
+
+  Raises:
+    ValueError: a value out of range.
+
+  Examples:
+    >>> import fedco
+    >>> dp = fedco.privacy.gaussian(0.1, noise_multiplier=1.0,
+    ...                             adaptive=fedco.privacy.adaptive_clipping(0.8))
+    >>> dp.adaptive.target_quantile
+    0.8
+  """
+  target_quantile = _validate.interval("target_quantile", target_quantile, 0, 1)
+  learning_rate = _validate.positive("learning_rate", learning_rate)
+  if count_noise is not None:
+    count_noise = _validate.positive("count_noise", count_noise)
+  return AdaptiveClipping(float(target_quantile), float(learning_rate), count_noise)
+
+
+def update_multiplier(noise_multiplier: float, count_noise: float) -> float:
+  r"""The upload's noise multiplier :math:`z_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}`
+  under adaptive clipping, so upload and count together cost one Gaussian of multiplier
+  :math:`z` (Andrew et al. 2021, Theorem 1).
+
+  Args:
+    noise_multiplier: :math:`z \ge 0` (0: no noise anywhere, returns 0).
+    count_noise: :math:`\sigma_b`, more than :math:`z / 2`.
+
+  Returns:
+    :math:`z_\Delta` (a float).
+
+  Raises:
+    ValueError: ``count_noise`` at most ``noise_multiplier / 2``: the count alone would
+      spend the whole budget.
+
+  Examples:
+    >>> import fedco
+    >>> round(fedco.privacy.update_multiplier(1.0, 5.0), 4)  # 10 clients a round x 100 / 20
+    1.005
+  """
+  if noise_multiplier == 0:
+    return 0.0
+  if 2 * count_noise <= noise_multiplier:
+    raise ValueError(
+      f"adaptive clipping's count_noise={count_noise:g} must exceed half the noise "
+      f"multiplier ({noise_multiplier:g} / 2): the count would spend the whole budget; "
+      f"raise count_noise or sample more clients a round"
+    )
+  return float((noise_multiplier**-2 - (2 * count_noise) ** -2) ** -0.5)
 
 
 def messages_per_round(plan, fields=None) -> Dict[str, int]:
@@ -328,8 +485,12 @@ def run_event(
   """The whole run's ``dp_accounting`` event.
 
   :func:`init_event` once (when ``init_messages > 0``), then :func:`round_event` composed
-  ``rounds`` times. Any ``dp_accounting`` accountant evaluates it; :func:`epsilon_spent`
-  gives the same epsilon with the RDP accountant, for many round counts at once.
+  ``rounds`` times. ``dp_accounting``'s RDP accountant evaluates it, and
+  :func:`epsilon_spent` gives the same epsilon, for many round counts at once. Its PLD
+  accountant (``dp_accounting`` 0.6) refuses a Poisson sample of a composition
+  (``messages > 1`` at ``sampling_rate < 1``); ``epsilon_spent(..., accountant="pld")``
+  evaluates the equivalent event it takes: ``n`` Gaussian mechanisms of multiplier ``z`` on
+  the same data are one of multiplier ``z / sqrt(n)`` (the RDP accountant's reduction too).
 
   Args:
     noise_multiplier: ``z > 0``.
@@ -361,6 +522,74 @@ def run_event(
   return dp_accounting.ComposedDpEvent([init_event(noise_multiplier, init_messages), rounds_])
 
 
+def _gaussian_pld(noise_multiplier: float, mechanisms: int, sampling_rate: float = 1.0):
+  """The privacy loss distribution of ``mechanisms`` Gaussians of multiplier ``z`` on the same
+  data (one of multiplier ``z / sqrt(mechanisms)``), Poisson-subsampled at ``sampling_rate``:
+  what ``dp_accounting``'s ``PLDAccountant`` builds for a ``GaussianDpEvent`` (or its
+  ``PoissonSampledDpEvent``), on the grid of :data:`PLD_DISCRETIZATION`."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from dp_accounting.pld import privacy_loss_distribution  # pylint: disable=g-import-not-at-top
+
+  return privacy_loss_distribution.from_gaussian_mechanism(
+    standard_deviation=noise_multiplier / math.sqrt(mechanisms),
+    value_discretization_interval=PLD_DISCRETIZATION,
+    sampling_prob=min(float(sampling_rate), 1.0),
+    neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+  )
+
+
+def _gaussian_epsilon(standard_deviation: float, delta: float) -> float:
+  """Epsilon at ``delta`` of one Gaussian mechanism of sensitivity 1, exactly: its privacy
+  loss distribution is known in closed form (``dp_accounting``'s ``GaussianPrivacyLoss``
+  gives delta for an epsilon; Balle and Wang 2018), inverted by bisection to a relative
+  ``1e-12``, the upper end returned (its delta is at most ``delta``)."""
+  from dp_accounting.pld import privacy_loss_mechanism  # pylint: disable=g-import-not-at-top
+
+  loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation)
+  over = lambda epsilon: loss.get_delta_for_epsilon(epsilon) > delta
+  if not over(0.0):
+    return 0.0
+  low, high = 0.0, 1.0
+  while over(high):
+    low, high = high, 2 * high
+  while high - low > 1e-12 * high:
+    middle = 0.5 * (low + high)
+    low, high = (middle, high) if over(middle) else (low, middle)
+  return high
+
+
+def _pld_epsilons(
+  noise_multiplier: float,
+  sampling_rate: float,
+  messages: int,
+  counts: np.ndarray,
+  delta: float,
+  init_messages: int,
+) -> np.ndarray:
+  """:func:`epsilon_spent`'s ``accountant="pld"`` for ``z > 0``: epsilon after each of
+  ``counts``, composing the rounds incrementally in increasing order of count."""
+  messages, init_messages = int(messages), int(init_messages)
+  wanted, where = np.unique(np.maximum(counts, 0), return_inverse=True)
+  eps = np.zeros(len(wanted))
+  if sampling_rate >= 1:  # every message on every client: one Gaussian, known exactly
+    for i, t in enumerate(wanted):
+      n = messages * int(t) + init_messages
+      eps[i] = _gaussian_epsilon(noise_multiplier / math.sqrt(n), delta) if n else 0.0
+    return eps[where]
+  total = _gaussian_pld(noise_multiplier, init_messages) if init_messages else None
+  per_round = None
+  if messages and sampling_rate > 0:
+    per_round = _gaussian_pld(noise_multiplier, messages, sampling_rate)
+  done = 0
+  for i, t in enumerate(wanted):
+    if per_round is not None and t > done:
+      more = per_round if t - done == 1 else per_round.self_compose(int(t - done))
+      total = more if total is None else total.compose(more)
+      done = int(t)
+    eps[i] = 0.0 if total is None else total.get_epsilon_for_delta(delta)
+  return eps[where]
+
+
 def epsilon_spent(
   noise_multiplier: float,
   sampling_rate: float,
@@ -369,16 +598,34 @@ def epsilon_spent(
   delta: float,
   *,
   init_messages: int = 0,
+  accountant: str = "rdp",
 ):
-  r"""Epsilon spent after each of ``rounds``, by the RDP accountant.
+  r"""Epsilon spent after each of ``rounds``, by the RDP or the PLD accountant.
 
   The run is :func:`run_event`: ``init_messages`` Gaussian mechanisms of every client
   before round 1 (the ``at_init`` means), not subsampled, then per round ``messages``
-  Gaussian mechanisms on a Poisson sample at rate ``sampling_rate``. Their Renyi
-  divergences add up, :math:`\rho(\alpha) = \rho_0(\alpha) + t\, \rho_q(\alpha)` after
-  :math:`t` rounds, and ``dp_accounting`` converts that to :math:`\varepsilon` at
-  ``delta`` with the best order :math:`\alpha`. One round's divergence is computed once,
-  so a sequence of round counts costs little more than one.
+  Gaussian mechanisms on a Poisson sample at rate ``sampling_rate``.
+
+  ``accountant="rdp"``: their Renyi divergences add up,
+  :math:`\rho(\alpha) = \rho_0(\alpha) + t\, \rho_q(\alpha)` after :math:`t` rounds, and
+  ``dp_accounting`` converts that to :math:`\varepsilon` at ``delta`` with the best order
+  :math:`\alpha`. One round's divergence is computed once, so a sequence of round counts
+  costs little more than one.
+
+  ``accountant="pld"``: ``dp_accounting.pld``'s privacy loss distributions (what its
+  ``PLDAccountant`` composes for :func:`run_event`, on a grid of step
+  :data:`PLD_DISCRETIZATION`; a round's ``messages`` Gaussians are the one Gaussian of
+  multiplier ``z / sqrt(messages)``). At ``sampling_rate < 1`` one round's distribution is
+  built once and composed round count after round count, in increasing order (the
+  differences by FFT self-composition), epsilon read at each requested count. One count,
+  even of thousands of rounds, takes a few tenths of a second; each further count adds a
+  convolution of the grown distribution and a read: the epsilon after each of 1000 rounds
+  takes 3 s at ``z = 1.1``, ``q = 0.01``, one message per round, and 12 s at ``q = 0.1``
+  (RDP: 0.2 and 0.4 s), more at a larger epsilon (a wider distribution). At
+  ``sampling_rate >= 1`` the run is one Gaussian mechanism, of multiplier
+  ``z / sqrt(messages * t + init_messages)``, whose privacy loss distribution is known in
+  closed form: its exact epsilon (Balle and Wang 2018, inverted to a relative ``1e-12``;
+  within ``1e-6`` of the discretized one where epsilon is above 0.1), about 10 ms a count.
 
   Args:
     noise_multiplier: ``z >= 0``; ``0`` (no noise) spends infinite epsilon after any round.
@@ -387,10 +634,14 @@ def epsilon_spent(
     rounds: a round count (int), or a sequence of them.
     delta: the run's delta, in ``(0, 1)``.
     init_messages: the ``at_init`` means before round 1 (default ``0``: none).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (tighter, slower; see the module).
 
   Returns:
     A float for an int ``rounds``, else a NumPy array of epsilons, one per entry of
     ``rounds``.
+
+  Raises:
+    ValueError: ``accountant`` is not ``"rdp"`` or ``"pld"``.
 
   Examples:
     Subsampling amplifies privacy: one message per round at ``z = 1``, with 10% of the
@@ -403,19 +654,32 @@ def epsilon_spent(
     >>> everyone = fedco.privacy.epsilon_spent(1.0, 1.0, 1, [1, 10, 100], 1e-5)
     >>> [round(float(e), 2) for e in everyone]
     [4.73, 19.05, 96.12]
+
+    The PLD accountant's tighter epsilons for the same runs:
+
+    >>> sampled = fedco.privacy.epsilon_spent(1.0, 0.1, 1, [1, 10, 100], 1e-5, accountant="pld")
+    >>> [round(float(e), 2) for e in sampled]
+    [1.68, 2.85, 7.05]
+    >>> everyone = fedco.privacy.epsilon_spent(1.0, 1.0, 1, [1, 10, 100], 1e-5, accountant="pld")
+    >>> [round(float(e), 2) for e in everyone]
+    [4.38, 17.86, 91.82]
   """
   from dp_accounting import rdp  # pylint: disable=g-import-not-at-top
 
+  accountant = _check_accountant(accountant)
   scalar = np.ndim(rounds) == 0
   counts = np.atleast_1d(np.asarray(rounds, np.int64))
   if noise_multiplier == 0:  # no noise: the at_init means already spend everything
     out = np.where((counts > 0) | (init_messages > 0), np.inf, 0.0)
     return float(out[0]) if scalar else out
+  if accountant == "pld":
+    out = _pld_epsilons(noise_multiplier, sampling_rate, messages, counts, delta, init_messages)
+    return float(out[0]) if scalar else out
   with _quiet():
-    accountant = rdp.RdpAccountant()
-    accountant.compose(round_event(noise_multiplier, sampling_rate, messages), 1)
-    orders = np.asarray(accountant._orders)  # pylint: disable=protected-access
-    per_round = np.asarray(accountant._rdp)  # pylint: disable=protected-access
+    by_rdp = rdp.RdpAccountant()
+    by_rdp.compose(round_event(noise_multiplier, sampling_rate, messages), 1)
+    orders = np.asarray(by_rdp._orders)  # pylint: disable=protected-access
+    per_round = np.asarray(by_rdp._rdp)  # pylint: disable=protected-access
     at_init = np.zeros_like(per_round)
     if init_messages:
       first = rdp.RdpAccountant()
@@ -439,14 +703,17 @@ def calibrate(
   *,
   init_messages: int = 0,
   rtol: float = 1e-6,
+  accountant: str = "rdp",
 ) -> float:
-  """The smallest noise multiplier whose run spends at most ``epsilon`` (RDP).
+  """The smallest noise multiplier whose run spends at most ``epsilon``.
 
-  Bisection on ``z``, over which the spent epsilon (:func:`epsilon_spent` after ``rounds``)
-  decreases: ``z`` doubles from 1 until the run spends at most ``epsilon``, then the bracket
-  shrinks to a relative width ``rtol``. The upper end is returned, so the run never spends
-  more than ``epsilon``. ``fedco.simulate`` calls it when :func:`gaussian` was given an
-  epsilon.
+  Bisection on ``z``, over which the spent epsilon (:func:`epsilon_spent` after ``rounds``,
+  by ``accountant``) decreases: ``z`` doubles from 1 until the run spends at most
+  ``epsilon``, then the bracket shrinks to a relative width ``rtol``. The upper end is
+  returned, so the run never spends more than ``epsilon``. ``fedco.simulate`` calls it when
+  :func:`gaussian` was given an epsilon. Each step evaluates one epsilon (see
+  :func:`epsilon_spent`): at ``sampling_rate < 1`` 0.03 to 0.2 s by RDP and 0.03 to 0.5 s
+  by PLD, so one to a few seconds in all at the default ``rtol`` either way.
 
   Args:
     epsilon: the target epsilon of the whole run, ``> 0``.
@@ -456,13 +723,15 @@ def calibrate(
     rounds: the run's number of rounds.
     init_messages: the ``at_init`` means before round 1 (default ``0``: none).
     rtol: the relative precision of ``z`` (default ``1e-6``).
+    accountant: ``"rdp"`` (default) or ``"pld"``: PLD's tighter epsilon buys a smaller
+      ``z`` (see the module).
 
   Returns:
     The noise multiplier ``z``, a float.
 
   Raises:
-    ValueError: ``epsilon`` is not a positive number, or even ``z = 1e6`` spends more than
-      ``epsilon``.
+    ValueError: ``epsilon`` is not a positive number, even ``z = 1e6`` spends more than
+      ``epsilon``, or ``accountant`` is not ``"rdp"`` or ``"pld"``.
 
   Examples:
     Epsilon 8 over 20 rounds of every client, for 6 messages per round and one ``at_init``
@@ -474,10 +743,20 @@ def calibrate(
     7.01
     >>> print(round(fedco.privacy.epsilon_spent(z, 1.0, 6, 20, 1e-5, init_messages=1), 2))
     8.0
+
+    The PLD accountant needs less noise for the same target (here to a precision of 0.1%,
+    ten bisection steps fewer than the default's):
+
+    >>> z = fedco.privacy.calibrate(8.0, 1e-5, 1.0, messages=1, rounds=5, rtol=1e-3)
+    >>> z_pld = fedco.privacy.calibrate(8.0, 1e-5, 1.0, messages=1, rounds=5, rtol=1e-3,
+    ...                                 accountant="pld")
+    >>> print(round(z, 3), round(z_pld, 3))
+    1.427 1.343
   """
   _validate.positive("epsilon", epsilon)
+  accountant = _check_accountant(accountant)
   spent = lambda z: epsilon_spent(
-    z, sampling_rate, messages, rounds, delta, init_messages=init_messages
+    z, sampling_rate, messages, rounds, delta, init_messages=init_messages, accountant=accountant
   )
   low, high = 0.0, 1.0
   while spent(high) > epsilon:
@@ -494,6 +773,8 @@ def calibrate(
 
 
 __all__ = [
+  "ACCOUNTANTS",
+  "PLD_DISCRETIZATION",
   "ClientDP",
   "gaussian",
   "messages_per_round",

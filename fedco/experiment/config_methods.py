@@ -137,7 +137,7 @@ class Method:
     ``fedco.simulate`` from :attr:`uplink`."""
     out: Dict[str, Any] = {}
     if self.uplink.get("privacy"):
-      out["privacy"] = fedco.privacy.gaussian(**self.uplink["privacy"])
+      out["privacy"] = _privacy(self.uplink["privacy"])
     if self.uplink.get("compression"):
       out["compression"] = {
         field: getattr(fedco.compression, CODECS[spec["codec"]])(
@@ -301,7 +301,17 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     if entry.get(name):
       out[name] = _plain(entry[name])
   if "privacy" in out:
-    _built(f"{where}.privacy", "privacy", fedco.privacy.gaussian, out["privacy"], ("rounds",))
+    adaptive = out["privacy"].get("adaptive")
+    if adaptive is not None and not isinstance(adaptive, dict):
+      raise ValueError(
+        f"{where}.privacy.adaptive must be {{target_quantile, learning_rate, count_noise}}, "
+        f"got {adaptive!r}"
+      )
+    if adaptive is not None:
+      _built(
+        f"{where}.privacy.adaptive", "adaptive clipping", fedco.privacy.adaptive_clipping, adaptive
+      )
+    _built(f"{where}.privacy", "privacy", _privacy_kwargs, out["privacy"], ("rounds",))
   for field, spec in out.get("compression", {}).items():
     codec = spec.get("codec") if isinstance(spec, dict) else None
     extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
@@ -317,12 +327,39 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     spec = out["aggregation"]
     extend.one_of(f"{where}.aggregation.rule", spec.get("rule"), list(RULES))
     rule = getattr(fedco.byzantine, spec["rule"])
-    _built(f"{where}.aggregation", spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"})
+    _built(
+      f"{where}.aggregation", spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"}
+    )
   if "byzantine" in out:
     _built(f"{where}.byzantine", "byzantine", fedco.byzantine.attack, out["byzantine"])
   if entry.get("curve"):
     out["curve"] = str(entry["curve"])
   return out
+
+
+def _privacy(settings):
+  """``fedco.privacy.gaussian`` of a method's ``privacy`` settings (``adaptive`` a dict of
+  :func:`fedco.privacy.adaptive_clipping`'s)."""
+  settings = dict(settings)
+  if settings.get("adaptive") is not None:
+    settings["adaptive"] = fedco.privacy.adaptive_clipping(**settings["adaptive"])
+  return fedco.privacy.gaussian(**settings)
+
+
+def _privacy_kwargs(
+  clip, noise_multiplier=None, epsilon=None, delta=1e-5, rounds=None, adaptive=None
+):
+  """:func:`_privacy` with ``gaussian``'s parameters spelled out (the checks name them)."""
+  return _privacy(
+    dict(
+      clip=clip,
+      noise_multiplier=noise_multiplier,
+      epsilon=epsilon,
+      delta=delta,
+      rounds=rounds,
+      adaptive=adaptive,
+    )
+  )
 
 
 def _built(where: str, what: str, factory, kwargs, hidden=()):

@@ -24,7 +24,7 @@ from fedco.data.datasets import FederatedDataset
 from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.problems.base import Problem
-from fedco.runtime import layouts, uplink_setup
+from fedco.runtime import adaptive_clip, layouts, uplink_setup
 from fedco.runtime.checks import check_dtypes, check_kinds, check_scalar
 from fedco.runtime.mesh import check_mesh
 from fedco.runtime.options import DEFAULT_BATCH_SIZE, SimOptions
@@ -62,11 +62,18 @@ class RunConfig:
 
   @property
   def aggregator(self) -> ServerAggregator:
-    """The algorithm's server, under the run's aggregation rule when it has one."""
-    rule = None if self.uplink is None else self.uplink.rule
-    if rule is None:
-      return as_aggregator(self.algorithm.server)
-    return byzantine.with_rule(self.algorithm.server, rule)
+    """The algorithm's server, under the run's aggregation rule when it has one (and
+    holding the adaptive clip bounds under adaptive clipping)."""
+    up = self.uplink
+    server = self.algorithm.server
+    aggregator = (
+      as_aggregator(server)
+      if up is None or up.rule is None
+      else byzantine.with_rule(server, up.rule)
+    )
+    if up is not None and up.adapted:  # its state also holds the adaptive clip bounds
+      aggregator = adaptive_clip.wrap(aggregator, up)
+    return aggregator
 
   @property
   def faults(self) -> bool:

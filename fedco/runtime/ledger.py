@@ -132,6 +132,7 @@ class Ledger(NamedTuple):
           rounds,
           u["delta"],
           init_messages=u["messages_at_init"],
+          accountant=u.get("accountant", "rdp"),
         )
     return out
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from fedco.algorithms.base import RoundInfo, get_field, init_trackers, set_fields
-from fedco.runtime import evaluation, local
+from fedco.runtime import adaptive_clip, evaluation, local
 from fedco.runtime.batching import draw, run_float
 from fedco.runtime.faults import draw_faults
 from fedco.runtime.local import CLIENT_STREAM as CLIENT_STREAM  # fedco.testing reads it
@@ -284,8 +284,9 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   )
   uploads = {"params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}}
   client_losses: Callable[..., Any] = functools.partial(_client_losses, cfg, data)
+  bounds, bits = adaptive_clip.bounds_of(cfg, state), {}
   if up is not None:
-    uploads, ust = _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive)
+    uploads, ust, bits = _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive, bounds)
     if up.private:
       client_losses = _unprivate_losses
   client_values = jax.tree.map(pick, uploads)
@@ -293,6 +294,10 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   server, server_opt_state = cfg.aggregator.update(
     state.server, state.server_opt_state, client_values, info
   )
+  if bounds is not None:  # adaptive clipping: the bounds move with the round's noised bits
+    assert k_up is not None
+    k_bits = jax.random.fold_in(k_up, ADAPTIVE_STREAM)
+    server_opt_state = adaptive_clip.advance(up, server_opt_state, bits, alive, k_bits)
   if cfg.faults:  # a round nobody survived changes nothing on the server
     anyone = jnp.any(alive)
     server, server_opt_state, shared = jax.tree.map(
@@ -317,6 +322,8 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     cfg, completed, server["params"], data, flat, final_round, metrics_data
   )
   metrics["clients"] = real
+  if bounds is not None:
+    metrics.update({f"clip_{f}": b for f, b in bounds.items()})  # the round's bounds
   if cfg.faults:
     metrics["survivors"] = pick(alive)
   if cfg.varied_steps:
@@ -326,19 +333,25 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
 
 # Folded into a key for the uplink's draws: beyond any client id and split index.
 UPLINK_STREAM = 0x75706C6B
+# Folded into the uplink's key for adaptive clipping's count noise.
+ADAPTIVE_STREAM = 0x61646170
 
 
-def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):
+def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive, bounds=None):
   """The round-end uploads of the fields the uplink handles, as the server decodes them:
   the model and ``every_round`` fields as deltas from the server's copies, ``report``
   fields as they are. Noise lands once on the weighted mean unless the server reads every
-  client's values (a ``ServerAggregator``) or the field is a report."""
-  up, out = cfg.uplink, dict(uploads)
+  client's values (a ``ServerAggregator``) or the field is a report. With adaptive
+  clipping (``bounds``), also each adapted field's bits: which clients were within it."""
+  up, out, bits = cfg.uplink, dict(uploads), {}
   for i, f in enumerate(uploads):
     if not up.handles(f):
       continue
     report = f in cfg.plan.report and f not in cfg.plan.every_round and f != "params"
     reference = None if report else state.server[f]
+    bound = None if bounds is None else bounds.get(f)
+    if bound is not None:
+      bits[f] = adaptive_clip.within(uploads[f], reference, bound)
     out[f], ust = up.send_each(
       f,
       uploads[f],
@@ -349,8 +362,9 @@ def _send_round_end(cfg, state, uploads, w, ust, k_up, ids, alive):
       ids,
       alive,
       shared_noise=not (report or up.server_reads_each),
+      bound=bound,
     )
-  return out, ust
+  return out, ust, bits
 
 
 def _unprivate_losses(*args, **kwargs):

@@ -31,7 +31,7 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Uplink:
-  """The per-field codecs and clip bounds of a run, and its noise multiplier.
+  r"""The per-field codecs and clip bounds of a run, and its noise multiplier.
 
   Attributes:
     codecs: ``{field: Codec}``.
@@ -51,6 +51,13 @@ class Uplink:
     byzantine_ids: ``int32``, their ids (sorted), when ``attack`` is set.
     routed: the fields sent through this uplink because of ``rule`` or ``attack`` (every
       field sent), beside those with a codec or a clip bound.
+    adapted: the fields whose clip bound adapts (:mod:`~fedco.runtime.adaptive_clip`): those
+      sent once at a round's end, under ``privacy``'s ``adaptive``; ``clip`` holds their
+      starting bounds.
+    update_multiplier: their uploads' noise multiplier :math:`z_\Delta` (the bits take the
+      rest of ``noise_multiplier``'s budget).
+    count_noise: :math:`\sigma_b`, the noise on each round's count of clients within the
+      bound.
   """
 
   codecs: Mapping[str, compression_lib.Codec]
@@ -65,9 +72,16 @@ class Uplink:
   attack: Any = None
   byzantine_ids: Any = None
   routed: Tuple[str, ...] = ()
+  adapted: Tuple[str, ...] = ()
+  update_multiplier: float = 0.0
+  count_noise: float = 0.0
 
   def handles(self, field: str) -> bool:
     return field in self.codecs or field in self.clip or field in self.routed
+
+  def multiplier(self, field: str) -> float:
+    """The noise multiplier of ``field``'s uploads (``z_Delta`` for an adapted field)."""
+    return self.update_multiplier if field in self.adapted else self.noise_multiplier
 
   def fields(self, names) -> Tuple[str, ...]:
     return tuple(f for f in names if self.handles(f))
@@ -87,6 +101,7 @@ class Uplink:
       rounds,
       self.privacy.delta,
       init_messages=self.init_messages,
+      accountant=self.privacy.accountant,
     )
 
   def describe(self) -> Dict[str, Any]:
@@ -102,6 +117,18 @@ class Uplink:
         sampling_rate=self.sampling_rate,
         accounting="RDP; fixed-size client samples accounted as Poisson at clients_per_round / K",
       )
+      if self.privacy.accountant != "rdp":  # only then: earlier runs keep their fingerprints
+        out["accountant"] = self.privacy.accountant
+        out["accounting"] = out["accounting"].replace("RDP", self.privacy.accountant.upper())
+    if self.adapted:  # only then: earlier runs keep their fingerprints
+      assert self.privacy is not None and self.privacy.adaptive is not None
+      out["adaptive_clipping"] = {
+        "fields": list(self.adapted),
+        "target_quantile": self.privacy.adaptive.target_quantile,
+        "learning_rate": self.privacy.adaptive.learning_rate,
+        "count_noise": self.count_noise,
+        "update_multiplier": self.update_multiplier,
+      }
     if self.rule is not None:  # only then: earlier runs keep their fingerprints
       out["aggregation"] = self.rule.describe()
     if self.attack is not None:
@@ -139,12 +166,13 @@ class Uplink:
 
   # ---- one message of one field from the round's slots ----------------------------------
 
-  def encode(self, field: str, values, reference, ustate, keys, sending, ids=None):
+  def encode(self, field: str, values, reference, ustate, keys, sending, ids=None, bound=None):
     """Client side: ``(deltas as the server decodes them, new codec states)``; ``values``
     and ``keys`` have a leading slots axis, ``reference`` has none (``None``: zeros).
     Slots not ``sending`` (dropped clients, finished stragglers) send nothing: their
     decoded delta is 0 and their codec state is kept. Byzantine clients among ``ids``
-    send the attack's upload instead (after their codec and clip, which they skip)."""
+    send the attack's upload instead (after their codec and clip, which they skip).
+    ``bound``: this round's clip bound of an adapted field (default: the fixed one)."""
     if reference is None:
       deltas = values
     else:
@@ -155,7 +183,7 @@ class Uplink:
     if codec is not None:
       coded, new = jax.vmap(lambda d, s, k: codec.update(d, s, key=k))(deltas, ustate[field], keys)
       deltas = coded
-    bound = self.clip.get(field)
+    bound = self.clip.get(field) if bound is None else bound
     if bound is not None:
       clipped = _clip_each(deltas, bound)
       if isinstance(new, compression_lib.TopKState) and jax.tree.leaves(new.error):
@@ -229,23 +257,26 @@ class Uplink:
     *,
     shared_noise: bool,
     decoded: bool = True,
+    bound=None,
   ):
     """Every client's value as the server decodes it: ``(values, codec states)``. With
     ``shared_noise`` the server averages them with ``weights`` (summing to 1), so one noise
     draw added to all lands once on that mean; otherwise each value gets its own.
-    ``decoded=False``: the changes from ``reference``, not added back to it."""
+    ``decoded=False``: the changes from ``reference``, not added back to it. ``bound``:
+    this round's clip bound of an adapted field."""
     keys = _client_keys(key, ids)
-    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids)
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids, bound)
+    bound = self.clip.get(field) if bound is None else bound
     if self.noise_multiplier and field in self.clip:
       nkey = jax.random.fold_in(key, 1)
       one = jax.tree.map(lambda a: a[0], deltas)  # one upload's shapes
       std: Union[float, jax.Array]
       if shared_noise:
-        std = self.noise_multiplier * self.clip[field] * jnp.max(weights)
+        std = self.multiplier(field) * bound * jnp.max(weights)
         noise = _noise(one, std, nkey)
         deltas = jax.tree.map(lambda d, z: d + z, deltas, noise)
       else:  # each client's own draw, keyed by its id (not its slot)
-        std = self.noise_multiplier * self.clip[field]
+        std = self.multiplier(field) * bound
         noise = jax.vmap(lambda k: _noise(one, std, k))(
           jax.vmap(jax.random.fold_in, (None, 0))(nkey, ids)
         )

@@ -135,6 +135,7 @@ def make_uplink(
         sum(messages.values()),
         privacy.rounds,
         init_messages=len(plan.init_fields),
+        accountant=privacy.accountant,
       )
       privacy = dataclasses.replace(privacy, noise_multiplier=z)
     z = float(privacy.noise_multiplier)
@@ -146,6 +147,13 @@ def make_uplink(
   if byzantine is not None:
     bad_ids = _byzantine_ids(algorithm, byzantine, num_clients)
   routed = sent_fields(plan) if aggregation is not None or byzantine is not None else ()
+  adapted: Tuple[str, ...] = ()
+  z_update, count_noise = z, 0.0
+  if privacy is not None and privacy.adaptive is not None:
+    adapted = adapted_fields(plan)
+    spec = privacy.adaptive
+    count_noise = clients_per_round / 20 if spec.count_noise is None else spec.count_noise
+    z_update = privacy_lib.update_multiplier(z, count_noise)
   return Uplink(
     codecs,
     clip,
@@ -159,7 +167,19 @@ def make_uplink(
     byzantine,
     bad_ids,
     routed,
+    adapted,
+    z_update,
+    float(count_noise),
   )
+
+
+def adapted_fields(plan) -> Tuple[str, ...]:
+  """The fields whose bound adaptive clipping moves: those sent once, at a round's end (the
+  model, ``every_round`` and ``report`` fields, none also sent after every step or at the
+  round's start)."""
+  once = ("params",) + tuple(plan.every_round) + tuple(plan.report)
+  other = set(plan.every_step) | set(plan.round_start)
+  return tuple(f for f in dict.fromkeys(once) if f not in other)
 
 
 def _byzantine_ids(algorithm, byzantine, num_clients: int):
