@@ -301,17 +301,18 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     if entry.get(name):
       out[name] = _plain(entry[name])
   if "privacy" in out:
-    adaptive = out["privacy"].get("adaptive")
+    settings = dict(out["privacy"])
+    adaptive = settings.get("adaptive")
     if adaptive is not None and not isinstance(adaptive, dict):
       raise ValueError(
         f"{where}.privacy.adaptive must be {{target_quantile, learning_rate, count_noise}}, "
         f"got {adaptive!r}"
       )
     if adaptive is not None:
-      _built(
+      settings["adaptive"] = _built(
         f"{where}.privacy.adaptive", "adaptive clipping", fedco.privacy.adaptive_clipping, adaptive
       )
-    _built(f"{where}.privacy", "privacy", _privacy_kwargs, out["privacy"], ("rounds",))
+    _built(f"{where}.privacy", "privacy", fedco.privacy.gaussian, settings, ("rounds",))
   for field, spec in out.get("compression", {}).items():
     codec = spec.get("codec") if isinstance(spec, dict) else None
     extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
@@ -344,22 +345,6 @@ def _privacy(settings):
   if settings.get("adaptive") is not None:
     settings["adaptive"] = fedco.privacy.adaptive_clipping(**settings["adaptive"])
   return fedco.privacy.gaussian(**settings)
-
-
-def _privacy_kwargs(
-  clip, noise_multiplier=None, epsilon=None, delta=1e-5, rounds=None, adaptive=None
-):
-  """:func:`_privacy` with ``gaussian``'s parameters spelled out (the checks name them)."""
-  return _privacy(
-    dict(
-      clip=clip,
-      noise_multiplier=noise_multiplier,
-      epsilon=epsilon,
-      delta=delta,
-      rounds=rounds,
-      adaptive=adaptive,
-    )
-  )
 
 
 def _built(where: str, what: str, factory, kwargs, hidden=()):
