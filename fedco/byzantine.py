@@ -64,7 +64,9 @@ from fedco.algorithms.core.servers import (
 
 PyTree = Any
 
+#: The kinds of upload a Byzantine client sends (:func:`attack`'s ``kind``).
 ATTACKS = ("sign_flip", "scale", "gaussian")
+#: Each kind's ``scale`` when :func:`attack` is given none.
 DEFAULT_SCALE = {"sign_flip": 1.0, "scale": 10.0, "gaussian": 1.0}
 
 
