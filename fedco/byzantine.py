@@ -144,11 +144,16 @@ def _sorted(a, alive):
 
 
 def _median_leaf(a, alive):
+  """The surviving values' median per coordinate: the two middle ones of the ``m // 2 + 1``
+  largest (``lax.top_k`` over the clients axis: about half a full sort's time on a CPU)."""
   n = jnp.sum(alive)
-  s = _sorted(a, alive)
-  lo = jax.lax.dynamic_index_in_dim(s, jnp.maximum((n - 1) // 2, 0), keepdims=False)
-  hi = jax.lax.dynamic_index_in_dim(s, jnp.maximum(n // 2, 0), keepdims=False)
-  return jnp.where(n > 0, (lo + hi) / 2, jnp.zeros_like(lo))
+  m = a.shape[0]
+  flat = jnp.where(_expand(alive, a), a, -jnp.inf).reshape(m, -1).T  # [d, m], dead last
+  top = jax.lax.top_k(flat, m // 2 + 1)[0]  # [d, m // 2 + 1], decreasing
+  hi = jax.lax.dynamic_index_in_dim(top, jnp.maximum((n - 1) // 2, 0), axis=1, keepdims=False)
+  lo = jax.lax.dynamic_index_in_dim(top, jnp.maximum(n // 2, 0), axis=1, keepdims=False)
+  median = ((lo + hi) / 2).reshape(a.shape[1:])
+  return jnp.where(n > 0, median, jnp.zeros_like(median))
 
 
 def coordinate_median() -> Rule:
