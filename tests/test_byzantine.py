@@ -359,3 +359,18 @@ def test_a_methods_aggregation_and_attack_are_checked_and_built():
     with pytest.raises(ValueError, match=match) as err:
       config_methods.uplink_settings("--config.methods.m", ml_collections.ConfigDict(change))
     assert "\n" not in str(err.value)
+
+
+def test_a_huge_byzantine_value_leaves_no_trace_in_the_median_or_trimmed_mean():
+  """Float32 uploads with one surviving client at 1e30: the rules that drop it return the
+  honest clients' statistic to float32 round-off (no cancellation of the outlier)."""
+  values, weights, alive = _uploads(1)
+  values["a"][5] = 1e30
+  for rule, reference in [
+    (byzantine.coordinate_median(), np_median),
+    (byzantine.trimmed_mean(0.2), np_trimmed(0.2)),
+  ]:
+    got = rule({k: jnp.asarray(v, jnp.float32) for k, v in values.items()}, weights, alive)
+    want = reference(values, weights, alive)
+    for k in values:
+      np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-5, atol=1e-5)
