@@ -275,7 +275,9 @@ class AdaptiveClipping:
       leave unclipped.
     learning_rate: :math:`\eta_C`, the geometric step of the bound.
     count_noise: :math:`\sigma_b`, the standard deviation of the noise on each round's count
-      of clients within the bound; ``None``: ``clients_per_round / 20`` (the paper's).
+      of clients within the bound; ``None``: ``clients_per_round / 20`` (the paper's), or
+      the noise multiplier :math:`z` where that is larger (the count then takes at most a
+      quarter of the budget: :math:`z_\Delta \le 1.155 z`).
 
   Examples:
     >>> import fedco
@@ -306,8 +308,10 @@ def adaptive_clipping(
   Args:
     target_quantile: :math:`\gamma \in (0, 1)` (default 0.5, the median norm).
     learning_rate: :math:`\eta_C > 0` (default 0.2, the paper's).
-    count_noise: :math:`\sigma_b > 0`; ``None`` (default): ``clients_per_round / 20``.
-      It must exceed half the noise multiplier (:func:`update_multiplier`).
+    count_noise: :math:`\sigma_b > 0`; ``None`` (default): ``clients_per_round / 20`` (the
+      paper's, for its cohorts of hundreds at :math:`z \approx 1`), or :math:`z` where that
+      is larger (a few clients, or many rounds at a small epsilon). It must exceed half
+      the noise multiplier (:func:`update_multiplier`).
 
   Returns:
     an :class:`AdaptiveClipping`.

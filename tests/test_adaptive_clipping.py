@@ -177,3 +177,14 @@ def test_a_methods_privacy_takes_adaptive_clipping_from_the_config():
   )
   with pytest.raises(ValueError, match=r"--config\.methods\.m\.privacy\.adaptive\.target is not"):
     config_methods.uplink_settings("--config.methods.m", bad)
+
+
+def test_the_default_count_noise_rises_to_z_where_the_papers_is_too_small():
+  """K / 20 = 0.3 cannot pay for z = 2 (it must exceed z / 2): the default becomes z, the
+  update's multiplier 2 / sqrt(3/4)."""
+  dp = fedco.privacy.gaussian(0.5, noise_multiplier=2.0, adaptive=fedco.privacy.adaptive_clipping())
+  sim = fedco.Simulator(
+    PROBLEM, fedco.fedavg(LR, STEPS, weighting="uniform"), _data(), batch_size=None, privacy=dp
+  )
+  assert sim.config.uplink.count_noise == 2.0
+  assert sim.config.uplink.multiplier("params") == pytest.approx(2.0 / 0.75**0.5)

@@ -6,7 +6,8 @@ logistic regression, 100 rounds of 20 steps; AFL 2,000 rounds of one step) with 
 the methods send clipped and noised at each target epsilon of ``EPSILONS`` (delta 1e-5):
 ``<method>_eps<e>`` with fixed bounds ``CLIP[method]``, ``<method>_eps<e>_adaptive`` with
 the model's bound starting there and following the median update norm
-(``fedco.privacy.adaptive_clipping``; the count's noise ``105 / 20``). Clients are weighted
+(``fedco.privacy.adaptive_clipping``; the count's noise the larger of ``105 / 20`` and
+the run's noise multiplier). Clients are weighted
 alike (data sizes are private). Only the model's bound adapts: FedDRO's ``y`` goes up after
 every step and AFL's losses are reports the bound of which stays fixed (decision 107).
 """

@@ -152,7 +152,10 @@ def make_uplink(
   if privacy is not None and privacy.adaptive is not None:
     adapted = adapted_fields(plan)
     spec = privacy.adaptive
-    count_noise = clients_per_round / 20 if spec.count_noise is None else spec.count_noise
+    # the paper's clients_per_round / 20, raised to z where that is less: the count then
+    # takes at most a quarter of the budget (z_Delta <= 1.155 z)
+    default = max(clients_per_round / 20, z)
+    count_noise = default if spec.count_noise is None else spec.count_noise
     z_update = privacy_lib.update_multiplier(z, count_noise)
   return Uplink(
     codecs,
