@@ -188,3 +188,25 @@ def test_the_default_count_noise_rises_to_z_where_the_papers_is_too_small():
   )
   assert sim.config.uplink.count_noise == 2.0
   assert sim.config.uplink.multiplier("params") == pytest.approx(2.0 / 0.75**0.5)
+
+
+def test_the_count_query_is_inside_the_accounted_budget():
+  """The upload (sensitivity C, noise z_Delta C) and the count of clients within C (each
+  bit's centred sensitivity 1/2, noise sigma_b) composed, as dp-accounting's RDP accountant
+  sees them, cost exactly the one Gaussian of multiplier z that the run accounts."""
+  import dp_accounting
+  from dp_accounting import rdp
+
+  z, sigma_b = 1.3, 2.0
+  z_delta = fedco.privacy.update_multiplier(z, sigma_b)
+  pair = dp_accounting.ComposedDpEvent(
+    [dp_accounting.GaussianDpEvent(z_delta), dp_accounting.GaussianDpEvent(2 * sigma_b)]
+  )
+  one = dp_accounting.GaussianDpEvent(z)
+  eps = [rdp.RdpAccountant().compose(e, 50).get_epsilon(1e-5) for e in (pair, one)]
+  assert eps[0] == pytest.approx(eps[1], rel=1e-9)
+  # and the count alone is not free: the update at z with the count beside it costs more
+  more = dp_accounting.ComposedDpEvent(
+    [dp_accounting.GaussianDpEvent(z), dp_accounting.GaussianDpEvent(2 * sigma_b)]
+  )
+  assert rdp.RdpAccountant().compose(more, 50).get_epsilon(1e-5) > eps[1] * 1.01
