@@ -221,7 +221,7 @@ class Uplink:
       sent, ustate = self.send_each(
         field,
         values,
-        None if reference is None else reference,
+        reference,
         weights,
         ustate,
         key,
