@@ -45,7 +45,6 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -60,6 +59,7 @@ from fedco.algorithms.core.servers import (
   ServerAggregator,
   as_aggregator,
   optax_aggregator,
+  weighted_client_mean,
 )
 
 PyTree = Any
@@ -116,9 +116,7 @@ def _expand(mask, a):
 
 def _mean(values, weights, alive, centered):
   del centered
-  return jax.tree.map(
-    lambda a: jnp.tensordot(jnp.where(alive, weights, 0).astype(a.dtype), a, axes=1), values
-  )
+  return weighted_client_mean(values, jnp.where(alive, weights, 0))
 
 
 def mean() -> Rule:
@@ -282,10 +280,7 @@ def _krum_fn(f: int, select: int):
     n = jnp.sum(alive)
     rank = jnp.argsort(jnp.argsort(scores, stable=True), stable=True)
     chosen = alive & (rank < jnp.minimum(select, n))
-    count = jnp.maximum(jnp.sum(chosen), 1)
-    return jax.tree.map(
-      lambda a: jnp.tensordot((chosen / count).astype(a.dtype), a, axes=1), values
-    )
+    return weighted_client_mean(values, chosen / jnp.maximum(jnp.sum(chosen), 1))
 
   return fn
 
@@ -338,16 +333,6 @@ def multi_krum(f: int, m: int) -> Rule:
   return Rule("multi_krum", {"f": f, "m": m}, _krum_fn(f, m))
 
 
-def _global_norms(tree):
-  return jnp.sqrt(
-    sum(jnp.sum(jnp.reshape(a, (a.shape[0], -1)) ** 2, 1) for a in jax.tree.leaves(tree))
-  )
-
-
-def _step(factor, center, diff):
-  return center + jnp.tensordot(factor.astype(diff.dtype), diff, axes=1)
-
-
 def centered_clipping(tau: float, iterations: int = 1) -> Rule:
   r"""Centered clipping (Karimireddy, He and Jaggi 2021).
 
@@ -387,9 +372,9 @@ def centered_clipping(tau: float, iterations: int = 1) -> Rule:
       v = jax.tree.map(lambda a: _median_leaf(a, alive), values)
     for _ in range(iterations):
       diff = jax.tree.map(lambda a, c: a - c, values, v)
-      norms = _global_norms(diff)
+      norms = jax.vmap(optax.global_norm)(diff)
       factor = w * jnp.minimum(1, tau / jnp.maximum(norms, jnp.finfo(norms.dtype).tiny))
-      v = jax.tree.map(functools.partial(_step, factor), v, diff)
+      v = jax.tree.map(jnp.add, v, weighted_client_mean(diff, factor))
     return v
 
   return Rule("centered_clipping", {"tau": tau, "iterations": iterations}, fn)

@@ -23,6 +23,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedco.algorithms.base import ServerAggregator
 
@@ -66,9 +67,7 @@ def within(values, reference, bound) -> jax.Array:
   """``bool [m]``: whether each client's upload (its change from ``reference``, or the value
   itself) has global L2 norm at most ``bound``: the bit it reports."""
   deltas = values if reference is None else jax.tree.map(lambda v, r: v - r, values, reference)
-  leaves = jax.tree.leaves(deltas)
-  norms = jnp.sqrt(sum(jnp.sum(jnp.reshape(a, (a.shape[0], -1)) ** 2, axis=1) for a in leaves))
-  return norms <= bound
+  return jax.vmap(optax.global_norm)(deltas) <= bound
 
 
 def advance(up, state: ClipState, bits: Dict[str, jax.Array], alive, key) -> ClipState:

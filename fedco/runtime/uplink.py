@@ -265,8 +265,8 @@ class Uplink:
     ``decoded=False``: the changes from ``reference``, not added back to it. ``bound``:
     this round's clip bound of an adapted field."""
     keys = _client_keys(key, ids)
-    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids, bound)
     bound = self.clip.get(field) if bound is None else bound
+    deltas, ustate = self.encode(field, values, reference, ustate, keys, alive, ids, bound)
     if self.noise_multiplier and field in self.clip:
       nkey = jax.random.fold_in(key, 1)
       one = jax.tree.map(lambda a: a[0], deltas)  # one upload's shapes
