@@ -64,6 +64,8 @@ from fedco.algorithms.core.servers import (
 
 PyTree = Any
 
+#: The rules' factories by name (an experiment config's ``aggregation.rule``).
+RULES = ("mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "centered_clipping")
 #: The kinds of upload a Byzantine client sends (:func:`attack`'s ``kind``).
 ATTACKS = ("sign_flip", "scale", "gaussian")
 #: Each kind's ``scale`` when :func:`attack` is given none.
@@ -632,6 +634,7 @@ def flip_labels(data, spec: Attack, num_classes: int, label_key: str = "y"):
 
 __all__ = [
   "ATTACKS",
+  "RULES",
   "Attack",
   "Rule",
   "attack",

@@ -24,16 +24,6 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # combines the uploads and which clients are Byzantine (fedco.byzantine).
 UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine")
 
-# config aggregation rule name -> fedco.byzantine factory (the same name)
-RULES = (
-  "mean",
-  "coordinate_median",
-  "trimmed_mean",
-  "krum",
-  "multi_krum",
-  "centered_clipping",
-)
-
 
 # config codec name -> fedco.compression factory
 CODECS = {
@@ -326,7 +316,7 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     )
   if "aggregation" in out:
     spec = out["aggregation"]
-    extend.one_of(f"{where}.aggregation.rule", spec.get("rule"), list(RULES))
+    extend.one_of(f"{where}.aggregation.rule", spec.get("rule"), list(fedco.byzantine.RULES))
     rule = getattr(fedco.byzantine, spec["rule"])
     _built(
       f"{where}.aggregation", spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"}
