@@ -37,30 +37,53 @@ RULES = {
 REPORTS = {"feddro": "y", "afl": "loss"}
 
 
-def methods(fractions=(0.1, 0.2), inflate_scale=10.0):
-  """Every (algorithm, rule, attack, fraction) of the grid as a ``config.methods`` entry."""
+def methods(
+  fractions=(0.1, 0.2),
+  inflate_scale=10.0,
+  *,
+  algorithms=None,
+  rules=None,
+  clients=10,
+  gaussian=(),
+  inflate=None,
+):
+  """Every (algorithm, rule, attack, fraction) of the grid as a ``config.methods`` entry.
+
+  ``algorithms``/``rules``: name -> entry (defaults: this module's ``ALGORITHMS`` and
+  ``RULES``); ``clients``: ``K``, for the labels' counts; ``gaussian``: the fractions at which
+  clients also send Gaussian noise (``fedco.byzantine.attack``'s ``"gaussian"``, scale 1);
+  ``inflate``: the fractions of the DRO methods' inflated reports (default ``fractions``).
+  """
+  algorithms = ALGORITHMS if algorithms is None else algorithms
+  rules = RULES if rules is None else rules
+  inflate = fractions if inflate is None else inflate
   out = {}
-  for name, entry in ALGORITHMS.items():
-    for rule_name, rule in RULES.items():
+  for name, entry in algorithms.items():
+    for rule_name, rule in rules.items():
       base = {**entry, **({"aggregation": rule} if rule else {})}
       out[f"{name}_{rule_name}_clean_0"] = base
-      for fraction in fractions:
-        count = round(fraction * 10)
-        out[f"{name}_{rule_name}_flip_{count}"] = {
-          **base,
-          "byzantine": {"fraction": fraction, "kind": "sign_flip"},
-        }
-        if name in REPORTS:
-          out[f"{name}_{rule_name}_inflate_{count}"] = {
+      for kind, chosen in (("flip", fractions), ("gaussian", gaussian)):
+        for fraction in chosen:
+          label = f"{name}_{rule_name}_{kind}_{round(fraction * clients)}"
+          out[label] = {
             **base,
-            "byzantine": {
-              "fraction": fraction,
-              "kind": "scale",
-              "scale": inflate_scale,
-              "fields": (REPORTS[name],),
-            },
+            "byzantine": {"fraction": fraction, "kind": _KINDS[kind]},
           }
+      report = REPORTS.get(entry["algorithm"])
+      for fraction in inflate if report else ():
+        out[f"{name}_{rule_name}_inflate_{round(fraction * clients)}"] = {
+          **base,
+          "byzantine": {
+            "fraction": fraction,
+            "kind": "scale",
+            "scale": inflate_scale,
+            "fields": (report,),
+          },
+        }
   return out
+
+
+_KINDS = {"flip": "sign_flip", "gaussian": "gaussian"}
 
 
 def get_config():
