@@ -760,18 +760,287 @@ def calibrate(
   spent = lambda z: epsilon_spent(
     z, sampling_rate, messages, rounds, delta, init_messages=init_messages, accountant=accountant
   )
+  return _bisect(spent, epsilon, rtol, f"delta={delta} over {rounds} rounds")
+
+
+def _bisect(spent, epsilon: float, rtol: float, what: str) -> float:
+  """The smallest ``z`` (to a relative ``rtol``, its upper end) with ``spent(z) <= epsilon``,
+  ``spent`` decreasing in ``z``: doubling from 1, then bisection."""
   low, high = 0.0, 1.0
   while spent(high) > epsilon:
     low, high = high, 2 * high
     if high > 1e6:
       raise ValueError(
-        f"epsilon={epsilon} is out of reach for delta={delta} over {rounds} "
-        f"rounds: even noise_multiplier=1e6 spends more"
+        f"epsilon={epsilon} is out of reach for {what}: even noise_multiplier=1e6 spends more"
       )
   while high - low > rtol * high:
     middle = 0.5 * (low + high)
     low, high = (middle, high) if spent(middle) > epsilon else (low, middle)
   return high
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDP:
+  r"""DP-FTRL for a run (build it with :func:`dp_ftrl`, which checks the values).
+
+  The model changes clients send are clipped to ``clip``; the server sums them, adds
+  tree-aggregated noise (each node :math:`\mathcal N(0, (z\, C / m)^2)` on the mean's scale)
+  and steps by follow-the-regularized-leader with momentum
+  (:mod:`fedco.algorithms.core.ftrl`), one tree per epoch of the run's ``"epochs"`` client
+  schedule. The attributes a :class:`ClientDP` has mean the same here.
+
+  Attributes:
+    clip: the L2 bound of each client's model change (DP-FTRL covers the model only).
+    learning_rate: the server's :math:`\eta`.
+    momentum: the server's :math:`\mu \in [0, 1)`.
+    nesterov: the Nesterov form of the momentum.
+    noise_multiplier: ``z``, each node's noise over the sensitivity; ``None`` until
+      calibrated from ``epsilon``.
+    epsilon: the target epsilon of the whole run (``None`` when ``noise_multiplier`` is
+      given).
+    delta: the run's delta.
+    rounds: the rounds ``epsilon`` is calibrated for (``None``: ``fedco.simulate`` fills in
+      its own).
+
+  Examples:
+    Calibrated over a run's rounds, as ``fedco.simulate`` does for its own:
+
+    >>> import fedco
+    >>> spec = fedco.privacy.dp_ftrl(1.0, momentum=0.9, epsilon=4.0)
+    >>> spec.over(100).rounds, spec.noise_multiplier is None
+    (100, True)
+  """
+
+  clip: float
+  learning_rate: float = 1.0
+  momentum: float = 0.0
+  nesterov: bool = False
+  noise_multiplier: Optional[float] = None
+  epsilon: Optional[float] = None
+  delta: float = 1e-5
+  rounds: Optional[int] = None
+
+  #: Tree aggregation is accounted by RDP (``dp_accounting``'s only accountant of it).
+  accountant = "rdp"
+  #: No adaptive clipping: the bound sets every node's noise, which is drawn once.
+  adaptive = None
+
+  def over(self, rounds: int) -> "TreeDP":
+    """This mechanism for a run of ``rounds`` rounds (as :meth:`ClientDP.over`).
+
+    Args:
+      rounds: the run's number of rounds.
+
+    Returns:
+      A :class:`TreeDP` with ``rounds`` set (``self`` if it already had rounds).
+    """
+    return ClientDP.over(self, rounds)  # type: ignore[arg-type,return-value]
+
+  def clip_of(self, field: str) -> Optional[float]:
+    """The model's bound for ``"params"``; ``None`` for any other field."""
+    return self.clip if field == "params" else None
+
+
+def dp_ftrl(
+  clip: float,
+  *,
+  learning_rate: float = 1.0,
+  momentum: float = 0.0,
+  nesterov: bool = False,
+  noise_multiplier: Optional[float] = None,
+  epsilon: Optional[float] = None,
+  delta: float = 1e-5,
+  rounds: Optional[int] = None,
+) -> TreeDP:
+  r"""DP-FTRL with tree aggregation (Kairouz et al. 2021) for a run's ``privacy=``.
+
+  Private training without sampling: each client's model change is clipped to ``clip``;
+  the server keeps the running sum of the rounds' mean clipped changes and releases it with
+  the noise of a binary tree (every client's round in at most :math:`\lceil \log_2(T + 1)
+  \rceil` nodes of a ``T``-round tree), stepping from the tree's starting model by
+  follow-the-regularized-leader with momentum (DP-FTRLM). The run's algorithm's own
+  server is replaced by this one. The run must visit each client at most once per tree:
+  ``SimOptions(sampling="epochs")`` (each epoch a fresh permutation of the clients, ``m``
+  of them a round, ``K // m`` rounds; the tree restarts every epoch). Accounting:
+  :func:`tree_epsilon_spent`.
+
+  Covers algorithms that send only their model (FedAvg, FedProx, local SGD with any
+  client optimizer), weighted alike.
+
+  Args:
+    clip: the L2 bound ``> 0`` of each client's model change.
+    learning_rate: the server's step :math:`\eta > 0` (default 1: the sum of the mean
+      changes, FedAvg's step).
+    momentum: :math:`\mu \in [0, 1)` (default 0; the paper's 0.9 in its experiments).
+    nesterov: the Nesterov form (needs ``momentum > 0``).
+    noise_multiplier: ``z >= 0`` (0: clipping only, epsilon infinite).
+    epsilon: a target epsilon ``> 0`` of the whole run, instead of ``noise_multiplier``.
+    delta: the run's delta, in ``(0, 1)`` (default ``1e-5``).
+    rounds: the rounds to calibrate ``epsilon`` for (``None``: ``fedco.simulate``'s).
+
+  Returns:
+    A :class:`TreeDP`.
+
+  Raises:
+    ValueError: a value out of range, or not exactly one of ``noise_multiplier`` and
+      ``epsilon``.
+
+  Examples:
+    >>> import fedco
+    >>> spec = fedco.privacy.dp_ftrl(0.5, learning_rate=1.0, momentum=0.9, epsilon=8.0)
+    >>> spec.clip_of("params"), spec.clip_of("y"), spec.momentum, spec.accountant
+    (0.5, None, 0.9, 'rdp')
+  """
+  clip = _validate.positive("clip", clip)
+  learning_rate = _validate.positive("learning_rate", learning_rate)
+  _validate.interval("momentum", momentum, 0, 1, closed_low=True)
+  if not isinstance(nesterov, bool):
+    raise ValueError(f"nesterov must be True or False, got {nesterov!r}")
+  if nesterov and momentum == 0:
+    raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
+  if (noise_multiplier is None) == (epsilon is None):
+    raise ValueError(
+      "give exactly one of noise_multiplier and epsilon, got "
+      f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}"
+    )
+  if noise_multiplier is not None:
+    noise_multiplier = float(
+      _validate.positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    )
+  if epsilon is not None:
+    epsilon = float(_validate.positive("epsilon", epsilon))
+  delta = _validate.open_unit("delta", delta)
+  if rounds is not None:
+    rounds = _validate.positive_int("rounds", rounds)
+  return TreeDP(
+    float(clip),
+    float(learning_rate),
+    float(momentum),
+    nesterov,
+    noise_multiplier,
+    epsilon,
+    float(delta),
+    rounds,
+  )
+
+
+def tree_event(noise_multiplier: float, rounds_per_tree: int, rounds: int):
+  """DP-FTRL's run of ``rounds`` rounds as one ``dp_accounting`` event.
+
+  ``rounds // rounds_per_tree`` full trees (each client in at most one round of each),
+  composed, then the part of the last one: ``SingleEpochTreeAggregationDpEvent`` s, which
+  ``dp_accounting``'s RDP accountant evaluates under the replace-one-by-zero relation
+  (``NeighboringRelation.REPLACE_SPECIAL``; Kairouz et al. 2021, appendix D).
+
+  Args:
+    noise_multiplier: ``z > 0``.
+    rounds_per_tree: rounds between the tree's restarts (an epoch).
+    rounds: the run's rounds so far.
+
+  Returns:
+    A ``dp_accounting.DpEvent``.
+
+  Examples:
+    Two full trees of ten rounds and half of a third:
+
+    >>> import fedco
+    >>> event = fedco.privacy.tree_event(2.0, 10, 25)
+    >>> [type(e).__name__ for e in event.events]
+    ['SelfComposedDpEvent', 'SingleEpochTreeAggregationDpEvent']
+    >>> event.events[0].count, event.events[0].event.step_counts, event.events[1].step_counts
+    (2, 10, 5)
+  """
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+
+  trees, rest = divmod(int(rounds), int(rounds_per_tree))
+  events = []
+  if trees:
+    one = dp_accounting.SingleEpochTreeAggregationDpEvent(noise_multiplier, int(rounds_per_tree))
+    events.append(dp_accounting.SelfComposedDpEvent(one, trees))
+  if rest:
+    events.append(dp_accounting.SingleEpochTreeAggregationDpEvent(noise_multiplier, rest))
+  return dp_accounting.ComposedDpEvent(events)
+
+
+def tree_epsilon_spent(noise_multiplier: float, rounds_per_tree: int, rounds, delta: float):
+  r"""Epsilon DP-FTRL spends after each of ``rounds``, by the RDP accountant.
+
+  A ``T``-round tree with each client in at most one of its rounds is
+  :math:`\rho`-zCDP with :math:`\rho = \lceil \log_2(T + 1) \rceil / (2 z^2)`: its Renyi
+  divergence at order :math:`\alpha` is :math:`\alpha \rho`; trees (epochs) add up, the last
+  one counted for the rounds it had. ``dp_accounting`` converts that to epsilon at ``delta``
+  (:func:`tree_event` is the same run as an event: its ``RdpAccountant`` with
+  ``REPLACE_SPECIAL`` gives the same epsilon).
+
+  Args:
+    noise_multiplier: ``z >= 0`` (``0``: infinite after any round).
+    rounds_per_tree: rounds between restarts, an int ``>= 1``.
+    rounds: a round count, or a sequence of them.
+    delta: in ``(0, 1)``.
+
+  Returns:
+    A float for an int ``rounds``, else a NumPy array.
+
+  Examples:
+    Ten rounds a tree at ``z = 5``: the depth grows with the rounds in the tree, then the
+    trees compose:
+
+    >>> import fedco
+    >>> eps = fedco.privacy.tree_epsilon_spent(5.0, 10, [1, 3, 10, 20, 100], 1e-5)
+    >>> [round(float(e), 2) for e in eps]
+    [0.79, 1.16, 1.69, 2.48, 6.21]
+  """
+  from dp_accounting import rdp  # pylint: disable=g-import-not-at-top
+
+  from fedco.algorithms.core.ftrl import tree_depth  # pylint: disable=g-import-not-at-top
+
+  rounds_per_tree = _validate.positive_int("rounds_per_tree", rounds_per_tree)
+  scalar = np.ndim(rounds) == 0
+  counts = np.atleast_1d(np.asarray(rounds, np.int64))
+  if noise_multiplier == 0:
+    out = np.where(counts > 0, np.inf, 0.0)
+    return float(out[0]) if scalar else out
+  orders = np.asarray(rdp.RdpAccountant()._orders)  # pylint: disable=protected-access
+  spent = []
+  for t in counts:
+    trees, rest = divmod(int(t), rounds_per_tree)
+    depth = trees * tree_depth(rounds_per_tree) + tree_depth(rest)
+    if depth == 0:
+      spent.append(0.0)
+      continue
+    divergence = orders * depth / (2 * noise_multiplier**2)
+    spent.append(rdp.rdp_privacy_accountant.compute_epsilon(orders, divergence, delta)[0])
+  out = np.asarray(spent, float)
+  return float(out[0]) if scalar else out
+
+
+def tree_calibrate(
+  epsilon: float, delta: float, rounds_per_tree: int, rounds: int, *, rtol: float = 1e-6
+) -> float:
+  """The smallest noise multiplier with which DP-FTRL spends at most ``epsilon``.
+
+  :func:`tree_epsilon_spent` after ``rounds``, bisected on ``z`` as :func:`calibrate`
+  does; ``fedco.simulate`` calls it when :func:`dp_ftrl` was given an epsilon.
+
+  Args:
+    epsilon: the target, ``> 0``.
+    delta: in ``(0, 1)``.
+    rounds_per_tree: rounds between restarts.
+    rounds: the run's rounds.
+    rtol: the relative precision of ``z``.
+
+  Returns:
+    ``z``, a float.
+
+  Examples:
+    >>> import fedco
+    >>> z = fedco.privacy.tree_calibrate(8.0, 1e-5, 10, 100)
+    >>> round(z, 3), round(fedco.privacy.tree_epsilon_spent(z, 10, 100, 1e-5), 3)
+    (4.033, 8.0)
+  """
+  _validate.positive("epsilon", epsilon)
+  spent = lambda z: tree_epsilon_spent(z, rounds_per_tree, rounds, delta)
+  return _bisect(spent, epsilon, rtol, f"delta={delta} over {rounds} rounds of DP-FTRL")
 
 
 __all__ = [
@@ -785,4 +1054,9 @@ __all__ = [
   "run_event",
   "epsilon_spent",
   "calibrate",
+  "TreeDP",
+  "dp_ftrl",
+  "tree_event",
+  "tree_epsilon_spent",
+  "tree_calibrate",
 ]

@@ -316,12 +316,12 @@ def test_store_round_trip_and_damage(tmp_path):
 
 
 def test_few_of_many_clients_are_drawn_uniformly_without_a_permutation(monkeypatch):
-  from fedco.runtime import rounds
+  from fedco.runtime import sampling
 
-  big = jax.jit(lambda k: rounds.sample_clients(k, 1_000_000, 100))(jax.random.PRNGKey(0))
+  big = jax.jit(lambda k: sampling.sample_clients(k, 1_000_000, 100))(jax.random.PRNGKey(0))
   assert np.unique(np.asarray(big)).size == 100 and 0 <= big.min() and big.max() < 1_000_000
-  monkeypatch.setattr(rounds, "FLOYD_MIN_CLIENTS", 0)  # Floyd's draw on a small case
-  draws = jax.jit(jax.vmap(lambda k: rounds.sample_clients(k, 10, 3)))
+  monkeypatch.setattr(sampling, "FLOYD_MIN_CLIENTS", 0)  # Floyd's draw on a small case
+  draws = jax.jit(jax.vmap(lambda k: sampling.sample_clients(k, 10, 3)))
   s = np.asarray(draws(jax.random.split(jax.random.PRNGKey(1), 60_000)))
   assert (np.diff(s, axis=1) > 0).all()  # sorted, no repeats
   inclusion = np.bincount(s.ravel(), minlength=10) / len(s)

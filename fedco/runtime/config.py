@@ -31,6 +31,9 @@ from fedco.runtime.options import DEFAULT_BATCH_SIZE, SimOptions
 
 PyTree = Any
 
+#: The client schedules ``SimOptions.sampling`` takes.
+SAMPLINGS = ("uniform", "epochs")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunConfig:
@@ -66,6 +69,8 @@ class RunConfig:
     holding the adaptive clip bounds under adaptive clipping)."""
     up = self.uplink
     server = self.algorithm.server
+    if up is not None and up.tree is not None:  # DP-FTRL: its server replaces the algorithm's
+      return up.tree_server(self.clients_per_round)
     aggregator = (
       as_aggregator(server)
       if up is None or up.rule is None
@@ -144,11 +149,13 @@ def make_config(
         stacklevel=3,
       )
       break
+  if o.sampling not in SAMPLINGS:
+    raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {o.sampling!r}")
   layout = layouts.for_data(data, m, mesh)
   if client_chunk is not None:
     client_chunk = _check_chunk(algorithm, client_chunk, m, mesh, layout)
   link = uplink_setup.make_uplink(
-    algorithm, n, m, o.compression, o.privacy, o.aggregation, o.byzantine
+    algorithm, n, m, o.compression, o.privacy, o.aggregation, o.byzantine, o.sampling
   )
   checked = dataclasses.replace(
     o,

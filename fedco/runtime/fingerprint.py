@@ -194,6 +194,8 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
   for name in ("local_epochs", "client_chunk"):  # only when set: earlier runs keep theirs
     if getattr(cfg, name) is not None:
       description["options"][name] = getattr(cfg, name)
+  if cfg.sampling != "uniform":  # only then: earlier runs keep their fingerprints
+    description["options"]["sampling"] = cfg.sampling
   if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
     description["options"]["uplink"] = describe(cfg.uplink.describe())
   return description

@@ -125,6 +125,11 @@ class Ledger(NamedTuple):
         from fedco import privacy  # pylint: disable=g-import-not-at-top
 
         u = self.uplink
+        if u.get("mechanism") == "dp_ftrl":
+          out["uplink"]["epsilon"] = privacy.tree_epsilon_spent(
+            u["noise_multiplier"], u["rounds_per_tree"], rounds, u["delta"]
+          )
+          return out
         out["uplink"]["epsilon"] = privacy.epsilon_spent(
           u["noise_multiplier"],
           u["sampling_rate"],

@@ -276,7 +276,9 @@ def _start_streamed(sim, store: ClientStore, params, seed, rounds: int, chunk_ro
     "examples": store.num_examples,
   }
   key = paging.state_key(sim.seed_key(seed))
-  sampled = streaming.schedule(key, sim.num_clients, sim.clients_per_round, rounds)
+  sampled = streaming.schedule(
+    key, sim.num_clients, sim.clients_per_round, rounds, sim.config.sampling
+  )
   chunks = streaming.Chunks(store, sampled, chunk_rounds)
   state = sim.init(params, seed, pages=chunks.pages)
   state = streaming.with_initial_means(sim, store, state, averaged, seed)
@@ -309,7 +311,7 @@ class _Simulation:
   def __post_init__(self):
     self.writers = tuple(self.writers)
     link = self.sim.config.uplink
-    self.spends = link is not None and link.private and link.noise_multiplier > 0
+    self.spends = link is not None and link.spends
     # Persistent client state on disk (streamed runs): every client's initial row, taken
     # now (a restored state's pages hold sampled clients' rows).
     self.fresh = paging.fresh(self.state) if paging.is_paged(self.state) else None

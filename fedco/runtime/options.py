@@ -30,6 +30,11 @@ class SimOptions:
   Attributes:
     clients_per_round: ``m``, an int in ``[1, K]``: clients sampled without replacement
       each round; ``None`` (default) means all ``K``.
+    sampling: how a round's ``m`` clients are drawn: ``"uniform"`` (default), uniformly
+      without replacement each round, independently of other rounds; ``"epochs"``, in
+      epochs of ``K // m`` rounds, each a fresh random permutation of the clients cut into
+      cohorts of ``m`` (every client in at most one round of an epoch; the ``K mod m`` left
+      over sit the epoch out), what DP-FTRL's accounting needs (:func:`fedco.privacy.dp_ftrl`).
     batch_size: an int ``>= 1``: examples per inner (and next-inner) batch per step, drawn
       with replacement (a size above the smallest client's warns); ``None`` is each client's
       whole data (deterministic). Default 32.
@@ -75,7 +80,9 @@ class SimOptions:
       deltas. See :mod:`fedco.runtime.uplink`. Default ``None``.
     privacy: a :func:`fedco.privacy.gaussian` mechanism: every sent field clipped per
       client (it needs a clip bound for each) and Gaussian noise added where the server
-      combines them; :meth:`Simulator.epsilon <fedco.runtime.Simulator.epsilon>` is the epsilon spent (``fedco.simulate`` calibrates a
+      combines them (or :func:`fedco.privacy.dp_ftrl`: the model's changes clipped, the
+      server replaced by DP-FTRL's, which adds tree-aggregated noise; needs
+      ``sampling="epochs"`` when ``m < K``); :meth:`Simulator.epsilon <fedco.runtime.Simulator.epsilon>` is the epsilon spent (``fedco.simulate`` calibrates a
       target epsilon to its rounds and reports it per round as ``epsilon``). Needs uniform
       client weighting and an algorithm whose server queries no client losses (not DRFA).
       Default ``None``.
@@ -143,6 +150,7 @@ class SimOptions:
   client_chunk: Optional[int] = None
   aggregation: Any = None
   byzantine: Any = None
+  sampling: str = "uniform"
   metrics_data: Optional[PyTree] = None
 
   @classmethod
@@ -174,7 +182,7 @@ class SimOptions:
     :func:`fedco.simulate` and :func:`fedco.sweep` do; other options unchanged)."""
     from fedco import privacy as privacy_lib  # pylint: disable=g-import-not-at-top
 
-    if isinstance(self.privacy, privacy_lib.ClientDP):
+    if isinstance(self.privacy, (privacy_lib.ClientDP, privacy_lib.TreeDP)):
       return dataclasses.replace(self, privacy=self.privacy.over(rounds))
     return self
 

@@ -25,6 +25,7 @@ from fedco.runtime.local import CLIENT_STREAM as CLIENT_STREAM  # fedco.testing 
 from fedco.runtime.local import broadcast, mean
 from fedco.runtime.mesh import place
 from fedco.runtime.paging import take_clients, write_clients
+from fedco.runtime.sampling import sample
 
 PyTree = Any
 
@@ -51,6 +52,8 @@ class SimState(NamedTuple):
     uplink: every client's codec state per compressed field (``{field: [K, ...]}``,
       :mod:`~fedco.runtime.uplink`); ``()`` without compression (:class:`Pages` when
       streamed, as ``clients``).
+    schedule: under ``sampling="epochs"``, the current epoch's PRNG key (its permutation
+      of the clients); ``()`` otherwise.
 
   Examples:
     FedDRO's initial state on the log form of client-level KL-DRO over 4 clients: the
@@ -82,6 +85,7 @@ class SimState(NamedTuple):
   clients: Any
   random_params: PyTree
   uplink: Any = ()
+  schedule: Any = ()
 
 
 def client_weights(cfg, counts, mask=None):
@@ -144,6 +148,7 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
     clients,
     params,
     uplink,
+    jnp.zeros_like(key) if cfg.sampling == "epochs" else (),
   )
 
 
@@ -201,38 +206,6 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
   return set_fields(cst, **{f: broadcast(v, ckeys.shape[0]) for f, v in fields.items()}), ust
 
 
-def _sample(cfg, key):
-  return sample_clients(key, cfg.num_clients, cfg.clients_per_round)
-
-
-# From this many clients on, a round of few clients is drawn by Floyd's algorithm (O(m^2))
-# instead of a permutation of all of them (O(K log K): about 1 s at a million clients).
-FLOYD_MIN_CLIENTS = 65_536
-
-
-def sample_clients(key, n: int, m: int) -> jax.Array:
-  """``m`` of ``n`` clients uniformly without replacement, sorted (a round's sample).
-
-  All ``n`` when ``m == n``; the first ``m`` of a random permutation for fewer than
-  :data:`FLOYD_MIN_CLIENTS` clients or ``m^2 > n``; otherwise Floyd's algorithm: for
-  ``j = n - m, ..., n - 1`` draw ``t`` uniform in ``[0, j]`` and take ``t``, or ``j`` if
-  ``t`` was taken (``m`` draws, no ``O(n)`` work). Both are uniform over the ``m``-subsets;
-  the choice depends only on ``(n, m)``.
-  """
-  if m == n:
-    return jnp.arange(n)
-  if n < FLOYD_MIN_CLIENTS or m * m > n:
-    return jnp.sort(jax.random.permutation(key, n)[:m])
-
-  def draw(i, taken):
-    j = n - m + i
-    t = jax.random.randint(jax.random.fold_in(key, i), (), 0, j + 1)
-    seen = jnp.any((taken == t) & (jnp.arange(m) < i))
-    return taken.at[i].set(jnp.where(seen, j, t))
-
-  return jnp.sort(jax.lax.fori_loop(0, m, draw, jnp.zeros((m,), jnp.int32)))
-
-
 def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None):
   """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
   :func:`~fedco.runtime.evaluation.flat_examples`; ``final_round``, the run's last round,
@@ -243,7 +216,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   # The uplink's randomness: its own stream (a constant no split index or client id
   # reaches), so it is independent of the sampling and runs without one keep every draw.
   k_up = None if up is None else jax.random.fold_in(state.key, UPLINK_STREAM)
-  real = _sample(cfg, k_sample)
+  real, schedule = sample(cfg, k_sample, state)
   ids, mask, pick = layout.round_slots(real)
   cst = take_clients(layout, state.clients, ids)
   cst = set_fields(
@@ -316,7 +289,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     lambda a, b: jnp.where(keep, a, b), server["params"], state.random_params
   )
   new_state = SimState(
-    completed, key, server, server_opt_state, shared, clients, random_params, uplink
+    completed, key, server, server_opt_state, shared, clients, random_params, uplink, schedule
   )
   metrics = evaluation.maybe_metrics(
     cfg, completed, server["params"], data, flat, final_round, metrics_data

@@ -51,6 +51,7 @@ from fedco.data.federated import FederatedData
 from fedco.data.store import ClientStore
 from fedco.runtime import config as config_lib
 from fedco.runtime import rounds as rounds_lib
+from fedco.runtime import sampling
 from fedco.runtime.batching import ClientView
 from fedco.runtime.checks import data_not_finite
 from fedco.runtime.layouts import VIEW_COMPACT
@@ -121,21 +122,9 @@ def check(cfg, params) -> Tuple[str, ...]:
   return pending
 
 
-@functools.partial(jax.jit, static_argnames=("num_clients", "clients_per_round", "rounds"))
-def _schedule(key, *, num_clients, clients_per_round, rounds):
-  def one(key, _):
-    key, k_sample, *_ = jax.random.split(key, 5)  # as round_step splits it
-    return key, rounds_lib.sample_clients(k_sample, num_clients, clients_per_round)
-
-  return jax.lax.scan(one, key, None, length=rounds)[1]
-
-
-def schedule(key, num_clients: int, clients_per_round: int, rounds: int) -> np.ndarray:
-  """``int [rounds, m]``: the clients each of ``rounds`` rounds from state key ``key``
-  samples (``round_step``'s draw, replayed)."""
-  return np.asarray(
-    _schedule(key, num_clients=num_clients, clients_per_round=clients_per_round, rounds=rounds)
-  )
+#: ``int [rounds, m]``: the clients each round samples, replayed from the state's first key
+#: (:func:`fedco.runtime.sampling.schedule`): what a streamed run reads ahead.
+schedule = sampling.schedule
 
 
 def template(store: ClientStore) -> FederatedData:

@@ -42,7 +42,7 @@ class RunRows:
   def chunk(self, metrics, done, sim):
     metrics = {k: np.swapaxes(np.asarray(v), 0, 1)[: self.count] for k, v in metrics.items()}
     link = sim.config.uplink
-    if link is not None and link.private and link.noise_multiplier > 0:  # as simulate's
+    if link is not None and link.spends:  # as simulate's
       size = next(iter(metrics.values())).shape[1]
       metrics["epsilon"] = np.tile(
         link.epsilon(np.arange(done + 1, done + size + 1)), (self.count, 1)

@@ -25,6 +25,7 @@ import optax
 from fedco import compression as compression_lib
 from fedco import privacy as privacy_lib
 from fedco.algorithms.base import get_field, weighted_client_mean
+from fedco.algorithms.core import ftrl
 
 PyTree = Any
 
@@ -58,6 +59,9 @@ class Uplink:
       rest of ``noise_multiplier``'s budget).
     count_noise: :math:`\sigma_b`, the noise on each round's count of clients within the
       bound.
+    tree_rounds: under DP-FTRL (``privacy`` a :class:`~fedco.privacy.TreeDP`), the rounds
+      of each tree (``K // m``); 0 otherwise. The uplink then only clips the model
+      (``noise_multiplier`` 0); the server (:meth:`tree_server`) adds the tree's noise.
   """
 
   codecs: Mapping[str, compression_lib.Codec]
@@ -75,6 +79,25 @@ class Uplink:
   adapted: Tuple[str, ...] = ()
   update_multiplier: float = 0.0
   count_noise: float = 0.0
+  tree_rounds: int = 0
+
+  @property
+  def tree(self) -> Optional[privacy_lib.TreeDP]:
+    """The run's DP-FTRL mechanism (its ``noise_multiplier`` resolved), or ``None``."""
+    return self.privacy if self.tree_rounds else None  # type: ignore[return-value]
+
+  def tree_server(self, clients_per_round: int):
+    """DP-FTRL's server for a cohort of ``clients_per_round`` (:mod:`fedco.algorithms.core.ftrl`)."""
+    spec = self.tree
+    assert spec is not None and spec.noise_multiplier is not None
+    return ftrl.ftrl_aggregator(
+      spec.learning_rate,
+      noise_std=spec.noise_multiplier * spec.clip / clients_per_round,
+      rounds_per_tree=self.tree_rounds,
+      clients_per_round=clients_per_round,
+      momentum=spec.momentum,
+      nesterov=spec.nesterov,
+    )
 
   def handles(self, field: str) -> bool:
     return field in self.codecs or field in self.clip or field in self.routed
@@ -90,10 +113,23 @@ class Uplink:
   def private(self) -> bool:
     return self.privacy is not None
 
+  @property
+  def spends(self) -> bool:
+    """Whether the run spends a finite epsilon (privacy with noise: the uplink's, or the
+    DP-FTRL server's)."""
+    if self.tree is not None:
+      return bool(self.tree.noise_multiplier)
+    return self.private and self.noise_multiplier > 0
+
   def epsilon(self, rounds):
     """Epsilon spent after ``rounds`` rounds (int or sequence), ``None`` without privacy."""
     if self.privacy is None:
       return None
+    if self.tree is not None:
+      assert self.tree.noise_multiplier is not None
+      return privacy_lib.tree_epsilon_spent(
+        self.tree.noise_multiplier, self.tree_rounds, rounds, self.tree.delta
+      )
     return privacy_lib.epsilon_spent(
       self.noise_multiplier,
       self.sampling_rate,
@@ -107,7 +143,20 @@ class Uplink:
   def describe(self) -> Dict[str, Any]:
     """What a fingerprint and a ledger record about the uplink."""
     out: Dict[str, Any] = {"codecs": {f: c.name for f, c in sorted(self.codecs.items())}}
-    if self.privacy is not None:
+    spec = self.tree
+    if spec is not None:
+      out.update(
+        mechanism="dp_ftrl",
+        clip=dict(sorted(self.clip.items())),
+        noise_multiplier=spec.noise_multiplier,
+        delta=spec.delta,
+        rounds_per_tree=self.tree_rounds,
+        learning_rate=spec.learning_rate,
+        momentum=spec.momentum,
+        nesterov=spec.nesterov,
+        accounting="RDP of tree aggregation (zCDP, replace-one-by-zero), one tree per epoch",
+      )
+    elif self.privacy is not None:
       out.update(
         clip=dict(sorted(self.clip.items())),
         noise_multiplier=self.noise_multiplier,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple, cast
 
+import optax
+
 from fedco import byzantine as byzantine_lib
 from fedco import compression as compression_lib
 from fedco import privacy as privacy_lib
@@ -71,7 +73,9 @@ def _clip(algorithm, privacy) -> Dict[str, float]:
   plan = algorithm.plan
   sent = sent_fields(plan)
   if not isinstance(privacy, privacy_lib.ClientDP):
-    raise ValueError(f"privacy must be fedco.privacy.gaussian(...), got {privacy!r}")
+    raise ValueError(
+      f"privacy must be fedco.privacy.gaussian(...) or fedco.privacy.dp_ftrl(...), got {privacy!r}"
+    )
   if as_aggregator(algorithm.server).queries_losses:
     raise ValueError(
       f"privacy cannot cover {algorithm.name}: its server queries client "
@@ -108,6 +112,7 @@ def make_uplink(
   privacy,
   aggregation=None,
   byzantine=None,
+  sampling: str = "uniform",
 ) -> Optional[Uplink]:
   """Validate ``compression``, ``privacy``, ``aggregation`` and ``byzantine`` against the
   algorithm's plan (one-line ``ValueError`` naming the argument); ``None`` when all are
@@ -115,6 +120,10 @@ def make_uplink(
   if not compression and privacy is None and aggregation is None and byzantine is None:
     return None
   plan = algorithm.plan
+  tree = None
+  if isinstance(privacy, privacy_lib.TreeDP):
+    tree = _tree(algorithm, privacy, num_clients, clients_per_round, aggregation, sampling)
+    privacy = None  # the uplink only clips (``tree.clip``); the FTRL server adds the noise
   codecs = _codecs(algorithm, compression) if compression else {}
   clip, z = {}, 0.0
   messages = privacy_lib.messages_per_round(plan)
@@ -157,6 +166,9 @@ def make_uplink(
     default = max(clients_per_round / 20, z)
     count_noise = default if spec.count_noise is None else spec.count_noise
     z_update = privacy_lib.update_multiplier(z, count_noise)
+  if tree is not None:
+    clip = {"params": tree.clip}
+    privacy = tree
   return Uplink(
     codecs,
     clip,
@@ -173,7 +185,50 @@ def make_uplink(
     adapted,
     z_update,
     float(count_noise),
+    num_clients // clients_per_round if tree is not None else 0,
   )
+
+
+def _tree(algorithm, spec, num_clients: int, clients_per_round: int, aggregation, sampling):
+  """DP-FTRL's ``spec`` checked against the run (the model the only field sent, uniform
+  weights, an optax server it can replace, each client once a tree), its ``z`` resolved."""
+  sent = sent_fields(algorithm.plan)
+  if sent != ("params",):
+    raise ValueError(
+      f"privacy=dp_ftrl covers the model only, but {algorithm.name} also sends "
+      f"{list(sent[1:])}; use fedco.privacy.gaussian for it"
+    )
+  if algorithm.plan.weighting != "uniform":
+    raise ValueError(
+      f"privacy=dp_ftrl needs uniform client weights: {algorithm.name} weighs clients by "
+      f"their data sizes; build it with weighting='uniform'"
+    )
+  if not isinstance(algorithm.server, optax.GradientTransformation):
+    raise ValueError(
+      f"privacy=dp_ftrl replaces the server with DP-FTRL's, but {algorithm.name}'s server "
+      f"is a ServerAggregator it would drop; use an algorithm with an optax server"
+    )
+  if aggregation is not None:
+    raise ValueError(
+      "aggregation= cannot combine with privacy=dp_ftrl: its server sums the clipped "
+      "changes under tree noise; a robust rule would change what the noise covers"
+    )
+  if sampling != "epochs" and clients_per_round < num_clients:
+    raise ValueError(
+      f"privacy=dp_ftrl needs each client at most once per tree: pass sampling='epochs' "
+      f"(clients_per_round={clients_per_round} of {num_clients} clients)"
+    )
+  per_tree = num_clients // clients_per_round
+  if spec.noise_multiplier is None:
+    if spec.rounds is None:
+      raise ValueError(
+        "privacy was given a target epsilon but no rounds to spend it over: pass rounds= "
+        "to fedco.privacy.dp_ftrl (fedco.simulate fills in its own; Simulator and "
+        "fedco.sweep need it)"
+      )
+    z = privacy_lib.tree_calibrate(spec.epsilon, spec.delta, per_tree, spec.rounds)
+    spec = dataclasses.replace(spec, noise_multiplier=z)
+  return spec
 
 
 def adapted_fields(plan) -> Tuple[str, ...]:
