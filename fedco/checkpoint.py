@@ -27,7 +27,7 @@ import os
 import threading
 import warnings
 import zlib
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -67,6 +67,31 @@ def _join_writers(before) -> None:
   for thread in set(threading.enumerate()) - before:
     if type(thread).__module__.startswith("orbax") and thread is not threading.current_thread():
       thread.join(_WRITER_WAIT_S)
+
+
+class _SimStateOnDisk(NamedTuple):
+  """A :class:`~fedco.runtime.SimState` as saved when its ``schedule`` is empty: the fields
+  fedco wrote before ``sampling="epochs"`` added one, so those checkpoints still restore
+  (orbax compares the tree's structure, and an empty field is still a node)."""
+
+  round: Any
+  key: Any
+  server: Any
+  server_opt_state: Any
+  shared: Any
+  clients: Any
+  random_params: Any
+  uplink: Any
+
+
+def _on_disk(state):
+  """``state`` as a checkpoint holds it (:class:`_SimStateOnDisk` for a ``SimState`` with no
+  ``schedule``; anything else as it is)."""
+  from fedco.runtime.rounds import SimState  # pylint: disable=g-import-not-at-top
+
+  if isinstance(state, SimState) and isinstance(state.schedule, tuple) and not state.schedule:
+    return _SimStateOnDisk(*state[:8])
+  return state
 
 
 class RunMismatchError(ValueError):
@@ -346,7 +371,7 @@ class Checkpointer:
     history = {k: np.asarray(v) for k, v in metrics.items()}
     if not history:  # orbax refuses an empty item (a run that diverged in its first chunk)
       history = {_NO_METRICS: np.zeros((1,), np.float32)}
-    state = jax.tree.map(_savable, state)
+    state = _on_disk(jax.tree.map(_savable, state))
     meta = {
       "rows": list(host_rows),
       "run": run,
@@ -416,7 +441,7 @@ class Checkpointer:
 
   def _restore_one(self, template, round_):
     self._check_fits(template, round_)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _on_disk(template))
     try:
       with _reads_finish():
         restored = self._manager.restore(

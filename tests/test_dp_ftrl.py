@@ -277,3 +277,63 @@ def test_the_ftrl_server_passes_the_contract_kit():
   assert all(v == "passed" or v.startswith("skipped") for v in results.values()), results
   for check in ("inject", "simulate", "server", "sweep", "resume"):
     assert results[check] == "passed", results
+
+
+def test_a_dp_ftrl_run_resumes_mid_tree(tmp_path):
+  """The epoch's key and the tree's state are in the checkpoint: 7 rounds, then 2 more,
+  equal 9 straight (trees of 5 rounds: the checkpoint lands inside the second)."""
+  data = _quadratic(10)
+  dp = fedco.privacy.dp_ftrl(0.1, momentum=0.9, noise_multiplier=0.5)
+  kw = dict(clients_per_round=2, sampling="epochs", batch_size=None, evaluate=False)
+  straight = fedco.simulate(PROBLEM, ALGORITHM, data, jnp.zeros(2), rounds=9, privacy=dp, **kw)
+  first = fedco.simulate(
+    PROBLEM,
+    ALGORITHM,
+    data,
+    jnp.zeros(2),
+    rounds=7,
+    privacy=dp,
+    checkpoint_dir=tmp_path,
+    checkpoint_every=7,
+    **kw,
+  )
+  assert first.state.round == 7
+  resumed = fedco.simulate(
+    PROBLEM, ALGORITHM, data, jnp.zeros(2), rounds=9, privacy=dp, checkpoint_dir=tmp_path, **kw
+  )
+  np.testing.assert_array_equal(np.asarray(resumed.params), np.asarray(straight.params))
+  np.testing.assert_array_equal(
+    np.asarray(resumed.metrics["clients"]), np.asarray(straight.metrics["clients"])
+  )
+
+
+def test_an_experiment_method_asks_for_dp_ftrl_in_its_privacy_entry():
+  import ml_collections
+
+  from fedco.experiment import config_methods
+
+  entry = ml_collections.ConfigDict(
+    {"privacy": {"mechanism": "dp_ftrl", "clip": 0.5, "epsilon": 4.0, "momentum": 0.9}}
+  )
+  settings = config_methods.uplink_settings("--config.methods.m", entry)
+  method = config_methods.Method("m", "fedavg", {}, 0.1, 2, uplink=settings)
+  built = method.simulator_kwargs()
+  assert isinstance(built["privacy"], fedco.privacy.TreeDP)
+  assert built["privacy"].momentum == 0.9 and built["sampling"] == "epochs"
+  plain = ml_collections.ConfigDict({"privacy": {"clip": 0.5, "epsilon": 4.0}})
+  method = config_methods.Method(
+    "m", "fedavg", {}, 0.1, 2, uplink=config_methods.uplink_settings("--config.methods.m", plain)
+  )
+  assert isinstance(method.simulator_kwargs()["privacy"], fedco.privacy.ClientDP)
+  assert "sampling" not in method.simulator_kwargs()
+  for bad, match in (
+    ({"mechanism": "tree", "clip": 0.5, "epsilon": 4.0}, "privacy.mechanism must be one of"),
+    (
+      {"mechanism": "dp_ftrl", "clip": 0.5, "epsilon": 4.0, "adaptive": {"target_quantile": 0.5}},
+      "privacy.adaptive is not a privacy setting",
+    ),
+  ):
+    with pytest.raises(ValueError, match=match):
+      config_methods.uplink_settings(
+        "--config.methods.m", ml_collections.ConfigDict({"privacy": bad})
+      )

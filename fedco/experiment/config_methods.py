@@ -32,6 +32,9 @@ CODECS = {
   "adaptive": "adaptive_quantization",
 }
 
+# config privacy mechanism name -> fedco.privacy factory ("gaussian" when unnamed)
+MECHANISMS = {"gaussian": "gaussian", "dp_ftrl": "dp_ftrl"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:
@@ -124,10 +127,12 @@ class Method:
 
   def simulator_kwargs(self) -> Dict[str, Any]:
     """``privacy=``, ``compression=``, ``aggregation=`` and ``byzantine=`` for
-    ``fedco.simulate`` from :attr:`uplink`."""
+    ``fedco.simulate`` from :attr:`uplink` (and ``sampling="epochs"`` under DP-FTRL)."""
     out: Dict[str, Any] = {}
     if self.uplink.get("privacy"):
       out["privacy"] = _privacy(self.uplink["privacy"])
+      if isinstance(out["privacy"], fedco.privacy.TreeDP):
+        out["sampling"] = "epochs"  # each client at most once a tree
     if self.uplink.get("compression"):
       out["compression"] = {
         field: getattr(fedco.compression, CODECS[spec["codec"]])(
@@ -281,7 +286,7 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
   """
   out = {}
   for name, shape in (
-    ("privacy", "{epsilon or noise_multiplier, delta, clip}"),
+    ("privacy", "{mechanism, epsilon or noise_multiplier, delta, clip}"),
     ("compression", "{field: {codec: ..., ...}}"),
     ("aggregation", "{rule: ..., ...}"),
     ("byzantine", "{fraction, kind, scale, fields, seed}"),
@@ -302,7 +307,10 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
       settings["adaptive"] = _built(
         f"{where}.privacy.adaptive", "adaptive clipping", fedco.privacy.adaptive_clipping, adaptive
       )
-    _built(f"{where}.privacy", "privacy", fedco.privacy.gaussian, settings, ("rounds",))
+    mechanism = settings.pop("mechanism", "gaussian")
+    extend.one_of(f"{where}.privacy.mechanism", mechanism, list(MECHANISMS))
+    factory = getattr(fedco.privacy, MECHANISMS[mechanism])
+    _built(f"{where}.privacy", "privacy", factory, settings, ("rounds",))
   for field, spec in out.get("compression", {}).items():
     codec = spec.get("codec") if isinstance(spec, dict) else None
     extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
@@ -329,12 +337,14 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
 
 
 def _privacy(settings):
-  """``fedco.privacy.gaussian`` of a method's ``privacy`` settings (``adaptive`` a dict of
-  :func:`fedco.privacy.adaptive_clipping`'s)."""
+  """The mechanism of a method's ``privacy`` settings: ``fedco.privacy.gaussian`` (``adaptive``
+  a dict of :func:`fedco.privacy.adaptive_clipping`'s) or, under ``mechanism: "dp_ftrl"``,
+  ``fedco.privacy.dp_ftrl``."""
   settings = dict(settings)
+  factory = getattr(fedco.privacy, MECHANISMS[settings.pop("mechanism", "gaussian")])
   if settings.get("adaptive") is not None:
     settings["adaptive"] = fedco.privacy.adaptive_clipping(**settings["adaptive"])
-  return fedco.privacy.gaussian(**settings)
+  return factory(**settings)
 
 
 def _built(where: str, what: str, factory, kwargs, hidden=()):
