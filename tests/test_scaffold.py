@@ -149,3 +149,28 @@ def test_server_lr_is_checked():
   for bad in (0.0, -1.0, float("nan"), True, "1"):
     with pytest.raises(ValueError, match="server_lr"):
       fedco.scaffold(0.1, 5, server_lr=bad)
+
+
+def test_scaffold_keeps_only_its_control_variate_per_client_between_rounds():
+  """Decision 109: ``c`` (the server's, broadcast), ``c_round`` and ``c_i`` (set by a round's
+  first step) are ``round_local``: a run of K clients stores one model-sized field per
+  client, ``c_plus``, not four (Shakespeare's 715 roles held 9.4 GB of them)."""
+  clients = fedco.FederatedData.from_clients(make_clients(6))
+  result = fedco.simulate(
+    PROBLEM,
+    fedco.scaffold(0.05, 3),
+    clients,
+    jnp.zeros(D),
+    rounds=3,
+    clients_per_round=2,
+    batch_size=None,
+    evaluate=False,
+  )
+  state = result.state.clients
+  assert state.c is None and state.c_round is None and state.c_i is None
+  assert state.c_plus.shape == (6, D)
+  sizes = [leaf.size for leaf in jax.tree.leaves(state)]
+  assert sum(sizes) == 6 * D + 6  # c_plus and the step count
+  assert result.state.server["c"].shape == (D,)
+  with pytest.raises(ValueError, match="round_local names"):
+    fedco.extend.make_plan(3, every_step=("y",), round_local=("y",))

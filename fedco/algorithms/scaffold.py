@@ -145,7 +145,9 @@ def scaffold(
   """
   opt = extend.param_optimizer(learning_rate, optimizer, default=0.01)
   eta_g = extend.positive("server_lr", server_lr)
-  plan = extend.make_plan(local_steps, every_round=("c",))
+  # c is the server's at a round's start, c_round and c_i are set by its first step: only
+  # c_plus (the client's c_i of its last round) persists between rounds
+  plan = extend.make_plan(local_steps, every_round=("c",), round_local=("c", "c_round", "c_i"))
   steps = plan.local_steps
 
   def init(params, *, inner_value=None):

@@ -148,6 +148,7 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
     for k, v in cfg.plan._asdict().items()
     if k != "round_start_reduce"
     and not (k == "round_start_value" and (v == "inner" or problem.outer_link is None))
+    and not (k == "round_local" and not v)  # only when set: earlier runs keep theirs
   }
   probe = None
   if all(

@@ -276,9 +276,9 @@ class StateStore:
     [1, 1, 0, 1, 1, 1]
     >>> sorted(n for n in os.listdir(directory) if not n.startswith("journal"))
     ['fresh.npz', 'index.npz', 'rows.bin', 'store.json']
-    >>> os.path.getsize(os.path.join(directory, "rows.bin"))  # 5 records of 8 + 4 + 4 x 8
-    220
-    >>> fedco.runtime.unpaged(result.state, states).clients.c_i.shape  # [K, p]
+    >>> os.path.getsize(os.path.join(directory, "rows.bin"))  # 5 records of 8 + 4 + 8
+    100
+    >>> fedco.runtime.unpaged(result.state, states).clients.c_plus.shape  # [K, p]
     (6, 2)
   """
 

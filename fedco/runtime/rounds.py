@@ -107,7 +107,25 @@ def client_init(cfg, params, k_init, k, view, template=False):
     batch, w = draw(jax.random.fold_in(k_init, k), view, cfg.batch_size, cfg.layout.max_count)
     inner_value = cfg.problem.inner_value(params, batch, w)
     inner_value = jax.tree.map(jnp.zeros_like, inner_value) if template else inner_value
-  return init_trackers(cfg.algorithm.init(params), params, inner_value)
+  return stored(cfg.plan, init_trackers(cfg.algorithm.init(params), params, inner_value))
+
+
+def stored(plan, clients):
+  """``clients`` (one client's state or a stack) as kept between rounds: the plan's
+  ``round_local`` fields ``None``."""
+  return set_fields(clients, **{f: None for f in plan.round_local})
+
+
+def with_round_local(cfg, clients, params, slots: int):
+  """The round's ``slots`` clients (their stored state) with the ``round_local`` fields as
+  zeros of their shapes in ``algorithm.init(params)``."""
+  if not cfg.plan.round_local:
+    return clients
+  template = jax.eval_shape(cfg.algorithm.init, params)
+  zeros = lambda s: jnp.zeros((slots,) + s.shape, s.dtype)
+  return set_fields(
+    clients, **{f: jax.tree.map(zeros, get_field(template, f)) for f in cfg.plan.round_local}
+  )
 
 
 def init_state(cfg, params, key, data, template=False) -> SimState:
@@ -134,7 +152,14 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
   else:
     means = {f: average(get_field(clients, f), w) for f in plan.init_fields}
   clients = set_fields(clients, **{f: broadcast(v, n) for f, v in means.items()})
-  server = {"params": params, **{f: average(get_field(clients, f), w) for f in plan.every_round}}
+  first = cfg.algorithm.init(params)  # a round_local field's start: every client's alike
+  server = {
+    "params": params,
+    **{
+      f: get_field(first, f) if f in plan.round_local else average(get_field(clients, f), w)
+      for f in plan.every_round
+    },
+  }
   shared = {f: average(get_field(clients, f), w) for f in plan.every_step}
   uplink = ()
   if up is not None and up.codecs:
@@ -218,7 +243,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   k_up = None if up is None else jax.random.fold_in(state.key, UPLINK_STREAM)
   real, schedule = sample(cfg, k_sample, state)
   ids, mask, pick = layout.round_slots(real)
-  cst = take_clients(layout, state.clients, ids)
+  cst = with_round_local(cfg, take_clients(layout, state.clients, ids), state.server["params"], slots)
   cst = set_fields(
     cst,
     **{f: broadcast(state.server[f], slots) for f in plan.every_round},
@@ -279,7 +304,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
       (state.server, state.server_opt_state, state.shared),
     )
   cst = set_fields(cst, **{f: broadcast(server[f], slots) for f in plan.every_round})
-  clients = write_clients(layout, state.clients, cst, ids, mask)
+  clients = write_clients(layout, state.clients, stored(plan, cst), ids, mask)
   uplink = state.uplink
   if up is not None and up.codecs:
     uplink = write_clients(layout, state.uplink, ust, ids, mask)

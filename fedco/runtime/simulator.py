@@ -248,7 +248,7 @@ class Simulator:
     steps = self.plan.local_steps
 
     def field(f):  # one client's field as shapes and dtypes (slicing compiles an op per leaf)
-      if f == "params":
+      if f in state.server:  # the model and every_round fields (maybe round_local)
         return state.server[f]
       per_client = get_field(_per_client(state.clients), f)
       return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), per_client)

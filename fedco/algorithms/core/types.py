@@ -72,6 +72,12 @@ class CommPlan(NamedTuple):
       aggregator to read (not broadcast back): DRFA's snapshot model, q-FedAvg's ``F_k``.
     weighting: ``"uniform"`` (each client counts equally) or ``"samples"`` (weights
       proportional to client data sizes; FedAvg's default).
+    round_local: state fields whose value at a round's start is never read (the round's
+      first step sets them, or they are ``every_round`` fields the server's copy
+      overwrites): the runtime keeps them out of each client's stored state between rounds
+      (``None`` there) and starts each round's clients from zeros, so a run of ``K``
+      clients holds only what must persist (SCAFFOLD's ``c_i``, not its round's scratch;
+      decision 109). Default: none.
 
   Examples:
     >>> import fedco
@@ -94,6 +100,7 @@ class CommPlan(NamedTuple):
   report: Tuple[str, ...] = ()
   round_start_reduce: Optional[Callable[[Any, Any], Any]] = None
   round_start_value: str = "inner"
+  round_local: Tuple[str, ...] = ()
 
   @property
   def init_fields(self) -> Tuple[str, ...]:
@@ -127,6 +134,7 @@ def make_plan(
   report=(),
   round_start_reduce=None,
   round_start_value="inner",
+  round_local=(),
 ) -> CommPlan:
   """A validated :class:`CommPlan` (see its attributes; ``at_init`` defaults to none).
 
@@ -151,6 +159,8 @@ def make_plan(
       weights [S]) -> value`` combining the ``round_start`` values.
     round_start_value: what clients evaluate for ``round_start`` fields: ``"inner"``
       (default) or ``"pre_link"``.
+    round_local: fields not kept per client between rounds (see :class:`CommPlan`); none
+      may be averaged after a step, at init or at a round's start, or be a report.
 
   Returns:
     a :class:`CommPlan`.
@@ -181,9 +191,17 @@ def make_plan(
     ("round_start", round_start),
     ("round_start_loss", round_start_loss),
     ("report", report),
+    ("round_local", round_local),
   ):
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
       raise ValueError(f"{what} must be a tuple of field names, got {names!r}")
+  carried = set(every_step) | set(at_init) | set(round_start) | set(round_start_loss) | set(report)
+  kept = sorted(set(round_local) & carried)
+  if kept:
+    raise ValueError(
+      f"round_local names {kept}, which the plan reads at a round's start or after a step "
+      f"(every_step, at_init, round_start, round_start_loss or report)"
+    )
   _validate.positive_int("local_steps", local_steps)
   _validate.one_of("weighting", weighting, ("uniform", "samples"))
   if round_start_reduce is not None and not callable(round_start_reduce):
@@ -199,6 +217,7 @@ def make_plan(
     tuple(report),
     round_start_reduce,
     round_start_value,
+    tuple(round_local),
   )
 
 
