@@ -337,3 +337,38 @@ def test_an_experiment_method_asks_for_dp_ftrl_in_its_privacy_entry():
       config_methods.uplink_settings(
         "--config.methods.m", ml_collections.ConfigDict({"privacy": bad})
       )
+
+
+def test_an_experiment_method_sets_its_own_cohort_and_flips_labels():
+  """``participation`` (a method's cohort and schedule) wins over the experiment's
+  ``run.simulate``; ``byzantine.kind: "label_flip"`` flips the attack's clients' labels in
+  the method's training data only."""
+  import types
+
+  import ml_collections
+
+  from fedco.experiment import config_methods, runner
+
+  entry = ml_collections.ConfigDict(
+    {
+      "participation": {"clients_per_round": 3, "sampling": "epochs"},
+      "byzantine": {"fraction": 0.4, "kind": "label_flip", "seed": 1},
+    }
+  )
+  settings = config_methods.uplink_settings("--config.methods.m", entry)
+  method = config_methods.Method("m", "fedavg", {}, 0.1, 2, uplink=settings)
+  run = types.SimpleNamespace(simulate={"evaluate": False, "clients_per_round": 5})
+  kwargs = runner.simulate_kwargs(method, run)
+  assert kwargs == {"evaluate": False, "clients_per_round": 3, "sampling": "epochs"}
+  data = fedco.FederatedData.from_clients(
+    [{"x": np.zeros((3, 1)), "y": np.array([0, 1, 4])} for _ in range(5)]
+  )
+  flipped = method.training_data(data)
+  bad = set(fedco.byzantine.attack(0.4, seed=1).clients(5).tolist())
+  assert len(bad) == 2
+  for k in range(5):
+    expected = [4, 3, 0] if k in bad else [0, 1, 4]  # C = 5 (largest label + 1)
+    assert flipped.client(k)["y"].tolist() == expected
+  plain = config_methods.Method("p", "fedavg", {}, 0.1, 2)
+  assert plain.training_data(data) is data
+  assert runner.simulate_kwargs(plain, run) == run.simulate

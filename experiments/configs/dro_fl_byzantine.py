@@ -46,13 +46,16 @@ def methods(
   clients=10,
   gaussian=(),
   inflate=None,
+  label_flip=(),
 ):
   """Every (algorithm, rule, attack, fraction) of the grid as a ``config.methods`` entry.
 
   ``algorithms``/``rules``: name -> entry (defaults: this module's ``ALGORITHMS`` and
   ``RULES``); ``clients``: ``K``, for the labels' counts; ``gaussian``: the fractions at which
   clients also send Gaussian noise (``fedco.byzantine.attack``'s ``"gaussian"``, scale 1);
-  ``inflate``: the fractions of the DRO methods' inflated reports (default ``fractions``).
+  ``inflate``: the fractions of the DRO methods' inflated reports (default ``fractions``);
+  ``label_flip``: the fractions at which clients train honestly on flipped labels
+  (``byzantine.kind: "label_flip"``, :func:`fedco.byzantine.flip_labels`).
   """
   algorithms = ALGORITHMS if algorithms is None else algorithms
   rules = RULES if rules is None else rules
@@ -62,7 +65,7 @@ def methods(
     for rule_name, rule in rules.items():
       base = {**entry, **({"aggregation": rule} if rule else {})}
       out[f"{name}_{rule_name}_clean_0"] = base
-      for kind, chosen in (("flip", fractions), ("gaussian", gaussian)):
+      for kind, chosen in (("flip", fractions), ("gaussian", gaussian), ("labels", label_flip)):
         for fraction in chosen:
           label = f"{name}_{rule_name}_{kind}_{round(fraction * clients)}"
           out[label] = {
@@ -83,7 +86,7 @@ def methods(
   return out
 
 
-_KINDS = {"flip": "sign_flip", "gaussian": "gaussian"}
+_KINDS = {"flip": "sign_flip", "gaussian": "gaussian", "labels": "label_flip"}
 
 
 def get_config():

@@ -4,7 +4,8 @@
 --workdir=runs/e8_femnist_byzantine``. E8's FEMNIST settings (105 writers, every writer
 every round, logistic regression; FedAvg and FedDRO 100 rounds of 20 steps, AFL 2,000
 rounds of one step) with 0, 10% or 20% of the writers Byzantine (11 or 21, the same writers
-all run): sign-flipped uploads (``flip``) and, for the DRO methods, loss reports inflated
+all run): sign-flipped uploads (``flip``), honest training on flipped labels (``labels``,
+at 20%: label ``61 - y`` of FEMNIST's 62) and, for the DRO methods, loss reports inflated
 tenfold (``inflate``, at 20%: FedDRO's ``y``, AFL's ``loss``). Labels as in
 :mod:`experiments.configs.dro_fl_byzantine`: ``<algorithm>_<rule>_<attack>_<writers>``.
 
@@ -12,8 +13,8 @@ The rules at 105 writers: Multi-Krum assumes ``f = 21`` (``n > 2f + 2``) and ave
 ``n - f = 84`` best; the trimmed mean drops 20% at each end; centered clipping's radius
 ``tau = 0.1`` is the median norm of an honest round's model change here (what adaptive
 clipping converged to in ``e8_femnist_dp``: 0.10-0.13), not a value tuned for accuracy.
-3 algorithms x 5 rules x (clean + 2 flips, + inflate for the two DRO methods) = 55 runs a
-seed. Krum (one client's upload) and Gaussian attackers are left to E1's grid
+3 algorithms x 5 rules x (clean + 2 flips + labels, + inflate for the two DRO methods) =
+70 runs a seed. Krum (one client's upload) and Gaussian attackers are left to E1's grid
 (:mod:`experiments.configs.dro_fl_byzantine`): on this machine AFL's 2,000 rounds take about
 two minutes a run, and the grid has to fit beside the rest of a session.
 """
@@ -42,6 +43,7 @@ def get_config():
       rules=RULES,
       clients=WRITERS,
       inflate=(0.2,),
+      label_flip=(0.2,),
     )
   )
   return config

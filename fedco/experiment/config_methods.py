@@ -22,7 +22,10 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), the trade-off
 # curve a private or compressed method belongs to (figures group by it), how the server
 # combines the uploads and which clients are Byzantine (fedco.byzantine).
-UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine")
+UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine", "participation")
+# byzantine.kind of clients that train honestly on flipped labels (a data transform,
+# fedco.byzantine.flip_labels), beside the upload attacks of fedco.byzantine.ATTACKS
+LABEL_FLIP = "label_flip"
 
 
 # config codec name -> fedco.compression factory
@@ -49,8 +52,11 @@ class Method:
       ``comfedl_gamma=2`` of ``comfedl``): the entry a divergence note names.
     uplink: the method's ``privacy`` (``{epsilon | noise_multiplier, delta, clip}``),
       ``compression`` (``{field: {codec, ...}}``), ``curve``, ``aggregation`` (``{rule,
-      ...}``: a :mod:`fedco.byzantine` rule and its settings) and ``byzantine``
-      (:func:`fedco.byzantine.attack`'s settings) settings; empty without.
+      ...}``: a :mod:`fedco.byzantine` rule and its settings), ``byzantine``
+      (:func:`fedco.byzantine.attack`'s settings; ``kind: "label_flip"`` for clients
+      that train on flipped labels, :meth:`training_data`) and ``participation``
+      (``{clients_per_round, sampling}``: the method's own cohort and schedule, over the
+      experiment's) settings; empty without.
     problem: the experiment's own settings of this run (a KL temperature, a problem form).
 
   Examples:
@@ -143,9 +149,25 @@ class Method:
     if self.uplink.get("aggregation"):
       spec = dict(self.uplink["aggregation"])
       out["aggregation"] = getattr(fedco.byzantine, spec.pop("rule"))(**spec)
-    if self.uplink.get("byzantine"):
+    if self.uplink.get("byzantine") and self.uplink["byzantine"].get("kind") != LABEL_FLIP:
       out["byzantine"] = fedco.byzantine.attack(**self.uplink["byzantine"])
+    out.update(self.uplink.get("participation", {}))
     return out
+
+  def training_data(self, data):
+    """``data`` as this method's clients train on it: under ``byzantine.kind:
+    "label_flip"``, the attack's clients hold labels ``C - 1 - y``
+    (:func:`fedco.byzantine.flip_labels`; ``C`` the largest label plus one, or the
+    attack's ``num_classes``); else ``data`` itself."""
+    spec = dict(self.uplink.get("byzantine") or {})
+    if spec.pop("kind", None) != LABEL_FLIP:
+      return data
+    label_key = spec.pop("label_key", "y")
+    num_classes = spec.pop("num_classes", None)
+    if num_classes is None:
+      num_classes = int(np.max(np.asarray(data.examples[label_key]))) + 1
+    attack = fedco.byzantine.attack(**spec)
+    return fedco.byzantine.flip_labels(data, attack, num_classes, label_key)
 
 
 # ---- the config ----------------------------------------------------------------------------
@@ -290,50 +312,88 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     ("compression", "{field: {codec: ..., ...}}"),
     ("aggregation", "{rule: ..., ...}"),
     ("byzantine", "{fraction, kind, scale, fields, seed}"),
+    ("participation", "{clients_per_round, sampling}"),
   ):
     if entry.get(name) and not hasattr(entry[name], "items"):
       raise ValueError(f"{where}.{name} must be {shape}, got {entry[name]!r}")
     if entry.get(name):
       out[name] = _plain(entry[name])
-  if "privacy" in out:
-    settings = dict(out["privacy"])
-    adaptive = settings.get("adaptive")
-    if adaptive is not None and not isinstance(adaptive, dict):
-      raise ValueError(
-        f"{where}.privacy.adaptive must be {{target_quantile, learning_rate, count_noise}}, "
-        f"got {adaptive!r}"
-      )
-    if adaptive is not None:
-      settings["adaptive"] = _built(
-        f"{where}.privacy.adaptive", "adaptive clipping", fedco.privacy.adaptive_clipping, adaptive
-      )
-    mechanism = settings.pop("mechanism", "gaussian")
-    extend.one_of(f"{where}.privacy.mechanism", mechanism, list(MECHANISMS))
-    factory = getattr(fedco.privacy, MECHANISMS[mechanism])
-    _built(f"{where}.privacy", "privacy", factory, settings, ("rounds",))
-  for field, spec in out.get("compression", {}).items():
-    codec = spec.get("codec") if isinstance(spec, dict) else None
-    extend.one_of(f"{where}.compression.{field}.codec", codec, list(CODECS))
-    assert isinstance(codec, str)  # one_of refused anything else
-    factory = getattr(fedco.compression, CODECS[codec])
-    _built(
-      f"{where}.compression.{field}",
-      codec,
-      factory,
-      {k: v for k, v in spec.items() if k != "codec"},
-    )
-  if "aggregation" in out:
-    spec = out["aggregation"]
-    extend.one_of(f"{where}.aggregation.rule", spec.get("rule"), list(fedco.byzantine.RULES))
-    rule = getattr(fedco.byzantine, spec["rule"])
-    _built(
-      f"{where}.aggregation", spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"}
-    )
-  if "byzantine" in out:
-    _built(f"{where}.byzantine", "byzantine", fedco.byzantine.attack, out["byzantine"])
+  for name, check in (
+    ("privacy", _check_privacy),
+    ("compression", _check_compression),
+    ("aggregation", _check_aggregation),
+    ("byzantine", _check_byzantine),
+    ("participation", _check_participation),
+  ):
+    if name in out:
+      check(f"{where}.{name}", out[name])
   if entry.get("curve"):
     out["curve"] = str(entry["curve"])
   return out
+
+
+def _check_privacy(where: str, settings) -> None:
+  """``privacy``'s mechanism built from its settings (``adaptive`` a dict)."""
+  settings = dict(settings)
+  adaptive = settings.get("adaptive")
+  if adaptive is not None and not isinstance(adaptive, dict):
+    raise ValueError(
+      f"{where}.adaptive must be {{target_quantile, learning_rate, count_noise}}, got {adaptive!r}"
+    )
+  if adaptive is not None:
+    settings["adaptive"] = _built(
+      f"{where}.adaptive", "adaptive clipping", fedco.privacy.adaptive_clipping, adaptive
+    )
+  mechanism = settings.pop("mechanism", "gaussian")
+  extend.one_of(f"{where}.mechanism", mechanism, list(MECHANISMS))
+  factory = getattr(fedco.privacy, MECHANISMS[mechanism])
+  _built(where, "privacy", factory, settings, ("rounds",))
+
+
+def _check_compression(where: str, fields) -> None:
+  """Each field's codec built from its settings."""
+  for field, spec in fields.items():
+    codec = spec.get("codec") if isinstance(spec, dict) else None
+    extend.one_of(f"{where}.{field}.codec", codec, list(CODECS))
+    assert isinstance(codec, str)  # one_of refused anything else
+    factory = getattr(fedco.compression, CODECS[codec])
+    _built(f"{where}.{field}", codec, factory, {k: v for k, v in spec.items() if k != "codec"})
+
+
+def _check_aggregation(where: str, spec) -> None:
+  """The rule built from its settings."""
+  extend.one_of(f"{where}.rule", spec.get("rule"), list(fedco.byzantine.RULES))
+  rule = getattr(fedco.byzantine, spec["rule"])
+  _built(where, spec["rule"], rule, {k: v for k, v in spec.items() if k != "rule"})
+
+
+def _check_byzantine(where: str, spec) -> None:
+  """The attack built from its settings; ``kind: "label_flip"`` takes ``fraction``,
+  ``seed``, ``num_classes`` and ``label_key``."""
+  if spec.get("kind") != LABEL_FLIP:
+    _built(where, "byzantine", fedco.byzantine.attack, spec)
+    return
+  allowed = ["fraction", "seed", "num_classes", "label_key", "kind"]
+  unknown = sorted(set(spec) - set(allowed))
+  if unknown:
+    raise ValueError(f"{where}.{unknown[0]} is not a label_flip setting; allowed: {allowed[:4]}")
+  _built(where, "byzantine", fedco.byzantine.attack, {k: spec[k] for k in allowed[:2] if k in spec})
+  if "num_classes" in spec:
+    extend.positive_int(f"{where}.num_classes", spec["num_classes"], minimum=2)
+
+
+def _check_participation(where: str, spec) -> None:
+  """``clients_per_round`` a positive int, ``sampling`` one of the schedules."""
+  unknown = sorted(set(spec) - {"clients_per_round", "sampling"})
+  if unknown:
+    raise ValueError(
+      f"{where}.{unknown[0]} is not a participation setting; allowed: "
+      f"['clients_per_round', 'sampling']"
+    )
+  if "clients_per_round" in spec:
+    extend.positive_int(f"{where}.clients_per_round", spec["clients_per_round"])
+  if "sampling" in spec:
+    extend.one_of(f"{where}.sampling", spec["sampling"], ["uniform", "epochs"])
 
 
 def _privacy(settings):

@@ -119,6 +119,17 @@ SHARED = (
   "eval_every",
   "methods",
 )
+
+
+def simulate_kwargs(method: Method, run) -> Dict[str, Any]:
+  """A run's ``fedco.simulate`` settings: the method's uplink (:meth:`Method.simulator_kwargs`),
+  then the experiment's ``run.simulate``, then the method's own ``participation`` (a cohort
+  or schedule the method chose wins over the experiment's)."""
+  own = method.simulator_kwargs()
+  participation = {k: own.pop(k) for k in ("clients_per_round", "sampling") if k in own}
+  return {**own, **run.simulate, **participation}
+
+
 # Config fields that choose which runs happen, not what a run is (left out of identities).
 CHOOSING = (
   "experiment",
@@ -582,6 +593,8 @@ class _Session:
     apart = (
       "a host evaluation"
       if run.evaluate is not None
+      else "flipped labels"
+      if method.training_data(run.data) is not run.data
       else "other schedules"
       if any(self.schedule(r) != schedule for r in runs)
       else "other data shapes"
@@ -613,7 +626,7 @@ class _Session:
       metrics_data=shared("metrics_data"),
       metric_labels=[{"method": method.label, "seed": s} for s in seeds],
       **self.how(directory, schedule),
-      **{**method.simulator_kwargs(), **run.simulate, **schedule},
+      **{**simulate_kwargs(method, run), **schedule},
     )
     for r, seed in enumerate(seeds):
       if swept.diverged[r] is None:
@@ -638,7 +651,7 @@ class _Session:
     """One run through ``fedco.simulate``: the outcome gets its final values (or its
     divergence note), its evaluated rounds and its result."""
     labels = {"method": method.label, "seed": seed}
-    kwargs = {**method.simulator_kwargs(), **run.simulate, **self.schedule(run)}
+    kwargs = {**simulate_kwargs(method, run), **self.schedule(run)}
     writers = self.writers
     if run.evaluate is not None:  # the host evaluation's rows are the run's metrics
       action = fedco.runtime.RoundAction(
@@ -653,7 +666,7 @@ class _Session:
       result = fedco.simulate(
         run.problem,
         run.algorithm,
-        run.data,
+        method.training_data(run.data),
         run.params,
         seed=seed,
         metric_labels=labels,

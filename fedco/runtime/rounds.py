@@ -243,7 +243,9 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   k_up = None if up is None else jax.random.fold_in(state.key, UPLINK_STREAM)
   real, schedule = sample(cfg, k_sample, state)
   ids, mask, pick = layout.round_slots(real)
-  cst = with_round_local(cfg, take_clients(layout, state.clients, ids), state.server["params"], slots)
+  cst = with_round_local(
+    cfg, take_clients(layout, state.clients, ids), state.server["params"], slots
+  )
   cst = set_fields(
     cst,
     **{f: broadcast(state.server[f], slots) for f in plan.every_round},
