@@ -372,3 +372,20 @@ def test_an_experiment_method_sets_its_own_cohort_and_flips_labels():
   plain = config_methods.Method("p", "fedavg", {}, 0.1, 2)
   assert plain.training_data(data) is data
   assert runner.simulate_kwargs(plain, run) == run.simulate
+
+
+def test_a_streamed_dp_ftrl_run_is_the_in_memory_one(tmp_path):
+  """The host replays the ``"epochs"`` schedule to read each chunk's clients ahead: the
+  streamed run samples the same clients and ends at the same model, bit for bit."""
+  data = _quadratic(10)
+  store = fedco.data.write_store(tmp_path / "clients", [data.client(k) for k in range(10)])
+  dp = fedco.privacy.dp_ftrl(0.1, momentum=0.9, noise_multiplier=0.5)
+  kw = dict(
+    rounds=9, clients_per_round=2, sampling="epochs", batch_size=2, evaluate=False, privacy=dp
+  )
+  memory = fedco.simulate(PROBLEM, ALGORITHM, data, jnp.zeros(2), **kw)
+  streamed = fedco.simulate(PROBLEM, ALGORITHM, store, jnp.zeros(2), chunk_rounds=3, **kw)
+  np.testing.assert_array_equal(np.asarray(streamed.params), np.asarray(memory.params))
+  np.testing.assert_array_equal(
+    np.asarray(streamed.metrics["clients"]), np.asarray(memory.metrics["clients"])
+  )
