@@ -51,14 +51,24 @@ class _Transcription:
   ``-sum(alive clipped changes) / m``, the noisy prefix sum from the tree's nodes, momentum,
   ``x = x0 - lr * direction``."""
 
-  def __init__(self, x, lr, mu, nesterov, std, per_tree, m):
+  def __init__(self, x, lr, mu, nesterov, std, per_tree, m, efficient=False):
     self.x, self.lr, self.mu, self.nesterov = x, lr, mu, nesterov
-    self.std, self.per_tree, self.m = std, per_tree, m
+    self.std, self.per_tree, self.m, self.efficient = std, per_tree, m, efficient
     self.step = per_tree
 
-  def node(self, level, index):
+  def own(self, level, index):
     noise = ftrl.node_noise(self.key, level, index, {"params": jnp.zeros(self.x.shape)}, 1.0)
     return self.std * np.asarray(noise["params"], np.float64)
+
+  def node(self, level, index):
+    """A node's noise: its own, or Honaker's inverse-variance combination of its own with
+    its two children's estimates (variances sigma^2 and 2 v_(l-1)), recursively."""
+    if not self.efficient or level == 0:
+      return self.own(level, index)
+    v_child = lambda l: 1.0 if l == 0 else 1 / (1 + 1 / (2 * v_child(l - 1)))
+    w = 1 / (1 + 1 / (2 * v_child(level - 1)))  # own's share of the inverse variances
+    children = self.node(level - 1, 2 * index - 1) + self.node(level - 1, 2 * index)
+    return w * self.own(level, index) + (1 - w) * children
 
   def round(self, uploads, alive, key):
     if self.step == self.per_tree:
@@ -74,8 +84,11 @@ class _Transcription:
     return self.x
 
 
-@pytest.mark.parametrize("mu, nesterov", [(0.0, False), (0.9, False), (0.5, True)])
-def test_ftrl_server_matches_its_float64_transcription(mu, nesterov):
+@pytest.mark.parametrize(
+  "mu, nesterov, efficient",
+  [(0.0, False, False), (0.9, False, False), (0.5, True, False), (0.9, False, True)],
+)
+def test_ftrl_server_matches_its_float64_transcription(mu, nesterov, efficient):
   m, per_tree, lr, std = 4, 5, 0.7, 0.3
   rng = np.random.default_rng(1)
   with jax.enable_x64(True):
@@ -86,10 +99,12 @@ def test_ftrl_server_matches_its_float64_transcription(mu, nesterov):
       clients_per_round=m,
       momentum=mu,
       nesterov=nesterov,
+      efficient=efficient,
     )
     values = {"params": jnp.asarray(rng.normal(size=3))}
     state = server.init(values, jnp.ones(m, int))
-    reference = _Transcription(np.asarray(values["params"]), lr, mu, nesterov, std, per_tree, m)
+    x = np.asarray(values["params"])
+    reference = _Transcription(x, lr, mu, nesterov, std, per_tree, m, efficient)
     update = jax.jit(server.update)
     for r in range(3 * per_tree):  # three trees
       uploads = values["params"][None] + jnp.asarray(rng.normal(size=(m, 3)))
@@ -126,6 +141,23 @@ def test_prefix_noise_reuses_each_node_and_has_the_trees_variance():
   for t, bits in ((1, 1), (6, 2), (7, 3), (15, 4)):
     draws = jax.vmap(lambda k, t=t: ftrl.prefix_noise(k, t, one, 0.5, 4))(keys)
     assert abs(float(jnp.var(draws)) / (bits * 0.25) - 1) < 0.05, t
+
+
+def test_efficient_prefix_noise_has_honakers_variance():
+  """Step ``2^l``'s prefix is one node of level ``l``: variance ``2^l / (2^(l+1) - 1)``
+  (1, 2/3, 4/7, 8/15) of the plain node's; step 7 the sum of levels 2, 1, 0."""
+  keys = jax.random.split(jax.random.PRNGKey(0), 20_000)
+
+  def run(key):
+    latest, out = jnp.zeros((4,)), []
+    for t in range(1, 9):
+      noise, latest = ftrl.efficient_prefix_noise(key, t, latest, 0.5, 4)
+      out.append(noise)
+    return jnp.stack(out)
+
+  var = np.var(np.asarray(jax.jit(jax.vmap(run))(keys)), axis=0) / 0.25
+  for t, expected in ((1, 1.0), (2, 2 / 3), (4, 4 / 7), (8, 8 / 15), (7, 4 / 7 + 2 / 3 + 1)):
+    assert abs(var[t - 1] / expected - 1) < 0.05, (t, var[t - 1], expected)
 
 
 # ---- accounting ---------------------------------------------------------------------------
@@ -269,7 +301,7 @@ def test_the_ftrl_server_passes_the_contract_kit():
   def ftrl_fedavg(learning_rate: float, local_steps: int = 3, *, optimizer=None):
     del optimizer
     server = ftrl.ftrl_aggregator(
-      1.0, noise_std=0.01, rounds_per_tree=4, clients_per_round=3, momentum=0.9
+      1.0, noise_std=0.01, rounds_per_tree=4, clients_per_round=3, momentum=0.9, efficient=True
     )
     return fedco.fedavg(learning_rate, local_steps, weighting="uniform").replace(server=server)
 

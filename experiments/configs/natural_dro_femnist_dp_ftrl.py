@@ -10,9 +10,11 @@ regression, 100 rounds of 20 steps of batch 10 at rate 0.01, writers weighted al
   ``105 // 15 = 7`` rounds a permutation of the writers): what the schedule alone does;
 * ``dpfedavg_eps<e>``: the Gaussian mechanism on the mean (``fedco.privacy.gaussian``),
   uniform sampling, accounted with amplification at ``q = 15 / 105``;
-* ``dpftrl_eps<e>``: DP-FTRL (``fedco.privacy.dp_ftrl``), server step 1 without momentum
-  (FedAvg's server), a tree per epoch; ``dpftrl_mom_eps<e>`` with momentum 0.9 at step 0.1
-  (the same long-run step, ``0.1 / (1 - 0.9)``; the paper's momentum, not tuned here).
+* ``dpftrl_eps<e>``: DP-FTRL (``fedco.privacy.dp_ftrl``, Honaker's efficient tree), server
+  step 1 without momentum (FedAvg's server), a tree per epoch; ``dpftrl_mom_eps<e>`` with
+  momentum 0.9 at step 0.1 (the same long-run step, ``0.1 / (1 - 0.9)``; the paper's
+  momentum, not tuned here); ``dpftrl_mom_plain_eps8``: the same with each node's own noisy
+  value (``efficient=False``), what the efficient estimator buys.
 
 Every private method clips each writer's model change to 0.1, the median norm of an honest
 round's change here (where ``e8_femnist_dp``'s adaptive bound settled), at delta ``1e-5``
@@ -45,17 +47,27 @@ def get_config():
       "curve": "dpfedavg",
       "privacy": private,
     }
-    methods[f"dpftrl_eps{eps:g}"] = {
-      **fedavg,
-      **epochs,
-      "curve": "dpftrl",
-      "privacy": {**private, "mechanism": "dp_ftrl"},
-    }
+    tree = {**private, "mechanism": "dp_ftrl", "efficient": True}
+    momentum = {"learning_rate": 0.1, "momentum": 0.9}
+    methods[f"dpftrl_eps{eps:g}"] = {**fedavg, **epochs, "curve": "dpftrl", "privacy": tree}
     methods[f"dpftrl_mom_eps{eps:g}"] = {
       **fedavg,
       **epochs,
       "curve": "dpftrl_mom",
-      "privacy": {**private, "mechanism": "dp_ftrl", "learning_rate": 0.1, "momentum": 0.9},
+      "privacy": {**tree, **momentum},
     }
+  methods["dpftrl_mom_plain_eps8"] = {
+    **fedavg,
+    **epochs,
+    "curve": "dpftrl_mom_plain",
+    "privacy": {
+      "epsilon": 8.0,
+      "delta": 1e-5,
+      "clip": CLIP,
+      "mechanism": "dp_ftrl",
+      "efficient": False,
+      **momentum,
+    },
+  }
   config.methods = configs.methods(methods)
   return config

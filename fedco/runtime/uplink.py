@@ -97,6 +97,7 @@ class Uplink:
       clients_per_round=clients_per_round,
       momentum=spec.momentum,
       nesterov=spec.nesterov,
+      efficient=spec.efficient,
     )
 
   def handles(self, field: str) -> bool:
@@ -154,6 +155,7 @@ class Uplink:
         learning_rate=spec.learning_rate,
         momentum=spec.momentum,
         nesterov=spec.nesterov,
+        efficient_tree=spec.efficient,
         accounting="RDP of tree aggregation (zCDP, replace-one-by-zero), one tree per epoch",
       )
     elif self.privacy is not None:

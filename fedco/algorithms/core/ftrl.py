@@ -50,6 +50,8 @@ class FTRLState(NamedTuple):
     start: the server values when the tree started (:math:`x_0`).
     total: the sum of the tree's pseudo-gradients, without noise.
     momentum: the momentum buffer :math:`b_t`.
+    nodes: under ``efficient=True``, the efficient noise of the latest completed node of
+      each level (leaves with a leading ``[levels]`` axis); ``()`` otherwise.
   """
 
   step: jax.Array
@@ -57,6 +59,7 @@ class FTRLState(NamedTuple):
   start: PyTree
   total: PyTree
   momentum: PyTree
+  nodes: Any = ()
 
 
 def tree_depth(steps: int) -> int:
@@ -88,6 +91,53 @@ def prefix_noise(key, step, like: PyTree, std, levels: int) -> PyTree:
   return total
 
 
+def efficient_weight(level: int) -> float:
+  """Honaker's weight of a level-``level`` node's own noise in its efficient estimate,
+  ``2^l / (2^(l+1) - 1)`` (the rest goes to its children's estimates: inverse-variance)."""
+  return 2.0**level / (2.0 ** (level + 1) - 1)
+
+
+def efficient_prefix_noise(key, step, latest: PyTree, std, levels: int):
+  r"""``(noise, latest)``: the efficient estimator's noise on the prefix sum of steps
+  ``1..step`` and the updated ``latest`` (each level's latest completed node).
+
+  Honaker (2015)'s bottom-up estimate of each node's sum: a leaf's own noisy value; a node
+  of level :math:`l`, :math:`w_l` times its own plus :math:`1 - w_l` times the sum of its
+  children's estimates (:func:`efficient_weight`), variance
+  :math:`2^l \sigma^2 / (2^{l+1} - 1)` instead of the plain node's :math:`\sigma^2`. The
+  node noises are :func:`node_noise`'s, so the privacy is the plain tree's (this is
+  post-processing). A level-``l`` node completes at the steps that are multiples of
+  ``2^l``; its left child is the level below's previous latest node, its right child the one
+  completing at the same step.
+  """
+  step = jnp.asarray(step, jnp.int32)
+  like = jax.tree.map(lambda a: a[0], latest)
+  before = latest
+  level_values: list = []
+  for level in range(levels):
+    own = node_noise(key, level, step >> level, like, std)
+    if level == 0:
+      value = own
+    else:
+      w = efficient_weight(level)
+      left = jax.tree.map(lambda a, i=level: a[i - 1], before)
+      right = level_values[level - 1]
+      value = jax.tree.map(lambda o, a, b, w=w: w * o + (1 - w) * (a + b), own, left, right)
+    done = (step % (1 << level)) == 0
+    previous = jax.tree.map(lambda a, i=level: a[i], before)
+    level_values.append(
+      jax.tree.map(lambda v, p, done=done: jnp.where(done, v, p), value, previous)
+    )
+  latest = jax.tree.map(lambda *vs: jnp.stack(vs), *level_values)
+  noise = jax.tree.map(jnp.zeros_like, like)
+  for level in range(levels):
+    on = ((step >> level) & 1).astype(bool)
+    noise = jax.tree.map(
+      lambda n, v, on=on: n + jnp.where(on, v, jnp.zeros_like(v)), noise, level_values[level]
+    )
+  return noise, latest
+
+
 def ftrl_aggregator(
   learning_rate: float,
   *,
@@ -96,6 +146,7 @@ def ftrl_aggregator(
   clients_per_round: int,
   momentum: float = 0.0,
   nesterov: bool = False,
+  efficient: bool = False,
 ) -> ServerAggregator:
   r"""DP-FTRL's server as a :class:`~fedco.extend.ServerAggregator` (see the module).
 
@@ -110,6 +161,9 @@ def ftrl_aggregator(
     clients_per_round: ``m``, the divisor of the round's sum.
     momentum: :math:`\mu \in [0, 1)`.
     nesterov: the Nesterov form of the momentum.
+    efficient: Honaker's estimator of each node (:func:`efficient_prefix_noise`: the same
+      privacy, less noise on the prefix sums, one model-sized buffer per tree level in the
+      state) instead of each node's own noisy value.
 
   Returns:
     a :class:`~fedco.extend.ServerAggregator` (``reads_each=False``).
@@ -120,7 +174,12 @@ def ftrl_aggregator(
     del counts
     zeros = jax.tree.map(jnp.zeros_like, server)
     return FTRLState(
-      jnp.asarray(rounds_per_tree, jnp.int32), jax.random.PRNGKey(0), server, zeros, zeros
+      jnp.asarray(rounds_per_tree, jnp.int32),
+      jax.random.PRNGKey(0),
+      server,
+      zeros,
+      zeros,
+      _level_buffer(zeros, levels) if efficient else (),
     )
 
   def update(server, state, client_values, info):
@@ -137,13 +196,23 @@ def ftrl_aggregator(
     }
     gradient = jax.tree.map(jnp.negative, weighted_client_mean(changes, weights))
     total = jax.tree.map(jnp.add, total, gradient)
-    noisy = jax.tree.map(jnp.add, total, prefix_noise(key, step, total, noise_std, levels))
+    if efficient:
+      nodes = keep(_level_buffer(zeros, levels), state.nodes)
+      noise, nodes = efficient_prefix_noise(key, step, nodes, noise_std, levels)
+    else:
+      noise, nodes = prefix_noise(key, step, total, noise_std, levels), ()
+    noisy = jax.tree.map(jnp.add, total, noise)
     buffer = jax.tree.map(lambda b, s: momentum * b + s, buffer, noisy)
     direction = jax.tree.map(lambda b, s: momentum * b + s, buffer, noisy) if nesterov else buffer
     new = jax.tree.map(lambda x0, d: (x0 - learning_rate * d).astype(x0.dtype), start, direction)
-    return new, FTRLState(step, key, start, total, buffer)
+    return new, FTRLState(step, key, start, total, buffer, nodes)
 
   return ServerAggregator(init, update, reads_each=False)
+
+
+def _level_buffer(zeros: PyTree, levels: int) -> PyTree:
+  """Zeros with a leading ``[levels]`` axis: the efficient estimator's latest node per level."""
+  return jax.tree.map(lambda a: jnp.zeros((levels,) + a.shape, a.dtype), zeros)
 
 
 def _raw(key) -> Any:
@@ -153,4 +222,12 @@ def _raw(key) -> Any:
   return key
 
 
-__all__ = ["FTRLState", "ftrl_aggregator", "node_noise", "prefix_noise", "tree_depth"]
+__all__ = [
+  "FTRLState",
+  "efficient_prefix_noise",
+  "efficient_weight",
+  "ftrl_aggregator",
+  "node_noise",
+  "prefix_noise",
+  "tree_depth",
+]
