@@ -7,14 +7,16 @@ information for the JSON, a compilation counter and the timing helpers.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -195,6 +197,33 @@ def machine_info(torch_module=None) -> Dict[str, Any]:
 
 def load_average() -> Optional[List[float]]:
   return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+#: The repository's root (the folder holding ``benchmarks/``).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git_revision(name: str) -> str:
+  """The full hash of git revision ``name`` in this repository."""
+  return subprocess.run(
+    ["git", "rev-parse", name], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout.strip()
+
+
+@contextlib.contextmanager
+def worktree(revision: str, folder: str) -> Iterator[str]:
+  """A detached ``git worktree`` of ``revision`` at ``folder`` while the block runs (a
+  benchmark's base side), removed after it."""
+  subprocess.run(
+    ["git", "worktree", "add", "--detach", folder, revision],
+    cwd=ROOT,
+    capture_output=True,
+    check=True,
+  )
+  try:
+    yield folder
+  finally:
+    subprocess.run(["git", "worktree", "remove", "--force", folder], cwd=ROOT, capture_output=True)
 
 
 def timestamp() -> str:

@@ -66,36 +66,18 @@ def _measure(tree):
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _rev(name):
-  return subprocess.run(
-    ["git", "rev-parse", name], cwd=ROOT, capture_output=True, text=True, check=True
-  ).stdout.strip()
-
-
 def main(argv):
   del argv
   from benchmarks import _common as C
 
-  base_rev, head_rev = _rev(FLAGS.base), _rev("HEAD")
+  base_rev, head_rev = C.git_revision(FLAGS.base), C.git_revision("HEAD")
   load_before = C.load_average()
   sides = {"base": [], "head": []}
-  with tempfile.TemporaryDirectory() as tmp:
-    base_tree = os.path.join(tmp, "base")
-    subprocess.run(
-      ["git", "worktree", "add", "--detach", base_tree, base_rev],
-      cwd=ROOT,
-      capture_output=True,
-      check=True,
-    )
-    try:
-      for _ in range(FLAGS.repeats):
-        sides["base"].append(_measure(base_tree))
-        sides["head"].append(_measure(ROOT))
-        print(json.dumps({k: v[-1] for k, v in sides.items()}), flush=True)
-    finally:
-      subprocess.run(
-        ["git", "worktree", "remove", "--force", base_tree], cwd=ROOT, capture_output=True
-      )
+  with tempfile.TemporaryDirectory() as tmp, C.worktree(base_rev, f"{tmp}/base") as base_tree:
+    for _ in range(FLAGS.repeats):
+      sides["base"].append(_measure(base_tree))
+      sides["head"].append(_measure(ROOT))
+      print(json.dumps({k: v[-1] for k, v in sides.items()}), flush=True)
   median = {
     side: {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     for side, runs in sides.items()

@@ -107,42 +107,28 @@ def main(argv):
   )
   load_before = C.load_average()
   runs = {"base": [], "head": [], "head_warm": []}
-  with tempfile.TemporaryDirectory() as tmp:
-    base_tree = os.path.join(tmp, "base")
-    subprocess.run(
-      ["git", "worktree", "add", "--detach", base_tree, base_rev],
-      cwd=ROOT,
-      capture_output=True,
-      check=True,
-    )
-    try:
-      for i in range(FLAGS.repeats):
-        cache = f"--compilation_cache={os.path.join(tmp, f'cache{i}')}"
-        base_flags = (
-          (f"--compilation_cache={os.path.join(tmp, f'base_cache{i}')}",)
-          if FLAGS.base_cache
-          else ()
-        )
-        for side, tree, extra in (
-          ("base", base_tree, base_flags),
-          ("head", ROOT, (cache,)),
-          ("head_warm", ROOT, (cache, f"--config.seeds={FLAGS.warm_seeds}")),
-        ):
-          out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
-          runs[side].append(out)
-          print(
-            side,
-            f"{out['seconds']:.1f} s, {out['compiles']} compiles "
-            f"({out['compile_seconds']:.1f} s), {out['cache_hits']} cache hits",
-            flush=True,
-          )
-    finally:
-      subprocess.run(
-        ["git", "worktree", "remove", "--force", base_tree],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
+  with (
+    tempfile.TemporaryDirectory() as tmp,
+    C.worktree(base_rev, os.path.join(tmp, "base")) as base_tree,
+  ):
+    for i in range(FLAGS.repeats):
+      cache = f"--compilation_cache={os.path.join(tmp, f'cache{i}')}"
+      base_flags = (
+        (f"--compilation_cache={os.path.join(tmp, f'base_cache{i}')}",) if FLAGS.base_cache else ()
       )
+      for side, tree, extra in (
+        ("base", base_tree, base_flags),
+        ("head", ROOT, (cache,)),
+        ("head_warm", ROOT, (cache, f"--config.seeds={FLAGS.warm_seeds}")),
+      ):
+        out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
+        runs[side].append(out)
+        print(
+          side,
+          f"{out['seconds']:.1f} s, {out['compiles']} compiles "
+          f"({out['compile_seconds']:.1f} s), {out['cache_hits']} cache hits",
+          flush=True,
+        )
   median = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items()}
   summary = {
     side: {

@@ -85,38 +85,26 @@ def main(argv):
   )
   load_before = C.load_average()
   results = {}
-  with tempfile.TemporaryDirectory() as tmp:
-    base_tree = os.path.join(tmp, "base")
-    subprocess.run(
-      ["git", "worktree", "add", "--detach", base_tree, base_rev],
-      cwd=ROOT,
-      capture_output=True,
-      check=True,
-    )
-    try:
-      for name in FLAGS.algorithms:
-        sides = {"base": [], "head": []}
-        for _ in range(FLAGS.repeats):
-          sides["base"].append(_time(base_tree, name))
-          sides["head"].append(_time(ROOT, name))
-        med = {k: statistics.median(v) for k, v in sides.items()}
-        results[name] = {
-          "ms_per_round": sides,
-          "median_ms_per_round": med,
-          "head_over_base": med["head"] / med["base"],
-        }
-        print(
-          name,
-          json.dumps(results[name]["median_ms_per_round"]),
-          f"head/base {results[name]['head_over_base']:.3f}",
-          flush=True,
-        )
-    finally:
-      subprocess.run(
-        ["git", "worktree", "remove", "--force", base_tree],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
+  with (
+    tempfile.TemporaryDirectory() as tmp,
+    C.worktree(base_rev, os.path.join(tmp, "base")) as base_tree,
+  ):
+    for name in FLAGS.algorithms:
+      sides = {"base": [], "head": []}
+      for _ in range(FLAGS.repeats):
+        sides["base"].append(_time(base_tree, name))
+        sides["head"].append(_time(ROOT, name))
+      med = {k: statistics.median(v) for k, v in sides.items()}
+      results[name] = {
+        "ms_per_round": sides,
+        "median_ms_per_round": med,
+        "head_over_base": med["head"] / med["base"],
+      }
+      print(
+        name,
+        json.dumps(results[name]["median_ms_per_round"]),
+        f"head/base {results[name]['head_over_base']:.3f}",
+        flush=True,
       )
   C.write_json(
     FLAGS.out,
