@@ -421,3 +421,19 @@ def test_a_streamed_dp_ftrl_run_is_the_in_memory_one(tmp_path):
   np.testing.assert_array_equal(
     np.asarray(streamed.metrics["clients"]), np.asarray(memory.metrics["clients"])
   )
+
+
+def test_dp_ftrl_seeds_in_one_sweep_are_the_separate_runs():
+  """``fedco.sweep`` vmaps the runs: each keeps its own epoch key, tree key and buffers."""
+  data = _quadratic(10)
+  dp = fedco.privacy.dp_ftrl(0.1, momentum=0.9, noise_multiplier=0.5)
+  kw = dict(
+    rounds=6, clients_per_round=2, sampling="epochs", batch_size=None, evaluate=False, privacy=dp
+  )
+  swept = fedco.sweep(PROBLEM, ALGORITHM, data, jnp.zeros(2), seeds=[0, 1], **kw)
+  for r, seed in enumerate((0, 1)):
+    alone = fedco.simulate(PROBLEM, ALGORITHM, data, jnp.zeros(2), seed=seed, **kw)
+    np.testing.assert_allclose(
+      np.asarray(swept.simulation(r).params), np.asarray(alone.params), rtol=1e-6
+    )
+  assert not np.allclose(np.asarray(swept.simulation(0).params), swept.simulation(1).params)
