@@ -238,18 +238,7 @@ def gaussian(
     clip = {str(k): _validate.positive(f"clip[{k!r}]", v) for k, v in clip.items()}
   else:
     clip = _validate.positive("clip", clip)
-  if (noise_multiplier is None) == (epsilon is None):
-    raise ValueError(
-      "give exactly one of noise_multiplier and epsilon, got "
-      f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}"
-    )
-  if noise_multiplier is not None:
-    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier, allow_zero=True)
-  if epsilon is not None:
-    epsilon = _validate.positive("epsilon", epsilon)
-  delta = _validate.open_unit("delta", delta)
-  if rounds is not None:
-    rounds = _validate.positive_int("rounds", rounds)
+  noise_multiplier, epsilon, delta, rounds = _budget(noise_multiplier, epsilon, delta, rounds)
   accountant = _check_accountant(accountant)
   if adaptive is not None and not isinstance(adaptive, AdaptiveClipping):
     raise ValueError(
@@ -257,13 +246,34 @@ def gaussian(
     )
   return ClientDP(
     clip,
-    None if noise_multiplier is None else float(noise_multiplier),
-    None if epsilon is None else float(epsilon),
-    float(delta),
+    noise_multiplier,
+    epsilon,
+    delta,
     rounds,
     adaptive,
     accountant=accountant,
   )
+
+
+def _budget(noise_multiplier, epsilon, delta, rounds):
+  """A mechanism's budget checked, as floats: exactly one of ``noise_multiplier`` (``>= 0``)
+  and ``epsilon`` (``> 0``), ``delta`` in ``(0, 1)``, ``rounds`` a positive int or ``None``
+  (:func:`gaussian`'s and :func:`dp_ftrl`'s arguments alike)."""
+  if (noise_multiplier is None) == (epsilon is None):
+    raise ValueError(
+      "give exactly one of noise_multiplier and epsilon, got "
+      f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}"
+    )
+  if noise_multiplier is not None:
+    noise_multiplier = float(
+      _validate.positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    )
+  if epsilon is not None:
+    epsilon = float(_validate.positive("epsilon", epsilon))
+  delta = float(_validate.open_unit("delta", delta))
+  if rounds is not None:
+    rounds = _validate.positive_int("rounds", rounds)
+  return noise_multiplier, epsilon, delta, rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -908,20 +918,7 @@ def dp_ftrl(
       raise ValueError(f"{name} must be True or False, got {flag!r}")
   if nesterov and momentum == 0:
     raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
-  if (noise_multiplier is None) == (epsilon is None):
-    raise ValueError(
-      "give exactly one of noise_multiplier and epsilon, got "
-      f"noise_multiplier={noise_multiplier!r}, epsilon={epsilon!r}"
-    )
-  if noise_multiplier is not None:
-    noise_multiplier = float(
-      _validate.positive("noise_multiplier", noise_multiplier, allow_zero=True)
-    )
-  if epsilon is not None:
-    epsilon = float(_validate.positive("epsilon", epsilon))
-  delta = _validate.open_unit("delta", delta)
-  if rounds is not None:
-    rounds = _validate.positive_int("rounds", rounds)
+  noise_multiplier, epsilon, delta, rounds = _budget(noise_multiplier, epsilon, delta, rounds)
   return TreeDP(
     float(clip),
     float(learning_rate),
@@ -929,7 +926,7 @@ def dp_ftrl(
     nesterov,
     noise_multiplier,
     epsilon,
-    float(delta),
+    delta,
     rounds,
     efficient,
   )

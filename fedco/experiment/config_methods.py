@@ -15,6 +15,7 @@ from ml_collections import config_dict
 import fedco
 from fedco import extend
 from fedco.experiment import outputs
+from fedco.runtime.config import SAMPLINGS
 
 METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 
@@ -24,8 +25,12 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # combines the uploads and which clients are Byzantine (fedco.byzantine).
 UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine", "participation")
 # byzantine.kind of clients that train honestly on flipped labels (a data transform,
-# fedco.byzantine.flip_labels), beside the upload attacks of fedco.byzantine.ATTACKS
+# fedco.byzantine.flip_labels), beside the upload attacks of fedco.byzantine.ATTACKS, and
+# the settings it takes
 LABEL_FLIP = "label_flip"
+LABEL_FLIP_SETTINGS = ("fraction", "seed", "num_classes", "label_key")
+# a method's participation settings: the fedco.simulate arguments it sets over the experiment's
+PARTICIPATION = ("clients_per_round", "sampling")
 
 
 # config codec name -> fedco.compression factory
@@ -149,19 +154,25 @@ class Method:
     if self.uplink.get("aggregation"):
       spec = dict(self.uplink["aggregation"])
       out["aggregation"] = getattr(fedco.byzantine, spec.pop("rule"))(**spec)
-    if self.uplink.get("byzantine") and self.uplink["byzantine"].get("kind") != LABEL_FLIP:
+    if self.uplink.get("byzantine") and not self.flips_labels:
       out["byzantine"] = fedco.byzantine.attack(**self.uplink["byzantine"])
     out.update(self.uplink.get("participation", {}))
     return out
+
+  @property
+  def flips_labels(self) -> bool:
+    """Whether this method's Byzantine clients train on flipped labels (``byzantine.kind:
+    "label_flip"``: :meth:`training_data` differs from the experiment's data)."""
+    return (self.uplink.get("byzantine") or {}).get("kind") == LABEL_FLIP
 
   def training_data(self, data):
     """``data`` as this method's clients train on it: under ``byzantine.kind:
     "label_flip"``, the attack's clients hold labels ``C - 1 - y``
     (:func:`fedco.byzantine.flip_labels`; ``C`` the largest label plus one, or the
     attack's ``num_classes``); else ``data`` itself."""
-    spec = dict(self.uplink.get("byzantine") or {})
-    if spec.pop("kind", None) != LABEL_FLIP:
+    if not self.flips_labels:
       return data
+    spec = {k: v for k, v in self.uplink["byzantine"].items() if k != "kind"}
     label_key = spec.pop("label_key", "y")
     num_classes = spec.pop("num_classes", None)
     if num_classes is None:
@@ -373,27 +384,28 @@ def _check_byzantine(where: str, spec) -> None:
   if spec.get("kind") != LABEL_FLIP:
     _built(where, "byzantine", fedco.byzantine.attack, spec)
     return
-  allowed = ["fraction", "seed", "num_classes", "label_key", "kind"]
-  unknown = sorted(set(spec) - set(allowed))
+  unknown = sorted(set(spec) - {"kind", *LABEL_FLIP_SETTINGS})
   if unknown:
-    raise ValueError(f"{where}.{unknown[0]} is not a label_flip setting; allowed: {allowed[:4]}")
-  _built(where, "byzantine", fedco.byzantine.attack, {k: spec[k] for k in allowed[:2] if k in spec})
+    raise ValueError(
+      f"{where}.{unknown[0]} is not a label_flip setting; allowed: {list(LABEL_FLIP_SETTINGS)}"
+    )
+  attack = {k: spec[k] for k in ("fraction", "seed") if k in spec}  # the attack's own
+  _built(where, "byzantine", fedco.byzantine.attack, attack)
   if "num_classes" in spec:
     extend.positive_int(f"{where}.num_classes", spec["num_classes"], minimum=2)
 
 
 def _check_participation(where: str, spec) -> None:
   """``clients_per_round`` a positive int, ``sampling`` one of the schedules."""
-  unknown = sorted(set(spec) - {"clients_per_round", "sampling"})
+  unknown = sorted(set(spec) - set(PARTICIPATION))
   if unknown:
     raise ValueError(
-      f"{where}.{unknown[0]} is not a participation setting; allowed: "
-      f"['clients_per_round', 'sampling']"
+      f"{where}.{unknown[0]} is not a participation setting; allowed: {list(PARTICIPATION)}"
     )
   if "clients_per_round" in spec:
     extend.positive_int(f"{where}.clients_per_round", spec["clients_per_round"])
   if "sampling" in spec:
-    extend.one_of(f"{where}.sampling", spec["sampling"], ["uniform", "epochs"])
+    extend.one_of(f"{where}.sampling", spec["sampling"], list(SAMPLINGS))
 
 
 def _privacy(settings):

@@ -80,6 +80,7 @@ from fedco.experiment import outputs, protocol
 from fedco.experiment.config_methods import (  # noqa: F401  (also runner.<name>, as before the split)
   CODECS,
   METHOD_KEYS,
+  PARTICIPATION,
   UPLINK_KEYS,
   Method,
   ablated,
@@ -126,7 +127,7 @@ def simulate_kwargs(method: Method, run) -> Dict[str, Any]:
   then the experiment's ``run.simulate``, then the method's own ``participation`` (a cohort
   or schedule the method chose wins over the experiment's)."""
   own = method.simulator_kwargs()
-  participation = {k: own.pop(k) for k in ("clients_per_round", "sampling") if k in own}
+  participation = {k: own.pop(k) for k in PARTICIPATION if k in own}
   return {**own, **run.simulate, **participation}
 
 
@@ -594,7 +595,7 @@ class _Session:
       "a host evaluation"
       if run.evaluate is not None
       else "flipped labels"
-      if method.training_data(run.data) is not run.data
+      if method.flips_labels
       else "other schedules"
       if any(self.schedule(r) != schedule for r in runs)
       else "other data shapes"

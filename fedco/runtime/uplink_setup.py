@@ -130,23 +130,19 @@ def make_uplink(
   rate = clients_per_round / num_clients
   if privacy is not None:
     clip = _clip(algorithm, privacy)
-    if privacy.noise_multiplier is None:
-      if privacy.rounds is None:
-        raise ValueError(
-          "privacy was given a target epsilon but no rounds to spend it "
-          "over: pass rounds= to fedco.privacy.gaussian (fedco.simulate "
-          "fills in its own; Simulator and fedco.sweep need it)"
-        )
-      z = privacy_lib.calibrate(
-        privacy.epsilon,
-        privacy.delta,
+    privacy = _resolved(
+      privacy,
+      "gaussian",
+      lambda spec: privacy_lib.calibrate(
+        spec.epsilon,
+        spec.delta,
         rate,
         sum(messages.values()),
-        privacy.rounds,
+        spec.rounds,
         init_messages=len(plan.init_fields),
-        accountant=privacy.accountant,
-      )
-      privacy = dataclasses.replace(privacy, noise_multiplier=z)
+        accountant=spec.accountant,
+      ),
+    )
     z = float(privacy.noise_multiplier)
   reads_each = as_aggregator(algorithm.server).reads_each
   if aggregation is not None:
@@ -219,16 +215,26 @@ def _tree(algorithm, spec, num_clients: int, clients_per_round: int, aggregation
       f"(clients_per_round={clients_per_round} of {num_clients} clients)"
     )
   per_tree = num_clients // clients_per_round
-  if spec.noise_multiplier is None:
-    if spec.rounds is None:
-      raise ValueError(
-        "privacy was given a target epsilon but no rounds to spend it over: pass rounds= "
-        "to fedco.privacy.dp_ftrl (fedco.simulate fills in its own; Simulator and "
-        "fedco.sweep need it)"
-      )
-    z = privacy_lib.tree_calibrate(spec.epsilon, spec.delta, per_tree, spec.rounds)
-    spec = dataclasses.replace(spec, noise_multiplier=z)
-  return spec
+  return _resolved(
+    spec,
+    "dp_ftrl",
+    lambda s: privacy_lib.tree_calibrate(s.epsilon, s.delta, per_tree, s.rounds),
+  )
+
+
+def _resolved(spec, factory: str, calibrate):
+  """``spec`` with its noise multiplier: as given, or ``calibrate(spec)`` for its target
+  epsilon over its ``rounds`` (a one-line ``ValueError`` without them; ``factory`` names
+  the ``fedco.privacy`` function that takes them)."""
+  if spec.noise_multiplier is not None:
+    return spec
+  if spec.rounds is None:
+    raise ValueError(
+      "privacy was given a target epsilon but no rounds to spend it over: pass rounds= to "
+      f"fedco.privacy.{factory} (fedco.simulate fills in its own; Simulator and fedco.sweep "
+      "need it)"
+    )
+  return dataclasses.replace(spec, noise_multiplier=calibrate(spec))
 
 
 def adapted_fields(plan) -> Tuple[str, ...]:

@@ -18,8 +18,9 @@ where :math:`\mathcal D(t)` are the nodes of the binary tree whose ranges tile `
 (one per set bit ``l`` of ``t``: node ``(l, t >> l)`` covers steps
 ``((t >> l) - 1) 2^l + 1 .. (t >> l) 2^l``) and each node's noise
 :math:`\nu_{l, j} \sim \mathcal N(0, \sigma^2 I)` is drawn once, from the tree's key folded
-with ``l`` and ``j``: every prefix sum that uses a node sees the same draw, and nothing but
-the key and the step is stored (no buffer of node values). A client in one round of a tree
+with ``l`` and ``j``: every prefix sum that uses a node sees the same draw, and the plain
+tree stores nothing but the key and the step (no buffer of node values; Honaker's efficient
+estimator, ``efficient=True``, keeps each level's latest node estimate). A client in one round of a tree
 is in at most ``ceil(log2(T + 1))`` nodes of a ``T``-round tree: the accounting of
 :func:`fedco.privacy.tree_epsilon_spent`.
 
@@ -82,12 +83,18 @@ def node_noise(key, level, index, like: PyTree, std) -> PyTree:
 def prefix_noise(key, step, like: PyTree, std, levels: int) -> PyTree:
   """The noise on the prefix sum of steps ``1..step`` (``step`` in ``[0, 2^levels)``): the
   sum of :func:`node_noise` over the nodes ``(l, step >> l)`` of its set bits ``l``."""
-  total = jax.tree.map(jnp.zeros_like, like)
   step = jnp.asarray(step, jnp.int32)
-  for level in range(levels):
+  nodes = [node_noise(key, level, step >> level, like, std) for level in range(levels)]
+  return _set_bits_sum(step, nodes, like)
+
+
+def _set_bits_sum(step, per_level, like: PyTree) -> PyTree:
+  """The sum of ``per_level[l]`` over the set bits ``l`` of ``step`` (the prefix ``1..step``
+  tiled by one node a set bit)."""
+  total = jax.tree.map(jnp.zeros_like, like)
+  for level, value in enumerate(per_level):
     on = ((step >> level) & 1).astype(bool)
-    noise = node_noise(key, level, step >> level, like, std)
-    total = jax.tree.map(lambda t, n, on=on: t + jnp.where(on, n, jnp.zeros_like(n)), total, noise)
+    total = jax.tree.map(lambda t, v, on=on: t + jnp.where(on, v, jnp.zeros_like(v)), total, value)
   return total
 
 
@@ -112,7 +119,6 @@ def efficient_prefix_noise(key, step, latest: PyTree, std, levels: int):
   """
   step = jnp.asarray(step, jnp.int32)
   like = jax.tree.map(lambda a: a[0], latest)
-  before = latest
   level_values: list = []
   for level in range(levels):
     own = node_noise(key, level, step >> level, like, std)
@@ -120,22 +126,16 @@ def efficient_prefix_noise(key, step, latest: PyTree, std, levels: int):
       value = own
     else:
       w = efficient_weight(level)
-      left = jax.tree.map(lambda a, i=level: a[i - 1], before)
+      left = jax.tree.map(lambda a, i=level: a[i - 1], latest)
       right = level_values[level - 1]
       value = jax.tree.map(lambda o, a, b, w=w: w * o + (1 - w) * (a + b), own, left, right)
     done = (step % (1 << level)) == 0
-    previous = jax.tree.map(lambda a, i=level: a[i], before)
+    previous = jax.tree.map(lambda a, i=level: a[i], latest)
     level_values.append(
       jax.tree.map(lambda v, p, done=done: jnp.where(done, v, p), value, previous)
     )
-  latest = jax.tree.map(lambda *vs: jnp.stack(vs), *level_values)
-  noise = jax.tree.map(jnp.zeros_like, like)
-  for level in range(levels):
-    on = ((step >> level) & 1).astype(bool)
-    noise = jax.tree.map(
-      lambda n, v, on=on: n + jnp.where(on, v, jnp.zeros_like(v)), noise, level_values[level]
-    )
-  return noise, latest
+  updated = jax.tree.map(lambda *vs: jnp.stack(vs), *level_values)
+  return _set_bits_sum(step, level_values, like), updated
 
 
 def ftrl_aggregator(
