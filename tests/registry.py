@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 import fedco
+from fedco.algorithms import personal
 from fedco.problems import portfolio
 
 # registry name -> [(label, keyword arguments; local_steps only where a test must not set it)]
@@ -53,6 +54,15 @@ def inactive_clip():
 def build(label, **options):
   """``fedco.ALGORITHMS[name](**kwargs(label, **options))``."""
   return factory(label)(**kwargs(label, **options))
+
+
+def model_of(algorithm, params, state):
+  """The model a client predicts with: ``params``, or its personal model where the
+  algorithm keeps part of the model private (FedPer's and FedRep's heads never reach
+  ``params``)."""
+  if algorithm.name in ("fedper", "fedrep"):
+    return personal.personal_model(algorithm, params, state)
+  return params
 
 
 def problem_for(algorithm):

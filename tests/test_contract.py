@@ -109,8 +109,10 @@ def _run(opt, steps, params=None, algorithm=None, jit=True, state=None):
 @pytest.mark.parametrize("label", LABELS)
 def test_converges_on_portfolio(label, setup):
   _, _, x_star = setup
-  params, _ = _run(registry.build(label), 600, params=jnp.zeros(3))
-  np.testing.assert_allclose(np.asarray(params), x_star, atol=2e-3)
+  algorithm = registry.build(label)
+  params, state = _run(algorithm, 600, params=jnp.zeros(3))
+  model = registry.model_of(algorithm, params, state)
+  np.testing.assert_allclose(np.asarray(model), x_star, atol=2e-3)
 
 
 @pytest.mark.parametrize("label", LABELS)

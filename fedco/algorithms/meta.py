@@ -110,6 +110,7 @@ import jax.numpy as jnp
 import optax
 
 from fedco import _validate, estimators, extend
+from fedco.algorithms import personal
 from fedco.algorithms.moml import tracker_layout
 
 VARIANTS = ("exact", "first_order", "hessian_free")
@@ -608,15 +609,7 @@ def ditto(
     ([0.75, 1.5], [0.5, 1.0])
   """
   _validate.positive("lam", lam, allow_zero=True)
-  if personal_lr is None:
-    if callable(learning_rate):
-      raise ValueError(
-        "personal_lr must be given (a number > 0) when learning_rate is a schedule: the "
-        "personal step needs a fixed rate"
-      )
-    eta_p = _validate.positive("learning_rate", 0.2 if learning_rate is None else learning_rate)
-  else:
-    eta_p = _validate.positive("personal_lr", personal_lr)
+  eta_p = personal.own_rate("personal_lr", personal_lr, learning_rate, 0.2)
   opt = extend.param_optimizer(learning_rate, optimizer, default=0.2)
   plan = extend.make_plan(local_steps, weighting=weighting)
   steps = plan.local_steps
