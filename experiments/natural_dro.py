@@ -16,7 +16,9 @@ and ``test/``, ``num_classes``), or TFF's Shakespeare with one client per speaki
 
 The model (``config.model``) is multinomial logistic regression (``"logistic"``, FedProx's
 on Synthetic), for FEMNIST / EMNIST images optionally a small CNN (``"cnn"``:
-:class:`fedco.models.CNN4` without normalisation, ``config.filters`` channels), and for
+:class:`fedco.models.CNN4` without normalisation, ``config.filters`` channels) or a
+one-hidden-layer MLP (``"mlp"``, ``config.hidden_size`` units; its ``out`` layer is the
+head FedRep and FedPer keep private), and for
 Shakespeare a next-character LSTM (``"lstm"``: :class:`fedco.models.ShakespeareLSTM` with
 ``config.hidden_size`` units in ``config.num_layers`` layers). On Shakespeare an example
 is one sequence of 80 characters, and its loss, the per-example loss every problem form
@@ -55,6 +57,7 @@ import fedco
 from experiments import adult_dro, dro_fl
 from fedco import extend, models
 from fedco import metrics as metrics_lib
+from fedco.algorithms import personal
 from fedco.experiment import outputs, runner
 
 DATASETS = ("synthetic", "femnist", "emnist", "leaf", "shakespeare")
@@ -62,8 +65,8 @@ DATASETS = ("synthetic", "femnist", "emnist", "leaf", "shakespeare")
 MODELS = {
   "synthetic": ("logistic",),
   "leaf": ("logistic",),
-  "femnist": ("logistic", "cnn"),
-  "emnist": ("logistic", "cnn"),
+  "femnist": ("logistic", "cnn", "mlp"),
+  "emnist": ("logistic", "cnn", "mlp"),
   "shakespeare": ("lstm",),
 }
 # Sequences evaluated together in the metrics (one [chunk, 80, 90] block of logits at a
@@ -149,6 +152,8 @@ def prepare(config, seed, setup) -> PerSeed:
     model, loss, stats = sequence_model(config.hidden_size, config.num_layers)
   elif kind == "cnn":
     model, loss, stats = cnn_model(fed.num_classes, config.filters)
+  elif kind == "mlp":
+    model, loss, stats = mlp_model(fed.num_classes, config.hidden_size)
   else:
     model, loss, stats = dro_fl.logistic_model(fed.num_classes)
   params = models.init_params(model, _image(fed.train.examples["x"][0], kind), seed)
@@ -156,8 +161,11 @@ def prepare(config, seed, setup) -> PerSeed:
 
 
 def _image(x, kind):
-  """One example's input as ``kind`` takes it (the CNN: a ``[28, 28, 1]`` image)."""
-  return jnp.reshape(x, (28, 28, 1)) if kind == "cnn" else x
+  """One example's input as ``kind`` takes it (the CNN: a ``[28, 28, 1]`` image; the MLP:
+  its pixels as one vector)."""
+  if kind == "cnn":
+    return jnp.reshape(x, (28, 28, 1))
+  return jnp.reshape(x, (-1,)) if kind == "mlp" else x
 
 
 def cnn_model(num_classes: int, filters: int):
@@ -171,6 +179,23 @@ def cnn_model(num_classes: int, filters: int):
 
   def stats(params, example):
     logits = model.apply(params, _image(example["x"], "cnn"))
+    return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
+
+  return model, loss, stats
+
+
+def mlp_model(num_classes: int, hidden_size: int):
+  """One hidden ReLU layer of ``hidden_size`` units, then logits (:class:`fedco.models.MLP`:
+  layers ``hidden_0`` and ``out``, the head FedRep and FedPer keep private), with its
+  per-example ``loss`` and ``stats`` (loss, accuracy)."""
+  model = models.MLP(hidden=(hidden_size,), out=num_classes)
+  apply = lambda params, x: model.apply(params, _image(x, "mlp"))
+
+  def loss(params, example):
+    return models.cross_entropy(apply(params, example["x"]), example["y"])
+
+  def stats(params, example):
+    logits = apply(params, example["x"])
     return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
 
   return model, loss, stats
@@ -238,23 +263,56 @@ def make_metrics_fn(stats, pooled: bool = False):
 
   def metrics_fn(p, d):
     if pooled:
-      _, hits, scored = client_means(stats, p, d["val"])
-      accs = jnp.where(scored > 0, hits / jnp.where(scored > 0, scored, 1.0), jnp.nan)
-      losses = client_means(stats, p, d["train"])[0]
-      worst, p10, avg = jnp.nanmin(accs), jnp.nanquantile(accs, 0.1), jnp.nanmean(accs)
+      held_out, train = client_means(stats, p, d["val"]), client_means(stats, p, d["train"])
     else:
-      _, accs = metrics_lib.per_client_mean(stats, p, d["val"])
-      losses, _ = metrics_lib.per_client_mean(stats, p, d["train"])
-      worst, p10, avg = jnp.min(accs), jnp.quantile(accs, 0.1), jnp.mean(accs)
-    return {
-      "heldout_acc_avg": avg,
-      "heldout_acc_worst": worst,
-      "heldout_acc_p10": p10,
-      "train_loss_avg": jnp.mean(losses),
-      "train_loss_worst": jnp.max(losses),
-    }
+      held_out = metrics_lib.per_client_mean(stats, p, d["val"])
+      train = metrics_lib.per_client_mean(stats, p, d["train"])
+    return _summary(held_out, train, pooled)
 
   return metrics_fn
+
+
+def _summary(held_out, train, pooled: bool) -> Dict[str, jax.Array]:
+  """The metrics from each client's mean statistics on its held-out and training rows."""
+  if pooled:
+    _, hits, scored = held_out
+    accs = jnp.where(scored > 0, hits / jnp.where(scored > 0, scored, 1.0), jnp.nan)
+    worst, p10, avg = jnp.nanmin(accs), jnp.nanquantile(accs, 0.1), jnp.nanmean(accs)
+  else:
+    accs = held_out[1]
+    worst, p10, avg = jnp.min(accs), jnp.quantile(accs, 0.1), jnp.mean(accs)
+  losses = train[0]
+  return {
+    "heldout_acc_avg": avg,
+    "heldout_acc_worst": worst,
+    "heldout_acc_p10": p10,
+    "train_loss_avg": jnp.mean(losses),
+    "train_loss_worst": jnp.max(losses),
+  }
+
+
+def personal_evaluation(algorithm, stats, fed, pooled: bool = False):
+  """``evaluate(state) -> row``: the metrics of :func:`make_metrics_fn` with every client
+  scored by its own model (:func:`fedco.algorithms.personal.personal_model`: FedRep's and
+  FedPer's heads, APFL's mixture, Ditto's personal model), and the shared model's held-out
+  mean beside them (``heldout_acc_global_avg``)."""
+  shared = make_metrics_fn(stats, pooled)
+  data = {"train": fed.train, "val": fed.val}
+
+  @jax.jit
+  def compute(server, clients):
+    models = jax.vmap(lambda s: personal.personal_model(algorithm, server, s))(clients)
+    held_out = metrics_lib.per_client_models_mean(stats, models, fed.val)
+    train = metrics_lib.per_client_models_mean(stats, models, fed.train)
+    row = _summary(held_out, train, pooled)
+    row["heldout_acc_global_avg"] = shared(server, data)["heldout_acc_avg"]
+    return row
+
+  def evaluate(state):
+    row = jax.device_get(compute(state.server["params"], state.clients))
+    return {k: float(v) for k, v in row.items()}
+
+  return evaluate
 
 
 def build(config, method, seed, prepared) -> runner.Run:
@@ -265,17 +323,24 @@ def build(config, method, seed, prepared) -> runner.Run:
   problem, algorithm, scale = adult_dro.problem_and_algorithm(
     config, method, prepared.loss, fed.num_clients, "cross_entropy"
   )
+  pooled = prepared.model == "lstm"
+  if method.algorithm in personal.PERSONAL:  # scored with each client's own model
+    evaluation = {"evaluate": personal_evaluation(algorithm, prepared.stats, fed, pooled)}
+  else:
+    evaluation = {
+      "metrics_fn": make_metrics_fn(prepared.stats, pooled=pooled),
+      "metrics_data": {"train": fed.train, "val": fed.val},
+    }
   return runner.Run(
     problem,
     algorithm,
     fed.train.with_owner(),  # the log form's inner function reads each example's client
     prepared.params,
-    metrics_fn=make_metrics_fn(prepared.stats, pooled=prepared.model == "lstm"),
-    metrics_data={"train": fed.train, "val": fed.val},
     rounds=config.rounds * scale,
     eval_every=config.eval_every * scale,
     simulate={"evaluate": False},
     record_keys=KEYS,
+    **evaluation,
   )
 
 

@@ -28,6 +28,11 @@ and a ``problem`` (``name`` and its settings); the paper's settings (outer rate
                                = 0.05``
 ``ditto``                      ``ditto`` (``learning_rate = 0.2``, ``lam = 0.1``) on the
                                cross-entropy; scored with its personal models
+``fedrep``, ``fedper``         ``fedrep`` (4 head steps, then 1 body step) and ``fedper`` on the
+                               cross-entropy, CNN4's ``logits`` layer the private head; scored
+                               with each client's head on the shared body
+``apfl``                       ``apfl`` (adaptive ``alpha`` from 0.25) on the cross-entropy;
+                               scored with each client's mixture
 =============================  ===================================================================
 
 MAML here is :func:`fedco.problems.personalized.personalized_maml` (one task per client:
@@ -42,7 +47,8 @@ last round: each client ``k`` takes the server model, makes ONE gradient step on
 loss over ALL of its training images (deterministic; the rate is the method's
 ``problem.inner_lr``, or ``problem.finetune_lr`` for a method on the cross-entropy) and is
 scored on its validation set.
-Ditto's clients are scored with their personal models as they are (no extra step). Reported:
+Ditto's, FedRep's, FedPer's and APFL's clients are scored with their own models as they are
+(:func:`fedco.algorithms.personal.personal_model`, no extra step). Reported:
 mean and worst client validation accuracy, mean and worst validation loss, the same mean
 accuracy/loss of the shared model without personalisation (``*_global``), the per-client
 accuracies (``val_acc_clients``), and TR-MAML's client weights ``p``. The evaluation is one
@@ -103,6 +109,7 @@ import numpy as np
 
 import fedco
 from fedco import extend, models
+from fedco.algorithms import personal as personal_lib
 from fedco.data import partition, sources
 from fedco.data.datasets import make_federated
 from fedco.experiment import outputs, runner
@@ -112,6 +119,7 @@ DATASETS = ("cifar10", "digits")
 PER_CLIENT = {"cifar10": 500, "digits": 120}
 PROBLEMS = ("da_maml", "maml", "erm")
 PROBLEM_FIELDS = ("name", "inner_lr", "finetune_lr")  # a method's ``problem`` fields
+PERSONAL = personal_lib.PERSONAL  # scored with their own models, no step
 NUM_CLIENTS = 10
 NUM_CLASSES = 10
 ABLATION_DEFAULTS = {
@@ -172,7 +180,7 @@ def check(config) -> None:
         )
     if fields["name"] != "erm":
       extend.positive(f"--config.methods.{m.label}.problem.inner_lr", fields.get("inner_lr"))
-    elif m.algorithm != "ditto":
+    elif m.algorithm not in PERSONAL:
       extend.positive(f"--config.methods.{m.label}.problem.finetune_lr", fields.get("finetune_lr"))
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if values and not any(m.problem["problem"]["name"] == "da_maml" for m in compared):
@@ -331,7 +339,7 @@ def prepare(config, seed, setup) -> PerSeed:
 def build(config, method, seed, prepared) -> runner.Run:
   """One run: its problem, the algorithm, and the evaluation after one personalisation step
   of the problem's ``inner_lr`` (``finetune_lr`` on the cross-entropy; Ditto's personal
-  models as they are)."""
+  models as they are, and FedRep's, FedPer's and APFL's)."""
   del seed
   apply_fn, fed = prepared.apply_fn, prepared.data[method.problem["rho"]]
   fields, loss = method.problem["problem"], models.cross_entropy
@@ -341,7 +349,7 @@ def build(config, method, seed, prepared) -> runner.Run:
   )
   if fields["name"] == "erm":
     problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
-    eval_lr = None if method.algorithm == "ditto" else fields["finetune_lr"]
+    eval_lr = None if method.algorithm in PERSONAL else fields["finetune_lr"]
   else:
     problem = personalized.personalized_maml(
       apply_fn,
@@ -354,8 +362,12 @@ def build(config, method, seed, prepared) -> runner.Run:
     eval_lr = fields["inner_lr"]
   lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
 
+  own_models = jax.jit(
+    jax.vmap(lambda server, s: personal_lib.personal_model(algorithm, server, s), (None, 0))
+  )
+
   def evaluate(state):
-    personal = state.clients.personal if eval_lr is None else None
+    personal = own_models(state.server["params"], state.clients) if eval_lr is None else None
     row = evaluation_row(
       *jax.device_get(prepared.evaluator(state.server["params"], personal, lr, fed.train, fed.val))
     )
@@ -460,7 +472,8 @@ def figure(records, config, labels):
   fig = outputs.curves(records, labels, panels, title=f"{config.dataset}{setting}")
   fig.suptitle(
     f"{sources.describe(config.dataset, config.data_dir)}: after one personalisation step "
-    "from the server model (Ditto: its personal models); mean +- std over seeds",
+    "from the server model (Ditto, FedRep, FedPer, APFL: their own models); mean +- std over "
+    "seeds",
     fontsize=9,
   )
   return fig

@@ -88,6 +88,56 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
   )
 
 
+def per_client_models_mean(fn: Callable[[Any, Any], Any], models, data: FederatedData):
+  r"""Each client's mean of a per-example function at *its own* model: ``[K]`` per leaf.
+
+  :func:`per_client_mean` with a model per client (personalised methods: FedRep's heads,
+  APFL's mixtures, Ditto's personal models; :func:`fedco.algorithms.personal.personal_model`
+  gives them): client :math:`k`'s mean of ``fn(models[k], e)`` over :math:`e \in D_k`. The
+  clients are taken one at a time (``jax.lax.map``), each over its rows padded to
+  ``data.max_count`` (padding weighs 0), so one model's evaluations exist at once and the
+  cost is :math:`K \cdot \max_k n_k` evaluations.
+
+  Args:
+    fn: ``fn(params, example) -> pytree`` of scalars.
+    models: the clients' models, every leaf ``[K, ...]`` (client ``k``'s at index ``k``).
+    data: the clients (a :class:`~fedco.data.FederatedData`).
+
+  Returns:
+    ``fn``'s output structure with every leaf of shape ``[K]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> data = fedco.FederatedData.from_clients(
+    ...   [{"y": np.array([1.0, 3.0], np.float32)}, {"y": np.array([10.0], np.float32)}]
+    ... )
+    >>> models = jnp.array([0.0, 10.0])  # client 1's model fits it exactly
+    >>> err = lambda w, e: (e["y"] - w) ** 2
+    >>> fedco.metrics.per_client_models_mean(err, models, data).tolist()
+    [5.0, 0.0]
+  """
+  position = jnp.arange(data.max_count)
+
+  def one(args):
+    model, offset, count = args
+    rows = data.flat_rows[offset + jnp.minimum(position, count - 1)]
+    examples = jax.tree.map(lambda a: a[rows], data.examples)
+
+    def checked(p, example):
+      with _labels.from_data(example, data.examples, data.flat_rows):
+        return fn(p, example)
+
+    values = jax.vmap(checked, in_axes=(None, 0))(model, examples)
+    weight = (position < count).astype(jnp.result_type(float)) / count
+    return jax.tree.map(
+      lambda v: jnp.tensordot(weight.astype(v.dtype), v, axes=(0, 0)), values
+    )
+
+  return jax.lax.map(one, (models, data.offsets, data.counts))
+
+
 def summarize(per_client: jax.Array, *, worst: str = "min"):
   """The mean over clients and the worst client of a per-client metric.
 
@@ -182,4 +232,4 @@ def pooled_mean(fn: Callable[[Any, Any], Any], params, examples, *, batch_size: 
   return out
 
 
-__all__ = ["per_client_mean", "pooled_mean", "summarize"]
+__all__ = ["per_client_mean", "per_client_models_mean", "pooled_mean", "summarize"]

@@ -17,6 +17,7 @@ from experiments.configs.natural_dro import get_config
 from experiments.configs.natural_dro_femnist import get_config as get_femnist
 from experiments.configs.natural_dro_shakespeare import get_config as get_shakespeare
 from fedco import models
+from fedco.algorithms import personal
 from fedco.data import tff
 from fedco.experiment import runner
 
@@ -97,6 +98,82 @@ def test_femnist_writers_from_leaf_files(tmp_path, model):
     assert params["logits"]["kernel"].shape == (2, 62)
   else:
     assert params["kernel"].shape == (62, 784)
+
+
+def _leaf_writers(folder, sizes=((6, 4, 5), (2, 2, 1))):
+  rng = np.random.default_rng(0)
+  for split, counts in zip(("train", "test"), sizes):
+    os.makedirs(folder / split)
+    users = {
+      f"f{k:04d}_00": {
+        "x": rng.random((n, 784)).round(2).tolist(),
+        "y": rng.integers(0, 62, n).tolist(),
+      }
+      for k, n in enumerate(counts)
+    }
+    content = {"users": list(users), "num_samples": list(counts), "user_data": users}
+    with open(folder / split / "all_data_0.json", "w") as f:
+      json.dump(content, f)
+
+
+def test_personalised_methods_are_scored_with_each_writers_own_model(tmp_path):
+  """The MLP on FEMNIST-format writers; FedRep and APFL scored by their clients' own models:
+  at round 0 those are the shared model; the evaluation equals a per-client loop by hand."""
+  _leaf_writers(tmp_path / "leaf")
+  config = _tiny(dataset="femnist", data_dir=str(tmp_path / "leaf"), seeds=(0,), model="mlp")
+  config.hidden_size = 8
+  config.methods = runner.method_entries(
+    {
+      "fedavg": {"algorithm": "fedavg"},
+      "fedrep": {"algorithm": "fedrep", "head": ("out",), "head_steps": 1},
+      "apfl": {"algorithm": "apfl", "alpha": 0.5},
+    }
+  )
+  summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+  assert {row["method"] for row in summary["table"]} == {"fedavg", "fedrep", "apfl"}
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  for label in ("fedrep", "apfl"):
+    first = next(r for r in rows if r["method"] == label and r["round"] == 0)
+    assert first["heldout_acc_avg"] == pytest.approx(first["heldout_acc_global_avg"])
+  prepared = natural_dro.prepare(config, 0, natural_dro.setup(config))
+  assert prepared.params["params"]["hidden_0"]["kernel"].shape == (784, 8)
+  fed, alg = prepared.fed, fedco.fedrep(0.5, 2, head=("out",), head_steps=1)
+  result = fedco.simulate(
+    fedco.plain(prepared.loss), alg, fed.train, prepared.params, rounds=3, batch_size=2,
+    evaluate=False,
+  )  # fmt: skip
+  row = natural_dro.personal_evaluation(alg, prepared.stats, fed)(result.state)
+  accs, losses = [], []
+  for k in range(fed.num_clients):
+    state_k = jax.tree.map(lambda a, k=k: a[k], result.state.clients)
+    model = personal.personal_model(alg, result.params, state_k)
+    val = fed.val.client(k)
+    accs.append(
+      np.mean(
+        [
+          float(prepared.stats(model, jax.tree.map(lambda a, i=i: a[i], val))[1])
+          for i in range(len(val["y"]))
+        ]
+      )
+    )
+    train = fed.train.client(k)
+    losses.append(
+      np.mean(
+        [
+          float(prepared.stats(model, jax.tree.map(lambda a, i=i: a[i], train))[0])
+          for i in range(len(train["y"]))
+        ]
+      )
+    )
+  assert row["heldout_acc_avg"] == pytest.approx(np.mean(accs), abs=1e-6)
+  assert row["heldout_acc_worst"] == pytest.approx(np.min(accs), abs=1e-6)
+  assert row["train_loss_worst"] == pytest.approx(np.max(losses), rel=1e-5)
+  assert row["train_loss_avg"] == pytest.approx(np.mean(losses), rel=1e-5)
+  # the clients' heads differ from the server's, so their losses do too
+  shared = natural_dro.make_metrics_fn(prepared.stats)(
+    result.params, {"train": fed.train, "val": fed.val}
+  )
+  assert abs(float(shared["train_loss_avg"]) - row["train_loss_avg"]) > 1e-4
 
 
 def test_your_own_feature_vectors_from_leaf_files(tmp_path):

@@ -26,7 +26,16 @@ COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (c
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
-LABELS = ("comfedl_damaml", "comfedl_maml", "fedavg", "fedmaml", "tr_maml", "ditto")
+LABELS = (
+  "comfedl_damaml",
+  "comfedl_maml",
+  "fedavg",
+  "fedmaml",
+  "tr_maml",
+  "ditto",
+  "fedrep",
+  "apfl",
+)
 RECORD_KEYS = {
   "round",
   "method",
@@ -105,8 +114,13 @@ def test_cifar10_under_mock_data_runs_every_method(mock_cifar):
   # (Ditto's personal models are still the initial model)
   first = {r["method"]: r for r in records if r["round"] == 0}
   assert len({r["val_loss_global_avg"] for r in first.values()}) == 1
-  ditto = first["ditto"]
-  assert ditto["val_loss_avg"] == pytest.approx(ditto["val_loss_global_avg"], rel=1e-5)
+  for own in ("ditto", "fedrep", "apfl"):  # scored with their own models: the initial one
+    row = first[own]
+    assert row["val_loss_avg"] == pytest.approx(row["val_loss_global_avg"], rel=1e-5), own
+  # after training, each client's own model differs from the shared one
+  last = {r["method"]: r for r in records if r["round"] == 2}
+  for own in ("ditto", "fedrep", "apfl"):
+    assert last[own]["val_loss_avg"] != pytest.approx(last[own]["val_loss_global_avg"], rel=1e-6)
   assert sorted(row["method"] for row in summary["table"]) == sorted(LABELS)
   assert all("note" not in row for row in summary["table"])
 
@@ -225,7 +239,7 @@ def test_ablation_runs_and_defaults():
   default = e2_config.get_config()
   assert [default[k] for k in runner.SHARED[1:-1]] == [(0, 1, 2), 300, 5, 0.1, 32, 5]
   methods = {m.label: m for m in _checked_methods(default)}
-  assert set(methods) == set(LABELS) | {"comfedl_damaml_normalized"}  # issue 47: both forms
+  assert set(methods) == set(LABELS) | {"comfedl_damaml_normalized", "fedper"}
   assert methods["comfedl_damaml_normalized"].kwargs == {"normalized": True, "gamma": 0.5}
   assert methods["tr_maml"].kwargs == {"weights_lr": 0.08}
   assert methods["ditto"].kwargs == {"lam": 0.1, "personal_lr": None}

@@ -43,10 +43,11 @@ def get_config():
   config.dataset = "synthetic"
   config.data_dir = ""  # the files' folder (femnist, emnist, leaf, shakespeare)
   # "" (the dataset's first), "logistic", "cnn" (femnist / emnist: CNN4 without
-  # normalisation, `filters` channels) or "lstm" (shakespeare: ShakespeareLSTM)
+  # normalisation, `filters` channels), "mlp" (femnist / emnist: one hidden ReLU layer of
+  # `hidden_size` units) or "lstm" (shakespeare: ShakespeareLSTM)
   config.model = ""
   config.filters = 16  # cnn: channels of its four convolutions
-  config.hidden_size = 32  # lstm: units per layer (the published model: 256)
+  config.hidden_size = 32  # lstm: units per layer (the published model: 256); mlp: hidden units
   config.num_layers = 1  # lstm: layers (the published model: 2)
   config.num_classes = 10  # leaf: the least number of classes (more if a label is larger)
   config.alpha = 1.0  # synthetic: spread of the users' labelling models

@@ -40,7 +40,8 @@ def get_config():
   # Per method: the algorithm, its own arguments, and ``problem``: ``name`` ("da_maml",
   # "maml" or "erm": the plain cross-entropy), ``inner_lr`` (a MAML problem's adaptation
   # step, also its one personalisation step at evaluation) or ``finetune_lr`` (an "erm"
-  # method's personalisation step at evaluation; Ditto is scored with its personal models).
+  # method's personalisation step at evaluation; Ditto, FedRep, FedPer and APFL are scored
+  # with their own models).
   config.methods = configs.methods(
     {
       # normalized=True: client weights exp(L_k/gamma - L) normalised over the round's
@@ -71,6 +72,12 @@ def get_config():
         "personal_lr": None,  # None: the learning rate
         "problem": {"name": "erm"},
       },
+      # a private head (CNN4's logits layer) on a shared body: FedRep trains the head
+      # local_steps - 1 steps, then the body one (the paper's 10 epochs to 1)
+      "fedrep": {"algorithm": "fedrep", "head": ("logits",), "problem": {"name": "erm"}},
+      "fedper": {"algorithm": "fedper", "head": ("logits",), "problem": {"name": "erm"}},
+      # the client's model alpha v + (1 - alpha) x, alpha learnt from 0.25
+      "apfl": {"algorithm": "apfl", "alpha": 0.25, "problem": {"name": "erm"}},
     }
   )
   # ComFedL-DAMAML's ablations (paper 001 Figs. 5-6): "local_steps", "gamma" or "rho" over

@@ -71,6 +71,8 @@ from fedco import _validate, extend
 
 #: What ``head`` may be: key names, or ``params -> `` a tree of booleans (per leaf or entry).
 Head = Union[Sequence[str], Callable[[Any], Any]]
+#: The registry names whose clients predict with a model of their own (:func:`personal_model`).
+PERSONAL = ("fedper", "fedrep", "apfl", "ditto")
 #: The weightings of the server mean the three factories offer.
 WEIGHTINGS = ("samples", "uniform")
 
@@ -531,6 +533,10 @@ def personal_model(algorithm: extend.Algorithm, params, client_state):
   """
   arguments = getattr(algorithm, "arguments", None) or {}
   kind = arguments.get("factory")
+  if kind not in PERSONAL:
+    raise ValueError(
+      f"algorithm: built by {kind!r}; personal_model takes {', '.join(PERSONAL)}"
+    )
   if kind in ("fedper", "fedrep"):
     head = extend.get_field(client_state, "head")
     return merge(params, head, _split(params, arguments["head"]))
@@ -538,8 +544,4 @@ def personal_model(algorithm: extend.Algorithm, params, client_state):
     a = extend.get_field(client_state, "alpha")
     v = extend.get_field(client_state, "local")
     return jax.tree.map(lambda vi, xi: a * vi + (1 - a) * xi, v, params)
-  if kind == "ditto":
-    return extend.get_field(client_state, "personal")
-  raise ValueError(
-    f"algorithm: built by {kind!r}; personal_model takes fedper, fedrep, apfl or ditto"
-  )
+  return extend.get_field(client_state, "personal")  # Ditto
