@@ -131,9 +131,7 @@ def per_client_models_mean(fn: Callable[[Any, Any], Any], models, data: Federate
 
     values = jax.vmap(checked, in_axes=(None, 0))(model, examples)
     weight = (position < count).astype(jnp.result_type(float)) / count
-    return jax.tree.map(
-      lambda v: jnp.tensordot(weight.astype(v.dtype), v, axes=(0, 0)), values
-    )
+    return jax.tree.map(lambda v: jnp.tensordot(weight.astype(v.dtype), v, axes=(0, 0)), values)
 
   return jax.lax.map(one, (models, data.offsets, data.counts))
 

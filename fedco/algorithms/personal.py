@@ -534,9 +534,7 @@ def personal_model(algorithm: extend.Algorithm, params, client_state):
   arguments = getattr(algorithm, "arguments", None) or {}
   kind = arguments.get("factory")
   if kind not in PERSONAL:
-    raise ValueError(
-      f"algorithm: built by {kind!r}; personal_model takes {', '.join(PERSONAL)}"
-    )
+    raise ValueError(f"algorithm: built by {kind!r}; personal_model takes {', '.join(PERSONAL)}")
   if kind in ("fedper", "fedrep"):
     head = extend.get_field(client_state, "head")
     return merge(params, head, _split(params, arguments["head"]))
