@@ -60,6 +60,8 @@ ALGORITHMS = REGISTRY
 # (fedco.algorithms.scaffold stays the module; fedco.scaffold is its factory).
 _FACTORIES = {name: fn for name, fn in ALGORITHMS.items() if name not in _MODULES}
 globals().update(_FACTORIES)
+# A personalised method's client model (FedPer, FedRep, APFL, Ditto; decision 110).
+from fedco.algorithms.personal import personal_model  # noqa: E402
 
 __all__ = [
   "ALGORITHMS",
@@ -78,5 +80,6 @@ __all__ = [
   "set_fields",
   "Pending",
   "InjectedServerState",
+  "personal_model",
   *_FACTORIES,
 ]

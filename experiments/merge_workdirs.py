@@ -1,0 +1,145 @@
+r"""Merge workdirs of one experiment run in parts (split by ``--methods`` or seeds across
+processes, one process per workdir) into one results JSON: each run's final evaluated
+metrics, and per method the mean, standard error and seeds over the runs that finished.
+
+    python -m experiments.merge_workdirs --out=experiments/results/e8_femnist_byzantine.json \
+      --keys=heldout_acc_avg,heldout_acc_p10,heldout_acc_worst runs/a runs/b ...
+
+A run counts as finished when its last evaluated round is the largest any run of its
+algorithm reached (``--rounds=afl:2000,fedavg:100`` sets them instead: the label's first
+``_``-separated word is the algorithm). Runs cut short are listed under ``incomplete``.
+A label and seed found in several workdirs keeps the row of the latest round.
+``--figure=<png>`` draws a grouped bar chart of the first key for labels
+``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List
+
+import numpy as np
+from absl import app, flags
+
+flags.DEFINE_string("out", None, "The merged JSON to write.", required=True)
+flags.DEFINE_list("keys", ["heldout_acc_avg"], "The metrics kept from each run's final row.")
+flags.DEFINE_list("rounds", [], "algorithm:rounds of a finished run (default: the largest seen).")
+flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
+flags.DEFINE_string("title", "", "The figure's title.")
+FLAGS = flags.FLAGS
+
+
+def metrics_file(workdir: str) -> str:
+  """A workdir's ``metrics.jsonl`` (finished) or ``in_progress/metrics.jsonl``."""
+  for path in ("metrics.jsonl", os.path.join("in_progress", "metrics.jsonl")):
+    if os.path.exists(os.path.join(workdir, path)):
+      return os.path.join(workdir, path)
+  raise FileNotFoundError(f"{workdir}: no metrics.jsonl (nor in_progress/metrics.jsonl)")
+
+
+def final_rows(workdirs: List[str], keys: List[str]) -> Dict[str, Dict[int, dict]]:
+  """``{label: {seed: {"round", key...}}}``: each run's last evaluated row."""
+  out: Dict[str, Dict[int, dict]] = {}
+  for workdir in workdirs:
+    with open(metrics_file(workdir)) as f:
+      for line in f:
+        row = json.loads(line)
+        if not all(k in row for k in keys):
+          continue
+        runs = out.setdefault(row["method"], {})
+        if row["round"] >= runs.get(row["seed"], {}).get("round", -1):
+          runs[row["seed"]] = {"round": row["round"], **{k: row[k] for k in keys}}
+  return out
+
+
+def summarize(rows, keys, rounds: Dict[str, int]):
+  """Finished runs' mean, standard error (``None`` with one seed) and seeds per label."""
+  expected: Dict[str, int] = {}
+  for label, runs in rows.items():
+    algorithm = label.split("_")[0]
+    top = max([expected.get(algorithm, 0)] + [r["round"] for r in runs.values()])
+    expected[algorithm] = rounds.get(algorithm, top)
+  methods, incomplete = {}, []
+  for label, runs in sorted(rows.items()):
+    done = {s: r for s, r in sorted(runs.items()) if r["round"] == expected[label.split("_")[0]]}
+    incomplete += [f"{label} seed {s}" for s in sorted(set(runs) - set(done))]
+    if not done:
+      continue
+    entry = {"seeds": list(done), "per_seed": {str(s): r for s, r in done.items()}}
+    for key in keys:
+      v = np.array([r[key] for r in done.values()], np.float64)
+      se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+      entry[key] = {"mean": float(v.mean()), "stderr": se}
+    methods[label] = entry
+  return methods, incomplete, expected
+
+
+def machine_and_wall(workdirs):
+  machine, wall = None, 0.0
+  for workdir in workdirs:
+    path = os.path.join(workdir, "summary.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        summary = json.load(f)
+      machine, wall = summary.get("machine", machine), wall + summary.get("wall_seconds", 0.0)
+  return machine, wall
+
+
+def draw(methods, key, path, title):
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  parts = [label.split("_") for label in methods]
+  algorithms = list(dict.fromkeys(p[0] for p in parts))
+  rules = list(dict.fromkeys(p[1] for p in parts))
+  attacks = list(dict.fromkeys("_".join(p[2:]) for p in parts))
+  fig, axes = plt.subplots(1, len(algorithms), figsize=(5 * len(algorithms), 4), sharey=True)
+  axes = np.atleast_1d(axes)
+  width = 0.8 / len(attacks)
+  for ax, algorithm in zip(axes, algorithms):
+    for i, attack in enumerate(attacks):
+      entries = [methods.get(f"{algorithm}_{rule}_{attack}", {}).get(key, {}) for rule in rules]
+      means = [e.get("mean", np.nan) for e in entries]
+      errors = [e.get("stderr") or 0.0 for e in entries]
+      x = np.arange(len(rules)) + (i - (len(attacks) - 1) / 2) * width
+      ax.bar(x, means, width, yerr=errors, label=attack, capsize=2)
+    ax.set_xticks(np.arange(len(rules)))
+    ax.set_xticklabels(rules)
+    ax.set_title(algorithm)
+  axes[0].set_ylabel(key)
+  axes[0].legend(fontsize=8, loc="lower left")
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main(argv):
+  workdirs = argv[1:]
+  if not workdirs:
+    raise app.UsageError("give the workdirs to merge")
+  rounds = {a: int(r) for a, r in (item.split(":") for item in FLAGS.rounds)}
+  rows = final_rows(workdirs, FLAGS.keys)
+  methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds)
+  machine, wall = machine_and_wall(workdirs)
+  out = {
+    "note": "each run's final evaluated metrics; mean and standard error over the seeds "
+    "that finished; runs cut short are listed under incomplete",
+    "rounds": expected,
+    "methods": methods,
+    "incomplete": incomplete,
+    "sources": [metrics_file(w) for w in workdirs],
+    "wall_seconds_of_finished_workdirs": wall,
+    "machine": machine,
+  }
+  with open(FLAGS.out, "w") as f:
+    json.dump(out, f, indent=1)
+  if FLAGS.figure:
+    draw(methods, FLAGS.keys[0], FLAGS.figure, FLAGS.title)
+  print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)
