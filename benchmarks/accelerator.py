@@ -22,6 +22,11 @@ runs too (both sides on the CPU) but says so in ``device``. Workloads (``peers/w
 * ``cross_device_resnet20``: the same clients and rounds with E5's ``ResNet20`` (GroupNorm,
   width 16, 272,474 parameters): fedco only, once per ``conv_impl``, to see whether the
   convolution implementation that wins on CNN4 also wins on a deeper, wider network.
+* ``cross_device_precision`` (issue 49): the cross-device CNN4 round with its local steps
+  in float32 and in bfloat16 (:func:`fedco.problems.mixed_precision`; parameters, uploads
+  and averaging stay float32), ``conv_impl="auto"``: seconds per round (alternating), the
+  ratio, and XLA's cost analysis of each compiled round (bytes accessed, flops). On a CPU:
+  ``--workloads=cross_device_precision``.
 * ``logistic``: 10 clients of 500 examples, every client, 5 steps of batch 32, 784 -> 10:
   fedco's rounds per second (the peer table's first row).
 * ``shakespeare`` and ``shakespeare_steps`` (issue 45; FedJAX's comparison on the CPU is
@@ -92,8 +97,8 @@ def device_info():
 class FedcoSide:
   """One ``fedco.Simulator`` of ``workload``; :meth:`time` runs ``rounds`` rounds as one call."""
 
-  def __init__(self, workload, rounds, conv_impl="auto", network="cnn4"):
-    self.sim, params = jax_bench.simulator(workload, conv_impl, network)
+  def __init__(self, workload, rounds, conv_impl="auto", network="cnn4", compute_dtype="float32"):
+    self.sim, params = jax_bench.simulator(workload, conv_impl, network, compute_dtype)
     self.state, self.rounds = self.sim.init(params, 0), rounds
     start = time.perf_counter()
     jax.block_until_ready(self.sim.run(self.state, rounds)[0])
@@ -103,6 +108,19 @@ class FedcoSide:
     start = time.perf_counter()
     jax.block_until_ready(self.sim.run(self.state, self.rounds)[0])
     return (time.perf_counter() - start) / self.rounds
+
+  def cost(self):
+    """XLA's cost analysis of the compiled program of ``rounds`` rounds, per round: bytes
+    accessed and flops (the memory floor's yardstick)."""
+    args = (self.state, self.sim.data, self.sim.metrics_data, np.int32(-1))
+    compiled = self.sim._run.lower(*args, rounds=self.rounds).compile()  # pylint: disable=protected-access
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return {
+      key: float(analysis[name]) / self.rounds
+      for key, name in (("bytes_accessed", "bytes accessed"), ("flops", "flops"))
+      if name in analysis
+    }
 
 
 class ShakespeareSide:
@@ -216,7 +234,14 @@ def timed(sides, repeats):
 def main(argv):
   del argv
   out = {"device": device_info(), "rounds": FLAGS.rounds, "repeats": FLAGS.repeats}
-  known = ("cross_device", "cross_device_resnet20", "logistic", "shakespeare", "shakespeare_steps")
+  known = (
+    "cross_device",
+    "cross_device_resnet20",
+    "cross_device_precision",
+    "logistic",
+    "shakespeare",
+    "shakespeare_steps",
+  )
   unknown = [w for w in FLAGS.workloads if w not in known]
   if unknown:
     raise app.UsageError(f"--workloads: unknown {unknown}; allowed: {', '.join(known)}")
@@ -228,6 +253,8 @@ def main(argv):
     cross_device(out)
   if "cross_device_resnet20" in FLAGS.workloads:
     resnet20(out)
+  if "cross_device_precision" in FLAGS.workloads:
+    precision(out)
   if "logistic" in FLAGS.workloads:
     logistic = FedcoSide("logistic", workloads.WORKLOADS["logistic"].rounds)
     median, _ = timed({"fedco": logistic}, FLAGS.repeats)
@@ -258,6 +285,28 @@ def cross_device(out):
     out["cross_device"]["speedup_over_torch"] = {
       k: median["torch"] / s for k, s in median.items() if k != "torch"
     }
+
+
+def precision(out):
+  """The cross-device CNN4 round in float32 and bfloat16: time, ratio and XLA's costs."""
+  sides = {
+    dtype: FedcoSide("cross_device", FLAGS.rounds, compute_dtype=dtype)
+    for dtype in ("float32", "bfloat16")
+  }
+  median, every = timed(sides, FLAGS.repeats)
+  out["cross_device_precision"] = {
+    "seconds_per_round": median,
+    "all_seconds_per_round": every,
+    "bfloat16_over_float32_time": median["bfloat16"] / median["float32"],
+    "cost_per_round": {dtype: side.cost() for dtype, side in sides.items()},
+    "compile_and_first_call_seconds": {k: side.compile_seconds for k, side in sides.items()},
+  }
+  costs = out["cross_device_precision"]["cost_per_round"]
+  if all("bytes_accessed" in c for c in costs.values()):
+    out["cross_device_precision"]["bfloat16_over_float32_bytes"] = (
+      costs["bfloat16"]["bytes_accessed"] / costs["float32"]["bytes_accessed"]
+    )
+  print("cross_device_precision", json.dumps(out["cross_device_precision"]), flush=True)
 
 
 def resnet20(out):

@@ -68,9 +68,10 @@ def _model(workload, conv_impl, network="cnn4"):
   }
 
 
-def simulator(workload, conv_impl="auto", network="cnn4"):
+def simulator(workload, conv_impl="auto", network="cnn4", compute_dtype="float32"):
   """``(fedco.Simulator, initial params)`` of ``workload`` as fedco's side runs it
-  (``network``: the cross-device model, ``cnn4`` or ``resnet20``)."""
+  (``network``: the cross-device model, ``cnn4`` or ``resnet20``; ``compute_dtype``: the
+  local steps' arithmetic, :func:`fedco.problems.mixed_precision`)."""
   import fedco  # pylint: disable=g-import-not-at-top
 
   w = workloads.WORKLOADS[workload]
@@ -90,7 +91,7 @@ def simulator(workload, conv_impl="auto", network="cnn4"):
     problem = fedco.plain(loss)
     algorithm = fedco.fedavg(w.learning_rate, w.local_steps, weighting="samples")
   sim = fedco.Simulator(
-    problem,
+    fedco.problems.mixed_precision(problem, compute_dtype),
     algorithm,
     data,
     batch_size=w.batch_size or None,

@@ -70,8 +70,10 @@ from fedco.problems.maml import MAML, da_maml, da_maml_value, maml
 from fedco.problems.personalized import personalized_maml
 from fedco.problems.portfolio import portfolio
 from fedco.problems.portfolio import stationary_point as portfolio_stationary_point
+from fedco.problems.precision import mixed_precision
 
 __all__ = [
+  "mixed_precision",
   "personalized_maml",
   "MAML",
   "da_maml",
