@@ -99,6 +99,7 @@ def check(config) -> None:
       "(docs/data.md says how to prepare them)"
     )
   extend.positive("--config.gamma", config.gamma)
+  extend.one_of("--config.compute_dtype", config.compute_dtype, ("float32", "bfloat16"))
   for field in ("alpha", "beta"):
     if not isinstance(config[field], (int, float)) or config[field] < 0:
       raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
@@ -323,6 +324,7 @@ def build(config, method, seed, prepared) -> runner.Run:
   problem, algorithm, scale = adult_dro.problem_and_algorithm(
     config, method, prepared.loss, fed.num_clients, "cross_entropy"
   )
+  problem = fedco.problems.mixed_precision(problem, config.compute_dtype)
   pooled = prepared.model == "lstm"
   if method.algorithm in personal.PERSONAL:  # scored with each client's own model
     evaluation = {"evaluate": personal_evaluation(algorithm, prepared.stats, fed, pooled)}

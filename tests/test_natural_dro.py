@@ -137,6 +137,9 @@ def test_personalised_methods_are_scored_with_each_writers_own_model(tmp_path):
     assert first["heldout_acc_avg"] == pytest.approx(first["heldout_acc_global_avg"])
   prepared = natural_dro.prepare(config, 0, natural_dro.setup(config))
   assert prepared.params["params"]["hidden_0"]["kernel"].shape == (784, 8)
+  config.compute_dtype = "bfloat16"  # the local steps in bfloat16, the model float32
+  method = runner.methods(config)[0]
+  assert natural_dro.build(config, method, 0, prepared).problem.name.endswith("@bfloat16")
   fed, alg = prepared.fed, fedco.fedrep(0.5, 2, head=("out",), head_steps=1)
   result = fedco.simulate(
     fedco.plain(prepared.loss), alg, fed.train, prepared.params, rounds=3, batch_size=2,
@@ -206,6 +209,7 @@ def test_your_own_feature_vectors_from_leaf_files(tmp_path):
     ("dataset", "mnist", r"--config.dataset must be one of"),
     ("alpha", -1.0, r"--config.alpha must be a number >= 0"),
     ("gamma", 0.0, r"--config.gamma"),
+    ("compute_dtype", "float16", r"--config.compute_dtype must be one of"),
   ],
 )
 def test_bad_fields_are_one_line_errors(tmp_path, field, value, match):

@@ -61,5 +61,8 @@ def get_config():
   config.batch_size = 10
   config.eval_every = 10
   config.gamma = 0.5  # the KL temperature of the client-level DRO forms
+  # the local steps' arithmetic: "float32" or "bfloat16" (fedco.problems.mixed_precision:
+  # the model, its updates and the aggregation stay float32)
+  config.compute_dtype = "float32"
   config.methods = configs.methods(METHODS)
   return config
