@@ -52,8 +52,8 @@ def _model(workload, conv_impl, network="cnn4"):
       )
     )
 
-    def loss(params, example):
-      image = example["x"].astype(jnp.float32) / 255.0
+    def loss(params, example):  # the images in the parameters' dtype (mixed precision)
+      image = example["x"].astype(jax.tree.leaves(params)[0].dtype) / 255.0
       return fedco.models.cross_entropy(model.apply(params, image), example["y"])
 
     return loss, fedco.models.init_cnn(model, workloads.IMAGE, 0)

@@ -8,7 +8,11 @@ and return their values in float32. The parameters, the gradients the algorithms
 trackers, every upload and the server's aggregation stay float32: the policy flax's
 ``dtype`` / ``param_dtype`` and optax's float32 states express, applied to any model
 without changing it. A deterministic ``outer(y)`` (the DRO link ``exp(y / gamma)``) is
-cheap and stays float32.
+cheap and stays float32. Integer inputs (uint8 images) are left as they are: a loss or
+model that converts them to float32 itself (``x.astype(jnp.float32)``, fedco's CNN4 and
+logistic regression on integer images) promotes the whole computation back to float32, so
+convert them to the parameters' dtype in the loss (``x.astype(jax.tree.leaves(params)[0].dtype)``)
+or store the data as floats.
 
 **float16 and loss scaling.** float16's smallest normal number is about ``6e-5``, so small
 gradients vanish in its backward pass; ``loss_scale=S`` multiplies the cotangent entering
