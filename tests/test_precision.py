@@ -113,23 +113,25 @@ def test_bfloat16_e1_tracks_float32_and_aggregates_in_float32():
 
 @pytest.mark.skipif(not os.path.isdir(SHARED), reason="../shared/data/femnist_leaf_sf005 absent")
 def test_bfloat16_femnist_writers_track_float32():
-  """FEMNIST's 105 writers, an MLP, 6 rounds of 20 FedAvg steps: pooled held-out accuracy
-  within 0.03 of the float32 run's."""
+  """FEMNIST's first 30 writers, an MLP, 5 rounds of 20 FedAvg steps: pooled held-out
+  accuracy within 0.03 of the float32 run's."""
   fed = fedco.data.load_leaf(SHARED, "femnist", num_classes=62)
+  writers = range(30)
+  train = fedco.FederatedData.from_clients([fed.train.client(k) for k in writers])
+  val = fedco.FederatedData.from_clients([fed.val.client(k) for k in writers])
   model = models.MLP(hidden=(32,), out=62)
   flat = lambda x: jnp.reshape(x, (-1,))
   loss = lambda p, e: models.cross_entropy(model.apply(p, flat(e["x"])), e["y"])
-  params = models.init_params(model, flat(fed.train.examples["x"][0]), 0)
+  params = models.init_params(model, flat(train.examples["x"][0]), 0)
   accuracies = []
   for compute_dtype in ("float32", "bfloat16"):
     problem = fedco.problems.mixed_precision(fedco.plain(loss), compute_dtype)
     result = fedco.simulate(
-      problem, fedco.fedavg(0.1, 20), fed.train, params, rounds=6, batch_size=10, evaluate=False
+      problem, fedco.fedavg(0.1, 20), train, params, rounds=5, batch_size=10, evaluate=False
     )
-    val = jax.tree.map(lambda a: a[fed.val.flat_rows], fed.val.examples)
-    logits = jax.vmap(lambda x, p=result.params: model.apply(p, flat(x)))(val["x"])
-    accuracies.append(float(jnp.mean(jnp.argmax(logits, -1) == val["y"])))
-  assert accuracies[0] > 0.2 and abs(accuracies[0] - accuracies[1]) <= 0.03, accuracies
+    logits = jax.vmap(lambda x, p=result.params: model.apply(p, flat(x)))(val.examples["x"])
+    accuracies.append(float(jnp.mean(jnp.argmax(logits, -1) == val.examples["y"])))
+  assert accuracies[0] > 0.15 and abs(accuracies[0] - accuracies[1]) <= 0.03, accuracies
 
 
 @pytest.mark.parametrize(
