@@ -13,10 +13,10 @@ The rules at 105 writers: Multi-Krum assumes ``f = 21`` (``n > 2f + 2``) and ave
 ``n - f = 84`` best; the trimmed mean drops 20% at each end; centered clipping's radius
 ``tau = 0.1`` is the median norm of an honest round's model change here (what adaptive
 clipping converged to in ``e8_femnist_dp``: 0.10-0.13), not a value tuned for accuracy.
-3 algorithms x 5 rules x (clean + 2 flips + labels, + inflate for the two DRO methods) =
-70 runs a seed. Krum (one client's upload) and Gaussian attackers are left to E1's grid
-(:mod:`experiments.configs.dro_fl_byzantine`): on this machine AFL's 2,000 rounds take about
-two minutes a run, and the grid has to fit beside the rest of a session.
+Krum (``f = 21``) keeps the one upload closest to its ``n - f - 2`` nearest. 3 algorithms x 6
+rules x (clean + 2 flips + labels, + inflate for the two DRO methods) = 84 runs a seed.
+Gaussian attackers are left to E1's grid (:mod:`experiments.configs.dro_fl_byzantine`): on
+this machine AFL's 2,000 rounds take two to six minutes a run.
 """
 
 from experiments import configs
@@ -28,6 +28,7 @@ RULES = {
   "none": None,
   "median": {"rule": "coordinate_median"},
   "trimmed": {"rule": "trimmed_mean", "beta": 0.2},
+  "krum": {"rule": "krum", "f": 21},
   "mkrum": {"rule": "multi_krum", "f": 21, "m": 84},
   "cclip": {"rule": "centered_clipping", "tau": 0.1, "iterations": 3},
 }
