@@ -151,9 +151,9 @@ def head_mask(params, head: Head) -> list:
   chosen = sum(int(m.sum()) for m in masks)
   if chosen == 0:
     paths = jax.tree_util.tree_flatten_with_path(params)[0]
-    names = sorted({_key_name(k) for path, _ in paths for k in path})
+    keys = sorted({_key_name(k) for path, _ in paths for k in path})
     raise ValueError(
-      f"head={head!r} selects no parameter of the model; its keys: {', '.join(names[:12])}"
+      f"head={head!r} selects no parameter of the model; its keys: {', '.join(keys[:12])}"
     )
   if chosen == sum(m.size for m in masks):
     raise ValueError(f"head={head!r} selects every parameter: nothing would be shared")
