@@ -174,15 +174,7 @@ def cnn_model(num_classes: int, filters: int):
   :class:`fedco.models.CNN4` without normalisation (four conv-ReLU-pool blocks of
   ``filters`` channels, then logits) on each 784-pixel example as a 28x28 image."""
   model = models.CNN4(num_classes=num_classes, filters=filters, norm="none")
-
-  def loss(params, example):
-    return models.cross_entropy(model.apply(params, _image(example["x"], "cnn")), example["y"])
-
-  def stats(params, example):
-    logits = model.apply(params, _image(example["x"], "cnn"))
-    return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
-
-  return model, loss, stats
+  return (model, *_classifier(model, "cnn"))
 
 
 def mlp_model(num_classes: int, hidden_size: int):
@@ -190,16 +182,20 @@ def mlp_model(num_classes: int, hidden_size: int):
   layers ``hidden_0`` and ``out``, the head FedRep and FedPer keep private), with its
   per-example ``loss`` and ``stats`` (loss, accuracy)."""
   model = models.MLP(hidden=(hidden_size,), out=num_classes)
-  apply = lambda params, x: model.apply(params, _image(x, "mlp"))
+  return (model, *_classifier(model, "mlp"))
+
+
+def _classifier(model, kind: str):
+  """``(loss, stats)`` of an image classifier reading each example as ``kind`` takes it."""
 
   def loss(params, example):
-    return models.cross_entropy(apply(params, example["x"]), example["y"])
+    return models.cross_entropy(model.apply(params, _image(example["x"], kind)), example["y"])
 
   def stats(params, example):
-    logits = apply(params, example["x"])
+    logits = model.apply(params, _image(example["x"], kind))
     return models.cross_entropy(logits, example["y"]), models.accuracy(logits, example["y"])
 
-  return model, loss, stats
+  return loss, stats
 
 
 def sequence_model(hidden_size: int = 32, num_layers: int = 1):
@@ -263,30 +259,41 @@ def make_metrics_fn(stats, pooled: bool = False):
   held-out values (NaN, skipped by ``nanmin``/``nanquantile``/``nanmean``)."""
 
   def metrics_fn(p, d):
-    if pooled:
-      held_out, train = client_means(stats, p, d["val"]), client_means(stats, p, d["train"])
-    else:
-      held_out = metrics_lib.per_client_mean(stats, p, d["val"])
-      train = metrics_lib.per_client_mean(stats, p, d["train"])
+    held_out, train = (client_stats(stats, p, d[k], pooled) for k in ("val", "train"))
     return _summary(held_out, train, pooled)
 
   return metrics_fn
 
 
+def client_stats(stats, params, data, pooled: bool):
+  """Each client's mean of ``stats`` (chunked where a sequence model's are pooled)."""
+  if pooled:
+    return client_means(stats, params, data)
+  return metrics_lib.per_client_mean(stats, params, data)
+
+
+def _accuracies(held_out, pooled: bool) -> jax.Array:
+  """Each client's held-out accuracy (NaN where a pooled client scored nothing)."""
+  if not pooled:
+    return held_out[1]
+  _, hits, scored = held_out
+  return jnp.where(scored > 0, hits / jnp.where(scored > 0, scored, 1.0), jnp.nan)
+
+
+def _reducers(pooled: bool):
+  """Mean, minimum and quantile over clients (NaN-skipping where pooled clients may have
+  scored nothing)."""
+  return (jnp.nanmean, jnp.nanmin, jnp.nanquantile) if pooled else (jnp.mean, jnp.min, jnp.quantile)
+
+
 def _summary(held_out, train, pooled: bool) -> Dict[str, jax.Array]:
   """The metrics from each client's mean statistics on its held-out and training rows."""
-  if pooled:
-    _, hits, scored = held_out
-    accs = jnp.where(scored > 0, hits / jnp.where(scored > 0, scored, 1.0), jnp.nan)
-    worst, p10, avg = jnp.nanmin(accs), jnp.nanquantile(accs, 0.1), jnp.nanmean(accs)
-  else:
-    accs = held_out[1]
-    worst, p10, avg = jnp.min(accs), jnp.quantile(accs, 0.1), jnp.mean(accs)
-  losses = train[0]
+  accs, losses = _accuracies(held_out, pooled), train[0]
+  mean, low, quantile = _reducers(pooled)
   return {
-    "heldout_acc_avg": avg,
-    "heldout_acc_worst": worst,
-    "heldout_acc_p10": p10,
+    "heldout_acc_avg": mean(accs),
+    "heldout_acc_worst": low(accs),
+    "heldout_acc_p10": quantile(accs, 0.1),
     "train_loss_avg": jnp.mean(losses),
     "train_loss_worst": jnp.max(losses),
   }
@@ -297,16 +304,15 @@ def personal_evaluation(algorithm, stats, fed, pooled: bool = False):
   scored by its own model (:func:`fedco.algorithms.personal.personal_model`: FedRep's and
   FedPer's heads, APFL's mixture, Ditto's personal model), and the shared model's held-out
   mean beside them (``heldout_acc_global_avg``)."""
-  shared = make_metrics_fn(stats, pooled)
-  data = {"train": fed.train, "val": fed.val}
 
   @jax.jit
   def compute(server, clients):
-    models = jax.vmap(lambda s: personal.personal_model(algorithm, server, s))(clients)
+    models = personal.personal_models(algorithm, server, clients)
     held_out = metrics_lib.per_client_models_mean(stats, models, fed.val)
     train = metrics_lib.per_client_models_mean(stats, models, fed.train)
     row = _summary(held_out, train, pooled)
-    row["heldout_acc_global_avg"] = shared(server, data)["heldout_acc_avg"]
+    shared = _accuracies(client_stats(stats, server, fed.val, pooled), pooled)
+    row["heldout_acc_global_avg"] = _reducers(pooled)[0](shared)
     return row
 
   def evaluate(state):

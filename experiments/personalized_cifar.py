@@ -119,7 +119,6 @@ DATASETS = ("cifar10", "digits")
 PER_CLIENT = {"cifar10": 500, "digits": 120}
 PROBLEMS = ("da_maml", "maml", "erm")
 PROBLEM_FIELDS = ("name", "inner_lr", "finetune_lr")  # a method's ``problem`` fields
-PERSONAL = personal_lib.PERSONAL  # scored with their own models, no step
 NUM_CLIENTS = 10
 NUM_CLASSES = 10
 ABLATION_DEFAULTS = {
@@ -180,7 +179,7 @@ def check(config) -> None:
         )
     if fields["name"] != "erm":
       extend.positive(f"--config.methods.{m.label}.problem.inner_lr", fields.get("inner_lr"))
-    elif m.algorithm not in PERSONAL:
+    elif m.algorithm not in personal_lib.PERSONAL:
       extend.positive(f"--config.methods.{m.label}.problem.finetune_lr", fields.get("finetune_lr"))
   values = runner.ablation(config, ABLATION_DEFAULTS)
   if values and not any(m.problem["problem"]["name"] == "da_maml" for m in compared):
@@ -349,7 +348,7 @@ def build(config, method, seed, prepared) -> runner.Run:
   )
   if fields["name"] == "erm":
     problem = fedco.plain(personalized.example_loss(apply_fn, loss), name="cross_entropy")
-    eval_lr = None if method.algorithm in PERSONAL else fields["finetune_lr"]
+    eval_lr = None if method.algorithm in personal_lib.PERSONAL else fields["finetune_lr"]
   else:
     problem = personalized.personalized_maml(
       apply_fn,
@@ -362,9 +361,7 @@ def build(config, method, seed, prepared) -> runner.Run:
     eval_lr = fields["inner_lr"]
   lr = jnp.float32(0.0 if eval_lr is None else eval_lr)
 
-  own_models = jax.jit(
-    jax.vmap(lambda server, s: personal_lib.personal_model(algorithm, server, s), (None, 0))
-  )
+  own_models = jax.jit(functools.partial(personal_lib.personal_models, algorithm))
 
   def evaluate(state):
     personal = own_models(state.server["params"], state.clients) if eval_lr is None else None

@@ -72,11 +72,7 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
   else:
     examples = jax.tree.map(lambda a: a[data.flat_rows], data.examples)
 
-  def checked(p, example):  # a label read from the example: checked against the data
-    with _labels.from_data(example, data.examples, data.flat_rows):
-      return fn(p, example)
-
-  values = jax.vmap(checked, in_axes=(None, 0))(params, examples)
+  values = jax.vmap(_checked(fn, data), in_axes=(None, 0))(params, examples)
   weights = data.flat_weights()
   return jax.tree.map(
     lambda v: jax.ops.segment_sum(
@@ -86,6 +82,16 @@ def per_client_mean(fn: Callable[[Any, Any], Any], params, data: FederatedData):
     ),
     values,
   )
+
+
+def _checked(fn, data):
+  """``fn`` with the labels it reads from an example checked against ``data``'s."""
+
+  def checked(p, example):
+    with _labels.from_data(example, data.examples, data.flat_rows):
+      return fn(p, example)
+
+  return checked
 
 
 def per_client_models_mean(fn: Callable[[Any, Any], Any], models, data: FederatedData):
@@ -125,11 +131,7 @@ def per_client_models_mean(fn: Callable[[Any, Any], Any], models, data: Federate
     rows = data.flat_rows[offset + jnp.minimum(position, count - 1)]
     examples = jax.tree.map(lambda a: a[rows], data.examples)
 
-    def checked(p, example):
-      with _labels.from_data(example, data.examples, data.flat_rows):
-        return fn(p, example)
-
-    values = jax.vmap(checked, in_axes=(None, 0))(model, examples)
+    values = jax.vmap(_checked(fn, data), in_axes=(None, 0))(model, examples)
     weight = (position < count).astype(jnp.result_type(float)) / count
     return jax.tree.map(lambda v: jnp.tensordot(weight.astype(v.dtype), v, axes=(0, 0)), values)
 

@@ -85,7 +85,7 @@ def run(alg, **options):
 def personal_models(alg, res):
   """Every client's model, in float64."""
   with jax.enable_x64(True):
-    models = jax.vmap(lambda s: personal.personal_model(alg, res.params, s))(res.state.clients)
+    models = personal.personal_models(alg, res.params, res.state.clients)
     return jax.tree.map(lambda a: np.asarray(a, np.float64), models)
 
 

@@ -126,7 +126,8 @@ def head_mask(params, head: Head) -> list:
     >>> [m.tolist() for m in personal.head_mask(params, ("head",))]
     [[False, False], [True, True, True]]
   """
-  leaves, treedef = jax.tree.flatten(params)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths, leaves = [p for p, _ in flat], [x for _, x in flat]
   if callable(head):
     marks = head(params)
     try:
@@ -138,7 +139,6 @@ def head_mask(params, head: Head) -> list:
     masks = [np.broadcast_to(np.asarray(f, bool), np.shape(x)) for f, x in zip(flags, leaves)]
   elif isinstance(head, (list, tuple)) and head and all(isinstance(n, str) for n in head):
     names = set(head)
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     masks = [
       np.full(np.shape(x), bool(names & {_key_name(k) for k in path}))
       for path, x in zip(paths, leaves)
@@ -150,8 +150,7 @@ def head_mask(params, head: Head) -> list:
     )
   chosen = sum(int(m.sum()) for m in masks)
   if chosen == 0:
-    paths = jax.tree_util.tree_flatten_with_path(params)[0]
-    keys = sorted({_key_name(k) for path, _ in paths for k in path})
+    keys = sorted({_key_name(k) for path in paths for k in path})
     raise ValueError(
       f"head={head!r} selects no parameter of the model; its keys: {', '.join(keys[:12])}"
     )
@@ -507,12 +506,38 @@ def apfl(
   return extend.Algorithm(init, update, plan, extend.averaging_server(), "apfl", "plain")
 
 
+def personal_models(algorithm: extend.Algorithm, params, clients):
+  """Every client's model: :func:`personal_model` over a run's stacked client states.
+
+  Args:
+    algorithm: as for :func:`personal_model`.
+    params: the server's model.
+    clients: the clients' states, leaves ``[K, ...]`` (``result.state.clients``).
+
+  Returns:
+    the clients' models, every leaf ``[K, ...]``.
+
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import fedco
+    >>> from fedco.algorithms import personal
+    >>> alg = fedco.apfl(0.5, alpha=0.5, adaptive=False)
+    >>> one = alg.init(jnp.zeros(2))
+    >>> clients = jax.tree.map(lambda a: jnp.stack([a, a]), one)._replace(
+    ...   local=jnp.array([[2.0, 0.0], [0.0, 4.0]]))
+    >>> personal.personal_models(alg, jnp.zeros(2), clients).tolist()
+    [[1.0, 0.0], [0.0, 2.0]]
+  """
+  return jax.vmap(lambda state: personal_model(algorithm, params, state))(clients)
+
+
 def personal_model(algorithm: extend.Algorithm, params, client_state):
   """The model one client predicts with, from the server's model and its state.
 
   FedPer and FedRep: ``params`` with the client's head; APFL: ``alpha_k v_k + (1 -
-  alpha_k) params``; Ditto: its personal model. For every client of a run at once,
-  ``jax.vmap(lambda s: personal_model(alg, result.params, s))(result.state.clients)``.
+  alpha_k) params``; Ditto: its personal model. For every client of a run at once:
+  :func:`personal_models`.
 
   Args:
     algorithm: the run's algorithm, built by :func:`fedper`, :func:`fedrep`, :func:`apfl`
