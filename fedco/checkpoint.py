@@ -84,14 +84,31 @@ class _SimStateOnDisk(NamedTuple):
   uplink: Any
 
 
+class _SimStateWithSchedule(NamedTuple):
+  """A :class:`~fedco.runtime.SimState` as saved when its ``timing`` is empty: the fields
+  fedco wrote before ``delays`` added one."""
+
+  round: Any
+  key: Any
+  server: Any
+  server_opt_state: Any
+  shared: Any
+  clients: Any
+  random_params: Any
+  uplink: Any
+  schedule: Any
+
+
 def _on_disk(state):
   """``state`` as a checkpoint holds it (:class:`_SimStateOnDisk` for a ``SimState`` with no
-  ``schedule``; anything else as it is)."""
+  ``schedule`` and no ``timing``, :class:`_SimStateWithSchedule` for one with no
+  ``timing``; anything else as it is)."""
   from fedco.runtime.rounds import SimState  # pylint: disable=g-import-not-at-top
 
-  if isinstance(state, SimState) and isinstance(state.schedule, tuple) and not state.schedule:
-    return _SimStateOnDisk(*state[:8])
-  return state
+  empty = lambda field: isinstance(field, tuple) and not field
+  if not isinstance(state, SimState) or not empty(state.timing):
+    return state
+  return _SimStateOnDisk(*state[:8]) if empty(state.schedule) else _SimStateWithSchedule(*state[:9])
 
 
 class RunMismatchError(ValueError):

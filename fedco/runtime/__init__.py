@@ -26,6 +26,11 @@ the sampled ids. A run that stops being finite raises :class:`NonFiniteError` na
 round and the quantity. :class:`RoundAction` s run host code on the whole state every few
 rounds and add their rows to ``SimulationResult.host_metrics``.
 
+**Time and asynchrony.** ``delays=`` :class:`Delays` gives each client's work a simulated
+duration and each round ``metrics["time"]``; ``asynchronous=`` :class:`Buffered` runs
+FedBuff's buffered asynchronous aggregation instead of synchronous rounds (module
+:mod:`~fedco.runtime.asynchrony`).
+
 **Writers.** ``metric_writers=`` streams every chunk's evaluated rows as soon as the chunk
 is done: :class:`JsonlWriter`, :class:`CsvWriter`, :class:`TensorBoardWriter`, or your own
 :class:`RowWriter` (module :mod:`~fedco.runtime.host`).
@@ -49,6 +54,7 @@ A run in a few lines::
 """
 
 from fedco.runtime import distributed, host
+from fedco.runtime.asynchrony import Buffered, Delays
 from fedco.runtime.batching import ClientView, draw, draw_batch, epoch_steps, oracle_args
 from fedco.runtime.host import (
   CsvWriter,
@@ -69,7 +75,9 @@ from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import PerSeed, SweepResult, sweep
 
 __all__ = [
+  "Buffered",
   "CLIENTS",
+  "Delays",
   "ClientView",
   "draw",
   "Ledger",

@@ -7,6 +7,16 @@ import jax
 import jax.numpy as jnp
 
 
+def planned_steps(cfg, counts) -> jax.Array:
+  """Each client's local steps without faults (``counts``: their rows): ``local_steps``,
+  or under ``local_epochs`` its epochs' batches, at most ``local_steps``."""
+  steps = jnp.full(jnp.shape(counts), cfg.plan.local_steps, jnp.int32)
+  if cfg.local_epochs is None:
+    return steps
+  epochs = cfg.local_epochs * ((counts + cfg.batch_size - 1) // cfg.batch_size)
+  return jnp.minimum(steps, epochs.astype(jnp.int32))
+
+
 def draw_faults(cfg, key, ids, mask, counts=None):
   """Which slots survive the round, and how many local steps each does.
 
@@ -16,10 +26,7 @@ def draw_faults(cfg, key, ids, mask, counts=None):
   (its epochs; the smaller of that and a straggler's draw).
   """
   local_steps = cfg.plan.local_steps
-  steps_all = jnp.full(ids.shape, local_steps, jnp.int32)
-  if cfg.local_epochs is not None:
-    epochs = cfg.local_epochs * ((counts + cfg.batch_size - 1) // cfg.batch_size)
-    steps_all = jnp.minimum(steps_all, epochs.astype(jnp.int32))
+  steps_all = planned_steps(cfg, ids if counts is None else counts)
   if not cfg.faults:
     return mask, steps_all
 

@@ -17,6 +17,7 @@ name is), e.g. a changed ``metrics_fn``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from functools import partial as functools_partial
@@ -199,6 +200,9 @@ def describe_run(sim, params, seed, state) -> Dict[str, Any]:
     description["options"]["sampling"] = cfg.sampling
   if cfg.uplink is not None:  # only then: earlier runs keep their fingerprints
     description["options"]["uplink"] = describe(cfg.uplink.describe())
+  for name in ("delays", "asynchronous"):  # only when set: earlier runs keep theirs
+    if getattr(cfg, name) is not None:
+      description["options"][name] = dataclasses.asdict(getattr(cfg, name))
   return description
 
 

@@ -76,7 +76,8 @@ class Ledger(NamedTuple):
     total_down = self.clients_per_round * sum(per_client_down.values()) * rounds
     if survivors is not None:
       alive = np.asarray(survivors, bool)
-      steps = np.where(alive, np.asarray(local_steps), 0)
+      done = self.local_steps if local_steps is None else np.asarray(local_steps)
+      steps = np.where(alive, done, 0)
       per_step = sum(per_step_up.values())
       per_round = sum(per_client_up.values()) - self.local_steps * per_step
       total_up = int(alive.sum()) * per_round + int(steps.sum()) * per_step

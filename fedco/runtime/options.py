@@ -111,6 +111,17 @@ class SimOptions:
     byzantine: a :func:`fedco.byzantine.attack`: a fixed fraction of the clients send
       sign-flipped, scaled or random uploads in place of the fields it names, inside the
       compiled round. ``None`` (default): every client is honest.
+    delays: a :class:`fedco.runtime.Delays`: simulated durations of the clients' local work
+      (per-client speeds, per-dispatch jitter, stragglers; deterministic per seed); each
+      round reports ``metrics["time"]``, the simulated clock after it (a synchronous round
+      lasts as long as its slowest surviving client). ``None`` (default): no clock.
+    asynchronous: a :class:`fedco.runtime.Buffered`: buffered asynchronous aggregation
+      (FedBuff): ``concurrency`` clients train at once from the model of their dispatch, and
+      each round is a server step applying the ``clients_per_round`` earliest reports,
+      weighted by staleness (:mod:`fedco.runtime.asynchrony`; ``metrics["staleness"]``).
+      Needs ``delays`` (``Delays()`` when ``None``), an algorithm that sends only the model
+      (FedAvg, FedProx, the adaptive servers, Ditto, FedPer, ...), clients in memory and
+      uniform sampling. ``None`` (default): synchronous rounds.
     metrics_data: a pytree of arrays ``metrics_fn`` reads (held-out sets, say), passed into
       the compiled rounds as an argument: runs that differ only in it compile to one
       program (and a persistent compilation cache serves the others), where arrays a
@@ -152,6 +163,8 @@ class SimOptions:
   byzantine: Any = None
   sampling: str = "uniform"
   metrics_data: Optional[PyTree] = None
+  delays: Any = None
+  asynchronous: Any = None
 
   @classmethod
   def of(

@@ -18,14 +18,13 @@ import jax
 import jax.numpy as jnp
 
 from fedco.algorithms.base import RoundInfo, get_field, init_trackers, set_fields
-from fedco.runtime import adaptive_clip, evaluation, local
+from fedco.runtime import adaptive_clip, asynchrony, evaluation, local
 from fedco.runtime.batching import draw, run_float
 from fedco.runtime.faults import draw_faults
 from fedco.runtime.local import CLIENT_STREAM as CLIENT_STREAM  # fedco.testing reads it
 from fedco.runtime.local import broadcast, mean
 from fedco.runtime.mesh import place
 from fedco.runtime.paging import take_clients, write_clients
-from fedco.runtime.sampling import sample
 
 PyTree = Any
 
@@ -54,6 +53,9 @@ class SimState(NamedTuple):
       streamed, as ``clients``).
     schedule: under ``sampling="epochs"``, the current epoch's PRNG key (its permutation
       of the clients); ``()`` otherwise.
+    timing: with ``delays``, the simulated clock and, under ``asynchronous``, the clients
+      in flight and the ring of recent server models (:class:`~fedco.runtime.asynchrony.Timing`);
+      ``()`` otherwise.
 
   Examples:
     FedDRO's initial state on the log form of client-level KL-DRO over 4 clients: the
@@ -86,6 +88,7 @@ class SimState(NamedTuple):
   random_params: PyTree
   uplink: Any = ()
   schedule: Any = ()
+  timing: Any = ()
 
 
 def client_weights(cfg, counts, mask=None):
@@ -132,6 +135,7 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
   """Every client's state from ``params`` and one mini-batch ``g_k(x_0)`` (``template``: see
   :func:`client_init`); then the plan's init fields are averaged so all clients start from
   the same ``(x_bar_0, y_bar_0)``."""
+  timing = asynchrony.init_timing(cfg, params, key, data.counts)
   key, k_init = jax.random.split(key)  # key: state_key's
   plan, n, layout = cfg.plan, cfg.num_clients, cfg.layout
   one = functools.partial(client_init, cfg, params, k_init, template=template)
@@ -174,6 +178,7 @@ def init_state(cfg, params, key, data, template=False) -> SimState:
     params,
     uplink,
     jnp.zeros_like(key) if cfg.sampling == "epochs" else (),
+    timing,
   )
 
 
@@ -241,7 +246,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   # The uplink's randomness: its own stream (a constant no split index or client id
   # reaches), so it is independent of the sampling and runs without one keep every draw.
   k_up = None if up is None else jax.random.fold_in(state.key, UPLINK_STREAM)
-  real, schedule = sample(cfg, k_sample, state)
+  real, schedule, buffer = asynchrony.round_clients(cfg, state, k_sample)
   ids, mask, pick = layout.round_slots(real)
   cst = with_round_local(
     cfg, take_clients(layout, state.clients, ids), state.server["params"], slots
@@ -251,9 +256,10 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     **{f: broadcast(state.server[f], slots) for f in plan.every_round},
     **{f: broadcast(state.shared[f], slots) for f in plan.every_step},
   )
-  params = broadcast(state.server["params"], slots)
+  start = asynchrony.start_models(cfg, state, buffer, slots)  # the server's, synchronously
   views = layout.views(data, ids)
   alive, steps = draw_faults(cfg, k_sample, ids, mask, views.count)
+  alive = asynchrony.fresh(cfg, alive, buffer)  # reports staler than the ring: discarded
   w = client_weights(cfg, views.count, alive)
   ckeys = jax.vmap(jax.random.fold_in, (None, 0))(k_round, ids)
   ust = () if up is None else take_clients(layout, state.uplink, ids)
@@ -267,7 +273,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   if plan.round_start_loss:
     _, losses = evaluation.client_objectives(cfg, state.server["params"], data, flat)
     cst = set_fields(cst, **{f: jnp.take(losses, ids, mode="clip") for f in plan.round_start_loss})
-  params, cst, ckeys = place((params, cst, ckeys), mesh)
+  params, cst, ckeys = place((start, cst, ckeys), mesh)
   step_channel = () if up is None else up.fields(plan.every_step)
   if cfg.client_chunk is None:
     params, cst, ust = local.vmapped_steps(
@@ -282,6 +288,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     if not step_channel
     else {f: jax.tree.map(lambda a: a[0], get_field(cst, f)) for f in plan.every_step}
   )
+  params = asynchrony.scaled_changes(cfg, state, buffer, start, params)
   uploads = {"params": params, **{f: get_field(cst, f) for f in plan.every_round + plan.report}}
   client_losses: Callable[..., Any] = functools.partial(_client_losses, cfg, data)
   bounds, bits = adaptive_clip.bounds_of(cfg, state), {}
@@ -298,7 +305,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     assert k_up is not None
     k_bits = jax.random.fold_in(k_up, ADAPTIVE_STREAM)
     server_opt_state = adaptive_clip.advance(up, server_opt_state, bits, alive, k_bits)
-  if cfg.faults:  # a round nobody survived changes nothing on the server
+  if cfg.may_drop:  # a round nobody survived changes nothing on the server
     anyone = jnp.any(alive)
     server, server_opt_state, shared = jax.tree.map(
       lambda new, old: jnp.where(anyone, new, old),
@@ -315,8 +322,18 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   random_params = jax.tree.map(
     lambda a, b: jnp.where(keep, a, b), server["params"], state.random_params
   )
+  timing = asynchrony.advance(cfg, state, buffer, server["params"], ids, steps, alive, data.counts)
   new_state = SimState(
-    completed, key, server, server_opt_state, shared, clients, random_params, uplink, schedule
+    completed,
+    key,
+    server,
+    server_opt_state,
+    shared,
+    clients,
+    random_params,
+    uplink,
+    schedule,
+    timing,
   )
   metrics = evaluation.maybe_metrics(
     cfg, completed, server["params"], data, flat, final_round, metrics_data
@@ -324,8 +341,9 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
   metrics["clients"] = real
   if bounds is not None:
     metrics.update({f"clip_{f}": b for f, b in bounds.items()})  # the round's bounds
-  if cfg.faults:
+  if cfg.may_drop:
     metrics["survivors"] = pick(alive)
+  metrics.update(asynchrony.metrics(timing, buffer))
   if cfg.varied_steps:
     metrics["local_steps"] = pick(jnp.where(alive, steps, 0))
   return new_state, metrics

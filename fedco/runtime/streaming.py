@@ -112,6 +112,8 @@ def check(cfg, params) -> Tuple[str, ...]:
       getattr(cfg.aggregator, "queries_losses", False)
     ),
     "per-example state (num_examples: a chunk numbers its examples anew)": per_example,
+    "asynchronous= (which clients report when is decided inside the compiled round, so "
+    "no chunk can be read ahead)": cfg.asynchronous is not None,
     f"a tracker of each client's own first inner value that the plan sends but does not "
     f"average at init ({', '.join(sent)}: its server or shared copy would start from every "
     f"client's)": bool(sent),
