@@ -104,7 +104,21 @@ def check(config) -> None:
     if not isinstance(config[field], (int, float)) or config[field] < 0:
       raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
   extend.positive_int("--config.num_users", config.num_users, minimum=0)
+  extend.positive_int("--config.async_rounds", config.async_rounds, minimum=0)
+  delays(config)  # the simulated durations, built (a one-line error names the field)
   adult_dro.check_problems(config)
+
+
+def delays(config):
+  """The runs' simulated durations (:class:`fedco.runtime.Delays` from ``config.delays``),
+  or ``None`` when ``delays.step_time`` is 0 (no clock)."""
+  spec = dict(config.delays)
+  if not spec.get("step_time"):
+    return None
+  try:
+    return fedco.runtime.Delays(**spec)
+  except (TypeError, ValueError) as err:
+    raise ValueError(f"--config.{err}") from None
 
 
 def setup(config):
@@ -332,6 +346,13 @@ def build(config, method, seed, prepared) -> runner.Run:
   )
   problem = fedco.problems.mixed_precision(problem, config.compute_dtype)
   pooled = prepared.model == "lstm"
+  simulate: Dict[str, Any] = {"evaluate": False}
+  timed = delays(config)
+  rounds = config.rounds
+  if timed is not None:  # a clock: each round's simulated time is recorded
+    simulate["delays"] = timed
+    if method.uplink.get("asynchronous") and config.async_rounds:
+      rounds = config.async_rounds
   if method.algorithm in personal.PERSONAL:  # scored with each client's own model
     evaluation = {"evaluate": personal_evaluation(algorithm, prepared.stats, fed, pooled)}
   else:
@@ -344,10 +365,10 @@ def build(config, method, seed, prepared) -> runner.Run:
     algorithm,
     fed.train.with_owner(),  # the log form's inner function reads each example's client
     prepared.params,
-    rounds=config.rounds * scale,
+    rounds=rounds * scale,
     eval_every=config.eval_every * scale,
-    simulate={"evaluate": False},
-    record_keys=KEYS,
+    simulate=simulate,
+    record_keys=KEYS + (("time",) if timed is not None else ()),
     **evaluation,
   )
 
@@ -393,14 +414,82 @@ def summarize(config, outcome) -> Dict[str, Any]:
       )
       summary["heldout_clients"] = int((per_client > 0).sum())
   summary["model"] = config.model or MODELS[config.dataset][0]
-  baselines = [m.label for m in outcome.methods if m.algorithm == "fedavg"]
+  baselines = [
+    m.label for m in outcome.methods if m.algorithm == "fedavg" and not m.uplink.get("asynchronous")
+  ]
   summary["against_fedavg"] = against_fedavg(outcome.per_method, baselines)
+  if delays(config) is not None:
+    summary["simulated_time"] = against_time(outcome.records, outcome.labels, baselines[:1])
   return summary
 
 
+def _timelines(records, label):
+  """``{seed: [(time, row), ...]}`` of a method's evaluated rows, in time order."""
+  out: Dict[Any, list] = {}
+  for r in records:
+    if r["method"] == label and np.isfinite(r.get("time", np.nan)):
+      out.setdefault(r["seed"], []).append((r["time"], r))
+  return {seed: sorted(rows, key=lambda t: t[0]) for seed, rows in out.items()}
+
+
+def _mean_se(values) -> Dict[str, Any]:
+  v = np.asarray(values, np.float64)
+  se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+  return {"mean": float(v.mean()), "stderr": se, "seeds": int(v.size)}
+
+
+def against_time(records, labels, baselines) -> Dict[str, Any]:
+  """The methods compared by simulated time (``delays``): per method, the time its runs
+  ended; ``KEYS`` at the common budget (the earliest end of any run: each run's last
+  evaluation at or before it); and, against the first synchronous FedAvg (``baselines``),
+  the time each method first reached FedAvg's final mean held-out accuracy (``None`` on a
+  seed that never did), and how many times sooner than FedAvg that is."""
+  lines = {label: _timelines(records, label) for label in labels}
+  lines = {label: by for label, by in lines.items() if by}
+  if not lines:
+    return {}
+  budget = min(rows[-1][0] for by in lines.values() for rows in by.values())
+  target = None
+  if baselines and baselines[0] in lines:
+    target = float(
+      np.mean([rows[-1][1]["heldout_acc_avg"] for rows in lines[baselines[0]].values()])
+    )
+  out: Dict[str, Any] = {"budget": float(budget), "target_heldout_acc_avg": target, "methods": {}}
+  for label, by in lines.items():
+    entry: Dict[str, Any] = {"end_time": _mean_se([rows[-1][0] for rows in by.values()])}
+    at = [next(r for t, r in reversed(rows) if t <= budget) for rows in by.values()]
+    entry["at_budget"] = {key: _mean_se([r[key] for r in at]) for key in KEYS}
+    if target is not None:
+      reach = [
+        next((t for t, r in rows if r["heldout_acc_avg"] >= target), None) for rows in by.values()
+      ]
+      entry["time_to_target"] = None if None in reach else _mean_se(reach)
+    out["methods"][label] = entry
+  base = out["methods"].get(baselines[0], {}) if baselines else {}
+  for entry in out["methods"].values():
+    if entry.get("time_to_target") and base.get("time_to_target"):
+      entry["speedup_to_target"] = base["time_to_target"]["mean"] / entry["time_to_target"]["mean"]
+  return out
+
+
 def report(summary) -> List[str]:
-  """One line per method and FedAvg run: held-out accuracy minus FedAvg's, paired by seed."""
+  """One line per method and FedAvg run: held-out accuracy minus FedAvg's, paired by seed;
+  with ``delays``, one per method by simulated time."""
   lines = []
+  timed = summary.get("simulated_time") or {}
+  for label, entry in timed.get("methods", {}).items():
+    reach = entry.get("time_to_target")
+    lines.append(
+      f"{label}: runs end at simulated time {entry['end_time']['mean']:.0f}; at "
+      f"{timed['budget']:.0f}, mean held-out accuracy "
+      f"{entry['at_budget']['heldout_acc_avg']['mean']:.3f}"
+      + (
+        f"; reaches {timed['target_heldout_acc_avg']:.3f} at {reach['mean']:.0f}"
+        f" ({entry.get('speedup_to_target', 1.0):.2f}x the synchronous FedAvg)"
+        if reach
+        else ""
+      )
+    )
   for base, methods in summary["against_fedavg"].items():
     for label, keys in methods.items():
       cells = []
@@ -435,3 +524,15 @@ def plot(wd, config, outcome):
     finals=outcome.finals,
   )
   wd.save_figure(fig, "natural_dro.png")
+  if delays(config) is not None:
+    panels = (("heldout_acc_avg", "mean held-out accuracy"),) + panels[1:]
+    fig = outputs.curves(
+      outcome.records,
+      outcome.labels,
+      panels,
+      title=config.dataset,
+      x="simulated time (mean over seeds)",
+      x_key="time",
+      finals=outcome.finals,
+    )
+    wd.save_figure(fig, "natural_dro_time.png")

@@ -64,5 +64,19 @@ def get_config():
   # the local steps' arithmetic: "float32" or "bfloat16" (fedco.problems.mixed_precision:
   # the model, its updates and the aggregation stay float32)
   config.compute_dtype = "float32"
+  # simulated durations of the clients' work (fedco.runtime.Delays; step_time 0: no clock):
+  # each evaluation records the simulated time, and the figure and summary follow it
+  config.delays = ml_collections.ConfigDict(
+    {
+      "step_time": 0.0,
+      "latency": 0.0,
+      "spread": 0.0,
+      "jitter": 0.0,
+      "straggler_fraction": 0.0,
+      "straggler_slowdown": 10.0,
+    }
+  )
+  # server steps of the asynchronous methods (methods with `asynchronous`; 0: `rounds`)
+  config.async_rounds = 0
   config.methods = configs.methods(METHODS)
   return config

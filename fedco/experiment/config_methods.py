@@ -23,7 +23,15 @@ METHOD_KEYS = ("algorithm", "learning_rate", "local_steps")
 # What a method's clients send, how (fedco.privacy, fedco.compression), the trade-off
 # curve a private or compressed method belongs to (figures group by it), how the server
 # combines the uploads and which clients are Byzantine (fedco.byzantine).
-UPLINK_KEYS = ("privacy", "compression", "curve", "aggregation", "byzantine", "participation")
+UPLINK_KEYS = (
+  "privacy",
+  "compression",
+  "curve",
+  "aggregation",
+  "byzantine",
+  "participation",
+  "asynchronous",
+)
 # byzantine.kind of clients that train honestly on flipped labels (a data transform,
 # fedco.byzantine.flip_labels), beside the upload attacks of fedco.byzantine.ATTACKS, and
 # the settings it takes
@@ -157,6 +165,8 @@ class Method:
     if self.uplink.get("byzantine") and not self.flips_labels:
       out["byzantine"] = fedco.byzantine.attack(**self.uplink["byzantine"])
     out.update(self.uplink.get("participation", {}))
+    if self.uplink.get("asynchronous"):
+      out["asynchronous"] = fedco.runtime.Buffered(**self.uplink["asynchronous"])
     return out
 
   @property
@@ -324,6 +334,7 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     ("aggregation", "{rule: ..., ...}"),
     ("byzantine", "{fraction, kind, scale, fields, seed}"),
     ("participation", "{clients_per_round, sampling}"),
+    ("asynchronous", "{concurrency, max_staleness, staleness_exponent}"),
   ):
     if entry.get(name) and not hasattr(entry[name], "items"):
       raise ValueError(f"{where}.{name} must be {shape}, got {entry[name]!r}")
@@ -335,6 +346,7 @@ def uplink_settings(where: str, entry) -> Dict[str, Any]:
     ("aggregation", _check_aggregation),
     ("byzantine", _check_byzantine),
     ("participation", _check_participation),
+    ("asynchronous", _check_asynchronous),
   ):
     if name in out:
       check(f"{where}.{name}", out[name])
@@ -406,6 +418,12 @@ def _check_participation(where: str, spec) -> None:
     extend.positive_int(f"{where}.clients_per_round", spec["clients_per_round"])
   if "sampling" in spec:
     extend.one_of(f"{where}.sampling", spec["sampling"], list(SAMPLINGS))
+
+
+def _check_asynchronous(where: str, spec) -> None:
+  """FedBuff's settings (:class:`fedco.runtime.Buffered`); the run checks them against its
+  clients."""
+  _built(where, "asynchronous", fedco.runtime.Buffered, spec)
 
 
 def _privacy(settings):

@@ -595,6 +595,7 @@ def curves(
   *,
   title: str = "",
   x: str = "round",
+  x_key: Optional[str] = None,
   steps: Optional[Mapping[str, int]] = None,
   finals: Optional[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = None,
   notes: Mapping[str, str] = {},
@@ -621,6 +622,8 @@ def curves(
     title: the panels' title prefix (``"<title>: <y label>"``).
     x: the x axis: ``"round"``, or with ``steps`` (``{label: local steps per round}``) the
       name of ``round * steps``, say ``"meta-iteration (round x local_steps)"``.
+    x_key: a record key to draw against instead (``"time"``: the simulated clock), its
+      mean over the seeds at each round.
     steps, finals, notes: see above. hlines: ``{metric: y}`` dotted reference lines.
 
   Returns:
@@ -664,7 +667,8 @@ def curves(
     log = scale == ["log"]
     ax.set(xlabel=x, ylabel=ylabel, yscale="log" if log else "linear")
     ax.set_title(f"{title}: {ylabel}" if title else ylabel, fontsize=9)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if x_key is None:
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     rows = [r for r in records if r["method"] in drawn and _finite(r.get(key))]
     if not any(r[key] > 0 if log else r[key] for r in rows):  # nothing, or flat lines
@@ -688,6 +692,8 @@ def curves(
       xs = sorted({at(r) for r in own})
       by_x = [np.array([r[key] for r in own if at(r) == t], np.float64) for t in xs]
       mean, std = np.array([v.mean() for v in by_x]), np.array([v.std() for v in by_x])
+      if x_key is not None:  # each round at its seeds' mean of x_key
+        xs = [np.mean([r[x_key] for r in own if at(r) == t]) for t in xs]
       shown = (lambda a: np.where(a > 0, a, np.nan)) if log else (lambda a: a)  # no log of 0
       every = max(1, len(xs) // 10)
       (line,) = ax.plot(

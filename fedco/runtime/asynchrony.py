@@ -144,6 +144,14 @@ class Buffered:
   max_staleness: Optional[int] = None
   staleness_exponent: float = 0.5
 
+  def __post_init__(self):
+    _validate.positive_int("asynchronous.concurrency", self.concurrency)
+    if self.max_staleness is not None:
+      _validate.positive_int("asynchronous.max_staleness", self.max_staleness, minimum=0)
+    _validate.interval(
+      "asynchronous.staleness_exponent", self.staleness_exponent, 0, None, closed_low=True
+    )
+
   def resolved(self, clients_per_round: int, num_clients: int) -> "Buffered":
     """These settings checked against a run's ``m`` and ``K``, ``max_staleness`` set."""
     _validate.positive_int(
@@ -156,10 +164,6 @@ class Buffered:
     stale = self.max_staleness
     if stale is None:
       stale = 4 * -(-self.concurrency // clients_per_round)
-    _validate.positive_int("asynchronous.max_staleness", stale, minimum=0)
-    _validate.interval(
-      "asynchronous.staleness_exponent", self.staleness_exponent, 0, None, closed_low=True
-    )
     return dataclasses.replace(self, max_staleness=stale)
 
   def weights(self, staleness) -> jax.Array:
