@@ -105,6 +105,7 @@ def check(config) -> None:
       raise ValueError(f"--config.{field} must be a number >= 0, got {config[field]!r}")
   extend.positive_int("--config.num_users", config.num_users, minimum=0)
   extend.positive_int("--config.async_rounds", config.async_rounds, minimum=0)
+  extend.positive_int("--config.async_eval_every", config.async_eval_every, minimum=0)
   delays(config)  # the simulated durations, built (a one-line error names the field)
   adult_dro.check_problems(config)
 
@@ -348,11 +349,12 @@ def build(config, method, seed, prepared) -> runner.Run:
   pooled = prepared.model == "lstm"
   simulate: Dict[str, Any] = {"evaluate": False}
   timed = delays(config)
-  rounds = config.rounds
+  rounds, eval_every = config.rounds, config.eval_every
   if timed is not None:  # a clock: each round's simulated time is recorded
     simulate["delays"] = timed
-    if method.uplink.get("asynchronous") and config.async_rounds:
-      rounds = config.async_rounds
+    if method.uplink.get("asynchronous"):
+      rounds = config.async_rounds or rounds
+      eval_every = config.async_eval_every or eval_every
   if method.algorithm in personal.PERSONAL:  # scored with each client's own model
     evaluation = {"evaluate": personal_evaluation(algorithm, prepared.stats, fed, pooled)}
   else:
@@ -366,7 +368,7 @@ def build(config, method, seed, prepared) -> runner.Run:
     fed.train.with_owner(),  # the log form's inner function reads each example's client
     prepared.params,
     rounds=rounds * scale,
-    eval_every=config.eval_every * scale,
+    eval_every=eval_every * scale,
     simulate=simulate,
     record_keys=KEYS + (("time",) if timed is not None else ()),
     **evaluation,
@@ -441,34 +443,43 @@ def _mean_se(values) -> Dict[str, Any]:
 def against_time(records, labels, baselines) -> Dict[str, Any]:
   """The methods compared by simulated time (``delays``): per method, the time its runs
   ended; ``KEYS`` at the common budget (the earliest end of any run: each run's last
-  evaluation at or before it); and, against the first synchronous FedAvg (``baselines``),
-  the time each method first reached FedAvg's final mean held-out accuracy (``None`` on a
-  seed that never did), and how many times sooner than FedAvg that is."""
+  evaluation at or before it; ``None`` where a run has none) and at the first synchronous FedAvg's last round (as many
+  reports applied); and, paired by seed with that FedAvg (``baselines[0]``), the time each
+  method first reached FedAvg's final mean held-out accuracy on the seed, and FedAvg's time
+  over it (``None`` where a seed never reached it)."""
   lines = {label: _timelines(records, label) for label in labels}
   lines = {label: by for label, by in lines.items() if by}
   if not lines:
     return {}
   budget = min(rows[-1][0] for by in lines.values() for rows in by.values())
-  target = None
-  if baselines and baselines[0] in lines:
-    target = float(
-      np.mean([rows[-1][1]["heldout_acc_avg"] for rows in lines[baselines[0]].values()])
-    )
-  out: Dict[str, Any] = {"budget": float(budget), "target_heldout_acc_avg": target, "methods": {}}
+  base = lines.get(baselines[0]) if baselines else None
+  out: Dict[str, Any] = {"budget": float(budget), "methods": {}}
+  if base is not None:
+    out["baseline"] = baselines[0]
+    out["baseline_rounds"] = max(rows[-1][1]["round"] for rows in base.values())
+
+  def reached(rows, seed):  # the first time this run reached FedAvg's final accuracy
+    target = base[seed][-1][1]["heldout_acc_avg"]
+    return next((t for t, r in rows if r["heldout_acc_avg"] >= target), None)
+
   for label, by in lines.items():
     entry: Dict[str, Any] = {"end_time": _mean_se([rows[-1][0] for rows in by.values()])}
-    at = [next(r for t, r in reversed(rows) if t <= budget) for rows in by.values()]
-    entry["at_budget"] = {key: _mean_se([r[key] for r in at]) for key in KEYS}
-    if target is not None:
-      reach = [
-        next((t for t, r in rows if r["heldout_acc_avg"] >= target), None) for rows in by.values()
-      ]
-      entry["time_to_target"] = None if None in reach else _mean_se(reach)
+    at = [next((r for t, r in reversed(rows) if t <= budget), None) for rows in by.values()]
+    entry["at_budget"] = (  # None: a run's first evaluation came after the budget
+      None if None in at else {key: _mean_se([r[key] for r in at]) for key in KEYS}
+    )
+    if base is None:
+      out["methods"][label] = entry
+      continue
+    same = [r for rows in by.values() for _, r in rows if r["round"] == out["baseline_rounds"]]
+    if len(same) == len(by):
+      entry["at_baseline_rounds"] = {key: _mean_se([r[key] for r in same]) for key in KEYS}
+    seeds = [s for s in by if s in base]
+    times = [reached(by[s], s) for s in seeds]
+    if seeds and None not in times:
+      entry["time_to_baseline"] = _mean_se(times)
+      entry["speedup"] = _mean_se([reached(base[s], s) / t for s, t in zip(seeds, times)])
     out["methods"][label] = entry
-  base = out["methods"].get(baselines[0], {}) if baselines else {}
-  for entry in out["methods"].values():
-    if entry.get("time_to_target") and base.get("time_to_target"):
-      entry["speedup_to_target"] = base["time_to_target"]["mean"] / entry["time_to_target"]["mean"]
   return out
 
 
@@ -478,18 +489,18 @@ def report(summary) -> List[str]:
   lines = []
   timed = summary.get("simulated_time") or {}
   for label, entry in timed.get("methods", {}).items():
-    reach = entry.get("time_to_target")
-    lines.append(
-      f"{label}: runs end at simulated time {entry['end_time']['mean']:.0f}; at "
-      f"{timed['budget']:.0f}, mean held-out accuracy "
-      f"{entry['at_budget']['heldout_acc_avg']['mean']:.3f}"
-      + (
-        f"; reaches {timed['target_heldout_acc_avg']:.3f} at {reach['mean']:.0f}"
-        f" ({entry.get('speedup_to_target', 1.0):.2f}x the synchronous FedAvg)"
-        if reach
-        else ""
+    line = f"{label}: runs end at simulated time {entry['end_time']['mean']:.0f}"
+    if entry["at_budget"] is not None:
+      line += (
+        f"; at {timed['budget']:.0f}, mean held-out accuracy "
+        f"{entry['at_budget']['heldout_acc_avg']['mean']:.3f}"
       )
-    )
+    if "speedup" in entry:
+      line += (
+        f"; reaches {timed['baseline']}'s final accuracy at "
+        f"{entry['time_to_baseline']['mean']:.0f}, {entry['speedup']['mean']:.2f}x sooner"
+      )
+    lines.append(line)
   for base, methods in summary["against_fedavg"].items():
     for label, keys in methods.items():
       cells = []

@@ -29,6 +29,10 @@ checks (:data:`CHECKS`; ``checks=`` picks some):
 * ``simulate``: :func:`fedco.simulate` (vmapped clients, scanned steps and rounds) equals
   :func:`loop_reference`, a per-client Python loop of the transform and its plan.
 * ``server``: the server uses the uploads: after one round the server model moved.
+* ``asynchronous``: :func:`fedco.simulate` with ``asynchronous=`` (FedBuff: stale clients,
+  staleness weights, discarded reports; :mod:`fedco.runtime.asynchrony`) equals
+  :func:`async_reference`, an event-driven per-client loop (skipped for algorithms whose
+  clients send state fields besides the model, which asynchrony refuses).
 * ``sweep``: :func:`fedco.sweep` over two learning rates equals two ``simulate`` runs.
 * ``resume``: a run checkpointed halfway and resumed ends bit-identical to one without a
   stop.
@@ -46,6 +50,8 @@ The other helpers serve tests of your own:
 
 * :func:`loop_reference`: what ``fedco.simulate`` must compute, as plain Python loops over
   clients and steps (the oracle of the ``simulate`` check).
+* :func:`async_reference`: the same for buffered asynchronous aggregation, one report at a
+  time (the oracle of the ``asynchronous`` check).
 * :func:`run_float64`: ``fedco.simulate`` in float64 with full-batch oracles, returning
   each round's server model and sampled clients, for comparing with a NumPy transcription
   of the paper's pseudocode.
@@ -66,10 +72,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedco._event_loop import async_reference
 from fedco.algorithms import base
 from fedco.data.federated import FederatedData
 from fedco.problems import Problem, plain, portfolio
-from fedco.runtime import batching, host
+from fedco.runtime import asynchrony, batching, host
 from fedco.runtime import checks as runtime_checks
 from fedco.runtime import mesh as mesh_lib
 from fedco.runtime import rounds as rounds_lib
@@ -88,11 +95,17 @@ CHECKS = (
   "inject",
   "simulate",
   "server",
+  "asynchronous",
   "sweep",
   "resume",
   "mesh",
 )
 ROUNDS, STEPS = 3, 3
+# The asynchronous check: server steps, and delays that make reports stale (some too stale).
+ASYNC_ROUNDS = 6
+ASYNC_DELAYS = asynchrony.Delays(
+  spread=0.5, jitter=0.5, straggler_fraction=0.3, straggler_slowdown=4.0
+)
 
 
 class ContractError(AssertionError):
@@ -667,6 +680,30 @@ class _Kit:
         "the server ignores the clients' uploads",
       )
 
+  def check_asynchronous(self):
+    plan = self.algorithm.plan
+    if plan.fields or plan.round_start_loss:
+      return "skipped: its clients send state fields besides the model, which asynchronous= refuses"
+    if getattr(self.algorithm.server, "queries_losses", False):
+      return "skipped: its server queries clients' losses, which asynchronous= refuses"
+    settings = dict(
+      clients_per_round=1,
+      asynchronous=asynchrony.Buffered(min(3, self.data.num_clients), max_staleness=1),
+      delays=ASYNC_DELAYS,
+    )
+    expected = async_reference(
+      self.problem, self.algorithm, self.data, self.params, rounds=ASYNC_ROUNDS, **settings
+    )
+    ran = self.simulate(rounds=ASYNC_ROUNDS, evaluate=False, **settings)
+    self.close(
+      "fedco.simulate(asynchronous=...)'s server and the event-driven loop's (async_reference)",
+      "asynchronous",
+      jax.device_get(ran.state.server),
+      expected[-1],
+      rtol=max(self.rtol, 2e-5),
+      root="server",
+    )
+
   def check_sweep(self):
     if "learning_rate" not in self.kwargs or not isinstance(
       self.kwargs["learning_rate"], (int, float)
@@ -755,6 +792,31 @@ def _round_start_value(problem, plan, params, full, mean, w):
   return plan.round_start_reduce(jnp.stack(values), w)
 
 
+def full_batch_step(problem: Problem, algorithm: base.Algorithm):
+  """``step(state, model, batch, weights, rows, round_key, k, t) -> (model, state)``: client
+  ``k``'s local step ``t`` on its whole data, with the simulator's keys (jitted once, so a
+  Python loop over clients and steps stays fast)."""
+
+  @jax.jit
+  def client_step(state, model, batch, weights, rows, round_key, k, t):
+    grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
+    grads = None if grad_h_fn is None else grad_h_fn(model)
+    step_key = jax.random.fold_in(jax.random.fold_in(round_key, k), t)  # the simulator's
+    step, state = algorithm.update(
+      grads,
+      state,
+      model,
+      round_key=round_key,
+      client_key=jax.random.fold_in(step_key, rounds_lib.CLIENT_STREAM),
+      local_step=t,
+      example_rows=rows,
+      **kwargs,
+    )
+    return optax.apply_updates(model, step), state
+
+  return client_step
+
+
 def loop_reference(
   problem: Problem,
   algorithm: base.Algorithm,
@@ -819,23 +881,7 @@ def loop_reference(
   def mean(values):
     return jax.tree.map(lambda *v: jnp.tensordot(w, jnp.stack(v), axes=1), *values)
 
-  @jax.jit
-  def client_step(state, model, batch, weights, rows, round_key, k, t):
-    """One client's step on its whole data (jitted once: the loop stays fast)."""
-    grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
-    grads = None if grad_h_fn is None else grad_h_fn(model)
-    step_key = jax.random.fold_in(jax.random.fold_in(round_key, k), t)  # the simulator's
-    step, state = algorithm.update(
-      grads,
-      state,
-      model,
-      round_key=round_key,
-      client_key=jax.random.fold_in(step_key, rounds_lib.CLIENT_STREAM),
-      local_step=t,
-      example_rows=rows,
-      **kwargs,
-    )
-    return optax.apply_updates(model, step), state
+  client_step = full_batch_step(problem, algorithm)
 
   def with_field(states, field, value):
     return [base.set_fields(s, **{field: value}) for s in states]
@@ -980,6 +1026,7 @@ def run_float64(
 __all__ = [
   "CHECKS",
   "ContractError",
+  "async_reference",
   "check_algorithm",
   "default_data",
   "default_params",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fedco
-from experiments import adult_dro, natural_dro
+from experiments import adult_dro, configs, natural_dro
 from experiments.configs.natural_dro import get_config
 from experiments.configs.natural_dro_femnist import get_config as get_femnist
 from experiments.configs.natural_dro_shakespeare import get_config as get_shakespeare
@@ -195,6 +195,65 @@ def test_your_own_feature_vectors_from_leaf_files(tmp_path):
   assert summary["settings"]["fedavg"]["algorithm"] == "fedavg"
   fed = natural_dro.setup(config)
   assert fed.num_classes == 4 and fed.train.examples["x"].shape[1:] == (7,)
+
+
+def test_fedbuff_against_fedavg_by_simulated_time(tmp_path):
+  config = _tiny(async_rounds=16, eval_every=2, async_eval_every=2, num_users=6)
+  config.seeds = (0, 1)
+  config.delays.update(step_time=1.0, spread=0.3, jitter=0.3)  # no straggler left out
+  three = {"clients_per_round": 3}
+  config.methods = configs.methods(
+    {
+      "fedavg": {"algorithm": "fedavg", "participation": three},
+      "fedbuff": {
+        "algorithm": "fedavg",
+        "participation": three,
+        "asynchronous": {"concurrency": 4},
+      },
+    }
+  )
+  summary = runner.train_and_evaluate(config, str(tmp_path), QUIET)
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  runs = {
+    (m, s): [r for r in rows if r["method"] == m and r["seed"] == s]
+    for m in ("fedavg", "fedbuff")
+    for s in (0, 1)
+  }
+  assert [r["round"] for r in runs["fedbuff", 0]][-1] == 16  # async_rounds server steps
+  timed = summary["simulated_time"]
+  ends = {k: v[-1]["time"] for k, v in runs.items()}
+  assert timed["budget"] == pytest.approx(min(ends.values()))
+  assert all(np.all(np.diff([r["time"] for r in v]) > 0) for v in runs.values())
+  # by hand: the first time FedBuff reached the seed's final FedAvg accuracy
+  reach = [
+    next(
+      r["time"]
+      for r in runs["fedbuff", s]
+      if r["heldout_acc_avg"] >= runs["fedavg", s][-1]["heldout_acc_avg"]
+    )
+    if any(
+      r["heldout_acc_avg"] >= runs["fedavg", s][-1]["heldout_acc_avg"] for r in runs["fedbuff", s]
+    )
+    else None
+    for s in (0, 1)
+  ]
+  entry = timed["methods"]["fedbuff"]
+  assert None not in reach  # 16 server steps of 3 reach 4 rounds of 3
+  assert entry["time_to_baseline"]["mean"] == pytest.approx(np.mean(reach))
+  same = [
+    r["heldout_acc_avg"]
+    for v in (runs["fedbuff", 0], runs["fedbuff", 1])
+    for r in v
+    if r["round"] == 4
+  ]
+  assert entry["at_baseline_rounds"]["heldout_acc_avg"]["mean"] == pytest.approx(np.mean(same))
+  assert any(
+    line.startswith("fedbuff: runs end at simulated time") for line in natural_dro.report(summary)
+  )
+  assert (tmp_path / "natural_dro_time.png").exists()
+  with pytest.raises(ValueError, match=r"--config.delays.straggler_slowdown"):
+    config.delays.straggler_slowdown = 0.5
+    runner.train_and_evaluate(config, str(tmp_path / "bad"), QUIET)
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,9 @@ def get_config():
       "straggler_slowdown": 10.0,
     }
   )
-  # server steps of the asynchronous methods (methods with `asynchronous`; 0: `rounds`)
+  # server steps of the asynchronous methods (methods with `asynchronous`; 0: `rounds`),
+  # and how often they are evaluated (0: every `eval_every`)
   config.async_rounds = 0
+  config.async_eval_every = 0
   config.methods = configs.methods(METHODS)
   return config

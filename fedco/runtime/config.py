@@ -91,8 +91,9 @@ class RunConfig:
 
   @property
   def varied_steps(self) -> bool:
-    """Whether clients may take different numbers of local steps in a round."""
-    return self.faults or self.local_epochs is not None
+    """Whether clients may take different numbers of local steps in a round (a discarded
+    asynchronous report's client takes none)."""
+    return self.faults or self.local_epochs is not None or self.asynchronous is not None
 
 
 def refuse_oversized_batch(name: str, size: Optional[int], counts, whole: str = "None") -> None:
