@@ -77,6 +77,7 @@ def async_reference(
   if plan.fields or plan.round_start_loss:
     raise ValueError(f"algorithm {algorithm.name} sends state fields: asynchronous= takes none")
   buffered = asynchronous.resolved(m, n)
+  max_staleness = int(buffered.max_staleness or 0)  # resolved: always set
   params = base.strong(params)
   aggregator = base.as_aggregator(algorithm.server)
   counts = np.asarray(data.counts)
@@ -110,7 +111,7 @@ def async_reference(
       buffer.append((p, k, version - v, arrival))
     uploads, alive = [], []
     for _, k, tau, _ in buffer:
-      fresh = tau <= buffered.max_staleness
+      fresh = tau <= max_staleness
       alive.append(fresh)
       if not fresh:  # discarded: its client's state stays as it was
         uploads.append(server["params"])
@@ -128,7 +129,7 @@ def async_reference(
     c = np.where(alive_a, c, 0.0)
     w = jnp.asarray(c / c.sum() if c.sum() > 0 else c)
     info = base.RoundInfo(
-      jnp.asarray(ids), w, jnp.asarray(counts[ids]), n, k_agg, None, jnp.asarray(alive_a)
+      jnp.asarray(ids), w, jnp.asarray(counts[ids]), n, k_agg, _no_losses, jnp.asarray(alive_a)
     )
     stacked = {"params": jax.tree.map(lambda *v: jnp.stack(v), *uploads)}
     if alive_a.any():
@@ -143,6 +144,11 @@ def async_reference(
       heapq.heappush(heap, (float(a), p))
     out.append(server)
   return out
+
+
+def _no_losses(*args, **kwargs):
+  del args, kwargs
+  raise ValueError("asynchronous= runs no server that queries clients' losses")
 
 
 __all__ = ["async_reference"]
