@@ -1,6 +1,7 @@
-"""FedBuff as an event-driven per-client Python loop: the reference the contract kit's
-``asynchronous`` check compares ``fedco.simulate(..., asynchronous=...)`` with
-(``fedco.testing.async_reference``; decision 112).
+"""Per-client Python loops of the contract kit: a client's full-batch step and initial state
+(shared with :func:`fedco.testing.loop_reference`), and FedBuff as an event-driven loop, the
+reference the kit's ``asynchronous`` check compares ``fedco.simulate(...,
+asynchronous=...)`` with (``fedco.testing.async_reference``; decision 112).
 
 One report at a time from a heap of ``(arrival, position)``: a report is trained from the
 model of the version its client was dispatched with (every version kept, no ring), its
@@ -19,12 +20,46 @@ from typing import Any, Dict, List
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedco.algorithms import base
+from fedco.problems import Problem
 from fedco.runtime import asynchrony, batching
+from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.sampling import sample_clients
 
 PyTree = Any
+
+
+def full_batch_step(problem: Problem, algorithm: base.Algorithm):
+  """``step(state, model, batch, weights, rows, round_key, k, t) -> (model, state)``: client
+  ``k``'s local step ``t`` on its whole data, with the simulator's keys (jitted once, so a
+  Python loop over clients and steps stays fast)."""
+
+  @jax.jit
+  def client_step(state, model, batch, weights, rows, round_key, k, t):
+    grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
+    grads = None if grad_h_fn is None else grad_h_fn(model)
+    step_key = jax.random.fold_in(jax.random.fold_in(round_key, k), t)  # the simulator's
+    step, state = algorithm.update(
+      grads,
+      state,
+      model,
+      round_key=round_key,
+      client_key=jax.random.fold_in(step_key, rounds_lib.CLIENT_STREAM),
+      local_step=t,
+      example_rows=rows,
+      **kwargs,
+    )
+    return optax.apply_updates(model, step), state
+
+  return client_step
+
+
+def initial_state(problem, algorithm, params, batch, weights):
+  """A client's initial state, its trackers of the inner value started on its whole data."""
+  inner = problem.inner_value(params, batch, weights) if problem.compositional else None
+  return base.init_trackers(algorithm.init(params), params, inner)
 
 
 def async_reference(
@@ -39,8 +74,10 @@ def async_reference(
   delays: asynchrony.Delays,
   seed: int = 0,
 ) -> List[Dict[str, PyTree]]:
-  """The server's values after each of ``rounds`` server steps of buffered asynchronous
-  aggregation, computed one report at a time with Python loops over clients.
+  """FedBuff's server values after each server step, one report at a time in Python.
+
+  Buffered asynchronous aggregation over ``rounds`` server steps, as Python loops over
+  clients and reports.
 
   What ``fedco.simulate(problem, algorithm, data, params, rounds=rounds, seed=seed,
   batch_size=None, clients_per_round=clients_per_round, asynchronous=asynchronous,
@@ -71,8 +108,6 @@ def async_reference(
     >>> len(servers), sorted(servers[0])
     (2, ['params'])
   """
-  from fedco.testing import _initial_state, full_batch_step  # pylint: disable=g-import-not-at-top
-
   plan, n, m = algorithm.plan, data.num_clients, clients_per_round
   if plan.fields or plan.round_start_loss:
     raise ValueError(f"algorithm {algorithm.name} sends state fields: asynchronous= takes none")
@@ -93,7 +128,7 @@ def async_reference(
       k_time, jnp.asarray(ids, jnp.int32), jnp.full((len(ids),), plan.local_steps), v
     )
   )
-  states = [_initial_state(problem, algorithm, params, *full[k][:2]) for k in range(n)]
+  states = [initial_state(problem, algorithm, params, *full[k][:2]) for k in range(n)]
   server = {"params": params}
   server_state = aggregator.init(server, jnp.asarray(counts))
   models = {0: params}
@@ -151,4 +186,4 @@ def _no_losses(*args, **kwargs):
   raise ValueError("asynchronous= runs no server that queries clients' losses")
 
 
-__all__ = ["async_reference"]
+__all__ = ["async_reference", "full_batch_step", "initial_state"]

@@ -72,14 +72,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedco._event_loop import async_reference
+from fedco._event_loop import async_reference, full_batch_step, initial_state
 from fedco.algorithms import base
 from fedco.data.federated import FederatedData
 from fedco.problems import Problem, plain, portfolio
 from fedco.runtime import asynchrony, batching, host
 from fedco.runtime import checks as runtime_checks
 from fedco.runtime import mesh as mesh_lib
-from fedco.runtime import rounds as rounds_lib
 from fedco.runtime.loop import simulate
 from fedco.runtime.simulator import Simulator
 from fedco.runtime.sweep import sweep
@@ -772,12 +771,6 @@ class _Kit:
 # ---- a per-client Python loop of the plan ------------------------------------------------------
 
 
-def _initial_state(problem, algorithm, params, batch, weights):
-  """A client's initial state, its trackers of the inner value started on its whole data."""
-  inner = problem.inner_value(params, batch, weights) if problem.compositional else None
-  return base.init_trackers(algorithm.init(params), params, inner)
-
-
 def _round_start_value(problem, plan, params, full, mean, w):
   """The value a round-start plan hands every client: the clients' inner values at the
   server model (``pre_link``: before the outer link), reduced by the plan."""
@@ -790,31 +783,6 @@ def _round_start_value(problem, plan, params, full, mean, w):
   if plan.round_start_reduce is None:
     return mean(values)
   return plan.round_start_reduce(jnp.stack(values), w)
-
-
-def full_batch_step(problem: Problem, algorithm: base.Algorithm):
-  """``step(state, model, batch, weights, rows, round_key, k, t) -> (model, state)``: client
-  ``k``'s local step ``t`` on its whole data, with the simulator's keys (jitted once, so a
-  Python loop over clients and steps stays fast)."""
-
-  @jax.jit
-  def client_step(state, model, batch, weights, rows, round_key, k, t):
-    grad_h_fn, kwargs = batching.oracle_args(problem, batch, batch, batch, (weights,) * 3)
-    grads = None if grad_h_fn is None else grad_h_fn(model)
-    step_key = jax.random.fold_in(jax.random.fold_in(round_key, k), t)  # the simulator's
-    step, state = algorithm.update(
-      grads,
-      state,
-      model,
-      round_key=round_key,
-      client_key=jax.random.fold_in(step_key, rounds_lib.CLIENT_STREAM),
-      local_step=t,
-      example_rows=rows,
-      **kwargs,
-    )
-    return optax.apply_updates(model, step), state
-
-  return client_step
 
 
 def loop_reference(
@@ -888,7 +856,7 @@ def loop_reference(
 
   key = jax.random.PRNGKey(seed)
   key, _ = jax.random.split(key)
-  states = [_initial_state(problem, algorithm, params, *full[k][:2]) for k in range(n)]
+  states = [initial_state(problem, algorithm, params, *full[k][:2]) for k in range(n)]
   for field in plan.init_fields:
     states = with_field(states, field, mean([base.get_field(s, field) for s in states]))
   server = {

@@ -171,6 +171,36 @@ class Buffered:
     return (1.0 + staleness.astype(run_float())) ** -self.staleness_exponent
 
 
+def checked(algorithm, o, m: int, n: int, layout):
+  """``(delays, asynchronous)`` checked: a ``Delays`` or ``None``, and a ``Buffered``
+  resolved against ``m`` and ``n`` (with ``Delays()`` when it has none) where the run can
+  take it: an algorithm that sends only the model, clients in memory, uniform sampling."""
+  delays, buffered = o.delays, o.asynchronous
+  if delays is not None and not isinstance(delays, Delays):
+    raise ValueError(f"delays must be a fedco.runtime.Delays, got {delays!r}")
+  if buffered is None:
+    return delays, None
+  if not isinstance(buffered, Buffered):
+    raise ValueError(f"asynchronous must be a fedco.runtime.Buffered, got {buffered!r}")
+  plan = algorithm.plan
+  refused = {
+    f"{algorithm.name}, whose clients also send or receive the state fields "
+    f"{list(plan.fields) + list(plan.round_start_loss)} (it takes algorithms that send "
+    "only the model)": bool(plan.fields or plan.round_start_loss),
+    f"sampling={o.sampling!r} (clients are dispatched as others report)": o.sampling != "uniform",
+    "client blocks (multi-process data)": layout.resident,
+    "straggler_prob (delays= says how slow each client is)": o.straggler_prob > 0,
+    "privacy (its accounting assumes rounds of uniformly sampled clients)": o.privacy is not None,
+    "a server that queries clients' losses": bool(
+      getattr(algorithm.server, "queries_losses", False)
+    ),
+  }
+  bad = [what for what, yes in refused.items() if yes]
+  if bad:
+    raise ValueError(f"asynchronous= does not support {bad[0]}")
+  return delays or Delays(), buffered.resolved(m, n)
+
+
 class Timing(NamedTuple):
   """A run's simulated clock (``SimState.timing``) and, asynchronously, its clients in flight.
 
@@ -182,6 +212,18 @@ class Timing(NamedTuple):
     ids: the clients training (``[concurrency]``).
     version: the model version each started from.
     arrival: when each reports.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import fedco
+    >>> data = fedco.FederatedData.from_clients([{"x": np.full((2, 1), k, np.float32)} for k in range(4)])
+    >>> problem = fedco.plain(lambda w, e: jnp.sum((w - e["x"]) ** 2))
+    >>> sim = fedco.Simulator(problem, fedco.fedavg(0.1, 2), data, batch_size=None,
+    ...                       clients_per_round=1, asynchronous=fedco.runtime.Buffered(2))
+    >>> timing = sim.init(jnp.zeros(1), seed=0).timing
+    >>> timing.ids.shape, timing.ring.shape  # 2 in flight; 4 * ceil(2 / 1) + 1 models
+    ((2,), (9, 1))
   """
 
   clock: jax.Array

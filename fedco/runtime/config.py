@@ -160,7 +160,7 @@ def make_config(
   layout = layouts.for_data(data, m, mesh)
   if client_chunk is not None:
     client_chunk = _check_chunk(algorithm, client_chunk, m, mesh, layout)
-  delays, buffered = _check_timing(algorithm, o, m, n, layout)
+  delays, buffered = asynchrony.checked(algorithm, o, m, n, layout)
   link = uplink_setup.make_uplink(
     algorithm, n, m, o.compression, o.privacy, o.aggregation, o.byzantine, o.sampling
   )
@@ -264,36 +264,6 @@ def _check_chunk(algorithm, client_chunk, clients_per_round, mesh, layout) -> in
       "mesh= and client blocks (or client_chunk=None)"
     )
   return client_chunk
-
-
-def _check_timing(algorithm, o, m: int, n: int, layout):
-  """``(delays, asynchronous)`` checked: a ``Delays`` or ``None``, and a ``Buffered``
-  resolved against ``m`` and ``n`` (with ``Delays()`` when it has none) where the run can
-  take it: an algorithm that sends only the model, clients in memory, uniform sampling."""
-  delays, buffered = o.delays, o.asynchronous
-  if delays is not None and not isinstance(delays, asynchrony.Delays):
-    raise ValueError(f"delays must be a fedco.runtime.Delays, got {delays!r}")
-  if buffered is None:
-    return delays, None
-  if not isinstance(buffered, asynchrony.Buffered):
-    raise ValueError(f"asynchronous must be a fedco.runtime.Buffered, got {buffered!r}")
-  plan = algorithm.plan
-  refused = {
-    f"{algorithm.name}, whose clients also send or receive the state fields "
-    f"{list(plan.fields) + list(plan.round_start_loss)} (it takes algorithms that send "
-    "only the model)": bool(plan.fields or plan.round_start_loss),
-    f"sampling={o.sampling!r} (clients are dispatched as others report)": o.sampling != "uniform",
-    "client blocks (multi-process data)": layout.resident,
-    "straggler_prob (delays= says how slow each client is)": o.straggler_prob > 0,
-    "privacy (its accounting assumes rounds of uniformly sampled clients)": o.privacy is not None,
-    "a server that queries clients' losses": bool(
-      getattr(algorithm.server, "queries_losses", False)
-    ),
-  }
-  bad = [what for what, yes in refused.items() if yes]
-  if bad:
-    raise ValueError(f"asynchronous= does not support {bad[0]}")
-  return delays or asynchrony.Delays(), buffered.resolved(m, n)
 
 
 _FLAX_SHAPE = re.compile(

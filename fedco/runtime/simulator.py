@@ -77,7 +77,8 @@ class Simulator:
       batches (``batch_size``, ``outer_batch_size``, ``paired_batches``, ``local_epochs``),
       evaluation (``evaluate``, ``exact_grad_norm``, ``metrics_fn``, ``metrics_data``,
       ``eval_every``), devices (``mesh``, ``client_chunk``), faults (``participation``,
-      ``straggler_prob``) and the uplink (``compression``, ``privacy``); each field is
+      ``straggler_prob``), the uplink (``compression``, ``privacy``, ``aggregation``,
+      ``byzantine``) and time (``delays``, ``asynchronous``: FedBuff); each field is
       documented there. Default: every default.
     **settings: fields of ``options`` by keyword, replacing its values
       (``Simulator(problem, algorithm, data, batch_size=None)``).
