@@ -219,6 +219,26 @@ def test_fedbuff_converges_and_resumes_bit_identically(tmp_path):
   np.testing.assert_array_equal(resumed.metrics["time"], whole.metrics["time"])
 
 
+def test_a_sweep_of_fedbuff_runs_equals_its_runs_one_by_one():
+  data = fedco.FederatedData.from_clients(
+    [{k: v.astype(np.float32) for k, v in c.items()} for c in clients()]
+  )
+  kwargs = dict(
+    batch_size=None, evaluate=False, clients_per_round=M, delays=DELAYS,
+    asynchronous=fedco.runtime.Buffered(C, max_staleness=2),
+  )  # fmt: skip
+  rates = [0.1, 0.05]
+  swept = fedco.sweep(
+    PROBLEM, fedco.fedavg, data, jnp.zeros(D), rounds=6, grid={"learning_rate": rates},
+    algorithm_kwargs={"local_steps": STEPS}, **kwargs,
+  )  # fmt: skip
+  for i, rate in enumerate(rates):
+    alone = fedco.simulate(
+      PROBLEM, fedco.fedavg(rate, STEPS), data, jnp.zeros(D), rounds=6, **kwargs
+    )
+    np.testing.assert_allclose(np.asarray(swept.params)[i], alone.params, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize(
   "options, message",
   [

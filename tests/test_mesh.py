@@ -81,6 +81,13 @@ def test_privacy_and_compression_agree_on_one_and_eight_devices(mesh_run):
   assert check["epsilon"][0] == check["epsilon"][1] > 0, check
 
 
+def test_fedbuff_agrees_on_one_and_eight_devices(mesh_run):
+  """Each buffer's clients from their own versions' models, padded to the mesh."""
+  check = next(r for r in mesh_run.get() if r.get("check") == "asynchronous")
+  assert check["moved"] > 1e-2 and check["clients_equal"], check
+  assert check["params"] < 1e-5 and check["time"] == 0.0, check
+
+
 def test_mesh_argument_is_checked():
   data = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
   with pytest.raises(ValueError, match="mesh"):
