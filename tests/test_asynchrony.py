@@ -182,6 +182,28 @@ def test_synchronous_round_lasts_as_long_as_its_slowest_survivor():
   np.testing.assert_array_equal(first.timing.key, first_async.timing.key)
 
 
+def test_a_round_under_local_epochs_lasts_its_longest_clients_epoch():
+  data = fedco.FederatedData.from_clients(
+    [{k: v.astype(np.float32) for k, v in c.items()} for c in clients()]
+  )
+  flat = fedco.runtime.Delays(step_time=2.0, latency=1.0)  # no spread: time is the steps
+  for buffered in (None, fedco.runtime.Buffered(C)):
+    res = fedco.simulate(
+      PROBLEM, fedco.fedavg(0.1, 4), data, jnp.zeros(D), rounds=4, batch_size=2, local_epochs=1,
+      evaluate=False, clients_per_round=M, delays=flat, asynchronous=buffered,
+    )  # fmt: skip
+    steps = np.asarray(res.metrics["local_steps"])
+    counts = np.asarray(data.counts)[np.asarray(res.metrics["clients"])]
+    np.testing.assert_array_equal(steps, np.minimum(4, -(-counts // 2)))
+    if buffered is None:  # each round: its longest epoch
+      np.testing.assert_allclose(
+        np.diff(res.metrics["time"], prepend=0.0), 1.0 + 2.0 * steps.max(1)
+      )
+    else:  # a server step ends at its last report, a dispatch's duration after a step's end
+      assert np.all(np.diff(res.metrics["time"]) >= 0)
+      assert res.metrics["time"][0] == pytest.approx(1.0 + 2.0 * steps[0].max())
+
+
 def test_durations_transcribed_and_stragglers_are_their_fraction():
   key = jax.random.PRNGKey(5)
   ids = jnp.arange(6)
