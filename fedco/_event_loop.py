@@ -96,7 +96,8 @@ def async_reference(
     The server's values (``{"params": x}``) after each step.
 
   Raises:
-    ValueError: ``algorithm`` sends state fields.
+    ValueError: ``algorithm`` cannot run asynchronously (it sends state fields besides the
+      model, or its server queries clients' losses).
 
   Examples:
     >>> import fedco
@@ -109,8 +110,9 @@ def async_reference(
     (2, ['params'])
   """
   plan, n, m = algorithm.plan, data.num_clients, clients_per_round
-  if plan.fields or plan.round_start_loss:
-    raise ValueError(f"algorithm {algorithm.name} sends state fields: asynchronous= takes none")
+  reason = asynchrony.unsupported(algorithm)
+  if reason is not None:
+    raise ValueError(f"asynchronous= does not support {reason}")
   buffered = asynchronous.resolved(m, n)
   max_staleness = int(buffered.max_staleness or 0)  # resolved: always set
   params = base.strong(params)
@@ -122,7 +124,7 @@ def async_reference(
   step = full_batch_step(problem, algorithm)
   key = jax.random.split(jax.random.PRNGKey(seed))[0]  # the state's first key
   k_time = jax.random.fold_in(jax.random.PRNGKey(seed), asynchrony.TIMING_STREAM)
-  dispatch_key = lambda v: jax.random.fold_in(jax.random.fold_in(k_time, 4), v)
+  dispatch_key = lambda v: asynchrony.dispatch_key(k_time, v)  # the runtime's draws
   took = lambda ids, v: np.asarray(
     delays.durations(
       k_time, jnp.asarray(ids, jnp.int32), jnp.full((len(ids),), plan.local_steps), v

@@ -680,11 +680,9 @@ class _Kit:
       )
 
   def check_asynchronous(self):
-    plan = self.algorithm.plan
-    if plan.fields or plan.round_start_loss:
-      return "skipped: its clients send state fields besides the model, which asynchronous= refuses"
-    if getattr(self.algorithm.server, "queries_losses", False):
-      return "skipped: its server queries clients' losses, which asynchronous= refuses"
+    reason = asynchrony.unsupported(self.algorithm)
+    if reason is not None:
+      return f"skipped: asynchronous= does not support {reason}"
     settings = dict(
       clients_per_round=1,
       asynchronous=asynchrony.Buffered(min(3, self.data.num_clients), max_staleness=1),

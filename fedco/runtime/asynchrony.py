@@ -182,23 +182,33 @@ def checked(algorithm, o, m: int, n: int, layout):
     return delays, None
   if not isinstance(buffered, Buffered):
     raise ValueError(f"asynchronous must be a fedco.runtime.Buffered, got {buffered!r}")
-  plan = algorithm.plan
+  reason = unsupported(algorithm)
   refused = {
-    f"{algorithm.name}, whose clients also send or receive the state fields "
-    f"{list(plan.fields) + list(plan.round_start_loss)} (it takes algorithms that send "
-    "only the model)": bool(plan.fields or plan.round_start_loss),
+    reason or "": reason is not None,
     f"sampling={o.sampling!r} (clients are dispatched as others report)": o.sampling != "uniform",
     "client blocks (multi-process data)": layout.resident,
     "straggler_prob (delays= says how slow each client is)": o.straggler_prob > 0,
     "privacy (its accounting assumes rounds of uniformly sampled clients)": o.privacy is not None,
-    "a server that queries clients' losses": bool(
-      getattr(algorithm.server, "queries_losses", False)
-    ),
   }
   bad = [what for what, yes in refused.items() if yes]
   if bad:
     raise ValueError(f"asynchronous= does not support {bad[0]}")
   return delays or Delays(), buffered.resolved(m, n)
+
+
+def unsupported(algorithm) -> Optional[str]:
+  """Why ``algorithm`` cannot run asynchronously (``None``: it can): its clients send or
+  receive state fields besides the model, or its server queries clients' losses."""
+  plan = algorithm.plan
+  if plan.fields or plan.round_start_loss:
+    return (
+      f"{algorithm.name}, whose clients also send or receive the state fields "
+      f"{list(plan.fields) + list(plan.round_start_loss)} (it takes algorithms that send "
+      "only the model)"
+    )
+  if getattr(algorithm.server, "queries_losses", False):
+    return f"{algorithm.name}, whose server queries clients' losses"
+  return None
 
 
 class Timing(NamedTuple):
@@ -244,7 +254,7 @@ def init_timing(cfg, params, key, counts):
   if cfg.asynchronous is None:
     return Timing(clock, key)
   buffered, n = cfg.asynchronous, cfg.num_clients
-  ids = sample_clients(_dispatch_key(key, 0), n, buffered.concurrency).astype(jnp.int32)
+  ids = sample_clients(dispatch_key(key, 0), n, buffered.concurrency).astype(jnp.int32)
   arrival = cfg.delays.durations(key, ids, planned_steps(cfg, counts[ids]), 0)
   ring = jax.tree.map(
     lambda a: jnp.broadcast_to(a, (buffered.max_staleness + 1,) + a.shape), params
@@ -253,7 +263,8 @@ def init_timing(cfg, params, key, counts):
   return Timing(clock, key, ring, ids, version, arrival)
 
 
-def _dispatch_key(key, version):
+def dispatch_key(key, version):
+  """The key of the replacement draw after server step ``version`` (0: the first dispatch)."""
   return jax.random.fold_in(jax.random.fold_in(key, _DISPATCH), version)
 
 
@@ -334,7 +345,7 @@ def advance(cfg, state, buffer: Optional[Buffer], params, ids, steps, alive, cou
   version = state.round + 1
   clock = jnp.max(timing.arrival[positions])
   released = jnp.zeros(timing.ids.shape, bool).at[positions].set(True)
-  scores = jax.random.uniform(_dispatch_key(timing.key, version), (n,))
+  scores = jax.random.uniform(dispatch_key(timing.key, version), (n,))
   scores = scores.at[jnp.where(released, n, timing.ids)].set(2.0, mode="drop")  # busy
   _, new = jax.lax.top_k(-scores, m)  # the m lowest scores of the clients not training
   new = new.astype(jnp.int32)
