@@ -1,6 +1,8 @@
 r"""Merge workdirs of one experiment run in parts (split by ``--methods`` or seeds across
 processes, one process per workdir) into one results JSON: each run's final evaluated
 metrics, and per method the mean, standard error and seeds over the runs that finished.
+A source may also be a metrics file itself (``.jsonl`` or ``.csv``, a workdir's
+``metrics.*`` or one kept in ``experiments/results/``).
 
     python -m experiments.merge_workdirs --out=experiments/results/e8_femnist_byzantine.json \
       --keys=heldout_acc_avg,heldout_acc_p10,heldout_acc_worst runs/a runs/b ...
@@ -9,15 +11,21 @@ A run counts as finished when its last evaluated round is the largest any run of
 algorithm reached (``--rounds=afl:2000,fedavg:100`` sets them instead: the label's first
 ``_``-separated word is the algorithm). Runs cut short are listed under ``incomplete``.
 A label and seed found in several workdirs keeps the row of the latest round.
+``--at_round=N`` takes each run's row at round ``N`` instead of its last (runs that never
+evaluated round ``N`` are incomplete), so runs of different lengths compare at one round.
+``--paired_with=<label>`` adds each label's difference from that label on the seeds both
+finished: mean, standard error and how many seeds it is ahead on.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
-from typing import Dict, List
+import sys
+from typing import Dict, List, Optional
 
 import numpy as np
 from absl import app, flags
@@ -25,41 +33,68 @@ from absl import app, flags
 flags.DEFINE_string("out", None, "The merged JSON to write.", required=True)
 flags.DEFINE_list("keys", ["heldout_acc_avg"], "The metrics kept from each run's final row.")
 flags.DEFINE_list("rounds", [], "algorithm:rounds of a finished run (default: the largest seen).")
+flags.DEFINE_integer("at_round", None, "Take each run's row at this round, not its last.")
+flags.DEFINE_string("paired_with", "", "A label every other label is compared with, seed by seed.")
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
 FLAGS = flags.FLAGS
 
 
-def metrics_file(workdir: str) -> str:
-  """A workdir's ``metrics.jsonl`` (finished) or ``in_progress/metrics.jsonl``."""
+def metrics_file(source: str) -> str:
+  """A metrics file itself, or a workdir's ``metrics.jsonl`` (finished) or ``in_progress/metrics.jsonl``."""
+  if os.path.isfile(source) and source.endswith((".jsonl", ".csv")):
+    return source
   for path in ("metrics.jsonl", os.path.join("in_progress", "metrics.jsonl")):
-    if os.path.exists(os.path.join(workdir, path)):
-      return os.path.join(workdir, path)
-  raise FileNotFoundError(f"{workdir}: no metrics.jsonl (nor in_progress/metrics.jsonl)")
+    if os.path.exists(os.path.join(source, path)):
+      return os.path.join(source, path)
+  raise FileNotFoundError(
+    f"{source}: neither a .jsonl/.csv metrics file nor a workdir with metrics.jsonl "
+    "(nor in_progress/metrics.jsonl)"
+  )
 
 
-def final_rows(workdirs: List[str], keys: List[str]) -> Dict[str, Dict[int, dict]]:
-  """``{label: {seed: {"round", key...}}}``: each run's last evaluated row."""
+def _number(text: str):
+  try:
+    return int(text)
+  except ValueError:
+    try:
+      return float(text)
+    except ValueError:
+      return text
+
+
+def read_rows(path: str) -> List[dict]:
+  """The metric rows of a ``.jsonl`` or ``.csv`` file (CSV cells read back as numbers)."""
+  with open(path, newline="") as f:
+    if path.endswith(".csv"):
+      return [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def final_rows(
+  sources: List[str], keys: List[str], at_round: Optional[int] = None
+) -> Dict[str, Dict[int, dict]]:
+  """``{label: {seed: {"round", key...}}}``: each run's last evaluated row (or its row at
+  ``at_round``; a run without one keeps its last, so it counts as incomplete)."""
   out: Dict[str, Dict[int, dict]] = {}
-  for workdir in workdirs:
-    with open(metrics_file(workdir)) as f:
-      for line in f:
-        row = json.loads(line)
-        if not all(k in row for k in keys):
-          continue
-        runs = out.setdefault(row["method"], {})
-        if row["round"] >= runs.get(row["seed"], {}).get("round", -1):
-          runs[row["seed"]] = {"round": row["round"], **{k: row[k] for k in keys}}
+  for source in sources:
+    for row in read_rows(metrics_file(source)):
+      if not all(k in row for k in keys):
+        continue
+      runs = out.setdefault(row["method"], {})
+      kept = runs.get(row["seed"], {}).get("round", -1)
+      if (kept != at_round and row["round"] >= kept) or row["round"] == at_round:
+        runs[row["seed"]] = {"round": row["round"], **{k: row[k] for k in keys}}
   return out
 
 
-def summarize(rows, keys, rounds: Dict[str, int]):
+def summarize(rows, keys, rounds: Dict[str, int], at_round: Optional[int] = None):
   """Finished runs' mean, standard error (``None`` with one seed) and seeds per label."""
   expected: Dict[str, int] = {}
   for label, runs in rows.items():
     algorithm = label.split("_")[0]
     top = max([expected.get(algorithm, 0)] + [r["round"] for r in runs.values()])
-    expected[algorithm] = rounds.get(algorithm, top)
+    expected[algorithm] = at_round if at_round is not None else rounds.get(algorithm, top)
   methods, incomplete = {}, []
   for label, runs in sorted(rows.items()):
     done = {s: r for s, r in sorted(runs.items()) if r["round"] == expected[label.split("_")[0]]}
@@ -68,11 +103,33 @@ def summarize(rows, keys, rounds: Dict[str, int]):
       continue
     entry = {"seeds": list(done), "per_seed": {str(s): r for s, r in done.items()}}
     for key in keys:
-      v = np.array([r[key] for r in done.values()], np.float64)
-      se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
-      entry[key] = {"mean": float(v.mean()), "stderr": se}
+      entry[key] = _mean_and_stderr([r[key] for r in done.values()])
     methods[label] = entry
   return methods, incomplete, expected
+
+
+def _mean_and_stderr(values) -> dict:
+  v = np.asarray(values, np.float64)
+  se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+  return {"mean": float(v.mean()), "stderr": se}
+
+
+def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:
+  """Each label's difference from ``reference`` per key on the seeds both finished: mean,
+  standard error (``None`` with one seed), the seeds and how many of them it is ahead on."""
+  if reference not in methods:
+    raise ValueError(f"paired_with={reference!r}: no finished runs; labels: {sorted(methods)}")
+  base = methods[reference]["per_seed"]
+  out = {}
+  for label, entry in methods.items():
+    seeds = [s for s in entry["per_seed"] if s in base]
+    if label == reference or not seeds:
+      continue
+    out[label] = {"seeds": [int(s) for s in seeds]}
+    for key in keys:
+      diffs = [entry["per_seed"][s][key] - base[s][key] for s in seeds]
+      out[label][key] = {**_mean_and_stderr(diffs), "ahead": int(sum(d > 0 for d in diffs))}
+  return out
 
 
 def machine_and_wall(workdirs):
@@ -121,15 +178,22 @@ def main(argv):
   if not workdirs:
     raise app.UsageError("give the workdirs to merge")
   rounds = {a: int(r) for a, r in (item.split(":") for item in FLAGS.rounds)}
-  rows = final_rows(workdirs, FLAGS.keys)
-  methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds)
+  try:  # bad input is one line (exit status 1), never a traceback
+    rows = final_rows(workdirs, FLAGS.keys, FLAGS.at_round)
+    methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)
+    pairs = paired(methods, FLAGS.paired_with, FLAGS.keys) if FLAGS.paired_with else None
+  except (FileNotFoundError, ValueError) as e:
+    sys.exit(f"error: {e}")
   machine, wall = machine_and_wall(workdirs)
   out = {
-    "note": "each run's final evaluated metrics; mean and standard error over the seeds "
-    "that finished; runs cut short are listed under incomplete",
+    "note": "each run's final evaluated metrics (its row at at_round, when given); mean and "
+    "standard error over the seeds that finished; runs cut short are listed under incomplete; "
+    "paired: each label minus paired_with on the seeds both finished",
     "rounds": expected,
     "methods": methods,
     "incomplete": incomplete,
+    **({"at_round": FLAGS.at_round} if FLAGS.at_round is not None else {}),
+    **({"paired_with": FLAGS.paired_with, "paired": pairs} if pairs is not None else {}),
     "sources": [metrics_file(w) for w in workdirs],
     "wall_seconds_of_finished_workdirs": wall,
     "machine": machine,

@@ -33,5 +33,36 @@ def test_runs_split_over_workdirs_merge_by_seed_and_cut_runs_are_left_out(tmp_pa
   entry = methods["fedavg_x"]
   assert entry["seeds"] == [0, 1] and entry["acc"]["mean"] == pytest.approx(0.6)
   assert entry["acc"]["stderr"] == pytest.approx(np.std([0.5, 0.7], ddof=1) / np.sqrt(2))
-  with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+  with pytest.raises(FileNotFoundError, match="nor a workdir with metrics.jsonl"):
     merge_workdirs.metrics_file(str(tmp_path))
+
+
+def test_metrics_files_merge_at_one_round_and_pair_by_seed(tmp_path):
+  """Kept ``.jsonl``/``.csv`` files are sources too; ``at_round`` compares runs of different
+  lengths at one round; ``paired`` is each label minus the reference on the common seeds."""
+  csv_file = tmp_path / "fedavg_seed0.csv"
+  csv_file.write_text("round,method,seed,acc\n50,fedavg,0,0.40\n100,fedavg,0,0.50\n")
+  jsonl = tmp_path / "others.jsonl"
+  rows = [
+    {"method": "fedavg", "seed": 1, "round": 50, "acc": 0.30},
+    {"method": "fedadam", "seed": 0, "round": 50, "acc": 0.43},
+    {"method": "fedadam", "seed": 1, "round": 50, "acc": 0.29},
+    {"method": "fedavg", "seed": 2, "round": 50, "acc": 0.9},
+    {"method": "fedadam", "seed": 2, "round": 50, "acc": 0.9},  # a tie is not ahead
+    {"method": "fedyogi", "seed": 3, "round": 50, "acc": 0.9},  # no FedAvg seed 3: unpaired
+    {"method": "scaffold", "seed": 0, "round": 40, "acc": 0.1},  # never reached round 50
+  ]
+  jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  sources = [str(csv_file), str(jsonl)]
+  assert merge_workdirs.metrics_file(str(csv_file)) == str(csv_file)
+  rows = merge_workdirs.final_rows(sources, ["acc"], at_round=50)
+  assert rows["fedavg"][0] == {"round": 50, "acc": pytest.approx(0.40)}  # not round 100's
+  methods, incomplete, _ = merge_workdirs.summarize(rows, ["acc"], {}, at_round=50)
+  assert incomplete == ["scaffold seed 0"]
+  pairs = merge_workdirs.paired(methods, "fedavg", ["acc"])
+  assert set(pairs) == {"fedadam"} and pairs["fedadam"]["seeds"] == [0, 1, 2]
+  diff = pairs["fedadam"]["acc"]
+  assert diff["mean"] == pytest.approx(0.02 / 3) and diff["ahead"] == 1
+  assert diff["stderr"] == pytest.approx(np.std([0.03, -0.01, 0.0], ddof=1) / np.sqrt(3))
+  with pytest.raises(ValueError, match="paired_with='fedprox': no finished runs"):
+    merge_workdirs.paired(methods, "fedprox", ["acc"])
