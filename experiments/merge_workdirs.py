@@ -15,6 +15,8 @@ A label and seed found in several workdirs keeps the row of the latest round.
 evaluated round ``N`` are incomplete), so runs of different lengths compare at one round.
 ``--paired_with=<label>`` adds each label's difference from that label on the seeds both
 finished: mean, standard error and how many seeds it is ahead on.
+``--curves=<png>`` draws each label's mean and standard error of the first key over the
+rounds every one of its finished seeds evaluated.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """
@@ -35,6 +37,7 @@ flags.DEFINE_list("keys", ["heldout_acc_avg"], "The metrics kept from each run's
 flags.DEFINE_list("rounds", [], "algorithm:rounds of a finished run (default: the largest seen).")
 flags.DEFINE_integer("at_round", None, "Take each run's row at this round, not its last.")
 flags.DEFINE_string("paired_with", "", "A label every other label is compared with, seed by seed.")
+flags.DEFINE_string("curves", "", "Each label's mean +- standard error of the first key by round.")
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
 FLAGS = flags.FLAGS
@@ -132,6 +135,49 @@ def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:
   return out
 
 
+def curves(sources: List[str], key: str, methods) -> Dict[str, Dict[str, list]]:
+  """``{label: {"round", "mean", "stderr"}}`` over each label's finished seeds (``methods``
+  from :func:`summarize`), at the rounds every one of them evaluated."""
+  values: Dict[str, Dict[int, Dict[int, float]]] = {}
+  for source in sources:
+    for row in read_rows(metrics_file(source)):
+      if key in row and row["method"] in methods:
+        values.setdefault(row["method"], {}).setdefault(row["round"], {})[row["seed"]] = row[key]
+  out = {}
+  for label, by_round in sorted(values.items()):
+    seeds = set(methods[label]["seeds"])
+    points = [
+      (r, _mean_and_stderr([v[s] for s in sorted(seeds)]))
+      for r, v in sorted(by_round.items())
+      if seeds <= set(v)
+    ]
+    out[label] = {
+      "round": [r for r, _ in points],
+      "mean": [m["mean"] for _, m in points],
+      "stderr": [m["stderr"] or 0.0 for _, m in points],
+    }
+  return out
+
+
+def draw_curves(lines, key: str, path: str, title: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, line in lines.items():
+    mean, se = np.array(line["mean"]), np.array(line["stderr"])
+    ax.plot(line["round"], mean, marker=".", label=label)
+    ax.fill_between(line["round"], mean - se, mean + se, alpha=0.2)
+  ax.set_xlabel("round")
+  ax.set_ylabel(key)
+  ax.legend(fontsize=8)
+  ax.set_title(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
 def machine_and_wall(workdirs):
   machine, wall = None, 0.0
   for workdir in workdirs:
@@ -202,6 +248,8 @@ def main(argv):
     json.dump(out, f, indent=1)
   if FLAGS.figure:
     draw(methods, FLAGS.keys[0], FLAGS.figure, FLAGS.title)
+  if FLAGS.curves:
+    draw_curves(curves(workdirs, FLAGS.keys[0], methods), FLAGS.keys[0], FLAGS.curves, FLAGS.title)
   print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
 
 

@@ -66,3 +66,21 @@ def test_metrics_files_merge_at_one_round_and_pair_by_seed(tmp_path):
   assert diff["stderr"] == pytest.approx(np.std([0.03, -0.01, 0.0], ddof=1) / np.sqrt(3))
   with pytest.raises(ValueError, match="paired_with='fedprox': no finished runs"):
     merge_workdirs.paired(methods, "fedprox", ["acc"])
+
+
+def test_curves_average_each_round_over_the_finished_seeds_only(tmp_path):
+  rows = [
+    {"method": "fedavg", "seed": s, "round": r, "acc": a}
+    for s, r, a in [(0, 10, 0.1), (0, 20, 0.3), (1, 10, 0.3), (1, 20, 0.5), (1, 15, 0.9)]
+  ] + [{"method": "fedavg", "seed": 2, "round": 10, "acc": 0.0}]  # seed 2 cut short
+  jsonl = tmp_path / "m.jsonl"
+  jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  picked = merge_workdirs.final_rows([str(jsonl)], ["acc"])
+  methods, incomplete, _ = merge_workdirs.summarize(picked, ["acc"], {})
+  assert incomplete == ["fedavg seed 2"]
+  line = merge_workdirs.curves([str(jsonl)], "acc", methods)["fedavg"]
+  assert line["round"] == [10, 20]  # round 15 is seed 1's only: left out
+  assert line["mean"] == pytest.approx([0.2, 0.4])
+  assert line["stderr"] == pytest.approx([0.1, 0.1])
+  merge_workdirs.draw_curves({"fedavg": line}, "acc", str(tmp_path / "c.png"), "t")
+  assert (tmp_path / "c.png").stat().st_size > 0
