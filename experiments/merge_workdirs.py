@@ -32,6 +32,8 @@ from typing import Dict, List, Optional
 import numpy as np
 from absl import app, flags
 
+from fedco.experiment import curves, outputs
+
 flags.DEFINE_string("out", None, "The merged JSON to write.", required=True)
 flags.DEFINE_list("keys", ["heldout_acc_avg"], "The metrics kept from each run's final row.")
 flags.DEFINE_list("rounds", [], "algorithm:rounds of a finished run (default: the largest seen).")
@@ -68,26 +70,30 @@ def _number(text: str):
 
 def read_rows(path: str) -> List[dict]:
   """The metric rows of a ``.jsonl`` or ``.csv`` file (CSV cells read back as numbers)."""
-  with open(path, newline="") as f:
-    if path.endswith(".csv"):
+  if path.endswith(".csv"):
+    with open(path, newline="") as f:
       return [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-    return [json.loads(line) for line in f if line.strip()]
+  return outputs.read_jsonl(path)
+
+
+def load(sources: List[str]) -> List[dict]:
+  """Every metric row of the sources (workdirs or metrics files), in order, read once."""
+  return [row for source in sources for row in read_rows(metrics_file(source))]
 
 
 def final_rows(
-  sources: List[str], keys: List[str], at_round: Optional[int] = None
+  rows: List[dict], keys: List[str], at_round: Optional[int] = None
 ) -> Dict[str, Dict[int, dict]]:
   """``{label: {seed: {"round", key...}}}``: each run's last evaluated row (or its row at
   ``at_round``; a run without one keeps its last, so it counts as incomplete)."""
   out: Dict[str, Dict[int, dict]] = {}
-  for source in sources:
-    for row in read_rows(metrics_file(source)):
-      if not all(k in row for k in keys):
-        continue
-      runs = out.setdefault(row["method"], {})
-      kept = runs.get(row["seed"], {}).get("round", -1)
-      if (kept != at_round and row["round"] >= kept) or row["round"] == at_round:
-        runs[row["seed"]] = {"round": row["round"], **{k: row[k] for k in keys}}
+  for row in rows:
+    if not all(k in row for k in keys):
+      continue
+    runs = out.setdefault(row["method"], {})
+    kept = runs.get(row["seed"], {}).get("round", -1)
+    if (kept != at_round and row["round"] >= kept) or row["round"] == at_round:
+      runs[row["seed"]] = {"round": row["round"], **{k: row[k] for k in keys}}
   return out
 
 
@@ -135,47 +141,19 @@ def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:
   return out
 
 
-def curves(sources: List[str], key: str, methods) -> Dict[str, Dict[str, list]]:
-  """``{label: {"round", "mean", "stderr"}}`` over each label's finished seeds (``methods``
-  from :func:`summarize`), at the rounds every one of them evaluated."""
-  values: Dict[str, Dict[int, Dict[int, float]]] = {}
-  for source in sources:
-    for row in read_rows(metrics_file(source)):
-      if key in row and row["method"] in methods:
-        values.setdefault(row["method"], {}).setdefault(row["round"], {})[row["seed"]] = row[key]
-  out = {}
-  for label, by_round in sorted(values.items()):
-    seeds = set(methods[label]["seeds"])
-    points = [
-      (r, _mean_and_stderr([v[s] for s in sorted(seeds)]))
-      for r, v in sorted(by_round.items())
-      if seeds <= set(v)
-    ]
-    out[label] = {
-      "round": [r for r, _ in points],
-      "mean": [m["mean"] for _, m in points],
-      "stderr": [m["stderr"] or 0.0 for _, m in points],
-    }
-  return out
-
-
-def draw_curves(lines, key: str, path: str, title: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for label, line in lines.items():
-    mean, se = np.array(line["mean"]), np.array(line["stderr"])
-    ax.plot(line["round"], mean, marker=".", label=label)
-    ax.fill_between(line["round"], mean - se, mean + se, alpha=0.2)
-  ax.set_xlabel("round")
-  ax.set_ylabel(key)
-  ax.legend(fontsize=8)
-  ax.set_title(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+def curve_rows(rows: List[dict], key: str, methods) -> List[dict]:
+  """The rows :func:`fedco.experiment.curves` draws: each label's finished seeds
+  (``methods`` from :func:`summarize`) at the rounds every one of them evaluated."""
+  seen: Dict[tuple, set] = {}
+  for r in rows:
+    if key in r and r["method"] in methods:
+      seen.setdefault((r["method"], r["round"]), set()).add(str(r["seed"]))
+  complete = {at for at, seeds in seen.items() if set(methods[at[0]]["per_seed"]) <= seeds}
+  return [
+    r
+    for r in rows
+    if (r["method"], r["round"]) in complete and str(r["seed"]) in methods[r["method"]]["per_seed"]
+  ]
 
 
 def machine_and_wall(workdirs):
@@ -225,7 +203,8 @@ def main(argv):
     raise app.UsageError("give the workdirs to merge")
   rounds = {a: int(r) for a, r in (item.split(":") for item in FLAGS.rounds)}
   try:  # bad input is one line (exit status 1), never a traceback
-    rows = final_rows(workdirs, FLAGS.keys, FLAGS.at_round)
+    records = load(workdirs)
+    rows = final_rows(records, FLAGS.keys, FLAGS.at_round)
     methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)
     pairs = paired(methods, FLAGS.paired_with, FLAGS.keys) if FLAGS.paired_with else None
   except (FileNotFoundError, ValueError) as e:
@@ -249,7 +228,10 @@ def main(argv):
   if FLAGS.figure:
     draw(methods, FLAGS.keys[0], FLAGS.figure, FLAGS.title)
   if FLAGS.curves:
-    draw_curves(curves(workdirs, FLAGS.keys[0], methods), FLAGS.keys[0], FLAGS.curves, FLAGS.title)
+    key = FLAGS.keys[0]
+    picked = curve_rows(records, key, methods)
+    fig = curves(picked, list(methods), [(key, key)], title=FLAGS.title, band="stderr")
+    fig.savefig(FLAGS.curves, dpi=110)
   print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
 
 

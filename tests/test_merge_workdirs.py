@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from experiments import merge_workdirs
+from fedco import experiment
 
 
 def _workdir(path, rows, finished=True):
@@ -25,7 +26,7 @@ def test_runs_split_over_workdirs_merge_by_seed_and_cut_runs_are_left_out(tmp_pa
     [row("fedavg_x", 1, 100, 0.7), row("afl_x", 1, 1000, 0.2), {"method": "afl_x", "seed": 1, "round": 5}],
     finished=False,
   )  # fmt: skip
-  rows = merge_workdirs.final_rows([a, b], ["acc"])
+  rows = merge_workdirs.final_rows(merge_workdirs.load([a, b]), ["acc"])
   assert rows["fedavg_x"][0] == {"round": 100, "acc": 0.5}
   methods, incomplete, expected = merge_workdirs.summarize(rows, ["acc"], {"afl": 2000})
   assert expected == {"fedavg": 100, "afl": 2000}
@@ -55,7 +56,7 @@ def test_metrics_files_merge_at_one_round_and_pair_by_seed(tmp_path):
   jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
   sources = [str(csv_file), str(jsonl)]
   assert merge_workdirs.metrics_file(str(csv_file)) == str(csv_file)
-  rows = merge_workdirs.final_rows(sources, ["acc"], at_round=50)
+  rows = merge_workdirs.final_rows(merge_workdirs.load(sources), ["acc"], at_round=50)
   assert rows["fedavg"][0] == {"round": 50, "acc": pytest.approx(0.40)}  # not round 100's
   methods, incomplete, _ = merge_workdirs.summarize(rows, ["acc"], {}, at_round=50)
   assert incomplete == ["scaffold seed 0"]
@@ -72,15 +73,27 @@ def test_curves_average_each_round_over_the_finished_seeds_only(tmp_path):
   rows = [
     {"method": "fedavg", "seed": s, "round": r, "acc": a}
     for s, r, a in [(0, 10, 0.1), (0, 20, 0.3), (1, 10, 0.3), (1, 20, 0.5), (1, 15, 0.9)]
+    + [(3, 10, 0.2), (3, 20, 0.4)]
   ] + [{"method": "fedavg", "seed": 2, "round": 10, "acc": 0.0}]  # seed 2 cut short
   jsonl = tmp_path / "m.jsonl"
   jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  picked = merge_workdirs.final_rows([str(jsonl)], ["acc"])
-  methods, incomplete, _ = merge_workdirs.summarize(picked, ["acc"], {})
+  records = merge_workdirs.load([str(jsonl)])
+  methods, incomplete, _ = merge_workdirs.summarize(
+    merge_workdirs.final_rows(records, ["acc"]), ["acc"], {}
+  )
   assert incomplete == ["fedavg seed 2"]
-  line = merge_workdirs.curves([str(jsonl)], "acc", methods)["fedavg"]
-  assert line["round"] == [10, 20]  # round 15 is seed 1's only: left out
-  assert line["mean"] == pytest.approx([0.2, 0.4])
-  assert line["stderr"] == pytest.approx([0.1, 0.1])
-  merge_workdirs.draw_curves({"fedavg": line}, "acc", str(tmp_path / "c.png"), "t")
-  assert (tmp_path / "c.png").stat().st_size > 0
+  picked = merge_workdirs.curve_rows(records, "acc", methods)
+  # round 15 is seed 1's only, seed 2 never finished: both left out
+  kept = sorted((r["seed"], r["round"]) for r in picked)
+  assert kept == [(0, 10), (0, 20), (1, 10), (1, 20), (3, 10), (3, 20)]
+  fig = experiment.curves(picked, ["fedavg"], [("acc", "acc")], band="stderr")
+  ax = fig.axes[0]
+  assert list(ax.lines[0].get_xdata()) == [10, 20]
+  assert ax.lines[0].get_ydata() == pytest.approx([0.2, 0.4])
+  band = ax.collections[0].get_paths()[0].vertices  # mean +- standard error: 0.1 / sqrt(3)
+  se = np.std([0.1, 0.3, 0.2], ddof=1) / np.sqrt(3)
+  for x, mean in ((10, 0.2), (20, 0.4)):
+    ys = band[np.isclose(band[:, 0], x), 1]
+    assert (ys.min(), ys.max()) == (pytest.approx(mean - se), pytest.approx(mean + se))
+  with pytest.raises(ValueError, match="band must be 'std' or 'stderr'"):
+    experiment.curves(picked, ["fedavg"], [("acc", "acc")], band="sem")

@@ -588,6 +588,13 @@ MAX_COLUMNS = 4  # curves' panels per row by default: 12 panels are 3 rows of 4
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
 
 
+def _spread(values: np.ndarray, band: str) -> float:
+  """``curves``' band half-width: the std, or the standard error (0 with one value)."""
+  if band == "std":
+    return float(values.std())
+  return float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
+
+
 def curves(
   records: Sequence[Mapping[str, Any]],
   labels: Sequence[str],
@@ -601,11 +608,13 @@ def curves(
   notes: Mapping[str, str] = {},
   hlines: Mapping[str, float] = {},
   ncols: Optional[int] = None,
+  band: str = "std",
 ):
   """An experiment's figure: one panel per metric, one line per method against rounds.
 
   Each line is the mean over seeds of the method's rows (``metrics.jsonl``-style: ``method``,
-  ``seed``, ``round``, metrics) with a +- std band, in its own line style and with markers at
+  ``seed``, ``round``, metrics) with a +- std band (``band="stderr"``: +- the standard
+  error of the mean, the sample std over the square root of the seeds), in its own line style and with markers at
   staggered points, so methods that coincide stay visible. Runs that diverged
   (``finals[label][seed]`` holds ``diverged``) are left out, as in the table: their last
   rows before the divergence would set the axis; the legend says where they diverged. A
@@ -625,6 +634,7 @@ def curves(
     x_key: a record key to draw against instead (``"time"``: the simulated clock), its
       mean over the seeds at each round.
     steps, finals, notes: see above. hlines: ``{metric: y}`` dotted reference lines.
+    band: ``"std"`` (the default) or ``"stderr"``.
 
   Returns:
     The ``Figure``, laid out, with the legend on the first panel holding a line.
@@ -639,6 +649,8 @@ def curves(
   """
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 
+  if band not in ("std", "stderr"):
+    raise ValueError(f"band must be 'std' or 'stderr', got {band!r}")
   for panel in panels:
     if len(panel) not in (2, 3) or panel[2:] not in ((), ("log",)):
       raise ValueError(
@@ -691,7 +703,8 @@ def curves(
       own = [r for r in rows if r["method"] == label]
       xs = sorted({at(r) for r in own})
       by_x = [np.array([r[key] for r in own if at(r) == t], np.float64) for t in xs]
-      mean, std = np.array([v.mean() for v in by_x]), np.array([v.std() for v in by_x])
+      mean = np.array([v.mean() for v in by_x])
+      spread = np.array([_spread(v, band) for v in by_x])
       if x_key is not None:  # each round at its seeds' mean of x_key
         xs = [np.mean([r[x_key] for r in own if at(r) == t]) for t in xs]
       shown = (lambda a: np.where(a > 0, a, np.nan)) if log else (lambda a: a)  # no log of 0
@@ -707,8 +720,8 @@ def curves(
         markersize=max(3.0, 7.0 - 0.6 * i),
         markevery=(i * every // len(drawn), every),
       )
-      band = shown(mean - std), shown(mean + std)
-      ax.fill_between(xs, *band, color=line.get_color(), alpha=0.15)
+      edges = shown(mean - spread), shown(mean + spread)
+      ax.fill_between(xs, *edges, color=line.get_color(), alpha=0.15)
     if key in hlines:
       ax.axhline(hlines[key], color="k", lw=0.8, ls=":")
   legend = next((ax for ax in axes if ax.lines), axes[0])
