@@ -410,3 +410,41 @@ def test_bad_model_fields_are_one_line_errors(tmp_path, dataset, field, value, m
     config.data_dir = _roles(tmp_path)
   with pytest.raises(ValueError, match=match):
     runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+
+
+def test_warm_start_trains_every_method_s_start_with_sampled_fedavg(tmp_path):
+  config = _shakespeare(tmp_path)
+  fed = natural_dro.setup(config)
+  cold = natural_dro.prepare(config, 1, fed)
+  config.warm_start.update(rounds=3, clients_per_round=2, local_steps=3, batch_size=2)
+  warm = natural_dro.prepare(config, 1, fed)
+  by_hand = fedco.simulate(
+    fedco.plain(cold.loss), fedco.fedavg(1.0, 3), fed.train, cold.params, rounds=3, seed=1,
+    clients_per_round=2, batch_size=2, evaluate=False, progress=False,
+  ).params  # fmt: skip
+  jax.tree.map(np.testing.assert_array_equal, warm.params, by_hand)
+  assert not np.allclose(
+    jax.tree.leaves(warm.params)[0], jax.tree.leaves(cold.params)[0]
+  )  # it trained
+  for method in runner.methods(config):
+    assert natural_dro.build(config, method, 1, warm).params is warm.params
+  config.seeds = (1,)
+  summary = runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+  assert summary["warm_start"]["rounds"] == 3
+
+
+@pytest.mark.parametrize(
+  "field, value, match",
+  [
+    ("rounds", -1, r"--config.warm_start.rounds"),
+    ("local_steps", 0, r"--config.warm_start.local_steps"),
+    ("learning_rate", 0.0, r"--config.warm_start.learning_rate"),
+    ("clients_per_round", 4, r"--config.warm_start.clients_per_round=4 exceeds the 3 clients"),
+  ],
+)
+def test_bad_warm_start_fields_are_one_line_errors(tmp_path, field, value, match):
+  config = _shakespeare(tmp_path)
+  config.warm_start.update({"rounds": 1, field: value})
+  with pytest.raises(ValueError, match=match) as err:
+    runner.train_and_evaluate(config, str(tmp_path / "run"), QUIET)
+  assert "\n" not in str(err.value)

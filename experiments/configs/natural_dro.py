@@ -80,5 +80,11 @@ def get_config():
   # and how often they are evaluated (0: every `eval_every`)
   config.async_rounds = 0
   config.async_eval_every = 0
+  # Every method of a seed starts from the model FedAvg reaches in `rounds` rounds of
+  # `clients_per_round` sampled clients, `local_steps` steps of `batch_size` each at
+  # `learning_rate` (natural_dro.warm_start); rounds 0: from the initial model.
+  config.warm_start = ml_collections.ConfigDict(
+    {"rounds": 0, "clients_per_round": 10, "local_steps": 10, "batch_size": 4, "learning_rate": 1.0}
+  )
   config.methods = configs.methods(METHODS)
   return config
