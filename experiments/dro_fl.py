@@ -488,7 +488,7 @@ def against_fedavg(per_method, labels, fedavg_label) -> Dict[str, Any]:
       mean = round(float(d.mean()), 6) if d.size else None
       out[label][split] = {
         "difference": mean,
-        "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
+        "stderr": outputs.standard_error(d),
         "seeds": len(seeds),
         "lost_seeds": len(lost),
         "at_least_fedavg": False if lost else None if mean is None else mean >= 0,

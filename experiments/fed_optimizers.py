@@ -288,7 +288,7 @@ def summarize(config, outcome) -> Dict[str, Any]:
     acc = np.array([f["test_accuracy"] for f in done])
     compared[m.label] = {
       "test_accuracy": float(acc.mean()) if acc.size else None,
-      "stderr": float(acc.std(ddof=1) / np.sqrt(acc.size)) if acc.size > 1 else None,
+      "stderr": outputs.standard_error(acc),
       "seeds": int(acc.size),
       "paper": paper_accuracy(config, m.label),
       "local_steps": local_steps(config, m, fed),

@@ -118,9 +118,7 @@ def summarize(rows, keys, rounds: Dict[str, int], at_round: Optional[int] = None
 
 
 def _mean_and_stderr(values) -> dict:
-  v = np.asarray(values, np.float64)
-  se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
-  return {"mean": float(v.mean()), "stderr": se}
+  return {"mean": float(np.mean(values)), "stderr": outputs.standard_error(values)}
 
 
 def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:

@@ -452,7 +452,7 @@ def against_fedavg(per_method, baselines) -> Dict[str, Any]:
         d = np.array([entry["per_seed"][s][key] - base["per_seed"][s][key] for s in seeds])
         out[base_label][label][key] = {
           "difference": float(d.mean()) if d.size else None,
-          "stderr": float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else None,
+          "stderr": outputs.standard_error(d),
           "seeds": len(seeds),
           "seeds_ahead": int((d > 0).sum()),
         }
@@ -497,8 +497,7 @@ def _timelines(records, label):
 
 def _mean_se(values) -> Dict[str, Any]:
   v = np.asarray(values, np.float64)
-  se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
-  return {"mean": float(v.mean()), "stderr": se, "seeds": int(v.size)}
+  return {"mean": float(v.mean()), "stderr": outputs.standard_error(v), "seeds": int(v.size)}
 
 
 def against_time(records, labels, baselines) -> Dict[str, Any]:

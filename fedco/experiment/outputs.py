@@ -20,7 +20,7 @@ import os
 import shutil
 import textwrap
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -499,6 +499,22 @@ def seed_statistics(
   return per_run, table
 
 
+def standard_error(values: Union[Sequence[float], np.ndarray]) -> Optional[float]:
+  """The standard error of the mean of ``values``, ``std(ddof=1) / sqrt(n)``: the error
+  every table over seeds and every seed-paired difference reports (``None`` for fewer than
+  two values).
+
+  Examples:
+    >>> from fedco.experiment import outputs
+    >>> outputs.standard_error([1.0, 2.0, 3.0])  # std 1 over sqrt(3)
+    0.5773502691896258
+    >>> outputs.standard_error([1.0]) is None
+    True
+  """
+  v = np.asarray(values, np.float64)
+  return float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+
+
 def mean_std(values: Sequence[float]) -> Optional[str]:
   """``"0.8123 +- 0.0210"`` over ``values`` (``"0.8123"`` for one value, ``None`` for none)."""
   if not values:
@@ -592,7 +608,7 @@ def _spread(values: np.ndarray, band: str) -> float:
   """``curves``' band half-width: the std, or the standard error (0 with one value)."""
   if band == "std":
     return float(values.std())
-  return float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
+  return standard_error(values) or 0.0
 
 
 def curves(
