@@ -15,6 +15,8 @@ A label and seed found in several workdirs keeps the row of the latest round.
 evaluated round ``N`` are incomplete), so runs of different lengths compare at one round.
 ``--paired_with=<label>`` adds each label's difference from that label on the seeds both
 finished: mean, standard error and how many seeds it is ahead on.
+Runs a workdir's ``summary.json`` says diverged are left out of both and listed under
+``diverged`` with their notes.
 ``--curves=<png>`` draws each label's mean and standard error of the first key over the
 rounds every one of its finished seeds evaluated.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
@@ -154,6 +156,32 @@ def curve_rows(rows: List[dict], key: str, methods) -> List[dict]:
   ]
 
 
+def diverged_runs(sources: List[str]) -> Dict[str, Dict[str, str]]:
+  """``{label: {seed: note}}``: the runs a workdir's ``summary.json`` says diverged (a
+  diverged run's last rows can sit at the round every run of its algorithm stopped at, so
+  its metrics alone would pass it as finished)."""
+  out: Dict[str, Dict[str, str]] = {}
+  for source in sources:
+    path = os.path.join(source, "summary.json")
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      methods = json.load(f).get("methods", {})
+    for label, entry in methods.items():
+      for seed, final in entry.get("per_seed", {}).items():
+        if isinstance(final, dict) and "diverged" in final:
+          out.setdefault(label, {})[str(seed)] = final["diverged"]
+  return out
+
+
+def without(rows: Dict[str, Dict[int, dict]], diverged) -> Dict[str, Dict[int, dict]]:
+  """``rows`` (:func:`final_rows`) less the runs of ``diverged`` (:func:`diverged_runs`)."""
+  return {
+    label: {s: r for s, r in runs.items() if str(s) not in diverged.get(label, {})}
+    for label, runs in rows.items()
+  }
+
+
 def machine_and_wall(workdirs):
   machine, wall = None, 0.0
   for workdir in workdirs:
@@ -203,6 +231,8 @@ def main(argv):
   try:  # bad input is one line (exit status 1), never a traceback
     records = load(workdirs)
     rows = final_rows(records, FLAGS.keys, FLAGS.at_round)
+    diverged = diverged_runs(workdirs)
+    rows = without(rows, diverged)
     methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)
     pairs = paired(methods, FLAGS.paired_with, FLAGS.keys) if FLAGS.paired_with else None
   except (FileNotFoundError, ValueError) as e:
@@ -215,6 +245,7 @@ def main(argv):
     "rounds": expected,
     "methods": methods,
     "incomplete": incomplete,
+    **({"diverged": diverged} if diverged else {}),
     **({"at_round": FLAGS.at_round} if FLAGS.at_round is not None else {}),
     **({"paired_with": FLAGS.paired_with, "paired": pairs} if pairs is not None else {}),
     "sources": [metrics_file(w) for w in workdirs],

@@ -97,3 +97,23 @@ def test_curves_average_each_round_over_the_finished_seeds_only(tmp_path):
     assert (ys.min(), ys.max()) == (pytest.approx(mean - se), pytest.approx(mean + se))
   with pytest.raises(ValueError, match="band must be 'std' or 'stderr'"):
     experiment.curves(picked, ["fedavg"], [("acc", "acc")], band="sem")
+
+
+def test_runs_a_summary_says_diverged_are_neither_finished_nor_incomplete(tmp_path):
+  """Every DA-MAML seed diverged at round 2 after evaluating round 0 only: by the rows alone
+  round 0 is the largest its algorithm reached, so they would pass as finished."""
+  rows = [
+    {"method": m, "seed": s, "round": 0, "acc": 0.2} for m in ("comfedl_damaml", "fedavg") for s in (0, 1)
+  ] + [{"method": "fedavg", "seed": s, "round": 10, "acc": 0.3} for s in (0, 1)]  # fmt: skip
+  workdir = _workdir(tmp_path / "w", rows)
+  note = "diverged at round 2 (model); try a lower --config.methods.comfedl_damaml.learning_rate"
+  per_seed = {"0": {"diverged": note, "diverged_round": 2}, "1": {"diverged": note}}
+  summary = {"methods": {"comfedl_damaml": {"per_seed": per_seed}, "fedavg": {"per_seed": {}}}}
+  (tmp_path / "w" / "summary.json").write_text(json.dumps(summary))
+  diverged = merge_workdirs.diverged_runs([workdir, str(tmp_path / "no_summary")])
+  assert diverged == {"comfedl_damaml": {"0": note, "1": note}}
+  rows = merge_workdirs.without(
+    merge_workdirs.final_rows(merge_workdirs.load([workdir]), ["acc"]), diverged
+  )
+  methods, incomplete, _ = merge_workdirs.summarize(rows, ["acc"], {})
+  assert list(methods) == ["fedavg"] and incomplete == []
