@@ -15,6 +15,7 @@ A label and seed found in several workdirs keeps the row of the latest round.
 evaluated round ``N`` are incomplete), so runs of different lengths compare at one round.
 ``--paired_with=<label>`` adds each label's difference from that label on the seeds both
 finished: mean, standard error and how many seeds it is ahead on.
+``--labels=a,b`` merges only those labels.
 Runs a workdir's ``summary.json`` says diverged are left out of both and listed under
 ``diverged`` with their notes.
 ``--curves=<png>`` draws each label's mean and standard error of the first key over the
@@ -44,6 +45,7 @@ flags.DEFINE_string("paired_with", "", "A label every other label is compared wi
 flags.DEFINE_string("curves", "", "Each label's mean +- standard error of the first key by round.")
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
+flags.DEFINE_list("labels", [], "Merge only these labels (default: every label found).")
 FLAGS = flags.FLAGS
 
 
@@ -81,6 +83,18 @@ def read_rows(path: str) -> List[dict]:
 def load(sources: List[str]) -> List[dict]:
   """Every metric row of the sources (workdirs or metrics files), in order, read once."""
   return [row for source in sources for row in read_rows(metrics_file(source))]
+
+
+def only(records: List[dict], labels: List[str]) -> List[dict]:
+  """The rows of ``labels`` (every row when empty); ``ValueError`` naming a label no
+  source holds."""
+  if not labels:
+    return records
+  found = {r["method"] for r in records}
+  missing = [label for label in labels if label not in found]
+  if missing:
+    raise ValueError(f"labels={','.join(missing)}: not in the sources; labels: {sorted(found)}")
+  return [r for r in records if r["method"] in labels]
 
 
 def final_rows(
@@ -229,7 +243,7 @@ def main(argv):
     raise app.UsageError("give the workdirs to merge")
   rounds = {a: int(r) for a, r in (item.split(":") for item in FLAGS.rounds)}
   try:  # bad input is one line (exit status 1), never a traceback
-    records = load(workdirs)
+    records = only(load(workdirs), FLAGS.labels)
     rows = final_rows(records, FLAGS.keys, FLAGS.at_round)
     diverged = diverged_runs(workdirs)
     rows = without(rows, diverged)

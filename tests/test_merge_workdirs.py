@@ -117,3 +117,16 @@ def test_runs_a_summary_says_diverged_are_neither_finished_nor_incomplete(tmp_pa
   )
   methods, incomplete, _ = merge_workdirs.summarize(rows, ["acc"], {})
   assert list(methods) == ["fedavg"] and incomplete == []
+
+
+def test_labels_keep_only_the_named_methods_and_an_absent_one_is_named(tmp_path):
+  rows = [{"method": m, "seed": 0, "round": 5, "acc": 0.5} for m in ("feddro", "mbsgd", "fastdro")]
+  records = merge_workdirs.load([_workdir(tmp_path / "w", rows)])
+  assert [r["method"] for r in merge_workdirs.only(records, ["feddro", "fastdro"])] == [
+    "feddro", "fastdro"
+  ]  # fmt: skip
+  assert merge_workdirs.only(records, []) == records
+  with pytest.raises(
+    ValueError, match=r"labels=ds_feddro: not in the sources; labels: \['fastdro'"
+  ):
+    merge_workdirs.only(records, ["feddro", "ds_feddro"])
