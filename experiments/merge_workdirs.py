@@ -170,18 +170,27 @@ def curve_rows(rows: List[dict], key: str, methods) -> List[dict]:
   ]
 
 
-def diverged_runs(sources: List[str]) -> Dict[str, Dict[str, str]]:
-  """``{label: {seed: note}}``: the runs a workdir's ``summary.json`` says diverged (a
+def summaries(sources: List[str]) -> List[dict]:
+  """The ``summary.json`` of each source that is a finished workdir, read once."""
+  out = []
+  for source in sources:
+    path = os.path.join(source, "summary.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        try:
+          out.append(json.load(f))
+        except json.JSONDecodeError as err:
+          raise ValueError(f"{path}: not a JSON summary ({err})") from None
+  return out
+
+
+def diverged_runs(found: List[dict]) -> Dict[str, Dict[str, str]]:
+  """``{label: {seed: note}}``: the runs the workdirs' summaries (``found``) say diverged (a
   diverged run's last rows can sit at the round every run of its algorithm stopped at, so
   its metrics alone would pass it as finished)."""
   out: Dict[str, Dict[str, str]] = {}
-  for source in sources:
-    path = os.path.join(source, "summary.json")
-    if not os.path.isfile(path):
-      continue
-    with open(path) as f:
-      methods = json.load(f).get("methods", {})
-    for label, entry in methods.items():
+  for summary in found:
+    for label, entry in summary.get("methods", {}).items():
       for seed, final in entry.get("per_seed", {}).items():
         if isinstance(final, dict) and "diverged" in final:
           out.setdefault(label, {})[str(seed)] = final["diverged"]
@@ -196,14 +205,12 @@ def without(rows: Dict[str, Dict[int, dict]], diverged) -> Dict[str, Dict[int, d
   }
 
 
-def machine_and_wall(workdirs):
+def machine_and_wall(found: List[dict]):
+  """The last workdir's machine and the workdirs' wall seconds, summed (``found``: their
+  summaries)."""
   machine, wall = None, 0.0
-  for workdir in workdirs:
-    path = os.path.join(workdir, "summary.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        summary = json.load(f)
-      machine, wall = summary.get("machine", machine), wall + summary.get("wall_seconds", 0.0)
+  for summary in found:
+    machine, wall = summary.get("machine", machine), wall + summary.get("wall_seconds", 0.0)
   return machine, wall
 
 
@@ -245,13 +252,14 @@ def main(argv):
   try:  # bad input is one line (exit status 1), never a traceback
     records = only(load(workdirs), FLAGS.labels)
     rows = final_rows(records, FLAGS.keys, FLAGS.at_round)
-    diverged = diverged_runs(workdirs)
+    finished = summaries(workdirs)
+    diverged = diverged_runs(finished)
     rows = without(rows, diverged)
     methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)
     pairs = paired(methods, FLAGS.paired_with, FLAGS.keys) if FLAGS.paired_with else None
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
-  machine, wall = machine_and_wall(workdirs)
+  machine, wall = machine_and_wall(finished)
   out = {
     "note": "each run's final evaluated metrics (its row at at_round, when given); mean and "
     "standard error over the seeds that finished; runs cut short are listed under incomplete; "

@@ -110,7 +110,9 @@ def test_runs_a_summary_says_diverged_are_neither_finished_nor_incomplete(tmp_pa
   per_seed = {"0": {"diverged": note, "diverged_round": 2}, "1": {"diverged": note}}
   summary = {"methods": {"comfedl_damaml": {"per_seed": per_seed}, "fedavg": {"per_seed": {}}}}
   (tmp_path / "w" / "summary.json").write_text(json.dumps(summary))
-  diverged = merge_workdirs.diverged_runs([workdir, str(tmp_path / "no_summary")])
+  found = merge_workdirs.summaries([workdir, str(tmp_path / "no_summary")])
+  assert found == [summary]  # a source without summary.json has none
+  diverged = merge_workdirs.diverged_runs(found)
   assert diverged == {"comfedl_damaml": {"0": note, "1": note}}
   rows = merge_workdirs.without(
     merge_workdirs.final_rows(merge_workdirs.load([workdir]), ["acc"]), diverged
@@ -130,3 +132,11 @@ def test_labels_keep_only_the_named_methods_and_an_absent_one_is_named(tmp_path)
     ValueError, match=r"labels=ds_feddro: not in the sources; labels: \['fastdro'"
   ):
     merge_workdirs.only(records, ["feddro", "ds_feddro"])
+
+
+def test_a_damaged_summary_is_one_line_naming_it(tmp_path):
+  workdir = _workdir(tmp_path / "w", [{"method": "a", "seed": 0, "round": 1, "acc": 0.5}])
+  (tmp_path / "w" / "summary.json").write_text("{oops")
+  with pytest.raises(ValueError, match=r"w/summary.json: not a JSON summary") as err:
+    merge_workdirs.summaries([workdir])
+  assert "\n" not in str(err.value)
