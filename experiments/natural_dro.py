@@ -157,6 +157,7 @@ def warm_start(warm, loss, fed, params, seed: int):
     batch_size=warm.batch_size,
     evaluate=False,
     progress=False,
+    metric_labels={"method": "warm_start"},  # a Ctrl-C's line names the warm-up, not FedAvg
   )
   return result.params
 
