@@ -102,6 +102,7 @@ def check(config) -> None:
   ):
     extend.positive_int(f"--config.{name}", config[name])
   extend.positive_int("--config.eval_inner_steps", config.eval_inner_steps, minimum=0)
+  extend.positive_int("--config.client_chunk", config.client_chunk, minimum=0)
   extend.positive_int("--config.test_tasks", config.test_tasks, minimum=0)
   if config.shots + config.query > DRAWINGS:
     raise ValueError(
@@ -343,6 +344,9 @@ def prepare(config, seed, setup) -> PerSeed:
 
 def build(config, method, seed, prepared) -> runner.Run:
   del seed
+  simulate = {"paired_batches": True, "evaluate": False}
+  if config.client_chunk:  # at most every training client at once
+    simulate["client_chunk"] = min(config.client_chunk, prepared.data.num_clients)
   return runner.Run(
     prepared.problem,
     method.build(),
@@ -351,7 +355,7 @@ def build(config, method, seed, prepared) -> runner.Run:
     metrics_fn=prepared.metrics_fn,
     metrics_data=prepared.metrics_data,
     record_keys=RECORD_KEYS,
-    simulate={"paired_batches": True, "evaluate": False},
+    simulate=simulate,
     **runner.same_iterations(config, method),
   )
 

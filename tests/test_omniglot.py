@@ -111,10 +111,10 @@ def test_random_split_is_seeded_disjoint_and_checked(mock):
 # ---- classes, tasks and episodes ----------------------------------------------------------
 
 
-def _synthetic(drawings=(4, 4, 4, 4, 4, 2, 4)):
+def _synthetic(drawings=(4, 4, 4, 4, 4, 2, 4), owner=(0, 0, 0, 1, 1, 1, 2)):
   """Alphabet 0: characters 0-2; alphabet 1: characters 3-5 (5 has 2 drawings);
-  alphabet 2: character 6. Noise images, so each rotated drawing is unique."""
-  owner = np.array([0, 0, 0, 1, 1, 1, 2])
+  alphabet 2: character 6 (by default). Noise images, so each rotated drawing is unique."""
+  owner = np.asarray(owner)
   character = np.repeat(np.arange(len(drawings)), drawings).astype(np.int32)
   rng = np.random.default_rng(0)
   u8 = rng.integers(0, 256, (character.size, 28, 28, 1)).astype(np.uint8)
@@ -314,6 +314,36 @@ def test_e4_end_to_end_with_tiny_settings(tmp_path):
   assert saved["inner_lr"] == 0.4 and saved["experiment"] == "omniglot"
 
 
+@pytest.mark.compile_optimized  # trains the CNN (decision 80)
+def test_e4_client_chunk_runs_clients_a_chunk_at_a_time_with_equal_results(tmp_path, monkeypatch):
+  """``--config.client_chunk`` (20-way's memory): the training clients run a chunk at a time
+  (a chunk above the 3 clients is all of them), and the rows equal the vmapped run's up to
+  round-off. Noise images of 6 drawings a character, 2-shot 3-query tasks: the mock data's
+  2-image sets make batch norm amplify round-off (a channel's two values nearly equal)."""
+  drawings = np.full(21, 6)  # 7 alphabets of 3 characters
+  data, _ = _synthetic(drawings, owner=np.repeat(np.arange(7), 3))
+  monkeypatch.setattr(om, "load_omniglot", lambda data_dir: data)
+  rows = {}
+  for chunk in (0, 2):
+    config = _tiny(rounds=2, eval_every=1, client_chunk=chunk, test_tasks=0, shots=2, query=3)
+    for label in ("comfedl", "local_scgd"):
+      del config.methods[label]
+    runner.train_and_evaluate(config, str(tmp_path / str(chunk)), QUIET)
+    rows[chunk] = outputs.read_jsonl(tmp_path / str(chunk) / "metrics.jsonl")
+  assert [r["round"] for r in rows[2]] == [1, 2]
+  for a, b in zip(rows[0], rows[2]):
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
+      assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+  assert rows[0][1]["train_loss"] != rows[0][0]["train_loss"]  # it trained
+  setup = e4.setup(_tiny())
+  [method] = [m for m in e4.methods(_tiny(), setup) if m.label == "comfedl"]
+  for chunk, expected in ((0, None), (2, 2), (5, 3)):
+    config = _tiny(client_chunk=chunk)
+    run = e4.build(config, method, 0, e4.prepare(config, 0, setup))
+    assert run.simulate.get("client_chunk") == expected
+  assert e4_config.get_config().client_chunk == 0  # default: every client at once
+
+
 def test_e4_figure_labels_every_axis_with_integer_ticks():
   records = [
     {
@@ -378,6 +408,7 @@ def test_e4_defaults_are_the_paper_settings():
     (dict(split_sizes=(3, 2, 2)), "--config.split_sizes"),
     (dict(seeds=(0, 0)), "--config.seeds"),
     (dict(test_tasks=-1), "--config.test_tasks"),
+    (dict(client_chunk=-1), "--config.client_chunk"),
     (dict(local_steps=0), "--config.local_steps"),
   ],
 )
