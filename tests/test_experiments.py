@@ -479,6 +479,18 @@ def test_curves_refuse_a_bad_panel_and_say_when_a_log_panel_has_nothing_to_draw(
   assert "no positive value for a log axis" in fig.axes[0].texts[0].get_text()
 
 
+def test_curves_wrap_a_long_title_to_the_panel_s_width():
+  rows = [{"method": "a", "seed": 0, "round": r, "x": float(r), "y": 1.0} for r in (1, 2)]
+  title = "Omniglot 20-way 1-shot, after adaptation"
+  fig = outputs.curves(
+    rows, ["a"], [("x", "query cross-entropy on training tasks"), ("y", "y")], title=title
+  )
+  long, short = (ax.get_title() for ax in fig.axes)
+  assert long.replace("\n", " ") == f"{title}: query cross-entropy on training tasks"
+  assert "\n" in long and max(len(line) for line in long.splitlines()) <= 62
+  assert short == f"{title}: y"  # a title that fits stays one line
+
+
 def _plain_experiment(entries):
   """An experiment module defined in place (a plain problem on two clients) and its config."""
   import types

@@ -694,7 +694,8 @@ def curves(
   for ax, (key, ylabel, *scale) in zip(axes, panels):
     log = scale == ["log"]
     ax.set(xlabel=x, ylabel=ylabel, yscale="log" if log else "linear")
-    ax.set_title(f"{title}: {ylabel}" if title else ylabel, fontsize=9)
+    # wrapped to the panel's width: a long title would run into the next panel's
+    ax.set_title(textwrap.fill(f"{title}: {ylabel}" if title else ylabel, 62), fontsize=9)
     if x_key is None:
       ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
