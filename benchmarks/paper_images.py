@@ -59,17 +59,22 @@ ROUND_FIELDS = {
   "personalized_cifar.py": ("eval_every",),
 }
 
-flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
-flags.DEFINE_list("runs", list(RUNS), f"Which runs, in order: {', '.join(RUNS)}.")
-flags.DEFINE_float("scale", 1.0, "Fraction of each run's rounds (0 < scale <= 1).")
-flags.DEFINE_string(
-  "data_root",
-  os.path.join(os.path.dirname(ROOT), "shared", "data"),
-  "The folder holding omniglot/ and cifar10_jpeg/ (../shared/data).",
-)
-flags.DEFINE_string("workdir", "runs/paper_images", "Parent of each run's resumable workdir.")
-flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0: none).")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The program's flags, defined when it runs (importing it defines none: tests import it
+  beside other programs' flags)."""
+  flags.DEFINE_string("out", None, "Where to write the JSON.", required=True)
+  flags.DEFINE_list("runs", list(RUNS), f"Which runs, in order: {', '.join(RUNS)}.")
+  flags.DEFINE_float("scale", 1.0, "Fraction of each run's rounds (0 < scale <= 1).")
+  flags.DEFINE_string(
+    "data_root",
+    os.path.join(os.path.dirname(ROOT), "shared", "data"),
+    "The folder holding omniglot/ and cifar10_jpeg/ (../shared/data).",
+  )
+  flags.DEFINE_string("workdir", "runs/paper_images", "Parent of each run's resumable workdir.")
+  flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0: none).")
 
 
 def command(name: str, scale: float, data_root: str, workdir: str) -> Tuple[List[str], str]:
@@ -136,4 +141,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

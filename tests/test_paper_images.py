@@ -1,12 +1,17 @@
 """The device script of the papers' image experiments (benchmarks/paper_images.py): its
 command lines, without running them (each is hours of an accelerator)."""
 
+import pathlib
+import subprocess
 import sys
 
 import pytest
 
 from benchmarks import paper_images as pi
+from experiments import merge_workdirs  # noqa: F401  (its flags beside the program's: no clash)
 from experiments.configs import imbalanced_cifar, omniglot
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _fields(cmd):
@@ -60,3 +65,16 @@ def test_bad_flags_are_one_line_naming_the_flag(tmp_path, monkeypatch, flag, val
   with pytest.raises(error, match=message) as err:
     pi.check_flags()
   assert "\n" not in str(err.value)
+
+
+def test_the_program_defines_its_flags_when_run_and_refuses_in_one_line(tmp_path):
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.paper_images", f"--out={tmp_path / 'x.json'}", "--scale=0"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert out.returncode == 1 and out.stderr.strip() == "error: --scale must be in (0, 1], got 0.0"
+  assert not (tmp_path / "x.json").exists()
