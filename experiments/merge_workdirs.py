@@ -18,6 +18,10 @@ finished: mean, standard error and how many seeds it is ahead on.
 ``--labels=a,b`` merges only those labels.
 Runs a workdir's ``summary.json`` says diverged are left out of both and listed under
 ``diverged`` with their notes.
+A key a run's rows lack is taken from its workdir's ``summary.json`` final
+(``methods.<label>.per_seed.<seed>``, with its ``round``), which fills the row of that round:
+metrics an experiment evaluates once at the end live only there (E4's ``test_acc``); a key
+the rows hold keeps the rows' value.
 ``--curves=<png>`` draws each label's mean and standard error of the first key over the
 rounds every one of its finished seeds evaluated.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
@@ -128,13 +132,9 @@ def summarize(rows, keys, rounds: Dict[str, int], at_round: Optional[int] = None
       continue
     entry = {"seeds": list(done), "per_seed": {str(s): r for s, r in done.items()}}
     for key in keys:
-      entry[key] = _mean_and_stderr([r[key] for r in done.values()])
+      entry[key] = outputs.mean_and_stderr([r[key] for r in done.values()])
     methods[label] = entry
   return methods, incomplete, expected
-
-
-def _mean_and_stderr(values) -> dict:
-  return {"mean": float(np.mean(values)), "stderr": outputs.standard_error(values)}
 
 
 def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:
@@ -151,7 +151,7 @@ def paired(methods, reference: str, keys: List[str]) -> Dict[str, dict]:
     out[label] = {"seeds": [int(s) for s in seeds]}
     for key in keys:
       diffs = [entry["per_seed"][s][key] - base[s][key] for s in seeds]
-      out[label][key] = {**_mean_and_stderr(diffs), "ahead": int(sum(d > 0 for d in diffs))}
+      out[label][key] = {**outputs.mean_and_stderr(diffs), "ahead": int(sum(d > 0 for d in diffs))}
   return out
 
 
@@ -195,6 +195,38 @@ def diverged_runs(found: List[dict]) -> Dict[str, Dict[str, str]]:
         if isinstance(final, dict) and "diverged" in final:
           out.setdefault(label, {})[str(seed)] = final["diverged"]
   return out
+
+
+def summary_rows(found: List[dict], labels: List[str]) -> List[dict]:
+  """The final rows the workdirs' summaries (``found``) record, one a run: each
+  ``methods.<label>.per_seed.<seed>`` holding a ``round`` (of ``labels``, every label when
+  empty; diverged runs left out)."""
+  return [
+    {"method": label, "seed": int(seed), **final}
+    for summary in found
+    for label, entry in summary.get("methods", {}).items()
+    if not labels or label in labels
+    for seed, final in entry.get("per_seed", {}).items()
+    if isinstance(final, dict)
+    and "round" in final
+    and "diverged" not in final
+    and str(seed).isdigit()
+  ]
+
+
+def with_summaries(records: List[dict], finals: List[dict]) -> List[dict]:
+  """``records`` whose rows at a run's final round (its :func:`summary_rows` row's) gain the
+  keys only the summary holds (the rows' own values kept), plus the finals no row matches."""
+  at = {(r["method"], r["seed"], r["round"]): r for r in finals}
+  matched = set()
+  out = []
+  for row in records:
+    key = (row.get("method"), row.get("seed"), row.get("round"))
+    if key in at:
+      matched.add(key)
+      row = {**at[key], **row}
+    out.append(row)
+  return out + [r for key, r in at.items() if key not in matched]
 
 
 def without(rows: Dict[str, Dict[int, dict]], diverged) -> Dict[str, Dict[int, dict]]:
@@ -251,8 +283,9 @@ def main(argv):
   rounds = {a: int(r) for a, r in (item.split(":") for item in FLAGS.rounds)}
   try:  # bad input is one line (exit status 1), never a traceback
     records = only(load(workdirs), FLAGS.labels)
-    rows = final_rows(records, FLAGS.keys, FLAGS.at_round)
     finished = summaries(workdirs)
+    finals = with_summaries(records, summary_rows(finished, FLAGS.labels))
+    rows = final_rows(finals, FLAGS.keys, FLAGS.at_round)
     diverged = diverged_runs(finished)
     rows = without(rows, diverged)
     methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)

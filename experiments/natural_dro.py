@@ -497,8 +497,7 @@ def _timelines(records, label):
 
 
 def _mean_se(values) -> Dict[str, Any]:
-  v = np.asarray(values, np.float64)
-  return {"mean": float(v.mean()), "stderr": outputs.standard_error(v), "seeds": int(v.size)}
+  return {**outputs.mean_and_stderr(values), "seeds": len(values)}
 
 
 def against_time(records, labels, baselines) -> Dict[str, Any]:

@@ -1,12 +1,17 @@
 """experiments.merge_workdirs: workdirs of one experiment run in parts, merged by seed."""
 
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
 
 from experiments import merge_workdirs
 from fedco import experiment
+from tests import helpers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _workdir(path, rows, finished=True):
@@ -140,3 +145,67 @@ def test_a_damaged_summary_is_one_line_naming_it(tmp_path):
   with pytest.raises(ValueError, match=r"w/summary.json: not a JSON summary") as err:
     merge_workdirs.summaries([workdir])
   assert "\n" not in str(err.value)
+
+
+def test_a_key_the_rows_lack_is_taken_from_the_summarys_finals(tmp_path):
+  """E4 evaluates test accuracy once, at the end, into ``summary.json`` only: the merge takes
+  those finals; a run whose rows carry every key keeps its rows' final."""
+  rows = [
+    {"method": m, "seed": 0, "round": r, "val_acc": 0.1 * r} for m in ("bsgd", "scgdm") for r in (1, 2)
+  ] + [{"method": "fedavg", "seed": 0, "round": 2, "val_acc": 0.5, "test_acc": 0.4}]  # fmt: skip
+  workdir = _workdir(tmp_path / "w", rows)
+  final = lambda test: {"round": 2, "val_acc": 0.7, "test_acc": test, "seconds": 9.0}
+  summary = {
+    "methods": {
+      "bsgd": {"per_seed": {"0": final(0.25), "2": final(0.2)}, "val_acc": {"mean": 0.2}},
+      "scgdm": {"per_seed": {"0": final(0.3), "1": {"diverged": "at round 1"}}},
+      "fedavg": {"per_seed": {"0": final(0.9)}},  # its rows carry test_acc: not used
+      "other": {"per_seed": {"0": final(0.7)}},
+    }
+  }
+  (tmp_path / "w" / "summary.json").write_text(json.dumps(summary))
+  found = merge_workdirs.summaries([workdir])
+  keys = ["val_acc", "test_acc"]
+  labels = ["bsgd", "scgdm", "fedavg"]
+  records = merge_workdirs.load([workdir])
+  assert merge_workdirs.final_rows(records, keys).keys() == {"fedavg"}
+  finals = merge_workdirs.summary_rows(found, labels)
+  assert sorted((r["method"], r["seed"]) for r in finals) == [
+    ("bsgd", 0), ("bsgd", 2), ("fedavg", 0), ("scgdm", 0)
+  ]  # fmt: skip
+  rows = merge_workdirs.final_rows(merge_workdirs.with_summaries(records, finals), keys)
+  assert rows["bsgd"][0] == {"round": 2, "val_acc": 0.2, "test_acc": 0.25}
+  assert rows["fedavg"][0] == {"round": 2, "val_acc": 0.5, "test_acc": 0.4}  # its rows'
+  assert rows["bsgd"][2] == {"round": 2, "val_acc": 0.7, "test_acc": 0.2}  # no rows: the final
+  methods, incomplete, _ = merge_workdirs.summarize(rows, keys, {})
+  assert incomplete == [] and methods["scgdm"]["test_acc"]["mean"] == pytest.approx(0.3)
+  pairs = merge_workdirs.paired(methods, "bsgd", keys)
+  assert pairs["scgdm"]["seeds"] == [0]
+  assert pairs["scgdm"]["test_acc"]["mean"] == pytest.approx(0.05)
+
+
+def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
+  rows = [{"method": m, "seed": s, "round": 2, "val_acc": 0.2} for m in ("a", "b") for s in (0, 1)]
+  workdirs = []
+  for s in (0, 1):
+    workdirs.append(_workdir(tmp_path / f"w{s}", [r for r in rows if r["seed"] == s]))
+    per = {m: {"per_seed": {str(s): {"round": 2, "test_acc": 0.1 * s + (m == "b")}}} for m in "ab"}
+    (tmp_path / f"w{s}" / "summary.json").write_text(
+      json.dumps({"methods": per, "wall_seconds": 5.0})
+    )
+  out = tmp_path / "merged.json"
+  argv = [
+    f"--out={out}",
+    "--keys=val_acc,test_acc",
+    "--paired_with=a",
+    f"--curves={tmp_path}/c.png",
+  ]
+  done = helpers.run(
+    [sys.executable, "-m", "experiments.merge_workdirs", *argv, *workdirs],
+    cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-2000:]
+  merged = json.loads(out.read_text())
+  assert merged["methods"]["b"]["test_acc"]["mean"] == pytest.approx(1.05)
+  assert merged["paired"]["b"]["test_acc"]["ahead"] == 2
+  assert merged["wall_seconds_of_finished_workdirs"] == 10.0 and (tmp_path / "c.png").exists()

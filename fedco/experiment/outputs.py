@@ -515,6 +515,19 @@ def standard_error(values: Union[Sequence[float], np.ndarray]) -> Optional[float
   return float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
 
 
+def mean_and_stderr(values: Union[Sequence[float], np.ndarray]) -> Dict[str, Any]:
+  """``{"mean", "stderr"}`` of ``values``: one cell of a table over seeds (the standard
+  error by :func:`standard_error`, ``None`` for one value).
+
+  Examples:
+    >>> from fedco.experiment import outputs
+    >>> outputs.mean_and_stderr([1.0, 2.0, 3.0])
+    {'mean': 2.0, 'stderr': 0.5773502691896258}
+  """
+  v = np.asarray(values, np.float64)
+  return {"mean": float(v.mean()), "stderr": standard_error(v)}
+
+
 def mean_std(values: Sequence[float]) -> Optional[str]:
   """``"0.8123 +- 0.0210"`` over ``values`` (``"0.8123"`` for one value, ``None`` for none)."""
   if not values:
