@@ -23,7 +23,8 @@ A key a run's rows lack is taken from its workdir's ``summary.json`` final
 metrics an experiment evaluates once at the end live only there (E4's ``test_acc``); a key
 the rows hold keeps the rows' value.
 ``--curves=<png>`` draws each label's mean and standard error of the first key over the
-rounds every one of its finished seeds evaluated.
+rounds every one of its finished seeds evaluated (``--curve_keys=a,b``: a panel for each of
+those keys instead).
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """
@@ -47,6 +48,7 @@ flags.DEFINE_list("rounds", [], "algorithm:rounds of a finished run (default: th
 flags.DEFINE_integer("at_round", None, "Take each run's row at this round, not its last.")
 flags.DEFINE_string("paired_with", "", "A label every other label is compared with, seed by seed.")
 flags.DEFINE_string("curves", "", "Each label's mean +- standard error of the first key by round.")
+flags.DEFINE_list("curve_keys", [], "The keys --curves draws, a panel each (default: the first).")
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
 flags.DEFINE_list("labels", [], "Merge only these labels (default: every label found).")
@@ -168,6 +170,14 @@ def curve_rows(rows: List[dict], key: str, methods) -> List[dict]:
     for r in rows
     if (r["method"], r["round"]) in complete and str(r["seed"]) in methods[r["method"]]["per_seed"]
   ]
+
+
+def curve_figure(records: List[dict], methods, keys: List[str], title: str = ""):
+  """A panel a key: each label's mean +- standard error over its finished seeds (``methods``
+  from :func:`summarize`) at the rounds every one of them evaluated that key."""
+  kept = {id(r) for key in keys for r in curve_rows(records, key, methods)}
+  picked = [r for r in records if id(r) in kept]
+  return curves(picked, list(methods), [(key, key) for key in keys], title=title, band="stderr")
 
 
 def summaries(sources: List[str]) -> List[dict]:
@@ -312,9 +322,7 @@ def main(argv):
   if FLAGS.figure:
     draw(methods, FLAGS.keys[0], FLAGS.figure, FLAGS.title)
   if FLAGS.curves:
-    key = FLAGS.keys[0]
-    picked = curve_rows(records, key, methods)
-    fig = curves(picked, list(methods), [(key, key)], title=FLAGS.title, band="stderr")
+    fig = curve_figure(records, methods, FLAGS.curve_keys or FLAGS.keys[:1], FLAGS.title)
     fig.savefig(FLAGS.curves, dpi=110)
   print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
 

@@ -185,7 +185,10 @@ def test_a_key_the_rows_lack_is_taken_from_the_summarys_finals(tmp_path):
 
 
 def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
-  rows = [{"method": m, "seed": s, "round": 2, "val_acc": 0.2} for m in ("a", "b") for s in (0, 1)]
+  rows = [
+    {"method": m, "seed": s, "round": r, "val_acc": 0.2 * r, "train_loss": 1 / r}
+    for m in ("a", "b") for s in (0, 1) for r in (1, 2)
+  ]  # fmt: skip
   workdirs = []
   for s in (0, 1):
     workdirs.append(_workdir(tmp_path / f"w{s}", [r for r in rows if r["seed"] == s]))
@@ -199,6 +202,7 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
     "--keys=val_acc,test_acc",
     "--paired_with=a",
     f"--curves={tmp_path}/c.png",
+    "--curve_keys=val_acc,train_loss",
   ]
   done = helpers.run(
     [sys.executable, "-m", "experiments.merge_workdirs", *argv, *workdirs],
@@ -209,3 +213,10 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
   assert merged["methods"]["b"]["test_acc"]["mean"] == pytest.approx(1.05)
   assert merged["paired"]["b"]["test_acc"]["ahead"] == 2
   assert merged["wall_seconds_of_finished_workdirs"] == 10.0 and (tmp_path / "c.png").exists()
+  records = merge_workdirs.load(workdirs)
+  methods, _, _ = merge_workdirs.summarize(
+    merge_workdirs.final_rows(records, ["val_acc"]), ["val_acc"], {}
+  )
+  fig = merge_workdirs.curve_figure(records, methods, ["val_acc", "train_loss"], "E4")
+  assert [ax.get_title() for ax in fig.axes] == ["E4: val_acc", "E4: train_loss"]
+  assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.5])
