@@ -12,8 +12,9 @@ JAX finds, one ``python -m experiments.main`` process per run, and writes what e
 
 * ``e4_5w1s`` / ``e4_5w5s``: ``experiments/configs/omniglot.py`` (1000 rounds of 5 local
   steps, 3 seeds, Local-SCGDM, Local-BSGD, Local-SCGD), 5-way 1-shot and 5-way 5-shot;
-* ``e4_20w1s``: the same at 20-way 1-shot (its 33 second-order clients together peak at
-  about 21 GB; on a smaller device add ``--config.client_chunk``);
+* ``e4_20w1s`` / ``e4_20w5s``: the same at 20-way 1-shot and 5-shot (the 1-shot run's 33
+  second-order clients together peak at about 21 GB, the 5-shot run's more; on a smaller
+  device add ``--config.client_chunk``);
 * ``e5``: ``experiments/configs/imbalanced_cifar.py`` (120 rounds, ResNet20, 8 clients, six
   methods, 3 seeds; the learning rate 0.01 of the config);
 * ``e2``: ``experiments/configs/personalized_cifar.py`` (300 rounds of 5 local steps, CNN4,
@@ -49,6 +50,7 @@ RUNS: Dict[str, tuple] = {
   "e4_5w1s": ("omniglot.py", {}, "omniglot"),
   "e4_5w5s": ("omniglot.py", {"shots": 5}, "omniglot"),
   "e4_20w1s": ("omniglot.py", {"ways": 20}, "omniglot"),
+  "e4_20w5s": ("omniglot.py", {"ways": 20, "shots": 5}, "omniglot"),
   "e5": ("imbalanced_cifar.py", {}, "cifar10_jpeg/cifar10_jpeg.tar.gz"),
   "e2": ("personalized_cifar.py", {}, "cifar10_jpeg/cifar10_jpeg.tar.gz"),
 }

@@ -29,6 +29,8 @@ def test_full_length_commands_are_the_configs_with_their_overrides():
   assert fields["ways"] == "20" and fields["data_dir"] == "/data/omniglot"
   assert run_dir == "runs/p/e4_20w1s_scale1" and f"--workdir={run_dir}" in cmd
   assert _fields(pi.command("e4_5w5s", 1.0, "/d", "w")[0])["shots"] == "5"
+  twenty_five = _fields(pi.command("e4_20w5s", 1.0, "/d", "w")[0])
+  assert (twenty_five["ways"], twenty_five["shots"]) == ("20", "5")
 
 
 def test_scale_shortens_the_rounds_and_every_round_count_with_them():
