@@ -207,15 +207,13 @@ def diverged_runs(found: List[dict]) -> Dict[str, Dict[str, str]]:
   return out
 
 
-def summary_rows(found: List[dict], labels: List[str]) -> List[dict]:
+def summary_rows(found: List[dict]) -> List[dict]:
   """The final rows the workdirs' summaries (``found``) record, one a run: each
-  ``methods.<label>.per_seed.<seed>`` holding a ``round`` (of ``labels``, every label when
-  empty; diverged runs left out)."""
+  ``methods.<label>.per_seed.<seed>`` holding a ``round`` (diverged runs left out)."""
   return [
     {"method": label, "seed": int(seed), **final}
     for summary in found
     for label, entry in summary.get("methods", {}).items()
-    if not labels or label in labels
     for seed, final in entry.get("per_seed", {}).items()
     if isinstance(final, dict)
     and "round" in final
@@ -294,8 +292,8 @@ def main(argv):
   try:  # bad input is one line (exit status 1), never a traceback
     records = only(load(workdirs), FLAGS.labels)
     finished = summaries(workdirs)
-    finals = with_summaries(records, summary_rows(finished, FLAGS.labels))
-    rows = final_rows(finals, FLAGS.keys, FLAGS.at_round)
+    filled = only(with_summaries(records, summary_rows(finished)), FLAGS.labels)
+    rows = final_rows(filled, FLAGS.keys, FLAGS.at_round)
     diverged = diverged_runs(finished)
     rows = without(rows, diverged)
     methods, incomplete, expected = summarize(rows, FLAGS.keys, rounds, FLAGS.at_round)

@@ -169,7 +169,7 @@ def test_a_key_the_rows_lack_is_taken_from_the_summarys_finals(tmp_path):
   labels = ["bsgd", "scgdm", "fedavg"]
   records = merge_workdirs.load([workdir])
   assert merge_workdirs.final_rows(records, keys).keys() == {"fedavg"}
-  finals = merge_workdirs.summary_rows(found, labels)
+  finals = merge_workdirs.only(merge_workdirs.summary_rows(found), labels)
   assert sorted((r["method"], r["seed"]) for r in finals) == [
     ("bsgd", 0), ("bsgd", 2), ("fedavg", 0), ("scgdm", 0)
   ]  # fmt: skip
