@@ -1,6 +1,7 @@
 """Small shared fixtures for the test suite."""
 
 import os
+import pathlib
 import subprocess
 import time
 
@@ -9,6 +10,11 @@ import numpy as np
 import pytest
 
 import fedco
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout
+# The shipped real data beside the checkout (``../shared/data``); tests that read it skip when
+# it is absent.
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def portfolio_clients(sizes=(24, 8, 40), d=3, seed=0):

@@ -1,6 +1,5 @@
 """DRO-FL on UCI Adult (doctorate vs other) through the config driver, on the real data."""
 
-import pathlib
 import sys
 
 import pytest
@@ -8,8 +7,6 @@ import pytest
 from experiments.configs import adult_dro as adult_config
 from fedco.experiment import outputs, runner
 from tests import helpers
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _tiny(**changes):
@@ -61,7 +58,7 @@ def test_the_driver_runs_a_config_file_and_refuses_bad_fields(tmp_path):
       f"--workdir={tmp_path}",
       *args,
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -1,7 +1,6 @@
 """Checkpoint and resume: a SIGKILL-ed run resumed from its checkpoints ends bit-identical."""
 
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -16,16 +15,15 @@ from fedco import checkpoint
 from fedco.problems import portfolio
 from tests import helpers, resume_run
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = str(ROOT / "tests" / "resume_run.py")
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+SCRIPT = str(helpers.ROOT / "tests" / "resume_run.py")
+ENV = {**os.environ, "PYTHONPATH": str(helpers.ROOT), "JAX_PLATFORMS": "cpu"}
 
 
 def _run(args, **kwargs):
   return subprocess.Popen(
     [sys.executable, SCRIPT, *args],
     env=ENV,
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
     **kwargs,
@@ -103,7 +101,12 @@ def test_resume_refuses_a_checkpoint_past_the_requested_rounds(tmp_path):
   # the refused run let its lock go: another process takes it at once
   take = f"from fedco.io import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire().release()"
   taken = helpers.run(
-    [sys.executable, "-c", take], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300
+    [sys.executable, "-c", take],
+    env=ENV,
+    cwd=helpers.ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert taken.returncode == 0, taken.stderr[-2000:]
   resumed = run(4)  # nothing left to do: the stored run comes back whole

@@ -3,7 +3,6 @@ fedco.ALGORITHMS, checks that refuse bad fields before running, placeholders for
 method's own rate and steps, and a row in docs/guides/reproduce.md for every field."""
 
 import importlib
-import pathlib
 import sys
 
 import pytest
@@ -13,10 +12,9 @@ from fedco.experiment import cli as driver
 from fedco.experiment import runner
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAMES = runner.experiments()
 # every file, variants included
-CONFIGS = tuple(sorted(p.stem for p in (ROOT / "experiments" / "configs").glob("[!_]*.py")))
+CONFIGS = tuple(sorted(p.stem for p in (helpers.ROOT / "experiments" / "configs").glob("[!_]*.py")))
 
 
 def _config(name, mode=""):
@@ -96,7 +94,7 @@ def test_an_unknown_experiment_is_named():
 
 
 def test_every_config_field_is_documented_in_the_reproduce_guide():
-  readme = (ROOT / "docs" / "guides" / "reproduce.md").read_text()
+  readme = (helpers.ROOT / "docs" / "guides" / "reproduce.md").read_text()
   missing = []
   for name in CONFIGS:
     missing += [
@@ -110,7 +108,7 @@ def test_every_config_field_is_documented_in_the_reproduce_guide():
 def test_the_driver_help_lists_how_to_run_flags():
   out = helpers.run(
     [sys.executable, "-m", "experiments.main", "--help"],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=120,
@@ -163,7 +161,7 @@ def test_a_badly_typed_method_override_is_one_line(tmp_path):
       f"--workdir={tmp_path}",
       "--config.methods.fedavg.local_steps=2.5",
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=120,
@@ -190,6 +188,6 @@ def test_dro_fl_extended_adds_scaffold_fedprox_and_fedadam():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_an_old_mode_is_refused_naming_the_variant_file(name):
-  path = f"{ROOT}/experiments/configs/{name}.py"
+  path = f"{helpers.ROOT}/experiments/configs/{name}.py"
   with pytest.raises(driver._Unusable, match=f"variants are files: .*{name}_no_such_mode.py"):
     driver._config_file(["main", f"--config={path}:no_such_mode"])

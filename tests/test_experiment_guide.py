@@ -4,7 +4,6 @@ divergence note."""
 
 import json
 import os
-import pathlib
 import re
 import sys
 
@@ -12,11 +11,9 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _guide():
-  section = (ROOT / "docs" / "guides" / "own_experiment.md").read_text()
+  section = (helpers.ROOT / "docs" / "guides" / "own_experiment.md").read_text()
   config, module, binary, _, _ = re.findall(r"```python\n(.*?)```", section, re.S)
   command = re.findall(r"```bash\n(.*?)```", section, re.S)[0].split()
   return config, module, binary, command
@@ -25,7 +22,7 @@ def _guide():
 def _own_method():
   """The guide's "Your own method in a paper's experiment": the algorithm, the config
   variant and the command."""
-  section = (ROOT / "docs" / "guides" / "own_experiment.md").read_text()
+  section = (helpers.ROOT / "docs" / "guides" / "own_experiment.md").read_text()
   algorithm, config = re.findall(r"```python\n(.*?)```", section, re.S)[3:]
   command = re.findall(r"```bash\n(.*?)```", section, re.S)[1].split()
   return algorithm, config, command
@@ -45,10 +42,15 @@ def guide(tmp_path_factory):
 
 def _main(path, config, workdir, *flags):
   """``python -m experiments.main`` with ``path`` (the modules' folder) on PYTHONPATH."""
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(ROOT)])}
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(helpers.ROOT)])}
   command = ["-m", "experiments.main", f"--config={config}", f"--workdir={workdir}", *flags]
   return helpers.run(
-    [sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    [sys.executable, *command],
+    cwd=helpers.ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
 
 
@@ -184,7 +186,7 @@ def test_your_own_method_runs_in_a_paper_experiment_as_the_guide_says(tmp_path):
     "import fedco.testing, json; from mylab.clipped_sgd import clipped_sgd; "
     "print(json.dumps(fedco.testing.check_algorithm(clipped_sgd)))"
   )
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(helpers.ROOT)])}
   proc = helpers.run(
     [sys.executable, "-c", check],
     cwd=tmp_path,

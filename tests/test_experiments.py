@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 import fedco
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
-  sys.path.insert(0, REPO)
-
-from experiments.configs.fedavg_counterexample import get_config  # noqa: E402
-from fedco.experiment import outputs, runner  # noqa: E402
-from tests import helpers  # noqa: E402
+from experiments.configs.fedavg_counterexample import get_config
+from fedco.experiment import outputs, runner
+from tests import helpers
 
 OUTPUTS = ("config.json", "metrics.jsonl", "metrics.csv", "summary.json", "distance.png")
 METHODS = ("fedavg_co_case1", "fedavg_co_case2", "fedavg_co_modified", "feddro")
@@ -251,7 +246,7 @@ def test_e7_binary_runs(tmp_path):
       "--config.methods.fedavg_co_case1.learning_rate",
       "0.01",
     ],
-    cwd=REPO,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=120,
@@ -285,7 +280,7 @@ def test_e7_binary_bad_flag_exits_cleanly(tmp_path):
       f"--workdir={tmp_path}",
       "--config.methods.feddro.beta=2",
     ],
-    cwd=REPO,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=120,
@@ -315,7 +310,7 @@ def test_with_seeds_one_by_one_they_share_one_compiled_program(tmp_path):
         "--noseeds_together",
         *flags,
       ],
-      cwd=REPO,
+      cwd=helpers.ROOT,
       env={**os.environ, "JAX_LOG_COMPILES": "1"},
       capture_output=True,
       text=True,

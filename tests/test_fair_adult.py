@@ -21,7 +21,6 @@ from fedco.problems import fairness as fair
 from tests import helpers
 
 G = 3
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- loader ------------------------------------------------------------------------------
 
@@ -577,7 +576,7 @@ def test_the_driver_exits_cleanly_on_a_bad_field(tmp_path):
       f"--workdir={tmp_path}",
       "--config.rounds=0",
     ],
-    cwd=REPO,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -13,7 +13,6 @@ import errno
 import json
 import logging
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -29,8 +28,7 @@ from fedco.experiment import cli, outputs, plot, runner
 from fedco.runtime import host
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+ENV = {**os.environ, "PYTHONPATH": str(helpers.ROOT), "JAX_PLATFORMS": "cpu"}
 SMALL = fedco.FederatedData.from_clients(
   [{"r": np.zeros((3, 2), np.float32)}, {"r": np.zeros((9, 2), np.float32)}]
 )
@@ -122,7 +120,7 @@ def test_a_ctrl_c_while_a_driver_starts_is_one_line_and_exit_130(module, tmp_pat
   proc = subprocess.Popen(
     [sys.executable, "-X", "importtime", "-m", module, "--config=experiments/configs/dro_fl.py"]
     + [f"--workdir={tmp_path / 'run'}", "--noprogress"],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     env=ENV,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -288,7 +286,7 @@ def test_a_config_returning_a_dict_or_a_module_missing_a_package_is_one_line(tmp
   (tmp_path / "dict_config.py").write_text(_DICT_CONFIG)
   (tmp_path / "missing_config.py").write_text(_MISSING_CONFIG)
   (tmp_path / "needs_missing.py").write_text("import fedco\nimport no_such_package_xyz\n")
-  env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+  env = {**ENV, "PYTHONPATH": os.pathsep.join([str(helpers.ROOT), str(tmp_path)])}
   expected = {
     "dict_config.py": r"^error: --config='.*dict_config.py': get_config\(\) must return an "
     r"ml_collections.ConfigDict, got a dict; return ml_collections.ConfigDict\(\{...\}\)$",
@@ -378,7 +376,7 @@ def test_the_driver_on_a_full_disk_prints_one_line(tmp_path):
       [sys.executable, "-m", "experiments.main", "--config=experiments/configs/dro_fl.py"]
       + ["--config.rounds=20", "--config.seeds=0,", "--methods=fedavg", "--noprogress"]
       + [f"--workdir={disk / 'run'}", "--checkpoint_every=10"],
-      cwd=ROOT,
+      cwd=helpers.ROOT,
       env=ENV,
       capture_output=True,
       text=True,

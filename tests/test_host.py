@@ -4,7 +4,6 @@ resume, and Ctrl-C stops a run cleanly between chunks with a one-line message.""
 import csv
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -19,16 +18,15 @@ from fedco.problems import portfolio
 from fedco.runtime import host
 from tests import helpers, stream_run
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "stream_run.py"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+SCRIPT = helpers.ROOT / "tests" / "stream_run.py"
+ENV = {**os.environ, "PYTHONPATH": str(helpers.ROOT), "JAX_PLATFORMS": "cpu"}
 
 
 def _start(*args):
   return subprocess.Popen(
     [sys.executable, str(SCRIPT), *map(str, args)],
     env=ENV,
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
   )

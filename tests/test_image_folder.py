@@ -14,10 +14,9 @@ from PIL import Image
 
 import fedco
 from fedco.data import image_folder
+from tests import helpers
 
-SHARED = os.path.join(
-  os.path.dirname(__file__), "..", "..", "shared", "data", "cifar10_jpeg", "cifar10_jpeg.tar.gz"
-)
+SHARED = str(helpers.SHARED_DATA / "cifar10_jpeg" / "cifar10_jpeg.tar.gz")
 
 
 def _image(value, shape=(4, 4, 3), fmt="PNG") -> bytes:

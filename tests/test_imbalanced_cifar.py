@@ -4,7 +4,6 @@ a tiny ResNet20, the local-steps ablation offline, bad config fields and missing
 
 import json
 import os
-import pathlib
 import sys
 
 import numpy as np
@@ -17,7 +16,6 @@ from fedco.data import imbalanced
 from fedco.experiment import outputs, runner
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
 
 
@@ -276,7 +274,7 @@ def test_the_driver_reports_missing_data_in_one_line(tmp_path):
       f"--workdir={tmp_path / 'out'}",
       f"--config.data_dir={tmp_path / 'none'}",
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -10,7 +10,6 @@ that arrived while that chunk ran, so every landing point is deterministic.
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -25,8 +24,7 @@ from fedco.problems import portfolio
 from fedco.runtime import host
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+ENV = {**os.environ, "PYTHONPATH": str(helpers.ROOT), "JAX_PLATFORMS": "cpu"}
 DATA = fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients()])
 
 
@@ -156,7 +154,7 @@ def _driver(workdir, *flags, methods="fedavg,comfedl"):
       "--checkpoint_every=10",
       *flags,
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     env=ENV,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -239,8 +237,8 @@ def _waiting_driver(tmp_path, at_exit):
   proc = subprocess.Popen(
     [sys.executable, "-m", "experiments.main", f"--config={config}", "--noprogress"]
     + [f"--workdir={tmp_path / 'run'}"],
-    cwd=ROOT,
-    env={**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])},
+    cwd=helpers.ROOT,
+    env={**ENV, "PYTHONPATH": os.pathsep.join([str(helpers.ROOT), str(tmp_path)])},
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,

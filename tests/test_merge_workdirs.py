@@ -1,7 +1,6 @@
 """experiments.merge_workdirs: workdirs of one experiment run in parts, merged by seed."""
 
 import json
-import os
 import sys
 
 import numpy as np
@@ -10,8 +9,6 @@ import pytest
 from experiments import merge_workdirs
 from fedco import experiment
 from tests import helpers
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _workdir(path, rows, finished=True):
@@ -206,7 +203,7 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
   ]
   done = helpers.run(
     [sys.executable, "-m", "experiments.merge_workdirs", *argv, *workdirs],
-    cwd=REPO, capture_output=True, text=True, timeout=120,
+    cwd=helpers.ROOT, capture_output=True, text=True, timeout=120,
   )  # fmt: skip
   assert done.returncode == 0, done.stderr[-2000:]
   merged = json.loads(out.read_text())

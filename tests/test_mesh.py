@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import sys
 
 import jax
@@ -13,8 +12,6 @@ import fedco
 from fedco.problems import portfolio
 from tests import helpers, mesh_check
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def mesh_run():
@@ -24,12 +21,12 @@ def mesh_run():
     **os.environ,
     "XLA_FLAGS": helpers.xla_flags(8),
     "JAX_PLATFORMS": "cpu",
-    "PYTHONPATH": str(ROOT),
+    "PYTHONPATH": str(helpers.ROOT),
   }
   out = helpers.run_shared(
-    [sys.executable, str(ROOT / "tests" / "mesh_check.py")],
+    [sys.executable, str(helpers.ROOT / "tests" / "mesh_check.py")],
     env=env,
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=600,

@@ -24,7 +24,6 @@ the time; the collectives are the same as with full optimisation).
 
 import json
 import os
-import pathlib
 import socket
 import subprocess
 import sys
@@ -39,7 +38,6 @@ from fedco.runtime import distributed
 from tests import helpers
 from tests import multihost_worker as worker
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -57,7 +55,7 @@ def _run_workers(out, limit_s=TIMEOUT_S):
   env = {
     **os.environ,
     "JAX_PLATFORMS": "cpu",
-    "PYTHONPATH": str(ROOT),
+    "PYTHONPATH": str(helpers.ROOT),
     "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
     # devices per process come from initialize(local_device_count=2), not the flag
     "XLA_FLAGS": helpers.xla_flags(0),
@@ -65,7 +63,7 @@ def _run_workers(out, limit_s=TIMEOUT_S):
   port = _free_port()
   procs, logs = [], []
   limit = helpers.Limit(limit_s)
-  script = str(ROOT / "tests" / "multihost_worker.py")
+  script = str(helpers.ROOT / "tests" / "multihost_worker.py")
   commands = [
     [script, f"--process_id={i}", "--num_processes=2", f"--port={port}", f"--out={out}"]
     + [f"--initialization_timeout={max(1, round(helpers.limit_s(60)))}"]
@@ -77,7 +75,11 @@ def _run_workers(out, limit_s=TIMEOUT_S):
       logs.append(log)
       procs.append(
         subprocess.Popen(
-          [sys.executable] + command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+          [sys.executable] + command,
+          env=env,
+          cwd=helpers.ROOT,
+          stdout=log,
+          stderr=subprocess.STDOUT,
         )
       )
     for p in procs:

@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 
 import fedco
 from fedco.data import LETTERS
+from tests import helpers
 
 
 def _leaf_file(path, users):
@@ -412,9 +413,7 @@ def test_a_federated_dataset_where_simulate_wants_its_parts_is_named():
     run(fed.train, metrics_data=fed, metrics_fn=lambda params, data: {})
 
 
-FEMNIST = os.path.join(
-  os.path.dirname(__file__), "..", "..", "shared", "data", "femnist_leaf_sf005"
-)
+FEMNIST = str(helpers.SHARED_DATA / "femnist_leaf_sf005")
 
 
 @pytest.mark.skipif(not os.path.isdir(FEMNIST), reason="no ../shared/data/femnist_leaf_sf005 here")

@@ -20,6 +20,7 @@ from fedco import models
 from fedco.algorithms import personal
 from fedco.data import tff
 from fedco.experiment import runner
+from tests import helpers
 
 QUIET = runner.Options(progress=False)
 
@@ -280,7 +281,6 @@ def test_bad_fields_are_one_line_errors(tmp_path, field, value, match):
 
 # ---- the project's copies: FEMNIST writers, Shakespeare roles ---------------------------
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = b"Now is the winter of our discontent made glorious summer by this sun of York; and all"
 
 
@@ -385,7 +385,7 @@ def test_a_sequence_s_loss_in_every_problem_form_is_its_masked_token_cross_entro
 
 
 def test_the_project_copies_are_the_variants_default_folders(tmp_path):
-  shared = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+  shared = str(helpers.SHARED_DATA)
   assert get_femnist().data_dir == os.path.join(shared, "femnist_leaf_sf005")
   assert os.path.normpath(get_shakespeare().data_dir) == os.path.join(shared, "shakespeare_tff")
   for config in (get_femnist(), get_shakespeare()):

@@ -10,7 +10,6 @@ are noise, so every rotated drawing identifies its character, drawing and rotati
 import dataclasses
 import json
 import os
-import pathlib
 import sys
 
 import jax
@@ -28,7 +27,6 @@ from tests import helpers
 
 MOCK_EXAMPLES = 300
 QUIET = runner.Options(progress=False)
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -459,7 +457,7 @@ def test_the_driver_runs_the_omniglot_config_and_reports_errors_in_one_line(tmp_
       f"--workdir={tmp_path}",
       *args,
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 from fedco.data import omniglot as om
+from tests import helpers
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "omniglot")
+SHARED = str(helpers.SHARED_DATA / "omniglot")
 
 
 def _png(stroke_rows=(), mode="1") -> bytes:

@@ -1,7 +1,6 @@
 """The device script of the papers' image experiments (benchmarks/paper_images.py): its
 command lines, without running them (each is hours of an accelerator)."""
 
-import pathlib
 import sys
 import types
 
@@ -11,8 +10,6 @@ from benchmarks import paper_images as pi
 from experiments import merge_workdirs  # noqa: F401  (its flags beside the program's: no clash)
 from experiments.configs import imbalanced_cifar, omniglot
 from tests import helpers
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _fields(cmd):
@@ -72,7 +69,7 @@ def test_bad_flags_are_one_line_naming_the_flag(tmp_path, monkeypatch, flag, val
 def test_the_program_defines_its_flags_when_run_and_refuses_in_one_line(tmp_path):
   out = helpers.run(  # the limit scaled to a busy machine (decision 97)
     [sys.executable, "-m", "benchmarks.paper_images", f"--out={tmp_path / 'x.json'}", "--scale=0"],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -11,7 +11,6 @@ Shakespeare files (``../shared/data/shakespeare_tff``). Nothing here compiles a 
 import json
 import math
 import os
-import pathlib
 import sys
 
 import numpy as np
@@ -19,8 +18,7 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PEERS = ROOT / "benchmarks" / "peers"
+PEERS = helpers.ROOT / "benchmarks" / "peers"
 FEDJAX_PYTHON = os.environ.get("FEDCO_FEDJAX_PYTHON")
 CLIENTS = 12
 
@@ -74,7 +72,7 @@ def fedjax_side(fedco_data, tmp_path_factory):
   script = FEDJAX_SIDE.format(peers=str(PEERS), sequences=path + ".npz", clients=CLIENTS)
   out = helpers.run(
     [FEDJAX_PYTHON, "-c", script],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},  # flags jax 0.4.23 lacks
     capture_output=True,
     text=True,

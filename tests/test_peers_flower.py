@@ -5,15 +5,13 @@ run it with that environment's python: ``/path/to/flower-venv/bin/python -m pyte
 tests/test_peers_flower.py``."""
 
 import json
-import pathlib
 import sys
 
 import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "benchmarks" / "peers" / "flower_bench.py"
+PROGRAM = helpers.ROOT / "benchmarks" / "peers" / "flower_bench.py"
 
 
 def test_flower_side_reports_one_logistic_round():
@@ -21,7 +19,7 @@ def test_flower_side_reports_one_logistic_round():
   pytest.importorskip("torch")
   out = helpers.run(
     [sys.executable, str(PROGRAM), "--workload=logistic", "--rounds=1"],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

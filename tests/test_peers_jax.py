@@ -2,7 +2,6 @@
 DrJAX's is skipped where drjax is not installed (it is a benchmark-only dependency)."""
 
 import json
-import pathlib
 import sys
 
 import numpy as np
@@ -10,13 +9,16 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "benchmarks" / "peers" / "jax_bench.py"
+PROGRAM = helpers.ROOT / "benchmarks" / "peers" / "jax_bench.py"
 
 
 def _run(*args):
   out = helpers.run(
-    [sys.executable, str(PROGRAM), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    [sys.executable, str(PROGRAM), *args],
+    cwd=helpers.ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert out.returncode == 0, out.stderr[-2000:]
   return json.loads(out.stdout.strip().splitlines()[-1])

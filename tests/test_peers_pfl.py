@@ -3,7 +3,6 @@ python of a virtual environment holding benchmarks/peers/requirements-pfl.txt; s
 pfl is not installed (it is a benchmark-only dependency)."""
 
 import json
-import pathlib
 import sys
 
 import numpy as np
@@ -11,8 +10,7 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROGRAM = ROOT / "benchmarks" / "peers" / "pfl_bench.py"
+PROGRAM = helpers.ROOT / "benchmarks" / "peers" / "pfl_bench.py"
 
 pytest.importorskip("pfl")
 pytest.importorskip("torch")
@@ -22,7 +20,7 @@ def _run(*args):
   out = helpers.run(
     [sys.executable, str(PROGRAM), *args, "--threads=1"],
     check=False,
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

@@ -9,7 +9,6 @@ compile. Second order through the convolution is checked at the operation level
 
 import json
 import os
-import pathlib
 import sys
 
 import numpy as np
@@ -24,7 +23,6 @@ from tests import helpers
 
 COMPILE_OPTIMIZED = True  # XLA at level 0 miscompiles im2col backward passes (conftest.py)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUIET = runner.Options(progress=False)
 LABELS = (
   "comfedl_damaml",
@@ -351,7 +349,7 @@ def test_the_driver_reports_missing_data_and_bad_fields_in_one_line(tmp_path):
       f"--workdir={tmp_path}",
       *args,
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=300,

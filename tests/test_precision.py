@@ -12,8 +12,9 @@ import pytest
 import fedco
 from fedco import models
 from fedco.problems import precision
+from tests import helpers
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "femnist_leaf_sf005")
+SHARED = str(helpers.SHARED_DATA / "femnist_leaf_sf005")
 MLP = models.MLP(hidden=(16,), out=3)
 
 

@@ -11,22 +11,18 @@ import textwrap
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # ``experiments`` is a top-level package of the checkout
-  sys.path.insert(0, REPO)
-
-import fedco  # noqa: E402
-from fedco.experiment import outputs  # noqa: E402
-from tests import helpers  # noqa: E402
+import fedco
+from fedco.experiment import outputs
+from tests import helpers
 
 E7_CONFIG = "--config=experiments/configs/fedavg_counterexample.py"
-ENV = {**os.environ, "PYTHONPATH": REPO}
+ENV = {**os.environ, "PYTHONPATH": str(helpers.ROOT)}
 
 
 def _driver(*args, timeout=120):
   return helpers.run(
     [sys.executable, "-m", "experiments.main", *args],
-    cwd=REPO,
+    cwd=helpers.ROOT,
     env=ENV,
     capture_output=True,
     text=True,
@@ -67,7 +63,11 @@ def test_a_rerun_removes_the_temporary_files_of_a_write_killed_midway(tmp_path):
       outputs.atomic_write(os.path.join(wd.path, outputs.MANIFEST), stall)
       """)
   child = subprocess.Popen(
-    [sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True
+    [sys.executable, "-c", code, str(run)],
+    cwd=helpers.ROOT,
+    env=ENV,
+    stdout=subprocess.PIPE,
+    text=True,
   )
   try:
     assert child.stdout.readline().strip() == "writing"
@@ -102,7 +102,11 @@ def test_stale_temporary_files_are_left_while_another_process_holds_the_lock(tmp
     "time.sleep(60)"
   )
   holder = subprocess.Popen(
-    [sys.executable, "-c", code, str(run)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True
+    [sys.executable, "-c", code, str(run)],
+    cwd=helpers.ROOT,
+    env=ENV,
+    stdout=subprocess.PIPE,
+    text=True,
   )
   try:
     assert holder.stdout.readline().strip() == "held"
@@ -154,7 +158,7 @@ def test_a_truncated_checkpoint_falls_back_without_noise(tmp_path):
       """)
   proc = helpers.run(
     [sys.executable, "-c", code, str(tmp_path)],
-    cwd=REPO,
+    cwd=helpers.ROOT,
     env=ENV,
     capture_output=True,
     text=True,

@@ -3,17 +3,17 @@
 The guides in ``docs/guides`` run their cells when the docs are built (``.ci/run``).
 """
 
-import pathlib
 import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+from tests import helpers
+
+README = helpers.ROOT / "README.md"
 ALL_BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 GUIDE_BLOCKS = [
   block
-  for guide in sorted((ROOT / "docs" / "guides").glob("*.md"))
+  for guide in sorted((helpers.ROOT / "docs" / "guides").glob("*.md"))
   for block in re.findall(r"```python\n(.*?)```", guide.read_text(), flags=re.S)
 ]
 # Blocks marked "# sketch" hold placeholders (the multi-host one runs on every host): they are

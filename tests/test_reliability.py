@@ -20,8 +20,6 @@ from fedco.io import DirectoryLock
 from fedco.problems import portfolio
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _data(seed=0):
   return fedco.FederatedData.from_clients([{"r": c} for c in helpers.portfolio_clients(seed=seed)])
@@ -166,8 +164,8 @@ def _held_by_another_process(directory):
   )
   holder = subprocess.Popen(
     [sys.executable, "-c", code, str(directory)],
-    cwd=ROOT,
-    env={**os.environ, "PYTHONPATH": str(ROOT)},
+    cwd=helpers.ROOT,
+    env={**os.environ, "PYTHONPATH": str(helpers.ROOT)},
     stdout=subprocess.PIPE,
   )
   try:
@@ -223,7 +221,7 @@ def test_two_processes_on_one_workdir_give_one_refusal(tmp_path):
         "--config.rounds=5",
         "--noprogress",
       ],
-      cwd=ROOT,
+      cwd=helpers.ROOT,
       capture_output=True,
       text=True,
       timeout=120,

@@ -18,13 +18,12 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "fedco"
+PACKAGE = helpers.ROOT / "fedco"
 MAX_RUNTIME_CODE_LINES = 280
 
 
 def _module_name(path):
-  parts = path.relative_to(ROOT).with_suffix("").parts
+  parts = path.relative_to(helpers.ROOT).with_suffix("").parts
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -88,7 +87,7 @@ def _cycle(graph):
 
 
 def _is_package(name):
-  return (ROOT / pathlib.Path(*name.split(".")) / "__init__.py").exists()
+  return (helpers.ROOT / pathlib.Path(*name.split(".")) / "__init__.py").exists()
 
 
 def test_no_import_cycles_among_fedco_modules():
@@ -211,7 +210,7 @@ def test_import_fedco_leaves_orbax_until_a_checkpoint_is_asked_for():
     "print(any(m.startswith('orbax') for m in sys.modules))\n"
   )
   done = helpers.run(
-    [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
+    [sys.executable, "-c", probe], cwd=helpers.ROOT, capture_output=True, text=True, timeout=300
   )
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.split() == ["False", "True"]

@@ -3,7 +3,6 @@ measured slowdown or ``FEDCO_TEST_TIMEOUT_SCALE``, and a timeout reported as one
 naming the limit, how to raise it and the load, never a traceback or a fixture error."""
 
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -11,7 +10,6 @@ import pytest
 
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
@@ -75,7 +73,7 @@ def test_a_bad_scale_stops_pytest_with_one_line():
   env = {**os.environ, helpers.TIMEOUT_SCALE_ENV: "fast"}
   out = helpers.run(
     [sys.executable, "-m", "pytest", "--co", "-p", "no:xdist", "tests/test_structure.py"],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     env=env,
     capture_output=True,
     text=True,
@@ -151,6 +149,6 @@ def test_every_smoke_entry_names_a_test_that_exists():
   for entry in conftest.SMOKE:
     path, name = entry.split("::")
     function, _, param = name.partition("[")
-    source = (ROOT / path).read_text()
+    source = (helpers.ROOT / path).read_text()
     assert f"\ndef {function}(" in source, entry
     assert not param or param.rstrip("]") in source, entry

@@ -4,7 +4,6 @@ it with a message naming what broke; the float64 helper serves a NumPy transcrip
 
 import json
 import os
-import pathlib
 import re
 import sys
 from typing import NamedTuple, Optional
@@ -20,7 +19,6 @@ import fedco.testing
 from tests import helpers
 from tests.user_algorithm import shared_momentum
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHEAP = ("builds", "state", "jit", "chain", "inject")
 
 
@@ -29,14 +27,14 @@ def test_a_user_algorithm_passes_every_check_on_eight_devices():
   before jax's import): simulate against the per-client loop, sweep, resume, mesh."""
   env = {
     **os.environ,
-    "PYTHONPATH": str(ROOT),
+    "PYTHONPATH": str(helpers.ROOT),
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": helpers.xla_flags(8),
   }
   out = helpers.run(
-    [sys.executable, str(ROOT / "tests" / "user_algorithm.py")],
+    [sys.executable, str(helpers.ROOT / "tests" / "user_algorithm.py")],
     env=env,
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
     timeout=600,

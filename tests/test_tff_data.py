@@ -17,8 +17,9 @@ import pytest
 
 import fedco
 from fedco.data import tff
+from tests import helpers
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "shakespeare_tff")
+SHARED = str(helpers.SHARED_DATA / "shakespeare_tff")
 A, Y, BANG, D, CR = 71, 70, 79, 1, 86  # ids of "A", "y", "!", "d", "\r" (index + 1)
 
 

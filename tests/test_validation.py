@@ -5,7 +5,6 @@ its traceback is not inside jax), so no traceback from jax's internals reaches t
 """
 
 import os
-import pathlib
 import sys
 import traceback
 
@@ -26,7 +25,6 @@ from fedco.problems import (
 )
 from tests import helpers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOSS = lambda p, e: jnp.sum(p)
 LABELS = np.repeat(np.arange(4), 25)
 
@@ -292,10 +290,10 @@ def test_binary_reports_bad_flags_without_a_traceback():
       "--config=experiments/configs/dro_fl.py",
       "--config.learning_rate=-1",
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
-    env={**os.environ, "PYTHONPATH": str(ROOT)},
+    env={**os.environ, "PYTHONPATH": str(helpers.ROOT)},
     timeout=120,
   )
   assert out.returncode == 1
@@ -313,10 +311,10 @@ def test_binary_names_the_misspelled_override_in_one_line():
       "--config.seeds=0,",
       "--config.roundz=5",
     ],
-    cwd=ROOT,
+    cwd=helpers.ROOT,
     capture_output=True,
     text=True,
-    env={**os.environ, "PYTHONPATH": str(ROOT)},
+    env={**os.environ, "PYTHONPATH": str(helpers.ROOT)},
     timeout=120,
   )
   assert out.returncode == 1
