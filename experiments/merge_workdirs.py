@@ -194,16 +194,25 @@ def summaries(sources: List[str]) -> List[dict]:
   return out
 
 
+def per_seed_finals(found: List[dict]):
+  """``(label, seed, final)`` for each ``methods.<label>.per_seed.<seed>`` entry of the
+  workdirs' summaries (``found``) that is a dict: the one walk :func:`diverged_runs` and
+  :func:`summary_rows` share."""
+  for summary in found:
+    for label, entry in summary.get("methods", {}).items():
+      for seed, final in entry.get("per_seed", {}).items():
+        if isinstance(final, dict):
+          yield label, str(seed), final
+
+
 def diverged_runs(found: List[dict]) -> Dict[str, Dict[str, str]]:
   """``{label: {seed: note}}``: the runs the workdirs' summaries (``found``) say diverged (a
   diverged run's last rows can sit at the round every run of its algorithm stopped at, so
   its metrics alone would pass it as finished)."""
   out: Dict[str, Dict[str, str]] = {}
-  for summary in found:
-    for label, entry in summary.get("methods", {}).items():
-      for seed, final in entry.get("per_seed", {}).items():
-        if isinstance(final, dict) and "diverged" in final:
-          out.setdefault(label, {})[str(seed)] = final["diverged"]
+  for label, seed, final in per_seed_finals(found):
+    if "diverged" in final:
+      out.setdefault(label, {})[seed] = final["diverged"]
   return out
 
 
@@ -212,13 +221,8 @@ def summary_rows(found: List[dict]) -> List[dict]:
   ``methods.<label>.per_seed.<seed>`` holding a ``round`` (diverged runs left out)."""
   return [
     {"method": label, "seed": int(seed), **final}
-    for summary in found
-    for label, entry in summary.get("methods", {}).items()
-    for seed, final in entry.get("per_seed", {}).items()
-    if isinstance(final, dict)
-    and "round" in final
-    and "diverged" not in final
-    and str(seed).isdigit()
+    for label, seed, final in per_seed_finals(found)
+    if "round" in final and "diverged" not in final and seed.isdigit()
   ]
 
 
