@@ -3,6 +3,7 @@ diverging run is frozen and reported without touching the others."""
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -331,3 +332,26 @@ def test_arrays_the_seeds_share_are_not_copied_per_run():
     np.testing.assert_allclose(
       swept.metrics["objective"][r], alone.metrics["objective"], rtol=1e-5, atol=1e-6
     )
+
+
+def test_a_sweep_evaluates_only_on_the_rounds_due():
+  """The runs of a sweep evaluate on the same rounds, so the evaluation stays a branch
+  taken only when due: a predicate batched over the runs would make ``vmap`` turn
+  ``lax.cond`` into a select and evaluate every round (E5's seeds ran 2.2x slower a seed)."""
+  calls = []
+
+  def metrics_fn(params):
+    jax.debug.callback(lambda: calls.append(1))  # once a run's evaluation executes
+    return {"norm": jnp.sum(params**2)}
+
+  kwargs = dict(rounds=12, eval_every=4, chunk_rounds=12, batch_size=4, metrics_fn=metrics_fn)
+  swept = fedco.sweep(
+    portfolio(1.0), fedco.feddro(0.05, 2), _data(), jnp.zeros(3), seeds=(0, 1), **kwargs
+  )
+  jax.effects_barrier()
+  evaluated = np.asarray(swept.metrics["evaluated"])
+  assert evaluated.sum(axis=1).tolist() == [4, 4]  # rounds 1, 4, 8 and 12
+  assert len(calls) == 4  # one vmapped evaluation per due round, none on the other 8
+  assert (
+    np.isnan(swept.metrics["norm"][:, 1]).all() and np.isfinite(swept.metrics["norm"][:, 3]).all()
+  )

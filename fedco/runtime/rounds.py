@@ -236,10 +236,12 @@ def _refresh_inner(cfg, cst, params, ckeys, views, w, channel=None):
   return set_fields(cst, **{f: broadcast(v, ckeys.shape[0]) for f, v in fields.items()}), ust
 
 
-def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None):
+def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None, due_round=None):
   """One round of the plan: ``state -> (state, metrics)`` (pure; ``flat`` is
   :func:`~fedco.runtime.evaluation.flat_examples`; ``final_round``, the run's last round,
-  is always evaluated; ``metrics_data``, the second argument of ``metrics_fn`` if any)."""
+  is always evaluated; ``metrics_data``, the second argument of ``metrics_fn`` if any;
+  ``due_round``, the round this one completes, given unbatched by a sweep so that whether
+  an evaluation is due stays one branch for all its runs, defaults to ``state.round + 1``)."""
   plan, n, layout, mesh, up = cfg.plan, cfg.num_clients, cfg.layout, cfg.mesh, cfg.uplink
   slots = layout.slots
   key, k_sample, k_round, k_res, k_agg = jax.random.split(state.key, 5)
@@ -336,7 +338,13 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None)
     timing,
   )
   metrics = evaluation.maybe_metrics(
-    cfg, completed, server["params"], data, flat, final_round, metrics_data
+    cfg,
+    completed if due_round is None else due_round,
+    server["params"],
+    data,
+    flat,
+    final_round,
+    metrics_data,
   )
   metrics["clients"] = real
   if bounds is not None:

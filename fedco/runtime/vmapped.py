@@ -179,17 +179,22 @@ def chunk_program(cfg, axes, final_round: int, **jit_kwargs):
   ``frozen`` holds, per run, ``0`` or the (1-based) round its state or evaluated metrics
   first stopped being finite; such a run keeps its last finite state and NaN metrics."""
 
-  def step(state, data, metrics_data):
+  def step(state, data, metrics_data, due_round):
     flat = evaluation.flat_examples(cfg, data)
-    return rounds_lib.round_step(cfg, data, flat, state, final_round, metrics_data)
+    return rounds_lib.round_step(cfg, data, flat, state, final_round, metrics_data, due_round)
 
   @functools.partial(jax.jit, static_argnames="length", **jit_kwargs)
   def run_chunk(states, frozen, data, metrics_data, length):
-    advance = jax.vmap(step, in_axes=(0, axes["data"], axes["metrics_data"]))
+    advance = jax.vmap(step, in_axes=(0, axes["data"], axes["metrics_data"], None))
 
     def one_round(carry, _):
       states, frozen = carry
-      new, metrics = advance(states, data, metrics_data)
+      # The runs advance together (a frozen run's round stops, behind, and its metrics are
+      # masked), so the round they complete is one unbatched value: the evaluation stays a
+      # branch taken only when due; each run's own (batched) round would make vmap turn
+      # the cond into a select and evaluate every round.
+      due_round = jnp.max(states.round) + 1
+      new, metrics = advance(states, data, metrics_data, due_round)
       ok = jax.vmap(all_finite)(new) & jax.vmap(_finite_metrics)(metrics)
       stop = (frozen == 0) & ~ok
       frozen = jnp.where(stop, new.round, frozen)
