@@ -42,6 +42,19 @@ def test_scale_shortens_the_rounds_and_every_round_count_with_them():
   assert run_dir == "w/e5_scale0.1"
 
 
+def test_e5s_rate_grid_and_local_steps_ablation_are_runs_of_their_own():
+  rates = {
+    name: _fields(pi.command(name, 1.0, "/d", "w")[0])["learning_rate"]
+    for name in pi.RUNS
+    if name.startswith("e5_lr")
+  }
+  assert sorted(float(r) for r in rates.values()) == [0.001, 0.05, 0.1]  # 0.01: the config's
+  assert imbalanced_cifar.get_config().learning_rate == 0.01
+  fields = _fields(pi.command("e5_local_steps", 1.0, "/d", "w")[0])
+  assert fields["ablation"] == "local_steps" and "learning_rate" not in fields
+  assert len({pi.command(name, 1.0, "/d", "w")[1] for name in pi.RUNS}) == len(pi.RUNS)
+
+
 @pytest.mark.parametrize(
   "flag,value,message",
   [
