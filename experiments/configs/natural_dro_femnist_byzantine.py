@@ -3,7 +3,7 @@
 ``python -m experiments.main --config=experiments/configs/natural_dro_femnist_byzantine.py
 --workdir=runs/e8_femnist_byzantine``. E8's FEMNIST settings (105 writers, every writer
 every round, logistic regression; FedAvg and FedDRO 100 rounds of 20 steps, AFL 2,000
-rounds of one step) with 0, 10% or 20% of the writers Byzantine (11 or 21, the same writers
+rounds of one step) with 0, 10% or 20% of the writers Byzantine (10 or 21, the same writers
 all run): sign-flipped uploads (``flip``), honest training on flipped labels (``labels``,
 at 20%: label ``61 - y`` of FEMNIST's 62) and, for the DRO methods, loss reports inflated
 tenfold (``inflate``, at 20%: FedDRO's ``y``, AFL's ``loss``). Labels as in
