@@ -338,13 +338,7 @@ def round_step(cfg, data, flat, state: SimState, final_round, metrics_data=None,
     timing,
   )
   metrics = evaluation.maybe_metrics(
-    cfg,
-    completed if due_round is None else due_round,
-    server["params"],
-    data,
-    flat,
-    final_round,
-    metrics_data,
+    cfg, completed, server["params"], data, flat, final_round, metrics_data, due_round
   )
   metrics["clients"] = real
   if bounds is not None:
