@@ -226,6 +226,32 @@ def worktree(revision: str, folder: str) -> Iterator[str]:
     subprocess.run(["git", "worktree", "remove", "--force", folder], cwd=ROOT, capture_output=True)
 
 
+def driver_process(tree: str, config: str, workdir: str, *flags_, env=None):
+  """One whole ``python -m experiments.main --config=<config> --workdir=<workdir>
+  --noprogress <flags>`` process in ``tree`` (its ``PYTHONPATH``; ``env``: extra variables):
+  ``(wall seconds, the completed process)``, or ``RuntimeError`` with its stderr's tail."""
+  env = {
+    **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    "PYTHONPATH": tree,
+    **(env or {}),
+  }
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.main",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    "--noprogress",
+    *flags_,
+  ]
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - start
+  if proc.returncode != 0:
+    raise RuntimeError(f"the job failed in {tree}: {proc.stderr[-1500:]}")
+  return seconds, proc
+
+
 def timestamp() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

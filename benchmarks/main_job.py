@@ -24,9 +24,7 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 
 from absl import app, flags
 
@@ -51,26 +49,11 @@ HIT = re.compile(r"Persistent compilation cache hit for '(\S+)'")
 
 def _run(tree: str, workdir: str, *flags_):
   """One whole process of the job in ``tree``: wall seconds, compiles, table lines."""
-  env = {
-    **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    "PYTHONPATH": tree,
-    "JAX_LOG_COMPILES": "1",
-  }
-  cmd = [
-    sys.executable,
-    "-m",
-    "experiments.main",
-    f"--config={FLAGS.config}",
-    f"--workdir={workdir}",
-    "--noprogress",
-    *FLAGS.overrides,
-    *flags_,
-  ]
-  start = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - start
-  if proc.returncode != 0:
-    raise RuntimeError(f"the job failed in {tree}: {proc.stderr[-1500:]}")
+  from benchmarks import _common as C
+
+  seconds, proc = C.driver_process(
+    tree, FLAGS.config, workdir, *FLAGS.overrides, *flags_, env={"JAX_LOG_COMPILES": "1"}
+  )
   hits = HIT.findall(proc.stderr)
   compiles = [(name, float(s)) for name, s in COMPILED.findall(proc.stderr)]
   by_name = collections.Counter(name for name, _ in compiles)

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app, flags
 
@@ -47,43 +45,33 @@ flags.DEFINE_list(
   "Driver flags both revisions get (the default: E5, MBSGD).",
 )
 flags.DEFINE_integer("rounds", 40, "R: the processes run R and 2R rounds.")
-flags.DEFINE_list("seeds", ["0", "0,1"], "The one-seed and the several-seed runs.")
+flags.DEFINE_integer("seeds", 2, "n: seeds 0..n-1 as one program against seed 0 alone (n >= 2).")
 flags.DEFINE_string("out", "benchmarks/results/seeds_together.json", "Where to write JSON.")
 
 
 def _wall(tree: str, workdir: str, seeds: str, rounds: int) -> float:
   """Whole-process wall seconds of one run of the job in ``tree``."""
-  env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": tree}
-  cmd = [
-    sys.executable,
-    "-m",
-    "experiments.main",
-    f"--config={FLAGS.config}",
-    f"--workdir={workdir}",
-    "--noprogress",
-    *FLAGS.overrides,
-    f"--config.seeds={seeds if ',' in seeds else seeds + ','}",
-    f"--config.rounds={rounds}",
-  ]
-  start = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - start
-  if proc.returncode != 0:
-    raise RuntimeError(f"the job failed in {tree}: {proc.stderr[-1500:]}")
-  return seconds
+  from benchmarks import _common as C
+
+  seeds = seeds if "," in seeds else seeds + ","
+  flags_ = (*FLAGS.overrides, f"--config.seeds={seeds}", f"--config.rounds={rounds}")
+  return C.driver_process(tree, FLAGS.config, workdir, *flags_)[0]
 
 
 def main(argv):
   del argv
   from benchmarks import _common as C
 
+  if FLAGS.seeds < 2 or FLAGS.rounds < 1:
+    sys.exit(f"error: --seeds must be >= 2 and --rounds >= 1, got {FLAGS.seeds} and {FLAGS.rounds}")
+  one, many = "0", ",".join(str(s) for s in range(FLAGS.seeds))
   # A path in the overrides is relative to this repository: the base tree is elsewhere.
   FLAGS.overrides = [o.replace("=../", f"={os.path.dirname(C.ROOT)}/", 1) for o in FLAGS.overrides]
   revisions = {"head": C.git_revision("HEAD")}
   if FLAGS.base:
     revisions["base"] = C.git_revision(FLAGS.base)
   load_before = C.load_average()
-  walls = {side: {s: {} for s in FLAGS.seeds} for side in revisions}
+  walls = {side: {s: {} for s in (one, many)} for side in revisions}
   r = FLAGS.rounds
   with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
     trees = {"head": C.ROOT}
@@ -91,22 +79,20 @@ def main(argv):
       trees["base"] = stack.enter_context(C.worktree(revisions["base"], f"{tmp}/base"))
     n = 0
     for rounds in (r, 2 * r):
-      for seeds in FLAGS.seeds:
+      for seeds in (one, many):
         for side, tree in trees.items():
           n += 1
           seconds = _wall(tree, os.path.join(tmp, f"run{n}"), seeds, rounds)
           walls[side][seeds][rounds] = seconds
           print(side, f"seeds {seeds}", f"{rounds} rounds", f"{seconds:.1f} s", flush=True)
   results = {}
-  one, many = FLAGS.seeds
-  count = len(many.split(","))
   for side, by_seeds in walls.items():
-    cost = {s: by_seeds[s][2 * r] - by_seeds[s][r] for s in FLAGS.seeds}
+    cost = {s: by_seeds[s][2 * r] - by_seeds[s][r] for s in (one, many)}
     results[side] = {
       "revision": revisions[side],
       "wall_seconds": {s: {str(k): v for k, v in w.items()} for s, w in by_seeds.items()},
       f"seconds_for_{r}_rounds": cost,
-      "per_seed_ratio": cost[many] / (count * cost[one]),
+      "per_seed_ratio": cost[many] / (FLAGS.seeds * cost[one]),
     }
     print(side, f"per-seed ratio {results[side]['per_seed_ratio']:.2f}", flush=True)
   C.write_json(
@@ -120,7 +106,7 @@ def main(argv):
       "config": FLAGS.config,
       "overrides": FLAGS.overrides,
       "rounds": [r, 2 * r],
-      "seeds": FLAGS.seeds,
+      "seeds": [one, many],
       "statistic": "whole-process wall seconds at 2R rounds minus at R rounds, one process each",
       "data_note": "CIFAR-10 (JPEG), lossy (default overrides)",
       "results": results,
