@@ -46,8 +46,9 @@ def setup():
   from experiments.configs import dro_fl as dro_fl_config  # pylint: disable=g-import-not-at-top
 
   config = dro_fl_config.get_config()
+  dro_fl.check(config)  # fills the dataset's defaults (the big client's 500 images on digits)
   splits = dro_fl.load(config)
-  fed, _ = dro_fl.build_data((splits.train, splits.test), config, 500, 0)
+  fed, _ = dro_fl.build_data((splits.train, splits.test), config, 0)
   model, loss, stats = dro_fl.logistic_model()
 
   def metrics_fn(p):
