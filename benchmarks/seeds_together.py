@@ -12,9 +12,10 @@ of one seed and of two seeds together, and ``per_seed_ratio`` = two seeds' / (2 
 seed's): below 1 the program shares work, above 1 running seeds one by one is faster.
 
 The default workload is E5 (ResNet20 on CIFAR-10 (JPEG), lossy: ``../shared/data``), MBSGD,
-evaluating 2,000 rows of each split every 20 rounds: where two seeds as one program were
-measured at 2.2x a seed (the reproduce guide), because a sweep's evaluation ran every
-round (a ``lax.cond`` on a predicate batched over the runs is a select under ``vmap``).
+evaluating 2,000 rows of each split every 20 rounds: where two seeds as one program cost
+6.7x a seed alone until a sweep's evaluation stopped running on every round (a
+``lax.cond`` on a predicate batched over the runs is a select under ``vmap``; decision 116),
+and 0.73x after (``benchmarks/results/seeds_together.json``).
 
 Run::
 

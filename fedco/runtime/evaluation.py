@@ -23,14 +23,16 @@ def client_objectives(cfg, params, data, flat):
   return cfg.problem.evaluate(params, flat, data.flat_owner, data.flat_weights(), cfg.num_clients)
 
 
-def maybe_metrics(cfg, completed, params, data, flat, final_round, metrics_data=None, due=None):
+def maybe_metrics(
+  cfg, completed, params, data, flat, final_round, metrics_data=None, due_round=None
+):
   """Metrics after round ``completed``, or NaN placeholders on rounds that skip them.
 
   Due after round 1, every ``eval_every``-th round and ``final_round`` (the run's last, a
-  traced integer, so runs of any length share one compiled chunk). ``due``: the round to
+  traced integer, so runs of any length share one compiled chunk). ``due_round``: the round to
   decide by instead of ``completed``, one unbatched value for a sweep's runs, so the
   ``lax.cond`` stays a branch under their ``vmap`` (decision 116)."""
-  completed = completed if due is None else due
+  completed = completed if due_round is None else due_round
   compute = lambda p: metrics(cfg, p, data, flat, metrics_data)
   if cfg.eval_every == 1:
     out = compute(params)
