@@ -210,6 +210,18 @@ def git_revision(name: str) -> str:
   ).stdout.strip()
 
 
+def has_uncommitted_changes() -> bool:
+  """Whether this repository's tracked files differ from ``HEAD`` (a benchmark's head side
+  then measures more than its commit)."""
+  status = subprocess.run(
+    ["git", "status", "--porcelain", "--untracked-files=no"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  return bool(status.stdout.strip())
+
+
 @contextlib.contextmanager
 def worktree(revision: str, folder: str) -> Iterator[str]:
   """A detached ``git worktree`` of ``revision`` at ``folder`` while the block runs (a

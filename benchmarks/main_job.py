@@ -23,7 +23,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import tempfile
 
 from absl import app, flags
@@ -42,7 +41,6 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_string("out", "benchmarks/results/main_job.json", "Where to write JSON.")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) sec")
 HIT = re.compile(r"Persistent compilation cache hit for '(\S+)'")
 
@@ -76,18 +74,8 @@ def main(argv):
   del argv
   from benchmarks import _common as C
 
-  rev = lambda name: subprocess.run(
-    ["git", "rev-parse", name], cwd=ROOT, capture_output=True, text=True, check=True
-  ).stdout.strip()
-  base_rev, head_rev = rev(FLAGS.base), rev("HEAD")
-  dirty = bool(
-    subprocess.run(
-      ["git", "status", "--porcelain", "--untracked-files=no"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-    ).stdout.strip()
-  )
+  base_rev, head_rev = C.git_revision(FLAGS.base), C.git_revision("HEAD")
+  dirty = C.has_uncommitted_changes()
   load_before = C.load_average()
   runs = {"base": [], "head": [], "head_warm": []}
   with (
@@ -101,8 +89,8 @@ def main(argv):
       )
       for side, tree, extra in (
         ("base", base_tree, base_flags),
-        ("head", ROOT, (cache,)),
-        ("head_warm", ROOT, (cache, f"--config.seeds={FLAGS.warm_seeds}")),
+        ("head", C.ROOT, (cache,)),
+        ("head_warm", C.ROOT, (cache, f"--config.seeds={FLAGS.warm_seeds}")),
       ):
         out = _run(tree, os.path.join(tmp, f"{side}{i}"), *extra)
         runs[side].append(out)

@@ -47,8 +47,6 @@ from absl import app, flags
 
 from benchmarks import _common as C
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # name: (config file, {field: value} overrides of the config's paper settings, data file)
 RUNS: Dict[str, tuple] = {
   "e4_5w1s": ("omniglot.py", {}, "omniglot"),
@@ -91,7 +89,7 @@ def define_flags() -> None:
   flags.DEFINE_float("scale", 1.0, "Fraction of each run's rounds (0 < scale <= 1).")
   flags.DEFINE_string(
     "data_root",
-    os.path.join(os.path.dirname(ROOT), "shared", "data"),
+    os.path.join(os.path.dirname(C.ROOT), "shared", "data"),
     "The folder holding omniglot/ and cifar10_jpeg/ (../shared/data).",
   )
   flags.DEFINE_string("workdir", "runs/paper_images", "Parent of each run's resumable workdir.")
@@ -112,7 +110,7 @@ def command(name: str, scale: float, data_root: str, workdir: str) -> Tuple[List
     sys.executable,
     "-m",
     "experiments.main",
-    f"--config={os.path.join(ROOT, 'experiments', 'configs', config)}",
+    f"--config={os.path.join(C.ROOT, 'experiments', 'configs', config)}",
     f"--config.data_dir={os.path.join(data_root, data)}",
     f"--workdir={run_dir}",
     "--noprogress",
@@ -145,7 +143,7 @@ def main(argv):
     cmd, run_dir = command(name, FLAGS.scale, FLAGS.data_root, FLAGS.workdir)
     t0 = time.perf_counter()
     try:
-      proc = subprocess.run(cmd, cwd=ROOT, timeout=FLAGS.timeout or None, check=False)
+      proc = subprocess.run(cmd, cwd=C.ROOT, timeout=FLAGS.timeout or None, check=False)
       rc = proc.returncode
     except subprocess.TimeoutExpired:
       rc = "timeout"

@@ -32,8 +32,6 @@ flags.DEFINE_integer("repeats", 5, "Subprocess pairs per algorithm.")
 flags.DEFINE_integer("rounds", 50, "Rounds per timed call.")
 flags.DEFINE_integer("inner", 7, "Timed calls per subprocess (the median is kept).")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 # Runs with the compared tree as its working directory, so ``fedco`` and ``benchmarks._common``
 # are that tree's (the base revision may predate this file).
@@ -69,20 +67,8 @@ def main(argv):
   del argv
   from benchmarks import _common as C
 
-  base_rev = subprocess.run(
-    ["git", "rev-parse", FLAGS.base], cwd=ROOT, capture_output=True, text=True, check=True
-  ).stdout.strip()
-  head_rev = subprocess.run(
-    ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-  ).stdout.strip()
-  dirty = bool(
-    subprocess.run(
-      ["git", "status", "--porcelain", "--untracked-files=no"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-    ).stdout.strip()
-  )
+  base_rev, head_rev = C.git_revision(FLAGS.base), C.git_revision("HEAD")
+  dirty = C.has_uncommitted_changes()
   load_before = C.load_average()
   results = {}
   with (
@@ -93,7 +79,7 @@ def main(argv):
       sides = {"base": [], "head": []}
       for _ in range(FLAGS.repeats):
         sides["base"].append(_time(base_tree, name))
-        sides["head"].append(_time(ROOT, name))
+        sides["head"].append(_time(C.ROOT, name))
       med = {k: statistics.median(v) for k, v in sides.items()}
       results[name] = {
         "ms_per_round": sides,
