@@ -21,7 +21,7 @@ Preparing the files needs network, once (LEAF's scripts, in ``leaf/data/<name>/`
 
   git clone https://github.com/TalwalkarLab/leaf && cd leaf/data/femnist
   ./preprocess.sh -s niid --sf 0.05 -k 0 -t sample   # 5% of the writers; --sf 1.0: all
-  # shakespeare: ./preprocess.sh -s niid --sf 0.2 -k 0 -t sample -tf 0.8
+  # shakespeare: ./preprocess.sh -s niid --sf 0.2 -k 0 -t sample --tf 0.8
   # sent140:     ./preprocess.sh -s niid --sf 0.05 -k 3 -t sample
 
 then pass ``leaf/data/femnist/data`` (holding ``train/`` and ``test/``) to :func:`load_leaf`.
