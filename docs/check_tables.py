@@ -1,0 +1,172 @@
+"""Checks the numbers in the guides' marked tables against the results JSON they quote.
+
+A table is marked by an HTML comment on the line before it (hidden on GitHub and in the
+built docs; decision 117)::
+
+    <!-- checked: experiments/results/X.json columns=test_acc,per_seed:test_acc,paired:test_acc,- -->
+
+The JSON is one ``experiments/merge_workdirs.py`` writes. Each column after the first (the
+method) names what its cells quote:
+
+- ``KEY``: ``mean +- standard error`` of ``methods.<label>.KEY`` (a cell may quote the mean
+  alone; words in parentheses are not read);
+- ``per_seed:KEY``: ``methods.<label>.per_seed.<seed>.KEY`` in seed order, comma separated;
+- ``paired:KEY``: ``paired.<label>.KEY`` in points (100x): ``mean +- stderr (k of n)``, or
+  ``(k)``, ``k`` the seeds it is ahead on (or no parentheses, with an ``ahead:KEY`` column
+  ``k of n`` beside it); the reference label's cells are empty;
+- ``-``: not checked (words, or numbers from another file).
+
+A row's label is the first backticked word of its first cell, or the row's entry in an
+optional ``labels=a,b,...`` after the columns (one a row, for rows that name a setting, such
+as ``I = 2``, rather than the JSON's label). A label the JSON's methods lack is an error
+unless the JSON lists it as diverged (its row is then words, not checked).
+A number quoted with ``d`` decimals matches a value within half a unit of its last digit; a
+whole number must be exact.
+
+Usage: ``python docs/check_tables.py docs/guides/*.md``: prints each mismatch, one a line,
+and exits 1 if there was one.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+from typing import Dict, List, Optional, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MARK = re.compile(r"^<!-- checked: (\S+) columns=(\S+)(?: labels=(\S+))? -->$")
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def _numbers(text: str) -> List[str]:
+  return NUMBER.findall(text.replace("*", ""))
+
+
+def matches(quoted: str, value: Optional[float], scale: float = 1.0) -> bool:
+  """Whether ``quoted`` (a number as written) is ``value * scale`` rounded to its digits."""
+  if value is None:
+    return False
+  decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+  tolerance = 0.5 * 10.0**-decimals + 1e-9 if decimals else 1e-9
+  return abs(float(quoted) - value * scale) <= tolerance
+
+
+def _mean_cell(cell: str, entry: dict) -> Optional[str]:
+  numbers = _numbers(re.sub(r"\([^)]*\)", "", cell))
+  if not numbers:
+    return "no number"
+  if not matches(numbers[0], entry.get("mean")):
+    return f"{numbers[0]} is not the mean {entry.get('mean')}"
+  if "+-" in cell and (len(numbers) < 2 or not matches(numbers[1], entry.get("stderr"))):
+    return f"{numbers[1:2]} is not the standard error {entry.get('stderr')}"
+  return None
+
+
+def _per_seed_cell(cell: str, per_seed: dict, key: str) -> Optional[str]:
+  values = [per_seed[s].get(key) for s in sorted(per_seed, key=int)]
+  numbers = _numbers(cell)
+  if len(numbers) != len(values) or not all(map(matches, numbers, values)):
+    return f"{', '.join(numbers)} are not the seeds' {values}"
+  return None
+
+
+def _ahead(text: str, entry: dict, seeds: int) -> Optional[str]:
+  count = re.fullmatch(r"\(?(\d+)(?: of (\d+))?\)?", text.strip("* "))
+  if count is None:
+    return f"{text!r} is not 'k of n'"
+  if int(count.group(1)) != entry["ahead"] or (count.group(2) and int(count.group(2)) != seeds):
+    return f"{text!r} is not ahead on {entry['ahead']} of {seeds}"
+  return None
+
+
+def _paired_cell(cell: str, entry: dict, seeds: int) -> Optional[str]:
+  ahead = re.search(r"\((\d+)(?: of (\d+))?\)", cell)
+  numbers = _numbers(cell[: ahead.start()] if ahead else cell)
+  if len(numbers) < 2:
+    return "not 'mean +- stderr (k of n)'"
+  if not (matches(numbers[0], entry["mean"], 100) and matches(numbers[1], entry["stderr"], 100)):
+    return f"{numbers[0]} +- {numbers[1]} points is not {entry['mean']} +- {entry['stderr']}"
+  return _ahead(ahead.group(0), entry, seeds) if ahead else None
+
+
+def check_row(cells: List[str], columns: List[str], result: dict, name: str = "") -> List[str]:
+  """The mismatches of one table row (its cells without the ``|`` borders); ``name``: its
+  label in the JSON (default: the first backticked word of its first cell)."""
+  label = re.search(r"`([^`]+)`", cells[0])
+  if not name and label is None:
+    return [f"row {cells[0]!r}: no backticked label"]
+  name, methods = name or label.group(1), result["methods"]
+  if name not in methods and name in result.get("diverged", {}):
+    return []
+  errors = []
+  for column, cell in zip(columns, cells[1:]):
+    kind, _, key = column.rpartition(":")
+    cell = cell.strip()
+    if column == "-":
+      continue
+    if name not in methods:
+      return [f"{name}: not among the JSON's methods {sorted(methods)}"]
+    if kind in ("paired", "ahead"):
+      paired = result.get("paired", {})
+      if name == result.get("paired_with") and not cell:
+        continue
+      if name not in paired or key not in paired[name]:
+        errors.append(f"{name} {column}: no paired entry")
+        continue
+      check_cell = _paired_cell if kind == "paired" else _ahead
+      why = check_cell(cell, paired[name][key], len(paired[name]["seeds"]))
+    elif kind == "per_seed":
+      why = _per_seed_cell(cell, methods[name]["per_seed"], key)
+    elif key in methods[name]:
+      why = _mean_cell(cell, methods[name][key])
+    else:
+      why = f"the JSON has no {key!r}"
+    if why:
+      errors.append(f"{name} {column}: {why}")
+  return errors
+
+
+def check(path: pathlib.Path) -> Tuple[int, List[str]]:
+  """The number of marked tables in ``path`` and the mismatches found in them."""
+  lines, tables, errors = path.read_text().splitlines(), 0, []
+  for i, line in enumerate(lines):
+    mark = MARK.match(line.strip())
+    if not mark:
+      continue
+    tables += 1
+    source = ROOT / mark.group(1)
+    if not source.is_file():
+      raise FileNotFoundError(f"{path.name}:{i + 1}: {mark.group(1)} does not exist")
+    result: Dict = json.loads(source.read_text())
+    columns = mark.group(2).split(",")
+    rows = [r for r in lines[i + 1 :] if r.startswith("|")]
+    body = []
+    for r in lines[i + 3 :]:
+      if not r.startswith("|"):
+        break
+      body.append(r)
+    if len(rows) < 3 or len(rows[0].split("|")) - 3 != len(columns):
+      errors.append(
+        f"{path.name}:{i + 1}: the table after the mark has not {len(columns)} + 1 columns"
+      )
+      continue
+    names = mark.group(3).split(",") if mark.group(3) else [""] * len(body)
+    if len(names) != len(body):
+      errors.append(f"{path.name}:{i + 1}: {len(names)} labels for {len(body)} rows")
+      continue
+    for n, (row, name) in enumerate(zip(body, names)):
+      where = f"{path.name}:{i + 4 + n}"
+      errors += [f"{where}: {e}" for e in check_row(row.split("|")[1:-1], columns, result, name)]
+  return tables, errors
+
+
+def main(paths: List[str]) -> int:
+  errors = [e for p in paths for e in check(pathlib.Path(p))[1]]
+  print("\n".join(errors) or f"{len(paths)} files: every marked table matches its JSON")
+  return 1 if errors else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

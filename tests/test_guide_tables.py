@@ -1,0 +1,103 @@
+"""The guides' marked tables quote their results JSON (``docs/check_tables.py``, decision 117):
+every marked table matches, and a wrong mean, standard error, seed value, paired difference,
+count of seeds ahead or label is caught."""
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.helpers import ROOT
+
+_spec = importlib.util.spec_from_file_location("check_tables", ROOT / "docs" / "check_tables.py")
+check_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_tables)
+
+GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
+
+
+def test_every_marked_table_in_the_guides_matches_its_json():
+  found = [check_tables.check(path) for path in GUIDES]
+  assert [e for _, errors in found for e in errors] == []
+  assert sum(tables for tables, _ in found) >= 8  # the tables marked when this test was written
+
+
+RESULT = {
+  "methods": {
+    "base": {
+      "per_seed": {"0": {"acc": 0.40}, "1": {"acc": 0.44}},
+      "acc": {"mean": 0.42, "stderr": 0.02},
+    },
+    "other": {
+      "per_seed": {"0": {"acc": 0.45}, "1": {"acc": 0.46}},
+      "acc": {"mean": 0.455, "stderr": 0.005},
+    },
+  },
+  "paired_with": "base",
+  "paired": {"other": {"seeds": [0, 1], "acc": {"mean": 0.035, "stderr": 0.015, "ahead": 2}}},
+  "diverged": {"gone": {"0": "diverged at round 2"}},
+}
+TABLE = """| method | acc | per seed | minus base (ahead) | words |
+| --- | --- | --- | --- | --- |
+| `base` | 0.420 +- 0.020 | 0.40, 0.44 | | anything 7 |
+| `other` (a note 9) | **0.455 +- 0.005** | 0.45, 0.46 | +3.5 +- 1.5 points (2 of 2) | 12 |
+| `gone` | diverged at round 2 | | | |
+"""
+
+
+def errors_of(tmp_path, table=TABLE, result=None, columns="acc,per_seed:acc,paired:acc,-"):
+  source = tmp_path / "result.json"
+  source.write_text(json.dumps(result or RESULT))
+  guide = tmp_path / "guide.md"
+  guide.write_text(f"Text.\n\n<!-- checked: {source} columns={columns} -->\n{table}\nMore.\n")
+  tables, errors = check_tables.check(guide)
+  assert tables == 1
+  return errors
+
+
+def test_a_table_that_quotes_its_json_passes(tmp_path):
+  assert errors_of(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+  "old,new,expected",
+  [
+    ("0.420 +- 0.020", "0.421 +- 0.020", "base acc: 0.421 is not the mean"),
+    ("0.420 +- 0.020", "0.420 +- 0.030", "base acc: ['0.030'] is not the standard error"),
+    ("0.40, 0.44", "0.40, 0.45", "base per_seed:acc"),
+    ("0.40, 0.44", "0.40", "base per_seed:acc"),
+    ("+3.5 +- 1.5 points", "+3.6 +- 1.5 points", "other paired:acc: +3.6 +- 1.5 points"),
+    ("(2 of 2)", "(1 of 2)", "other paired:acc: '(1 of 2)' is not ahead on 2 of 2"),
+    ("(2 of 2)", "(2 of 3)", "is not ahead on 2 of 2"),
+    ("`other`", "`another`", "another: not among the JSON's methods"),
+    ("| `base` | 0.420", "| base | 0.420", "no backticked label"),
+  ],
+)
+def test_a_wrong_number_or_label_is_named(tmp_path, old, new, expected):
+  errors = errors_of(tmp_path, TABLE.replace(old, new, 1))
+  assert len(errors) == 1 and expected in errors[0], errors
+  assert errors[0].startswith("guide.md:")  # where, as file:line
+
+
+def test_a_whole_number_must_be_exact_and_digits_set_the_tolerance(tmp_path):
+  assert check_tables.matches("0.46", 0.4649) and not check_tables.matches("0.46", 0.4651)
+  assert check_tables.matches("0", 0.0) and not check_tables.matches("0", 0.3)
+  assert check_tables.matches("+3.5", 0.035, 100) and not check_tables.matches("3", 0.035, 100)
+
+
+def test_labels_name_rows_by_setting_and_must_count_the_rows(tmp_path):
+  table = TABLE.replace("`base`", "I = 1").replace("`other` (a note 9)", "I = 2")
+  table = "\n".join(table.splitlines()[:4]) + "\n"
+  assert errors_of(tmp_path, table, columns="acc,per_seed:acc,paired:acc,- labels=base,other") == []
+  errors = errors_of(tmp_path, table, columns="acc,per_seed:acc,paired:acc,- labels=base")
+  assert errors == ["guide.md:3: 1 labels for 2 rows"]
+
+
+def test_a_mark_whose_table_has_other_columns_or_a_missing_json_is_refused(tmp_path):
+  assert errors_of(tmp_path, columns="acc,per_seed:acc") == [
+    "guide.md:3: the table after the mark has not 2 + 1 columns"
+  ]
+  guide = tmp_path / "missing.md"
+  guide.write_text("<!-- checked: experiments/results/nothing.json columns=acc -->\n| a | b |\n")
+  with pytest.raises(FileNotFoundError, match="missing.md:1: experiments/results/nothing.json"):
+    check_tables.check(guide)
