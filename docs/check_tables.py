@@ -5,15 +5,20 @@ built docs; decision 117)::
 
     <!-- checked: experiments/results/X.json columns=test_acc,per_seed:test_acc,paired:test_acc,- -->
 
-The JSON is one ``experiments/merge_workdirs.py`` writes. Each column after the first (the
+The JSON is one ``experiments/merge_workdirs.py`` or an experiment's summary writes. Each column after the first (the
 method) names what its cells quote:
 
-- ``KEY``: ``mean +- standard error`` of ``methods.<label>.KEY`` (a cell may quote the mean
-  alone; words in parentheses are not read);
+- ``KEY``: ``mean +- spread`` of ``methods.<label>.KEY``, the spread its ``stderr`` (merged
+  JSONs) or else its ``std`` (the experiments' summaries); ``±`` reads as ``+-``; a cell may
+  quote the mean alone; words in parentheses are not read;
 - ``per_seed:KEY``: ``methods.<label>.per_seed.<seed>.KEY`` in seed order, comma separated;
-- ``paired:KEY``: ``paired.<label>.KEY`` in points (100x): ``mean +- stderr (k of n)``, or
-  ``(k)``, ``k`` the seeds it is ahead on (or no parentheses, with an ``ahead:KEY`` column
-  ``k of n`` beside it); the reference label's cells are empty;
+- ``paired:KEY``: ``paired.<label>.KEY`` in points (100x): ``mean +- stderr (k of n)``,
+  ``(k/n)`` or ``(k)``, ``k`` the seeds it is ahead on (or no parentheses, with an
+  ``ahead:KEY`` column ``k of n`` beside it); the reference label's cells are empty;
+- ``vs:BASE:KEY`` / ``vs100:BASE:KEY``: an experiment summary's
+  ``against_fedavg.BASE.<label>.KEY`` (``difference``, ``stderr``, ``seeds_ahead``) as
+  written there or in points, in the same form (a pair the summary lacks, such as one FedAvg
+  run against the other, is computed from the two labels' per-seed values);
 - ``-``: not checked (words, or numbers from another file).
 
 A row's label is the first backticked word of its first cell, or the row's entry in an
@@ -30,6 +35,7 @@ and exits 1 if there was one.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import re
 import sys
@@ -55,12 +61,13 @@ def matches(quoted: str, value: Optional[float], scale: float = 1.0) -> bool:
 
 def _mean_cell(cell: str, entry: dict) -> Optional[str]:
   numbers = _numbers(re.sub(r"\([^)]*\)", "", cell))
+  spread = entry.get("stderr", entry.get("std"))  # merged JSONs: stderr; summaries: std
   if not numbers:
     return "no number"
   if not matches(numbers[0], entry.get("mean")):
     return f"{numbers[0]} is not the mean {entry.get('mean')}"
-  if "+-" in cell and (len(numbers) < 2 or not matches(numbers[1], entry.get("stderr"))):
-    return f"{numbers[1:2]} is not the standard error {entry.get('stderr')}"
+  if "+-" in cell and (len(numbers) < 2 or not matches(numbers[1], spread)):
+    return f"{numbers[1:2]} is not the {'stderr' if 'stderr' in entry else 'std'} {spread}"
   return None
 
 
@@ -72,23 +79,75 @@ def _per_seed_cell(cell: str, per_seed: dict, key: str) -> Optional[str]:
   return None
 
 
-def _ahead(text: str, entry: dict, seeds: int) -> Optional[str]:
-  count = re.fullmatch(r"\(?(\d+)(?: of (\d+))?\)?", text.strip("* "))
+COUNT = r"(\d+)(?:(?: of |/)(\d+))?"  # seeds ahead: "k of n", "k/n" or "k"
+
+
+def _ahead(text: str, entry: dict) -> Optional[str]:
+  count = re.fullmatch(rf"\(?{COUNT}\)?", text.strip("* "))
   if count is None:
     return f"{text!r} is not 'k of n'"
-  if int(count.group(1)) != entry["ahead"] or (count.group(2) and int(count.group(2)) != seeds):
-    return f"{text!r} is not ahead on {entry['ahead']} of {seeds}"
+  if int(count.group(1)) != entry["ahead"] or (
+    count.group(2) and int(count.group(2)) != entry["seeds"]
+  ):
+    return f"{text!r} is not ahead on {entry['ahead']} of {entry['seeds']}"
   return None
 
 
-def _paired_cell(cell: str, entry: dict, seeds: int) -> Optional[str]:
-  ahead = re.search(r"\((\d+)(?: of (\d+))?\)", cell)
+def _difference_cell(cell: str, entry: dict, scale: float) -> Optional[str]:
+  ahead = re.search(rf"\({COUNT}\)", cell)
   numbers = _numbers(cell[: ahead.start()] if ahead else cell)
   if len(numbers) < 2:
     return "not 'mean +- stderr (k of n)'"
-  if not (matches(numbers[0], entry["mean"], 100) and matches(numbers[1], entry["stderr"], 100)):
-    return f"{numbers[0]} +- {numbers[1]} points is not {entry['mean']} +- {entry['stderr']}"
-  return _ahead(ahead.group(0), entry, seeds) if ahead else None
+  mean, stderr = entry["mean"], entry["stderr"]
+  if not (matches(numbers[0], mean, scale) and matches(numbers[1], stderr, scale)):
+    return f"{numbers[0]} +- {numbers[1]} is not {mean} +- {stderr} (x{scale:g})"
+  return _ahead(ahead.group(0), entry) if ahead else None
+
+
+def _difference(result: dict, kind: str, key: str, name: str) -> Optional[dict]:
+  """A paired difference in one shape (mean, stderr, ahead, seeds), or None if absent."""
+  if kind in ("paired", "ahead"):
+    entry = result.get("paired", {}).get(name, {})
+    if key not in entry:
+      return None
+    return {**entry[key], "seeds": len(entry["seeds"])}
+  base, _, key = key.partition(":")
+  entry = result.get("against_fedavg", {}).get(base, {}).get(name, {}).get(key)
+  if entry is None:  # a pair the summary does not hold (two FedAvg runs): from the seeds
+    return _from_seeds(result["methods"], name, base, key)
+  return {
+    "mean": entry["difference"],
+    "stderr": entry["stderr"],
+    "ahead": entry["seeds_ahead"],
+    "seeds": entry["seeds"],
+  }
+
+
+def _from_seeds(methods: dict, name: str, base: str, key: str) -> Optional[dict]:
+  """``name`` minus ``base`` on the seeds where both hold a finite ``key``."""
+  if base not in methods:
+    return None
+  mine, theirs = methods[name]["per_seed"], methods[base]["per_seed"]
+  finite = lambda row: isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
+  diffs = [
+    mine[s][key] - theirs[s][key]
+    for s in mine
+    if s in theirs and finite(mine[s]) and finite(theirs[s])
+  ]
+  if not diffs:
+    return None
+  mean = sum(diffs) / len(diffs)
+  spread = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) if len(diffs) > 1 else None
+  return {
+    "mean": mean,
+    "stderr": math.sqrt(spread / len(diffs)) if spread is not None else None,
+    "ahead": sum(d > 0 for d in diffs),
+    "seeds": len(diffs),
+  }
+
+
+def _reference(result: dict, kind: str, key: str, name: str) -> bool:
+  return name == (result.get("paired_with") if kind in ("paired", "ahead") else key.split(":")[0])
 
 
 def check_row(cells: List[str], columns: List[str], result: dict, name: str = "") -> List[str]:
@@ -100,29 +159,28 @@ def check_row(cells: List[str], columns: List[str], result: dict, name: str = ""
   name, methods = name or label.group(1), result["methods"]
   if name not in methods and name in result.get("diverged", {}):
     return []
+  if name not in methods:
+    return [f"{name}: not among the JSON's methods {sorted(methods)}"]
   errors = []
   for column, cell in zip(columns, cells[1:]):
-    kind, _, key = column.rpartition(":")
-    cell = cell.strip()
-    if column == "-":
+    kind, _, key = column.partition(":") if ":" in column else ("", "", column)
+    cell = cell.strip().replace("±", "+-")
+    if column == "-" or (not cell and _reference(result, kind, key, name)):
       continue
-    if name not in methods:
-      return [f"{name}: not among the JSON's methods {sorted(methods)}"]
-    if kind in ("paired", "ahead"):
-      paired = result.get("paired", {})
-      if name == result.get("paired_with") and not cell:
-        continue
-      if name not in paired or key not in paired[name]:
-        errors.append(f"{name} {column}: no paired entry")
-        continue
-      check_cell = _paired_cell if kind == "paired" else _ahead
-      why = check_cell(cell, paired[name][key], len(paired[name]["seeds"]))
+    if kind in ("paired", "ahead", "vs", "vs100"):
+      entry = _difference(result, kind, key, name)
+      if entry is None:
+        why: Optional[str] = "no paired entry"
+      elif kind == "ahead":
+        why = _ahead(cell, entry)
+      else:
+        why = _difference_cell(cell, entry, 1.0 if kind == "vs" else 100.0)
     elif kind == "per_seed":
       why = _per_seed_cell(cell, methods[name]["per_seed"], key)
-    elif key in methods[name]:
+    elif kind == "" and key in methods[name]:
       why = _mean_cell(cell, methods[name][key])
     else:
-      why = f"the JSON has no {key!r}"
+      why = f"the JSON has no {column!r}"
     if why:
       errors.append(f"{name} {column}: {why}")
   return errors

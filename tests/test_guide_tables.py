@@ -19,7 +19,7 @@ GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 def test_every_marked_table_in_the_guides_matches_its_json():
   found = [check_tables.check(path) for path in GUIDES]
   assert [e for _, errors in found for e in errors] == []
-  assert sum(tables for tables, _ in found) >= 8  # the tables marked when this test was written
+  assert sum(tables for tables, _ in found) >= 16  # the tables marked when this test was written
 
 
 RESULT = {
@@ -63,10 +63,10 @@ def test_a_table_that_quotes_its_json_passes(tmp_path):
   "old,new,expected",
   [
     ("0.420 +- 0.020", "0.421 +- 0.020", "base acc: 0.421 is not the mean"),
-    ("0.420 +- 0.020", "0.420 +- 0.030", "base acc: ['0.030'] is not the standard error"),
+    ("0.420 +- 0.020", "0.420 +- 0.030", "base acc: ['0.030'] is not the stderr"),
     ("0.40, 0.44", "0.40, 0.45", "base per_seed:acc"),
     ("0.40, 0.44", "0.40", "base per_seed:acc"),
-    ("+3.5 +- 1.5 points", "+3.6 +- 1.5 points", "other paired:acc: +3.6 +- 1.5 points"),
+    ("+3.5 +- 1.5 points", "+3.6 +- 1.5 points", "other paired:acc: +3.6 +- 1.5 is not"),
     ("(2 of 2)", "(1 of 2)", "other paired:acc: '(1 of 2)' is not ahead on 2 of 2"),
     ("(2 of 2)", "(2 of 3)", "is not ahead on 2 of 2"),
     ("`other`", "`another`", "another: not among the JSON's methods"),
@@ -101,3 +101,35 @@ def test_a_mark_whose_table_has_other_columns_or_a_missing_json_is_refused(tmp_p
   guide.write_text("<!-- checked: experiments/results/nothing.json columns=acc -->\n| a | b |\n")
   with pytest.raises(FileNotFoundError, match="missing.md:1: experiments/results/nothing.json"):
     check_tables.check(guide)
+
+
+SUMMARY = {  # an experiment's own summary: std, and against_fedavg's paired differences
+  "methods": {
+    "fedavg": {"per_seed": {}, "acc": {"mean": 0.50, "std": 0.01}},
+    "afl": {"per_seed": {}, "acc": {"mean": 0.53, "std": 0.02}},
+  },
+  "against_fedavg": {
+    "fedavg": {"afl": {"acc": {"difference": 0.03, "stderr": 0.005, "seeds": 5, "seeds_ahead": 5}}}
+  },
+}
+SUMMARY_TABLE = """| method | acc | vs fedavg | vs fedavg, points |
+| --- | --- | --- | --- |
+| `afl` | 0.530 ± 0.020 | +0.030 ± 0.005 (5/5) | +3.0 +- 0.5 (5 of 5) |
+| `fedavg` | 0.500 ± 0.010 | | |
+"""
+
+
+@pytest.mark.parametrize(
+  "old,new,expected",
+  [
+    ("0.530 ± 0.020", "0.530 ± 0.010", "afl acc: ['0.010'] is not the std 0.02"),
+    ("(5/5)", "(4/5)", "afl vs:fedavg:acc: '(4/5)' is not ahead on 5 of 5"),
+    ("+0.030 ± 0.005", "+0.031 ± 0.005", "afl vs:fedavg:acc: +0.031 +- 0.005 is not"),
+    ("+3.0 +- 0.5", "+0.030 +- 0.005", "afl vs100:fedavg:acc: +0.030 +- 0.005 is not"),
+  ],
+)
+def test_a_summarys_spread_and_differences_are_checked(tmp_path, old, new, expected):
+  columns = "acc,vs:fedavg:acc,vs100:fedavg:acc"
+  assert errors_of(tmp_path, SUMMARY_TABLE, SUMMARY, columns) == []
+  errors = errors_of(tmp_path, SUMMARY_TABLE.replace(old, new, 1), SUMMARY, columns)
+  assert len(errors) == 1 and expected in errors[0], errors
