@@ -133,3 +133,19 @@ def test_a_summarys_spread_and_differences_are_checked(tmp_path, old, new, expec
   assert errors_of(tmp_path, SUMMARY_TABLE, SUMMARY, columns) == []
   errors = errors_of(tmp_path, SUMMARY_TABLE.replace(old, new, 1), SUMMARY, columns)
   assert len(errors) == 1 and expected in errors[0], errors
+
+
+def test_a_pair_the_summary_lacks_comes_from_the_per_seed_values(tmp_path):
+  seeds = lambda *values: {str(s): {"acc": v} for s, v in enumerate(values)}
+  result = {
+    "methods": {
+      "fedavg": {"per_seed": seeds(0.50, 0.52, 0.54), "acc": {"mean": 0.52, "std": 0.02}},
+      "fedavg_uniform": {"per_seed": seeds(0.49, 0.52, 0.52), "acc": {"mean": 0.51, "std": 0.02}},
+    },
+    "against_fedavg": {"fedavg": {}},
+  }
+  # differences -1, 0, -2 points: mean -1, standard error 1/sqrt(3) = 0.58, none ahead
+  table = "| method | minus FedAvg |\n| --- | --- |\n| `fedavg_uniform` | -1.00 +- 0.58 (0) |\n"
+  assert errors_of(tmp_path, table, result, "vs100:fedavg:acc") == []
+  wrong = errors_of(tmp_path, table.replace("0.58", "0.50"), result, "vs100:fedavg:acc")
+  assert len(wrong) == 1 and "-1.00 +- 0.50 is not" in wrong[0]
