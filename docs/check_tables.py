@@ -96,9 +96,11 @@ def _ahead(text: str, entry: dict) -> Optional[str]:
 def _difference_cell(cell: str, entry: dict, scale: float) -> Optional[str]:
   ahead = re.search(rf"\({COUNT}\)", cell)
   numbers = _numbers(cell[: ahead.start()] if ahead else cell)
+  mean, stderr = entry["mean"], entry["stderr"]
+  if stderr is None and len(numbers) == 1:  # one seed: no standard error to quote
+    numbers, stderr = numbers + ["0"], 0.0
   if len(numbers) < 2:
     return "not 'mean +- stderr (k of n)'"
-  mean, stderr = entry["mean"], entry["stderr"]
   if not (matches(numbers[0], mean, scale) and matches(numbers[1], stderr, scale)):
     return f"{numbers[0]} +- {numbers[1]} is not {mean} +- {stderr} (x{scale:g})"
   return _ahead(ahead.group(0), entry) if ahead else None

@@ -25,6 +25,9 @@ the rows hold keeps the rows' value.
 ``--curves=<png>`` draws each label's mean and standard error of the first key over the
 rounds every one of its finished seeds evaluated (``--curve_keys=a,b``: a panel for each of
 those keys instead).
+``--markdown`` prints the table a guide quotes, under the mark ``docs/check_tables.py``
+checks it by (decision 117): each key's mean +- standard error and, with ``--paired_with``,
+the first key's paired difference in points.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """
@@ -52,6 +55,7 @@ flags.DEFINE_list("curve_keys", [], "The keys --curves draws, a panel each (defa
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
 flags.DEFINE_list("labels", [], "Merge only these labels (default: every label found).")
+flags.DEFINE_bool("markdown", False, "Print the guide's table of the result, marked for checking.")
 FLAGS = flags.FLAGS
 
 
@@ -258,6 +262,37 @@ def machine_and_wall(found: List[dict]):
   return machine, wall
 
 
+def _quoted(entry: dict, scale: float, digits: int, sign: str = "") -> str:
+  """``mean +- stderr`` at ``digits`` decimals (the mean alone when there is no error)."""
+  text = f"{scale * entry['mean']:{sign}.{digits}f}"
+  return text if entry["stderr"] is None else f"{text} +- {scale * entry['stderr']:.{digits}f}"
+
+
+def markdown(out: str, result: dict, keys: List[str]) -> str:
+  """The guide's table of ``result`` (written to ``out``) with its ``check_tables`` mark."""
+  reference = result.get("paired_with")
+  columns, head = list(keys), list(keys)
+  if reference:
+    columns.append(f"paired:{keys[0]}")
+    head.append(f"{keys[0]} minus {reference}, points (ahead)")
+  lines = [
+    f"<!-- checked: {out} columns={','.join(columns)} -->",
+    "| method | " + " | ".join(head) + " |",
+    "| --- " * (len(head) + 1) + "|",
+  ]
+  for label, entry in result["methods"].items():
+    cells = [_quoted(entry[key], 1, 3) for key in keys]
+    pair = result.get("paired", {}).get(label)
+    if reference:
+      cells.append(
+        f"{_quoted(pair[keys[0]], 100, 2, '+')} ({pair[keys[0]]['ahead']} of {len(pair['seeds'])})"
+        if pair
+        else ""
+      )
+    lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def draw(methods, key, path, title):
   import matplotlib
 
@@ -327,6 +362,8 @@ def main(argv):
     fig = curve_figure(records, methods, FLAGS.curve_keys or FLAGS.keys[:1], FLAGS.title)
     fig.savefig(FLAGS.curves, dpi=110)
   print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
+  if FLAGS.markdown:
+    print(markdown(os.path.relpath(FLAGS.out), out, FLAGS.keys))
 
 
 if __name__ == "__main__":

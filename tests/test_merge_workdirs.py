@@ -9,6 +9,7 @@ import pytest
 from experiments import merge_workdirs
 from fedco import experiment
 from tests import helpers
+from tests.test_guide_tables import check_tables
 
 
 def _workdir(path, rows, finished=True):
@@ -200,6 +201,7 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
     "--paired_with=a",
     f"--curves={tmp_path}/c.png",
     "--curve_keys=val_acc,train_loss",
+    "--markdown",
   ]
   done = helpers.run(
     [sys.executable, "-m", "experiments.merge_workdirs", *argv, *workdirs],
@@ -210,6 +212,14 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
   assert merged["methods"]["b"]["test_acc"]["mean"] == pytest.approx(1.05)
   assert merged["paired"]["b"]["test_acc"]["ahead"] == 2
   assert merged["wall_seconds_of_finished_workdirs"] == 10.0 and (tmp_path / "c.png").exists()
+  # --markdown prints the guide's table under its mark, and docs/check_tables.py accepts it
+  table = done.stdout[done.stdout.index("<!-- checked:") :]
+  assert "| `b` | 0.400 +- 0.000 | 1.050 +- 0.050 | +0.00 +- 0.00 (0 of 2) |" in table
+  (tmp_path / "guide.md").write_text(table)
+  tables, errors = check_tables.check(tmp_path / "guide.md")
+  assert (tables, errors) == (1, [])
+  (tmp_path / "guide.md").write_text(table.replace("1.050 +- 0.050", "1.040 +- 0.050"))
+  assert "b test_acc: 1.040 is not the mean" in check_tables.check(tmp_path / "guide.md")[1][0]
   records = merge_workdirs.load(workdirs)
   methods, _, _ = merge_workdirs.summarize(
     merge_workdirs.final_rows(records, ["val_acc"]), ["val_acc"], {}
