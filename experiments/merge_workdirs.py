@@ -26,7 +26,7 @@ the rows hold keeps the rows' value.
 rounds every one of its finished seeds evaluated (``--curve_keys=a,b``: a panel for each of
 those keys instead).
 ``--markdown`` prints the table a guide quotes, under the mark ``docs/check_tables.py``
-checks it by (decision 117): each key's mean +- standard error and, with ``--paired_with``,
+checks it by (decision 117; the mark names ``--out`` relative to the repository): each key's mean +- standard error and, with ``--paired_with``,
 the first key's paired difference in points.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
@@ -363,7 +363,8 @@ def main(argv):
     fig.savefig(FLAGS.curves, dpi=110)
   print(f"{len(methods)} methods, {len(incomplete)} runs incomplete -> {FLAGS.out}")
   if FLAGS.markdown:
-    print(markdown(os.path.relpath(FLAGS.out), out, FLAGS.keys))
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    print(markdown(os.path.relpath(os.path.abspath(FLAGS.out), repository), out, FLAGS.keys))
 
 
 if __name__ == "__main__":

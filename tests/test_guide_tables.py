@@ -63,7 +63,7 @@ def test_a_table_that_quotes_its_json_passes(tmp_path):
   "old,new,expected",
   [
     ("0.420 +- 0.020", "0.421 +- 0.020", "base acc: 0.421 is not the mean"),
-    ("0.420 +- 0.020", "0.420 +- 0.030", "base acc: ['0.030'] is not the stderr"),
+    ("0.420 +- 0.020", "0.420 +- 0.030", "base acc: 0.030 is not the stderr"),
     ("0.40, 0.44", "0.40, 0.45", "base per_seed:acc"),
     ("0.40, 0.44", "0.40", "base per_seed:acc"),
     ("+3.5 +- 1.5 points", "+3.6 +- 1.5 points", "other paired:acc: +3.6 +- 1.5 is not"),
@@ -95,12 +95,14 @@ def test_labels_name_rows_by_setting_and_must_count_the_rows(tmp_path):
 
 def test_a_mark_whose_table_has_other_columns_or_a_missing_json_is_refused(tmp_path):
   assert errors_of(tmp_path, columns="acc,per_seed:acc") == [
-    "guide.md:3: the table after the mark has not 2 + 1 columns"
+    "guide.md:3: a row has not 2 + 1 cells: '| method | acc | per seed | minus base (ahead) | words |'"
   ]
   guide = tmp_path / "missing.md"
   guide.write_text("<!-- checked: experiments/results/nothing.json columns=acc -->\n| a | b |\n")
-  with pytest.raises(FileNotFoundError, match="missing.md:1: experiments/results/nothing.json"):
-    check_tables.check(guide)
+  assert check_tables.check(guide) == (
+    1,
+    ["missing.md:1: experiments/results/nothing.json does not exist"],
+  )
 
 
 SUMMARY = {  # an experiment's own summary: std, and against_fedavg's paired differences
@@ -122,7 +124,7 @@ SUMMARY_TABLE = """| method | acc | vs fedavg | vs fedavg, points |
 @pytest.mark.parametrize(
   "old,new,expected",
   [
-    ("0.530 ± 0.020", "0.530 ± 0.010", "afl acc: ['0.010'] is not the std 0.02"),
+    ("0.530 ± 0.020", "0.530 ± 0.010", "afl acc: 0.010 is not the std 0.02"),
     ("(5/5)", "(4/5)", "afl vs:fedavg:acc: '(4/5)' is not ahead on 5 of 5"),
     ("+0.030 ± 0.005", "+0.031 ± 0.005", "afl vs:fedavg:acc: +0.031 +- 0.005 is not"),
     ("+3.0 +- 0.5", "+0.030 +- 0.005", "afl vs100:fedavg:acc: +0.030 +- 0.005 is not"),
@@ -149,3 +151,58 @@ def test_a_pair_the_summary_lacks_comes_from_the_per_seed_values(tmp_path):
   assert errors_of(tmp_path, table, result, "vs100:fedavg:acc") == []
   wrong = errors_of(tmp_path, table.replace("0.58", "0.50"), result, "vs100:fedavg:acc")
   assert len(wrong) == 1 and "-1.00 +- 0.50 is not" in wrong[0]
+
+
+@pytest.mark.parametrize(
+  "old,new,expected",
+  [
+    ("0.455 +- 0.005", "0.455 +/- 0.009", "other acc: 0.009 is not the stderr"),
+    ("0.455 +- 0.005", "0.455, 0.999", "is not 'mean' or 'mean +- spread'"),
+    ("(2 of 2)", "(ahead on 0 of 2)", "is not 'k of n'"),
+    ("+3.5 +- 1.5", "\u22123.5 +- 1.5", "-3.5 +- 1.5 is not"),  # a typographic minus is a minus
+    ("| 12 |", "|", "a row has not 4 + 1 cells"),
+  ],
+)
+def test_a_cell_of_another_form_is_refused_not_skipped(tmp_path, old, new, expected):
+  errors = errors_of(tmp_path, TABLE.replace(old, new, 1))
+  assert len(errors) == 1 and expected in errors[0], errors
+
+
+def test_a_mark_not_followed_by_its_table_or_mistyped_is_an_error(tmp_path):
+  source = tmp_path / "result.json"
+  source.write_text(json.dumps(RESULT))
+  guide = tmp_path / "guide.md"
+  guide.write_text(f"<!-- checked: {source} columns=acc -->\nA paragraph.\n\n| m | acc |\n")
+  assert check_tables.check(guide)[1] == [
+    "guide.md:1: no table (a header, a | --- | line, rows) right after the mark"
+  ]
+  guide.write_text(f"<!-- checked: {source} columns=acc  -->\n| m | acc |\n| --- | --- |\n")
+  assert "a mark not of the form" in check_tables.check(guide)[1][0]
+
+
+def test_a_json_without_what_a_cell_quotes_is_one_line_not_a_traceback(tmp_path):
+  result = {"methods": {"base": {"acc": {"mean": 0.42, "stderr": 0.02}}}}  # no per_seed
+  errors = errors_of(tmp_path, TABLE.split("| `other`")[0], result)
+  assert errors == [
+    "guide.md:6: base per_seed:acc: the JSON lacks what the cell quotes (KeyError: 'per_seed')"
+  ]
+
+
+def test_merge_workdirs_markdown_passes_with_one_seed_and_an_unpaired_label(tmp_path):
+  from experiments import merge_workdirs
+
+  result = {
+    "methods": {
+      "base": {"per_seed": {"0": {"acc": 0.4}}, "acc": {"mean": 0.4, "stderr": None}},
+      "other": {"per_seed": {"0": {"acc": 0.45}}, "acc": {"mean": 0.45, "stderr": None}},
+      "lone": {"per_seed": {"1": {"acc": -0.3}}, "acc": {"mean": -0.3, "stderr": None}},
+    },
+    "paired_with": "base",
+    "paired": {"other": {"seeds": [0], "acc": {"mean": 0.05, "stderr": None, "ahead": 1}}},
+  }
+  source = tmp_path / "result.json"
+  source.write_text(json.dumps(result))
+  table = merge_workdirs.markdown(str(source), result, ["acc"])
+  assert "| `other` | 0.450 | +5.00 (1 of 1) |" in table and "| `lone` | -0.300 |  |" in table
+  (tmp_path / "guide.md").write_text(table + "\n")
+  assert check_tables.check(tmp_path / "guide.md") == (1, [])
