@@ -131,14 +131,10 @@ def _from_seeds(methods: dict, name: str, base: str, key: str) -> Optional[dict]
   ]
   if not diffs:
     return None
-  mean = sum(diffs) / len(diffs)
-  spread = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) if len(diffs) > 1 else None
-  return {
-    "mean": mean,
-    "stderr": math.sqrt(spread / len(diffs)) if spread is not None else None,
-    "ahead": sum(d > 0 for d in diffs),
-    "seeds": len(diffs),
-  }
+  # the tables' own statistic (what merge_workdirs and the summaries report)
+  from fedco.experiment import outputs
+
+  return {**outputs.mean_and_stderr(diffs), "ahead": sum(d > 0 for d in diffs), "seeds": len(diffs)}
 
 
 def _difference(result: dict, kind: str, key: str, name: str) -> Optional[dict]:
