@@ -26,8 +26,9 @@ the rows hold keeps the rows' value.
 rounds every one of its finished seeds evaluated (``--curve_keys=a,b``: a panel for each of
 those keys instead).
 ``--markdown`` prints the table a guide quotes, under the mark ``docs/check_tables.py``
-checks it by (decision 117; the mark names ``--out`` relative to the repository): each key's mean +- standard error and, with ``--paired_with``,
-the first key's paired difference in points.
+checks it by (decision 117; the mark names ``--out`` relative to the repository): each
+key's mean +- standard error and, with ``--paired_with``, the first key's paired difference
+in points.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """

@@ -17,6 +17,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+def docs_program(name: str):
+  """The module of ``docs/<name>.py`` (a script there, not a package), loaded once."""
+  import importlib.util
+  import sys
+
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+  return sys.modules[name]
+
+
 def portfolio_clients(sizes=(24, 8, 40), d=3, seed=0):
   """Per-client returns with different means, so clients are heterogeneous."""
   rng = np.random.default_rng(seed)

@@ -2,16 +2,13 @@
 every marked table matches, and a wrong mean, standard error, seed value, paired difference,
 count of seeds ahead or label is caught."""
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, docs_program
 
-_spec = importlib.util.spec_from_file_location("check_tables", ROOT / "docs" / "check_tables.py")
-check_tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_tables)
+check_tables = docs_program("check_tables")
 
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 

@@ -9,7 +9,8 @@ import pytest
 from experiments import merge_workdirs
 from fedco import experiment
 from tests import helpers
-from tests.test_guide_tables import check_tables
+
+check_tables = helpers.docs_program("check_tables")
 
 
 def _workdir(path, rows, finished=True):
