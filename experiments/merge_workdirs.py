@@ -29,6 +29,11 @@ those keys instead).
 checks it by (decision 117; the mark names ``--out`` relative to the repository): each
 key's mean +- standard error and, with ``--paired_with``, the first key's paired difference
 in points.
+``--setting=`` and ``--timing=`` record, in words, what was run and how long it took on
+which machine; ``commands`` lists each finished workdir's run command (its ``summary.json``
+``command``), then each ``--run_command`` (a run whose summary does not record one: a run
+cut short, a kept metrics file), then this merge's own command line, so the JSON names
+every command that made it.
 ``--figure=<png>`` draws a grouped bar chart of the first key for labels
 ``<algorithm>_<rule>_<attack>_<n>`` (the Byzantine grids' naming), with standard errors.
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import sys
 from typing import Dict, List, Optional
 
@@ -56,6 +62,11 @@ flags.DEFINE_list("curve_keys", [], "The keys --curves draws, a panel each (defa
 flags.DEFINE_string("figure", "", "A grouped bar chart of the first key (Byzantine grids).")
 flags.DEFINE_string("title", "", "The figure's title.")
 flags.DEFINE_list("labels", [], "Merge only these labels (default: every label found).")
+flags.DEFINE_string("setting", "", "What was run, in words (the paper's setting, data, rounds).")
+flags.DEFINE_string(
+  "timing", "", "How long the runs took, side by side with what, on which machine."
+)
+flags.DEFINE_multi_string("run_command", [], "A run's command its workdir's summary lacks.")
 flags.DEFINE_bool("markdown", False, "Print the guide's table of the result, marked for checking.")
 FLAGS = flags.FLAGS
 
@@ -263,6 +274,15 @@ def machine_and_wall(found: List[dict]):
   return machine, wall
 
 
+def commands(found: List[dict], given: List[str], argv: List[str]) -> List[str]:
+  """The commands that made a merged JSON: each summary's (``found``) recorded ``command``
+  once, in order, then ``given`` (``--run_command``), then this merge's own (``argv``:
+  ``sys.argv``)."""
+  recorded = [s["command"] for s in found if isinstance(s.get("command"), str)]
+  own = shlex.join(["python", "-m", "experiments.merge_workdirs", *argv[1:]])
+  return list(dict.fromkeys(recorded + list(given))) + [own]
+
+
 def _quoted(entry: dict, scale: float, digits: int, sign: str = "") -> str:
   """``mean +- stderr`` at ``digits`` decimals (the mean alone when there is no error)."""
   text = f"{scale * entry['mean']:{sign}.{digits}f}"
@@ -354,6 +374,9 @@ def main(argv):
     "sources": [metrics_file(w) for w in workdirs],
     "wall_seconds_of_finished_workdirs": wall,
     "machine": machine,
+    **({"setting": FLAGS.setting} if FLAGS.setting else {}),
+    **({"timing": FLAGS.timing} if FLAGS.timing else {}),
+    "commands": commands(finished, FLAGS.run_command, sys.argv),
   }
   with open(FLAGS.out, "w") as f:
     json.dump(out, f, indent=1)

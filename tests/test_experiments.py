@@ -259,6 +259,12 @@ def test_e7_binary_runs(tmp_path):
   assert summary["steps"]["fedavg_co_case2"] == 250
   assert summary["settings"]["fedavg_co_case1"]["learning_rate"] == 0.01
   assert summary["settings"]["fedavg_co_case2"]["learning_rate"] == 0.02
+  # the command that made it, as a user retypes it (merge_workdirs collects these)
+  assert summary["command"] == (
+    f"python -m experiments.main {E7_CONFIG} --workdir={workdir} --config.rounds=50 "
+    f"--config.eval_every=7 --flagfile={flagfile} "
+    "--config.methods.fedavg_co_case1.learning_rate 0.01"
+  )
   assert "feddro" in proc.stdout  # the final table
   # evaluated every 7 rounds and at the last, 50, whose values are the finals
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -1,6 +1,7 @@
 """experiments.merge_workdirs: workdirs of one experiment run in parts, merged by seed."""
 
 import json
+import shlex
 import sys
 
 import numpy as np
@@ -192,8 +193,9 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
   for s in (0, 1):
     workdirs.append(_workdir(tmp_path / f"w{s}", [r for r in rows if r["seed"] == s]))
     per = {m: {"per_seed": {str(s): {"round": 2, "test_acc": 0.1 * s + (m == "b")}}} for m in "ab"}
+    command = f"python -m experiments.main --seeds={s}"
     (tmp_path / f"w{s}" / "summary.json").write_text(
-      json.dumps({"methods": per, "wall_seconds": 5.0})
+      json.dumps({"methods": per, "wall_seconds": 5.0, "command": command})
     )
   out = tmp_path / "merged.json"
   argv = [
@@ -203,6 +205,9 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
     f"--curves={tmp_path}/c.png",
     "--curve_keys=val_acc,train_loss",
     "--markdown",
+    "--setting=E4 on two seeds",
+    "--timing=5 s each",
+    "--run_command=python -m experiments.main --cut_short",
   ]
   done = helpers.run(
     [sys.executable, "-m", "experiments.merge_workdirs", *argv, *workdirs],
@@ -213,6 +218,14 @@ def test_the_program_merges_e4_style_workdirs_in_one_command(tmp_path):
   assert merged["methods"]["b"]["test_acc"]["mean"] == pytest.approx(1.05)
   assert merged["paired"]["b"]["test_acc"]["ahead"] == 2
   assert merged["wall_seconds_of_finished_workdirs"] == 10.0 and (tmp_path / "c.png").exists()
+  # what was run, how long it took, and every command that made the JSON, its own last
+  assert (merged["setting"], merged["timing"]) == ("E4 on two seeds", "5 s each")
+  assert merged["commands"] == [
+    "python -m experiments.main --seeds=0",
+    "python -m experiments.main --seeds=1",
+    "python -m experiments.main --cut_short",
+    "python -m experiments.merge_workdirs " + shlex.join([*argv, *workdirs]),
+  ]
   # --markdown prints the guide's table under its mark, and docs/check_tables.py accepts it
   table = done.stdout[done.stdout.index("<!-- checked:") :]
   assert "| `b` | 0.400 +- 0.000 | 1.050 +- 0.050 | +0.00 +- 0.00 (0 of 2) |" in table

@@ -156,17 +156,21 @@ class Options:
     checkpoint_every: rounds between a run's checkpoints.
     seeds_together: a method's seeds as one program where the module allows it
       (``SEEDS_IN_ONE_PROGRAM``).
+    command: the command line that started the runs (the driver's own), recorded in
+      ``summary.json`` as ``command`` so a merged result names what made it
+      (``experiments/merge_workdirs`` collects them); empty: not recorded.
 
   Examples:
     >>> from fedco import experiment
     >>> experiment.Options(progress=False)
-    Options(progress=False, resume=True, checkpoint_every=50, seeds_together=True)
+    Options(progress=False, resume=True, checkpoint_every=50, seeds_together=True, command='')
   """
 
   progress: bool = True
   resume: bool = True
   checkpoint_every: int = 50
   seeds_together: bool = True  # a method's seeds as one program (SEEDS_IN_ONE_PROGRAM)
+  command: str = ""
 
 
 @dataclasses.dataclass
@@ -475,6 +479,8 @@ def train_and_evaluate(
     if entry is not None:
       summary[f"{x}_tradeoff"] = entry
   summary["wall_seconds"] = time.perf_counter() - start
+  if options.command:
+    summary["command"] = options.command
   summary["machine"] = outputs.machine_info()
   wd.write_summary(summary)
   _print_summary(module, summary, options.progress)
