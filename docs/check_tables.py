@@ -28,7 +28,9 @@ method) names what its cells quote:
 A row's label is the first backticked word of its first cell, or the row's entry in an
 optional ``labels=a,b,...`` after the columns (one a row, for rows that name a setting, such
 as ``I = 2``, rather than the JSON's label). A label the JSON's methods lack is an error
-unless the JSON lists it as diverged (its row is then words, not checked).
+unless the JSON lists it as diverged (its row is then words, not checked); a summary's
+method every seed of which diverged (``per_seed.<seed>.diverged``) has a row of words too,
+which must say "diverged".
 A number quoted with ``d`` decimals matches a value within half a unit of its last digit; a
 whole number must be exact. A mark that does not parse, a table of another shape and a
 JSON without what a cell quotes are errors too, each one line naming the file and line.
@@ -186,6 +188,9 @@ def check_row(cells: List[str], columns: List[str], result: dict, name: str = ""
   methods = result.get("methods", {})
   if name not in methods and name in result.get("diverged", {}):
     return []
+  if _diverged_everywhere(methods.get(name)):  # a summary's method with no finished seed
+    words = " ".join(cells[1:])
+    return [] if "diverged" in words else [f"{name}: diverged on every seed; its row says not"]
   if name not in methods:
     return [f"{name}: not among the JSON's methods {sorted(methods)}"]
   errors = []
@@ -201,6 +206,13 @@ def check_row(cells: List[str], columns: List[str], result: dict, name: str = ""
         f"{name} {column}: the JSON lacks what the cell quotes ({type(e).__name__}: {e})"
       )
   return errors
+
+
+def _diverged_everywhere(entry) -> bool:
+  """Whether an experiment summary's ``methods.<label>`` entry has seeds and every one of
+  them diverged (its ``per_seed.<seed>`` holds ``diverged``)."""
+  seeds = entry.get("per_seed", {}) if isinstance(entry, dict) else {}
+  return bool(seeds) and all(isinstance(v, dict) and "diverged" in v for v in seeds.values())
 
 
 def _table(lines: List[str], columns: List[str]) -> List[str]:

@@ -16,7 +16,7 @@ GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 def test_every_marked_table_in_the_guides_matches_its_json():
   found = [check_tables.check(path) for path in GUIDES]
   assert [e for _, errors in found for e in errors] == []
-  assert sum(tables for tables, _ in found) >= 22  # the tables marked at the last change
+  assert sum(tables for tables, _ in found) >= 23  # the tables marked at the last change
 
 
 RESULT = {
@@ -74,6 +74,17 @@ def test_a_wrong_number_or_label_is_named(tmp_path, old, new, expected):
   errors = errors_of(tmp_path, TABLE.replace(old, new, 1))
   assert len(errors) == 1 and expected in errors[0], errors
   assert errors[0].startswith("guide.md:")  # where, as file:line
+
+
+def test_a_summarys_method_that_diverged_on_every_seed_is_a_row_that_says_so(tmp_path):
+  result = json.loads(json.dumps(RESULT))
+  result["methods"]["lost"] = {"per_seed": {"0": {"diverged": "diverged at round 10"}}}
+  row = "| `lost` | diverged at round 10 | | | |\n"
+  assert errors_of(tmp_path, TABLE + row, result) == []
+  errors = errors_of(tmp_path, TABLE + row.replace("diverged at", "stopped at"), result)
+  assert errors == ["guide.md:9: lost: diverged on every seed; its row says not"], errors
+  result["methods"]["lost"]["per_seed"]["1"] = {"acc": 0.3}  # one seed finished: numbers
+  assert "lost acc:" in errors_of(tmp_path, TABLE + row, result)[0]
 
 
 def test_a_whole_number_must_be_exact_and_digits_set_the_tolerance(tmp_path):
