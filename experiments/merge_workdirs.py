@@ -43,7 +43,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shlex
 import sys
 from typing import Dict, List, Optional
 
@@ -274,13 +273,11 @@ def machine_and_wall(found: List[dict]):
   return machine, wall
 
 
-def commands(found: List[dict], given: List[str], argv: List[str]) -> List[str]:
+def commands(found: List[dict], given: List[str]) -> List[str]:
   """The commands that made a merged JSON: each summary's (``found``) recorded ``command``
-  once, in order, then ``given`` (``--run_command``), then this merge's own (``argv``:
-  ``sys.argv``)."""
+  once, in order, then ``given`` (``--run_command``), then this merge's own."""
   recorded = [s["command"] for s in found if isinstance(s.get("command"), str)]
-  own = shlex.join(["python", "-m", "experiments.merge_workdirs", *argv[1:]])
-  return list(dict.fromkeys(recorded + list(given))) + [own]
+  return list(dict.fromkeys(recorded + list(given))) + [outputs.command_line()]
 
 
 def _quoted(entry: dict, scale: float, digits: int, sign: str = "") -> str:
@@ -376,7 +373,7 @@ def main(argv):
     "machine": machine,
     **({"setting": FLAGS.setting} if FLAGS.setting else {}),
     **({"timing": FLAGS.timing} if FLAGS.timing else {}),
-    "commands": commands(finished, FLAGS.run_command, sys.argv),
+    "commands": commands(finished, FLAGS.run_command),
   }
   with open(FLAGS.out, "w") as f:
     json.dump(out, f, indent=1)

@@ -36,7 +36,6 @@ import logging
 import os
 import platform
 import re
-import shlex
 import signal
 import sys
 import sysconfig
@@ -186,7 +185,7 @@ def main(argv):
       resume=FLAGS.resume,
       seeds_together=FLAGS.seeds_together,
       checkpoint_every=extend.positive_int("--checkpoint_every", FLAGS.checkpoint_every),
-      command=command_line(),
+      command=outputs.command_line(),
     )
     # After the guard (a run stopped), a Ctrl-C ends the process at once: the guard restores
     # this default disposition, so no Ctrl-C can land in Python's handler on the way out.
@@ -205,12 +204,6 @@ def main(argv):
       raise
     print(f"error: {line}", file=sys.stderr, flush=True)
     sys.exit(1)
-
-
-def command_line() -> str:
-  """The command that started this process, as a user retypes it: ``python`` for the
-  interpreter's path, then its arguments as given (``-m experiments.main --config=...``)."""
-  return shlex.join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]])
 
 
 def error_line(err: Exception, config=None) -> Optional[str]:

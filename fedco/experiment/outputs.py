@@ -17,7 +17,9 @@ import json
 import math
 import numbers
 import os
+import shlex
 import shutil
+import sys
 import textwrap
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -73,6 +75,22 @@ def dumps(value: Any, **kwargs) -> str:
 
 
 # ---- the machine a run went on -----------------------------------------------------------
+
+
+def command_line() -> str:
+  """The command that started this process, as a user retypes it, for the results it writes
+  (a run's ``summary.json``, a merged JSON's ``commands``; decision 118).
+
+  Returns:
+    ``python`` for the interpreter's path, then the arguments as given
+    (``python -m experiments.main --config=...``), quoted for a shell.
+
+  Examples:
+    >>> from fedco.experiment import outputs
+    >>> outputs.command_line().startswith("python")
+    True
+  """
+  return shlex.join(["python", *sys.orig_argv[1:]])
 
 
 def machine_info() -> Dict[str, Any]:
